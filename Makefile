@@ -1,0 +1,40 @@
+# Two commands for a fresh machine: `make demo` and `make test`. Each builds .venv on first use.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+EXTRAS ?= train,dev
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-all lint format bench clean venv
+
+$(BIN)/allocator: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	@touch $@
+
+venv: $(BIN)/allocator
+
+## demo: baselines on the embedded S&P 500 data, 2010-2019: a metrics table and plots in runs/demo
+demo: venv
+	$(BIN)/allocator demo --out runs/demo
+
+## test: lint, then the test suite (slow learning tests too when CI=true)
+test: venv
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/python -m pytest -n 2 $(if $(filter true,$(CI)),--run-slow,) $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+format: venv
+	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src tests bench
+
+bench: venv
+	$(BIN)/python bench/env_throughput.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,192 @@
+"""The ``allocator`` command line: one entry point, a subcommand per job.
+
+Heavy libraries are imported inside each command so ``allocator --help`` is instant and a
+serving install without the training extras still runs the commands it has.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from allocator import __version__
+
+
+def _fail(message: str) -> None:
+    """Print a clear error and exit with status 2 (bad input), without a traceback."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def _clean(obj: Any) -> Any:
+    """NaN/inf are not JSON: write them as null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def write_json(path: str | Path, payload: Any) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(_clean(payload), indent=2, default=_json_default) + "\n")
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="allocator")
+def main() -> None:
+    """Allocator: reinforcement-learning portfolio allocation, from training to serving."""
+
+
+# --- data --------------------------------------------------------------------------------
+
+
+@main.group()
+def data() -> None:
+    """Inspect and validate market data."""
+
+
+@data.command("info")
+@click.option("--dataset", default="sp500", show_default=True, help="'sp500' or a CSV/Parquet path")
+def data_info(dataset: str) -> None:
+    """Summarize a dataset: calendar, assets, per-asset history and annual figures."""
+    from allocator.trainer.data import DataError, load_dataset
+
+    try:
+        md = load_dataset(dataset)
+    except DataError as exc:
+        _fail(str(exc))
+    click.echo(f"source: {md.source}")
+    click.echo(f"dates:  {md.dates[0].date()} .. {md.dates[-1].date()} ({md.n_dates} days)")
+    click.echo(f"assets: {md.n_assets}")
+    click.echo(md.summary().to_string(float_format=lambda v: f"{v:.4f}"))
+
+
+@data.command("check")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--min-history", default=60, show_default=True, help="fewest closes per asset")
+def data_check(path: str, min_history: int) -> None:
+    """Validate a long-format price file (date, asset, close); exit 2 naming the first problem."""
+    from allocator.trainer.data import DataError, load_prices
+
+    try:
+        md = load_prices(path, min_history=min_history)
+    except DataError as exc:
+        _fail(str(exc))
+    click.echo(
+        f"ok: {path}: {md.n_assets} assets, {md.n_dates} dates "
+        f"({md.dates[0].date()} .. {md.dates[-1].date()})"
+    )
+
+
+# --- backtest ----------------------------------------------------------------------------
+
+
+def load_policy(spec: str) -> Any:
+    """A baseline name, or ``module:attribute`` naming a policy (a class is instantiated)."""
+    if ":" not in spec:
+        return spec
+    module, _, attr = spec.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise click.BadParameter(f"cannot load policy {spec!r}: {exc}") from exc
+    return obj() if isinstance(obj, type) else obj
+
+
+@main.command()
+@click.option("--policy", "policy_spec", default="equal-weight", show_default=True,
+              help="equal-weight, buy-and-hold, cash, min-variance, hrp, or module:callable")
+@click.option("--start", default="2010-01-01", show_default=True)
+@click.option("--end", default="2019-12-31", show_default=True)
+@click.option("--dataset", default="sp500", show_default=True, help="'sp500' or a file path")
+@click.option("--assets", default=None, help="comma-separated asset ids (default: all)")
+@click.option("--cost-bps", default=10.0, show_default=True, type=float)
+@click.option("--beta", default=0.0, show_default=True, type=float, help="EMA smoothing")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False))
+def backtest(
+    policy_spec: str, start: str, end: str, dataset: str, assets: str | None, cost_bps: float,
+    beta: float, json_path: str | None, plot_path: str | None,
+) -> None:
+    """Backtest a policy with the environment's mechanics; print metrics, write JSON/plot."""
+    from allocator.trainer.backtest import run_backtest
+    from allocator.trainer.data import DataError, load_dataset
+    from allocator.trainer.metrics import format_table
+
+    policy = load_policy(policy_spec)
+    names = [a.strip() for a in assets.split(",") if a.strip()] if assets else None
+    try:
+        md = load_dataset(dataset)
+        result = run_backtest(policy, md, start, end, assets=names, cost_bps=cost_bps, beta=beta)
+    except (DataError, ValueError) as exc:
+        _fail(str(exc))
+    metrics = result.metrics()
+    click.echo(f"{result.name} on {md.source}, {result.nav.index[0].date()} .. "
+               f"{result.nav.index[-1].date()}, {cost_bps:g} bps")
+    click.echo(format_table({result.name: metrics}))
+    if json_path:
+        write_json(json_path, result.to_dict())
+        click.echo(f"wrote {json_path}")
+    if plot_path:
+        from allocator.trainer.plots import plot_backtest
+
+        plot_backtest(result, plot_path)
+        click.echo(f"wrote {plot_path}")
+
+
+# --- demo --------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False))
+@click.option("--start", default="2010-01-01", show_default=True)
+@click.option("--end", default="2019-12-31", show_default=True)
+@click.option("--cost-bps", default=10.0, show_default=True, type=float)
+def demo(out: str, start: str, end: str, cost_bps: float) -> None:
+    """The first run on a new machine: every baseline on the embedded S&P 500 data."""
+    from allocator.trainer.backtest import run_backtest
+    from allocator.trainer.baselines import BaselineName
+    from allocator.trainer.data import load_sp500
+    from allocator.trainer.metrics import format_table
+    from allocator.trainer.plots import plot_allocations, plot_performance
+
+    md = load_sp500()
+    click.echo(f"data: {md.source}, {md.n_assets} assets; backtest {start} .. {end}, "
+               f"{cost_bps:g} bps costs")
+    results = {}
+    for name in BaselineName:
+        click.echo(f"  running {name.value} ...")
+        results[name.value] = run_backtest(name.value, md, start, end, cost_bps=cost_bps)
+    table = {name: r.metrics() for name, r in results.items()}
+    click.echo("")
+    click.echo(format_table(table))
+    out_dir = Path(out)
+    written = [
+        write_json(out_dir / "metrics.json", table),
+        plot_performance(results, out_dir / "equity.png"),
+        plot_allocations(results[BaselineName.MIN_VARIANCE.value], out_dir / "allocations.png"),
+    ]
+    click.echo("")
+    for path in written:
+        click.echo(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""The observation a policy sees, built by one function from raw prices, weights and mask.
+
+Layout of the flat float32 vector (``max_assets`` = M, ``window`` = W):
+
+* ``M * W`` asset features: for each slot, the W most recent daily log returns (oldest first),
+  normalized with statistics fitted on the training period and clipped; zeros on masked slots;
+* ``M + 1`` current weights (cash first);
+* ``M + 1`` mask entries (1.0 live, 0.0 masked; cash always 1.0).
+
+Normalization matters: a tanh actor fed raw returns of order 1e-2 next to weights of order 1
+saturates or freezes (seed 003). Statistics come from the training window only and travel in
+the model's manifest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from allocator.portfolio.weights import live_mask
+
+Float32Array = NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Shape of the observation: how many asset slots and how many returns per slot."""
+
+    max_assets: int
+    window: int = 30
+    clip: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_assets < 1:
+            raise ValueError(f"max_assets must be >= 1, got {self.max_assets}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        if not self.clip > 0:
+            raise ValueError(f"clip must be > 0, got {self.clip}")
+
+    @property
+    def n_slots(self) -> int:
+        """Length of every action, weight and mask vector (cash + assets)."""
+        return self.max_assets + 1
+
+    @property
+    def prices_per_asset(self) -> int:
+        """Prices needed per asset: W returns need W + 1 closes."""
+        return self.window + 1
+
+    @property
+    def obs_size(self) -> int:
+        return self.max_assets * self.window + 2 * self.n_slots
+
+    def to_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class NormalizationStats:
+    """Mean and standard deviation of daily log returns over the training period."""
+
+    mean: float
+    std: float
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.mean) and np.isfinite(self.std) and self.std > 0):
+            raise ValueError(f"invalid normalization stats mean={self.mean} std={self.std}")
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def log_returns(prices: ArrayLike, axis: int = -1) -> NDArray[np.float64]:
+    """Daily log returns along ``axis``; one fewer entry than prices on that axis."""
+    p = np.asarray(prices, dtype=np.float64)
+    p = np.moveaxis(p, axis, -1)
+    r = np.log(p[..., 1:] / p[..., :-1])
+    return np.moveaxis(r, -1, axis)
+
+
+def fit_normalization(prices: ArrayLike, axis: int = 0) -> NormalizationStats:
+    """Fit the return statistics on a (training-period) price array; NaN prices are ignored."""
+    r = log_returns(prices, axis=axis)
+    r = r[np.isfinite(r)]
+    if r.size < 2:
+        raise ValueError("need at least two finite returns to fit normalization")
+    return NormalizationStats(mean=float(r.mean()), std=float(r.std()))
+
+
+def normalize_returns(
+    returns: ArrayLike, stats: NormalizationStats, clip: float
+) -> NDArray[np.float32]:
+    """Standardize and clip log returns; applied elementwise so any window or history works."""
+    z = (np.asarray(returns, dtype=np.float64) - stats.mean) / stats.std
+    return np.clip(z, -clip, clip).astype(np.float32)
+
+
+def assemble_observation(
+    features: ArrayLike, weights: ArrayLike, mask: ArrayLike, spec: FeatureSpec
+) -> Float32Array:
+    """Concatenate already-normalized per-slot features with weights and mask.
+
+    ``features`` has shape ``(..., max_assets, window)``; masked slots are zeroed here.
+    """
+    live = live_mask(mask)
+    f = np.asarray(features, dtype=np.float32)
+    if f.shape[-2:] != (spec.max_assets, spec.window):
+        raise ValueError(
+            f"features shape {f.shape[-2:]} != (max_assets, window) "
+            f"{(spec.max_assets, spec.window)}"
+        )
+    f = np.where(live[..., 1:, None], f, np.float32(0.0))
+    batch = f.shape[:-2]
+    return np.concatenate(
+        [
+            f.reshape(*batch, spec.max_assets * spec.window),
+            np.asarray(weights, dtype=np.float32),
+            live.astype(np.float32),
+        ],
+        axis=-1,
+    )
+
+
+def build_observation(
+    prices: ArrayLike,
+    weights: ArrayLike,
+    mask: ArrayLike,
+    spec: FeatureSpec,
+    stats: NormalizationStats,
+) -> Float32Array:
+    """The observation for one decision (or a batch) from raw closing prices.
+
+    ``prices`` has shape ``(..., max_assets, window + 1)`` (slot i-1 holds asset slot i, oldest
+    close first); rows of masked slots are ignored and may hold anything, NaN included. Live
+    rows must be finite and positive.
+    """
+    live = live_mask(mask)
+    p = np.asarray(prices, dtype=np.float64)
+    if p.shape[-2:] != (spec.max_assets, spec.prices_per_asset):
+        raise ValueError(
+            f"prices shape {p.shape[-2:]} != (max_assets, window + 1) "
+            f"{(spec.max_assets, spec.prices_per_asset)}"
+        )
+    live_rows = np.broadcast_to(live[..., 1:, None], p.shape)
+    bad = live_rows & ~(np.isfinite(p) & (p > 0))
+    if np.any(bad):
+        slot = int(np.argwhere(bad)[0][-2]) + 1
+        raise ValueError(f"prices for live slot {slot} must be finite and positive")
+    safe = np.where(live_rows, p, 1.0)
+    features = normalize_returns(log_returns(safe), stats, spec.clip)
+    return assemble_observation(features, weights, live, spec)

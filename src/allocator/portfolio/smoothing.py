@@ -1,0 +1,41 @@
+"""EMA smoothing of mapped weights: the allocation the portfolio actually executes.
+
+``s_t = renorm(mask_t * (beta * s_{t-1} + (1 - beta) * w_t))`` with ``s_0 = w_0``.
+The training environment executes ``s_t``, so the policy learns under the smoothing it is
+served with; ``beta`` is stored in each model's manifest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from allocator.portfolio.weights import FloatArray, renormalize
+
+
+def validate_beta(beta: float) -> float:
+    """Return ``beta`` if it is a usable smoothing factor, else raise naming the value."""
+    b = float(beta)
+    if not (0.0 <= b < 1.0):
+        raise ValueError(f"smoothing beta must be in [0, 1), got {beta!r}")
+    return b
+
+
+def ema_smooth(
+    previous: ArrayLike | None, weights: ArrayLike, mask: ArrayLike, beta: float
+) -> FloatArray:
+    """One EMA step from the previous executed weights toward the newly mapped weights.
+
+    ``previous=None`` starts the state (``s_0 = w_0``). Mass that ``previous`` held on slots the
+    mask now closes is dropped and the rest renormalized, so a delisted asset never lingers.
+    ``beta`` is in ``[0, 1)``: since ``weights`` is a distribution over live slots, the blend
+    always has positive live mass and the result is a distribution too.
+    """
+    b = validate_beta(beta)
+    w = np.asarray(weights, dtype=np.float64)
+    if previous is None:
+        return renormalize(w, mask)
+    prev = np.asarray(previous, dtype=np.float64)
+    if prev.shape != w.shape:
+        raise ValueError(f"previous weights shape {prev.shape} != weights shape {w.shape}")
+    return renormalize(b * prev + (1.0 - b) * w, mask)

@@ -1,0 +1,106 @@
+"""Action -> weights: the one mapping from a policy's output to a valid allocation.
+
+Training, ONNX export, backtests and the server all call this (or, in ONNX, a graph that is
+tested against it), so a policy is always served under the mapping it was trained with.
+
+Conventions (the policy contract of DESIGN.md):
+
+* Vectors have length ``max_assets + 1``, cash first. ``mask`` marks live slots; cash is always
+  live, whatever the mask says.
+* An action lies in ``[-1, 1]`` per slot (a tanh actor). It is mapped affinely to a preference
+  ``x = (a + 1) / 2`` in ``[0, 1]``, zeroed on masked slots, and renormalized to sum to 1.
+  The affine map (rather than a softmax) lets a bounded actor put everything in one asset.
+
+Degenerate inputs have defined results, never NaN:
+
+* actions outside ``[-1, 1]`` saturate (so -inf means 0 and +inf full preference); NaN counts
+  as zero preference;
+* when no live slot has positive preference (all live actions at -1, all NaN, or an empty
+  mask) the whole allocation goes to cash: "nothing wanted" means "hold cash".
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+CASH = 0
+"""Index of the cash slot in every action, weight and mask vector."""
+
+FloatArray = NDArray[np.float64]
+
+
+def live_mask(mask: ArrayLike) -> NDArray[np.bool_]:
+    """Boolean mask with the cash slot forced live (cash can never be masked)."""
+    m = np.array(mask, dtype=bool)
+    if m.ndim == 0 or m.shape[-1] < 1:
+        raise ValueError("mask must have at least one slot (cash)")
+    m[..., CASH] = True
+    return m
+
+
+def renormalize(x: ArrayLike, mask: ArrayLike) -> FloatArray:
+    """Zero masked slots and scale the rest to sum to 1; all-zero rows become all-cash.
+
+    Negative and non-finite entries count as zero. Works on any leading batch shape. This runs
+    twice per environment step, hence the fast path for the common finite case.
+    """
+    live = live_mask(mask)
+    v = np.asarray(x, dtype=np.float64)
+    if v.shape != live.shape:
+        raise ValueError(f"weights shape {v.shape} does not match mask shape {live.shape}")
+    v = np.fmax(v, 0.0)  # negatives and NaN -> 0 (fmax ignores NaN)
+    v *= live
+    if v.ndim == 1:
+        t = float(np.add.reduce(v))
+        if 0.0 < t < math.inf:
+            v /= t
+            return v
+    else:
+        total = v.sum(axis=-1, keepdims=True)
+        if np.all((total > 0.0) & (total < np.inf)):
+            v /= total
+            return v
+    v[~np.isfinite(v)] = 0.0  # +inf preferences count as zero, like NaN
+    total = v.sum(axis=-1, keepdims=True)
+    empty = total <= 0.0
+    v = np.divide(v, total, out=np.zeros_like(v), where=~empty)
+    v[..., CASH] = np.where(empty[..., 0], 1.0, v[..., CASH])
+    return v
+
+
+def action_to_weights(action: ArrayLike, mask: ArrayLike) -> FloatArray:
+    """Map a policy action in ``[-1, 1]^(max_assets+1)`` and a mask to portfolio weights.
+
+    The result is non-negative, zero on masked slots and sums to 1 (see the module docstring
+    for the degenerate cases).
+    """
+    a = np.asarray(action, dtype=np.float64)
+    # Upper bound with np.minimum so NaN stays NaN; renormalize zeroes it and negatives.
+    preference = np.minimum((a + 1.0) * 0.5, 1.0)
+    return renormalize(preference, mask)
+
+
+def weights_to_action(weights: ArrayLike) -> FloatArray:
+    """An action that ``action_to_weights`` maps back to ``weights`` (for scripted policies).
+
+    Scales the weights so the largest becomes preference 1, which keeps actions in range.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    top = np.max(w, axis=-1, keepdims=True)
+    pref = np.divide(w, top, out=np.zeros_like(w), where=top > 0)
+    return pref * 2.0 - 1.0
+
+
+def is_distribution(weights: ArrayLike, mask: ArrayLike | None = None, atol: float = 1e-9) -> bool:
+    """True when weights are finite, non-negative, sum to 1 and (if given) respect the mask."""
+    w = np.asarray(weights, dtype=np.float64)
+    if not np.all(np.isfinite(w)) or np.any(w < -atol):
+        return False
+    if not np.allclose(w.sum(axis=-1), 1.0, atol=atol, rtol=0.0):
+        return False
+    if mask is not None:
+        return bool(np.all(np.where(live_mask(mask), 0.0, np.abs(w)) <= atol))
+    return True

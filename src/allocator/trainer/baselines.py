@@ -1,0 +1,171 @@
+"""Baseline policies a user would pick instead of an RL agent.
+
+A policy maps a ``DecisionContext`` to target weights over the slots (cash first). Baselines
+that need fitting (min-variance, HRP) fit skfolio's optimisers on a trailing window of returns
+that ends at the decision date, so they never see the future.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
+
+from allocator.portfolio import action_to_weights
+
+
+@dataclass(frozen=True)
+class DecisionContext:
+    """What a policy may look at when deciding at the close of ``date``."""
+
+    date: pd.Timestamp
+    step: int  # decisions made so far in this run
+    assets: tuple[str, ...]  # live assets, in slot order (slot i + 1 holds assets[i])
+    prices: NDArray[np.float64]  # (t + 1, len(assets)) closes up to and including ``date``
+    weights: NDArray[np.float64]  # current (drifted) weights, cash first, length n_slots
+    mask: NDArray[np.bool_]
+    observation: NDArray[np.float32]
+
+    @property
+    def n_slots(self) -> int:
+        return int(self.mask.size)
+
+    def slot_weights(self, asset_weights: NDArray[np.float64], cash: float = 0.0) -> NDArray:
+        """Put per-asset weights (in ``assets`` order) and a cash weight into slot layout."""
+        w = np.zeros(self.n_slots)
+        w[0] = cash
+        w[1 : 1 + len(self.assets)] = asset_weights
+        return w / w.sum()
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything that returns target weights for a decision."""
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]: ...
+
+
+class ActionPolicy:
+    """Adapts an actor (observation -> action in [-1, 1]) to a weights policy via the contract."""
+
+    def __init__(self, actor: Any, name: str = "agent") -> None:
+        self.actor = actor
+        self.name = name
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        return action_to_weights(self.actor(ctx.observation), ctx.mask)
+
+
+class Cash:
+    """Everything in cash: the zero line every strategy should beat after costs."""
+
+    name = "cash"
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        return ctx.slot_weights(np.zeros(len(ctx.assets)), cash=1.0)
+
+
+class EqualWeight:
+    """1/N over the live assets, rebalanced every ``rebalance_every`` days (1 = daily)."""
+
+    name = "equal-weight"
+
+    def __init__(self, rebalance_every: int = 1) -> None:
+        self.rebalance_every = rebalance_every
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        if ctx.step % self.rebalance_every:
+            return ctx.weights
+        n = len(ctx.assets)
+        return ctx.slot_weights(np.full(n, 1.0 / n))
+
+
+class BuyAndHold:
+    """1/N once at the start, then let the weights drift: no further trades."""
+
+    name = "buy-and-hold"
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        if ctx.step == 0:
+            n = len(ctx.assets)
+            return ctx.slot_weights(np.full(n, 1.0 / n))
+        return ctx.weights
+
+
+class _FittedOptimizer:
+    """Refit a skfolio optimiser on trailing returns every ``rebalance_every`` days."""
+
+    name = "optimizer"
+
+    def __init__(self, lookback: int = 252, rebalance_every: int = 21) -> None:
+        self.lookback = lookback
+        self.rebalance_every = rebalance_every
+
+    def _estimator(self) -> Any:
+        raise NotImplementedError
+
+    def fit_weights(self, prices: NDArray[np.float64], assets: tuple[str, ...]) -> NDArray:
+        """Weights fitted on the last ``lookback`` daily returns of ``prices``."""
+        window = prices[-(self.lookback + 1) :]
+        returns = pd.DataFrame(window[1:] / window[:-1] - 1.0, columns=list(assets))
+        if len(returns) < 2:
+            raise ValueError(f"{self.name} needs at least 3 closes before its first decision")
+        model = self._estimator()
+        model.fit(returns)
+        return np.clip(np.asarray(model.weights_, dtype=np.float64), 0.0, None)
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        if ctx.step % self.rebalance_every:
+            return ctx.weights
+        return ctx.slot_weights(self.fit_weights(ctx.prices, ctx.assets))
+
+
+class MinVariance(_FittedOptimizer):
+    """skfolio's long-only minimum-variance portfolio."""
+
+    name = "min-variance"
+
+    def _estimator(self) -> Any:
+        from skfolio.optimization import MeanRisk, ObjectiveFunction
+
+        return MeanRisk(objective_function=ObjectiveFunction.MINIMIZE_RISK)
+
+
+class HRP(_FittedOptimizer):
+    """skfolio's hierarchical risk parity."""
+
+    name = "hrp"
+
+    def _estimator(self) -> Any:
+        from skfolio.optimization import HierarchicalRiskParity
+
+        return HierarchicalRiskParity()
+
+
+class BaselineName(StrEnum):
+    EQUAL_WEIGHT = "equal-weight"
+    BUY_AND_HOLD = "buy-and-hold"
+    CASH = "cash"
+    MIN_VARIANCE = "min-variance"
+    HRP = "hrp"
+
+
+def make_baseline(name: str | BaselineName, **kwargs: Any) -> Policy:
+    """A baseline policy by name; unknown names list the valid ones."""
+    try:
+        key = BaselineName(name)
+    except ValueError:
+        valid = ", ".join(b.value for b in BaselineName)
+        raise ValueError(f"unknown baseline {name!r}; choose one of: {valid}") from None
+    classes: dict[BaselineName, Any] = {
+        BaselineName.EQUAL_WEIGHT: EqualWeight,
+        BaselineName.BUY_AND_HOLD: BuyAndHold,
+        BaselineName.CASH: Cash,
+        BaselineName.MIN_VARIANCE: MinVariance,
+        BaselineName.HRP: HRP,
+    }
+    return classes[key](**kwargs)

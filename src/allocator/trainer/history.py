@@ -1,0 +1,54 @@
+"""What an episode has done so far, in preallocated arrays that rewards and penalties read.
+
+Row 0 is the state before the first decision; row ``k + 1`` is the state after step ``k``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+class EpisodeHistory:
+    """NAV, executed weights, slot prices and per-step figures of one episode."""
+
+    def __init__(self, n_slots: int, capacity: int) -> None:
+        self.n_slots = n_slots
+        self.capacity = capacity
+        self.nav = np.zeros(capacity + 1)
+        self.weights = np.zeros((capacity + 1, n_slots))  # executed (smoothed) target weights
+        self.prices = np.ones((capacity + 1, n_slots))  # slot closes; cash and masked slots = 1
+        self.returns = np.zeros(capacity)  # net one-step portfolio return
+        self.costs = np.zeros(capacity)  # costs paid, in currency
+        self.turnover = np.zeros(capacity)  # traded value / NAV before trading
+        self.mask = np.zeros(n_slots, dtype=bool)
+        self.steps = 0
+
+    def start(
+        self, nav: float, weights: NDArray[np.float64], prices: NDArray[np.float64],
+        mask: NDArray[np.bool_],
+    ) -> None:
+        self.steps = 0
+        self.nav[0] = nav
+        self.weights[0] = weights
+        self.prices[0] = prices
+        self.mask[:] = mask
+
+    def record(
+        self, nav: float, weights: NDArray[np.float64], prices: NDArray[np.float64],
+        cost: float, turnover: float,
+    ) -> None:
+        k = self.steps
+        if k >= self.capacity:
+            raise IndexError(f"episode history is full ({self.capacity} steps)")
+        self.nav[k + 1] = nav
+        self.weights[k + 1] = weights
+        self.prices[k + 1] = prices
+        self.returns[k] = nav / self.nav[k] - 1.0
+        self.costs[k] = cost
+        self.turnover[k] = turnover
+        self.steps = k + 1
+
+    def window_start(self, window: int) -> int:
+        """Row where a trailing window of ``window`` steps begins (shorter at episode start)."""
+        return max(0, self.steps - window)

@@ -1,0 +1,82 @@
+"""Performance figures of a backtest, from skfolio's measures where it has them.
+
+Conventions: daily net returns, 252 trading days a year, a zero risk-free rate, sample
+(ddof = 1) deviations. Sharpe = mean / std * sqrt(252); Sortino uses the semi-deviation below
+zero; Calmar = annual return / max drawdown (compounded, as a positive fraction).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+from numpy.typing import ArrayLike
+from skfolio import measures
+
+PERIODS_PER_YEAR = 252
+METRIC_KEYS = (
+    "total_return",
+    "annual_return",
+    "annual_volatility",
+    "sharpe",
+    "sortino",
+    "max_drawdown",
+    "calmar",
+    "turnover",
+    "costs",
+    "days",
+)
+
+
+def _ratio(num: float, den: float) -> float:
+    """``num / den``; a riskless flat series scores 0, an undefined ratio NaN."""
+    if den > 0:
+        return num / den
+    return 0.0 if num == 0 else float("nan")
+
+
+def performance(
+    returns: ArrayLike, turnover: ArrayLike, costs: ArrayLike, initial_value: float = 1.0
+) -> dict[str, float]:
+    """All metrics of one run from its daily net returns, turnover and costs (in currency)."""
+    r = np.asarray(returns, dtype=np.float64)
+    if r.size < 2:
+        raise ValueError("need at least two daily returns for performance metrics")
+    total = float(np.prod(1.0 + r) - 1.0)
+    annual = float((1.0 + total) ** (PERIODS_PER_YEAR / r.size) - 1.0) if total > -1 else -1.0
+    std = float(measures.standard_deviation(r))
+    semi = float(measures.semi_deviation(r, min_acceptable_return=0.0))
+    mdd = float(measures.max_drawdown(measures.get_drawdowns(r, compounded=True)))
+    scale = math.sqrt(PERIODS_PER_YEAR)
+    return {
+        "total_return": total,
+        "annual_return": annual,
+        "annual_volatility": std * scale,
+        "sharpe": _ratio(float(measures.mean(r)), std) * scale,
+        "sortino": _ratio(float(measures.mean(r)), semi) * scale,
+        "max_drawdown": abs(mdd),
+        "calmar": _ratio(annual, mdd),
+        "turnover": float(np.mean(np.asarray(turnover, dtype=np.float64))),
+        "costs": float(np.sum(np.asarray(costs, dtype=np.float64))) / initial_value,
+        "days": float(r.size),
+    }
+
+
+_SHORT = {
+    "total_return": "total_ret",
+    "annual_return": "ann_ret",
+    "annual_volatility": "ann_vol",
+    "max_drawdown": "max_dd",
+}
+
+
+def format_table(rows: Mapping[str, Mapping[str, float]]) -> str:
+    """A fixed-width text table of metrics, one row per policy."""
+    cols = [k for k in METRIC_KEYS if k != "days"]
+    width = max(12, *(len(n) + 2 for n in rows)) if rows else 12
+    head = f"{'policy':<{width}}" + "".join(f"{_SHORT.get(c, c):>10}" for c in cols)
+    lines = [head, "-" * len(head)]
+    for name, m in rows.items():
+        lines.append(f"{name:<{width}}" + "".join(f"{m[c]:>10.4f}" for c in cols))
+    return "\n".join(lines)
