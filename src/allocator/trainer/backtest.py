@@ -104,6 +104,13 @@ def run_backtest(
     names = list(assets) if assets else default_assets(data, t0 - window, t1)
     if not names:
         raise DataError(f"{data.source}: no asset has prices over the whole backtest")
+    data.select(names)  # unknown or repeated ids fail here, naming them
+    short = [a for a in names if a not in default_assets(data, t0 - window, t1)]
+    if short:
+        raise DataError(
+            f"{data.source}: asset(s) {', '.join(short)} lack prices between "
+            f"{data.dates[t0 - window].date()} and {data.dates[t1].date()}"
+        )
     m = max(len(names), max_assets or 0)
     if stats is None:
         stats = fit_normalization(data.prices[: t0 + 1][:, [data.assets.index(a) for a in names]])

@@ -31,12 +31,13 @@ def _drawdown(nav: pd.Series) -> pd.Series:
 
 def _allocation_area(ax: Axes, frame: pd.DataFrame, title: str, legend: bool) -> None:
     live = frame.loc[:, (frame > 1e-12).any(axis=0)]  # skip slots never held
+    ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
     ax.stackplot(live.index, live.to_numpy().T, labels=list(live.columns), linewidth=0)
     ax.set_ylim(0, 1)
     ax.set_ylabel("weight")
     ax.set_title(title)
     if legend:
-        ax.legend(loc="upper left", ncol=7, fontsize=7)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
 
 
 def plot_performance(results: Mapping[str, BacktestResult], path: str | Path) -> Path:
