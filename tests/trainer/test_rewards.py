@@ -145,8 +145,8 @@ def test_soft_log_fixed_points_and_values():
 
 
 @given(
-    x=st.floats(-1e6, 1e6, allow_nan=False),
-    k=st.floats(0.01, 100.0, allow_nan=False),
+    x=st.floats(-1e6, 1e6).filter(lambda v: v == 0 or abs(v) > 1e-100),
+    k=st.floats(0.01, 100.0),
 )
 def test_soft_log_is_odd_and_bends_toward_identity_at_one(x, k):
     y = float(soft_log(x, k))

@@ -1,0 +1,57 @@
+"""The ``allocator`` command as a user meets it: help, data info and data check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+from click.testing import CliRunner
+
+from allocator.cli import main
+
+
+def test_help_lists_the_subcommands():
+    out = subprocess.run(
+        [sys.executable, "-m", "allocator.cli", "--help"], check=True, capture_output=True,
+        text=True,
+    ).stdout
+    for command in ("backtest", "data", "demo"):
+        assert command in out
+
+
+def test_data_info_summarizes_the_embedded_dataset():
+    res = CliRunner().invoke(main, ["data", "info"])
+    assert res.exit_code == 0, res.output
+    assert "assets: 20" in res.output
+    assert "1990-01-02" in res.output
+    assert "AAPL" in res.output and "XOM" in res.output
+
+
+def test_data_check_accepts_good_and_names_bad_files(tmp_path):
+    dates = pd.bdate_range("2021-01-01", periods=80)
+    good = pd.DataFrame(
+        {"date": list(dates) * 2, "asset": ["A"] * 80 + ["B"] * 80,
+         "close": [100.0 + i for i in range(80)] * 2}
+    )
+    path = tmp_path / "good.csv"
+    good.to_csv(path, index=False)
+    ok = CliRunner().invoke(main, ["data", "check", str(path)])
+    assert ok.exit_code == 0, ok.output
+    assert "2 assets, 80 dates" in ok.output
+
+    bad = good.copy()
+    bad.loc[85, "close"] = -1.0
+    bad_path = tmp_path / "bad.csv"
+    bad.to_csv(bad_path, index=False)
+    res = CliRunner().invoke(main, ["data", "check", str(bad_path)])
+    assert res.exit_code == 2
+    assert str(bad_path) in res.output
+    assert "asset B" in res.output
+    assert str(dates[5].date()) in res.output
+
+
+def test_data_info_on_a_missing_file_exits_2(tmp_path):
+    res = CliRunner().invoke(main, ["data", "info", "--dataset", str(tmp_path / "nope.csv")])
+    assert res.exit_code == 2
+    assert "file not found" in res.output
