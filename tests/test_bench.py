@@ -12,9 +12,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_env_throughput_prints_its_figures():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "env_throughput.py"),
-         "--steps", "300", "--naive-steps", "40", "--repeats", "1"],
-        check=True, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "env_throughput.py"),
+            "--steps",
+            "300",
+            "--naive-steps",
+            "40",
+            "--repeats",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     figures = json.loads(out.stdout)
     assert figures["steps_per_s"] > 0

@@ -13,7 +13,9 @@ from allocator.cli import main
 
 def test_help_lists_the_subcommands():
     out = subprocess.run(
-        [sys.executable, "-m", "allocator.cli", "--help"], check=True, capture_output=True,
+        [sys.executable, "-m", "allocator.cli", "--help"],
+        check=True,
+        capture_output=True,
         text=True,
     ).stdout
     for command in ("backtest", "data", "demo"):
@@ -25,14 +27,18 @@ def test_data_info_summarizes_the_embedded_dataset():
     assert res.exit_code == 0, res.output
     assert "assets: 20" in res.output
     assert "1990-01-02" in res.output
-    assert "AAPL" in res.output and "XOM" in res.output
+    assert "AAPL" in res.output
+    assert "XOM" in res.output
 
 
 def test_data_check_accepts_good_and_names_bad_files(tmp_path):
     dates = pd.bdate_range("2021-01-01", periods=80)
     good = pd.DataFrame(
-        {"date": list(dates) * 2, "asset": ["A"] * 80 + ["B"] * 80,
-         "close": [100.0 + i for i in range(80)] * 2}
+        {
+            "date": list(dates) * 2,
+            "asset": ["A"] * 80 + ["B"] * 80,
+            "close": [100.0 + i for i in range(80)] * 2,
+        }
     )
     path = tmp_path / "good.csv"
     good.to_csv(path, index=False)

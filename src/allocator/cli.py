@@ -111,8 +111,13 @@ def load_policy(spec: str) -> Any:
 
 
 @main.command()
-@click.option("--policy", "policy_spec", default="equal-weight", show_default=True,
-              help="equal-weight, buy-and-hold, cash, min-variance, hrp, or module:callable")
+@click.option(
+    "--policy",
+    "policy_spec",
+    default="equal-weight",
+    show_default=True,
+    help="equal-weight, buy-and-hold, cash, min-variance, hrp, or module:callable",
+)
 @click.option("--start", default="2010-01-01", show_default=True)
 @click.option("--end", default="2019-12-31", show_default=True)
 @click.option("--dataset", default="sp500", show_default=True, help="'sp500' or a file path")
@@ -122,8 +127,15 @@ def load_policy(spec: str) -> Any:
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False))
 def backtest(
-    policy_spec: str, start: str, end: str, dataset: str, assets: str | None, cost_bps: float,
-    beta: float, json_path: str | None, plot_path: str | None,
+    policy_spec: str,
+    start: str,
+    end: str,
+    dataset: str,
+    assets: str | None,
+    cost_bps: float,
+    beta: float,
+    json_path: str | None,
+    plot_path: str | None,
 ) -> None:
     """Backtest a policy with the environment's mechanics; print metrics, write JSON/plot."""
     from allocator.trainer.backtest import run_backtest
@@ -138,8 +150,10 @@ def backtest(
     except (DataError, ValueError) as exc:
         _fail(str(exc))
     metrics = result.metrics()
-    click.echo(f"{result.name} on {md.source}, {result.nav.index[0].date()} .. "
-               f"{result.nav.index[-1].date()}, {cost_bps:g} bps")
+    click.echo(
+        f"{result.name} on {md.source}, {result.nav.index[0].date()} .. "
+        f"{result.nav.index[-1].date()}, {cost_bps:g} bps"
+    )
     click.echo(format_table({result.name: metrics}))
     if json_path:
         write_json(json_path, result.to_dict())
@@ -168,8 +182,10 @@ def demo(out: str, start: str, end: str, cost_bps: float) -> None:
     from allocator.trainer.plots import plot_allocations, plot_performance
 
     md = load_sp500()
-    click.echo(f"data: {md.source}, {md.n_assets} assets; backtest {start} .. {end}, "
-               f"{cost_bps:g} bps costs")
+    click.echo(
+        f"data: {md.source}, {md.n_assets} assets; backtest {start} .. {end}, "
+        f"{cost_bps:g} bps costs"
+    )
     results = {}
     for name in BaselineName:
         click.echo(f"  running {name.value} ...")

@@ -49,16 +49,35 @@ def test_equal_weight_matches_pandas_recomputation(tmp_path):
     out = tmp_path / "ew.json"
     result = CliRunner().invoke(
         main,
-        ["backtest", "--policy", "equal-weight", "--start", "2010-01-01", "--end", "2019-12-31",
-         "--cost-bps", "10", "--json", str(out)],
+        [
+            "backtest",
+            "--policy",
+            "equal-weight",
+            "--start",
+            "2010-01-01",
+            "--end",
+            "2019-12-31",
+            "--cost-bps",
+            "10",
+            "--json",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output
     got = json.loads(out.read_text())
     sharpe, total = equal_weight_by_hand("2010-01-01", "2019-12-31", 10.0)
     assert got["sharpe"] == pytest.approx(sharpe, abs=1e-6)
     assert got["total_return"] == pytest.approx(total, abs=1e-6)
-    for key in ("sharpe", "sortino", "max_drawdown", "total_return", "annual_return",
-                "annual_volatility", "turnover", "costs"):
+    for key in (
+        "sharpe",
+        "sortino",
+        "max_drawdown",
+        "total_return",
+        "annual_return",
+        "annual_volatility",
+        "turnover",
+        "costs",
+    ):
         assert isinstance(got[key], float), key
 
 
@@ -105,7 +124,9 @@ def test_fitted_baseline_never_sees_the_future(sp500):
     scrambled[cut + 1 :] *= rng.uniform(0.5, 1.5, size=scrambled[cut + 1 :].shape)
     other = MarketData(scrambled, data.dates, data.assets, "scrambled")
     a = run_backtest(MinVariance(lookback=120, rebalance_every=5), data, "2017-09-01", "2018-12-31")
-    b = run_backtest(MinVariance(lookback=120, rebalance_every=5), other, "2017-09-01", "2018-12-31")
+    b = run_backtest(
+        MinVariance(lookback=120, rebalance_every=5), other, "2017-09-01", "2018-12-31"
+    )
     upto = a.raw_weights.index <= data.dates[cut]
     np.testing.assert_allclose(a.raw_weights[upto], b.raw_weights[upto], atol=1e-9)
     assert not np.allclose(a.raw_weights[~upto], b.raw_weights[~upto], atol=1e-6)
@@ -140,7 +161,7 @@ def test_backtest_errors_name_the_problem(sp500):
     earliest = load_sp500_dataset().index[30].date()
     with pytest.raises(DataError, match=f"earliest possible start is {earliest}"):
         run_backtest("cash", sp500, "1990-01-01", "1990-12-31")
-    with pytest.raises(ValueError, match="unknown baseline 'magic'.*equal-weight"):
+    with pytest.raises(ValueError, match=r"unknown baseline 'magic'.*equal-weight"):
         run_backtest("magic", sp500, "2015-01-01", "2015-12-31")
     with pytest.raises(ValueError, match="unknown asset"):
         run_backtest("cash", sp500, "2015-01-01", "2015-12-31", assets=["NOPE"])
@@ -150,8 +171,20 @@ def test_cli_backtest_writes_plot_and_reports_bad_input(tmp_path):
     runner = CliRunner()
     png = tmp_path / "bt.png"
     ok = runner.invoke(
-        main, ["backtest", "--policy", "hrp", "--start", "2018-01-01", "--end", "2018-06-30",
-               "--assets", "AAPL,MSFT,JPM", "--plot", str(png)],
+        main,
+        [
+            "backtest",
+            "--policy",
+            "hrp",
+            "--start",
+            "2018-01-01",
+            "--end",
+            "2018-06-30",
+            "--assets",
+            "AAPL,MSFT,JPM",
+            "--plot",
+            str(png),
+        ],
     )
     assert ok.exit_code == 0, ok.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -176,9 +209,22 @@ def test_cli_accepts_a_callable_policy(tmp_path):
     try:
         out = tmp_path / "p.json"
         res = CliRunner().invoke(
-            main, ["backtest", "--policy", "my_policy:all_in_first", "--assets", "AAPL",
-                   "--start", "2019-01-01", "--end", "2019-12-31", "--cost-bps", "0",
-                   "--json", str(out)],
+            main,
+            [
+                "backtest",
+                "--policy",
+                "my_policy:all_in_first",
+                "--assets",
+                "AAPL",
+                "--start",
+                "2019-01-01",
+                "--end",
+                "2019-12-31",
+                "--cost-bps",
+                "0",
+                "--json",
+                str(out),
+            ],
         )
     finally:
         sys.path.remove(str(tmp_path))

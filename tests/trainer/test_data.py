@@ -138,6 +138,21 @@ def test_uppercase_column_names_are_accepted(tmp_path: Path) -> None:
     np.testing.assert_array_equal(data.prices, expected_prices())
 
 
+def test_asset_ids_do_not_depend_on_header_case(tmp_path: Path) -> None:
+    frame = small_frame().replace({"asset": {"AAA": "0001", "BBB": "0002", "CCC": "0003"}})
+    lower = load_prices(write(frame, tmp_path / "lower.csv"), min_history=8)
+    assert lower.assets == ("0001", "0002", "0003")
+    upper = frame.rename(columns={"date": "Date", "asset": "ASSET", "close": "Close"})
+    assert load_prices(write(upper, tmp_path / "upper.csv"), min_history=8).assets == lower.assets
+
+
+def test_integer_dates_are_not_silently_read_as_epoch_offsets(tmp_path: Path) -> None:
+    frame = small_frame()
+    frame["date"] = [int(d.strftime("%Y%m%d")) for d in frame["date"]]
+    data = load_prices(write(frame, tmp_path / "intdates.csv"), min_history=8)
+    assert data.dates.equals(pd.DatetimeIndex(DATES))
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_shuffled_rows_are_accepted(tmp_path: Path, suffix: str) -> None:
     frame = small_frame().sample(frac=1.0, random_state=7).reset_index(drop=True)

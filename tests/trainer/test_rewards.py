@@ -212,9 +212,7 @@ def test_sortino_potential_by_hand():
     # mean 0.2/3, downside deviation sqrt(0.01/3): ratio 2/sqrt(3)
     assert sortino_potential([0.1, -0.1, 0.2]) == pytest.approx(2 / math.sqrt(3), **TOL)
     # mean -0.015, dd sqrt((0.01^2 + 0.02^2)/2)
-    assert sortino_potential([-0.01, -0.02]) == pytest.approx(
-        -0.015 / math.sqrt(0.0005 / 2), **TOL
-    )
+    assert sortino_potential([-0.01, -0.02]) == pytest.approx(-0.015 / math.sqrt(0.0005 / 2), **TOL)
     assert sortino_potential([0.1]) == 0.0  # fewer than 2 returns
     assert sortino_potential([]) == 0.0
     assert sortino_potential([0.0, 0.0]) == 0.0  # no mean, no downside

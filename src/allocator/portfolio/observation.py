@@ -106,6 +106,12 @@ def assemble_observation(
     ``features`` has shape ``(..., max_assets, window)``; masked slots are zeroed here.
     """
     live = live_mask(mask)
+    w = np.asarray(weights, dtype=np.float32)
+    if live.shape[-1] != spec.n_slots or w.shape[-1] != spec.n_slots:
+        raise ValueError(
+            f"weights {w.shape} and mask {live.shape} must have n_slots = max_assets + 1 = "
+            f"{spec.n_slots} entries"
+        )
     f = np.asarray(features, dtype=np.float32)
     if f.shape[-2:] != (spec.max_assets, spec.window):
         raise ValueError(
@@ -117,8 +123,8 @@ def assemble_observation(
     return np.concatenate(
         [
             f.reshape(*batch, spec.max_assets * spec.window),
-            np.asarray(weights, dtype=np.float32),
-            live.astype(np.float32),
+            np.broadcast_to(w, (*batch, spec.n_slots)),
+            np.broadcast_to(live.astype(np.float32), (*batch, spec.n_slots)),
         ],
         axis=-1,
     )
@@ -138,6 +144,8 @@ def build_observation(
     rows must be finite and positive.
     """
     live = live_mask(mask)
+    if live.shape[-1] != spec.n_slots:
+        raise ValueError(f"mask has {live.shape[-1]} entries, expected {spec.n_slots}")
     p = np.asarray(prices, dtype=np.float64)
     if p.shape[-2:] != (spec.max_assets, spec.prices_per_asset):
         raise ValueError(

@@ -44,12 +44,13 @@ def live_mask(mask: ArrayLike) -> NDArray[np.bool_]:
 def renormalize(x: ArrayLike, mask: ArrayLike) -> FloatArray:
     """Zero masked slots and scale the rest to sum to 1; all-zero rows become all-cash.
 
-    Negative and non-finite entries count as zero. Works on any leading batch shape. This runs
-    twice per environment step, hence the fast path for the common finite case.
+    Negative and non-finite entries count as zero. Works on any leading batch shape; one mask
+    may serve a whole batch. This runs twice per environment step, hence the fast path for the
+    common finite case.
     """
     live = live_mask(mask)
     v = np.asarray(x, dtype=np.float64)
-    if v.shape != live.shape:
+    if v.shape[-1:] != live.shape[-1:] or live.ndim > v.ndim:
         raise ValueError(f"weights shape {v.shape} does not match mask shape {live.shape}")
     v = np.fmax(v, 0.0)  # negatives and NaN -> 0 (fmax ignores NaN)
     v *= live
@@ -64,6 +65,8 @@ def renormalize(x: ArrayLike, mask: ArrayLike) -> FloatArray:
             v /= total
             return v
     v[~np.isfinite(v)] = 0.0  # +inf preferences count as zero, like NaN
+    top = v.max(axis=-1, keepdims=True)  # scale first so huge finite entries cannot overflow
+    v = np.divide(v, top, out=np.zeros_like(v), where=top > 0.0)
     total = v.sum(axis=-1, keepdims=True)
     empty = total <= 0.0
     v = np.divide(v, total, out=np.zeros_like(v), where=~empty)

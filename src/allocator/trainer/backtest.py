@@ -42,7 +42,9 @@ class BacktestResult:
 
     def metrics(self) -> dict[str, float]:
         return performance(
-            self.returns.to_numpy(), self.turnover.to_numpy(), self.costs.to_numpy(),
+            self.returns.to_numpy(),
+            self.turnover.to_numpy(),
+            self.costs.to_numpy(),
             initial_value=float(self.nav.iloc[0]),
         )
 
@@ -115,7 +117,11 @@ def run_backtest(
     if stats is None:
         stats = fit_normalization(data.prices[: t0 + 1][:, [data.assets.index(a) for a in names]])
     config = EnvConfig(
-        max_assets=m, window=window, episode_length=t1 - t0, cost_bps=cost_bps, beta=beta,
+        max_assets=m,
+        window=window,
+        episode_length=t1 - t0,
+        cost_bps=cost_bps,
+        beta=beta,
         initial_value=initial_value,
     )
     env = PortfolioEnv(data, config, stats=stats)
@@ -129,8 +135,13 @@ def run_backtest(
     for k in range(n):
         t = t0 + k
         ctx = DecisionContext(
-            date=data.dates[t], step=k, assets=env.asset_names, prices=prices[: t + 1],
-            weights=env.drifted.copy(), mask=env.mask.copy(), observation=obs,
+            date=data.dates[t],
+            step=k,
+            assets=env.asset_names,
+            prices=prices[: t + 1],
+            weights=env.drifted.copy(),
+            mask=env.mask.copy(),
+            observation=obs,
         )
         obs, _, _, _, info = env.step_weights(pol(ctx))
         raw[k], executed[k] = info["raw_weights"], info["executed_weights"]
@@ -145,7 +156,11 @@ def run_backtest(
         turnover=pd.Series(turnover, index=decision_dates),
         costs=pd.Series(costs, index=decision_dates),
         settings={
-            "assets": names, "cost_bps": cost_bps, "beta": beta, "window": window,
-            "initial_value": initial_value, "dataset": data.source,
+            "assets": names,
+            "cost_bps": cost_bps,
+            "beta": beta,
+            "window": window,
+            "initial_value": initial_value,
+            "dataset": data.source,
         },
     )

@@ -139,14 +139,16 @@ def read_long_frame(path: str | Path) -> pd.DataFrame:
         if suffix in (".parquet", ".pq"):
             return pd.read_parquet(p)
         if suffix in (".csv", ".txt") or p.name.endswith(".csv.gz"):
-            return pd.read_csv(p, dtype={"asset": str})
+            # Everything as text: asset ids keep leading zeros whatever the header's case;
+            # dates and closes are parsed (and their failures reported) by validation.
+            return pd.read_csv(p, dtype=str, keep_default_na=False)
     except (OSError, ValueError, pd.errors.ParserError) as exc:
         raise DataError(f"{p}: cannot read file: {exc}") from exc
     raise DataError(f"{p}: unsupported file type {suffix!r} (use .csv or .parquet)")
 
 
 def load_prices(path: str | Path, min_history: int = DEFAULT_MIN_HISTORY) -> MarketData:
-    """Load and validate a long-format price file (date, asset, close[, open, high, low, volume])."""
+    """Load and validate a long-format price file: date, asset, close (OHLCV accepted)."""
     return validate_long_frame(read_long_frame(path), source=str(path), min_history=min_history)
 
 
@@ -174,7 +176,9 @@ def validate_long_frame(
 
     df["asset"] = df["asset"].astype(str).str.strip()
     raw_dates = df["date"]
-    dates = pd.to_datetime(raw_dates, errors="coerce", format="mixed")
+    # Integers such as 20210104 would otherwise be read as nanoseconds since 1970.
+    text = raw_dates.astype(str) if not pd.api.types.is_datetime64_any_dtype(raw_dates) else None
+    dates = pd.to_datetime(text if text is not None else raw_dates, errors="coerce", format="mixed")
     bad = dates.isna()
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])

@@ -7,7 +7,8 @@ One step at date t (after its close):
 2. the holdings, drifted to weights ``h`` by yesterday's moves, are traded to ``s``:
    ``turnover = sum_{assets} |s_i - h_i|`` of NAV, and ``cost = cost_bps/1e4 * turnover * NAV`` is
    taken out of NAV (``NAV' = NAV - cost``, then held in the proportions ``s``);
-3. prices move to t+1: ``NAV_{t+1} = NAV' * sum_i s_i g_i`` with ``g_i = P_{t+1,i}/P_{t,i}`` (cash 1),
+3. prices move to t+1: ``NAV_{t+1} = NAV' * sum_i s_i g_i`` with ``g_i = P_{t+1,i}/P_{t,i}``
+   (cash 1),
    and the holdings drift to ``s_i g_i / sum_j s_j g_j``.
 
 Holdings are fractional (``shares_i = NAV' s_i / P_t,i`` in ``info``). Everything runs on arrays
@@ -93,7 +94,9 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             -clip, clip, shape=(self.spec_.obs_size,), dtype=np.float32
         )
         # Normalized returns for the whole history, once: row t holds log(P_t / P_{t-1}).
-        feats = normalize_returns(log_returns(data.prices, axis=0), self.stats, self.config.obs_clip)
+        feats = normalize_returns(
+            log_returns(data.prices, axis=0), self.stats, self.config.obs_clip
+        )
         self._features = np.vstack([np.zeros((1, data.n_assets), np.float32), feats])
         self._first = data.first_valid()
         self._last = data.last_valid()

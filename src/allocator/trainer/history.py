@@ -25,7 +25,10 @@ class EpisodeHistory:
         self.steps = 0
 
     def start(
-        self, nav: float, weights: NDArray[np.float64], prices: NDArray[np.float64],
+        self,
+        nav: float,
+        weights: NDArray[np.float64],
+        prices: NDArray[np.float64],
         mask: NDArray[np.bool_],
     ) -> None:
         self.steps = 0
@@ -35,8 +38,12 @@ class EpisodeHistory:
         self.mask[:] = mask
 
     def record(
-        self, nav: float, weights: NDArray[np.float64], prices: NDArray[np.float64],
-        cost: float, turnover: float,
+        self,
+        nav: float,
+        weights: NDArray[np.float64],
+        prices: NDArray[np.float64],
+        cost: float,
+        turnover: float,
     ) -> None:
         k = self.steps
         if k >= self.capacity:

@@ -86,7 +86,7 @@ class RewardConfig(_Section):
 
 
 def soft_log(x: ArrayLike, k: float = 1.5) -> NDArray[np.float64]:
-    """Sign-preserving log squashing, equal to x's sign at |x| = 1: ``sign(x) log1p(k|x|)/log1p(k)``."""
+    """Sign-preserving log squashing ``sign(x) log1p(k|x|) / log1p(k)``; +-1 at |x| = 1."""
     v = np.asarray(x, dtype=np.float64)
     return np.sign(v) * np.log1p(k * np.abs(v)) / math.log1p(k)
 
@@ -149,10 +149,12 @@ def coalition_value(avg_alloc: ArrayLike, slot_returns: ArrayLike, coalition: se
 
 
 def shapley_monte_carlo(
-    value: Callable[[set[int]], float], n_players: int, n_samples: int,
+    value: Callable[[set[int]], float],
+    n_players: int,
+    n_samples: int,
     rng: np.random.Generator,
 ) -> NDArray[np.float64]:
-    """Permutation-sampling Shapley estimate (seed 001's method), for any characteristic function."""
+    """Permutation-sampling Shapley estimate (seed 001's method) for any characteristic function."""
     phi = np.zeros(n_players)
     for _ in range(n_samples):
         order = rng.permutation(n_players)
@@ -172,7 +174,7 @@ def shapley_monte_carlo(
 class Reward:
     """A reward computed from the episode history after each step."""
 
-    def reset(self) -> None:  # noqa: B027 - optional hook, most rewards are stateless
+    def reset(self) -> None:
         """Forget per-episode state."""
 
     def __call__(self, h: EpisodeHistory) -> float:
@@ -209,7 +211,9 @@ class StructuredCreditReward(Reward):
         cash = float(avg_alloc[0]) * max(-market, 0.0)
         j0 = h.window_start(self.s.window)
         sigma = downside_sigma(h.returns[j0 : h.steps])
-        return float(np.clip(credit + cash - self.s.downside_weight * sigma, -self.s.clip, self.s.clip))
+        return float(
+            np.clip(credit + cash - self.s.downside_weight * sigma, -self.s.clip, self.s.clip)
+        )
 
 
 class SortinoReward(Reward):
