@@ -16,6 +16,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from allocator.portfolio import build_observation, ema_smooth
 from allocator.trainer.data import MarketData, from_wide, load_sp500
@@ -121,10 +122,6 @@ def test_check_env_passes_without_any_warning(data):
     assert env.unwrapped.config == CFG
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: observation_space is Box(-obs_clip, obs_clip) but weights and mask reach 1",
-)
 def test_observations_lie_in_the_observation_space_for_a_small_obs_clip(data):
     env = PortfolioEnv(data, config(obs_clip=0.5))  # a valid config: obs_clip > 0
     obs, _ = env.reset(seed=0)
@@ -445,3 +442,34 @@ def test_sp500_buy_and_hold_earns_the_price_return_less_one_entry_cost():
     bac = data.assets.index("BAC")
     expected = (1 - 10 / 1e4) * data.prices[t0 + 20, bac] / data.prices[t0, bac]
     assert info["nav"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_costs_can_never_exceed_nav(data):
+    """The worst trade (turnover 2) at the highest allowed cost still leaves NAV positive."""
+    with pytest.raises(ValidationError, match="cost_bps"):
+        config(cost_bps=5000)
+    env = PortfolioEnv(data, config(cost_bps=4999, beta=0.0))
+    env.reset(options={"assets": ["A0", "A1"], "start": 50})
+    env.step_weights([0.0, 1.0, 0.0, 0.0, 0.0])
+    _, _, terminated, _, info = env.step_weights([0.0, 0.0, 1.0, 0.0, 0.0])
+    assert info["turnover"] == pytest.approx(2.0, abs=0.05)
+    assert info["nav"] > 0.0
+    assert not terminated
+
+
+def test_stepping_a_finished_episode_raises(data):
+    env = PortfolioEnv(data, config(episode_length=2))
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(np.zeros(M + 1, np.float32))  # never reset
+    env.reset(seed=0)
+    env.step(np.zeros(M + 1, np.float32))
+    _, _, _, truncated, _ = env.step(np.zeros(M + 1, np.float32))
+    assert truncated
+    with pytest.raises(RuntimeError, match="episode is over"):
+        env.step(np.zeros(M + 1, np.float32))
+
+
+def test_duplicate_assets_are_refused(data):
+    env = PortfolioEnv(data, CFG)
+    with pytest.raises(ValueError, match="duplicate asset"):
+        env.reset(options={"assets": ["A0", "A0"], "start": 50})

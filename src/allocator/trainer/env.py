@@ -49,7 +49,8 @@ class EnvConfig(BaseModel):
     min_assets: int = Field(1, ge=1, description="fewest assets sampled for an episode")
     window: int = Field(30, ge=1, description="daily log returns per asset in the observation")
     episode_length: int = Field(252, ge=1, description="decisions per episode")
-    cost_bps: float = Field(10.0, ge=0, le=10_000, description="cost per unit of traded value")
+    # Turnover is at most 2 (sell everything, buy everything), so costs stay below NAV.
+    cost_bps: float = Field(10.0, ge=0, lt=5_000, description="cost per unit of traded value")
     beta: float = Field(0.5, ge=0, lt=1, description="EMA smoothing of executed weights")
     initial_value: float = Field(1.0, gt=0, description="NAV at the start of each episode")
     obs_clip: float = Field(10.0, gt=0, description="normalized features clipped to +-obs_clip")
@@ -89,9 +90,13 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         m = self.config.max_assets
         self.n_slots = m + 1
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.n_slots,), dtype=np.float32)
+        # Features lie in [-clip, clip]; the weights and mask blocks in [0, 1].
+        n_feat = self.spec_.obs_size - 2 * self.n_slots
         clip = np.float32(self.config.obs_clip)
+        low = np.concatenate([np.full(n_feat, -clip), np.zeros(2 * self.n_slots)])
+        high = np.concatenate([np.full(n_feat, clip), np.ones(2 * self.n_slots)])
         self.observation_space = gym.spaces.Box(
-            -clip, clip, shape=(self.spec_.obs_size,), dtype=np.float32
+            low.astype(np.float32), high.astype(np.float32), dtype=np.float32
         )
         # Normalized returns for the whole history, once: row t holds log(P_t / P_{t-1}).
         feats = normalize_returns(
@@ -107,6 +112,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self._t0 = 0
         self._length = 0
         self._k = 0
+        self._done = True  # until the first reset
 
     # --- episode set-up ------------------------------------------------------------------
 
@@ -138,6 +144,8 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             unknown = [a for a in names if a not in self.data.assets]
             if unknown:
                 raise ValueError(f"unknown asset(s) {', '.join(unknown)}")
+            if len(set(names)) != len(names):
+                raise ValueError(f"duplicate asset ids in {names}")
             if len(names) > cfg.max_assets:
                 raise ValueError(f"{len(names)} assets exceed max_assets={cfg.max_assets}")
             idx = [self.data.assets.index(a) for a in names]
@@ -173,6 +181,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         feats[:, :k] = self._features[t0 - self.config.window + 1 : t0 + length + 1][:, idx]
         self._episode_features = feats
         self._t0, self._length, self._k = t0, length, 0
+        self._done = False
         self.nav = self.config.initial_value
         self.drifted = np.zeros(self.n_slots)
         self.drifted[0] = 1.0
@@ -206,12 +215,16 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     def step(
         self, action: NDArray[np.float32]
     ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("episode is over: call reset()")
         return self._advance(action_to_weights(action, self.mask))
 
     def step_weights(
         self, weights: Sequence[float] | NDArray[np.float64]
     ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
         """Step with raw target weights instead of an action (scripted policies, baselines)."""
+        if self._done:
+            raise RuntimeError("episode is over: call reset()")
         w = np.asarray(weights, dtype=np.float64)
         if w.shape != (self.n_slots,) or not is_distribution(w, self.mask):
             raise ValueError(
@@ -223,8 +236,6 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     def _advance(
         self, raw: NDArray[np.float64]
     ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
-        if self._k >= self._length:
-            raise RuntimeError("episode is over: call reset()")
         s = ema_smooth(self.executed, raw, self.mask, self._beta)
         turnover = float(np.add.reduce(np.abs(s[1:] - self.drifted[1:])))
         cost = self._cost_rate * turnover * self.nav
@@ -240,6 +251,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         reward = self.reward_fn(self.history)
         terminated = self.nav <= 1e-9 * self.config.initial_value
         truncated = self._k >= self._length and not terminated
+        self._done = terminated or truncated
         info = {
             "raw_weights": raw,
             "executed_weights": s,
