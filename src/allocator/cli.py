@@ -7,8 +7,6 @@ serving install without the training extras still runs the commands it has.
 from __future__ import annotations
 
 import importlib
-import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,36 +14,13 @@ from typing import Any
 import click
 
 from allocator import __version__
+from allocator.jsonfile import write_json
 
 
 def _fail(message: str) -> None:
     """Print a clear error and exit with status 2 (bad input), without a traceback."""
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
-
-
-def _clean(obj: Any) -> Any:
-    """NaN/inf are not JSON: write them as null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clean(v) for v in obj]
-    return obj
-
-
-def write_json(path: str | Path, payload: Any) -> Path:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_clean(payload), indent=2, default=_json_default) + "\n")
-    return out
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -163,6 +138,52 @@ def backtest(
 
         plot_backtest(result, plot_path)
         click.echo(f"wrote {plot_path}")
+
+
+# --- train -------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="YAML config (see configs/); defaults when omitted",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="override a config key, e.g. --set algorithm.smoothness.mode=adaptive",
+)
+@click.option(
+    "--run-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="write the run here instead of output_dir/name-timestamp",
+)
+def train(config_path: str | None, overrides: tuple[str, ...], run_dir: str | None) -> None:
+    """Train a TD3 or SAC policy; write model, audits, logs and a validation backtest."""
+    from allocator.trainer.config import ConfigError, load_config
+    from allocator.trainer.data import DataError
+    from allocator.trainer.metrics import format_table
+    from allocator.trainer.training import train as run_training
+
+    try:
+        config = load_config(config_path, list(overrides))
+        run = run_training(config, Path(run_dir) if run_dir else None)
+    except (ConfigError, DataError) as exc:
+        _fail(str(exc))
+    click.echo(f"run: {run.run_dir}")
+    click.echo(
+        f"{run.summary['algorithm']}: {run.summary['total_timesteps']} steps in "
+        f"{run.summary['train_seconds']} s on {run.summary['device']}, "
+        f"final smoothness lambda {run.summary['smooth_lambda']:.4g}"
+    )
+    click.echo(f"validation {config.data.validation_start} .. {config.data.validation_end}:")
+    click.echo(format_table(run.summary["validation"]))
 
 
 # --- demo --------------------------------------------------------------------------------

@@ -76,3 +76,30 @@ def plot_backtest(result: BacktestResult, path: str | Path) -> Path:
     _allocation_area(axes[2], result.raw_weights, "raw weights", legend=True)
     _allocation_area(axes[3], result.executed_weights, "executed weights", legend=False)
     return _save(fig, path)
+
+
+TRAINING_CURVES = (
+    ("rollout/ep_rew_mean", "episode reward"),
+    ("train/critic_loss", "critic loss"),
+    ("train/actor_loss", "actor loss"),
+    ("rollout/turnover", "turnover"),
+    ("train/smooth_lambda", "smoothness lambda"),
+    ("icm/intrinsic_reward_mean", "intrinsic reward"),
+)
+
+
+def plot_training_curves(progress: pd.DataFrame, path: str | Path) -> Path:
+    """The run's logged scalars (SB3's progress.csv) against environment steps."""
+    x = progress.get("time/total_timesteps")
+    panels = [(k, t) for k, t in TRAINING_CURVES if k in progress and progress[k].notna().any()]
+    fig, axes = plt.subplots(
+        max(1, len(panels)), 1, figsize=(9, 2.2 * max(1, len(panels))), sharex=True, squeeze=False
+    )
+    for ax, (key, title) in zip(axes[:, 0], panels, strict=False):
+        series = progress[key]
+        ok = series.notna()
+        ax.plot((x[ok] if x is not None else series.index[ok]), series[ok], linewidth=1.0)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("environment steps")
+    return _save(fig, path)

@@ -1,0 +1,57 @@
+"""The actor smoothness regularizer ``lambda * E||pi(s') - pi(s)||^2`` and its lambda.
+
+Seed 000's open problem: with no penalty TD3 thrashes between allocations; with a large fixed
+lambda it becomes too timid to take profits. The adaptive mode treats smoothness as a
+constraint instead of a price: lambda is a Lagrange multiplier raised by dual ascent while the
+mean squared action change ``E[C]`` exceeds a budget ``d`` and lowered (to 0) while it is
+under, so the agent pays for smoothness only when it actually over-trades.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import torch as th
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SmoothMode(StrEnum):
+    NONE = "none"
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"
+
+
+class SmoothnessSettings(BaseModel):
+    """How the actor is asked to move smoothly between consecutive states."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: SmoothMode = SmoothMode.NONE
+    lam: float = Field(0.0, ge=0, description="lambda: fixed value, or the adaptive start")
+    alpha: float = Field(0.05, gt=0, description="dual-ascent step size (adaptive)")
+    budget: float = Field(0.05, ge=0, description="d: allowed E||pi(s') - pi(s)||^2 (adaptive)")
+    lam_max: float = Field(100.0, gt=0, description="adaptive lambda never exceeds this")
+
+
+def action_change(actor: th.nn.Module, obs: th.Tensor, next_obs: th.Tensor) -> th.Tensor:
+    """Per-sample ``C = ||pi(s') - pi(s)||^2`` (shape (B,)), differentiable in the actor."""
+    return (actor(next_obs) - actor(obs)).pow(2).sum(dim=-1)
+
+
+class SmoothnessLambda:
+    """Holds lambda and applies its update rule after every actor step."""
+
+    def __init__(self, settings: SmoothnessSettings) -> None:
+        self.settings = settings
+        self.value = settings.lam if settings.mode != SmoothMode.NONE else 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.settings.mode != SmoothMode.NONE
+
+    def update(self, mean_change: float) -> float:
+        """Dual ascent ``lambda <- clip(lambda + alpha (E[C] - d), 0, lam_max)`` (adaptive only)."""
+        s = self.settings
+        if s.mode == SmoothMode.ADAPTIVE:
+            self.value = min(s.lam_max, max(0.0, self.value + s.alpha * (mean_change - s.budget)))
+        return self.value
