@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from allocator.portfolio import NormalizationStats, fit_normalization
 from allocator.trainer.baselines import DecisionContext, Policy, make_baseline
-from allocator.trainer.data import DataError, MarketData
+from allocator.trainer.data import DataError, DateLike, MarketData
 from allocator.trainer.env import EnvConfig, PortfolioEnv
 from allocator.trainer.metrics import performance
 
@@ -76,8 +76,8 @@ def default_assets(data: MarketData, first: int, last: int) -> list[str]:
 def run_backtest(
     policy: PolicyLike,
     data: MarketData,
-    start: str | pd.Timestamp | None = None,
-    end: str | pd.Timestamp | None = None,
+    start: DateLike | None = None,
+    end: DateLike | None = None,
     assets: Sequence[str] | None = None,
     cost_bps: float = 10.0,
     beta: float = 0.0,

@@ -7,6 +7,7 @@ never has a hole inside its span.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ REQUIRED_COLUMNS = ("date", "asset", "close")
 OPTIONAL_COLUMNS = ("open", "high", "low", "volume")
 DEFAULT_MIN_HISTORY = 60
 SP500 = "sp500"
+DateLike = str | dt.date | pd.Timestamp
 
 
 class DataError(ValueError):
@@ -60,7 +62,7 @@ class MarketData:
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.prices, index=self.dates, columns=list(self.assets))
 
-    def date_index(self, date: str | pd.Timestamp, side: str = "left") -> int:
+    def date_index(self, date: DateLike, side: str = "left") -> int:
         """Position of the first date on or after ``date`` (``side='right'``: last on/before)."""
         ts = pd.Timestamp(date)
         if side == "left":
@@ -77,7 +79,7 @@ class MarketData:
         idx = [self.assets.index(a) for a in assets]
         return MarketData(self.prices[:, idx], self.dates, tuple(assets), self.source)
 
-    def between(self, start: str | None = None, end: str | None = None) -> MarketData:
+    def between(self, start: DateLike | None = None, end: DateLike | None = None) -> MarketData:
         """Dates in ``[start, end]`` (inclusive), dropping assets with no price there."""
         lo = 0 if start is None else self.date_index(start, "left")
         hi = self.n_dates - 1 if end is None else self.date_index(end, "right")

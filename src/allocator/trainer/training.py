@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.monitor import Monitor
@@ -165,6 +166,8 @@ def validate_policy(
 def train(config: TrainConfig, run_dir: Path | None = None) -> TrainingRun:
     """Train, save and audit one run; returns where it went and what it measured."""
     set_random_seed(config.seed)
+    if config.torch_threads:
+        th.set_num_threads(config.torch_threads)
     data = _universe(config, load_dataset(config.data.dataset))
     train_data = data.between(config.data.train_start, config.data.train_end)
     stats = fit_normalization(train_data.prices, axis=0)  # training period only

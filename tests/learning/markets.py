@@ -1,0 +1,47 @@
+"""Generated markets whose right answer is known, for learning tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from allocator.trainer.data import from_wide, to_long_frame
+
+
+def drift_market(
+    n_days: int = 1500, n_flat: int = 3, drift: float = 0.003, vol: float = 0.006, seed: int = 0
+) -> pd.DataFrame:
+    """One asset (``UP``) with a clear positive drift among drift-less ones of equal volatility."""
+    rng = np.random.default_rng(seed)
+    dates = pd.bdate_range("2000-01-03", periods=n_days)
+    mus = np.array([drift] + [0.0] * n_flat)
+    returns = rng.normal(mus, vol, size=(n_days, mus.size))
+    names = ["UP"] + [f"FLAT{i}" for i in range(n_flat)]
+    return pd.DataFrame(100.0 * np.exp(np.cumsum(returns, axis=0)), index=dates, columns=names)
+
+
+def rotating_market(
+    n_days: int = 1500,
+    n_assets: int = 4,
+    period: int = 20,
+    drift: float = 0.004,
+    vol: float = 0.006,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """The trending asset changes every ``period`` days (in a random order); others drift-less."""
+    rng = np.random.default_rng(seed)
+    dates = pd.bdate_range("2000-01-03", periods=n_days)
+    leader = np.repeat(rng.integers(0, n_assets, size=n_days // period + 1), period)[:n_days]
+    mus = np.zeros((n_days, n_assets))
+    mus[np.arange(n_days), leader] = drift
+    returns = mus + rng.normal(0.0, vol, size=(n_days, n_assets))
+    names = [f"R{i}" for i in range(n_assets)]
+    return pd.DataFrame(100.0 * np.exp(np.cumsum(returns, axis=0)), index=dates, columns=names)
+
+
+def write_market(frame: pd.DataFrame, path: Path) -> Path:
+    """Save a generated market as the long-format CSV users bring."""
+    to_long_frame(from_wide(frame, "generated")).to_csv(path, index=False)
+    return path

@@ -1,0 +1,53 @@
+"""``bench/train_throughput.py`` runs every variant and prints its figures (no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("vanilla", "fixed", "adaptive", "adaptive_icm")
+
+
+def test_train_throughput_prints_every_variant():
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "train_throughput.py"),
+            "--steps",
+            "30",
+            "--learning-starts",
+            "20",
+            "--batch-size",
+            "16",
+            "--buffer-size",
+            "500",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    figures = json.loads(out.stdout)
+    assert set(figures["variants"]) == set(VARIANTS)
+    for name in VARIANTS:
+        entry = figures["variants"][name]
+        assert entry["steps_per_s"] > 0
+        assert all(rate > 0 for rate in entry["steps_per_s_runs"])
+        # learn(30) after a 20-step warm-up: one gradient step per env step past the warm-up.
+        assert entry["n_updates"] == 30
+        if name != "vanilla":
+            assert entry["ratio_vs_vanilla"] > 0
+    assert figures["variants"]["vanilla"]["algorithm"] == "TD3"
+    assert figures["variants"]["adaptive_icm"]["algorithm"] == "SmoothTD3"
+    assert figures["steps"] == 30
+    assert figures["batch_size"] == 16
+    assert figures["device"] == "cpu"
+    assert figures["torch_threads"] == 1
+    assert figures["assets"] == 20
