@@ -144,8 +144,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=3000, help="timed env steps per run")
-    parser.add_argument("--repeats", type=int, default=1, help="timed runs per variant")
+    parser.add_argument("--steps", type=int, default=1000, help="timed env steps per run")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per variant, interleaved (best kept)"
+    )
     parser.add_argument("--learning-starts", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--buffer-size", type=int, default=TD3Settings().buffer_size)

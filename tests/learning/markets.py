@@ -30,11 +30,15 @@ def rotating_market(
     vol: float = 0.006,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """The trending asset changes every ``period`` days (in a random order); others drift-less."""
+    """The trending asset changes every ``period`` days (in a random order).
+
+    The others drift down by as much in total, so holding everything earns nothing: only
+    following the rotation pays, and only if it is not eaten by costs.
+    """
     rng = np.random.default_rng(seed)
     dates = pd.bdate_range("2000-01-03", periods=n_days)
     leader = np.repeat(rng.integers(0, n_assets, size=n_days // period + 1), period)[:n_days]
-    mus = np.zeros((n_days, n_assets))
+    mus = np.full((n_days, n_assets), -drift / (n_assets - 1))
     mus[np.arange(n_days), leader] = drift
     returns = mus + rng.normal(0.0, vol, size=(n_days, n_assets))
     names = [f"R{i}" for i in range(n_assets)]
