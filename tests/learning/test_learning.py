@@ -13,26 +13,44 @@ import pytest
 
 from allocator.trainer.config import TrainConfig, load_config
 from allocator.trainer.training import TrainingRun, train
-from tests.learning.markets import drift_market, rotating_market, write_market
+from tests.markets import drift_market, rotating_market, write_market
 
 pytestmark = pytest.mark.slow
 
 PERIODS = [
-    "data.train_start=2000-01-01", "data.train_end=2003-12-31",
-    "data.validation_start=2004-01-01", "data.validation_end=2005-12-31",
+    "data.train_start=2000-01-01",
+    "data.train_end=2003-12-31",
+    "data.validation_start=2004-01-01",
+    "data.validation_end=2005-12-31",
 ]
 
 
 def config(path: Path, steps: int, extra: list[str]) -> TrainConfig:
-    return load_config(None, [
-        "name=learning", f"total_timesteps={steps}", "progress_bar=false", "tensorboard=false",
-        f"data.dataset={path}", *PERIODS,
-        "env.max_assets=4", "env.min_assets=4", "env.window=20", "env.episode_length=100",
-        "env.reward.transaction_cost.long_weight=0", "env.reward.scale=100",
-        "algorithm.net_arch=[64,64]", "algorithm.batch_size=64", "algorithm.learning_starts=500",
-        "algorithm.gamma=0.5", "algorithm.actor_learning_rate=0.001",
-        "noise.sigma=0.5", "noise.final_sigma=0.1", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            "name=learning",
+            f"total_timesteps={steps}",
+            "progress_bar=false",
+            "tensorboard=false",
+            f"data.dataset={path}",
+            *PERIODS,
+            "env.max_assets=4",
+            "env.min_assets=4",
+            "env.window=20",
+            "env.episode_length=100",
+            "env.reward.transaction_cost.long_weight=0",
+            "env.reward.scale=100",
+            "algorithm.net_arch=[64,64]",
+            "algorithm.batch_size=64",
+            "algorithm.learning_starts=500",
+            "algorithm.gamma=0.5",
+            "algorithm.actor_learning_rate=0.001",
+            "noise.sigma=0.5",
+            "noise.final_sigma=0.1",
+            *extra,
+        ],
+    )
 
 
 def test_td3_finds_the_drifting_asset(tmp_path):
@@ -55,17 +73,26 @@ def test_adaptive_smoothness_is_decisive_but_calm(tmp_path):
     runs = {
         "none": _rotation_run(tmp_path, path, "none", ["algorithm.smoothness.mode=none"]),
         "fixed_large": _rotation_run(
-            tmp_path, path, "fixed", ["algorithm.smoothness.mode=fixed",
-                                      "algorithm.smoothness.lam=20"]
+            tmp_path,
+            path,
+            "fixed",
+            ["algorithm.smoothness.mode=fixed", "algorithm.smoothness.lam=20"],
         ),
         "adaptive": _rotation_run(
-            tmp_path, path, "adaptive", ["algorithm.smoothness.mode=adaptive",
-                                         "algorithm.smoothness.lam=1",
-                                         "algorithm.smoothness.budget=0.05"]
+            tmp_path,
+            path,
+            "adaptive",
+            [
+                "algorithm.smoothness.mode=adaptive",
+                "algorithm.smoothness.lam=1",
+                "algorithm.smoothness.budget=0.05",
+            ],
         ),
     }
     table = {
-        name: {k: run.validation["td3"].metrics()[k] for k in ("sharpe", "turnover", "total_return")}
+        name: {
+            k: run.validation["td3"].metrics()[k] for k in ("sharpe", "turnover", "total_return")
+        }
         | {"final_lambda": run.summary["smooth_lambda"]}
         for name, run in runs.items()
     }

@@ -8,7 +8,6 @@ can fall. A second matrix ``W_SHIFTED`` gives unfamiliar dynamics for the novelt
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -48,15 +47,6 @@ def make_icm(**overrides: object) -> IntrinsicCuriosity:
 
 def params(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in module.named_parameters()}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny networks: thread start-up costs more than it saves, and CI machines are shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -5,37 +5,25 @@ that anneals a model's noise while it learns. Expected sigmas are the schedules'
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pytest
-import torch
 from pydantic import ValidationError
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
 
 from allocator.trainer.config import NoiseSettings
-from allocator.trainer.data import MarketData, from_wide
 from allocator.trainer.env import EnvConfig, PortfolioEnv
 from allocator.trainer.noise import NoiseAnnealingCallback, annealed_sigma, make_action_noise
 from allocator.trainer.sac import SmoothSAC
 from allocator.trainer.td3 import SmoothTD3
+from tests.markets import random_walk_market
 
 CFG = EnvConfig(max_assets=3, window=5, episode_length=40)
 
 
-def synthetic_market(n_dates: int = 300, n_assets: int = 3, seed: int = 0) -> MarketData:
-    rng = np.random.default_rng(seed)
-    steps = rng.normal(0.0003, 0.015, size=(n_dates, n_assets))
-    prices = 20.0 * rng.uniform(1, 5, n_assets) * np.exp(np.cumsum(steps, axis=0))
-    dates = pd.bdate_range("2019-01-01", periods=n_dates)
-    frame = pd.DataFrame(prices, index=dates, columns=[f"A{j}" for j in range(n_assets)])
-    return from_wide(frame, source="synthetic")
-
-
-MARKET = synthetic_market()
+MARKET = random_walk_market()
 SMALL: dict[str, Any] = {
     "policy_kwargs": {"net_arch": [16, 16]},
     "batch_size": 16,
@@ -44,14 +32,6 @@ SMALL: dict[str, Any] = {
     "seed": 0,
     "device": "cpu",
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def noise(**changes: Any) -> NoiseSettings:

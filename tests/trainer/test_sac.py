@@ -6,38 +6,26 @@ from __future__ import annotations
 
 import json
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.utils import LinearSchedule
 
 from allocator.trainer.curiosity import CuriosityReplayBuffer
-from allocator.trainer.data import MarketData, from_wide
 from allocator.trainer.env import EnvConfig, PortfolioEnv
 from allocator.trainer.icm import ICMSettings, IntrinsicCuriosity
 from allocator.trainer.sac import SmoothSAC
+from tests.markets import random_walk_market
 
 CFG = EnvConfig(max_assets=3, window=5, episode_length=40)
 BATCH = 32
 
 
-def synthetic_market(n_dates: int = 300, n_assets: int = 3, seed: int = 0) -> MarketData:
-    """Seeded geometric random walks on business days."""
-    rng = np.random.default_rng(seed)
-    steps = rng.normal(0.0003, 0.015, size=(n_dates, n_assets))
-    prices = 20.0 * rng.uniform(1, 5, n_assets) * np.exp(np.cumsum(steps, axis=0))
-    dates = pd.bdate_range("2019-01-01", periods=n_dates)
-    frame = pd.DataFrame(prices, index=dates, columns=[f"A{j}" for j in range(n_assets)])
-    return from_wide(frame, source="synthetic")
-
-
-MARKET = synthetic_market()
+MARKET = random_walk_market()
 
 
 def make_sac(seed: int = 0, **kwargs: Any) -> SmoothSAC:
@@ -61,14 +49,6 @@ def lrs(model: SmoothSAC) -> tuple[float, float, float]:
         model.critic.optimizer.param_groups[0]["lr"],
         model.ent_coef_optimizer.param_groups[0]["lr"],
     )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # --- learning rates -------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from stable_baselines3.common.utils import LinearSchedule
 from torch import nn
 
 from allocator.trainer.curiosity import CuriosityReplayBuffer
-from allocator.trainer.data import MarketData, from_wide
 from allocator.trainer.env import EnvConfig, PortfolioEnv
 from allocator.trainer.icm import ICMSettings, IntrinsicCuriosity
 from allocator.trainer.regularizer import (
@@ -35,23 +33,14 @@ from allocator.trainer.regularizer import (
     action_change,
 )
 from allocator.trainer.td3 import SmoothTD3, clip_and_step, critic_loss, target_policy_noise
+from tests.markets import random_walk_market
 
 CFG = EnvConfig(max_assets=3, window=5, episode_length=40)
 BATCH = 32
 SMALL_ICM = {"feature_dim": 8, "hidden_dim": 16}
 
 
-def synthetic_market(n_dates: int = 300, n_assets: int = 3, seed: int = 0) -> MarketData:
-    """Seeded geometric random walks on business days."""
-    rng = np.random.default_rng(seed)
-    steps = rng.normal(0.0003, 0.015, size=(n_dates, n_assets))
-    prices = 20.0 * rng.uniform(1, 5, n_assets) * np.exp(np.cumsum(steps, axis=0))
-    dates = pd.bdate_range("2019-01-01", periods=n_dates)
-    frame = pd.DataFrame(prices, index=dates, columns=[f"A{j}" for j in range(n_assets)])
-    return from_wide(frame, source="synthetic")
-
-
-MARKET = synthetic_market()
+MARKET = random_walk_market()
 
 
 def make_td3(seed: int = 0, **kwargs: Any) -> SmoothTD3:
@@ -99,15 +88,6 @@ def zero_critic(model: SmoothTD3) -> None:
     with torch.no_grad():
         for p in model.critic.parameters():
             p.zero_()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny networks: thread start-up costs more than it saves.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # --- critic_loss ----------------------------------------------------------------------------

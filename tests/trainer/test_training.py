@@ -23,9 +23,17 @@ TINY = [
     "progress_bar=false",
 ]
 COMMON_FILES = (
-    "model.zip", "config.yaml", "normalization.json", "state_scale_summary.json",
-    "action_saturation.json", "validation.json", "validation.png", "validation_allocations.png",
-    "training_curves.png", "progress.csv", "run.json",
+    "model.zip",
+    "config.yaml",
+    "normalization.json",
+    "state_scale_summary.json",
+    "action_saturation.json",
+    "validation.json",
+    "validation.png",
+    "validation_allocations.png",
+    "training_curves.png",
+    "progress.csv",
+    "run.json",
 )
 
 
@@ -53,8 +61,13 @@ def test_td3_demo_config_leaves_a_complete_run_directory(tmp_path):
     for name in COMMON_FILES:
         assert (run_dir / name).is_file(), name
     tags = scalar_tags(run_dir)
-    for tag in ("train/actor_loss", "train/critic_loss", "train/smooth_lambda",
-                "train/smooth_penalty", "rollout/turnover"):
+    for tag in (
+        "train/actor_loss",
+        "train/critic_loss",
+        "train/smooth_lambda",
+        "train/smooth_penalty",
+        "rollout/turnover",
+    ):
         assert tag in tags, tag
     validation = json.loads((run_dir / "validation.json").read_text())
     assert set(validation["metrics"]) == {"td3", "equal-weight"}
@@ -72,12 +85,20 @@ def test_sac_icm_demo_config_saves_the_curiosity_module(tmp_path):
     for name in (*COMMON_FILES, "icm.pt"):
         assert (run_dir / name).is_file(), name
     tags = scalar_tags(run_dir)
-    for tag in ("train/actor_loss", "train/critic_loss", "icm/forward_loss", "icm/inverse_loss",
-                "icm/intrinsic_reward_mean", "rollout/turnover"):
+    for tag in (
+        "train/actor_loss",
+        "train/critic_loss",
+        "icm/forward_loss",
+        "icm/inverse_loss",
+        "icm/intrinsic_reward_mean",
+        "rollout/turnover",
+    ):
         assert tag in tags, tag
 
 
-@pytest.mark.parametrize("config", ["td3_demo.yaml", "sac_icm_demo.yaml", "td3.yaml", "sac_icm.yaml"])
+@pytest.mark.parametrize(
+    "config", ["td3_demo.yaml", "sac_icm_demo.yaml", "td3.yaml", "sac_icm.yaml"]
+)
 def test_shipped_configs_validate(config):
     cfg = load_config(ROOT / "configs" / config)
     assert cfg.data.dataset == "sp500"

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from allocator.trainer.data import from_wide, to_long_frame
+from allocator.trainer.data import MarketData, from_wide, to_long_frame
 
 
 def drift_market(
@@ -49,3 +49,13 @@ def write_market(frame: pd.DataFrame, path: Path) -> Path:
     """Save a generated market as the long-format CSV users bring."""
     to_long_frame(from_wide(frame, "generated")).to_csv(path, index=False)
     return path
+
+
+def random_walk_market(n_dates: int = 300, n_assets: int = 3, seed: int = 0) -> MarketData:
+    """Seeded geometric random walks on business days: a small market for fast model tests."""
+    rng = np.random.default_rng(seed)
+    steps = rng.normal(0.0003, 0.015, size=(n_dates, n_assets))
+    prices = 20.0 * rng.uniform(1, 5, n_assets) * np.exp(np.cumsum(steps, axis=0))
+    dates = pd.bdate_range("2019-01-01", periods=n_dates)
+    frame = pd.DataFrame(prices, index=dates, columns=[f"A{j}" for j in range(n_assets)])
+    return from_wide(frame, source="synthetic")
