@@ -17,7 +17,9 @@ def test_train_throughput_prints_every_variant():
             sys.executable,
             str(ROOT / "bench" / "train_throughput.py"),
             "--steps",
-            "30",
+            "15",
+            "--repeats",
+            "2",
             "--learning-starts",
             "20",
             "--batch-size",
@@ -39,14 +41,16 @@ def test_train_throughput_prints_every_variant():
     for name in VARIANTS:
         entry = figures["variants"][name]
         assert entry["steps_per_s"] > 0
+        assert len(entry["steps_per_s_runs"]) == 2
         assert all(rate > 0 for rate in entry["steps_per_s_runs"])
-        # learn(30) after a 20-step warm-up: one gradient step per env step past the warm-up.
+        # Two timed learn(15) after a 20-step warm-up: one gradient step per env step after it.
         assert entry["n_updates"] == 30
         if name != "vanilla":
             assert entry["ratio_vs_vanilla"] > 0
     assert figures["variants"]["vanilla"]["algorithm"] == "TD3"
     assert figures["variants"]["adaptive_icm"]["algorithm"] == "SmoothTD3"
-    assert figures["steps"] == 30
+    assert figures["steps"] == 15
+    assert figures["repeats"] == 2
     assert figures["batch_size"] == 16
     assert figures["device"] == "cpu"
     assert figures["torch_threads"] == 1
