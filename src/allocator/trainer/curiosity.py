@@ -22,16 +22,20 @@ class CuriosityReplayBuffer(ReplayBuffer):
 
     curiosity: IntrinsicCuriosity | None = None
     clock: Callable[[], int] | None = None
+    batches = 0
 
     def attach(self, curiosity: IntrinsicCuriosity, clock: Callable[[], int]) -> None:
         self.curiosity = curiosity
         self.clock = clock
+        self.batches = 0
 
     def sample(self, batch_size: int, env: VecNormalize | None = None) -> ReplayBufferSamples:
         batch = super().sample(batch_size, env=env)
         if self.curiosity is None or self.clock is None:
             return batch
-        self.curiosity.update(batch.observations, batch.actions, batch.next_observations)
+        if self.batches % self.curiosity.settings.update_every == 0:
+            self.curiosity.update(batch.observations, batch.actions, batch.next_observations)
+        self.batches += 1
         intrinsic = self.curiosity.intrinsic_reward(
             batch.observations, batch.actions, batch.next_observations
         )

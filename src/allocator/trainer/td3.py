@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch as th
 import torch.nn.functional as F
 from stable_baselines3 import TD3
@@ -20,7 +19,11 @@ from stable_baselines3.common.utils import ConstantSchedule, polyak_update
 
 from allocator.trainer.curiosity import CuriosityMixin
 from allocator.trainer.icm import ICMSettings
-from allocator.trainer.regularizer import SmoothnessLambda, SmoothnessSettings, action_change
+from allocator.trainer.regularizer import (
+    SmoothnessLambda,
+    SmoothnessSettings,
+    actions_and_change,
+)
 
 
 def critic_loss(
@@ -39,11 +42,16 @@ def target_policy_noise(actions: th.Tensor, sigma: float, clip: float) -> th.Ten
     return th.randn_like(actions).mul_(sigma).clamp_(-clip, clip)
 
 
-def clip_and_step(optimizer: th.optim.Optimizer, params: Any, max_norm: float | None) -> float:
-    """Clip the gradient norm (if set), step, and return the pre-clip norm for logging."""
-    norm = th.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+def clip_and_step(
+    optimizer: th.optim.Optimizer, params: Any, max_norm: float | None
+) -> th.Tensor | None:
+    """Clip the gradient norm (if set) and step; returns the pre-clip norm (None unclipped).
+
+    The norm stays a tensor so logging does not force a device sync every step.
+    """
+    norm = th.nn.utils.clip_grad_norm_(params, max_norm) if max_norm else None
     optimizer.step()
-    return float(norm)
+    return norm
 
 
 class LearningRates:
@@ -116,7 +124,8 @@ class SmoothTD3(CuriosityMixin, LearningRates, TD3):
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
         self.policy.set_training_mode(True)
         self._update_learning_rate([self.actor.optimizer, self.critic.optimizer])
-        logs: dict[str, list[float]] = {
+        # Figures stay tensors until the end so a GPU is not synced on every step.
+        logs: dict[str, list[th.Tensor]] = {
             k: []
             for k in (
                 "critic_loss",
@@ -147,32 +156,39 @@ class SmoothTD3(CuriosityMixin, LearningRates, TD3):
             loss_c = critic_loss(current_qs, target_q, self.critic_loss_kind, self.huber_delta)
             self.critic.optimizer.zero_grad()
             loss_c.backward()
-            logs["critic_grad_norm"].append(
-                clip_and_step(self.critic.optimizer, self.critic.parameters(), self.max_grad_norm)
+            norm = clip_and_step(
+                self.critic.optimizer, self.critic.parameters(), self.max_grad_norm
             )
-            logs["critic_loss"].append(loss_c.item())
+            if norm is not None:
+                logs["critic_grad_norm"].append(norm)
+            logs["critic_loss"].append(loss_c.detach())
 
             # 3. Delayed actor step: maximize Q1, minus lambda * E||pi(s') - pi(s)||^2.
             if self._n_updates % self.policy_delay == 0:
-                q_term = -self.critic.q1_forward(
-                    batch.observations, self.actor(batch.observations)
-                ).mean()
-                loss_a = q_term
                 if self.lam.active:
-                    change = action_change(self.actor, batch.observations, batch.next_observations)
+                    actions, change = actions_and_change(
+                        self.actor, batch.observations, batch.next_observations
+                    )
+                else:
+                    actions, change = self.actor(batch.observations), None
+                loss_a = -self.critic.q1_forward(batch.observations, actions).mean()
+                if change is not None:
                     mean_change = change.mean()
-                    loss_a = q_term + self.lam.value * mean_change
-                    logs["smooth_penalty"].append(self.lam.value * mean_change.item())
-                    logs["action_change"].append(mean_change.item())
+                    penalty = self.lam.value * mean_change
+                    loss_a = loss_a + penalty
+                    logs["smooth_penalty"].append(penalty.detach())
+                    logs["action_change"].append(mean_change.detach())
                 self.actor.optimizer.zero_grad()
                 loss_a.backward()
-                logs["actor_grad_norm"].append(
-                    clip_and_step(self.actor.optimizer, self.actor.parameters(), self.max_grad_norm)
+                norm = clip_and_step(
+                    self.actor.optimizer, self.actor.parameters(), self.max_grad_norm
                 )
-                logs["actor_loss"].append(loss_a.item())
-                # 4. Dual ascent on lambda with the batch's measured E[C].
-                if self.lam.active:
-                    self.lam.update(logs["action_change"][-1])
+                if norm is not None:
+                    logs["actor_grad_norm"].append(norm)
+                logs["actor_loss"].append(loss_a.detach())
+                # 4. Dual ascent on lambda with the batch's measured E[C] (one sync per step).
+                if change is not None:
+                    self.lam.update(float(mean_change.item()))
 
                 # 5. Slowly track the online networks.
                 polyak_update(self.critic.parameters(), self.critic_target.parameters(), self.tau)
@@ -185,6 +201,6 @@ class SmoothTD3(CuriosityMixin, LearningRates, TD3):
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         for key, values in logs.items():
             if values:
-                self.logger.record(f"train/{key}", float(np.mean(values)))
+                self.logger.record(f"train/{key}", float(th.stack(values).mean().item()))
         self.logger.record("train/smooth_lambda", self.lam.value)
         self._log_curiosity()
