@@ -32,6 +32,7 @@ def config(path: Path, steps: int, extra: list[str]) -> TrainConfig:
             "name=learning",
             f"total_timesteps={steps}",
             "progress_bar=false",
+            "torch_threads=1",  # tests run in parallel workers
             "tensorboard=false",
             f"data.dataset={path}",
             *PERIODS,

@@ -21,6 +21,7 @@ TINY = [
     "algorithm.net_arch=[32,32]",
     "data.validation_end=2015-06-30",
     "progress_bar=false",
+    "torch_threads=1",
 ]
 COMMON_FILES = (
     "model.zip",

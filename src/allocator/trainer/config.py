@@ -127,9 +127,9 @@ class TrainConfig(_Strict):
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$", description="run name prefix")
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    # Small MLPs train fastest on one CPU thread; more threads mostly contend (13x slower
-    # measured on 2 cores with another process busy). 0 keeps torch's default.
-    torch_threads: int = Field(1, ge=0, description="torch CPU threads (0 = torch default)")
+    # On an idle 2-core machine torch's default (2 threads) is ~1.4x faster than 1; when other
+    # processes share the cores (parallel tests, several runs) 1 thread avoids a 5-25x collapse.
+    torch_threads: int = Field(0, ge=0, description="torch CPU threads (0 = torch default)")
     total_timesteps: int = Field(20_000, ge=1)
     output_dir: str = "runs"
     progress_bar: bool = True
