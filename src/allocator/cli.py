@@ -186,6 +186,39 @@ def train(config_path: str | None, overrides: tuple[str, ...], run_dir: str | No
     click.echo(format_table(run.summary["validation"]))
 
 
+# --- checkpoints -------------------------------------------------------------------------
+
+
+@main.group()
+def checkpoint() -> None:
+    """Inspect and migrate training checkpoints (run directories)."""
+
+
+@checkpoint.command("inspect")
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--json", "as_json", is_flag=True, help="print the raw manifest JSON")
+def checkpoint_inspect(run_dir: str, as_json: bool) -> None:
+    """Print a checkpoint's manifest readably and check its files' sha256."""
+    import json
+
+    from allocator.manifest import ManifestError, read_manifest, verify_checksums
+    from allocator.trainer.checkpoint import describe
+
+    try:
+        manifest = read_manifest(run_dir)
+    except ManifestError as exc:
+        _fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(manifest.model_dump(mode="json"), indent=2))
+    else:
+        click.echo(describe(manifest))
+    try:
+        verify_checksums(run_dir, manifest)
+    except ManifestError as exc:
+        _fail(str(exc))
+    click.echo("checksums ok")
+
+
 # --- demo --------------------------------------------------------------------------------
 
 

@@ -130,6 +130,23 @@ def assemble_observation(
     )
 
 
+def _checked_log_returns(
+    prices: ArrayLike, live: NDArray[np.bool_], spec: FeatureSpec
+) -> NDArray[np.float64]:
+    p = np.asarray(prices, dtype=np.float64)
+    if p.shape[-2:] != (spec.max_assets, spec.prices_per_asset):
+        raise ValueError(
+            f"prices shape {p.shape[-2:]} != (max_assets, window + 1) "
+            f"{(spec.max_assets, spec.prices_per_asset)}"
+        )
+    live_rows = np.broadcast_to(live[..., 1:, None], p.shape)
+    bad = live_rows & ~(np.isfinite(p) & (p > 0))
+    if np.any(bad):
+        slot = int(np.argwhere(bad)[0][-2]) + 1
+        raise ValueError(f"prices for live slot {slot} must be finite and positive")
+    return log_returns(np.where(live_rows, p, 1.0))
+
+
 def build_observation(
     prices: ArrayLike,
     weights: ArrayLike,
@@ -146,17 +163,32 @@ def build_observation(
     live = live_mask(mask)
     if live.shape[-1] != spec.n_slots:
         raise ValueError(f"mask has {live.shape[-1]} entries, expected {spec.n_slots}")
-    p = np.asarray(prices, dtype=np.float64)
-    if p.shape[-2:] != (spec.max_assets, spec.prices_per_asset):
-        raise ValueError(
-            f"prices shape {p.shape[-2:]} != (max_assets, window + 1) "
-            f"{(spec.max_assets, spec.prices_per_asset)}"
-        )
-    live_rows = np.broadcast_to(live[..., 1:, None], p.shape)
-    bad = live_rows & ~(np.isfinite(p) & (p > 0))
-    if np.any(bad):
-        slot = int(np.argwhere(bad)[0][-2]) + 1
-        raise ValueError(f"prices for live slot {slot} must be finite and positive")
-    safe = np.where(live_rows, p, 1.0)
-    features = normalize_returns(log_returns(safe), stats, spec.clip)
+    features = normalize_returns(_checked_log_returns(prices, live, spec), stats, spec.clip)
     return assemble_observation(features, weights, live, spec)
+
+
+def build_raw_observation(
+    prices: ArrayLike, weights: ArrayLike, mask: ArrayLike, spec: FeatureSpec
+) -> Float32Array:
+    """The observation before normalization: what an exported model takes as input.
+
+    Same layout as ``build_observation`` with raw log returns in the feature block; the
+    exported graph applies the manifest's normalization itself (``normalize_observation``).
+    """
+    live = live_mask(mask)
+    if live.shape[-1] != spec.n_slots:
+        raise ValueError(f"mask has {live.shape[-1]} entries, expected {spec.n_slots}")
+    return assemble_observation(_checked_log_returns(prices, live, spec), weights, live, spec)
+
+
+def normalize_observation(
+    raw: ArrayLike, spec: FeatureSpec, stats: NormalizationStats
+) -> Float32Array:
+    """Apply the normalization to a raw observation's feature block (masked slots stay 0)."""
+    obs = np.array(raw, dtype=np.float32)
+    n = spec.max_assets * spec.window
+    mask = obs[..., n + spec.n_slots :]
+    feats = normalize_returns(obs[..., :n], stats, spec.clip)
+    live = np.repeat(mask[..., 1:] > 0.5, spec.window, axis=-1)
+    obs[..., :n] = np.where(live, feats, np.float32(0.0))
+    return obs

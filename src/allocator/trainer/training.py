@@ -27,6 +27,14 @@ from allocator.trainer.audit import action_saturation, state_scale_summary
 from allocator.trainer.backtest import BacktestResult, default_assets, run_backtest
 from allocator.trainer.baselines import ActionPolicy
 from allocator.trainer.callbacks import TurnoverCallback
+from allocator.trainer.checkpoint import (
+    CONFIG_FILE,
+    ICM_FILE,
+    MODEL_FILE,
+    NORMALIZATION_FILE,
+    build_manifest,
+    save_manifest,
+)
 from allocator.trainer.config import (
     ConfigError,
     LearningRate,
@@ -42,11 +50,6 @@ from allocator.trainer.noise import NoiseAnnealingCallback, make_action_noise
 from allocator.trainer.plots import plot_allocations, plot_performance, plot_training_curves
 from allocator.trainer.sac import SmoothSAC
 from allocator.trainer.td3 import SmoothTD3
-
-MODEL_FILE = "model.zip"
-ICM_FILE = "icm.pt"
-NORMALIZATION_FILE = "normalization.json"
-CONFIG_FILE = "config.yaml"
 
 
 @dataclass
@@ -225,4 +228,8 @@ def train(config: TrainConfig, run_dir: Path | None = None) -> TrainingRun:
         "validation": metrics,
     }
     write_json(run_dir / "run.json", summary)
+    save_manifest(
+        run_dir,
+        build_manifest(config, stats, list(train_data.assets), metrics, run_dir),
+    )
     return TrainingRun(run_dir, model, config, stats, validation, summary)
