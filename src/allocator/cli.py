@@ -219,6 +219,79 @@ def checkpoint_inspect(run_dir: str, as_json: bool) -> None:
     click.echo("checksums ok")
 
 
+@checkpoint.command("migrate")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option(
+    "--to-version", type=int, default=None, help="target schema version (default: the current)"
+)
+@click.option(
+    "--max-assets",
+    type=int,
+    default=None,
+    help="widen the policy to this many asset slots (new slots start masked)",
+)
+def checkpoint_migrate(run_dir: str, to_version: int | None, max_assets: int | None) -> None:
+    """Upgrade a run directory to the current manifest schema, or widen it; backs it up first."""
+    from allocator.manifest import SCHEMA_VERSION
+    from allocator.trainer.migration import MigrationError, run_migration
+
+    try:
+        result = run_migration(
+            run_dir, SCHEMA_VERSION if to_version is None else to_version, max_assets
+        )
+    except MigrationError as exc:
+        _fail(str(exc))
+    probe = result.probe
+    click.echo(f"migrated {result.run_dir}: schema v{result.from_version} -> v{result.to_version}")
+    click.echo(f"backup: {result.backup}")
+    if result.widened_from is None:
+        click.echo(
+            f"probe: {probe.observations} observations, max |action diff| "
+            f"{probe.float32_max_diff:g}"
+        )
+        return
+    icm = probe.icm_canonical_max_diff
+    click.echo(
+        f"widened: max_assets {result.widened_from} -> {result.manifest.max_assets} "
+        f"(new slots start masked; their action {probe.new_slot_max_action:g})"
+    )
+    click.echo(
+        f"probe: {probe.observations} observations over {probe.masks} masks of the old slots; "
+        f"canonical float64 max |diff| actor {probe.canonical_max_diff:g}, "
+        f"critics {probe.critic_canonical_max_diff:g}"
+        + (f", icm {icm:g}" if icm is not None else "")
+        + f"; float32 predict max |diff| {probe.float32_max_diff:.3g}"
+    )
+
+
+# --- export ------------------------------------------------------------------------------
+
+
+@main.command("export")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option(
+    "--registry",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="model registry root, e.g. models/ (versions go to REGISTRY/NAME/VERSION)",
+)
+@click.option("--name", default=None, help="registry name (default: the run's manifest name)")
+@click.option("--version", default=None, help="registry version (default: the next integer)")
+def export(run_dir: str, registry: str, name: str | None, version: str | None) -> None:
+    """Export a run to ONNX (policy, and curiosity if trained with it), checked against torch."""
+    from allocator.manifest import read_manifest
+    from allocator.trainer.export import ExportError, export_run, format_parity
+
+    try:
+        out = export_run(run_dir, registry, name=name, version=version)
+    except ExportError as exc:
+        _fail(str(exc))
+    info = read_manifest(out).export or {}
+    click.echo(f"exported: {out} (opset {info.get('opset')})")
+    click.echo("parity with torch (max abs difference):")
+    click.echo(format_parity(info.get("parity", {})))
+
+
 # --- demo --------------------------------------------------------------------------------
 
 
@@ -227,8 +300,22 @@ def checkpoint_inspect(run_dir: str, as_json: bool) -> None:
 @click.option("--start", default="2010-01-01", show_default=True)
 @click.option("--end", default="2019-12-31", show_default=True)
 @click.option("--cost-bps", default=10.0, show_default=True, type=float)
-def demo(out: str, start: str, end: str, cost_bps: float) -> None:
-    """The first run on a new machine: every baseline on the embedded S&P 500 data."""
+@click.option(
+    "--train/--no-train",
+    "do_train",
+    default=True,
+    show_default=True,
+    help="also train the demo config and export it to a local registry",
+)
+@click.option(
+    "--config",
+    "config_path",
+    default="configs/td3_demo.yaml",
+    show_default=True,
+    help="training config for the demo (defaults are used if the file is absent)",
+)
+def demo(out: str, start: str, end: str, cost_bps: float, do_train: bool, config_path: str) -> None:
+    """The first run on a new machine: baselines, then train -> export on the embedded data."""
     from allocator.trainer.backtest import run_backtest
     from allocator.trainer.baselines import BaselineName
     from allocator.trainer.data import load_sp500
@@ -256,6 +343,40 @@ def demo(out: str, start: str, end: str, cost_bps: float) -> None:
     click.echo("")
     for path in written:
         click.echo(f"wrote {path}")
+    if do_train:
+        _demo_train_and_export(out_dir, config_path)
+
+
+def _demo_train_and_export(out_dir: Path, config_path: str) -> None:
+    """Train the demo config, export it to ``out_dir/models`` and print the ONNX parity."""
+    from allocator.manifest import read_manifest
+    from allocator.trainer.config import load_config
+    from allocator.trainer.export import export_run
+    from allocator.trainer.metrics import format_table
+    from allocator.trainer.training import train as run_training
+
+    path = config_path if Path(config_path).is_file() else None
+    config = load_config(path, [])
+    click.echo("")
+    click.echo(
+        f"training {config.algorithm.name} ({path or 'default config'}), "
+        f"{config.total_timesteps} steps ..."
+    )
+    run_dir = out_dir / "run"
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    run = run_training(config, run_dir)
+    click.echo(f"validation {config.data.validation_start} .. {config.data.validation_end}:")
+    click.echo(format_table(run.summary["validation"]))
+    version_dir = export_run(run.run_dir, out_dir / "models", name="demo")
+    exported = read_manifest(version_dir)
+    click.echo("")
+    click.echo(f"exported to {version_dir}")
+    parity = (exported.export or {}).get("parity", {})
+    for key, value in parity.items():
+        click.echo(f"  parity {key}: {value}")
 
 
 if __name__ == "__main__":

@@ -190,6 +190,7 @@ def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; registries are read by other users
         os.replace(tmp, d / MANIFEST_FILE)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
