@@ -15,7 +15,7 @@ $(BIN)/allocator: pyproject.toml
 
 venv: $(BIN)/allocator
 
-## demo: baselines on the embedded S&P 500 data, 2010-2019: a metrics table and plots in runs/demo
+## demo: baselines on the embedded S&P 500 data, then train the demo config and export it (runs/demo)
 demo: venv
 	$(BIN)/allocator demo --out runs/demo
 
