@@ -351,7 +351,7 @@ def _demo_train_and_export(out_dir: Path, config_path: str) -> None:
     """Train the demo config, export it to ``out_dir/models`` and print the ONNX parity."""
     from allocator.manifest import read_manifest
     from allocator.trainer.config import load_config
-    from allocator.trainer.export import export_run
+    from allocator.trainer.export import PARITY_TOLERANCE, export_run, format_parity
     from allocator.trainer.metrics import format_table
     from allocator.trainer.training import train as run_training
 
@@ -375,8 +375,8 @@ def _demo_train_and_export(out_dir: Path, config_path: str) -> None:
     click.echo("")
     click.echo(f"exported to {version_dir}")
     parity = (exported.export or {}).get("parity", {})
-    for key, value in parity.items():
-        click.echo(f"  parity {key}: {value}")
+    click.echo(f"ONNX vs torch, max abs difference (export fails above {PARITY_TOLERANCE:g}):")
+    click.echo(format_parity(parity))
 
 
 if __name__ == "__main__":
