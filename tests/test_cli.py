@@ -61,3 +61,51 @@ def test_data_info_on_a_missing_file_exits_2(tmp_path):
     res = CliRunner().invoke(main, ["data", "info", "--dataset", str(tmp_path / "nope.csv")])
     assert res.exit_code == 2
     assert "file not found" in res.output
+
+
+def test_demo_runs_baselines_then_trains_and_exports(tmp_path):
+    """The README's first command, shrunk: baselines, a tiny training run, export with parity."""
+    import yaml
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "total_timesteps": 300,
+                "progress_bar": False,
+                "tensorboard": False,
+                "torch_threads": 1,
+                "env": {"max_assets": 20, "window": 10, "episode_length": 60},
+                "algorithm": {"learning_starts": 100, "batch_size": 32, "net_arch": [32, 32]},
+                "data": {"validation_end": "2015-03-31"},
+            }
+        )
+    )
+    out = tmp_path / "demo"
+    res = CliRunner().invoke(
+        main,
+        [
+            "demo",
+            "--out",
+            str(out),
+            "--start",
+            "2018-01-01",
+            "--end",
+            "2018-12-31",
+            "--config",
+            str(config),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert "min-variance" in res.output
+    assert "exported to" in res.output
+    assert "random.max_abs_action_diff" in res.output
+    for name in (
+        "metrics.json",
+        "equity.png",
+        "allocations.png",
+        "run/manifest.json",
+        "models/demo/1/model.onnx",
+        "models/demo/1/manifest.json",
+    ):
+        assert (out / name).is_file(), name
