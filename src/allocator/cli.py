@@ -379,5 +379,84 @@ def _demo_train_and_export(out_dir: Path, config_path: str) -> None:
     click.echo(format_parity(parity))
 
 
+# --- db ----------------------------------------------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The repository checkout: ``alembic.ini`` and ``migrations/`` ship with it, not in the wheel."""
+
+
+def _alembic_config(database_url: str | None) -> Any:
+    """An alembic Config for the repository's migrations, bound to the chosen database URL."""
+    from alembic.config import Config
+
+    from allocator.monitoring.settings import database_url as default_database_url
+
+    ini, scripts = REPO_ROOT / "alembic.ini", REPO_ROOT / "migrations"
+    if not ini.is_file() or not (scripts / "env.py").is_file():
+        _fail(
+            f"migrations not found at {scripts} (and {ini}): the trade-schema migrations ship "
+            "with the repository checkout; run `allocator db` from an editable install of it"
+        )
+    config = Config(str(ini), stdout=sys.stdout)  # the stream in use now, not at import
+    config.set_main_option("script_location", str(scripts))
+    config.attributes["url"] = database_url or default_database_url()
+    config.attributes["configure_logger"] = False  # keep the caller's logging as it is
+    return config
+
+
+def _shown_url(config: Any) -> str:
+    """The URL with any password masked, for messages."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(config.attributes["url"]).render_as_string(hide_password=True)
+
+
+_database_url_option = click.option(
+    "--database-url",
+    default=None,
+    help="SQLAlchemy URL (default: $DATABASE_URL, else sqlite:///allocator.db)",
+)
+
+
+@main.group()
+def db() -> None:
+    """Migrate the trade database (alembic; migrations ship with the repository checkout)."""
+
+
+@db.command("upgrade")
+@click.argument("revision", default="head")
+@_database_url_option
+def db_upgrade(revision: str, database_url: str | None) -> None:
+    """Upgrade the trade schema to REVISION (default: head)."""
+    from alembic import command
+
+    config = _alembic_config(database_url)
+    command.upgrade(config, revision)
+    click.echo(f"upgraded {_shown_url(config)} to {revision}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@_database_url_option
+def db_downgrade(revision: str, database_url: str | None) -> None:
+    """Downgrade the trade schema to REVISION ('base' removes it all)."""
+    from alembic import command
+
+    config = _alembic_config(database_url)
+    command.downgrade(config, revision)
+    click.echo(f"downgraded {_shown_url(config)} to {revision}")
+
+
+@db.command("current")
+@_database_url_option
+def db_current(database_url: str | None) -> None:
+    """Print the revision the trade database is at (nothing when it has none)."""
+    from alembic import command
+
+    config = _alembic_config(database_url)
+    click.echo(f"database: {_shown_url(config)}")
+    command.current(config)
+
+
 if __name__ == "__main__":
     main()

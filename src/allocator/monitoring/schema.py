@@ -1,0 +1,163 @@
+"""The SQL trade schema: model versions, decisions, training and walk-forward runs.
+
+One layout for Postgres and SQLite. Per-asset vectors (asset ids, raw, smoothed and current
+weights) are parallel JSON arrays on the decision row (``JSONB`` on Postgres): one row per
+decision keeps batch inserts fast, and the ``decision_weights`` view (created by the migration,
+not part of this metadata) unnests them into one row per asset for Grafana.
+
+Alembic migrations are the only path that builds this schema in a real database; the models
+here are what autogenerate (and ``alembic check``) compares the migrated database against.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Date,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+"""Every constraint gets a deterministic name, so migrations can drop or alter it later
+(SQLite batch mode needs names to find constraints again)."""
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+VIEWS: tuple[str, ...] = ("decision_weights",)
+"""Views the migrations create by hand; autogenerate must not treat them as stray tables."""
+
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+"""JSON everywhere, JSONB on Postgres (indexable, and what ``jsonb_array_elements_text`` reads)."""
+
+# SQLite only auto-increments an ``INTEGER PRIMARY KEY``; BIGINT there would need explicit ids.
+BigIdType = BigInteger().with_variant(Integer(), "sqlite")
+
+Timestamp = DateTime(timezone=True)
+
+
+def utcnow() -> dt.datetime:
+    """Timezone-aware now, the default for ``created``/``started`` columns."""
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base bound to the one naming-convention metadata."""
+
+    metadata = metadata
+
+
+class ModelVersion(Base):
+    """An exported model (registry name + version) with the manifest it was served with."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    version: Mapped[str] = mapped_column(String(100))
+    algorithm: Mapped[str] = mapped_column(String(50))
+    manifest: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    checksums: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    created: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+
+
+class Decision(Base):
+    """One allocation answered by the server.
+
+    ``asset_ids`` and the weight arrays are parallel: position ``i`` of every array belongs to
+    ``asset_ids[i]`` (the recorder writes cash as an explicit id when it records cash).
+    ``request_id`` is the client's idempotency key: a retried request records once.
+    """
+
+    __tablename__ = "decisions"
+    __table_args__ = (
+        Index(None, "portfolio_id", "decided_at"),
+        CheckConstraint("latency_seconds >= 0", name="latency_nonnegative"),
+        CheckConstraint("turnover >= 0", name="turnover_nonnegative"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIdType, primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(200), unique=True)
+    portfolio_id: Mapped[str] = mapped_column(String(200))
+    decided_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
+    model_version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"), index=True)
+    asset_ids: Mapped[list[str]] = mapped_column(JsonType)
+    raw_weights: Mapped[list[float]] = mapped_column(JsonType)
+    smoothed_weights: Mapped[list[float]] = mapped_column(JsonType)
+    current_weights: Mapped[list[float] | None] = mapped_column(JsonType, nullable=True)
+    turnover: Mapped[float] = mapped_column(Float)
+    icm_reward: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latency_seconds: Mapped[float] = mapped_column(Float)
+
+
+class TrainingRun(Base):
+    """One training run: its config, where its files are and its final metrics."""
+
+    __tablename__ = "training_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    algorithm: Mapped[str] = mapped_column(String(50))
+    run_dir: Mapped[str] = mapped_column(String(1000))
+    config: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
+    started: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    finished: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
+class WalkForwardRun(Base):
+    """A walk-forward validation: its config and, once finished, the summary over windows."""
+
+    __tablename__ = "walk_forward_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    config: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    started: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    finished: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
+
+
+class WalkForwardWindow(Base):
+    """One train/test window of a walk-forward run with the agent's and baselines' metrics."""
+
+    __tablename__ = "walk_forward_windows"
+    __table_args__ = (
+        UniqueConstraint("run_id", "index"),
+        CheckConstraint("train_start <= train_end", name="train_ordered"),
+        CheckConstraint("test_start <= test_end", name="test_ordered"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("walk_forward_runs.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    train_start: Mapped[dt.date] = mapped_column(Date)
+    train_end: Mapped[dt.date] = mapped_column(Date)
+    test_start: Mapped[dt.date] = mapped_column(Date)
+    test_end: Mapped[dt.date] = mapped_column(Date)
+    model_version_id: Mapped[int | None] = mapped_column(
+        ForeignKey("model_versions.id", ondelete="SET NULL"), nullable=True
+    )
+    metrics: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    baseline_metrics: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    icm_stats: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
