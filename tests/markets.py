@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -59,3 +60,18 @@ def random_walk_market(n_dates: int = 300, n_assets: int = 3, seed: int = 0) -> 
     dates = pd.bdate_range("2019-01-01", periods=n_dates)
     frame = pd.DataFrame(prices, index=dates, columns=[f"A{j}" for j in range(n_assets)])
     return from_wide(frame, source="synthetic")
+
+
+def tiny_model_options(seed: int = 0, batch_size: int = 32, **overrides: Any) -> dict[str, Any]:
+    """SB3 keyword arguments for a model small enough to train in milliseconds."""
+    options: dict[str, Any] = {
+        "policy_kwargs": {"net_arch": [16, 16]},
+        "batch_size": batch_size,
+        "buffer_size": 1000,
+        "learning_starts": 50,
+        "seed": seed,
+        "device": "cpu",
+        "verbose": 0,
+    }
+    options.update(overrides)
+    return options

@@ -19,7 +19,7 @@ from allocator.trainer.curiosity import CuriosityReplayBuffer
 from allocator.trainer.env import EnvConfig, PortfolioEnv
 from allocator.trainer.icm import ICMSettings, IntrinsicCuriosity
 from allocator.trainer.sac import SmoothSAC
-from tests.markets import random_walk_market
+from tests.markets import random_walk_market, tiny_model_options
 
 CFG = EnvConfig(max_assets=3, window=5, episode_length=40)
 BATCH = 32
@@ -29,16 +29,7 @@ MARKET = random_walk_market()
 
 
 def make_sac(seed: int = 0, **kwargs: Any) -> SmoothSAC:
-    options: dict[str, Any] = {
-        "policy_kwargs": {"net_arch": [16, 16]},
-        "batch_size": BATCH,
-        "buffer_size": 1000,
-        "learning_starts": 50,
-        "seed": seed,
-        "device": "cpu",
-        "verbose": 0,
-    }
-    options.update(kwargs)
+    options = tiny_model_options(seed, BATCH, **kwargs)
     return SmoothSAC("MlpPolicy", PortfolioEnv(MARKET, CFG), **options)
 
 

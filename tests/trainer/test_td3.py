@@ -33,7 +33,7 @@ from allocator.trainer.regularizer import (
     action_change,
 )
 from allocator.trainer.td3 import SmoothTD3, clip_and_step, critic_loss, target_policy_noise
-from tests.markets import random_walk_market
+from tests.markets import random_walk_market, tiny_model_options
 
 CFG = EnvConfig(max_assets=3, window=5, episode_length=40)
 BATCH = 32
@@ -44,16 +44,7 @@ MARKET = random_walk_market()
 
 
 def make_td3(seed: int = 0, **kwargs: Any) -> SmoothTD3:
-    options: dict[str, Any] = {
-        "policy_kwargs": {"net_arch": [16, 16]},
-        "batch_size": BATCH,
-        "buffer_size": 1000,
-        "learning_starts": 50,
-        "seed": seed,
-        "device": "cpu",
-        "verbose": 0,
-    }
-    options.update(kwargs)
+    options = tiny_model_options(seed, BATCH, **kwargs)
     return SmoothTD3("MlpPolicy", PortfolioEnv(MARKET, CFG), **options)
 
 
