@@ -12,7 +12,6 @@ from allocator.manifest import (
     NormalizationInfo,
     checksums,
     library_versions,
-    read_manifest,
     write_manifest,
 )
 from allocator.portfolio import NormalizationStats
@@ -68,10 +67,6 @@ def refresh_checksums(run_dir: Path, manifest: Manifest) -> Manifest:
 
 def save_manifest(run_dir: Path, manifest: Manifest) -> Path:
     return write_manifest(run_dir, manifest)
-
-
-def load_manifest(run_dir: Path) -> Manifest:
-    return read_manifest(run_dir)
 
 
 def describe(manifest: Manifest) -> str:
