@@ -1,0 +1,205 @@
+"""What the recorder records: a served model version and one allocation decision.
+
+Records are validated when they are made, on the caller's side: a bad value is the caller's bug
+and must surface there, with the field named, not as a failed batch later in the writer thread
+(where the whole batch would have to be quarantined). After validation a record only holds
+plain Python values (str, float, tuples), so the writer, the spool and both database drivers
+encode it without numpy and a spooled record reads back equal to the one submitted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+__all__ = ["CASH_ID", "DecisionRecord", "ModelRecord", "RecordError"]
+
+CASH_ID = "CASH"
+"""The id recorded (and answered) for the cash slot, first in every weight vector."""
+
+MAX_ID_LENGTH = 200
+"""Request, portfolio and model ids are ``VARCHAR(200)`` in the schema."""
+
+
+class RecordError(ValueError):
+    """A record field is missing, malformed or out of range; the message names the field."""
+
+
+def _check_id(value: str, what: str, max_length: int = MAX_ID_LENGTH) -> str:
+    if not isinstance(value, str) or not value:
+        raise RecordError(f"{what} must be a non-empty string, got {value!r}")
+    if len(value) > max_length:
+        raise RecordError(f"{what} is {len(value)} characters long, at most {max_length}")
+    if "\x00" in value:
+        raise RecordError(f"{what} must not contain NUL characters")
+    return value
+
+
+def _check_vector(values: ArrayLike, what: str, length: int) -> tuple[float, ...]:
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise RecordError(f"{what} must be numbers: {exc}") from None
+    if arr.shape != (length,):
+        raise RecordError(f"{what} has shape {arr.shape}, expected ({length},) like asset_ids")
+    if not np.all(np.isfinite(arr)):
+        raise RecordError(f"{what} must be finite (JSON and JSONB cannot store NaN or Inf)")
+    return tuple(arr.tolist())
+
+
+def _check_float(value: float, what: str, minimum: float | None = None) -> float:
+    x = float(value)
+    if not math.isfinite(x):
+        raise RecordError(f"{what} must be finite, got {value!r}")
+    if minimum is not None and x < minimum:
+        raise RecordError(f"{what} must be >= {minimum}, got {value!r}")
+    return x
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRecord:
+    """A model version the server answers with; decisions refer to it by (name, version)."""
+
+    name: str
+    version: str
+    algorithm: str
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+    checksums: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_id(self.name, "model name")
+        _check_id(self.version, "model version", 100)
+        _check_id(self.algorithm, "model algorithm", 50)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.name, self.version)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "algorithm": self.algorithm,
+            "manifest": dict(self.manifest),
+            "checksums": dict(self.checksums),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ModelRecord:
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """One answered allocation.
+
+    ``asset_ids`` and the weight vectors are parallel, cash first as ``CASH_ID``. ``request_id``
+    is the client's idempotency key: the database keeps the first record of a request id.
+    ``decided_at`` must be timezone-aware (stored as UTC; SQLite keeps no zone).
+    """
+
+    request_id: str
+    portfolio_id: str
+    decided_at: dt.datetime
+    model_name: str
+    model_version: str
+    asset_ids: tuple[str, ...]
+    raw_weights: tuple[float, ...]
+    smoothed_weights: tuple[float, ...]
+    turnover: float
+    latency_seconds: float
+    current_weights: tuple[float, ...] | None = None
+    icm_reward: float | None = None
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        request_id: str,
+        portfolio_id: str,
+        decided_at: dt.datetime,
+        model_name: str,
+        model_version: str,
+        asset_ids: Sequence[str],
+        raw_weights: ArrayLike,
+        smoothed_weights: ArrayLike,
+        turnover: float,
+        latency_seconds: float,
+        current_weights: ArrayLike | None = None,
+        icm_reward: float | None = None,
+    ) -> DecisionRecord:
+        """Validate and normalize every field (numpy arrays become tuples of floats)."""
+        if not isinstance(decided_at, dt.datetime) or decided_at.utcoffset() is None:
+            raise RecordError(f"decided_at must be a timezone-aware datetime, got {decided_at!r}")
+        ids = tuple(asset_ids)
+        if not ids:
+            raise RecordError("asset_ids must not be empty")
+        for i, asset in enumerate(ids):
+            _check_id(asset, f"asset_ids[{i}]")
+        if len(set(ids)) != len(ids):
+            raise RecordError("asset_ids must be unique")
+        n = len(ids)
+        return cls(
+            request_id=_check_id(request_id, "request_id"),
+            portfolio_id=_check_id(portfolio_id, "portfolio_id"),
+            decided_at=decided_at.astimezone(dt.UTC),
+            model_name=_check_id(model_name, "model_name"),
+            model_version=_check_id(model_version, "model_version", 100),
+            asset_ids=ids,
+            raw_weights=_check_vector(raw_weights, "raw_weights", n),
+            smoothed_weights=_check_vector(smoothed_weights, "smoothed_weights", n),
+            turnover=_check_float(turnover, "turnover", 0.0),
+            latency_seconds=_check_float(latency_seconds, "latency_seconds", 0.0),
+            current_weights=(
+                None
+                if current_weights is None
+                else _check_vector(current_weights, "current_weights", n)
+            ),
+            icm_reward=None if icm_reward is None else _check_float(icm_reward, "icm_reward"),
+        )
+
+    @property
+    def model_key(self) -> tuple[str, str]:
+        return (self.model_name, self.model_version)
+
+    def to_json(self) -> list[Any]:
+        """Compact positional form for the spool (a list, in field order)."""
+        return [
+            self.request_id,
+            self.portfolio_id,
+            self.decided_at.isoformat(),
+            self.model_name,
+            self.model_version,
+            list(self.asset_ids),
+            list(self.raw_weights),
+            list(self.smoothed_weights),
+            self.turnover,
+            self.latency_seconds,
+            None if self.current_weights is None else list(self.current_weights),
+            self.icm_reward,
+        ]
+
+    @classmethod
+    def from_json(cls, row: Sequence[Any]) -> DecisionRecord:
+        """Inverse of ``to_json``; floats round-trip exactly through JSON's ``repr`` form."""
+        (rid, pid, at, name, version, ids, raw, smoothed, turnover, latency, cur, icm) = row
+        return cls(
+            request_id=rid,
+            portfolio_id=pid,
+            decided_at=dt.datetime.fromisoformat(at),
+            model_name=name,
+            model_version=version,
+            asset_ids=tuple(ids),
+            raw_weights=tuple(raw),
+            smoothed_weights=tuple(smoothed),
+            turnover=turnover,
+            latency_seconds=latency,
+            current_weights=None if cur is None else tuple(cur),
+            icm_reward=icm,
+        )
