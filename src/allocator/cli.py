@@ -381,27 +381,14 @@ def _demo_train_and_export(out_dir: Path, config_path: str) -> None:
 
 # --- db ----------------------------------------------------------------------------------
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-"""The repository checkout: ``alembic.ini`` and ``migrations/`` ship with it, not in the wheel."""
-
-
 def _alembic_config(database_url: str | None) -> Any:
     """An alembic Config for the repository's migrations, bound to the chosen database URL."""
-    from alembic.config import Config
+    from allocator.monitoring.migrations import MigrationsNotFoundError, alembic_config
 
-    from allocator.monitoring.settings import database_url as default_database_url
-
-    ini, scripts = REPO_ROOT / "alembic.ini", REPO_ROOT / "migrations"
-    if not ini.is_file() or not (scripts / "env.py").is_file():
-        _fail(
-            f"migrations not found at {scripts} (and {ini}): the trade-schema migrations ship "
-            "with the repository checkout; run `allocator db` from an editable install of it"
-        )
-    config = Config(str(ini), stdout=sys.stdout)  # the stream in use now, not at import
-    config.set_main_option("script_location", str(scripts))
-    config.attributes["url"] = database_url or default_database_url()
-    config.attributes["configure_logger"] = False  # keep the caller's logging as it is
-    return config
+    try:
+        return alembic_config(database_url, stdout=sys.stdout)  # the stream in use now
+    except MigrationsNotFoundError as exc:
+        _fail(f"{exc}")
 
 
 def _shown_url(config: Any) -> str:

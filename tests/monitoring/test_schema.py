@@ -197,9 +197,9 @@ def test_cli_db_uses_database_url_env(tmp_path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_cli_db_without_migrations_fails_clearly(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import allocator.cli
+    import allocator.monitoring.migrations
 
-    monkeypatch.setattr(allocator.cli, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(allocator.monitoring.migrations, "REPO_ROOT", tmp_path)
     result = CliRunner().invoke(main, ["db", "current", "--database-url", "sqlite://"])
     assert result.exit_code == 2
     assert "ship with the repository checkout" in result.output

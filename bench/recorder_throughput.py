@@ -1,0 +1,114 @@
+"""Sustained decisions per second the recorder commits into Postgres (21 weights per vector).
+
+Creates its own database on the Postgres at ``--postgres`` (dropped afterwards), migrates it,
+then submits ``--decisions`` pre-built records as fast as the recorder accepts them and times
+from the first submit until every row is committed (``flush``). Records are built before the
+clock starts: the figure is the recorder's (queue, batching, COPY, commit), not record creation.
+Prints JSON. Run: ``.venv/bin/python bench/recorder_throughput.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import secrets
+import tempfile
+import time
+
+import numpy as np
+import psycopg
+
+from allocator.monitoring.migrations import upgrade
+from allocator.monitoring.recorder import Recorder
+from allocator.monitoring.records import CASH_ID, DecisionRecord, ModelRecord
+
+
+def make_records(n: int, assets: int, seed: int = 0) -> list[DecisionRecord]:
+    """``n`` decisions over cash + ``assets`` assets with random weights (distributions)."""
+    rng = np.random.default_rng(seed)
+    ids = (CASH_ID, *(f"A{i:03d}" for i in range(assets)))
+    raw = rng.dirichlet(np.ones(assets + 1), size=n)
+    smoothed = rng.dirichlet(np.ones(assets + 1), size=n)
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    return [
+        DecisionRecord.create(
+            request_id=f"bench-{i}",
+            portfolio_id=f"p{i % 1000}",
+            decided_at=start + dt.timedelta(microseconds=i),
+            model_name="bench",
+            model_version="1",
+            asset_ids=ids,
+            raw_weights=raw[i],
+            smoothed_weights=smoothed[i],
+            turnover=float(np.abs(raw[i][1:] - smoothed[i][1:]).sum()),
+            latency_seconds=0.0004,
+            icm_reward=0.1,
+        )
+        for i in range(n)
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--decisions", type=int, default=100_000)
+    parser.add_argument("--assets", type=int, default=20, help="risky assets (cash added)")
+    parser.add_argument("--batch-size", type=int, default=5_000)
+    parser.add_argument("--chunk", type=int, default=512, help="records per submit_many call")
+    args = parser.parse_args()
+
+    name = f"allocator_bench_{secrets.token_hex(4)}"
+    with psycopg.connect(args.postgres, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    info = psycopg.conninfo.conninfo_to_dict(args.postgres)
+    url = (
+        f"postgresql+psycopg://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:"
+        f"{info.get('port', 5432)}/{name}"
+    )
+    try:
+        upgrade(url)
+        records = make_records(args.decisions, args.assets)
+        with tempfile.TemporaryDirectory() as spool:
+            recorder = Recorder(
+                url, spool, batch_size=args.batch_size, queue_size=args.decisions + 1
+            ).start()
+            recorder.register_model(ModelRecord("bench", "1", "td3"))
+            start = time.perf_counter()
+            for i in range(0, len(records), args.chunk):
+                recorder.submit_many(records[i : i + args.chunk])
+            submitted = time.perf_counter() - start
+            recorder.flush()
+            elapsed = time.perf_counter() - start
+            stats = recorder.stats()
+            recorder.close()
+        with psycopg.connect(url.replace("+psycopg", "")) as conn:
+            rows = conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
+    finally:
+        with psycopg.connect(args.postgres, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    print(
+        json.dumps(
+            {
+                "benchmark": "recorder_throughput",
+                "backend": "postgresql",
+                "decisions": args.decisions,
+                "weights_per_vector": args.assets + 1,
+                "batch_size": args.batch_size,
+                "rows_in_table": rows,
+                "spooled": stats.spooled_records,
+                "seconds": round(elapsed, 3),
+                "submit_seconds": round(submitted, 3),
+                "decisions_per_s": round(rows / elapsed, 1),
+                "goal_decisions_per_s": 25_000,
+                "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""The recorder's local durable spool: fsync'd, checksummed frames in numbered segment files.
+
+While the database is unreachable, the recorder appends each batch as one frame to the newest
+segment and fsyncs it before counting the batch as durable. Once the database is back, segments
+are replayed oldest first and a segment is deleted only after every frame in it is committed;
+a crash in between replays a segment twice, which the database's unique request id absorbs.
+
+A frame is ``length (u32 LE) | crc32 (u32 LE) | payload``, the payload a JSON object. A process
+killed mid-append leaves a torn last frame; it was never fsync'd, so never acknowledged, and
+opening the spool truncates it away. A bad frame anywhere else is corruption: that segment is
+set aside as ``*.corrupt`` (kept, never deleted) and the rest replays.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FRAME_HEADER", "Segment", "Spool", "SpoolError"]
+
+log = logging.getLogger(__name__)
+
+FRAME_HEADER = struct.Struct("<II")
+SEGMENT_SUFFIX = ".spool"
+CORRUPT_SUFFIX = ".corrupt"
+MAX_FRAME_BYTES = 1 << 30
+
+
+class SpoolError(OSError):
+    """The spool cannot be written (disk full, permissions); the records stay with the caller."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One segment file and what it holds."""
+
+    path: Path
+    records: int
+    size: int
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a created, renamed or deleted directory entry durable (POSIX needs this)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def encode_frame(payload: dict[str, Any]) -> bytes:
+    body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    return FRAME_HEADER.pack(len(body), zlib.crc32(body)) + body
+
+
+def _scan(data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """Frames decoded from ``data`` and the byte offset where the good frames end."""
+    frames: list[dict[str, Any]] = []
+    offset = 0
+    while offset + FRAME_HEADER.size <= len(data):
+        length, crc = FRAME_HEADER.unpack_from(data, offset)
+        start = offset + FRAME_HEADER.size
+        end = start + length
+        if length > MAX_FRAME_BYTES or end > len(data):
+            break
+        body = data[start:end]
+        if zlib.crc32(body) != crc:
+            break
+        try:
+            frames.append(json.loads(body))
+        except ValueError:
+            break
+        offset = end
+    return frames, offset
+
+
+def _count(frame: dict[str, Any]) -> int:
+    return len(frame.get("d", ()))
+
+
+class Spool:
+    """Append-only segments in ``directory``; one writer (the recorder's thread) at a time.
+
+    ``segment_bytes`` bounds one segment so that replay deletes space as it goes. The byte and
+    record totals are kept in memory for the recorder's gauges and its admission quota.
+    """
+
+    def __init__(self, directory: str | Path, segment_bytes: int = 64 << 20) -> None:
+        self.directory = Path(directory)
+        self.segment_bytes = int(segment_bytes)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._segments: list[Segment] = []
+        self._current: Any = None  # open file of the newest segment
+        self._recover()
+
+    # --- state ---------------------------------------------------------------------------
+
+    @property
+    def bytes(self) -> int:
+        with self._lock:
+            return sum(s.size for s in self._segments)
+
+    @property
+    def records(self) -> int:
+        with self._lock:
+            return sum(s.records for s in self._segments)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._segments)
+
+    def segments(self) -> list[Segment]:
+        """Segments oldest first (a snapshot)."""
+        with self._lock:
+            return list(self._segments)
+
+    # --- opening -------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Index existing segments, truncating a torn tail and setting corrupt ones aside."""
+        paths = sorted(self.directory.glob(f"*{SEGMENT_SUFFIX}"))
+        for i, path in enumerate(paths):
+            data = path.read_bytes()
+            frames, good = _scan(data)
+            if good < len(data):
+                if i == len(paths) - 1:
+                    log.warning(
+                        "spool %s: dropping a torn last frame (%d bytes, never acknowledged)",
+                        path,
+                        len(data) - good,
+                    )
+                    with path.open("r+b") as f:
+                        f.truncate(good)
+                        f.flush()
+                        os.fsync(f.fileno())
+                else:
+                    corrupt = path.with_suffix(CORRUPT_SUFFIX)
+                    log.error(
+                        "spool %s: corrupt frame at byte %d; kept as %s, the %d good frames "
+                        "before it replay from a copy",
+                        path,
+                        good,
+                        corrupt,
+                        len(frames),
+                    )
+                    path.rename(corrupt)
+                    if frames:
+                        path.write_bytes(data[:good])
+                    else:
+                        continue
+            if good == 0:
+                path.unlink()
+                continue
+            self._segments.append(Segment(path, sum(map(_count, frames)), good))
+        _fsync_dir(self.directory)
+
+    def _next_path(self) -> Path:
+        last = self._segments[-1].path if self._segments else None
+        number = int(last.stem) + 1 if last is not None else 1
+        return self.directory / f"{number:020d}{SEGMENT_SUFFIX}"
+
+    # --- writing -------------------------------------------------------------------------
+
+    def append(self, payload: dict[str, Any]) -> int:
+        """Append one frame and fsync it; returns the frame's size. Raises ``SpoolError``."""
+        frame = encode_frame(payload)
+        records = _count(payload)
+        try:
+            with self._lock:
+                if (
+                    self._current is None
+                    or not self._segments
+                    or self._segments[-1].path != Path(self._current.name)
+                    or self._segments[-1].size + len(frame) > self.segment_bytes
+                ):
+                    self._open_new()
+                f = self._current
+                f.write(frame)
+                f.flush()
+                os.fsync(f.fileno())
+                last = self._segments[-1]
+                self._segments[-1] = Segment(
+                    last.path, last.records + records, last.size + len(frame)
+                )
+        except OSError as exc:
+            raise SpoolError(
+                exc.errno, f"cannot write the spool in {self.directory}: {exc}"
+            ) from exc
+        return len(frame)
+
+    def _open_new(self) -> None:
+        if self._current is not None:
+            self._current.close()
+        path = self._next_path()
+        self._current = path.open("ab")
+        _fsync_dir(self.directory)
+        self._segments.append(Segment(path, 0, 0))
+
+    # --- replaying -----------------------------------------------------------------------
+
+    def read(self, segment: Segment) -> Iterator[dict[str, Any]]:
+        """The frames of ``segment`` (only the bytes known to be durable)."""
+        with segment.path.open("rb") as f:
+            data = f.read(segment.size)
+        frames, _ = _scan(data)
+        yield from frames
+
+    def remove(self, segment: Segment) -> None:
+        """Delete a fully replayed segment (durably)."""
+        with self._lock:
+            if self._current is not None and Path(self._current.name) == segment.path:
+                self._current.close()
+                self._current = None
+            segment.path.unlink(missing_ok=True)
+            self._segments = [s for s in self._segments if s.path != segment.path]
+        _fsync_dir(self.directory)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._current is not None:
+                self._current.close()
+                self._current = None
