@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 EXTRAS ?= train,dev
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all lint format bench clean venv
+.PHONY: demo test test-all lint format bench clean venv proto
 
 $(BIN)/allocator: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,20 +21,24 @@ demo: venv
 
 ## test: lint, then the test suite (slow learning tests too when CI=true)
 test: venv
-	$(BIN)/ruff check src tests bench migrations
-	$(BIN)/ruff format --check src tests bench migrations
+	$(BIN)/ruff check src tests bench migrations scripts
+	$(BIN)/ruff format --check src tests bench migrations scripts
 	$(BIN)/python -m pytest -n 2 $(if $(filter true,$(CI)),--run-slow,) $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check src tests bench migrations
-	$(BIN)/ruff format --check src tests bench migrations
+	$(BIN)/ruff check src tests bench migrations scripts
+	$(BIN)/ruff format --check src tests bench migrations scripts
 
 format: venv
-	$(BIN)/ruff check --fix src tests bench migrations
-	$(BIN)/ruff format src tests bench migrations
+	$(BIN)/ruff check --fix src tests bench migrations scripts
+	$(BIN)/ruff format src tests bench migrations scripts
 
 bench: venv
 	$(BIN)/python bench/env_throughput.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis
+
+## proto: regenerate the gRPC code in src/allocator/serving/proto/v1 from proto/ (commit the result)
+proto: venv
+	$(BIN)/python scripts/generate_proto.py

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
@@ -23,7 +23,24 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """Commands defined in other modules are imported only when they are run (or listed)."""
+
+    lazy: ClassVar[dict[str, tuple[str, str]]] = {
+        "request": ("allocator.serving.client", "request_command")
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            module, attribute = self.lazy[name]
+            return getattr(importlib.import_module(module), attribute)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="allocator")
 def main() -> None:
     """Allocator: reinforcement-learning portfolio allocation, from training to serving."""
@@ -379,7 +396,71 @@ def _demo_train_and_export(out_dir: Path, config_path: str) -> None:
     click.echo(format_parity(parity))
 
 
+_database_url_option = click.option(
+    "--database-url",
+    default=None,
+    help="SQLAlchemy URL (default: $DATABASE_URL, else sqlite:///allocator.db)",
+)
+
+
+# --- serve -------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--registry", required=True, type=click.Path(file_okay=False), help="model registry")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
+@click.option("--port", default=50051, show_default=True, help="gRPC port (0: any free port)")
+@click.option("--metrics-port", default=9464, show_default=True, help="Prometheus /metrics port")
+@_database_url_option
+@click.option("--no-record", is_flag=True, help="do not record decisions (experiments only)")
+@click.option("--spool-dir", default="spool", show_default=True, help="recorder's durable spool")
+@click.option("--redis-url", default=None, help="share smoothing state between replicas")
+@click.option("--auth-token-file", default=None, help="require this bearer token")
+@click.option("--tls-cert", default=None, help="server certificate (PEM)")
+@click.option("--tls-key", default=None, help="server private key (PEM)")
+@click.option("--tls-client-ca", default=None, help="require client certificates (mTLS)")
+@click.option("--latency-budget-ms", default=10.0, show_default=True, help="P95 budget")
+@click.option("--max-concurrent-rpcs", default=64, show_default=True)
+@click.option("--workers", default=8, show_default=True, help="handler threads")
+@click.option("--model", "default_model", default=None, help="model answering unpinned calls")
+@click.option("--reload-interval", default=2.0, show_default=True, help="registry scan period")
+@click.option("--cpu", is_flag=True, help="never try onnxruntime's CUDA provider")
+def serve(**options: Any) -> None:
+    """Serve allocations over gRPC until SIGTERM/SIGINT (then drain and flush the recorder)."""
+    import logging
+    import signal
+    import threading
+
+    from pydantic import ValidationError
+
+    from allocator.monitoring.sinks import SchemaMissingError
+    from allocator.serving.loader import ModelLoadError
+    from allocator.serving.server import ServerConfig, build_server
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    options["record"] = not options.pop("no_record")
+    options["prefer_cuda"] = not options.pop("cpu")
+    try:
+        config = ServerConfig(**{k: v for k, v in options.items() if v is not None})
+        server = build_server(config)
+    except ValidationError as exc:
+        _fail("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+    except (ModelLoadError, SchemaMissingError, ValueError, OSError) as exc:
+        _fail(str(exc))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    click.echo(f"serving on {server.target} (metrics on port {server.metrics_port})", err=True)
+    stop.wait()
+    click.echo("draining: health NOT_SERVING, finishing calls, flushing the recorder", err=True)
+    server.stop()
+
+
 # --- db ----------------------------------------------------------------------------------
+
 
 def _alembic_config(database_url: str | None) -> Any:
     """An alembic Config for the repository's migrations, bound to the chosen database URL."""
@@ -396,13 +477,6 @@ def _shown_url(config: Any) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(config.attributes["url"]).render_as_string(hide_password=True)
-
-
-_database_url_option = click.option(
-    "--database-url",
-    default=None,
-    help="SQLAlchemy URL (default: $DATABASE_URL, else sqlite:///allocator.db)",
-)
 
 
 @main.group()

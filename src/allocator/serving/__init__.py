@@ -1,21 +1,16 @@
 """The allocation server: loads exported ONNX models from the registry and serves them.
 
 Torch-free by house rule: only ONNX and JSON are read here, nothing is ever unpickled.
+Names are imported lazily, so the gRPC client (``allocator.serving.client``) works without
+onnxruntime installed and ``allocator --help`` stays fast.
 """
 
-from allocator.serving.loader import (
-    LoadedModel,
-    ModelLoadError,
-    ModelNotFoundError,
-    latest_version,
-    list_models,
-    load_from_registry,
-    load_model,
-    resolve,
-    version_key,
-)
+from __future__ import annotations
 
-__all__ = [
+import importlib
+from typing import Any
+
+_LOADER_NAMES = (
     "LoadedModel",
     "ModelLoadError",
     "ModelNotFoundError",
@@ -25,4 +20,12 @@ __all__ = [
     "load_model",
     "resolve",
     "version_key",
-]
+)
+
+__all__ = list(_LOADER_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LOADER_NAMES:
+        return getattr(importlib.import_module("allocator.serving.loader"), name)
+    raise AttributeError(f"module 'allocator.serving' has no attribute {name!r}")

@@ -1,0 +1,304 @@
+"""Turn ``AllocateRequest`` messages into checked, typed requests, or say which field is wrong.
+
+Bad input must become INVALID_ARGUMENT naming the field, never a crash deeper in the server, so
+everything the model and the smoothing state will touch is checked here first. Pure functions of
+numpy and the generated messages (no torch, no server state): the server resolves model pins to
+a ``ModelShape`` and maps ``InvalidRequest`` to a status.
+
+The batch call carries up to tens of thousands of decisions a second, so the happy path is a
+few vectorised reductions per request; the slow, per-element search for the culprit only runs
+once something is known to be wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from allocator.serving.proto import allocator_pb2 as pb
+
+__all__ = [
+    "CASH_ID",
+    "MAX_ID_LENGTH",
+    "MAX_VERSION_LENGTH",
+    "WEIGHT_SUM_TOLERANCE",
+    "InvalidRequest",
+    "ModelShape",
+    "ShapeResolver",
+    "ValidRequest",
+    "model_pin",
+    "validate_batch",
+    "validate_request",
+]
+
+CASH_ID = "CASH"
+"""Reserved: the id answered for the cash slot, so no risky asset may use it."""
+MAX_ID_LENGTH = 200
+"""Portfolio, request, asset and model ids are stored as ``VARCHAR(200)``."""
+MAX_VERSION_LENGTH = 100
+"""Model versions are stored as ``VARCHAR(100)``."""
+WEIGHT_SUM_TOLERANCE = 1e-6
+"""How far ``current_weights`` may sum from 1."""
+
+Float64Array = NDArray[np.float64]
+
+# The ufuncs' reduce, bound once: a little cheaper per call than the ndarray methods.
+_min = np.minimum.reduce
+_max = np.maximum.reduce
+_sum = np.add.reduce
+
+
+class InvalidRequest(ValueError):  # noqa: N818 - the name the server and clients use
+    """A request the server must refuse; ``field`` is the path a client can find it at."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+    def within(self, prefix: str) -> InvalidRequest:
+        """The same error seen from an enclosing message, e.g. ``requests[2].prices``."""
+        return InvalidRequest(f"{prefix}.{self.field}", self.message)
+
+
+class ModelShape(NamedTuple):
+    """What a model accepts: at most ``max_assets`` assets, ``window + 1`` prices each."""
+
+    max_assets: int
+    window: int
+
+
+ShapeResolver = Callable[[str | None, str | None], ModelShape]
+"""Maps a model pin (name, version; ``None`` = default / newest) to the model's shape."""
+
+
+@dataclass(frozen=True, slots=True)
+class ValidRequest:
+    """A checked ``AllocateRequest``: arrays are float64, read-only and correctly shaped."""
+
+    portfolio_id: str
+    request_id: str
+    asset_ids: tuple[str, ...]
+    prices: Float64Array
+    """Shape ``(len(asset_ids), window + 1)``, oldest first, finite and > 0."""
+    current_weights: Float64Array | None
+    """Shape ``(len(asset_ids) + 1,)``, cash first, a distribution; ``None`` when not sent."""
+    model_name: str | None
+    """``None``: the default model."""
+    model_version: str | None
+    """``None``: the newest loaded version of the model."""
+
+    @property
+    def n_assets(self) -> int:
+        return len(self.asset_ids)
+
+
+def _check_id(value: str, field: str, max_length: int = MAX_ID_LENGTH) -> str:
+    if not value:
+        raise InvalidRequest(field, "is required (a non-empty string)")
+    if len(value) > max_length:
+        raise InvalidRequest(field, f"is {len(value)} characters long, at most {max_length}")
+    if "\x00" in value:
+        raise InvalidRequest(field, "must not contain NUL characters")
+    return value
+
+
+def _optional_id(value: str, field: str, max_length: int) -> str | None:
+    return _check_id(value, field, max_length) if value else None
+
+
+def model_pin(request: pb.AllocateRequest) -> tuple[str | None, str | None]:
+    """The request's model pin as (name, version), ``None`` where unset; checks the strings."""
+    if not request.HasField("model"):
+        return None, None
+    model = request.model
+    return (
+        _optional_id(model.name, "model.name", MAX_ID_LENGTH),
+        _optional_id(model.version, "model.version", MAX_VERSION_LENGTH),
+    )
+
+
+def _check_asset_ids(ids: Sequence[str], max_assets: int) -> tuple[str, ...]:
+    n = len(ids)
+    if n == 0:
+        raise InvalidRequest("asset_ids", "at least one asset is required")
+    if n > max_assets:
+        raise InvalidRequest(
+            "asset_ids", f"{n} assets, but the model takes at most {max_assets} (max_assets)"
+        )
+    assets = tuple(ids)
+    unique = set(assets)
+    joined = "".join(assets)
+    if (
+        len(unique) != n
+        or "" in unique
+        or CASH_ID in unique
+        or "\x00" in joined
+        or (len(joined) > MAX_ID_LENGTH and max(map(len, assets)) > MAX_ID_LENGTH)
+    ):
+        _explain_asset_ids(assets)
+    return assets
+
+
+def _explain_asset_ids(assets: tuple[str, ...]) -> None:
+    """Raise for the first bad asset id (only called once one is known to be bad)."""
+    first: dict[str, int] = {}
+    for i, asset in enumerate(assets):
+        field = f"asset_ids[{i}]"
+        _check_id(asset, field)
+        if asset == CASH_ID:
+            raise InvalidRequest(field, f"{CASH_ID!r} is reserved for the cash slot")
+        j = first.setdefault(asset, i)
+        if j != i:
+            raise InvalidRequest(field, f"duplicate asset id {asset!r} (also asset_ids[{j}])")
+    raise AssertionError("unreachable: asset ids were flagged but none is bad")  # pragma: no cover
+
+
+def _check_prices(
+    request: pb.AllocateRequest, assets: tuple[str, ...], window: int
+) -> Float64Array:
+    n, per_asset = len(assets), window + 1
+    expected = n * per_asset
+    got = len(request.prices)
+    if got != expected:
+        raise InvalidRequest(
+            "prices",
+            f"expected {expected} values ({n} assets x {per_asset} prices: window {window} + 1), "
+            f"got {got}",
+        )
+    prices = np.asarray(request.prices, dtype=np.float64).reshape(n, per_asset)
+    # min > 0 is False for NaN (it propagates) and for non-positive prices; max < inf for +inf.
+    if not (_min(prices, None) > 0.0 and _max(prices, None) < np.inf):
+        bad = np.flatnonzero(~((prices > 0.0) & np.isfinite(prices)))[0]
+        i, j = divmod(int(bad), per_asset)
+        raise InvalidRequest(
+            "prices",
+            f"prices[{bad}] = {float(prices[i, j])!r} (asset {assets[i]!r}, asset_ids[{i}], price "
+            f"{j + 1} of {per_asset}): prices must be finite and > 0",
+        )
+    prices.flags.writeable = False
+    return prices
+
+
+def _check_current_weights(
+    request: pb.AllocateRequest, assets: tuple[str, ...]
+) -> Float64Array | None:
+    got = len(request.current_weights)
+    if got == 0:
+        return None
+    expected = len(assets) + 1
+    if got != expected:
+        raise InvalidRequest(
+            "current_weights",
+            f"expected {expected} values (CASH first, then the {len(assets)} assets), got {got}",
+        )
+    weights = np.asarray(request.current_weights, dtype=np.float64)
+    total = float(_sum(weights))
+    # NaN fails min >= 0; +inf (the only other non-finite left) makes the sum miss 1.
+    if not (_min(weights) >= 0.0 and abs(total - 1.0) <= WEIGHT_SUM_TOLERANCE):
+        _explain_current_weights(weights, total, assets)
+    weights.flags.writeable = False
+    return weights
+
+
+def _explain_current_weights(weights: Float64Array, total: float, assets: tuple[str, ...]) -> None:
+    """Raise for bad current weights (only called once they are known to be bad)."""
+    flagged = np.flatnonzero(~((weights >= 0.0) & np.isfinite(weights)))
+    if flagged.size:
+        bad = int(flagged[0])
+        slot = CASH_ID if bad == 0 else f"asset {assets[bad - 1]!r}"
+        raise InvalidRequest(
+            "current_weights",
+            f"current_weights[{bad}] = {float(weights[bad])!r} ({slot}): "
+            "weights must be finite and >= 0",
+        )
+    raise InvalidRequest(
+        "current_weights",
+        f"weights sum to {total!r}, not 1 (tolerance {WEIGHT_SUM_TOLERANCE:g}): "
+        "send a distribution over CASH and the assets",
+    )
+
+
+def validate_request(
+    request: pb.AllocateRequest,
+    shape: ModelShape,
+    *,
+    pin: tuple[str | None, str | None] | None = None,
+) -> ValidRequest:
+    """Check one request against the shape of the model that will answer it.
+
+    ``pin`` is ``model_pin(request)`` when the caller already computed it (to resolve
+    ``shape``), saving the second check. Raises ``InvalidRequest`` naming the first bad field.
+    """
+    if not (
+        request.portfolio_id or request.request_id or len(request.asset_ids) or len(request.prices)
+    ):
+        raise InvalidRequest(
+            "request", "empty request: portfolio_id, request_id, asset_ids and prices are required"
+        )
+    portfolio_id = _check_id(request.portfolio_id, "portfolio_id")
+    request_id = _check_id(request.request_id, "request_id")
+    name, version = model_pin(request) if pin is None else pin
+    assets = _check_asset_ids(request.asset_ids, shape.max_assets)
+    prices = _check_prices(request, assets, shape.window)
+    current = _check_current_weights(request, assets)
+    return ValidRequest(
+        portfolio_id=portfolio_id,
+        request_id=request_id,
+        asset_ids=assets,
+        prices=prices,
+        current_weights=current,
+        model_name=name,
+        model_version=version,
+    )
+
+
+def validate_batch(batch: pb.AllocateBatchRequest, shape_for: ShapeResolver) -> list[ValidRequest]:
+    """Check a whole batch, all or nothing; errors name ``requests[i].<field>``.
+
+    ``shape_for`` resolves each distinct model pin once per batch. What it raises (the server's
+    unknown-model error, say) propagates unchanged, with a note naming ``requests[i].model``.
+    request_ids and portfolio_ids must be distinct within a batch: two steps of one portfolio
+    in one call would have no defined order.
+    """
+    requests = batch.requests
+    if not requests:
+        raise InvalidRequest("requests", "empty batch: at least one request is required")
+    shapes: dict[tuple[str | None, str | None], ModelShape] = {}
+    request_index: dict[str, int] = {}
+    portfolio_index: dict[str, int] = {}
+    valid: list[ValidRequest] = []
+    for i, request in enumerate(requests):
+        try:
+            pin = model_pin(request)
+            shape = shapes.get(pin)
+            if shape is None:
+                try:
+                    shape = shapes[pin] = shape_for(*pin)
+                except InvalidRequest:
+                    raise
+                except Exception as exc:
+                    exc.add_note(f"requests[{i}].model")
+                    raise
+            item = validate_request(request, shape, pin=pin)
+        except InvalidRequest as exc:
+            raise exc.within(f"requests[{i}]") from None
+        j = request_index.setdefault(item.request_id, i)
+        if j != i:
+            raise InvalidRequest(
+                f"requests[{i}].request_id",
+                f"duplicate request_id {item.request_id!r} (also requests[{j}].request_id)",
+            )
+        j = portfolio_index.setdefault(item.portfolio_id, i)
+        if j != i:
+            raise InvalidRequest(
+                f"requests[{i}].portfolio_id",
+                f"duplicate portfolio_id {item.portfolio_id!r} (also requests[{j}].portfolio_id): "
+                "send one step per portfolio per batch",
+            )
+        valid.append(item)
+    return valid
