@@ -1,0 +1,110 @@
+"""Bearer-token authentication and TLS/mTLS credentials of the allocation server.
+
+The token check is a server interceptor, so no handler can forget it; it compares digests in
+constant time (``hmac.compare_digest``), so the time it takes says nothing about the token.
+Health checks and reflection stay open: Kubernetes' gRPC probes send no metadata, and neither
+service reveals or changes anything about portfolios.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+__all__ = ["OPEN_SERVICES", "TokenAuthInterceptor", "read_token", "server_credentials"]
+
+OPEN_SERVICES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+"""Method prefixes that need no token."""
+
+
+def read_token(path: str | Path) -> str:
+    """The token in ``path`` (surrounding whitespace stripped); refuses an empty file."""
+    p = Path(path)
+    try:
+        token = p.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"--auth-token-file {p}: cannot read it ({exc.strerror})") from None
+    if not token:
+        raise ValueError(f"--auth-token-file {p}: the file is empty")
+    return token
+
+
+def _digest(value: str | bytes) -> bytes:
+    data = value.encode() if isinstance(value, str) else value
+    return hashlib.sha256(data).digest()
+
+
+def _deny(message: str) -> grpc.RpcMethodHandler:
+    def abort(request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return grpc.unary_unary_rpc_method_handler(abort)
+
+
+class TokenAuthInterceptor(grpc.ServerInterceptor):
+    """Requires ``authorization: Bearer <token>`` on every call except ``OPEN_SERVICES``.
+
+    ``on_denied`` is told the method of each refused call (for the request metrics).
+    """
+
+    def __init__(self, token: str, on_denied: Callable[[str], None] | None = None) -> None:
+        if not token:
+            raise ValueError("the auth token must not be empty")
+        self._expected = _digest(token)
+        self._missing = _deny("missing bearer token: send metadata 'authorization: Bearer <token>'")
+        self._wrong = _deny("invalid bearer token")
+        self._on_denied = on_denied
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        method = handler_call_details.method
+        if method.startswith(OPEN_SERVICES):
+            return continuation(handler_call_details)
+        header = None
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                header = value
+                break
+        if header is None or not isinstance(header, str) or not header.startswith("Bearer "):
+            self._denied(method)
+            return self._missing
+        if not hmac.compare_digest(_digest(header[len("Bearer ") :]), self._expected):
+            self._denied(method)
+            return self._wrong
+        return continuation(handler_call_details)
+
+    def _denied(self, method: str) -> None:
+        if self._on_denied is not None:
+            self._on_denied(method.rsplit("/", 1)[-1])
+
+
+def server_credentials(
+    cert: str | Path, key: str | Path, client_ca: str | Path | None = None
+) -> grpc.ServerCredentials:
+    """TLS credentials; with ``client_ca`` the server requires and verifies client certs."""
+    files = {"--tls-cert": cert, "--tls-key": key}
+    if client_ca is not None:
+        files["--tls-client-ca"] = client_ca
+    data: dict[str, bytes] = {}
+    for option, path in files.items():
+        try:
+            data[option] = Path(path).read_bytes()
+        except OSError as exc:
+            raise ValueError(f"{option} {path}: cannot read it ({exc.strerror})") from None
+    return grpc.ssl_server_credentials(
+        [(data["--tls-key"], data["--tls-cert"])],
+        root_certificates=data.get("--tls-client-ca"),
+        require_client_auth=client_ca is not None,
+    )
