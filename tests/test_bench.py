@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,3 +48,35 @@ def test_recorder_throughput_prints_its_figures():
     assert figures["rows_in_table"] == 3000
     assert figures["weights_per_vector"] == 21
     assert figures["decisions_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_serve_latency_prints_its_figures_and_records_every_decision():
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "serve_latency.py"),
+            "--duration",
+            "0.5",
+            "--concurrency",
+            "1,4",
+            "--rates",
+            "200",
+            "--batch-size",
+            "16",
+            "--portfolios",
+            "50",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    figures = json.loads(out.stdout)
+    phases = {p["phase"]: p for p in figures["phases"]}
+    assert set(phases) == {"closed_c1", "closed_c4", "open_200", "batch_16"}
+    assert phases["closed_c1"]["p95_ms"] >= phases["closed_c1"]["p50_ms"] > 0
+    assert phases["batch_16"]["decisions_per_s"] > 0
+    assert figures["ok_decisions"] > 0
+    assert figures["recorded_rows"] == figures["ok_decisions"]
+    assert figures["server_exit_code"] == 0

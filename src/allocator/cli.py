@@ -362,6 +362,10 @@ def demo(out: str, start: str, end: str, cost_bps: float, do_train: bool, config
         click.echo(f"wrote {path}")
     if do_train:
         _demo_train_and_export(out_dir, config_path)
+        from allocator.serving.demo import serve_demo
+
+        click.echo("")
+        serve_demo(out_dir / "models", out_dir, md.prices, md.assets, echo=click.echo)
 
 
 def _demo_train_and_export(out_dir: Path, config_path: str) -> None:

@@ -54,3 +54,40 @@ def test_records_hold_plain_values_and_survive_the_spool_form() -> None:
     assert all(type(w) is float for w in record.raw_weights)
     assert DecisionRecord.from_json(record.to_json()) == record
     assert record.decided_at.utcoffset() == dt.timedelta(0)
+
+
+def test_the_fast_path_builds_the_same_record_and_still_refuses_nan() -> None:
+    import numpy as np
+
+    made = make_decision(9)
+    arrays = {
+        "raw_weights": np.array(made.raw_weights),
+        "smoothed_weights": np.array(made.smoothed_weights),
+        "current_weights": None if made.current_weights is None else np.array(made.current_weights),
+    }
+    fast = DecisionRecord.from_validated(
+        request_id=made.request_id,
+        portfolio_id=made.portfolio_id,
+        decided_at=made.decided_at,
+        model_name=made.model_name,
+        model_version=made.model_version,
+        asset_ids=made.asset_ids,
+        turnover=made.turnover,
+        latency_seconds=made.latency_seconds,
+        icm_reward=made.icm_reward,
+        **arrays,
+    )
+    assert fast == made
+    arrays["smoothed_weights"][1] = math.nan
+    with pytest.raises(RecordError, match="smoothed_weights"):
+        DecisionRecord.from_validated(
+            request_id="r",
+            portfolio_id="p",
+            decided_at=made.decided_at,
+            model_name="m",
+            model_version="1",
+            asset_ids=made.asset_ids,
+            turnover=0.0,
+            latency_seconds=0.0,
+            **arrays,
+        )

@@ -164,6 +164,53 @@ class DecisionRecord:
             icm_reward=None if icm_reward is None else _check_float(icm_reward, "icm_reward"),
         )
 
+    @classmethod
+    def from_validated(
+        cls,
+        *,
+        request_id: str,
+        portfolio_id: str,
+        decided_at: dt.datetime,
+        model_name: str,
+        model_version: str,
+        asset_ids: tuple[str, ...],
+        raw_weights: np.ndarray,
+        smoothed_weights: np.ndarray,
+        turnover: float,
+        latency_seconds: float,
+        current_weights: np.ndarray | None = None,
+        icm_reward: float | None = None,
+    ) -> DecisionRecord:
+        """The server's fast path: ids and ``decided_at`` were validated upstream (request
+        validation, a UTC clock), so only the computed numbers are checked, one reduction
+        per vector (a sum is finite only if every term is). ``create`` checks everything."""
+        n = len(asset_ids)
+        vectors = [("raw_weights", raw_weights), ("smoothed_weights", smoothed_weights)]
+        if current_weights is not None:
+            vectors.append(("current_weights", current_weights))
+        for name, v in vectors:
+            if v.shape != (n,) or not math.isfinite(float(v.sum())):
+                _check_vector(v, name, n)  # raises, naming what is wrong
+        for name, x in (("turnover", turnover), ("latency_seconds", latency_seconds)):
+            if not (math.isfinite(x) and x >= 0):
+                _check_float(x, name, 0.0)
+        if icm_reward is not None and not math.isfinite(icm_reward):
+            _check_float(icm_reward, "icm_reward")
+        return cls(
+            request_id,
+            portfolio_id,
+            decided_at,
+            model_name,
+            model_version,
+            asset_ids,
+            tuple(raw_weights.tolist()),
+            tuple(smoothed_weights.tolist()),
+            float(turnover),
+            float(latency_seconds),
+            None if current_weights is None else tuple(current_weights.tolist()),
+            None if icm_reward is None else float(icm_reward),
+        )
+
     @property
     def model_key(self) -> tuple[str, str]:
         return (self.model_name, self.model_version)

@@ -264,7 +264,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         decided_at: dt.datetime,
         latency: float,
     ) -> DecisionRecord:
-        return DecisionRecord.create(
+        return DecisionRecord.from_validated(
             request_id=request.request_id,
             portfolio_id=request.portfolio_id,
             decided_at=decided_at,
