@@ -24,7 +24,12 @@ FORBIDDEN_MODULES = {"torch", "stable_baselines3", "pickle", "_pickle", "cloudpi
 FORBIDDEN_MODULES |= {"joblib", "allocator.trainer", "onnx"}
 """``onnx`` too: the serve extra installs onnxruntime only."""
 
-ALLOWED_ALLOCATOR = ("allocator.manifest", "allocator.portfolio", "allocator.serving")
+ALLOWED_ALLOCATOR = (
+    "allocator.manifest",
+    "allocator.portfolio",
+    "allocator.serving",
+    "allocator.monitoring",
+)
 
 CHILD = textwrap.dedent(
     """

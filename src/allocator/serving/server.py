@@ -46,6 +46,7 @@ from allocator.serving.security import TokenAuthInterceptor, read_token, server_
 from allocator.serving.state import (
     MemoryStateStore,
     RedisStateStore,
+    StateLockLostError,
     StateLockTimeoutError,
     StateStore,
 )
@@ -63,6 +64,8 @@ __all__ = ["AllocationServer", "AllocatorServicer", "ServerConfig", "build_serve
 log = logging.getLogger("allocator.serving")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Allocator"].full_name
+_DRAIN_QUIET_SECONDS = 0.1
+"""The drain ends once no call came for this long: the clients have moved on."""
 T = TypeVar("T")
 
 
@@ -96,6 +99,9 @@ class ServerConfig(BaseModel):
     prefer_cuda: bool = Field(True, description="use onnxruntime's CUDA provider if it loads")
     idempotency_cache: int = Field(100_000, ge=0, description="answers kept for retries")
     grace_seconds: float = Field(10.0, ge=0, description="SIGTERM: time for in-flight calls")
+    drain_seconds: float = Field(
+        2.0, ge=0, description="SIGTERM: at most this long, new calls get UNAVAILABLE first"
+    )
 
     @model_validator(mode="after")
     def _check_tls(self) -> ServerConfig:
@@ -118,7 +124,15 @@ class _Refusal(Exception):  # noqa: N818  (control flow, never leaves this modul
 @dataclass(frozen=True, slots=True)
 class _Answered:
     portfolio_id: str
+    fingerprint: int
     response: pb.AllocateResponse
+
+
+def _fingerprint(r: ValidRequest) -> int:
+    """What makes a retry the same request: its inputs, not only its id (an answer for other
+    assets, returned under a reused id, would be applied to the wrong assets)."""
+    current = None if r.current_weights is None else r.current_weights.tobytes()
+    return hash((r.asset_ids, r.prices.tobytes(), current, r.model_name, r.model_version))
 
 
 class _IdempotencyCache:
@@ -130,25 +144,31 @@ class _IdempotencyCache:
         self._lock = threading.Lock()
         self._items: OrderedDict[str, _Answered] = OrderedDict()
 
-    def get(self, request_id: str, portfolio_id: str) -> pb.AllocateResponse | None:
+    def get(self, r: ValidRequest) -> pb.AllocateResponse | None:
         if not self.capacity:
             return None
         with self._lock:
-            hit = self._items.get(request_id)
+            hit = self._items.get(r.request_id)
         if hit is None:
             return None
-        if hit.portfolio_id != portfolio_id:
+        if hit.portfolio_id != r.portfolio_id:
             raise _Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"request_id: {request_id!r} was already used for another portfolio",
+                f"request_id: {r.request_id!r} was already used for another portfolio",
+            )
+        if hit.fingerprint != _fingerprint(r):
+            raise _Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request_id: {r.request_id!r} was already used for a request with other "
+                "inputs (assets, prices, current weights or model); a retry resends the same",
             )
         return hit.response
 
-    def put(self, request_id: str, portfolio_id: str, response: pb.AllocateResponse) -> None:
+    def put(self, r: ValidRequest, response: pb.AllocateResponse) -> None:
         if not self.capacity:
             return
         with self._lock:
-            self._items[request_id] = _Answered(portfolio_id, response)
+            self._items[r.request_id] = _Answered(r.portfolio_id, _fingerprint(r), response)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
@@ -181,15 +201,20 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         self.metrics = metrics
         self.recorder = recorder
         self._answers = _IdempotencyCache(idempotency_cache)
+        self.draining = threading.Event()
+        self.last_call = 0.0  # time.monotonic() of the latest call, for the drain
 
     # --- plumbing ------------------------------------------------------------------------
 
     def _call(self, method: str, context: grpc.ServicerContext, handler: Callable[[], T]) -> T:
         """Run ``handler``, map refusals to status codes, and time the call by outcome."""
         start = time.perf_counter()
+        self.last_call = time.monotonic()
         code = grpc.StatusCode.OK
         message = ""
         try:
+            if self.draining.is_set():
+                raise _Refusal(grpc.StatusCode.UNAVAILABLE, "server shutting down, retry")
             return handler()
         except _Refusal as exc:
             code, message = exc.code, exc.message
@@ -200,10 +225,10 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         except RecordError as exc:
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         except ModelNotFoundError as exc:
-            code, message = grpc.StatusCode.NOT_FOUND, str(exc)
+            code, message = grpc.StatusCode.NOT_FOUND, _naming_field(exc)
         except RecorderRefusedError as exc:
             code, message = grpc.StatusCode.UNAVAILABLE, f"decision not recorded, retry: {exc}"
-        except StateLockTimeoutError as exc:
+        except (StateLockTimeoutError, StateLockLostError) as exc:
             code, message = grpc.StatusCode.UNAVAILABLE, f"portfolio busy, retry: {exc}"
         except Exception as exc:
             if _is_redis_error(exc):
@@ -230,31 +255,45 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         context: grpc.ServicerContext,
         start: float,
     ) -> list[pb.AllocateResponse]:
-        """Decide for distinct portfolios under their locks; record; then store states."""
-        inputs = [DecisionInput(r.asset_ids, r.prices, r.current_weights) for r in requests]
+        """Decide for distinct portfolios under their locks; record; then store states.
+
+        The answers cache is read again and written under the locks: a duplicate of a request
+        that was in flight while this call waited gets that answer, not a second step.
+        """
         ids = [r.portfolio_id for r in requests]
         with self.store.locked(ids) as session:
             self._check_deadline(context)
-            results = decide_batch(model, inputs, session.get())
+            states = session.get()
+            answers = [self._answers.get(r) for r in requests]
+            todo = [i for i, answer in enumerate(answers) if answer is None]
+            results = decide_batch(
+                model,
+                [
+                    DecisionInput(r.asset_ids, r.prices, r.current_weights)
+                    for r in (requests[i] for i in todo)
+                ],
+                [states[i] for i in todo],
+            )
             decided_at = dt.datetime.now(dt.UTC)
             latency = time.perf_counter() - start
-            if self.recorder is not None:
+            if self.recorder is not None and todo:
                 self.recorder.submit_many(
                     [
-                        self._record(model, r, out, decided_at, latency)
-                        for r, (out, _) in zip(requests, results, strict=True)
+                        self._record(model, requests[i], out, decided_at, latency)
+                        for i, (out, _) in zip(todo, results, strict=True)
                     ]
                 )
-            session.put([state for _, state in results])
-        responses = []
-        for r, (out, _) in zip(requests, results, strict=True):
+            for i, (_, state) in zip(todo, results, strict=True):
+                states[i] = state
+            session.put(states)
+            for i, (out, _) in zip(todo, results, strict=True):
+                answers[i] = response = _response(model, requests[i], out)
+                self._answers.put(requests[i], response)
+        for out, _ in results:
             self.metrics.observe_decision(
                 out.raw_weights, out.smoothed_weights, out.turnover, out.icm_reward
             )
-            response = _response(model, r, out)
-            self._answers.put(r.request_id, r.portfolio_id, response)
-            responses.append(response)
-        return responses
+        return answers  # type: ignore[return-value]  # every None was decided above
 
     @staticmethod
     def _record(
@@ -289,9 +328,13 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         def handle() -> pb.AllocateResponse:
             snapshot = self.registry.snapshot
             pin = model_pin(request)
-            model = snapshot.resolve(*pin)
+            try:
+                model = snapshot.resolve(*pin)
+            except ModelNotFoundError as exc:
+                exc.add_note("model")
+                raise
             valid = validate_request(request, _shape(model), pin=pin)
-            cached = self._answers.get(valid.request_id, valid.portfolio_id)
+            cached = self._answers.get(valid)
             if cached is not None:
                 return cached
             return self._decide(model, [valid], context, start)[0]
@@ -317,7 +360,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             groups: dict[tuple[str, str], list[int]] = {}
             by_key: dict[tuple[str, str], LoadedModel] = {}
             for i, r in enumerate(valid):
-                cached = self._answers.get(r.request_id, r.portfolio_id)
+                cached = self._answers.get(r)
                 if cached is not None:
                     answers[i] = cached
                     continue
@@ -350,6 +393,13 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             return pb.ResetPortfolioResponse(existed=self.store.reset(request.portfolio_id))
 
         return self._call("ResetPortfolio", context, handle)
+
+
+def _naming_field(exc: Exception) -> str:
+    """``field: message``, the field from the note a validator attached (``requests[2].model``),
+    so an unknown pin in a batch says which item named it."""
+    notes = getattr(exc, "__notes__", None)
+    return f"{notes[-1]}: {exc}" if notes else str(exc)
 
 
 def _is_redis_error(exc: Exception) -> bool:
@@ -460,6 +510,7 @@ class AllocationServer:
         self._stopped.set()
         self._set_health(serving=False)
         self.registry.stop()
+        self._drain()
         done = self.server.stop(self.config.grace_seconds if grace is None else grace)
         done.wait()
         if self.recorder is not None and not self.recorder.close(60):
@@ -468,6 +519,20 @@ class AllocationServer:
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
         log.info("allocation server stopped")
+
+    def _drain(self) -> None:
+        """Answer new calls UNAVAILABLE until clients go quiet (or ``drain_seconds``).
+
+        grpc's shutdown cancels calls that arrived but had no handler thread yet (CANCELLED,
+        grpc/grpc#41785), which clients do not retry; UNAVAILABLE they retry elsewhere.
+        """
+        self.servicer.draining.set()
+        deadline = time.monotonic() + self.config.drain_seconds
+        while (now := time.monotonic()) < deadline:
+            quiet = now - self.servicer.last_call
+            if quiet >= _DRAIN_QUIET_SECONDS:
+                return
+            time.sleep(min(_DRAIN_QUIET_SECONDS - quiet, deadline - now))
 
     def wait(self) -> None:
         self.server.wait_for_termination()

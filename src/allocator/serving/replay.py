@@ -1,0 +1,221 @@
+"""Serving-path backtest: replay a price history decision by decision through the server's code.
+
+Each date is one request, built as a client would build it, decided by ``decide_with_store``
+(the server's own path: slots, observation, one ONNX call, smoothing, state) for one portfolio
+held in a ``MemoryStateStore``. The holdings are tracked like ``PortfolioEnv``: the weights sent
+as "current" are the holdings drifted by the last price moves; trading to the smoothed weights
+costs ``cost_bps`` of the traded value, taken out of NAV; prices then move to the next close.
+
+The live set may change: an asset is in the request at date t when its closes on t - window ..
+t + 1 are all finite and positive (a backtest knows its listing calendar: a position must still
+have a price at the next close to be valued). An asset leaving the request is sold at its close
+into cash before the decision; that sale is part of the step's turnover and costs.
+
+This is the reference for the server's parity test (``inputs`` are exactly the requests to send)
+and for walk-forward backtests. numpy only; ``to_frames`` imports pandas when asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from allocator.monitoring.records import CASH_ID
+from allocator.serving.decision import DecisionInput, DecisionOutput
+from allocator.serving.loader import LoadedModel, load_model
+from allocator.serving.state import MemoryStateStore, StateStore, decide_with_store
+
+__all__ = ["ReplayResult", "live_assets", "replay"]
+
+Float64Array = NDArray[np.float64]
+
+
+@dataclass
+class ReplayResult:
+    """Every request sent, every answer, and the portfolio's path (``n`` decisions).
+
+    ``nav`` has ``n + 1`` entries (the start value, then after each decision's next close);
+    ``turnover`` and ``costs`` include the sale of assets that left the request.
+    """
+
+    model_name: str
+    model_version: str
+    assets: tuple[str, ...]  # every column of the price history, in order
+    dates: list[Any]  # n + 1 dates: decision dates, then the last valuation date
+    inputs: list[DecisionInput]
+    outputs: list[DecisionOutput]
+    nav: Float64Array
+    turnover: Float64Array
+    costs: Float64Array
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def decision_dates(self) -> list[Any]:
+        return self.dates[:-1]
+
+    def wide(self, what: str) -> Float64Array:
+        """``(n, 1 + len(assets))`` of ``raw_weights``, ``smoothed_weights`` or
+        ``current_weights``: cash then every asset in column order, 0 where not requested."""
+        if what not in {"raw_weights", "smoothed_weights", "current_weights"}:
+            raise ValueError(f"unknown weights {what!r}")
+        column = {a: j + 1 for j, a in enumerate(self.assets)}
+        out = np.zeros((len(self.outputs), 1 + len(self.assets)))
+        for k, o in enumerate(self.outputs):
+            idx = [0, *(column[a] for a in o.asset_ids[1:])]
+            out[k, idx] = getattr(o, what)
+        return out
+
+    def to_frames(self) -> dict[str, Any]:
+        """pandas DataFrames of the wide weights, and NAV/turnover/costs Series (needs pandas)."""
+        import pandas as pd
+
+        columns = [CASH_ID, *self.assets]
+        idx = pd.Index(self.decision_dates)
+        frames: dict[str, Any] = {
+            w: pd.DataFrame(self.wide(w), index=idx, columns=columns)
+            for w in ("raw_weights", "smoothed_weights", "current_weights")
+        }
+        frames["nav"] = pd.Series(self.nav, index=pd.Index(self.dates), name="nav")
+        frames["turnover"] = pd.Series(self.turnover, index=idx, name="turnover")
+        frames["costs"] = pd.Series(self.costs, index=idx, name="costs")
+        return frames
+
+
+def live_assets(prices: Float64Array, window: int) -> NDArray[np.bool_]:
+    """``(dates, assets)``: True at row t when closes t - window .. t + 1 are finite and > 0."""
+    ok = np.isfinite(prices) & (prices > 0.0)
+    bad = np.concatenate([np.zeros((1, ok.shape[1]), np.int64), np.cumsum(~ok, axis=0)])
+    live = np.zeros(ok.shape, dtype=bool)
+    t = np.arange(window, ok.shape[0] - 1)
+    live[t] = (bad[t + 2] - bad[t - window]) == 0  # no bad close in rows t - window .. t + 1
+    return live
+
+
+def _row(value: Any, dates: NDArray[Any] | None, what: str, first: bool) -> int:
+    """A row index as is; a date: the first row on/after it (``first``), else the last before."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if dates is None:
+        raise ValueError(f"{what} must be a row index when no dates are given")
+    key = np.asarray(value).astype(dates.dtype)
+    if first:
+        return int(np.searchsorted(dates, key, side="left"))
+    return int(np.searchsorted(dates, key, side="right")) - 1
+
+
+def replay(
+    model: LoadedModel | str | Path,
+    prices: Any,
+    *,
+    assets: Sequence[str] | None = None,
+    dates: Sequence[Any] | ArrayLike | None = None,
+    start: Any = None,
+    end: Any = None,
+    cost_bps: float | None = None,
+    initial_value: float = 1.0,
+    store: StateStore | None = None,
+    portfolio_id: str = "replay",
+) -> ReplayResult:
+    """Replay ``prices`` (dates x assets, NaN where an asset is not listed) through serving.
+
+    ``prices`` may be a pandas DataFrame (its columns and index give ``assets`` and ``dates``)
+    or an array with ``assets`` (and optionally ``dates``). Decisions run at rows ``start`` ..
+    ``end - 1`` (defaults: the first row with a full window, the last row); ``start``/``end``
+    are row indices or dates (first date >= start, last date <= end). ``cost_bps`` defaults to
+    the manifest's. ``store`` defaults to a fresh ``MemoryStateStore``.
+    """
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, prefer_cuda=False)
+    if hasattr(prices, "columns") and hasattr(prices, "to_numpy"):
+        assets = tuple(str(c) for c in prices.columns) if assets is None else tuple(assets)
+        dates = prices.index if dates is None else dates
+        p = prices.to_numpy(dtype=np.float64)
+    else:
+        p = np.asarray(prices, dtype=np.float64)
+        if assets is None:
+            raise ValueError("assets are required when prices is an array")
+        assets = tuple(assets)
+    if p.ndim != 2 or p.shape[1] != len(assets):
+        raise ValueError(f"prices shape {p.shape} does not match {len(assets)} assets")
+    if len(set(assets)) != len(assets):
+        raise ValueError("asset ids must be unique")
+    n_dates = p.shape[0]
+    date_arr = None if dates is None else np.asarray(dates)
+    if date_arr is not None and date_arr.shape != (n_dates,):
+        raise ValueError(f"{date_arr.shape[0]} dates for {n_dates} price rows")
+    window = loaded.manifest.feature_spec.window
+    t0 = window if start is None else _row(start, date_arr, "start", first=True)
+    t1 = n_dates - 1 if end is None else _row(end, date_arr, "end", first=False)
+    if t0 < window:
+        raise ValueError(f"start row {t0} needs {window} earlier closes (earliest: {window})")
+    if not t0 < t1 <= n_dates - 1:
+        raise ValueError(f"no decision between rows {t0} and {t1} of {n_dates}")
+    rate = (loaded.manifest.cost_bps if cost_bps is None else float(cost_bps)) / 1e4
+    store = MemoryStateStore() if store is None else store
+    live = live_assets(p, window)
+
+    n = t1 - t0
+    nav = np.empty(n + 1)
+    nav[0] = initial_value
+    turnover = np.empty(n)
+    costs = np.empty(n)
+    inputs: list[DecisionInput] = []
+    outputs: list[DecisionOutput] = []
+    holdings = np.zeros(1 + len(assets))  # drifted weights: cash, then every column
+    holdings[0] = 1.0
+    value = float(initial_value)
+    for k in range(n):
+        t = t0 + k
+        cols = np.flatnonzero(live[t])
+        if cols.size == 0:
+            raise ValueError(f"no asset has prices around row {t}: nothing to request")
+        gone = np.ones(len(assets), dtype=bool)
+        gone[cols] = False
+        sold = float(holdings[1:][gone].sum())
+        if sold > 0.0:  # assets that left the request are sold into cash first
+            holdings[0] += sold
+            holdings[1:][gone] = 0.0
+        idx = np.concatenate([[0], cols + 1])
+        inp = DecisionInput(
+            asset_ids=tuple(assets[j] for j in cols),
+            prices=np.ascontiguousarray(p[t - window : t + 1, cols].T),
+            current_weights=holdings[idx].copy(),
+        )
+        out = decide_with_store(store, loaded, [portfolio_id], [inp])[0]
+        traded = out.turnover + sold
+        cost = rate * traded * value
+        invested = value - cost
+        growth = np.concatenate([[1.0], p[t + 1, cols] / p[t, cols]])
+        grown = out.smoothed_weights * growth
+        gross = float(np.add.reduce(grown))
+        value = invested * gross
+        holdings[:] = 0.0
+        holdings[idx] = grown / gross
+        inputs.append(inp)
+        outputs.append(out)
+        nav[k + 1], turnover[k], costs[k] = value, traded, cost
+    all_dates = list(range(t0, t1 + 1)) if dates is None else list(dates[t0 : t1 + 1])  # type: ignore[index]
+    return ReplayResult(
+        model_name=loaded.name,
+        model_version=loaded.version,
+        assets=assets,
+        dates=all_dates,
+        inputs=inputs,
+        outputs=outputs,
+        nav=nav,
+        turnover=turnover,
+        costs=costs,
+        settings={
+            "cost_bps": rate * 1e4,
+            "beta": loaded.manifest.beta,
+            "window": window,
+            "initial_value": initial_value,
+            "start_row": t0,
+            "end_row": t1,
+            "portfolio_id": portfolio_id,
+        },
+    )

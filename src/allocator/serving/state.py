@@ -1,0 +1,441 @@
+"""Per-portfolio decision state, in memory (one process) or in Redis (replicas sharing the load).
+
+A decision is read state -> decide -> write state, and it must be atomic per portfolio: two
+server replicas answering the same portfolio must never interleave its steps (the second would
+smooth from a state the first is about to replace). Both stores therefore hand out a *locked
+session* for a set of portfolios::
+
+    with store.locked(portfolio_ids) as session:
+        states = session.get()            # one entry per id, None for a new portfolio
+        ...                               # decide_batch(...)
+        session.put(new_states)           # writes, then releases the locks
+
+``decide_with_store`` does exactly that (and splits a batch that names one portfolio twice into
+rounds, so its decisions are applied in order).
+
+Redis design: pessimistic per-portfolio locks taken *all at once* by a Lua script that also reads
+the states (one round trip), and released by a second script that writes the new states only if
+every lock is still ours (one round trip). Why not WATCH/MULTI: optimistic retries would re-run
+the model (and anything already decided) on every conflict, and a batch touching hundreds of
+portfolios would keep conflicting; why not redis-py's ``Lock``: one key and two round trips per
+portfolio, where a batch needs all of its portfolios in two. Acquiring all-or-nothing atomically
+means a waiting caller never holds a lock, so there is no deadlock to order around; it backs off
+and retries until ``lock_wait_seconds``. Locks expire after ``lock_ttl_seconds`` so a crashed
+replica cannot block a portfolio for ever; the token check at write time is the fence: a replica
+whose lock expired (and may have been taken by another) writes nothing and gets
+``StateLockLostError``. Keys of one call must live on one Redis node (single Redis, or Sentinel).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
+
+from allocator.serving.decision import (
+    DecisionError,
+    DecisionInput,
+    DecisionOutput,
+    PortfolioState,
+    StateDecodeError,
+    decide_batch,
+)
+from allocator.serving.loader import LoadedModel
+
+logger = logging.getLogger("allocator.serving")
+
+__all__ = [
+    "MemoryStateStore",
+    "RedisStateStore",
+    "StateLockLostError",
+    "StateLockTimeoutError",
+    "StateSession",
+    "StateStore",
+    "decide_with_store",
+]
+
+
+class StateLockTimeoutError(TimeoutError):
+    """A portfolio stayed locked by another decision for longer than the store waits."""
+
+
+class StateLockLostError(RuntimeError):
+    """A lock expired before the write; nothing was written (another replica may own it now)."""
+
+
+class StateSession(Protocol):
+    """Locked access to some portfolios' states; ``put`` at most once, inside the ``with``."""
+
+    @property
+    def portfolio_ids(self) -> tuple[str, ...]: ...
+
+    def get(self) -> list[PortfolioState | None]: ...
+
+    def put(self, states: Sequence[PortfolioState | None]) -> None:
+        """New states in ``portfolio_ids`` order (``None`` deletes); releases the locks."""
+        ...
+
+
+class StateStore(Protocol):
+    """Where portfolio states live; see the module docstring for the locking contract."""
+
+    def locked(self, portfolio_ids: Sequence[str]) -> AbstractContextManager[StateSession]: ...
+
+    def reset(self, portfolio_id: str) -> bool:
+        """Forget a portfolio's state (under its lock); True if there was one."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _unique_ids(portfolio_ids: Sequence[str]) -> tuple[str, ...]:
+    ids = tuple(portfolio_ids)
+    if len(set(ids)) != len(ids):
+        raise ValueError("a locked session names each portfolio once (use decide_with_store)")
+    for pid in ids:
+        if not isinstance(pid, str) or not pid:
+            raise ValueError(f"portfolio id must be a non-empty string, got {pid!r}")
+    return ids
+
+
+def _check_put(ids: tuple[str, ...], states: Sequence[PortfolioState | None], done: bool) -> None:
+    if done:
+        raise RuntimeError("session.put was already called; a session writes once")
+    if len(states) != len(ids):
+        raise ValueError(f"{len(states)} states for {len(ids)} portfolios")
+
+
+# --- in memory ---------------------------------------------------------------------------------
+
+
+class _MemorySession:
+    def __init__(self, store: MemoryStateStore, ids: tuple[str, ...]) -> None:
+        self._store = store
+        self._ids = ids
+        self._done = False
+
+    @property
+    def portfolio_ids(self) -> tuple[str, ...]:
+        return self._ids
+
+    def get(self) -> list[PortfolioState | None]:
+        states = self._store._states
+        return [states.get(pid) for pid in self._ids]
+
+    def put(self, states: Sequence[PortfolioState | None]) -> None:
+        _check_put(self._ids, states, self._done)
+        self._done = True
+        table = self._store._states
+        for pid, state in zip(self._ids, states, strict=True):
+            if state is None:
+                table.pop(pid, None)
+            else:
+                table[pid] = state
+
+
+class MemoryStateStore:
+    """States in a dict, one process; portfolios are serialized by striped locks.
+
+    Striped (a fixed array of locks, a portfolio's lock chosen by its hash) rather than one lock
+    per portfolio: memory stays bounded however many portfolios pass, and there is no race in
+    creating or retiring per-portfolio locks. Two portfolios sharing a stripe merely wait for
+    each other. A batch takes its stripes in index order, so batches cannot deadlock.
+    """
+
+    def __init__(self, stripes: int = 4096, lock_wait_seconds: float = 30.0) -> None:
+        if stripes < 1:
+            raise ValueError(f"stripes must be >= 1, got {stripes}")
+        self._states: dict[str, PortfolioState] = {}
+        self._locks = [threading.Lock() for _ in range(stripes)]
+        self._wait = lock_wait_seconds
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    @contextmanager
+    def locked(self, portfolio_ids: Sequence[str]) -> Iterator[StateSession]:
+        ids = _unique_ids(portfolio_ids)
+        n = len(self._locks)
+        stripes = sorted({hash(pid) % n for pid in ids})
+        held: list[threading.Lock] = []
+        try:
+            for k in stripes:
+                lock = self._locks[k]
+                if not lock.acquire(timeout=self._wait):
+                    raise StateLockTimeoutError(
+                        f"portfolio state locked for more than {self._wait:g} s"
+                    )
+                held.append(lock)
+            yield _MemorySession(self, ids)
+        finally:
+            for lock in reversed(held):
+                lock.release()
+
+    def reset(self, portfolio_id: str) -> bool:
+        with self.locked([portfolio_id]) as session:
+            existed = session.get()[0] is not None
+            session.put([None])
+        return existed
+
+    def close(self) -> None:
+        self._states.clear()
+
+
+# --- Redis -------------------------------------------------------------------------------------
+
+# KEYS = n lock keys, then n state keys; ARGV = token, lock ttl (ms), n.
+# All locks free: take them all and return {1, state_1, ..., state_n} (false = no state).
+# Any lock held: take none and return 0.
+_ACQUIRE = """
+local n = tonumber(ARGV[3])
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
+end
+local out = {1}
+for i = 1, n do
+  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+  out[i + 1] = redis.call('GET', KEYS[n + i])
+end
+return out
+"""
+
+# KEYS as above; ARGV = token, n, state ttl (ms, 0 = none), ops (one char per portfolio:
+# W write, D delete, K keep), then n values. Writes only when every lock is still ours;
+# always releases the locks that are. Returns the number of locks found lost (0 = written).
+_RELEASE = """
+local n = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local ops = ARGV[4]
+local lost = 0
+for i = 1, n do
+  if redis.call('GET', KEYS[i]) ~= ARGV[1] then lost = lost + 1 end
+end
+if lost == 0 then
+  for i = 1, n do
+    local op = string.sub(ops, i, i)
+    if op == 'W' then
+      if ttl > 0 then
+        redis.call('SET', KEYS[n + i], ARGV[4 + i], 'PX', ttl)
+      else
+        redis.call('SET', KEYS[n + i], ARGV[4 + i])
+      end
+    elseif op == 'D' then
+      redis.call('DEL', KEYS[n + i])
+    end
+  end
+end
+for i = 1, n do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('DEL', KEYS[i]) end
+end
+return lost
+"""
+
+_BACKOFF_START = 0.0002
+_BACKOFF_MAX = 0.005
+
+
+class _RedisSession:
+    def __init__(
+        self, store: RedisStateStore, ids: tuple[str, ...], keys: list[str], token: str
+    ) -> None:
+        self._store = store
+        self._ids = ids
+        self._keys = keys
+        self._token = token
+        self._states: list[PortfolioState | None] = []
+        self._done = False
+
+    @property
+    def portfolio_ids(self) -> tuple[str, ...]:
+        return self._ids
+
+    def get(self) -> list[PortfolioState | None]:
+        return list(self._states)
+
+    def put(self, states: Sequence[PortfolioState | None]) -> None:
+        _check_put(self._ids, states, self._done)
+        self._done = True
+        ops = "".join("D" if s is None else "W" for s in states)
+        values = [b"" if s is None else s.to_bytes() for s in states]
+        self._store._release(self._keys, self._token, ops, values)
+
+    def _release_unwritten(self) -> None:
+        if not self._done:
+            self._done = True
+            self._store._release(self._keys, self._token, "K" * len(self._ids), [])
+
+
+class RedisStateStore:
+    """States in Redis as ``PortfolioState.to_bytes``, shared by server replicas.
+
+    State keys are ``prefix + portfolio_id`` (expiring after ``ttl_seconds`` without a decision
+    when given); lock keys ``lock_prefix + portfolio_id`` (default ``"lock:" + prefix``). See the
+    module docstring for the lock design.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "allocator:state:",
+        ttl_seconds: float | None = None,
+        *,
+        lock_prefix: str | None = None,
+        lock_ttl_seconds: float = 10.0,
+        lock_wait_seconds: float = 5.0,
+        client: Any | None = None,
+    ) -> None:
+        try:
+            import redis
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ImportError("RedisStateStore needs the `redis` package") from exc
+        lock_prefix = "lock:" + prefix if lock_prefix is None else lock_prefix
+        if lock_prefix.startswith(prefix) or prefix.startswith(lock_prefix):
+            raise ValueError(
+                f"state prefix {prefix!r} and lock prefix {lock_prefix!r} must not overlap"
+            )
+        if ttl_seconds is not None and not ttl_seconds > 0:
+            raise ValueError(f"ttl_seconds must be > 0, got {ttl_seconds}")
+        if not lock_ttl_seconds > 0 or not lock_wait_seconds >= 0:
+            raise ValueError("lock_ttl_seconds must be > 0 and lock_wait_seconds >= 0")
+        self.url = url
+        self.prefix = prefix
+        self.lock_prefix = lock_prefix
+        self._client = client if client is not None else redis.Redis.from_url(url)
+        self._ttl_ms = 0 if ttl_seconds is None else max(1, round(ttl_seconds * 1000))
+        self._lock_ttl_ms = max(1, round(lock_ttl_seconds * 1000))
+        self._wait = lock_wait_seconds
+        self._acquire_script = self._client.register_script(_ACQUIRE)
+        self._release_script = self._client.register_script(_RELEASE)
+
+    def state_key(self, portfolio_id: str) -> str:
+        return self.prefix + portfolio_id
+
+    def lock_key(self, portfolio_id: str) -> str:
+        return self.lock_prefix + portfolio_id
+
+    def ping(self) -> bool:
+        return bool(self._client.ping())
+
+    def _acquire(self, ids: tuple[str, ...]) -> tuple[list[str], str, list[Any]]:
+        keys = [self.lock_prefix + pid for pid in ids] + [self.prefix + pid for pid in ids]
+        token = os.urandom(12).hex()
+        args = [token, self._lock_ttl_ms, len(ids)]
+        deadline = time.monotonic() + self._wait
+        delay = _BACKOFF_START
+        while True:
+            reply = self._acquire_script(keys=keys, args=args)
+            if reply != 0:
+                return keys, token, reply[1:]
+            if time.monotonic() >= deadline:
+                raise StateLockTimeoutError(
+                    f"portfolio state locked for more than {self._wait:g} s "
+                    f"({len(ids)} portfolio(s), first {ids[0]!r})"
+                )
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(2 * delay, _BACKOFF_MAX)
+
+    def _release(self, keys: list[str], token: str, ops: str, values: list[bytes]) -> None:
+        n = len(ops)
+        lost = self._release_script(keys=keys, args=[token, n, self._ttl_ms, ops, *values])
+        if lost:
+            raise StateLockLostError(
+                f"{lost} portfolio lock(s) expired before the write (held longer than the "
+                "lock ttl); no state was written"
+            )
+
+    @contextmanager
+    def locked(self, portfolio_ids: Sequence[str]) -> Iterator[StateSession]:
+        ids = _unique_ids(portfolio_ids)
+        if not ids:
+            yield _EmptySession()
+            return
+        keys, token, raw = self._acquire(ids)
+        session = _RedisSession(self, ids, keys, token)
+        try:
+            session._states = [self._decode(pid, b) for pid, b in zip(ids, raw, strict=True)]
+            yield session
+        finally:
+            session._release_unwritten()
+
+    def _decode(self, portfolio_id: str, data: bytes | None) -> PortfolioState | None:
+        """A stored state; an unreadable one restarts the portfolio rather than wedging it."""
+        if data is None:
+            return None
+        try:
+            return PortfolioState.from_bytes(data)
+        except StateDecodeError as exc:
+            logger.warning(
+                "%s: unreadable portfolio state (%s); starting it again",
+                self.state_key(portfolio_id),
+                exc,
+            )
+            return None
+
+    def reset(self, portfolio_id: str) -> bool:
+        """Delete the stored bytes under the lock, whether or not they decode."""
+        ids = _unique_ids([portfolio_id])
+        keys, token, raw = self._acquire(ids)
+        self._release(keys, token, "D", [b""])
+        return raw[0] is not None
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class _EmptySession:
+    """The session of an empty id list: nothing to lock, read or write."""
+
+    @property
+    def portfolio_ids(self) -> tuple[str, ...]:
+        return ()
+
+    def get(self) -> list[PortfolioState | None]:
+        return []
+
+    def put(self, states: Sequence[PortfolioState | None]) -> None:
+        _check_put((), states, False)
+
+
+# --- the decision under a store ------------------------------------------------------------------
+
+
+def decide_with_store(
+    store: StateStore,
+    model: LoadedModel,
+    portfolio_ids: Sequence[str],
+    inputs: Sequence[DecisionInput],
+) -> list[DecisionOutput]:
+    """Decide for each ``(portfolio_ids[i], inputs[i])`` and store the new states atomically.
+
+    A portfolio named k times is decided k times, in order: the batch is split into rounds in
+    which every portfolio appears once, each round one locked read -> decide -> write. On an
+    error (bad input, lock timeout) the failing round's states are left unchanged; earlier
+    rounds stay stored (validate a batch first to make it all-or-nothing).
+    """
+    if len(portfolio_ids) != len(inputs):
+        raise ValueError(f"{len(portfolio_ids)} portfolio ids for {len(inputs)} inputs")
+    rounds: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for i, pid in enumerate(portfolio_ids):
+        r = seen.get(pid, 0)
+        seen[pid] = r + 1
+        if r == len(rounds):
+            rounds.append([])
+        rounds[r].append(i)
+    outputs: list[DecisionOutput | None] = [None] * len(inputs)
+    for members in rounds:
+        ids = [portfolio_ids[i] for i in members]
+        with store.locked(ids) as session:
+            try:
+                results = decide_batch(model, [inputs[i] for i in members], session.get())
+            except DecisionError as exc:  # name the input by its place in the caller's batch
+                raise DecisionError(members[exc.index], exc.field, exc.detail) from None
+            session.put([state for _, state in results])
+        for i, (output, _) in zip(members, results, strict=True):
+            outputs[i] = output
+    return outputs  # type: ignore[return-value]  # every slot was filled by its round

@@ -1,0 +1,351 @@
+"""State stores: in memory and in a real Redis, under threads and across processes.
+
+The cross-process tests start two spawned workers that each load the tiny model and talk to the
+same Redis; the main process drives them, so "alternating" is exact, and "contention" really is
+two interpreters racing for one portfolio.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from allocator.serving import LoadedModel, load_model
+from allocator.serving.decision import DecisionError, DecisionInput, PortfolioState, decide
+from allocator.serving.state import (
+    MemoryStateStore,
+    RedisStateStore,
+    StateLockLostError,
+    StateLockTimeoutError,
+    StateStore,
+    decide_with_store,
+)
+from tests.serving.conftest import TINY
+
+# --- a deterministic request history shared by the main process and the workers -----------------
+
+
+def history_input(step: int) -> DecisionInput:
+    """Step k of one portfolio's requests: the universe changes at steps 4 and 7."""
+    ids = ("A", "B", "C") if step < 4 else ("A", "C", "D", "E") if step < 7 else ("E", "C")
+    rng = np.random.default_rng(1000 + step)
+    prices = 40.0 * np.exp(np.cumsum(rng.normal(0, 0.02, (len(ids), TINY.window + 1)), axis=1))
+    current = None
+    if step % 3 == 2:
+        g = rng.gamma(1.0, size=len(ids) + 1)
+        current = g / g.sum()
+    return DecisionInput(ids, prices, current)
+
+
+def redis_store(url: str, prefix: str, **kwargs: Any) -> RedisStateStore:
+    return RedisStateStore(url, prefix=prefix, **kwargs)
+
+
+def _worker(conn: Connection, model_dir: str, url: str, prefix: str) -> None:
+    """Command loop of a spawned worker: ("decide", pid, step) or ("hammer", pid, n)."""
+    model = load_model(model_dir, prefer_cuda=False)
+    store = RedisStateStore(url, prefix=prefix, lock_wait_seconds=30.0)
+    try:
+        while True:
+            command = conn.recv()
+            if command is None:
+                break
+            kind, pid, arg = command
+            if kind == "decide":
+                out = decide_with_store(store, model, [pid], [history_input(arg)])[0]
+                conn.send((out.smoothed_weights.tolist(), out.raw_weights.tolist()))
+            elif kind == "hammer":
+                conn.send("ready")
+                conn.recv()  # go
+                for k in range(arg):
+                    decide_with_store(store, model, [pid], [history_input(k % 3)])
+                conn.send("done")
+    finally:
+        store.close()
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def workers(tiny_model_dir: Path, redis_url: str) -> Iterator[tuple[list[Connection], str]]:
+    """Two spawned worker processes sharing one module-wide key prefix."""
+    import secrets
+
+    prefix = f"allocator-test:{secrets.token_hex(6)}:"
+    ctx = mp.get_context("spawn")
+    conns: list[Connection] = []
+    procs = []
+    for _ in range(2):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(
+            target=_worker, args=(child, str(tiny_model_dir), redis_url, prefix), daemon=True
+        )
+        proc.start()
+        child.close()
+        conns.append(parent)
+        procs.append(proc)
+    try:
+        yield conns, prefix
+    finally:
+        for conn in conns:
+            conn.send(None)
+        for proc in procs:
+            proc.join(timeout=20)
+            if proc.is_alive():
+                proc.terminate()
+        client = redis.Redis.from_url(redis_url)
+        from tests.serving.conftest import delete_prefixed
+
+        delete_prefixed(client, prefix, "lock:" + prefix)
+        client.close()
+
+
+# --- both stores ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> Iterator[StateStore]:
+    if request.param == "memory":
+        s: StateStore = MemoryStateStore()
+    else:
+        url = request.getfixturevalue("redis_url")
+        s = redis_store(url, request.getfixturevalue("redis_prefix"))
+    yield s
+    s.close()
+
+
+def make_states(model: LoadedModel, n: int) -> list[PortfolioState]:
+    out = []
+    state = None
+    for k in range(n):
+        _, state = decide(model, history_input(k), state)
+        out.append(state)
+    return out
+
+
+def test_states_round_trip_and_reset(store: StateStore, tiny_model: LoadedModel) -> None:
+    s1, s2 = make_states(tiny_model, 2)
+    with store.locked(["p1", "p2", "p3"]) as session:
+        assert session.get() == [None, None, None]
+        session.put([s1, s2, None])
+    with store.locked(["p2", "p1"]) as session:
+        assert session.get() == [s2, s1]
+        with pytest.raises(ValueError, match="2 portfolios"):
+            session.put([s1])
+        session.put([s1, None])  # p2 <- s1, p1 deleted
+    with store.locked(["p1", "p2"]) as session:
+        assert session.get() == [None, s1]
+        session.put([None, s1])
+        with pytest.raises(RuntimeError, match="already"):
+            session.put([None, s1])
+    assert store.reset("p2") is True
+    assert store.reset("p2") is False
+    with store.locked(["p2"]) as session:
+        assert session.get() == [None]
+
+
+def test_leaving_a_session_without_put_writes_nothing_and_unlocks(
+    store: StateStore, tiny_model: LoadedModel
+) -> None:
+    (s1,) = make_states(tiny_model, 1)
+    with pytest.raises(KeyError), store.locked(["p"]) as session:
+        raise KeyError("decision failed")
+    with store.locked(["p"]) as session:  # not left locked
+        assert session.get() == [None]
+        session.put([s1])
+    with store.locked(["p"]):
+        pass
+    with store.locked(["p"]) as session:
+        assert session.get() == [s1]
+
+
+def test_a_session_names_each_portfolio_once(store: StateStore) -> None:
+    with pytest.raises(ValueError, match="once"), store.locked(["a", "a"]):
+        pass
+    with pytest.raises(ValueError, match="non-empty"), store.locked([""]):
+        pass
+
+
+def test_decide_with_store_applies_repeated_portfolios_in_order(
+    store: StateStore, tiny_model: LoadedModel
+) -> None:
+    inputs = [history_input(k) for k in range(5)]
+    ids = ["x", "y", "x", "x", "y"]
+    outs = decide_with_store(store, tiny_model, ids, inputs)
+    # The same decisions one by one, in a fresh memory store.
+    ref = MemoryStateStore()
+    for i, (pid, inp) in enumerate(zip(ids, inputs, strict=True)):
+        (one,) = decide_with_store(ref, tiny_model, [pid], [inp])
+        np.testing.assert_allclose(outs[i].smoothed_weights, one.smoothed_weights, atol=1e-7)
+    with store.locked(["x", "y"]) as session:
+        x, y = session.get()
+    assert x is not None
+    assert y is not None
+    assert (x.steps, y.steps) == (3, 2)
+
+
+def test_decide_with_store_names_the_bad_input_by_its_batch_position(
+    store: StateStore, tiny_model: LoadedModel
+) -> None:
+    """Rounds: [p, q] then [p]; the second fails, naming input 1; the first stays stored."""
+    good = history_input(0)
+    bad = DecisionInput(("A", "A"), np.ones((2, TINY.window + 1)))
+    with pytest.raises(DecisionError) as info:
+        decide_with_store(store, tiny_model, ["p", "p", "q"], [good, bad, good])
+    assert info.value.index == 1
+    assert info.value.field == "asset_ids"
+    with store.locked(["p", "q"]) as session:
+        p, q = session.get()
+    assert p is not None
+    assert q is not None
+    assert (p.steps, q.steps) == (1, 1)
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_threads_hammering_one_portfolio_never_lose_an_update(
+    kind: str, tiny_model: LoadedModel, request: pytest.FixtureRequest
+) -> None:
+    if kind == "memory":
+        stores: list[StateStore] = [MemoryStateStore()]
+    else:
+        url, prefix = request.getfixturevalue("redis_url"), request.getfixturevalue("redis_prefix")
+        stores = [redis_store(url, prefix, lock_wait_seconds=30.0) for _ in range(2)]
+    n_threads, per_thread = 4, 40
+    errors: list[BaseException] = []
+
+    def run(s: StateStore) -> None:
+        try:
+            for k in range(per_thread):
+                decide_with_store(s, tiny_model, ["hot", "cold"], [history_input(k % 3)] * 2)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(stores[i % len(stores)],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    with stores[0].locked(["hot", "cold"]) as session:
+        hot, cold = session.get()
+    assert hot is not None
+    assert cold is not None
+    assert hot.steps == cold.steps == n_threads * per_thread
+    for s in stores:
+        s.close()
+
+
+# --- Redis specifics ---------------------------------------------------------------------------
+
+
+def test_redis_keys_ttl_and_bytes(redis_url: str, redis_prefix: str, tiny_model: LoadedModel):
+    (s1,) = make_states(tiny_model, 1)
+    store = redis_store(redis_url, redis_prefix, ttl_seconds=60)
+    with store.locked(["p"]) as session:
+        session.put([s1])
+    client = redis.Redis.from_url(redis_url)
+    assert client.get(redis_prefix + "p") == s1.to_bytes()
+    assert 0 < client.pttl(redis_prefix + "p") <= 60_000
+    assert not client.exists("lock:" + redis_prefix + "p")  # released
+    client.close()
+    store.close()
+    with pytest.raises(ValueError, match="overlap"):
+        RedisStateStore(redis_url, prefix="x:", lock_prefix="x:lock:")
+
+
+def test_redis_lock_waits_then_times_out(redis_url: str, redis_prefix: str) -> None:
+    holder = redis_store(redis_url, redis_prefix)
+    waiter = redis_store(redis_url, redis_prefix, lock_wait_seconds=0.2)
+    with holder.locked(["p", "q"]):
+        t = time.monotonic()
+        with pytest.raises(StateLockTimeoutError, match="locked"), waiter.locked(["q", "r"]):
+            pass
+        assert time.monotonic() - t >= 0.2
+        with waiter.locked(["r"]) as session:  # others are free; all-or-nothing took none
+            assert session.get() == [None]
+    with waiter.locked(["p", "q", "r"]):
+        pass
+    holder.close()
+    waiter.close()
+
+
+def test_redis_expired_lock_writes_nothing(
+    redis_url: str, redis_prefix: str, tiny_model: LoadedModel
+) -> None:
+    """The token check fences a replica whose lock expired (and was taken by another)."""
+    s1, s2 = make_states(tiny_model, 2)
+    slow = redis_store(redis_url, redis_prefix, lock_ttl_seconds=0.05)
+    fast = redis_store(redis_url, redis_prefix)
+    with slow.locked(["p"]) as session:
+        time.sleep(0.15)  # the lock expires
+        with fast.locked(["p"]) as other:
+            other.put([s2])
+        with pytest.raises(StateLockLostError, match="no state was written"):
+            session.put([s1])
+    with fast.locked(["p"]) as session:
+        assert session.get() == [s2]
+    slow.close()
+    fast.close()
+
+
+def test_redis_unreadable_state_restarts_the_portfolio(
+    redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.set(redis_prefix + "p", b"not a state")
+    store = redis_store(redis_url, redis_prefix)
+    with caplog.at_level(logging.WARNING, logger="allocator.serving"), store.locked(["p"]) as s:
+        assert s.get() == [None]
+    assert any("unreadable portfolio state" in r.getMessage() for r in caplog.records)
+    assert store.reset("p") is True
+    assert not client.exists(redis_prefix + "p")
+    client.close()
+    store.close()
+
+
+def test_two_processes_alternating_give_the_one_process_sequence(
+    workers: tuple[list[Connection], str], tiny_model: LoadedModel
+) -> None:
+    conns, _ = workers
+    steps = 10
+    got = []
+    for k in range(steps):
+        conn = conns[k % 2]
+        conn.send(("decide", "alternating", k))
+        got.append(conn.recv())
+    memory = MemoryStateStore()
+    for k in range(steps):
+        (want,) = decide_with_store(memory, tiny_model, ["alternating"], [history_input(k)])
+        np.testing.assert_array_equal(got[k][0], want.smoothed_weights)
+        np.testing.assert_array_equal(got[k][1], want.raw_weights)
+
+
+def test_two_processes_contending_never_lose_an_update(
+    workers: tuple[list[Connection], str], redis_url: str
+) -> None:
+    conns, prefix = workers
+    per_process = 150
+    for conn in conns:
+        conn.send(("hammer", "contended", per_process))
+    for conn in conns:
+        assert conn.recv() == "ready"
+    for conn in conns:
+        conn.send("go")
+    for conn in conns:
+        assert conn.poll(120)
+        assert conn.recv() == "done"
+    store = redis_store(redis_url, prefix)
+    with store.locked(["contended"]) as session:
+        (state,) = session.get()
+    store.close()
+    assert state is not None
+    assert state.steps == 2 * per_process
