@@ -190,6 +190,9 @@ class ModelRegistry:
         except ModelNotFoundError as exc:
             log.error("model registry: %s; keeping the loaded models", exc)
             return False
+        # Hidden directories are the exporter's staging (NAME/.tmp-<uuid>): complete, manifest
+        # included, just before their rename into place. They are not versions.
+        on_disk = [k for k in on_disk if not (k[0].startswith(".") or k[1].startswith("."))]
         models = dict(old.models)
         changed = False
         for key in on_disk:
