@@ -89,6 +89,7 @@ def main() -> None:
     finally:
         with psycopg.connect(args.postgres, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    machine = f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}"
     print(
         json.dumps(
             {
@@ -103,7 +104,7 @@ def main() -> None:
                 "submit_seconds": round(submitted, 3),
                 "decisions_per_s": round(rows / elapsed, 1),
                 "goal_decisions_per_s": 25_000,
-                "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
+                "machine": machine,
             },
             indent=2,
         )

@@ -272,7 +272,8 @@ def main() -> None:
     with psycopg.connect(args.postgres, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{db}"')
     info = psycopg.conninfo.conninfo_to_dict(args.postgres)
-    url = f"postgresql+psycopg://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{db}"
+    user, host = info.get("user", "postgres"), info.get("host", "127.0.0.1")
+    url = f"postgresql+psycopg://{user}@{host}:{info.get('port', 5432)}/{db}"
     results: list[dict[str, Any]] = []
     rows = -1
     try:
@@ -339,6 +340,7 @@ def main() -> None:
     for r in results:
         size = r.get("batch_size", 1)
         ok += r["codes"].get("OK", 0) * size
+    machine = f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}"
     print(
         json.dumps(
             {
@@ -350,7 +352,7 @@ def main() -> None:
                 "recorded_rows": rows,
                 "server_exit_code": server.returncode,
                 "setup_seconds": round(setup, 1),
-                "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
+                "machine": machine,
             },
             indent=2,
         )
