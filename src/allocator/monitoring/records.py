@@ -185,17 +185,26 @@ class DecisionRecord:
         validation, a UTC clock), so only the computed numbers are checked, one reduction
         per vector (a sum is finite only if every term is). ``create`` checks everything."""
         n = len(asset_ids)
-        vectors = [("raw_weights", raw_weights), ("smoothed_weights", smoothed_weights)]
-        if current_weights is not None:
-            vectors.append(("current_weights", current_weights))
-        for name, v in vectors:
-            if v.shape != (n,) or not math.isfinite(float(v.sum())):
+        lists: dict[str, list[float] | None] = {}
+        for name, v in (
+            ("raw_weights", raw_weights),
+            ("smoothed_weights", smoothed_weights),
+            ("current_weights", current_weights),
+        ):
+            if v is None:
+                lists[name] = None
+                continue
+            values = v.tolist() if v.ndim == 1 else None
+            # Python's sum of a short list is cheaper than a numpy reduction call.
+            if values is None or len(values) != n or not math.isfinite(sum(values)):
                 _check_vector(v, name, n)  # raises, naming what is wrong
+            lists[name] = values
         for name, x in (("turnover", turnover), ("latency_seconds", latency_seconds)):
             if not (math.isfinite(x) and x >= 0):
                 _check_float(x, name, 0.0)
         if icm_reward is not None and not math.isfinite(icm_reward):
             _check_float(icm_reward, "icm_reward")
+        current = lists["current_weights"]
         return cls(
             request_id,
             portfolio_id,
@@ -203,11 +212,11 @@ class DecisionRecord:
             model_name,
             model_version,
             asset_ids,
-            tuple(raw_weights.tolist()),
-            tuple(smoothed_weights.tolist()),
+            tuple(lists["raw_weights"] or ()),
+            tuple(lists["smoothed_weights"] or ()),
             float(turnover),
             float(latency_seconds),
-            None if current_weights is None else tuple(current_weights.tolist()),
+            None if current is None else tuple(current),
             None if icm_reward is None else float(icm_reward),
         )
 
