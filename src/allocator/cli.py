@@ -429,6 +429,7 @@ _database_url_option = click.option(
 @click.option("--model", "default_model", default=None, help="model answering unpinned calls")
 @click.option("--reload-interval", default=2.0, show_default=True, help="registry scan period")
 @click.option("--cpu", is_flag=True, help="never try onnxruntime's CUDA provider")
+@click.option("--no-coalesce", is_flag=True, help="decide each unary call alone")
 def serve(**options: Any) -> None:
     """Serve allocations over gRPC until SIGTERM/SIGINT (then drain and flush the recorder)."""
     import logging
@@ -446,6 +447,7 @@ def serve(**options: Any) -> None:
     )
     options["record"] = not options.pop("no_record")
     options["prefer_cuda"] = not options.pop("cpu")
+    options["coalesce"] = not options.pop("no_coalesce")
     try:
         config = ServerConfig(**{k: v for k, v in options.items() if v is not None})
         server = build_server(config)
@@ -521,6 +523,56 @@ def db_current(database_url: str | None) -> None:
     config = _alembic_config(database_url)
     click.echo(f"database: {_shown_url(config)}")
     command.current(config)
+
+
+# --- retrain -----------------------------------------------------------------------------
+
+
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="retraining YAML (see configs/retrain.yaml)",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="override a key, e.g. --set gates.max_turnover=0.05 --set trainer.seed=1",
+)
+@click.option("--as-of", default=None, help="retrain as of this date (default: the data's last)")
+def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> None:
+    """Train on the latest window; promote the candidate only if every gate passes.
+
+    Exit 0 when a decision was made (promoted or not), 2 on a bad config or data, 1 when the
+    job could not reach a decision (database, registry, export).
+    """
+    from allocator.manifest import ManifestError
+    from allocator.serving.loader import ModelLoadError
+    from allocator.trainer.config import ConfigError
+    from allocator.trainer.data import DataError
+    from allocator.trainer.export import ExportError
+    from allocator.trainer.retrain import RetrainError, load_retrain_config
+    from allocator.trainer.retrain import retrain as run_retrain
+
+    try:
+        config = load_retrain_config(config_path, list(overrides))
+    except ConfigError as exc:
+        _fail(str(exc))
+    try:
+        decision = run_retrain(config, as_of, echo=click.echo)
+    except (ConfigError, DataError) as exc:
+        _fail(str(exc))
+    except (RetrainError, ExportError, ModelLoadError, ManifestError, OSError) as exc:
+        click.echo(f"error: retraining failed, production unchanged: {exc}", err=True)
+        sys.exit(1)
+    click.echo("")
+    click.echo(decision.summary())
+    if decision.push_error:
+        click.echo(f"warning: {decision.push_error}", err=True)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from allocator.monitoring.metrics import ServingMetrics
 from allocator.monitoring.recorder import Recorder, RecorderRefusedError
 from allocator.monitoring.records import DecisionRecord, ModelRecord, RecordError
+from allocator.serving.coalescer import Coalescer
 from allocator.serving.decision import DecisionError, DecisionInput, DecisionOutput, decide_batch
 from allocator.serving.loader import LoadedModel, ModelNotFoundError
 from allocator.serving.proto.v1 import allocator_pb2 as pb
@@ -97,6 +98,9 @@ class ServerConfig(BaseModel):
     reload_interval: float = Field(2.0, gt=0, description="seconds between registry scans")
     default_model: str | None = Field(None, description="model answering unpinned requests")
     prefer_cuda: bool = Field(True, description="use onnxruntime's CUDA provider if it loads")
+    coalesce: bool = Field(
+        True, description="decide concurrent unary calls together (one model call)"
+    )
     idempotency_cache: int = Field(100_000, ge=0, description="answers kept for retries")
     grace_seconds: float = Field(10.0, ge=0, description="SIGTERM: time for in-flight calls")
     drain_seconds: float = Field(
@@ -119,6 +123,16 @@ class _Refusal(Exception):  # noqa: N818  (control flow, never leaves this modul
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A unary call waiting in the coalescer."""
+
+    model: LoadedModel
+    request: ValidRequest
+    context: grpc.ServicerContext
+    start: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,12 +209,16 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         metrics: ServingMetrics,
         recorder: Recorder | None,
         idempotency_cache: int = 100_000,
+        coalesce: bool = True,
     ) -> None:
         self.registry = registry
         self.store = store
         self.metrics = metrics
         self.recorder = recorder
         self._answers = _IdempotencyCache(idempotency_cache)
+        self._coalescer: Coalescer[_Pending, pb.AllocateResponse | _Refusal] | None = (
+            Coalescer(self._decide_group) if coalesce else None
+        )
         self.draining = threading.Event()
         self.last_call = 0.0  # time.monotonic() of the latest call, for the drain
 
@@ -241,30 +259,36 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         context.abort(code, message)
         raise AssertionError("unreachable: context.abort raises")
 
-    def _check_deadline(self, context: grpc.ServicerContext) -> None:
-        remaining = context.time_remaining()
-        if remaining is not None and remaining <= 0:
-            raise _Refusal(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before deciding")
-
     # --- deciding ------------------------------------------------------------------------
 
     def _decide(
         self,
         model: LoadedModel,
         requests: Sequence[ValidRequest],
-        context: grpc.ServicerContext,
-        start: float,
-    ) -> list[pb.AllocateResponse]:
+        contexts: Sequence[grpc.ServicerContext],
+        starts: Sequence[float],
+    ) -> list[pb.AllocateResponse | _Refusal]:
         """Decide for distinct portfolios under their locks; record; then store states.
 
         The answers cache is read again and written under the locks: a duplicate of a request
-        that was in flight while this call waited gets that answer, not a second step.
+        that was in flight while this call waited gets that answer, not a second step. A
+        request whose deadline passed while it waited gets a DEADLINE_EXCEEDED refusal and
+        decides nothing; the others go on.
         """
         ids = [r.portfolio_id for r in requests]
         with self.store.locked(ids) as session:
-            self._check_deadline(context)
             states = session.get()
-            answers = [self._answers.get(r) for r in requests]
+            answers: list[pb.AllocateResponse | _Refusal | None] = []
+            for r, context in zip(requests, contexts, strict=True):
+                remaining = context.time_remaining()
+                if remaining is not None and remaining <= 0:
+                    answers.append(
+                        _Refusal(
+                            grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before deciding"
+                        )
+                    )
+                else:
+                    answers.append(self._answers.get(r))
             todo = [i for i, answer in enumerate(answers) if answer is None]
             results = decide_batch(
                 model,
@@ -275,11 +299,11 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                 [states[i] for i in todo],
             )
             decided_at = dt.datetime.now(dt.UTC)
-            latency = time.perf_counter() - start
+            now = time.perf_counter()
             if self.recorder is not None and todo:
                 self.recorder.submit_many(
                     [
-                        self._record(model, requests[i], out, decided_at, latency)
+                        self._record(model, requests[i], out, decided_at, now - starts[i])
                         for i, (out, _) in zip(todo, results, strict=True)
                     ]
                 )
@@ -294,6 +318,27 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                 out.raw_weights, out.smoothed_weights, out.turnover, out.icm_reward
             )
         return answers  # type: ignore[return-value]  # every None was decided above
+
+    def _decide_group(
+        self, key: Hashable, items: Sequence[_Pending]
+    ) -> list[pb.AllocateResponse | BaseException]:
+        """The coalescer's batch: concurrent unary calls for one model, distinct portfolios."""
+        model = items[0].model
+        requests = [p.request for p in items]
+        contexts = [p.context for p in items]
+        starts = [p.start for p in items]
+        try:
+            return list(self._decide(model, requests, contexts, starts))
+        except DecisionError:
+            # One call's input was refused by the decision step: decide each alone, so the
+            # others are answered and only that one gets its error.
+            out: list[pb.AllocateResponse | BaseException] = []
+            for p in items:
+                try:
+                    out.append(self._decide(model, [p.request], [p.context], [p.start])[0])
+                except Exception as exc:
+                    out.append(exc)
+            return out
 
     @staticmethod
     def _record(
@@ -337,7 +382,17 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             cached = self._answers.get(valid)
             if cached is not None:
                 return cached
-            return self._decide(model, [valid], context, start)[0]
+            if self._coalescer is None:
+                answer = self._decide(model, [valid], [context], [start])[0]
+            else:
+                answer = self._coalescer.submit(
+                    (model.name, model.version),
+                    valid.portfolio_id,
+                    _Pending(model, valid, context, start),
+                )
+            if isinstance(answer, _Refusal):
+                raise answer
+            return answer
 
         return self._call("Allocate", context, handle)
 
@@ -369,8 +424,13 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                 by_key[key] = model
                 groups.setdefault(key, []).append(i)
             for key, members in groups.items():
-                decided = self._decide(by_key[key], [valid[i] for i in members], context, start)
+                n = len(members)
+                decided = self._decide(
+                    by_key[key], [valid[i] for i in members], [context] * n, [start] * n
+                )
                 for i, response in zip(members, decided, strict=True):
+                    if isinstance(response, _Refusal):
+                        raise response
                     answers[i] = response
             return pb.AllocateBatchResponse(responses=answers)
 
@@ -602,7 +662,9 @@ def build_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    servicer = AllocatorServicer(registry, store, metrics, recorder, config.idempotency_cache)
+    servicer = AllocatorServicer(
+        registry, store, metrics, recorder, config.idempotency_cache, config.coalesce
+    )
     pb_grpc.add_AllocatorServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
