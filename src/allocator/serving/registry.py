@@ -80,6 +80,7 @@ def write_production_pointer(
     }
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".production-", suffix=".json")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600: servers may run as another user
         with os.fdopen(fd, "w") as f:
             json.dump(pointer, f, indent=2, default=str)
             f.flush()

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-__all__ = ["OPEN_SERVICES", "TokenAuthInterceptor", "read_token", "server_credentials"]
+__all__ = ["OPEN_SERVICES", "TokenAuthInterceptor", "read_tokens", "server_credentials"]
 
 OPEN_SERVICES = (
     "/grpc.health.v1.Health/",
@@ -26,16 +26,23 @@ OPEN_SERVICES = (
 """Method prefixes that need no token."""
 
 
-def read_token(path: str | Path) -> str:
-    """The token in ``path`` (surrounding whitespace stripped); refuses an empty file."""
+def read_tokens(path: str | Path) -> tuple[str, ...]:
+    """The tokens in ``path``, one per line (blank lines and ``#`` comments skipped).
+
+    Several lines let a rotation overlap: add the new token, roll the clients, then remove the
+    old one, with no moment where either is refused.
+    """
     p = Path(path)
     try:
-        token = p.read_text().strip()
+        text = p.read_text()
     except OSError as exc:
         raise ValueError(f"--auth-token-file {p}: cannot read it ({exc.strerror})") from None
-    if not token:
-        raise ValueError(f"--auth-token-file {p}: the file is empty")
-    return token
+    tokens = tuple(
+        line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
+    )
+    if not tokens:
+        raise ValueError(f"--auth-token-file {p}: the file holds no token")
+    return tokens
 
 
 def _digest(value: str | bytes) -> bytes:
@@ -56,10 +63,13 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
     ``on_denied`` is told the method of each refused call (for the request metrics).
     """
 
-    def __init__(self, token: str, on_denied: Callable[[str], None] | None = None) -> None:
-        if not token:
-            raise ValueError("the auth token must not be empty")
-        self._expected = _digest(token)
+    def __init__(
+        self, tokens: str | Sequence[str], on_denied: Callable[[str], None] | None = None
+    ) -> None:
+        accepted = (tokens,) if isinstance(tokens, str) else tuple(tokens)
+        if not accepted or not all(accepted):
+            raise ValueError("auth tokens must not be empty")
+        self._expected = tuple(_digest(t) for t in accepted)
         self._missing = _deny("missing bearer token: send metadata 'authorization: Bearer <token>'")
         self._wrong = _deny("invalid bearer token")
         self._on_denied = on_denied
@@ -80,7 +90,10 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
         if header is None or not isinstance(header, str) or not header.startswith("Bearer "):
             self._denied(method)
             return self._missing
-        if not hmac.compare_digest(_digest(header[len("Bearer ") :]), self._expected):
+        given = _digest(header[len("Bearer ") :])
+        # Compare with every accepted token, no early exit: the time says nothing about which.
+        matches = [hmac.compare_digest(given, expected) for expected in self._expected]
+        if not any(matches):
             self._denied(method)
             return self._wrong
         return continuation(handler_call_details)

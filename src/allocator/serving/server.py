@@ -43,7 +43,7 @@ from allocator.serving.loader import LoadedModel, ModelNotFoundError
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 from allocator.serving.registry import ModelRegistry, RegistrySnapshot
-from allocator.serving.security import TokenAuthInterceptor, read_token, server_credentials
+from allocator.serving.security import TokenAuthInterceptor, read_tokens, server_credentials
 from allocator.serving.state import (
     MemoryStateStore,
     RedisStateStore,
@@ -544,7 +544,9 @@ class AllocationServer:
     def start(self) -> AllocationServer:
         if self.config.metrics_port is not None:
             http, _ = start_http_server(
-                self.config.metrics_port, addr=self.config.host, registry=self.metrics_registry
+                self.config.metrics_port,
+                addr=self.config.host.strip("[]"),  # gRPC writes [::]; getaddrinfo wants ::
+                registry=self.metrics_registry,
             )
             self._metrics_http = http
             self.metrics_port = http.server_port
@@ -651,7 +653,7 @@ def build_server(
         def denied(method: str) -> None:
             metrics.observe_request(method, grpc.StatusCode.UNAUTHENTICATED, 0.0)
 
-        interceptors.append(TokenAuthInterceptor(read_token(config.auth_token_file), denied))
+        interceptors.append(TokenAuthInterceptor(read_tokens(config.auth_token_file), denied))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="allocator"),
         interceptors=interceptors,
