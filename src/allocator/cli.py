@@ -430,6 +430,10 @@ _database_url_option = click.option(
 @click.option("--reload-interval", default=2.0, show_default=True, help="registry scan period")
 @click.option("--cpu", is_flag=True, help="never try onnxruntime's CUDA provider")
 @click.option("--no-coalesce", is_flag=True, help="decide each unary call alone")
+@click.option("--spool-quota-bytes", type=int, default=None, help="spool size that refuses calls")
+@click.option("--idempotency-cache", type=int, default=None, help="answers kept for retries")
+@click.option("--grace-seconds", type=float, default=None, help="SIGTERM: time for calls")
+@click.option("--drain-seconds", type=float, default=None, help="SIGTERM: wait for quiet")
 def serve(**options: Any) -> None:
     """Serve allocations over gRPC until SIGTERM/SIGINT (then drain and flush the recorder)."""
     import logging
@@ -573,6 +577,94 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     click.echo(decision.summary())
     if decision.push_error:
         click.echo(f"warning: {decision.push_error}", err=True)
+
+
+# --- walk-forward ------------------------------------------------------------------------
+
+
+@main.command("walk-forward")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="walk-forward YAML (see configs/walk_forward.yaml)",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default=None,
+    help="run windows in this process or as Ray tasks (default: the config's)",
+)
+@click.option("--ray-address", default=None, help="join this Ray cluster (implies --executor ray)")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="override a key, e.g. --set trainer.total_timesteps=1000 --set windows.purge_days=10",
+)
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="write runs, summary.json and report/ here (default: output_dir/name-label)",
+)
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def walk_forward(
+    config_path: str,
+    executor: str | None,
+    ray_address: str | None,
+    overrides: tuple[str, ...],
+    out: str | None,
+    progress: bool,
+) -> None:
+    """Walk-forward validation: per window train, export, backtest the export vs baselines.
+
+    Exit 0 when every window ran and was recorded, 2 on a bad config or data, 1 when a window
+    or the recording failed, or when the Pushgateway push failed (rows and report are written).
+    """
+    from allocator.manifest import ManifestError
+    from allocator.serving.loader import ModelLoadError
+    from allocator.trainer.config import ConfigError
+    from allocator.trainer.data import DataError
+    from allocator.trainer.export import ExportError
+    from allocator.trainer.report import format_summary
+    from allocator.trainer.walk_forward import (
+        WalkForwardError,
+        load_walk_forward_config,
+        run_walk_forward,
+    )
+    from allocator.trainer.windows import WindowError
+
+    extra = list(overrides)
+    if ray_address:
+        extra += ["executor=ray", f"ray_address={ray_address}"]
+    elif executor:
+        extra.append(f"executor={executor}")
+    try:
+        config = load_walk_forward_config(config_path, extra)
+    except ConfigError as exc:
+        _fail(str(exc))
+    try:
+        result = run_walk_forward(config, out_dir=out, progress=progress)
+    except (ConfigError, DataError, WindowError) as exc:
+        _fail(str(exc))
+    except (WalkForwardError, ExportError, ModelLoadError, ManifestError, OSError) as exc:
+        click.echo(f"error: walk-forward failed: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"{len(result.windows)} windows in {result.seconds:.1f} s ({config.executor})")
+    click.echo(format_summary(result.summary))
+    if result.run_id is not None:
+        from sqlalchemy.engine import make_url
+
+        shown = make_url(str(result.database_url)).render_as_string(hide_password=True)
+        click.echo(f"recorded: walk-forward run {result.run_id} in {shown}")
+    click.echo(f"summary: {result.files['summary']}")
+    click.echo(f"report:  {result.files['report']}")
+    if result.push_error:
+        click.echo(f"error: {result.push_error}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Date,
     DateTime,
@@ -161,3 +162,36 @@ class WalkForwardWindow(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JsonType)
     baseline_metrics: Mapped[dict[str, Any]] = mapped_column(JsonType)
     icm_stats: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
+
+
+class Promotion(Base):
+    """One decision of the retraining job's promotion gate on a candidate model.
+
+    Kept for every candidate, promoted or not, with the reasons each gate gave and the
+    held-out metrics both models were judged on: "why is this version serving?" (or "why was
+    last night's model not promoted?") is answered from this table alone. Versions are plain
+    strings, not foreign keys: a rejected candidate never reaches ``model_versions``.
+    """
+
+    __tablename__ = "promotions"
+    __table_args__ = (
+        Index(None, "model_name", "decided_at"),
+        CheckConstraint("train_start <= train_end", name="train_ordered"),
+        CheckConstraint("holdout_start <= holdout_end", name="holdout_ordered"),
+        CheckConstraint("train_end < holdout_start", name="holdout_after_train"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_name: Mapped[str] = mapped_column(String(200))
+    candidate_version: Mapped[str] = mapped_column(String(100))
+    production_version: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    decided_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    promoted: Mapped[bool] = mapped_column(Boolean)
+    reasons: Mapped[list[dict[str, Any]]] = mapped_column(JsonType)
+    candidate_metrics: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    production_metrics: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
+    train_start: Mapped[dt.date] = mapped_column(Date)
+    train_end: Mapped[dt.date] = mapped_column(Date)
+    holdout_start: Mapped[dt.date] = mapped_column(Date)
+    holdout_end: Mapped[dt.date] = mapped_column(Date)
+    details: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
