@@ -370,3 +370,13 @@ def test_push_to_an_unreachable_gateway_raises_a_clear_error(registry, replace):
 def test_push_needs_a_job_name(registry):
     with pytest.raises(ValueError, match="job"):
         push(registry, "http://127.0.0.1:9", "")
+
+
+def test_a_failed_run_exports_no_last_success_time():
+    """A failed run pushes with POST; a 0 here would overwrite the last good run's time."""
+    registry = CollectorRegistry()
+    jobs = JobMetrics(registry)
+    jobs.record_window("2020-01-02", 0.1)
+    assert registry.get_sample_value("allocator_jobs_last_success_timestamp_seconds") is None
+    jobs.mark_success(5.0)
+    assert registry.get_sample_value("allocator_jobs_last_success_timestamp_seconds") == 5.0

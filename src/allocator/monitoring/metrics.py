@@ -401,11 +401,10 @@ class JobMetrics:
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.last_success = Gauge(
-            "allocator_jobs_last_success_timestamp_seconds",
-            "Unix time at which the job last finished successfully.",
-            registry=registry,
-        )
+        self._registry = registry
+        # Created by mark_success only: a failed run's push (POST) must not carry a 0 that
+        # would overwrite the previous good run's time in the Pushgateway.
+        self.last_success: Gauge | None = None
         self.windows = Counter(
             "allocator_jobs_windows_total",
             "Walk-forward windows evaluated by this run.",
@@ -447,6 +446,12 @@ class JobMetrics:
 
     def mark_success(self, timestamp: float | None = None) -> None:
         """Set the last-success time (now by default); call it only when the run succeeded."""
+        if self.last_success is None:
+            self.last_success = Gauge(
+                "allocator_jobs_last_success_timestamp_seconds",
+                "Unix time at which the job last finished successfully.",
+                registry=self._registry,
+            )
         self.last_success.set(time.time() if timestamp is None else timestamp)
 
 
