@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# The trainer: `allocator train`, `export`, `retrain` (the CronJob), `walk-forward` (also a Ray
+# head/worker image), `db upgrade`. torch is the CPU build, pinned as in pyproject's train extra.
+#
+# Build from the repository root:
+#   docker build -f deploy/docker/train.Dockerfile -t allocator-train:0.1.0 .
+# EXTRAS adds extras beside `train` when pyproject has them (e.g. --build-arg EXTRAS=train,ray).
+FROM python:3.11-slim
+
+ARG EXTRAS=train
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
+    MPLBACKEND=Agg \
+    MPLCONFIGDIR=/tmp/matplotlib
+
+RUN groupadd --system --gid 10001 allocator \
+    && useradd --system --uid 10001 --gid allocator --no-create-home \
+        --home-dir /app --shell /usr/sbin/nologin allocator
+
+WORKDIR /app
+# torch first, from the PyTorch CPU index: PyPI's wheel for Linux pulls GBs of CUDA libraries.
+# The train extra's `torch==2.13.0` is then already satisfied by 2.13.0+cpu and left alone.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
+
+# Editable, as in the serving image: the migrations ship beside src/ in the checkout.
+COPY pyproject.toml README.md alembic.ini ./
+COPY src ./src
+COPY migrations ./migrations
+COPY configs ./configs
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -e ".[${EXTRAS}]" \
+    && python -c "import sys, torch; sys.exit(torch.version.cuda is not None)"
+
+# Run directories and the default registry are written by the jobs: owned by their user.
+RUN mkdir -p /app/runs /models \
+    && chown allocator:allocator /app/runs /models
+USER 10001:10001
+# Anything that caches under $HOME writes to /tmp: Kubernetes runs this with a read-only root.
+ENV HOME=/tmp
+
+# Relative paths in configs/*.yaml (trainer configs, runs/) resolve from /app.
+ENTRYPOINT []
+CMD ["allocator", "--help"]
