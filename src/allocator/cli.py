@@ -366,6 +366,32 @@ def demo(out: str, start: str, end: str, cost_bps: float, do_train: bool, config
 
         click.echo("")
         serve_demo(out_dir / "models", out_dir, md.prices, md.assets, echo=click.echo)
+        _demo_walk_forward(out_dir)
+
+
+def _demo_walk_forward(out_dir: Path) -> None:
+    """Two tiny walk-forward windows, recorded in the demo's SQLite file, with a report."""
+    from allocator.trainer.report import format_summary
+    from allocator.trainer.walk_forward import load_walk_forward_config, run_walk_forward
+
+    path = Path("configs/walk_forward_tiny.yaml")
+    if not path.is_file():
+        click.echo(f"(skipping the walk-forward: {path} is not here)")
+        return
+    wf_dir = out_dir / "walk_forward"
+    config = load_walk_forward_config(
+        path,
+        [
+            f"registry={wf_dir / 'models'}",
+            f"output_dir={wf_dir}",
+            f"database_url=sqlite:///{out_dir / 'trades.db'}",
+        ],
+    )
+    click.echo("")
+    click.echo(f"walk-forward ({path}): train, export, backtest vs baselines per window ...")
+    result = run_walk_forward(config, out_dir=str(wf_dir), progress=False)
+    click.echo(format_summary(result.summary))
+    click.echo(f"report: {result.files['report']}")
 
 
 def _demo_train_and_export(out_dir: Path, config_path: str) -> None:
