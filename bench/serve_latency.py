@@ -255,7 +255,6 @@ def main() -> None:
     parser.add_argument("--portfolios", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=16, help="server handler threads")
     parser.add_argument("--budget-ms", type=float, default=10.0)
-    parser.add_argument("--no-coalesce", action="store_true", help="decide unary calls alone")
     args = parser.parse_args()
 
     import psycopg
@@ -304,7 +303,6 @@ def main() -> None:
                 "512",
                 "--workers",
                 str(args.workers),
-                *(["--no-coalesce"] if args.no_coalesce else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=open(tmp / "server.log", "wb"),  # noqa: SIM115  (lives as long as the server)
@@ -349,7 +347,6 @@ def main() -> None:
                 "benchmark": "serve_latency",
                 "model": {"max_assets": spec.max_assets, "window": spec.window},
                 "recording": "postgresql",
-                "coalesce": not args.no_coalesce,
                 "phases": results,
                 "ok_decisions": ok,
                 "recorded_rows": rows,

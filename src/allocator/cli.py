@@ -455,7 +455,6 @@ _database_url_option = click.option(
 @click.option("--model", "default_model", default=None, help="model answering unpinned calls")
 @click.option("--reload-interval", default=2.0, show_default=True, help="registry scan period")
 @click.option("--cpu", is_flag=True, help="never try onnxruntime's CUDA provider")
-@click.option("--no-coalesce", is_flag=True, help="decide each unary call alone")
 @click.option("--spool-quota-bytes", type=int, default=None, help="spool size that refuses calls")
 @click.option("--idempotency-cache", type=int, default=None, help="answers kept for retries")
 @click.option("--grace-seconds", type=float, default=None, help="SIGTERM: time for calls")
@@ -477,7 +476,6 @@ def serve(**options: Any) -> None:
     )
     options["record"] = not options.pop("no_record")
     options["prefer_cuda"] = not options.pop("cpu")
-    options["coalesce"] = not options.pop("no_coalesce")
     try:
         config = ServerConfig(**{k: v for k, v in options.items() if v is not None})
         server = build_server(config)

@@ -7,48 +7,25 @@ optional: ``.ci/run`` starts it, and CI has it.
 
 from __future__ import annotations
 
-import os
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.pool import NullPool
 
+from tests.postgres import temporary_database
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-POSTGRES_ADMIN = os.environ.get(
-    "ALLOCATOR_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 BACKENDS = ["sqlite", "postgresql"]
-
-
-def _admin_connect() -> psycopg.Connection:
-    try:
-        return psycopg.connect(POSTGRES_ADMIN, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.fail(
-            f"PostgreSQL is not reachable at {POSTGRES_ADMIN} ({exc}). The trade-schema tests "
-            "need it: `.ci/run` starts it (CI has it), or set ALLOCATOR_TEST_POSTGRES.",
-            pytrace=False,
-        )
 
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A fresh database for this test session, dropped (even with open sessions) at the end."""
-    name = f"allocator_test_{secrets.token_hex(6)}"
-    with _admin_connect() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    info = psycopg.conninfo.conninfo_to_dict(POSTGRES_ADMIN)
-    host, port, user = info.get("host", "127.0.0.1"), info.get("port", "5432"), info.get("user")
-    try:
-        yield f"postgresql+psycopg://{user}@{host}:{port}/{name}"
-    finally:
-        with _admin_connect() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with temporary_database("allocator_test") as url:
+        yield url
 
 
 def _reset_postgres(url: str) -> None:

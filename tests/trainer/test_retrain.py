@@ -11,8 +11,6 @@ import datetime as dt
 import http.server
 import json
 import math
-import os
-import secrets
 import socket
 import threading
 import time
@@ -21,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import psycopg
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
@@ -46,12 +43,10 @@ from allocator.trainer.retrain import (
     retrain,
     retrain_spans,
 )
+from tests.postgres import temporary_database
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO_ROOT / "configs" / "retrain_tiny.yaml"
-POSTGRES_ADMIN = os.environ.get(
-    "ALLOCATOR_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 STRICT_TURNOVER = "gates.max_turnover=0.0001"  # no tiny model trades that little: rejected
 
 
@@ -262,7 +257,9 @@ def test_config_errors_name_the_file_and_the_dotted_key(tmp_path: Path) -> None:
     assert "trainer.algorithm.gamma:" in message
     assert "gates.max_turnover:" in message
     assert "bogus:" in message
-    with pytest.raises(ConfigError, match="trainer config not found"):
+    with pytest.raises(
+        ConfigError, match=r"retrain_tiny.yaml: trainer config '.*missing.yaml' not"
+    ):
         load_retrain_config(TINY_CONFIG, [f"trainer={tmp_path / 'missing.yaml'}"])
     with pytest.raises(ConfigError, match="retrain config not found"):
         load_retrain_config(tmp_path / "missing.yaml")
@@ -279,26 +276,11 @@ def test_shipped_configs_load() -> None:
 # --- whole tiny retrains -------------------------------------------------------------------------
 
 
-def _admin() -> psycopg.Connection:
-    try:
-        return psycopg.connect(POSTGRES_ADMIN, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL is not reachable at {POSTGRES_ADMIN} ({exc})", pytrace=False)
-
-
 @pytest.fixture(scope="module")
 def postgres_database() -> Iterator[str]:
     """A database of this module's own, dropped at the end."""
-    name = f"allocator_retrain_{secrets.token_hex(6)}"
-    with _admin() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    info = psycopg.conninfo.conninfo_to_dict(POSTGRES_ADMIN)
-    host, port, user = info.get("host", "127.0.0.1"), info.get("port", "5432"), info.get("user")
-    try:
-        yield f"postgresql+psycopg://{user}@{host}:{port}/{name}"
-    finally:
-        with _admin() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with temporary_database("allocator_retrain") as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

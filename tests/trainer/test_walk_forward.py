@@ -4,8 +4,6 @@ window, rows in SQLite and Postgres, summary and report, Pushgateway, local vs R
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import shutil
 import socket
 import subprocess
@@ -18,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import psycopg
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
@@ -45,13 +42,11 @@ from allocator.trainer.walk_forward import (
     summarize,
 )
 from allocator.trainer.windows import Window, WindowSpec
+from tests.postgres import temporary_database
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "walk_forward_tiny.yaml"
 FULL = ROOT / "configs" / "walk_forward.yaml"
-POSTGRES_ADMIN = os.environ.get(
-    "ALLOCATOR_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 
 
 def tiny(tmp: Path, *extra: str) -> WalkForwardConfig:
@@ -134,24 +129,9 @@ def local_run(tmp_path_factory: pytest.TempPathFactory, pushgateway: str | None)
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
     """A fresh Postgres database for this module, migrated, dropped at the end."""
-    name = f"allocator_test_wf_{secrets.token_hex(6)}"
-    try:
-        admin = psycopg.connect(POSTGRES_ADMIN, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL is not reachable at {POSTGRES_ADMIN}: {exc}", pytrace=False)
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    info = psycopg.conninfo.conninfo_to_dict(POSTGRES_ADMIN)
-    url = (
-        f"postgresql+psycopg://{info.get('user')}@{info.get('host', '127.0.0.1')}:"
-        f"{info.get('port', '5432')}/{name}"
-    )
-    try:
+    with temporary_database("allocator_test_wf") as url:
         upgrade(url)
         yield url
-    finally:
-        with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # --- configuration -------------------------------------------------------------------------

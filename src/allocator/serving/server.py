@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +37,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from allocator.monitoring.metrics import ServingMetrics
 from allocator.monitoring.recorder import Recorder, RecorderRefusedError
 from allocator.monitoring.records import DecisionRecord, ModelRecord, RecordError
-from allocator.serving.coalescer import Coalescer
 from allocator.serving.decision import DecisionError, DecisionInput, DecisionOutput, decide_batch
 from allocator.serving.loader import LoadedModel, ModelNotFoundError
 from allocator.serving.proto.v1 import allocator_pb2 as pb
@@ -98,9 +97,6 @@ class ServerConfig(BaseModel):
     reload_interval: float = Field(2.0, gt=0, description="seconds between registry scans")
     default_model: str | None = Field(None, description="model answering unpinned requests")
     prefer_cuda: bool = Field(True, description="use onnxruntime's CUDA provider if it loads")
-    coalesce: bool = Field(
-        True, description="decide concurrent unary calls together (one model call)"
-    )
     idempotency_cache: int = Field(100_000, ge=0, description="answers kept for retries")
     grace_seconds: float = Field(10.0, ge=0, description="SIGTERM: time for in-flight calls")
     drain_seconds: float = Field(
@@ -123,16 +119,6 @@ class _Refusal(Exception):  # noqa: N818  (control flow, never leaves this modul
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    """A unary call waiting in the coalescer."""
-
-    model: LoadedModel
-    request: ValidRequest
-    context: grpc.ServicerContext
-    start: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,16 +195,12 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         metrics: ServingMetrics,
         recorder: Recorder | None,
         idempotency_cache: int = 100_000,
-        coalesce: bool = True,
     ) -> None:
         self.registry = registry
         self.store = store
         self.metrics = metrics
         self.recorder = recorder
         self._answers = _IdempotencyCache(idempotency_cache)
-        self._coalescer: Coalescer[_Pending, pb.AllocateResponse | _Refusal] | None = (
-            Coalescer(self._decide_group) if coalesce else None
-        )
         self.draining = threading.Event()
         self.last_call = 0.0  # time.monotonic() of the latest call, for the drain
 
@@ -265,30 +247,24 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         self,
         model: LoadedModel,
         requests: Sequence[ValidRequest],
-        contexts: Sequence[grpc.ServicerContext],
-        starts: Sequence[float],
-    ) -> list[pb.AllocateResponse | _Refusal]:
+        context: grpc.ServicerContext,
+        start: float,
+    ) -> list[pb.AllocateResponse]:
         """Decide for distinct portfolios under their locks; record; then store states.
 
         The answers cache is read again and written under the locks: a duplicate of a request
-        that was in flight while this call waited gets that answer, not a second step. A
-        request whose deadline passed while it waited gets a DEADLINE_EXCEEDED refusal and
-        decides nothing; the others go on.
+        that was in flight while this call waited gets that answer, not a second step. A call
+        whose deadline passed while it waited for the locks decides nothing.
         """
         ids = [r.portfolio_id for r in requests]
         with self.store.locked(ids) as session:
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 0:
+                raise _Refusal(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before deciding"
+                )
             states = session.get()
-            answers: list[pb.AllocateResponse | _Refusal | None] = []
-            for r, context in zip(requests, contexts, strict=True):
-                remaining = context.time_remaining()
-                if remaining is not None and remaining <= 0:
-                    answers.append(
-                        _Refusal(
-                            grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before deciding"
-                        )
-                    )
-                else:
-                    answers.append(self._answers.get(r))
+            answers = [self._answers.get(r) for r in requests]
             todo = [i for i, answer in enumerate(answers) if answer is None]
             results = decide_batch(
                 model,
@@ -299,11 +275,11 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                 [states[i] for i in todo],
             )
             decided_at = dt.datetime.now(dt.UTC)
-            now = time.perf_counter()
+            latency = time.perf_counter() - start
             if self.recorder is not None and todo:
                 self.recorder.submit_many(
                     [
-                        self._record(model, requests[i], out, decided_at, now - starts[i])
+                        self._record(model, requests[i], out, decided_at, latency)
                         for i, (out, _) in zip(todo, results, strict=True)
                     ]
                 )
@@ -318,27 +294,6 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                 out.raw_weights, out.smoothed_weights, out.turnover, out.icm_reward
             )
         return answers  # type: ignore[return-value]  # every None was decided above
-
-    def _decide_group(
-        self, key: Hashable, items: Sequence[_Pending]
-    ) -> list[pb.AllocateResponse | BaseException]:
-        """The coalescer's batch: concurrent unary calls for one model, distinct portfolios."""
-        model = items[0].model
-        requests = [p.request for p in items]
-        contexts = [p.context for p in items]
-        starts = [p.start for p in items]
-        try:
-            return list(self._decide(model, requests, contexts, starts))
-        except DecisionError:
-            # One call's input was refused by the decision step: decide each alone, so the
-            # others are answered and only that one gets its error.
-            out: list[pb.AllocateResponse | BaseException] = []
-            for p in items:
-                try:
-                    out.append(self._decide(model, [p.request], [p.context], [p.start])[0])
-                except Exception as exc:
-                    out.append(exc)
-            return out
 
     @staticmethod
     def _record(
@@ -382,17 +337,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             cached = self._answers.get(valid)
             if cached is not None:
                 return cached
-            if self._coalescer is None:
-                answer = self._decide(model, [valid], [context], [start])[0]
-            else:
-                answer = self._coalescer.submit(
-                    (model.name, model.version),
-                    valid.portfolio_id,
-                    _Pending(model, valid, context, start),
-                )
-            if isinstance(answer, _Refusal):
-                raise answer
-            return answer
+            return self._decide(model, [valid], context, start)[0]
 
         return self._call("Allocate", context, handle)
 
@@ -424,13 +369,8 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                 by_key[key] = model
                 groups.setdefault(key, []).append(i)
             for key, members in groups.items():
-                n = len(members)
-                decided = self._decide(
-                    by_key[key], [valid[i] for i in members], [context] * n, [start] * n
-                )
+                decided = self._decide(by_key[key], [valid[i] for i in members], context, start)
                 for i, response in zip(members, decided, strict=True):
-                    if isinstance(response, _Refusal):
-                        raise response
                     answers[i] = response
             return pb.AllocateBatchResponse(responses=answers)
 
@@ -664,9 +604,7 @@ def build_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    servicer = AllocatorServicer(
-        registry, store, metrics, recorder, config.idempotency_cache, config.coalesce
-    )
+    servicer = AllocatorServicer(registry, store, metrics, recorder, config.idempotency_cache)
     pb_grpc.add_AllocatorServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -7,6 +7,7 @@ run directory so the run can be repeated exactly.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -195,21 +196,51 @@ def _format_errors(source: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
+    """A YAML mapping of settings, or a ``ConfigError`` naming the file and the problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: {what} not found")
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of settings")
+    return loaded or {}
+
+
+def load_job_tree(
+    path: str | Path | None, overrides: Sequence[str] | None, what: str
+) -> tuple[dict[str, Any], str | None]:
+    """The settings tree of a job config (walk-forward, retrain) that embeds a trainer config.
+
+    ``trainer`` is a trainer YAML path or an inline mapping. ``--set trainer=other.yaml``
+    swaps the file first; a path is then inlined (read from the working directory, else next
+    to the job config) so ``--set trainer.total_timesteps=1000`` works either way. Returns the
+    tree and the trainer file it inlined, if any.
+    """
+    tree = read_yaml(path, what) if path is not None else {}
+    source = str(path) if path is not None else "(defaults)"
+    overrides = list(overrides or [])
+    swaps = [o for o in overrides if o.partition("=")[0].strip() == "trainer"]
+    tree = apply_overrides(tree, swaps, source)
+    trainer = tree.get("trainer")
+    found: Path | None = None
+    if isinstance(trainer, str):
+        here = [Path(trainer)] + ([Path(path).parent / trainer] if path is not None else [])
+        found = next((c for c in here if c.is_file()), None)
+        if found is None:
+            raise ConfigError(f"{source}: trainer config {trainer!r} not found")
+        tree["trainer"] = read_yaml(found, "trainer config")
+    tree = apply_overrides(tree, [o for o in overrides if o not in swaps], source)
+    return tree, None if found is None else str(found)
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML config (or defaults when ``path`` is None) and apply ``--set`` overrides."""
     source = str(path) if path else "(defaults)"
-    tree: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"{p}: config file not found")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: top level must be a mapping of settings")
-        tree = loaded or {}
+    tree = read_yaml(path) if path is not None else {}
     tree = apply_overrides(tree, overrides or [], source)
     try:
         return TrainConfig.model_validate(tree)

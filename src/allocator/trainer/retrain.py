@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from allocator.manifest import MANIFEST_FILE, read_manifest
@@ -45,8 +44,8 @@ from allocator.trainer.config import (
     ConfigError,
     TrainConfig,
     _key_path,
-    apply_overrides,
     load_config,
+    load_job_tree,
 )
 from allocator.trainer.data import DataError, DateLike, MarketData, load_dataset
 
@@ -145,43 +144,18 @@ class RetrainConfig(_Strict):
         return self.trainer.env.cost_bps if self.cost_bps is None else self.cost_bps
 
 
-def _read_yaml(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"{path}: {what} not found")
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if loaded is not None and not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of settings")
-    return loaded or {}
-
-
-def _expand_trainer(tree: dict[str, Any]) -> str | None:
-    """Replace a trainer path by its settings, so ``--set trainer.x=y`` reaches into it."""
-    trainer = tree.get("trainer")
-    if isinstance(trainer, str):
-        tree["trainer"] = _read_yaml(Path(trainer), "trainer config")
-        return trainer
-    return None
-
-
 def load_retrain_config(
     path: str | Path | None, overrides: list[str] | None = None
 ) -> RetrainConfig:
     """Read a retraining YAML (``trainer`` a path or a mapping) and apply ``--set`` overrides.
 
-    Relative paths (trainer config, registry, dataset) are taken from the working directory,
-    as the trainer's are. ``--set trainer=other.yaml`` swaps the trainer config before any
+    Relative registry and dataset paths are taken from the working directory, as the
+    trainer's are; a trainer config path from there, else next to this file (see
+    ``config.load_job_tree``). ``--set trainer=other.yaml`` swaps the trainer config before any
     ``--set trainer.key=value`` is applied to it.
     """
     source = str(path) if path else "(defaults)"
-    tree = _read_yaml(Path(path), "retrain config") if path is not None else {}
-    overrides = list(overrides or [])
-    swaps = [o for o in overrides if o.partition("=")[0].strip() == "trainer"]
-    apply_overrides(tree, swaps, source)
-    trainer_file = _expand_trainer(tree)
-    apply_overrides(tree, [o for o in overrides if o not in swaps], source)
+    tree, trainer_file = load_job_tree(path, overrides, "retrain config")
     if trainer_file:
         source = f"{source} (trainer: {trainer_file})"
     try:

@@ -31,12 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from allocator.trainer.backtest import BacktestResult
 from allocator.trainer.baselines import BaselineName
-from allocator.trainer.config import ConfigError, TrainConfig, _key_path, apply_overrides
+from allocator.trainer.config import ConfigError, TrainConfig, _key_path, load_job_tree
 from allocator.trainer.data import MarketData, load_dataset
 from allocator.trainer.evaluation import DEFAULT_BASELINES, BaselineFit
 from allocator.trainer.windows import Window, WindowSpec, make_windows
@@ -132,18 +131,6 @@ def _format_errors(source: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if loaded is not None and not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of settings")
-    return loaded or {}
-
-
 def load_walk_forward_config(
     path: str | Path, overrides: Sequence[str] | None = None
 ) -> WalkForwardConfig:
@@ -154,20 +141,9 @@ def load_walk_forward_config(
     works either way; ``--set trainer=configs/sac_icm.yaml`` swaps the trainer file.
     """
     p = Path(path)
-    tree = _read_yaml(p)
-    overrides = list(overrides or [])
-    # ``--set trainer=other.yaml`` swaps the trainer file before the file is inlined.
-    swaps = [o for o in overrides if o.partition("=")[0].strip() == "trainer"]
-    tree = apply_overrides(tree, swaps, str(p))
-    trainer = tree.get("trainer")
-    if isinstance(trainer, str):
-        candidates = [Path(trainer), p.parent / trainer]
-        found = next((c for c in candidates if c.is_file()), None)
-        if found is None:
-            raise ConfigError(f"{p}: trainer config {trainer!r} not found")
-        tree["trainer"] = _read_yaml(found)
-        tree["trainer_source"] = str(found)
-    tree = apply_overrides(tree, [o for o in overrides if o not in swaps], str(p))
+    tree, trainer_file = load_job_tree(p, overrides, "config file")
+    if trainer_file is not None:
+        tree["trainer_source"] = trainer_file
     try:
         return WalkForwardConfig.model_validate(tree)
     except ValidationError as exc:
