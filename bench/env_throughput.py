@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from allocator.portfolio import action_to_weights, build_observation, ema_smooth
-from allocator.trainer.data import MarketData, load_sp500
-from allocator.trainer.env import EnvConfig, PortfolioEnv
+from allocator.trainer.market.data import MarketData, load_sp500
+from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
 
 
 class NaivePandasStep:

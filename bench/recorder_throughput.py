@@ -21,9 +21,9 @@ import time
 import numpy as np
 import psycopg
 
-from allocator.monitoring.migrations import upgrade
-from allocator.monitoring.recorder import Recorder
-from allocator.monitoring.records import CASH_ID, DecisionRecord, ModelRecord
+from allocator.recording.migrations import upgrade
+from allocator.recording.recorder import Recorder
+from allocator.recording.records import CASH_ID, DecisionRecord, ModelRecord
 
 
 def make_records(n: int, assets: int, seed: int = 0) -> list[DecisionRecord]:

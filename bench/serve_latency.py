@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def build_registry(directory: Path) -> Path:
     """Train the demo config briefly and export it: a real, full-size exported policy."""
-    from allocator.trainer.config import load_config
-    from allocator.trainer.export import export_run
-    from allocator.trainer.training import train
+    from allocator.trainer.export.run import export_run
+    from allocator.trainer.training.config import load_config
+    from allocator.trainer.training.run import train
 
     config = load_config(
         ROOT / "configs" / "td3_demo.yaml",
@@ -259,8 +259,8 @@ def main() -> None:
 
     import psycopg
 
-    from allocator.manifest import read_manifest
-    from allocator.monitoring.migrations import upgrade
+    from allocator.artifacts.manifest import read_manifest
+    from allocator.recording.migrations import upgrade
     from allocator.serving.loader import resolve
 
     tmp = Path(tempfile.mkdtemp(prefix="serve-bench-"))

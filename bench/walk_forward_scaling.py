@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from allocator.trainer.walk_forward import (
+from allocator.trainer.jobs.walk_forward import (
     WalkForwardConfig,
     load_walk_forward_config,
     run_walk_forward,

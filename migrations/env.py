@@ -4,7 +4,7 @@ The database URL never lives in ``alembic.ini``. In order of precedence env.py u
 connection handed in through ``config.attributes["connection"]`` (tests, pytest-alembic),
 ``config.attributes["url"]`` (the ``allocator db`` CLI), ``alembic -x url=...``, a
 ``sqlalchemy.url`` main option set programmatically, else ``DATABASE_URL`` via
-:func:`allocator.monitoring.settings.database_url`.
+:func:`allocator.recording.settings.database_url`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 from sqlalchemy.engine import Connection
 
-from allocator.monitoring.schema import VIEWS, metadata
-from allocator.monitoring.settings import database_url
+from allocator.recording.schema import VIEWS, metadata
+from allocator.recording.settings import database_url
 
 config = context.config
 

@@ -45,8 +45,8 @@ _RENAMED_NEGATIONS = {"prefer_cuda": "cpu"}
 def _models() -> list[tuple[str, type[BaseModel], str]]:
     """(heading, model, how it is given) for every top-level settings model, in order."""
     from allocator.serving.server import ServerConfig
-    from allocator.trainer.retrain import RetrainConfig
-    from allocator.trainer.walk_forward import WalkForwardConfig
+    from allocator.trainer.jobs.retrain import RetrainConfig
+    from allocator.trainer.jobs.walk_forward import WalkForwardConfig
 
     return [
         ("allocator serve", ServerConfig, "command-line flags of `allocator serve`"),
@@ -57,9 +57,11 @@ def _models() -> list[tuple[str, type[BaseModel], str]]:
 
 def _not_expanded() -> dict[type[BaseModel], str]:
     """Nested models documented elsewhere: named, not expanded."""
-    from allocator.trainer.config import TrainConfig
+    from allocator.trainer.training.config import TrainConfig
 
-    return {TrainConfig: "a trainer config (`configs/td3.yaml`, `allocator/trainer/config.py`)"}
+    return {
+        TrainConfig: "a trainer config (`configs/td3.yaml`, `allocator/trainer/training/config.py`)"
+    }
 
 
 def _anchor(model: type[BaseModel]) -> str:

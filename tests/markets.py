@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from allocator.trainer.data import MarketData, from_wide, to_long_frame
+from allocator.trainer.market.data import MarketData, from_wide, to_long_frame
 
 
 def drift_market(

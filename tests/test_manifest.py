@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from allocator.cli import main
-from allocator.manifest import (
+from allocator.artifacts.manifest import (
     MANIFEST_FILE,
     SCHEMA_VERSION,
     DataInfo,
@@ -23,6 +22,7 @@ from allocator.manifest import (
     verify_checksums,
     write_manifest,
 )
+from allocator.cli import main
 
 
 def make_dir(tmp_path: Path) -> tuple[Path, Manifest]:

@@ -18,7 +18,7 @@ RUN groupadd --system --gid 10001 allocator \
 
 WORKDIR /app
 # An editable install on purpose: the migrations (alembic.ini, migrations/) are found next to
-# src/ in the checkout, not inside a wheel (allocator.monitoring.migrations.REPO_ROOT).
+# src/ in the checkout, not inside a wheel (allocator.recording.migrations.REPO_ROOT).
 COPY pyproject.toml README.md alembic.ini ./
 COPY src ./src
 COPY migrations ./migrations

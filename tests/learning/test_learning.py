@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from allocator.trainer.config import TrainConfig, load_config
-from allocator.trainer.training import TrainingRun, train
+from allocator.trainer.training.config import TrainConfig, load_config
+from allocator.trainer.training.run import TrainingRun, train
 from tests.markets import drift_market, rotating_market, write_market
 
 pytestmark = pytest.mark.slow

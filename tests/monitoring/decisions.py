@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from allocator.monitoring.records import CASH_ID, DecisionRecord, ModelRecord
+from allocator.recording.records import CASH_ID, DecisionRecord, ModelRecord
 
 MODEL = ModelRecord("test-model", "1", "td3", {"schema_version": 2}, {"model.onnx": "ab" * 32})
 START = dt.datetime(2026, 1, 2, 21, 0, tzinfo=dt.UTC)

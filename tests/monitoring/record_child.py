@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from allocator.monitoring.recorder import Recorder
+from allocator.recording.recorder import Recorder
 from tests.monitoring.decisions import MODEL, make_decision
 
 

@@ -16,7 +16,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from allocator.monitoring.metrics import (
+from allocator.metrics.prometheus import (
     LATENCY_BUCKETS_SECONDS,
     JobMetrics,
     PromotionDecision,

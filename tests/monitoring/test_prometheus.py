@@ -41,16 +41,16 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from allocator.manifest import checksums, write_manifest
-from allocator.monitoring.metrics import (
+from allocator.artifacts.manifest import checksums, write_manifest
+from allocator.metrics.prometheus import (
     JobMetrics,
     PromotionDecision,
     RecorderMetrics,
     ServingMetrics,
     push,
 )
-from allocator.monitoring.migrations import upgrade
-from allocator.monitoring.schema import ModelVersion, Promotion, WalkForwardRun, WalkForwardWindow
+from allocator.recording.migrations import upgrade
+from allocator.recording.schema import ModelVersion, Promotion, WalkForwardRun, WalkForwardWindow
 from allocator.serving.client import AllocatorClient, AllocatorError
 from allocator.serving.server import AllocationServer, ServerConfig, build_server
 from tests.monitoring.conftest import _reset_postgres

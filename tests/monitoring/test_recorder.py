@@ -21,11 +21,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from allocator.monitoring.metrics import RecorderMetrics
-from allocator.monitoring.migrations import upgrade
-from allocator.monitoring.recorder import Recorder, RecorderRefusedError
-from allocator.monitoring.schema import Decision, ModelVersion
-from allocator.monitoring.sinks import SchemaMissingError
+from allocator.metrics.prometheus import RecorderMetrics
+from allocator.recording.migrations import upgrade
+from allocator.recording.recorder import Recorder, RecorderRefusedError
+from allocator.recording.schema import Decision, ModelVersion
+from allocator.recording.sinks import SchemaMissingError
 from tests.monitoring.decisions import MODEL, make_decision, row_of
 from tests.monitoring.proxy import TcpProxy
 

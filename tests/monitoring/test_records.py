@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from allocator.monitoring.records import CASH_ID, DecisionRecord, RecordError
+from allocator.recording.records import CASH_ID, DecisionRecord, RecordError
 from tests.monitoring.decisions import make_decision
 
 

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from allocator.cli import main
-from allocator.monitoring import schema, settings
-from allocator.monitoring.schema import (
+from allocator.recording import schema, settings
+from allocator.recording.schema import (
     Decision,
     ModelVersion,
     TrainingRun,
@@ -197,9 +197,9 @@ def test_cli_db_uses_database_url_env(tmp_path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_cli_db_without_migrations_fails_clearly(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import allocator.monitoring.migrations
+    import allocator.recording.migrations
 
-    monkeypatch.setattr(allocator.monitoring.migrations, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(allocator.recording.migrations, "REPO_ROOT", tmp_path)
     result = CliRunner().invoke(main, ["db", "current", "--database-url", "sqlite://"])
     assert result.exit_code == 2
     assert "ship with the repository checkout" in result.output

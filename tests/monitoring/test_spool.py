@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from allocator.monitoring.spool import FRAME_HEADER, Spool
+from allocator.recording.spool import FRAME_HEADER, Spool
 
 
 def payload(i: int) -> dict[str, object]:

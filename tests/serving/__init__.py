@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from allocator.manifest import (
+from allocator.artifacts.manifest import (
     DataInfo,
     FeatureSpecInfo,
     Manifest,

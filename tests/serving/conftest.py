@@ -20,7 +20,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from allocator.manifest import checksums, write_manifest
+from allocator.artifacts.manifest import checksums, write_manifest
 from allocator.serving import LoadedModel, load_model
 from tests.serving import IR_VERSION, OPSET, Spec, make_manifest, policy_model
 

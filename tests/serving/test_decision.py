@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.monitoring.records import CASH_ID
 from allocator.portfolio import FeatureSpec, build_raw_observation, ema_smooth, renormalize
+from allocator.recording.records import CASH_ID
 from allocator.serving import LoadedModel
 from allocator.serving.decision import (
     DecisionError,

@@ -14,8 +14,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-import allocator.manifest as manifest_module
-from allocator.manifest import MANIFEST_FILE, checksums, read_manifest, write_manifest
+import allocator.artifacts.manifest as manifest_module
+from allocator.artifacts.manifest import MANIFEST_FILE, checksums, read_manifest, write_manifest
 from allocator.portfolio import FeatureSpec, build_raw_observation
 from allocator.serving import (
     LoadedModel,

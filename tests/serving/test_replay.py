@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from allocator.monitoring.records import CASH_ID
 from allocator.portfolio import (
     FeatureSpec,
     NormalizationStats,
@@ -16,11 +15,12 @@ from allocator.portfolio import (
     normalize_observation,
     renormalize,
 )
+from allocator.recording.records import CASH_ID
 from allocator.serving import LoadedModel
 from allocator.serving.replay import live_assets, replay
 from allocator.serving.state import MemoryStateStore, decide_with_store
-from allocator.trainer.backtest import run_backtest
-from allocator.trainer.baselines import DecisionContext
+from allocator.trainer.sim.backtest import run_backtest
+from allocator.trainer.sim.baselines import DecisionContext
 from tests.markets import random_walk_market
 from tests.serving.conftest import TINY
 

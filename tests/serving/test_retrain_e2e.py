@@ -19,10 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from allocator.monitoring.migrations import upgrade
+from allocator.recording.migrations import upgrade
 from allocator.serving.registry import read_production_pointer
 from allocator.serving.server import ServerConfig, build_server
-from allocator.trainer.retrain import CANDIDATES_DIR, load_retrain_config, retrain
+from allocator.trainer.jobs.retrain import CANDIDATES_DIR, load_retrain_config, retrain
 from tests.serving.load import LoadThread, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from allocator.monitoring.migrations import upgrade
+from allocator.recording.migrations import upgrade
 from allocator.serving.client import AllocatorClient, AllocatorError
 from allocator.serving.security import read_tokens
 from allocator.serving.server import AllocationServer, ServerConfig, build_server

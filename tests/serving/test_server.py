@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from allocator.monitoring.migrations import upgrade
 from allocator.portfolio import renormalize
+from allocator.recording.migrations import upgrade
 from allocator.serving.client import AllocatorClient, AllocatorError
 from allocator.serving.proto import SERVICE_NAME
 from allocator.serving.proto.v1 import allocator_pb2 as pb

@@ -19,8 +19,8 @@ import grpc
 import numpy as np
 import pytest
 
-from allocator.monitoring.migrations import upgrade
 from allocator.portfolio import renormalize
+from allocator.recording.migrations import upgrade
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 from allocator.serving.replay import ReplayResult, live_assets, replay

@@ -25,7 +25,7 @@ import grpc
 import numpy as np
 import pytest
 
-from allocator.monitoring.migrations import upgrade
+from allocator.recording.migrations import upgrade
 from allocator.serving.client import Allocation, AllocatorClient
 from allocator.serving.registry import write_production_pointer
 from allocator.serving.server import AllocationServer, ServerConfig, build_server

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from allocator.portfolio import fit_normalization
-from allocator.trainer.audit import action_saturation, state_scale_summary
+from allocator.trainer.training.audit import action_saturation, state_scale_summary
 
 # --- action_saturation ----------------------------------------------------------------------
 

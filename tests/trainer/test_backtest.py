@@ -13,9 +13,9 @@ from skfolio.datasets import load_sp500_dataset
 
 from allocator.cli import main
 from allocator.portfolio import ema_smooth
-from allocator.trainer.backtest import run_backtest
-from allocator.trainer.baselines import BaselineName, MinVariance
-from allocator.trainer.data import DataError, MarketData, from_wide, load_sp500
+from allocator.trainer.market.data import DataError, MarketData, from_wide, load_sp500
+from allocator.trainer.sim.backtest import run_backtest
+from allocator.trainer.sim.baselines import BaselineName, MinVariance
 
 
 @pytest.fixture(scope="module")

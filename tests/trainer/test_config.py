@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.trainer.config import (
+from allocator.trainer.agents.icm import ICMSettings
+from allocator.trainer.agents.regularizer import SmoothMode, SmoothnessSettings
+from allocator.trainer.training.config import (
     AnnealKind,
     ConfigError,
     LinearSchedule,
@@ -21,8 +23,6 @@ from allocator.trainer.config import (
     dump_config,
     load_config,
 )
-from allocator.trainer.icm import ICMSettings
-from allocator.trainer.regularizer import SmoothMode, SmoothnessSettings
 
 BASE = """\
 name: unit

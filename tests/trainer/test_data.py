@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from allocator.trainer.data import (
+from allocator.trainer.market.data import (
     DataError,
     MarketData,
     load_dataset,

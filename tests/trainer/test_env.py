@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from allocator.portfolio import build_observation, ema_smooth
-from allocator.trainer.data import MarketData, from_wide, load_sp500
-from allocator.trainer.env import ENV_ID, EnvConfig, PortfolioEnv
-from allocator.trainer.rewards import PenaltySettings, RewardConfig, RewardKind
+from allocator.trainer.market.data import MarketData, from_wide, load_sp500
+from allocator.trainer.sim.env import ENV_ID, EnvConfig, PortfolioEnv
+from allocator.trainer.sim.rewards import PenaltySettings, RewardConfig, RewardKind
 
 M, W, LENGTH, BETA, BPS = 4, 5, 50, 0.3, 10.0
 CFG = EnvConfig(max_assets=M, window=W, episode_length=LENGTH, cost_bps=BPS, beta=BETA)

@@ -11,11 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from allocator.trainer.backtest import run_backtest
-from allocator.trainer.baselines import ActionPolicy
-from allocator.trainer.config import load_config
-from allocator.trainer.data import DataError, MarketData, load_sp500
-from allocator.trainer.evaluation import (
+from allocator.trainer.export.run import export_run
+from allocator.trainer.jobs.evaluation import (
     DEFAULT_BASELINES,
     evaluate_baselines,
     evaluate_exported,
@@ -24,8 +21,11 @@ from allocator.trainer.evaluation import (
     icm_statistics,
     replay_exported,
 )
-from allocator.trainer.export import export_run
-from allocator.trainer.training import TrainingRun, train
+from allocator.trainer.market.data import DataError, MarketData, load_sp500
+from allocator.trainer.sim.backtest import run_backtest
+from allocator.trainer.sim.baselines import ActionPolicy
+from allocator.trainer.training.config import load_config
+from allocator.trainer.training.run import TrainingRun, train
 
 UNIVERSE = ["AAPL", "MSFT", "JPM", "XOM"]
 TRAIN = ("2017-01-01", "2017-12-31")

@@ -11,8 +11,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from allocator.artifacts.manifest import (
+    read_manifest,
+    sha256_file,
+    verify_checksums,
+    write_manifest,
+)
 from allocator.cli import main
-from allocator.manifest import read_manifest, sha256_file, verify_checksums, write_manifest
 from allocator.portfolio import (
     FeatureSpec,
     NormalizationStats,
@@ -20,8 +25,7 @@ from allocator.portfolio import (
     is_distribution,
     normalize_observation,
 )
-from allocator.trainer.config import load_config
-from allocator.trainer.export import (
+from allocator.trainer.export.run import (
     ICM_INPUTS,
     ICM_ONNX,
     MODEL_ONNX,
@@ -38,7 +42,8 @@ from allocator.trainer.export import (
     random_raw_observations,
     real_transitions,
 )
-from allocator.trainer.training import train
+from allocator.trainer.training.config import load_config
+from allocator.trainer.training.run import train
 from tests.markets import random_walk_market, write_market
 
 TOL = 1e-5

@@ -16,7 +16,7 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from allocator.trainer.icm import CuriosityNet, ICMSettings, IntrinsicCuriosity
+from allocator.trainer.agents.icm import CuriosityNet, ICMSettings, IntrinsicCuriosity
 
 OBS_DIM, ACT_DIM = 6, 3
 SMALL = {"feature_dim": 16, "hidden_dim": 64}

@@ -15,19 +15,18 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from allocator.cli import main
-from allocator.manifest import (
+from allocator.artifacts.manifest import (
     MANIFEST_FILE,
     SCHEMA_VERSION,
     read_manifest,
     verify_checksums,
     write_manifest,
 )
+from allocator.cli import main
 from allocator.portfolio import FeatureSpec, action_to_weights
-from allocator.trainer import migration
-from allocator.trainer.env import EnvConfig, PortfolioEnv
-from allocator.trainer.icm import IntrinsicCuriosity
-from allocator.trainer.migration import (
+from allocator.trainer.agents.icm import IntrinsicCuriosity
+from allocator.trainer.checkpoints import upgrade as migration
+from allocator.trainer.checkpoints.upgrade import (
     FLOAT32_ATOL,
     MigrationError,
     ProbeParts,
@@ -40,6 +39,7 @@ from allocator.trainer.migration import (
     probe_parts,
     run_migration,
 )
+from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
 from tests.markets import random_walk_market
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints"

@@ -13,11 +13,11 @@ from pydantic import ValidationError
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
 
-from allocator.trainer.config import NoiseSettings
-from allocator.trainer.env import EnvConfig, PortfolioEnv
-from allocator.trainer.noise import NoiseAnnealingCallback, annealed_sigma, make_action_noise
-from allocator.trainer.sac import SmoothSAC
-from allocator.trainer.td3 import SmoothTD3
+from allocator.trainer.agents.noise import NoiseAnnealingCallback, annealed_sigma, make_action_noise
+from allocator.trainer.agents.sac import SmoothSAC
+from allocator.trainer.agents.td3 import SmoothTD3
+from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
+from allocator.trainer.training.config import NoiseSettings
 from tests.markets import random_walk_market
 
 CFG = EnvConfig(max_assets=3, window=5, episode_length=40)

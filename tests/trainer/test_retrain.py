@@ -26,13 +26,11 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from allocator.cli import main
-from allocator.monitoring.migrations import upgrade
-from allocator.monitoring.schema import Promotion
+from allocator.recording.migrations import upgrade
+from allocator.recording.schema import Promotion
 from allocator.serving.loader import version_key
 from allocator.serving.registry import PRODUCTION_FILE, read_production_pointer
-from allocator.trainer.config import ConfigError
-from allocator.trainer.data import DataError
-from allocator.trainer.retrain import (
+from allocator.trainer.jobs.retrain import (
     CANDIDATES_DIR,
     GateSettings,
     RetrainConfig,
@@ -43,6 +41,8 @@ from allocator.trainer.retrain import (
     retrain,
     retrain_spans,
 )
+from allocator.trainer.market.data import DataError
+from allocator.trainer.training.config import ConfigError
 from tests.postgres import temporary_database
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

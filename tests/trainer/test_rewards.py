@@ -25,8 +25,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from allocator.trainer.history import EpisodeHistory
-from allocator.trainer.rewards import (
+from allocator.trainer.sim.history import EpisodeHistory
+from allocator.trainer.sim.rewards import (
     PenaltySettings,
     RewardConfig,
     RewardFunction,

@@ -15,10 +15,10 @@ import torch
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.utils import LinearSchedule
 
-from allocator.trainer.curiosity import CuriosityReplayBuffer
-from allocator.trainer.env import EnvConfig, PortfolioEnv
-from allocator.trainer.icm import ICMSettings, IntrinsicCuriosity
-from allocator.trainer.sac import SmoothSAC
+from allocator.trainer.agents.curiosity import CuriosityReplayBuffer
+from allocator.trainer.agents.icm import ICMSettings, IntrinsicCuriosity
+from allocator.trainer.agents.sac import SmoothSAC
+from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
 from tests.markets import random_walk_market, tiny_model_options
 
 CFG = EnvConfig(max_assets=3, window=5, episode_length=40)

@@ -23,16 +23,16 @@ from stable_baselines3.common.logger import configure
 from stable_baselines3.common.utils import LinearSchedule
 from torch import nn
 
-from allocator.trainer.curiosity import CuriosityReplayBuffer
-from allocator.trainer.env import EnvConfig, PortfolioEnv
-from allocator.trainer.icm import ICMSettings, IntrinsicCuriosity
-from allocator.trainer.regularizer import (
+from allocator.trainer.agents.curiosity import CuriosityReplayBuffer
+from allocator.trainer.agents.icm import ICMSettings, IntrinsicCuriosity
+from allocator.trainer.agents.regularizer import (
     SmoothMode,
     SmoothnessLambda,
     SmoothnessSettings,
     action_change,
 )
-from allocator.trainer.td3 import SmoothTD3, clip_and_step, critic_loss, target_policy_noise
+from allocator.trainer.agents.td3 import SmoothTD3, clip_and_step, critic_loss, target_policy_noise
+from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
 from tests.markets import random_walk_market, tiny_model_options
 
 CFG = EnvConfig(max_assets=3, window=5, episode_length=40)

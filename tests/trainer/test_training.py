@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from allocator.cli import main
-from allocator.trainer.config import load_config
+from allocator.trainer.training.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [

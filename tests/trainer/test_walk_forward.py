@@ -23,13 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.pool import NullPool
 
 from allocator.cli import main
-from allocator.monitoring.migrations import upgrade
-from allocator.trainer.backtest import run_backtest
-from allocator.trainer.config import ConfigError
-from allocator.trainer.data import load_sp500
-from allocator.trainer.evaluation import evaluate_baselines
-from allocator.trainer.report import format_summary, write_report
-from allocator.trainer.walk_forward import (
+from allocator.recording.migrations import upgrade
+from allocator.trainer.jobs.evaluation import evaluate_baselines
+from allocator.trainer.jobs.report import format_summary, write_report
+from allocator.trainer.jobs.walk_forward import (
     Goals,
     RegimeThresholds,
     WalkForwardConfig,
@@ -41,7 +38,10 @@ from allocator.trainer.walk_forward import (
     run_walk_forward,
     summarize,
 )
-from allocator.trainer.windows import Window, WindowSpec
+from allocator.trainer.market.data import load_sp500
+from allocator.trainer.market.windows import Window, WindowSpec
+from allocator.trainer.sim.backtest import run_backtest
+from allocator.trainer.training.config import ConfigError
 from tests.postgres import temporary_database
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from skfolio.model_selection import WalkForward
 
-from allocator.trainer.data import load_sp500
-from allocator.trainer.windows import (
+from allocator.trainer.market.data import load_sp500
+from allocator.trainer.market.windows import (
     Window,
     WindowError,
     WindowSpec,

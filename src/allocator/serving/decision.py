@@ -47,8 +47,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from allocator.monitoring.records import CASH_ID
 from allocator.portfolio import FeatureSpec, build_raw_observation, ema_smooth, renormalize
+from allocator.recording.records import CASH_ID
 from allocator.serving.loader import LoadedModel
 
 __all__ = [

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from allocator.monitoring.migrations import upgrade
+from allocator.recording.migrations import upgrade
 from allocator.serving.client import AllocatorClient
 from allocator.serving.server import ServerConfig, build_server
 

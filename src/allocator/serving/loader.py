@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from allocator.manifest import (
+from allocator.artifacts.manifest import (
     MANIFEST_FILE,
     Manifest,
     ManifestError,

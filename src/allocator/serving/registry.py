@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from allocator.manifest import MANIFEST_FILE
+from allocator.artifacts.manifest import MANIFEST_FILE
 from allocator.serving.loader import (
     LoadedModel,
     ModelLoadError,

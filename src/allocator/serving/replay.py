@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from allocator.monitoring.records import CASH_ID
+from allocator.recording.records import CASH_ID
 from allocator.serving.decision import DecisionInput, DecisionOutput
 from allocator.serving.loader import LoadedModel, load_model
 from allocator.serving.state import MemoryStateStore, StateStore, decide_with_store

@@ -34,9 +34,9 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from allocator.monitoring.metrics import ServingMetrics
-from allocator.monitoring.recorder import Recorder, RecorderRefusedError
-from allocator.monitoring.records import DecisionRecord, ModelRecord, RecordError
+from allocator.metrics.prometheus import ServingMetrics
+from allocator.recording.recorder import Recorder, RecorderRefusedError
+from allocator.recording.records import DecisionRecord, ModelRecord, RecordError
 from allocator.serving.decision import DecisionError, DecisionInput, DecisionOutput, decide_batch
 from allocator.serving.loader import LoadedModel, ModelNotFoundError
 from allocator.serving.proto.v1 import allocator_pb2 as pb
@@ -552,8 +552,8 @@ def build_server(
     )
     recorder: Recorder | None = None
     if config.record:
-        from allocator.monitoring.metrics import RecorderMetrics
-        from allocator.monitoring.settings import database_url
+        from allocator.metrics.prometheus import RecorderMetrics
+        from allocator.recording.settings import database_url
 
         recorder = Recorder(
             config.database_url or database_url(),

@@ -1,0 +1,1 @@
+"""Files that travel with a model: the versioned manifest, checksums, atomic writes."""

@@ -1,0 +1,1 @@
+"""What the system records: decision records, the durable recorder, the SQL trade schema."""

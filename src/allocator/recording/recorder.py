@@ -1,0 +1,479 @@
+"""The durable decision recorder: off the request path, batched, spooled through outages.
+
+``submit`` only appends to a bounded in-memory queue (a few microseconds on the request path).
+One writer thread takes batches off it and writes them to the database (see ``sinks``). When
+the database is unreachable, the batch goes to the fsync'd local ``Spool`` instead, and the
+spool is replayed, oldest first, before anything newer once the database answers again.
+``flush`` waits until everything submitted so far is durable (committed or fsync'd to the
+spool); ``close`` drains the queue the same way before it returns.
+
+Admission policy (never a silent drop): a record is refused at the door, with
+``RecorderRefusedError`` and ``allocator_recorder_rejected_total``, when the queue is full or the
+spool has reached its quota; the caller decides (the server answers UNAVAILABLE, so no
+unrecorded decision is acted on, and the client retries with the same request id). A record
+that was accepted is always kept: it reaches the database or the spool, even past the quota
+(by at most one queue's worth), and a record the database itself refuses (a bug, not an
+outage) is kept in the spool's ``quarantine`` file and counted, not dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from allocator.metrics.prometheus import RecorderMetrics
+from allocator.recording.records import DecisionRecord, ModelRecord
+from allocator.recording.sinks import (
+    RecordRejectedError,
+    SchemaMissingError,
+    Sink,
+    SinkUnavailableError,
+    make_sink,
+)
+from allocator.recording.spool import Spool, SpoolError, encode_frame
+
+__all__ = ["Recorder", "RecorderRefusedError", "RecorderStats"]
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_FILE = "quarantine.frames"
+
+
+class RecorderRefusedError(RuntimeError):
+    """The recorder did not accept a record (queue full, spool quota, closed); nothing of it
+    was kept, so the caller must not act as if it were recorded."""
+
+
+@dataclass(frozen=True)
+class RecorderStats:
+    """Counters since start, for logs and tests (the same figures as the metrics)."""
+
+    submitted: int
+    durable: int
+    written: int
+    spooled_records: int
+    spool_bytes: int
+    replayed: int
+    rejected: int
+    quarantined: int
+    queue_depth: int
+    database_up: bool
+
+
+_Item = ModelRecord | DecisionRecord
+
+
+class Recorder:
+    """Record decisions into ``database_url`` through a spool in ``spool_dir``.
+
+    ``batch_size`` bounds one write; ``flush_interval`` is how long the writer waits to fill a
+    batch (the added recording delay under light load). ``retry_interval`` is the first and
+    the longest wait between attempts to reach a database that is down (doubling between).
+    """
+
+    def __init__(
+        self,
+        database_url: str,
+        spool_dir: str | Path,
+        *,
+        metrics: RecorderMetrics | None = None,
+        queue_size: int = 200_000,
+        batch_size: int = 5_000,
+        flush_interval: float = 0.02,
+        spool_quota_bytes: int = 1 << 30,
+        retry_interval: tuple[float, float] = (0.05, 2.0),
+        sink: Sink | None = None,
+    ) -> None:
+        if queue_size < 1 or batch_size < 1:
+            raise ValueError("queue_size and batch_size must be >= 1")
+        self.sink = sink if sink is not None else make_sink(database_url)
+        self.spool = Spool(spool_dir)
+        self.metrics = metrics
+        self.queue_size = queue_size
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.spool_quota_bytes = spool_quota_bytes
+        self._retry_min, self._retry_max = retry_interval
+        self._queue: deque[_Item] = deque()
+        self._cond = threading.Condition()
+        self._models: dict[tuple[str, str], ModelRecord] = {}
+        self._new_models: list[ModelRecord] = []
+        self._submitted = 0
+        self._durable = 0
+        self._written = 0
+        self._replayed = 0
+        self._rejected = 0
+        self._quarantined = 0
+        self._closing = False
+        self._closed = False
+        self._db_up = False
+        self._next_attempt = 0.0
+        self._backoff = self._retry_min
+        self._spool_bytes = self.spool.bytes
+        self._spool_records = self.spool.records
+        self._thread = threading.Thread(target=self._run, name="allocator-recorder", daemon=True)
+        if metrics is not None:
+            metrics.queue_depth.set_function(lambda: len(self._queue))
+        self._update_spool_gauges()
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> Recorder:
+        """Connect (a database that is down is retried in the background) and start writing.
+
+        Raises ``SchemaMissingError`` when the database answers but was never migrated: that is
+        a deployment error to fix, not an outage to spool through.
+        """
+        try:
+            self.sink.connect()
+            self._db_up = True
+        except SinkUnavailableError as exc:
+            log.warning("recorder: database unreachable at start, spooling: %s", exc)
+            self._mark_down()
+        if len(self.spool):
+            log.info(
+                "recorder: %d spooled records in %s will be replayed",
+                self.spool.records,
+                self.spool.directory,
+            )
+        self._thread.start()
+        return self
+
+    def __enter__(self) -> Recorder:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop accepting, write or spool everything accepted, and stop the writer.
+
+        Returns whether everything accepted is durable (False only if ``timeout`` ran out).
+        """
+        with self._cond:
+            if self._closed:
+                return True
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        done = not self._thread.is_alive()
+        if done:
+            self._closed = True
+            self.sink.close()
+            self.spool.close()
+        return done
+
+    # --- producers -----------------------------------------------------------------------
+
+    def register_model(self, model: ModelRecord) -> None:
+        """Make a model version known; decisions name it by (name, version). Idempotent."""
+        with self._cond:
+            if self._closing:
+                raise RecorderRefusedError("the recorder is closed")
+            if model.key not in self._models:
+                self._models[model.key] = model
+                self._queue.append(model)
+                self._cond.notify()
+
+    def submit(self, decision: DecisionRecord) -> None:
+        """Queue one decision; raises ``RecorderRefusedError`` if it cannot be kept."""
+        self.submit_many((decision,))
+
+    def submit_many(self, decisions: Sequence[DecisionRecord]) -> None:
+        """Queue decisions all-or-nothing (a batch call is recorded whole or refused whole)."""
+        n = len(decisions)
+        with self._cond:
+            reason = self._refusal(n)
+            if reason is None:
+                for d in decisions:
+                    if d.model_key not in self._models:
+                        reason = (
+                            f"model {d.model_name}/{d.model_version} is not registered with "
+                            "the recorder"
+                        )
+                        break
+            if reason is not None:
+                self._rejected += n
+                if self.metrics is not None:
+                    self.metrics.rejected.inc(n)
+                raise RecorderRefusedError(reason)
+            self._queue.extend(decisions)
+            self._submitted += n
+            if len(self._queue) >= self.batch_size:
+                self._cond.notify()
+
+    def _refusal(self, n: int) -> str | None:
+        if self._closing:
+            return "the recorder is closed"
+        if len(self._queue) + n > self.queue_size:
+            return f"the recorder queue is full ({self.queue_size} records)"
+        if self._spool_bytes >= self.spool_quota_bytes:
+            return (
+                f"the recorder spool reached its quota ({self._spool_bytes} of "
+                f"{self.spool_quota_bytes} bytes) while the database is unreachable"
+            )
+        return None
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every decision submitted before the call is durable; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            target = self._submitted
+            self._cond.notify_all()
+            while self._durable < target:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                if not self._thread.is_alive() and self._thread.ident is not None:
+                    return False
+                self._cond.wait(0.05 if remaining is None else min(remaining, 0.05))
+            return True
+
+    def stats(self) -> RecorderStats:
+        with self._cond:
+            return RecorderStats(
+                submitted=self._submitted,
+                durable=self._durable,
+                written=self._written,
+                spooled_records=self._spool_records,
+                spool_bytes=self._spool_bytes,
+                replayed=self._replayed,
+                rejected=self._rejected,
+                quarantined=self._quarantined,
+                queue_depth=len(self._queue),
+                database_up=self._db_up,
+            )
+
+    # --- the writer thread ---------------------------------------------------------------
+
+    def _take(self) -> tuple[list[ModelRecord], list[DecisionRecord]] | None:
+        """The next batch, or None once closing with nothing left."""
+        with self._cond:
+            deadline = time.monotonic() + self.flush_interval
+            while len(self._queue) < self.batch_size and not self._closing:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            if not self._queue:
+                return None if self._closing else ([], [])
+            models: list[ModelRecord] = []
+            decisions: list[DecisionRecord] = []
+            queue = self._queue
+            while queue and len(decisions) < self.batch_size:
+                item = queue.popleft()
+                if isinstance(item, DecisionRecord):
+                    decisions.append(item)
+                else:
+                    models.append(item)
+            return models, decisions
+
+    def _run(self) -> None:
+        pending: tuple[list[ModelRecord], list[DecisionRecord]] | None = None
+        while True:
+            if len(self.spool) and self._attempt_due():
+                self._replay()
+            if pending is None:
+                pending = self._take()
+                if pending is None:  # closing, and everything accepted is durable
+                    return
+            models, decisions = pending
+            if (models or decisions) and not self._persist(models, decisions):
+                # Neither the database nor the disk took it: keep it (the door stays shut by
+                # the refusal checks) and try again shortly.
+                time.sleep(self._retry_min)
+                continue
+            pending = None
+
+    def _attempt_due(self) -> bool:
+        return self._db_up or time.monotonic() >= self._next_attempt
+
+    def _mark_down(self) -> None:
+        self._db_up = False
+        self._next_attempt = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self._retry_max)
+
+    def _mark_up(self) -> None:
+        if not self._db_up:
+            log.info("recorder: database reachable again")
+        self._db_up = True
+        self._backoff = self._retry_min
+
+    def _persist(self, models: list[ModelRecord], decisions: list[DecisionRecord]) -> bool:
+        """Write the batch, or spool it; True once it is durable one way or the other."""
+        if not len(self.spool) and self._attempt_due():
+            try:
+                self._write(models, decisions)
+                self._done(len(decisions))
+                return True
+            except SinkUnavailableError as exc:
+                log.warning("recorder: database unreachable, spooling: %s", exc)
+                self._failed("unavailable")
+                self._mark_down()
+            except SchemaMissingError as exc:
+                log.error("recorder: %s; spooling until it is migrated", exc)
+                self._failed("schema")
+                self._mark_down()
+            except RecordRejectedError as exc:
+                self._write_one_by_one(models, decisions, exc, spool_on_outage=True)
+                self._done(len(decisions))
+                return True
+            except Exception:
+                # Neither an outage we recognise nor a refused record: keep the batch safe on
+                # disk, say so loudly, and retry the database later as after an outage.
+                log.exception("recorder: unexpected error writing a batch; spooling it")
+                self._failed("error")
+                self._mark_down()
+        try:
+            self._append_spool(models, decisions)
+        except SpoolError as exc:
+            log.error("recorder: %s; %d records held in memory", exc, len(decisions))
+            self._failed("spool")
+            return False
+        self._done(len(decisions))
+        return True
+
+    def _write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:
+        start = time.perf_counter()
+        try:
+            if not self._db_up:
+                self.sink.connect()
+            inserted = self.sink.write(models, decisions)
+        except BaseException:
+            if self.metrics is not None:
+                self.metrics.batch_write_latency.observe(time.perf_counter() - start)
+            raise
+        self._mark_up()
+        if self.metrics is not None:
+            self.metrics.observe_write(inserted, time.perf_counter() - start)
+        with self._cond:
+            self._written += inserted
+        return inserted
+
+    def _write_one_by_one(
+        self,
+        models: list[ModelRecord],
+        decisions: list[DecisionRecord],
+        error: Exception,
+        spool_on_outage: bool,
+    ) -> None:
+        """A batch the database refused: find the refused records, keep them in quarantine."""
+        log.error("recorder: the database refused a batch (%s); retrying record by record", error)
+        for model in models:
+            self._guarded([model], [], spool_on_outage)
+        for d in decisions:
+            self._guarded([], [d], spool_on_outage)
+
+    def _guarded(
+        self, models: list[ModelRecord], decisions: list[DecisionRecord], spool_on_outage: bool
+    ) -> None:
+        """Write one record; quarantine it if refused. An outage mid-way spools the record
+        (a live batch) or propagates (a replay, whose segment stays on disk to retry)."""
+        try:
+            self._write(models, decisions)
+        except RecordRejectedError as exc:
+            self._failed("rejected")
+            self._quarantine(models, decisions, exc)
+        except Exception:
+            if not spool_on_outage:
+                raise
+            self._mark_down()
+            self._append_spool(models, decisions)
+
+    def _quarantine(
+        self, models: list[ModelRecord], decisions: list[DecisionRecord], error: Exception
+    ) -> None:
+        path = self.spool.directory / QUARANTINE_FILE
+        frame = encode_frame(
+            {
+                "m": [m.to_json() for m in models],
+                "d": [d.to_json() for d in decisions],
+                "error": f"{type(error).__name__}: {error}",
+            }
+        )
+        with path.open("ab") as f:
+            f.write(frame)
+            f.flush()
+            os.fsync(f.fileno())
+        with self._cond:
+            self._quarantined += len(decisions)
+        log.error("recorder: quarantined %d records in %s: %s", len(decisions), path, error)
+
+    def _append_spool(
+        self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]
+    ) -> None:
+        # A segment replayed later must be self-contained: it names the models its decisions
+        # use, whatever the database or a restarted process knows by then.
+        keys = {d.model_key for d in decisions}
+        needed = {m.key: m for m in models}
+        with self._cond:
+            for key in keys:
+                if key not in needed and key in self._models:
+                    needed[key] = self._models[key]
+        payload = {
+            "m": [m.to_json() for m in needed.values()],
+            "d": [d.to_json() for d in decisions],
+        }
+        size = self.spool.append(payload)
+        with self._cond:
+            self._spool_bytes += size
+            self._spool_records += len(decisions)
+        self._update_spool_gauges()
+
+    def _replay(self) -> None:
+        """Replay spooled segments oldest first; stop at the first outage."""
+        for segment in self.spool.segments():
+            try:
+                if not self._db_up:
+                    self.sink.connect()
+                for frame in self.spool.read(segment):
+                    models = [ModelRecord.from_json(m) for m in frame.get("m", ())]
+                    decisions = [DecisionRecord.from_json(d) for d in frame.get("d", ())]
+                    for model in models:
+                        with self._cond:
+                            self._models.setdefault(model.key, model)
+                    try:
+                        self._write(models, decisions)
+                    except RecordRejectedError as exc:
+                        self._write_one_by_one(models, decisions, exc, spool_on_outage=False)
+            except Exception as exc:
+                log.warning("recorder: replay paused, database unreachable: %s", exc)
+                self._failed("unavailable")
+                self._mark_down()
+                return
+            self.spool.remove(segment)
+            with self._cond:
+                self._replayed += segment.records
+                self._spool_bytes = max(0, self._spool_bytes - segment.size)
+                self._spool_records = max(0, self._spool_records - segment.records)
+            if self.metrics is not None:
+                self.metrics.replayed.inc(segment.records)
+            self._update_spool_gauges()
+            log.info("recorder: replayed %d spooled records", segment.records)
+
+    def _done(self, n: int) -> None:
+        with self._cond:
+            self._durable += n
+            self._cond.notify_all()
+
+    def _failed(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.failed_writes.labels(reason).inc()
+
+    def _update_spool_gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.spooled_records.set(self._spool_records)
+            self.metrics.spool_bytes.set(self._spool_bytes)

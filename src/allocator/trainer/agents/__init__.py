@@ -1,0 +1,1 @@
+"""Learning algorithms: TD3, SAC, their exploration noise, regularizer and curiosity."""

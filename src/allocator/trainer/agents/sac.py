@@ -1,0 +1,45 @@
+"""``SmoothSAC``: SB3's SAC with separate actor/critic learning rates and optional curiosity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stable_baselines3 import SAC
+from stable_baselines3.common.type_aliases import Schedule
+
+from allocator.trainer.agents.curiosity import CuriosityMixin
+from allocator.trainer.agents.icm import ICMSettings
+from allocator.trainer.agents.legacy_paths import LegacyPathsLoad
+from allocator.trainer.agents.td3 import LearningRates
+
+
+class SmoothSAC(LegacyPathsLoad, CuriosityMixin, LearningRates, SAC):
+    """SAC whose actor (and entropy coefficient) and critic follow their own schedules.
+
+    :param actor_learning_rate: actor and entropy-coefficient learning rate or schedule
+    :param critic_learning_rate: critic learning rate or schedule
+    :param icm: Intrinsic Curiosity Module settings (off unless ``enabled``)
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        env: Any,
+        actor_learning_rate: float | Schedule = 3e-4,
+        critic_learning_rate: float | Schedule = 3e-4,
+        icm: ICMSettings | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._set_schedules(actor_learning_rate, critic_learning_rate)
+        self._init_curiosity(icm, kwargs)
+        super().__init__(policy, env, learning_rate=actor_learning_rate, **kwargs)
+
+    def _setup_model(self) -> None:
+        super()._setup_model()
+        for group in self.critic.optimizer.param_groups:
+            group["lr"] = self.critic_lr_schedule(1.0)
+        self._setup_curiosity()
+
+    def train(self, gradient_steps: int, batch_size: int = 64) -> None:
+        super().train(gradient_steps, batch_size)
+        self._log_curiosity()

@@ -1,0 +1,1 @@
+"""Run directories as checkpoints: manifests, format upgrades, widening."""

@@ -1,0 +1,1 @@
+"""ONNX export of a run, checked against torch before publishing."""

@@ -1,0 +1,1 @@
+"""Scheduled and batch jobs: walk-forward validation, retraining, evaluation, reports."""

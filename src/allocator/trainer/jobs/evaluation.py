@@ -1,0 +1,294 @@
+"""Out-of-sample evaluation: an exported model through the serving path, and the baselines.
+
+Walk-forward validation and scheduled retraining judge a model by what it would have done in
+production, so the model is the exported ONNX graph replayed decision by decision through
+``allocator.serving.replay`` (onnxruntime + ``portfolio/``), not the torch policy. The replay is
+turned into the same ``BacktestResult`` that ``run_backtest`` gives the baselines, over the same
+span, assets and costs, so every metric is computed by one function and compares like for like.
+
+Fitted baselines (min-variance, HRP) must not see the test period. With ``fit="train"`` (the
+default) they are fitted once on the window's training span and then held as a constant mix,
+rebalanced every ``rebalance_every`` days: the same information the RL model had when it was
+frozen. ``fit="trailing"`` refits on the trailing ``lookback`` days ending at each rebalancing
+decision (the ``allocator backtest`` behaviour): still causal, but it keeps learning during the
+test span, which the exported model does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
+
+from allocator.trainer.market.data import DataError, DateLike, MarketData
+from allocator.trainer.sim.backtest import BacktestResult, default_assets, run_backtest
+from allocator.trainer.sim.baselines import DecisionContext, make_baseline
+
+DEFAULT_BASELINES: tuple[str, ...] = ("equal-weight", "buy-and-hold", "min-variance", "hrp")
+FITTED_BASELINES: frozenset[str] = frozenset({"min-variance", "hrp"})
+BaselineFit = Literal["train", "trailing"]
+
+__all__ = [
+    "DEFAULT_BASELINES",
+    "FITTED_BASELINES",
+    "BaselineFit",
+    "ConstantMix",
+    "ExportedEvaluation",
+    "evaluate_baselines",
+    "evaluate_exported",
+    "evaluation_assets",
+    "fit_baseline_weights",
+    "icm_statistics",
+    "replay_exported",
+]
+
+
+def evaluation_assets(
+    data: MarketData, start: DateLike, end: DateLike, window: int, max_assets: int | None = None
+) -> list[str]:
+    """Assets priced over the whole span and its observation window (at most ``max_assets``)."""
+    t0, t1 = data.date_index(start, "left"), data.date_index(end, "right")
+    if t0 < window:
+        raise DataError(f"{data.source}: start {start} needs {window} closes before it")
+    names = default_assets(data, t0 - window, t1)
+    if not names:
+        raise DataError(f"{data.source}: no asset has prices from {start} to {end}")
+    return names[:max_assets] if max_assets else names
+
+
+# --- the exported model --------------------------------------------------------------------
+
+
+@dataclass
+class ExportedEvaluation:
+    """A serving-path replay and its ``BacktestResult`` view (plus the per-decision ICM)."""
+
+    result: BacktestResult
+    icm_rewards: pd.Series  # NaN where the server gives none (first decision, no ICM)
+    model_name: str
+    model_version: str
+
+
+def replay_exported(
+    model_dir: str | Path | Any,
+    data: MarketData,
+    start: DateLike,
+    end: DateLike,
+    *,
+    cost_bps: float,
+    assets: Sequence[str] | None = None,
+    name: str | None = None,
+) -> ExportedEvaluation:
+    """Replay an exported model (a registry version directory or a ``LoadedModel``).
+
+    Decisions run at every close from the first date on/after ``start`` to the day before the
+    last date on/before ``end``, exactly the dates ``run_backtest`` decides on. ``assets``
+    default to those priced over the whole span (capped at the model's ``max_assets``).
+    """
+    from allocator.serving.loader import LoadedModel, load_model
+    from allocator.serving.replay import replay
+
+    loaded = model_dir if isinstance(model_dir, LoadedModel) else None
+    if loaded is None:
+        loaded = load_model(model_dir, prefer_cuda=False)  # CPU: deterministic, like the tests
+    window = loaded.manifest.feature_spec.window
+    names = (
+        list(assets)
+        if assets is not None
+        else evaluation_assets(data, start, end, window, loaded.max_assets)
+    )
+    if len(names) > loaded.max_assets:
+        raise DataError(
+            f"{len(names)} assets but model {loaded.name}/{loaded.version} has "
+            f"{loaded.max_assets} slots; pass at most {loaded.max_assets}"
+        )
+    frame = data.select(names).to_frame()
+    t0, t1 = data.date_index(start, "left"), data.date_index(end, "right")
+    short = [a for a in names if a not in default_assets(data, t0 - window, t1)]
+    if short:
+        raise DataError(
+            f"{data.source}: asset(s) {', '.join(short)} lack prices between "
+            f"{data.dates[max(t0 - window, 0)].date()} and {data.dates[t1].date()}"
+        )
+    rep = replay(loaded, frame, start=t0, end=t1, cost_bps=cost_bps)
+    decision_dates = data.dates[t0:t1]
+    columns = ["cash", *rep.assets]
+    label = name or f"{loaded.name}/{loaded.version}"
+    result = BacktestResult(
+        name=label,
+        nav=pd.Series(rep.nav, index=data.dates[t0 : t1 + 1], name=label),
+        raw_weights=pd.DataFrame(rep.wide("raw_weights"), index=decision_dates, columns=columns),
+        executed_weights=pd.DataFrame(
+            rep.wide("smoothed_weights"), index=decision_dates, columns=columns
+        ),
+        turnover=pd.Series(rep.turnover, index=decision_dates),
+        costs=pd.Series(rep.costs, index=decision_dates),
+        settings={
+            "assets": names,
+            "cost_bps": float(cost_bps),
+            "beta": float(loaded.manifest.beta),
+            "window": window,
+            "initial_value": 1.0,
+            "dataset": data.source,
+            "model": loaded.name,
+            "version": loaded.version,
+            "provider": loaded.provider,
+            "path": "serving replay (onnxruntime)",
+        },
+    )
+    icm = pd.Series(
+        [np.nan if o.icm_reward is None else float(o.icm_reward) for o in rep.outputs],
+        index=decision_dates,
+        name="icm_reward",
+    )
+    return ExportedEvaluation(result, icm, loaded.name, loaded.version)
+
+
+def evaluate_exported(
+    model_dir: str | Path,
+    data: MarketData,
+    start: DateLike,
+    end: DateLike,
+    *,
+    cost_bps: float,
+    assets: Sequence[str] | None = None,
+) -> BacktestResult:
+    """Backtest an exported ONNX model through the serving code path as a ``BacktestResult``.
+
+    NAV, raw and executed (smoothed) weights, turnover and costs follow ``PortfolioEnv``'s
+    accounting, so ``result.metrics()`` compares directly with ``evaluate_baselines``.
+    """
+    return replay_exported(model_dir, data, start, end, cost_bps=cost_bps, assets=assets).result
+
+
+def icm_statistics(
+    rewards: pd.Series | NDArray[np.float64],
+    reference: pd.Series | NDArray[np.float64] | None = None,
+) -> dict[str, float] | None:
+    """Summary of a model's curiosity over a span (None when it has no ICM).
+
+    ``reference`` (e.g. the end of the training span) gives ``novelty_ratio``: how much more
+    surprising the test period was than data the model learned on.
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    r = r[np.isfinite(r)]
+    if r.size == 0:
+        return None
+    stats = {
+        "count": float(r.size),
+        "mean": float(r.mean()),
+        "std": float(r.std(ddof=1)) if r.size > 1 else 0.0,
+        "median": float(np.median(r)),
+        "p95": float(np.quantile(r, 0.95)),
+        "max": float(r.max()),
+    }
+    if reference is not None:
+        ref = np.asarray(reference, dtype=np.float64)
+        ref = ref[np.isfinite(ref)]
+        if ref.size:
+            stats["reference_mean"] = float(ref.mean())
+            stats["novelty_ratio"] = (
+                float(r.mean() / ref.mean()) if ref.mean() != 0 else float("nan")
+            )
+    return stats
+
+
+# --- baselines -----------------------------------------------------------------------------
+
+
+class ConstantMix:
+    """Fixed target weights per asset, traded back to every ``rebalance_every`` days."""
+
+    def __init__(
+        self, name: str, weights: Mapping[str, float], cash: float = 0.0, rebalance_every: int = 21
+    ) -> None:
+        self.name = name
+        self.weights = dict(weights)
+        self.cash = cash
+        self.rebalance_every = rebalance_every
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        if ctx.step % self.rebalance_every:
+            return ctx.weights
+        w = np.array([self.weights.get(a, 0.0) for a in ctx.assets], dtype=np.float64)
+        if w.sum() + self.cash <= 0:
+            w = np.full(len(ctx.assets), 1.0 / len(ctx.assets))  # degenerate fit: 1/N
+        return ctx.slot_weights(w, cash=self.cash)
+
+
+def fit_baseline_weights(
+    name: str, data: MarketData, assets: Sequence[str], train_start: DateLike, train_end: DateLike
+) -> dict[str, float]:
+    """Fit a skfolio baseline (min-variance, HRP) on the daily returns of the training span.
+
+    Only dates in ``[train_start, train_end]`` are used, and only those on which every asset
+    has a close (an asset listed late shortens the fit, never reaches past ``train_end``).
+    """
+    span = data.select(list(assets))
+    lo, hi = span.date_index(train_start, "left"), span.date_index(train_end, "right")
+    prices = span.prices[lo : hi + 1]
+    prices = prices[np.isfinite(prices).all(axis=1)]
+    if len(prices) < 3:
+        raise DataError(
+            f"{data.source}: {name} needs at least 3 common closes of {', '.join(assets)} "
+            f"between {train_start} and {train_end}"
+        )
+    model = make_baseline(name, lookback=len(prices), rebalance_every=1)
+    weights = model.fit_weights(prices, tuple(assets))  # type: ignore[attr-defined]
+    return {a: float(w) for a, w in zip(assets, weights, strict=True)}
+
+
+def evaluate_baselines(
+    data: MarketData,
+    start: DateLike,
+    end: DateLike,
+    *,
+    cost_bps: float,
+    assets: Sequence[str] | None,
+    names: Sequence[str] = DEFAULT_BASELINES,
+    fit: BaselineFit = "train",
+    train_start: DateLike | None = None,
+    train_end: DateLike | None = None,
+    window: int = 30,
+    rebalance_every: int = 21,
+    lookback: int = 252,
+) -> dict[str, BacktestResult]:
+    """Backtest baselines over ``[start, end]`` with the same costs and assets as the model.
+
+    Equal weight rebalances daily, buy-and-hold never. Min-variance and HRP are fitted, with
+    ``fit="train"``, once on ``[train_start, train_end]`` and rebalanced to those weights every
+    ``rebalance_every`` days; with ``fit="trailing"``, refitted every ``rebalance_every`` days on
+    the ``lookback`` days before the decision. Neither ever uses a price after its decision.
+    ``window`` only sets how many closes must precede ``start`` (use the model's window).
+    """
+    names_ = list(assets) if assets is not None else evaluation_assets(data, start, end, window)
+    if fit == "train" and any(n in FITTED_BASELINES for n in names):
+        if train_start is None or train_end is None:
+            raise ValueError("fit='train' needs train_start and train_end for fitted baselines")
+        if pd.Timestamp(train_end) >= pd.Timestamp(start):
+            raise ValueError(
+                f"training span ends {train_end}, not before the test start {start}: "
+                "a fitted baseline would see the test period"
+            )
+    out: dict[str, BacktestResult] = {}
+    for name in names:
+        policy: Any
+        if name in FITTED_BASELINES and fit == "train":
+            weights = fit_baseline_weights(name, data, names_, train_start, train_end)  # type: ignore[arg-type]
+            policy = ConstantMix(name, weights, rebalance_every=rebalance_every)
+        elif name in FITTED_BASELINES:
+            policy = make_baseline(name, lookback=lookback, rebalance_every=rebalance_every)
+        else:
+            policy = make_baseline(name)
+        result = run_backtest(
+            policy, data, start, end, assets=names_, cost_bps=cost_bps, beta=0.0, window=window
+        )
+        result.name = name
+        result.settings["fit"] = fit if name in FITTED_BASELINES else None
+        out[name] = result
+    return out

@@ -1,0 +1,1 @@
+"""Price data and walk-forward windows over it."""

@@ -1,0 +1,1 @@
+"""The simulated market: environment, rewards, backtests, baselines, performance."""

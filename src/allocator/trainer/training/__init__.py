@@ -1,0 +1,1 @@
+"""One training run: its typed config, the run itself, audits and callbacks."""

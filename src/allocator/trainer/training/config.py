@@ -1,0 +1,253 @@
+"""Typed training configuration: YAML in, validated models out, errors naming the key.
+
+A run is fully described by one ``TrainConfig``; the resolved config is written into every
+run directory so the run can be repeated exactly.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from allocator.trainer.agents.icm import ICMSettings
+from allocator.trainer.agents.regularizer import SmoothnessSettings
+from allocator.trainer.sim.env import EnvConfig
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LinearSchedule(_Strict):
+    """Learning rate going linearly from ``start`` to ``end`` over ``end_fraction`` of training."""
+
+    start: float = Field(gt=0)
+    end: float = Field(gt=0)
+    end_fraction: float = Field(1.0, gt=0, le=1)
+
+
+LearningRate = float | LinearSchedule
+
+
+class DataSettings(_Strict):
+    """Which prices to learn from and which to validate on (never overlapping)."""
+
+    dataset: str = Field("sp500", description="'sp500' or a CSV/Parquet path")
+    assets: list[str] | None = Field(None, description="asset universe (default: all)")
+    train_start: dt.date = dt.date(2000, 1, 1)
+    train_end: dt.date = dt.date(2014, 12, 31)
+    validation_start: dt.date = dt.date(2015, 1, 1)
+    validation_end: dt.date = dt.date(2017, 12, 31)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DataSettings:
+        if not (self.train_start < self.train_end < self.validation_start <= self.validation_end):
+            raise ValueError(
+                "need train_start < train_end < validation_start <= validation_end "
+                f"(got {self.train_start}, {self.train_end}, {self.validation_start}, "
+                f"{self.validation_end})"
+            )
+        return self
+
+
+class NoiseKind(StrEnum):
+    NONE = "none"
+    GAUSSIAN = "gaussian"
+    OU = "ou"
+
+
+class AnnealKind(StrEnum):
+    CONSTANT = "constant"
+    LINEAR = "linear"
+    EXPONENTIAL = "exponential"
+
+
+class NoiseSettings(_Strict):
+    """Exploration noise added to TD3's actions, its sigma annealed over training."""
+
+    kind: NoiseKind = NoiseKind.GAUSSIAN
+    sigma: float = Field(0.3, ge=0, description="initial sigma")
+    final_sigma: float = Field(0.05, ge=0, description="sigma at the end of annealing")
+    anneal: AnnealKind = AnnealKind.LINEAR
+    anneal_fraction: float = Field(0.8, gt=0, le=1, description="share of training to anneal")
+    ou_theta: float = Field(0.15, gt=0, description="OU mean reversion")
+    ou_dt: float = Field(0.01, gt=0, description="OU time step")
+
+
+class _AlgoBase(_Strict):
+    gamma: float = Field(0.95, gt=0, le=1)
+    batch_size: int = Field(256, ge=1)
+    buffer_size: int = Field(200_000, ge=1)
+    learning_starts: int = Field(1_000, ge=0)
+    tau: float = Field(0.005, gt=0, le=1)
+    train_freq: int = Field(1, ge=1)
+    gradient_steps: int = Field(1, ge=-1)
+    net_arch: list[int] = Field(default_factory=lambda: [256, 256])
+    actor_learning_rate: LearningRate = 1e-4
+    critic_learning_rate: LearningRate = 1e-3
+
+
+class TD3Settings(_AlgoBase):
+    """TD3 as seed 001 tuned it, plus the smoothness regularizer."""
+
+    name: Literal["td3"] = "td3"
+    critic_loss: Literal["huber", "mse"] = "huber"
+    huber_delta: float = Field(1.0, gt=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    policy_delay: int = Field(2, ge=1)
+    target_policy_noise: float = Field(0.2, ge=0)
+    target_noise_clip: float = Field(0.5, ge=0)
+    smoothness: SmoothnessSettings = SmoothnessSettings()
+
+
+class SACSettings(_AlgoBase):
+    """SAC with its own actor and critic learning rates."""
+
+    name: Literal["sac"] = "sac"
+    actor_learning_rate: LearningRate = 3e-4
+    critic_learning_rate: LearningRate = 3e-4
+    ent_coef: str | float = "auto"
+
+
+AlgoSettings = Annotated[TD3Settings | SACSettings, Field(discriminator="name")]
+
+
+class TrainConfig(_Strict):
+    """Everything one training run needs."""
+
+    name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$", description="run name prefix")
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # On an idle 2-core machine torch's default (2 threads) is ~1.4x faster than 1; when other
+    # processes share the cores (parallel tests, several runs) 1 thread avoids a 5-25x collapse.
+    torch_threads: int = Field(0, ge=0, description="torch CPU threads (0 = torch default)")
+    total_timesteps: int = Field(20_000, ge=1)
+    output_dir: str = "runs"
+    progress_bar: bool = True
+    tensorboard: bool = True
+    validation_episodes: int = Field(1, ge=1)
+    data: DataSettings = DataSettings()
+    env: EnvConfig = EnvConfig()
+    algorithm: AlgoSettings = TD3Settings()
+    noise: NoiseSettings = NoiseSettings()
+    icm: ICMSettings = ICMSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_algorithm(cls, data: Any) -> Any:
+        """An ``algorithm`` section without ``name`` means TD3, the default algorithm."""
+        if isinstance(data, dict) and isinstance(data.get("algorithm"), dict):
+            data = {**data, "algorithm": {"name": "td3", **data["algorithm"]}}
+        return data
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any, source: str) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: --set {key}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def apply_overrides(
+    tree: dict[str, Any], overrides: list[str], source: str = "(defaults)"
+) -> dict[str, Any]:
+    """Apply ``key.sub=value`` strings (values parsed as YAML) to a raw config tree."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{source}: --set expects key=value, got {item!r}")
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw), source)
+    return tree
+
+
+_UNION_TAGS = {"float", "int", "str", "bool", "LinearSchedule"}
+
+
+def _key_path(loc: tuple[Any, ...]) -> str:
+    """The dotted key as the user wrote it: pydantic's union and validator tags removed."""
+    parts: list[str] = []
+    for i, part in enumerate(str(p) for p in loc):
+        if part.startswith("function-") or part in _UNION_TAGS:
+            continue
+        if i == 1 and parts == ["algorithm"] and part in ("td3", "sac"):
+            continue  # the discriminated union's tag, not a key
+        parts.append(part)
+    return ".".join(parts)
+
+
+def _format_errors(source: str, exc: ValidationError) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for err in exc.errors():
+        lines.append(f"  {_key_path(err['loc']) or '(top level)'}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
+    """A YAML mapping of settings, or a ``ConfigError`` naming the file and the problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: {what} not found")
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of settings")
+    return loaded or {}
+
+
+def load_job_tree(
+    path: str | Path | None, overrides: Sequence[str] | None, what: str
+) -> tuple[dict[str, Any], str | None]:
+    """The settings tree of a job config (walk-forward, retrain) that embeds a trainer config.
+
+    ``trainer`` is a trainer YAML path or an inline mapping. ``--set trainer=other.yaml``
+    swaps the file first; a path is then inlined (read from the working directory, else next
+    to the job config) so ``--set trainer.total_timesteps=1000`` works either way. Returns the
+    tree and the trainer file it inlined, if any.
+    """
+    tree = read_yaml(path, what) if path is not None else {}
+    source = str(path) if path is not None else "(defaults)"
+    overrides = list(overrides or [])
+    swaps = [o for o in overrides if o.partition("=")[0].strip() == "trainer"]
+    tree = apply_overrides(tree, swaps, source)
+    trainer = tree.get("trainer")
+    found: Path | None = None
+    if isinstance(trainer, str):
+        here = [Path(trainer)] + ([Path(path).parent / trainer] if path is not None else [])
+        found = next((c for c in here if c.is_file()), None)
+        if found is None:
+            raise ConfigError(f"{source}: trainer config {trainer!r} not found")
+        tree["trainer"] = read_yaml(found, "trainer config")
+    tree = apply_overrides(tree, [o for o in overrides if o not in swaps], source)
+    return tree, None if found is None else str(found)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML config (or defaults when ``path`` is None) and apply ``--set`` overrides."""
+    source = str(path) if path else "(defaults)"
+    tree = read_yaml(path) if path is not None else {}
+    tree = apply_overrides(tree, overrides or [], source)
+    try:
+        return TrainConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(source, exc)) from exc
+
+
+def dump_config(config: TrainConfig) -> str:
+    """YAML of the fully resolved config (every default spelled out)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
