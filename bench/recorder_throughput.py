@@ -21,9 +21,10 @@ import time
 import numpy as np
 import psycopg
 
+from allocator.portfolio import CASH_ID
 from allocator.recording.migrations import upgrade
 from allocator.recording.recorder import Recorder
-from allocator.recording.records import CASH_ID, DecisionRecord, ModelRecord
+from allocator.recording.records import DecisionRecord, ModelRecord
 
 
 def make_records(n: int, assets: int, seed: int = 0) -> list[DecisionRecord]:

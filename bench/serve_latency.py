@@ -261,7 +261,7 @@ def main() -> None:
 
     from allocator.artifacts.manifest import read_manifest
     from allocator.recording.migrations import upgrade
-    from allocator.serving.loader import resolve
+    from allocator.registry.versions import resolve
 
     tmp = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     setup = time.perf_counter()

@@ -41,10 +41,11 @@ from stable_baselines3.common.utils import get_device
 
 from allocator.portfolio import fit_normalization
 from allocator.trainer.agents.icm import ICMSettings
+from allocator.trainer.agents.noise import NoiseSettings
 from allocator.trainer.agents.regularizer import SmoothMode, SmoothnessSettings
 from allocator.trainer.market.data import MarketData, load_sp500
 from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
-from allocator.trainer.training.config import NoiseSettings, TD3Settings, TrainConfig
+from allocator.trainer.training.config import TD3Settings, TrainConfig
 from allocator.trainer.training.run import build_model
 
 VARIANTS = ("vanilla", "fixed", "adaptive", "adaptive_icm", "none")

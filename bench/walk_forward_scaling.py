@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-from allocator.trainer.jobs.walk_forward import (
+from allocator.trainer.jobs.walk_forward.config import (
     WalkForwardConfig,
     load_walk_forward_config,
-    run_walk_forward,
 )
+from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
 
 ROOT = Path(__file__).resolve().parents[1]
 

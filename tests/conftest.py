@@ -1,8 +1,13 @@
-"""Shared pytest options: slow learning tests run only with --run-slow (CI passes it)."""
+"""Shared pytest options and fixtures: slow learning tests run only with --run-slow (CI
+passes it); one real Postgres database per test session."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+
+from tests.postgres import temporary_database
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -16,3 +21,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh database for this test session, dropped (even with open sessions) at the end."""
+    with temporary_database("allocator_test") as url:
+        yield url

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 
 import psycopg
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
 
 POSTGRES_ADMIN = os.environ.get(
     "ALLOCATOR_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -43,3 +45,12 @@ def temporary_database(prefix: str) -> Iterator[str]:
     finally:
         with admin_connect() as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def reset_schema(url: str) -> None:
+    """Empty a test database (drop and recreate ``public``): tables, views and versions go."""
+    engine = create_engine(url, poolclass=NullPool)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP SCHEMA public CASCADE")
+        conn.exec_driver_sql("CREATE SCHEMA public")
+    engine.dispose()

@@ -316,7 +316,7 @@ def test_claims_and_secrets_are_defined_or_documented():
 
 
 def test_retrain_cronjob_runs_a_valid_retrain(monkeypatch):
-    from allocator.trainer.jobs.retrain import load_retrain_config
+    from allocator.trainer.jobs.retrain.config import load_retrain_config
 
     cronjob = resource("CronJob", "allocator-retrain")
     assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
@@ -514,8 +514,8 @@ def test_compose_server_command_and_wiring(compose):
 
 
 def test_compose_jobs_run_valid_configs(compose, monkeypatch):
-    from allocator.trainer.jobs.retrain import load_retrain_config
-    from allocator.trainer.jobs.walk_forward import load_walk_forward_config
+    from allocator.trainer.jobs.retrain.config import load_retrain_config
+    from allocator.trainer.jobs.walk_forward.config import load_walk_forward_config
 
     services = compose["services"]
     monkeypatch.chdir(ROOT)  # the trainer image's working directory is the checkout's root
@@ -555,8 +555,8 @@ def test_prometheus_scrapes_the_compose_services_and_loads_the_rules(compose):
     assert jobs["pushgateway"][2] is True, "pushed job labels must survive the scrape"
 
     # Every job an alert rule selects is scraped here, or is a batch job's pushed label.
-    from allocator.trainer.jobs.retrain import RetrainConfig
-    from allocator.trainer.jobs.walk_forward import WalkForwardConfig
+    from allocator.trainer.jobs.retrain.config import RetrainConfig
+    from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
 
     pushed = {
         RetrainConfig.model_fields["job_name"].default,
@@ -827,8 +827,9 @@ def test_configuration_reference_is_current():
 
 
 def test_configuration_reference_covers_every_setting():
-    from allocator.trainer.jobs.retrain import GateSettings, RetrainConfig
-    from allocator.trainer.jobs.walk_forward import WalkForwardConfig
+    from allocator.trainer.jobs.retrain.config import RetrainConfig
+    from allocator.trainer.jobs.retrain.gates import GateSettings
+    from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
 
     section = REFERENCE.render()
     for model in (ServerConfig, RetrainConfig, GateSettings, WalkForwardConfig):
@@ -841,7 +842,7 @@ def test_configuration_reference_covers_every_setting():
 
 def test_serve_flags_are_config_fields_with_the_config_defaults():
     """The reference shows ServerConfig's defaults next to each flag: they must agree."""
-    from allocator.cli import serve
+    from allocator.cli.serve import serve
 
     fields = ServerConfig.model_fields
     negated = {flag: field for field, flag in REFERENCE.negated_flags().items()}

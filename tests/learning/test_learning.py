@@ -69,7 +69,7 @@ def _rotation_run(tmp_path: Path, path: Path, name: str, smooth: list[str]) -> T
 
 def test_adaptive_smoothness_is_decisive_but_calm(tmp_path):
     """A rotating trend with 10 bps costs: adaptive lambda beats a large fixed lambda on Sharpe
-    and trades less than no regularizer (seed 000's problem: smooth but still decisive)."""
+    and trades less than no regularizer: smooth, yet still decisive when the trend turns."""
     path = write_market(rotating_market(period=20), tmp_path / "rotating.csv")
     runs = {
         "none": _rotation_run(tmp_path, path, "none", ["algorithm.smoothness.mode=none"]),

@@ -42,18 +42,15 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from allocator.artifacts.manifest import checksums, write_manifest
-from allocator.metrics.prometheus import (
-    JobMetrics,
-    PromotionDecision,
-    RecorderMetrics,
-    ServingMetrics,
-    push,
-)
+from allocator.metrics.jobs import JobMetrics, PromotionDecision
+from allocator.metrics.pushgateway import push
+from allocator.metrics.recorder import RecorderMetrics
+from allocator.metrics.serving import ServingMetrics
 from allocator.recording.migrations import upgrade
 from allocator.recording.schema import ModelVersion, Promotion, WalkForwardRun, WalkForwardWindow
 from allocator.serving.client import AllocatorClient, AllocatorError
 from allocator.serving.server import AllocationServer, ServerConfig, build_server
-from tests.monitoring.conftest import _reset_postgres
+from tests.postgres import reset_schema
 from tests.serving import make_manifest
 from tests.serving.conftest import TINY, action_icm_model, write_tiny_model
 from tests.serving.load import LoadThread, wait_until
@@ -733,7 +730,7 @@ def seed_validation_rows(url: str) -> int:
 
 
 def test_validation_dashboard_sql_returns_rows_on_postgres(postgres_url: str) -> None:
-    _reset_postgres(postgres_url)  # the session's database, emptied, then migrated
+    reset_schema(postgres_url)  # the session's database, emptied, then migrated
     upgrade(postgres_url)
     engine = create_engine(postgres_url, poolclass=NullPool)
     run_id = seed_validation_rows(postgres_url)

@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from numpy.typing import ArrayLike
 from onnx import TensorProto, helper, numpy_helper
 
 from allocator.artifacts.manifest import checksums, write_manifest
 from allocator.serving import LoadedModel, load_model
+from allocator.serving.proto.v1 import allocator_pb2 as pb
+from allocator.serving.step import model_shape
+from allocator.serving.validation import ValidRequest, validate_request
 from tests.serving import IR_VERSION, OPSET, Spec, make_manifest, policy_model
 
 TINY = Spec(max_assets=4, window=5)
@@ -116,6 +120,42 @@ def tiny_model(tiny_model_dir: Path) -> LoadedModel:
 @pytest.fixture(scope="session")
 def plain_model(tiny_registry: Path) -> LoadedModel:
     return load_model(tiny_registry / "plain" / "1", prefer_cuda=False)
+
+
+def allocate_request(
+    asset_ids: Sequence[str],
+    prices: ArrayLike,
+    current_weights: ArrayLike | None = None,
+    *,
+    portfolio_id: str = "p",
+    request_id: str = "r",
+) -> pb.AllocateRequest:
+    """The wire message a client sends for these arrays (prices row per asset, cash first)."""
+    request = pb.AllocateRequest(
+        portfolio_id=portfolio_id,
+        request_id=request_id,
+        asset_ids=list(asset_ids),
+        prices=np.asarray(prices).ravel().tolist(),
+    )
+    if current_weights is not None:
+        request.current_weights.extend(np.asarray(current_weights).ravel().tolist())
+    return request
+
+
+def request_for(
+    model: LoadedModel,
+    asset_ids: Sequence[str],
+    prices: ArrayLike,
+    current_weights: ArrayLike | None = None,
+    *,
+    portfolio_id: str = "p",
+    request_id: str = "r",
+) -> ValidRequest:
+    """A request for ``model`` as the decision step receives it: validated at the edge."""
+    message = allocate_request(
+        asset_ids, prices, current_weights, portfolio_id=portfolio_id, request_id=request_id
+    )
+    return validate_request(message, model_shape(model))
 
 
 def delete_prefixed(client: object, *prefixes: str) -> None:

@@ -29,11 +29,9 @@ from allocator.serving.client import (
     AllocatorClient,
     AllocatorError,
     ModelInfo,
-    pick_model,
-    read_prices_csv,
-    request_command,
 )
 from allocator.serving.proto import SERVICE_NAME, allocator_pb2, allocator_pb2_grpc
+from allocator.serving.request_cli import pick_model, read_prices_csv, request_command
 from allocator.serving.validation import (
     InvalidRequest,
     ModelShape,

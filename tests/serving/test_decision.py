@@ -11,12 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.portfolio import FeatureSpec, build_raw_observation, ema_smooth, renormalize
-from allocator.recording.records import CASH_ID
+from allocator.portfolio import CASH_ID, FeatureSpec, build_raw_observation, ema_smooth, renormalize
 from allocator.serving import LoadedModel
 from allocator.serving.decision import (
-    DecisionError,
-    DecisionInput,
     ModelKey,
     PortfolioState,
     StateDecodeError,
@@ -24,7 +21,7 @@ from allocator.serving.decision import (
     decide_batch,
 )
 from tests.serving import Spec, policy_weights, reference_policy
-from tests.serving.conftest import TINY, reference_icm, write_tiny_model
+from tests.serving.conftest import TINY, reference_icm, request_for, write_tiny_model
 
 SPEC = FeatureSpec(max_assets=TINY.max_assets, window=TINY.window)
 BETA = 0.5  # make_manifest's
@@ -59,7 +56,7 @@ def expected_step(
 
 def test_first_decision_is_the_policy_on_the_raw_observation(tiny_model: LoadedModel) -> None:
     p = prices_for(3, seed=1)
-    out, state = decide(tiny_model, DecisionInput(("X", "Y", "Z"), p), None)
+    out, state = decide(tiny_model, request_for(tiny_model, ("X", "Y", "Z"), p), None)
     obs, action, raw = expected_step(p, [1, 2, 3], np.eye(SPEC.n_slots)[0])
     assert out.asset_ids == (CASH_ID, "X", "Y", "Z")
     np.testing.assert_allclose(out.raw_weights, raw[:4], atol=1e-6)
@@ -87,7 +84,7 @@ def test_sequence_smooths_with_the_manifest_beta_and_reads_the_icm_contract(
     for k in range(4):
         p = prices_for(3, seed=10 + k)
         current = np.array([0.1, 0.2, 0.3, 0.4]) if k % 2 else None
-        out, state = decide(tiny_model, DecisionInput(ids, p, current), state)
+        out, state = decide(tiny_model, request_for(tiny_model, ids, p, current), state)
         base = (
             slot_layout(current, [1, 2, 3])
             if current is not None
@@ -114,11 +111,13 @@ def test_sequence_smooths_with_the_manifest_beta_and_reads_the_icm_contract(
 
 def test_request_order_does_not_move_assets_between_slots(tiny_model: LoadedModel) -> None:
     p = prices_for(3, seed=2)
-    _, s1 = decide(tiny_model, DecisionInput(("X", "Y", "Z"), p), None)
+    _, s1 = decide(tiny_model, request_for(tiny_model, ("X", "Y", "Z"), p), None)
     order = [2, 0, 1]
     q = prices_for(3, seed=3)
-    straight, s_straight = decide(tiny_model, DecisionInput(("X", "Y", "Z"), q), s1)
-    permuted, s_permuted = decide(tiny_model, DecisionInput(("Z", "X", "Y"), q[order]), s1)
+    straight, s_straight = decide(tiny_model, request_for(tiny_model, ("X", "Y", "Z"), q), s1)
+    permuted, s_permuted = decide(
+        tiny_model, request_for(tiny_model, ("Z", "X", "Y"), q[order]), s1
+    )
     assert s_permuted.slots == s_straight.slots == ("X", "Y", "Z", "")
     assert permuted.asset_ids == (CASH_ID, "Z", "X", "Y")
     idx = [0, *(i + 1 for i in order)]
@@ -132,10 +131,12 @@ def test_request_order_does_not_move_assets_between_slots(tiny_model: LoadedMode
 def test_departed_asset_frees_its_slot_and_its_mass_is_not_inherited(
     tiny_model: LoadedModel,
 ) -> None:
-    _, s1 = decide(tiny_model, DecisionInput(("A", "B", "C"), prices_for(3, seed=4)), None)
+    _, s1 = decide(
+        tiny_model, request_for(tiny_model, ("A", "B", "C"), prices_for(3, seed=4)), None
+    )
     # B leaves, D arrives: D takes B's slot (the lowest free), without B's smoothed weight.
     p = prices_for(3, seed=5)
-    out, s2 = decide(tiny_model, DecisionInput(("A", "D", "C"), p), s1)
+    out, s2 = decide(tiny_model, request_for(tiny_model, ("A", "D", "C"), p), s1)
     assert s2.slots == ("A", "D", "C", "")
     _, _, raw = expected_step(
         p, [1, 2, 3], renormalize(s1.smoothed * [1, 1, 0, 1, 0], [1] * 4 + [0])
@@ -148,19 +149,23 @@ def test_departed_asset_frees_its_slot_and_its_mass_is_not_inherited(
     assert abs(inherited[2] - out.smoothed_weights[2]) > 1e-3
     assert out.icm_reward is None  # the universe changed: not a transition the ICM knows
     # A leaves too and E, F arrive: E takes slot 1, F slot 4; C stays in slot 3.
-    out3, s3 = decide(tiny_model, DecisionInput(("C", "E", "D", "F"), prices_for(4, seed=6)), s2)
+    out3, s3 = decide(
+        tiny_model, request_for(tiny_model, ("C", "E", "D", "F"), prices_for(4, seed=6)), s2
+    )
     assert s3.slots == ("E", "D", "C", "F")
     assert out3.asset_ids == (CASH_ID, "C", "E", "D", "F")
     assert out3.smoothed_weights.sum() == pytest.approx(1.0, abs=1e-12)
-    out4, _ = decide(tiny_model, DecisionInput(("C", "E", "D", "F"), prices_for(4, 7)), s3)
+    out4, _ = decide(
+        tiny_model, request_for(tiny_model, ("C", "E", "D", "F"), prices_for(4, 7)), s3
+    )
     assert out4.icm_reward is not None  # same universe again: the ICM answers
 
 
 def test_a_shrinking_request_without_current_weights_renormalizes_the_survivors(
     tiny_model: LoadedModel,
 ) -> None:
-    _, s1 = decide(tiny_model, DecisionInput(("A", "B"), prices_for(2, seed=8)), None)
-    out, s2 = decide(tiny_model, DecisionInput(("B",), prices_for(1, seed=9)), s1)
+    _, s1 = decide(tiny_model, request_for(tiny_model, ("A", "B"), prices_for(2, seed=8)), None)
+    out, s2 = decide(tiny_model, request_for(tiny_model, ("B",), prices_for(1, seed=9)), s1)
     held = np.array(s1.smoothed)[[0, 2]]
     np.testing.assert_allclose(out.current_weights, held / held.sum(), atol=1e-12)
     assert s2.slots == ("", "B", "", "")
@@ -168,14 +173,14 @@ def test_a_shrinking_request_without_current_weights_renormalizes_the_survivors(
 
 def test_batch_equals_one_by_one(tiny_model: LoadedModel) -> None:
     """Mixed batch (new, continuing, changed universe, with/without current weights)."""
-    _, a = decide(tiny_model, DecisionInput(("A", "B"), prices_for(2, 20)), None)
-    _, b = decide(tiny_model, DecisionInput(("B", "C", "D"), prices_for(3, 21)), None)
-    _, b = decide(tiny_model, DecisionInput(("B", "C", "D"), prices_for(3, 22)), b)
+    _, a = decide(tiny_model, request_for(tiny_model, ("A", "B"), prices_for(2, 20)), None)
+    _, b = decide(tiny_model, request_for(tiny_model, ("B", "C", "D"), prices_for(3, 21)), None)
+    _, b = decide(tiny_model, request_for(tiny_model, ("B", "C", "D"), prices_for(3, 22)), b)
     inputs = [
-        DecisionInput(("A", "B"), prices_for(2, 23)),
-        DecisionInput(("C", "E"), prices_for(2, 24), np.array([0.5, 0.25, 0.25])),
-        DecisionInput(("N1", "N2", "N3", "N4"), prices_for(4, 25)),
-        DecisionInput(("B", "C", "D"), prices_for(3, 26), np.array([0.4, 0.2, 0.2, 0.2])),
+        request_for(tiny_model, ("A", "B"), prices_for(2, 23)),
+        request_for(tiny_model, ("C", "E"), prices_for(2, 24), np.array([0.5, 0.25, 0.25])),
+        request_for(tiny_model, ("N1", "N2", "N3", "N4"), prices_for(4, 25)),
+        request_for(tiny_model, ("B", "C", "D"), prices_for(3, 26), np.array([0.4, 0.2, 0.2, 0.2])),
     ]
     states = [a, b, None, b]
     batch = decide_batch(tiny_model, inputs, states)
@@ -193,7 +198,7 @@ def test_batch_equals_one_by_one(tiny_model: LoadedModel) -> None:
 
 
 def test_outputs_and_states_are_read_only(tiny_model: LoadedModel) -> None:
-    out, state = decide(tiny_model, DecisionInput(("A",), prices_for(1, 30)), None)
+    out, state = decide(tiny_model, request_for(tiny_model, ("A",), prices_for(1, 30)), None)
     for a in (out.raw_weights, out.smoothed_weights, state.smoothed, state.observation):
         with pytest.raises(ValueError, match="read-only"):
             a[0] = 0.5
@@ -208,16 +213,16 @@ def test_a_state_from_a_model_with_other_max_assets_restarts(
         write_tiny_model(tmp_path / "wide" / "2", Spec(max_assets=6, window=TINY.window)),
         prefer_cuda=False,
     )
-    _, s = decide(tiny_model, DecisionInput(("A", "B"), prices_for(2, 31)), None)
-    _, s = decide(tiny_model, DecisionInput(("A", "B"), prices_for(2, 32)), s)
-    out, restarted = decide(wide, DecisionInput(("A", "B"), prices_for(2, 33)), s)
+    _, s = decide(tiny_model, request_for(tiny_model, ("A", "B"), prices_for(2, 31)), None)
+    _, s = decide(tiny_model, request_for(tiny_model, ("A", "B"), prices_for(2, 32)), s)
+    out, restarted = decide(wide, request_for(wide, ("A", "B"), prices_for(2, 33)), s)
     assert restarted.steps == 1
     assert restarted.model == ModelKey("wide", "2", 7)
     np.testing.assert_array_equal(out.smoothed_weights, out.raw_weights)
     assert out.icm_reward is None
     # Same slot count, other name/version: the smoothing continues.
     same = load_model(write_tiny_model(tmp_path / "same" / "3"), prefer_cuda=False)
-    out2, continued = decide(same, DecisionInput(("A", "B"), prices_for(2, 34)), s)
+    out2, continued = decide(same, request_for(same, ("A", "B"), prices_for(2, 34)), s)
     assert continued.steps == 3
     assert continued.model == ModelKey("same", "3", TINY.n_slots)
     assert out2.icm_reward is not None
@@ -227,7 +232,9 @@ def test_a_state_from_a_model_with_other_max_assets_restarts(
 def test_model_without_icm_never_answers_a_reward(plain_model: LoadedModel) -> None:
     state = None
     for k in range(3):
-        out, state = decide(plain_model, DecisionInput(("A", "B"), prices_for(2, 40 + k)), state)
+        out, state = decide(
+            plain_model, request_for(plain_model, ("A", "B"), prices_for(2, 40 + k)), state
+        )
         assert out.icm_reward is None
     # Nothing kept for an ICM that is not there: small states.
     assert state.observation is None
@@ -236,59 +243,8 @@ def test_model_without_icm_never_answers_a_reward(plain_model: LoadedModel) -> N
     assert PortfolioState.from_bytes(state.to_bytes()) == state
 
 
-@pytest.mark.parametrize(
-    ("inp", "field", "match"),
-    [
-        (DecisionInput((), np.zeros((0, 6))), "asset_ids", "at least one"),
-        (DecisionInput(tuple("ABCDE"), prices_for(5, 0)), "asset_ids", "max_assets=4"),
-        (DecisionInput(("A", "A"), prices_for(2, 0)), "asset_ids", "duplicate asset id 'A'"),
-        (DecisionInput(("A", ""), prices_for(2, 0)), "asset_ids", "invalid asset id"),
-        (DecisionInput(("CASH",), prices_for(1, 0)), "asset_ids", "invalid asset id"),
-        (DecisionInput(("A",), prices_for(1, 0, window=7)), "prices", r"shape \(1, 8\)"),
-        (DecisionInput(("A", "B"), prices_for(1, 0)), "prices", "like asset_ids"),
-        (
-            DecisionInput(("A", "B"), np.where(np.eye(2, 6) > 0, np.nan, 1.0)),
-            "prices",
-            "'A' must be finite and positive",
-        ),
-        (
-            DecisionInput(("A", "B"), np.r_[np.ones((1, 6)), -np.ones((1, 6))]),
-            "prices",
-            "'B' must be finite and positive",
-        ),
-        (DecisionInput(("A",), prices_for(1, 0), np.array([1.0])), "current_weights", "shape"),
-        (DecisionInput(("A",), [["x"] * 6]), "prices", "array of numbers"),  # type: ignore[arg-type]
-        (DecisionInput((1,), prices_for(1, 0)), "asset_ids", "invalid asset id 1"),  # type: ignore[arg-type]
-        (
-            DecisionInput(("A",), prices_for(1, 0), np.array([0.7, 0.7])),
-            "current_weights",
-            "sum to 1",
-        ),
-        (
-            DecisionInput(("A",), prices_for(1, 0), np.array([1.5, -0.5])),
-            "current_weights",
-            "non-negative",
-        ),
-        (
-            DecisionInput(("A",), prices_for(1, 0), np.array([np.nan, 1.0])),
-            "current_weights",
-            "finite",
-        ),
-    ],
-)
-def test_bad_input_names_the_input_and_the_field(
-    tiny_model: LoadedModel, inp: DecisionInput, field: str, match: str
-) -> None:
-    good = DecisionInput(("OK",), prices_for(1, 99))
-    with pytest.raises(DecisionError, match=match) as info:
-        decide_batch(tiny_model, [good, inp], [None, None])
-    assert info.value.index == 1
-    assert info.value.field == field
-    assert str(info.value).startswith(f"input 1: {field}: ")
-
-
 def test_states_round_trip_through_bytes(tiny_model: LoadedModel) -> None:
-    _, s = decide(tiny_model, DecisionInput(("Ä", "B:1"), prices_for(2, 50)), None)
+    _, s = decide(tiny_model, request_for(tiny_model, ("Ä", "B:1"), prices_for(2, 50)), None)
     data = s.to_bytes()
     assert isinstance(data, bytes)
     back = PortfolioState.from_bytes(data)
@@ -318,7 +274,7 @@ def test_states_round_trip_through_bytes(tiny_model: LoadedModel) -> None:
 )
 def test_malformed_state_bytes_are_refused(tiny_model: LoadedModel, data: bytes | None) -> None:
     if data is None:  # a valid state cut short
-        _, s = decide(tiny_model, DecisionInput(("A",), prices_for(1, 51)), None)
+        _, s = decide(tiny_model, request_for(tiny_model, ("A",), prices_for(1, 51)), None)
         data = s.to_bytes()[:-3]
     with pytest.raises(StateDecodeError):
         PortfolioState.from_bytes(data)
@@ -350,7 +306,9 @@ def test_any_request_sequence_answers_distributions_over_the_request(
             g = np.random.default_rng(seed).gamma(1.0, size=len(ids) + 1)
             current = g / g.sum()
         out, state = decide(
-            tiny_model, DecisionInput(tuple(ids), prices_for(len(ids), seed), current), state
+            tiny_model,
+            request_for(tiny_model, tuple(ids), prices_for(len(ids), seed), current),
+            state,
         )
         assert out.asset_ids == (CASH_ID, *ids)
         for w in (out.raw_weights, out.smoothed_weights, out.current_weights):

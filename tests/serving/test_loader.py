@@ -17,17 +17,10 @@ import pytest
 import allocator.artifacts.manifest as manifest_module
 from allocator.artifacts.manifest import MANIFEST_FILE, checksums, read_manifest, write_manifest
 from allocator.portfolio import FeatureSpec, build_raw_observation
-from allocator.serving import (
-    LoadedModel,
-    ModelLoadError,
-    ModelNotFoundError,
-    latest_version,
-    list_models,
-    load_from_registry,
-    load_model,
-    resolve,
-)
+from allocator.registry.errors import ModelLoadError, ModelNotFoundError
+from allocator.serving import LoadedModel, load_from_registry, load_model
 from allocator.serving import loader as loader_module
+from tests.registry import build_registry
 from tests.serving import (
     Spec,
     make_manifest,
@@ -337,41 +330,11 @@ def test_graph_for_more_assets_refused(tmp_path: Path) -> None:
         load_model(d, prefer_cuda=False)
 
 
-# --- registry ----------------------------------------------------------------------------------
+# --- loading from a registry --------------------------------------------------------------------
 
 
-@pytest.fixture
-def registry(tmp_path: Path) -> Path:
-    r = tmp_path / "registry"
-    for version in ["1", "2", "9", "10"]:
-        write_exported_model(r / "alpha" / version, SPEC, seed=int(version))
-    write_exported_model(r / "beta" / "3", SPEC)
-    (r / "beta" / "4").mkdir()  # no manifest: an export in progress, not a version
-    (r / "README.md").write_text("not a model")
-    return r
-
-
-def test_list_models_in_numeric_order(registry: Path) -> None:
-    assert list_models(registry) == [
-        ("alpha", "1"),
-        ("alpha", "2"),
-        ("alpha", "9"),
-        ("alpha", "10"),
-        ("beta", "3"),
-    ]
-
-
-def test_latest_version_is_numeric(registry: Path) -> None:
-    assert latest_version(registry, "alpha") == "10"
-    assert latest_version(registry, "beta") == "3"
-
-
-def test_resolve(registry: Path) -> None:
-    assert resolve(registry, "alpha") == registry / "alpha" / "10"
-    assert resolve(registry, "alpha", "9") == registry / "alpha" / "9"
-
-
-def test_load_from_registry(registry: Path) -> None:
+def test_load_from_registry(tmp_path: Path) -> None:
+    registry = build_registry(tmp_path / "registry", SPEC)
     model = load_from_registry(registry, "alpha", prefer_cuda=False)
     assert (model.name, model.version) == ("alpha", "10")
     obs, mask = raw_batch(SPEC, 2)
@@ -379,30 +342,3 @@ def test_load_from_registry(registry: Path) -> None:
     np.testing.assert_allclose(
         weights, reference_policy(policy_weights(SPEC, 10), obs, mask)[1], atol=1e-5
     )
-
-
-def test_not_found_errors_name_what_was_asked(registry: Path) -> None:
-    with pytest.raises(ModelNotFoundError, match="no model named 'gamma'") as info:
-        resolve(registry, "gamma")
-    assert "alpha, beta" in str(info.value)
-    with pytest.raises(ModelNotFoundError, match="'gamma'"):
-        resolve(registry, "gamma", "1")
-    with pytest.raises(ModelNotFoundError, match=r"'alpha' has no version '11'") as info:
-        resolve(registry, "alpha", "11")
-    assert "1, 2, 9, 10" in str(info.value)
-    with pytest.raises(ModelNotFoundError, match="'4'"):
-        resolve(registry, "beta", "4")
-    with pytest.raises(ModelNotFoundError, match="'gamma'"):
-        latest_version(registry, "gamma")
-    with pytest.raises(ModelNotFoundError, match="no such registry"):
-        list_models(registry / "absent")
-    assert issubclass(ModelNotFoundError, ModelLoadError)
-    assert issubclass(ModelLoadError, ValueError)
-
-
-@pytest.mark.parametrize("name", ["..", "../registry", "alpha/10", "/etc", ""])
-def test_path_like_names_refused(registry: Path, name: str) -> None:
-    with pytest.raises(ModelNotFoundError, match="invalid"):
-        resolve(registry, name)
-    with pytest.raises(ModelNotFoundError, match="invalid"):
-        resolve(registry, "alpha", name or ".")

@@ -4,21 +4,24 @@ universe. The test may use the trainer; ``allocator.serving.replay`` itself may 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from allocator.portfolio import (
+    CASH_ID,
     FeatureSpec,
     NormalizationStats,
     build_raw_observation,
     normalize_observation,
     renormalize,
 )
-from allocator.recording.records import CASH_ID
 from allocator.serving import LoadedModel
 from allocator.serving.replay import live_assets, replay
-from allocator.serving.state import MemoryStateStore, decide_with_store
+from allocator.serving.state import MemoryStateStore
+from allocator.serving.step import DecisionStep
 from allocator.trainer.sim.backtest import run_backtest
 from allocator.trainer.sim.baselines import DecisionContext
 from tests.markets import random_walk_market
@@ -150,9 +153,11 @@ def test_changing_universe_keeps_distributions_over_the_live_assets(
 def test_replayed_requests_reproduce_the_answers(tiny_model: LoadedModel) -> None:
     """``inputs`` are the requests to send a server: deciding them again gives the same answers."""
     result = replay(tiny_model, changing_market())
-    store = MemoryStateStore()
+    step = DecisionStep(MemoryStateStore())
     for inp, out in zip(result.inputs, result.outputs, strict=True):
-        (again,) = decide_with_store(store, tiny_model, ["other"], [inp])
+        (answer,) = step.decide_and_record(tiny_model, [replace(inp, portfolio_id="other")])
+        again = answer.output
+        assert again is not None
         np.testing.assert_array_equal(again.raw_weights, out.raw_weights)
         np.testing.assert_array_equal(again.smoothed_weights, out.smoothed_weights)
         assert again.icm_reward == out.icm_reward

@@ -20,9 +20,11 @@ import sys
 from pathlib import Path
 
 from allocator.recording.migrations import upgrade
-from allocator.serving.registry import read_production_pointer
+from allocator.registry.pointer import read_production_pointer
+from allocator.registry.versions import CANDIDATES_DIR
 from allocator.serving.server import ServerConfig, build_server
-from allocator.trainer.jobs.retrain import CANDIDATES_DIR, load_retrain_config, retrain
+from allocator.trainer.jobs.retrain.config import load_retrain_config
+from allocator.trainer.jobs.retrain.runner import retrain
 from tests.serving.load import LoadThread, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

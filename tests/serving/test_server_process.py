@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 from allocator.recording.migrations import upgrade
+from allocator.registry.pointer import write_production_pointer
 from allocator.serving.client import Allocation, AllocatorClient
-from allocator.serving.registry import write_production_pointer
 from allocator.serving.server import AllocationServer, ServerConfig, build_server
 from tests.serving.conftest import TINY, delete_prefixed, write_tiny_model
 from tests.serving.load import HealthWatch, LoadThread, ServeProcess, price_path, wait_until

@@ -21,21 +21,23 @@ import pytest
 import redis
 
 from allocator.serving import LoadedModel, load_model
-from allocator.serving.decision import DecisionError, DecisionInput, PortfolioState, decide
+from allocator.serving.decision import DecisionOutput, PortfolioState, decide
+from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.state import (
     MemoryStateStore,
     RedisStateStore,
     StateLockLostError,
     StateLockTimeoutError,
     StateStore,
-    decide_with_store,
 )
-from tests.serving.conftest import TINY
+from allocator.serving.step import DecisionStep
+from allocator.serving.validation import InvalidRequest, ModelShape, ValidRequest, validate_request
+from tests.serving.conftest import TINY, allocate_request
 
 # --- a deterministic request history shared by the main process and the workers -----------------
 
 
-def history_input(step: int) -> DecisionInput:
+def history_input(step: int, portfolio_id: str = "p") -> ValidRequest:
     """Step k of one portfolio's requests: the universe changes at steps 4 and 7."""
     ids = ("A", "B", "C") if step < 4 else ("A", "C", "D", "E") if step < 7 else ("E", "C")
     rng = np.random.default_rng(1000 + step)
@@ -44,7 +46,18 @@ def history_input(step: int) -> DecisionInput:
     if step % 3 == 2:
         g = rng.gamma(1.0, size=len(ids) + 1)
         current = g / g.sum()
-    return DecisionInput(ids, prices, current)
+    message = allocate_request(
+        ids, prices, current, portfolio_id=portfolio_id, request_id=f"{portfolio_id}-{step}"
+    )
+    return validate_request(message, ModelShape(TINY.max_assets, TINY.window))
+
+
+def decide_in(
+    store: StateStore, model: LoadedModel, requests: list[ValidRequest]
+) -> list[DecisionOutput]:
+    """The decision step for distinct portfolios, under ``store``'s locks, recording nothing."""
+    answers = DecisionStep(store).decide_and_record(model, requests)
+    return [a.output for a in answers]  # type: ignore[misc]  # no cache: all decided
 
 
 def redis_store(url: str, prefix: str, **kwargs: Any) -> RedisStateStore:
@@ -62,13 +75,13 @@ def _worker(conn: Connection, model_dir: str, url: str, prefix: str) -> None:
                 break
             kind, pid, arg = command
             if kind == "decide":
-                out = decide_with_store(store, model, [pid], [history_input(arg)])[0]
+                (out,) = decide_in(store, model, [history_input(arg, pid)])
                 conn.send((out.smoothed_weights.tolist(), out.raw_weights.tolist()))
             elif kind == "hammer":
                 conn.send("ready")
                 conn.recv()  # go
                 for k in range(arg):
-                    decide_with_store(store, model, [pid], [history_input(k % 3)])
+                    decide_in(store, model, [history_input(k % 3, pid)])
                 conn.send("done")
     finally:
         store.close()
@@ -175,16 +188,23 @@ def test_a_session_names_each_portfolio_once(store: StateStore) -> None:
         pass
 
 
-def test_decide_with_store_applies_repeated_portfolios_in_order(
+def test_batches_equal_one_by_one_and_name_each_portfolio_once(
     store: StateStore, tiny_model: LoadedModel
 ) -> None:
-    inputs = [history_input(k) for k in range(5)]
+    """Calls of distinct portfolios ([x, y], [x], [x, y]) decide as the same steps one at a
+    time; a call naming a portfolio twice decides nothing (steps of one portfolio in one call
+    would have no order: validation refuses such batches, the store refuses such sessions)."""
     ids = ["x", "y", "x", "x", "y"]
-    outs = decide_with_store(store, tiny_model, ids, inputs)
+    inputs = [history_input(k, pid) for k, pid in enumerate(ids)]
+    with pytest.raises(ValueError, match="once"):
+        decide_in(store, tiny_model, inputs[:3])
+    outs: list[DecisionOutput] = []
+    for call in ([0, 1], [2], [3, 4]):
+        outs.extend(decide_in(store, tiny_model, [inputs[i] for i in call]))
     # The same decisions one by one, in a fresh memory store.
     ref = MemoryStateStore()
-    for i, (pid, inp) in enumerate(zip(ids, inputs, strict=True)):
-        (one,) = decide_with_store(ref, tiny_model, [pid], [inp])
+    for i, inp in enumerate(inputs):
+        (one,) = decide_in(ref, tiny_model, [inp])
         np.testing.assert_allclose(outs[i].smoothed_weights, one.smoothed_weights, atol=1e-7)
     with store.locked(["x", "y"]) as session:
         x, y = session.get()
@@ -193,21 +213,20 @@ def test_decide_with_store_applies_repeated_portfolios_in_order(
     assert (x.steps, y.steps) == (3, 2)
 
 
-def test_decide_with_store_names_the_bad_input_by_its_batch_position(
+def test_a_bad_item_refuses_the_batch_before_anything_is_decided(
     store: StateStore, tiny_model: LoadedModel
 ) -> None:
-    """Rounds: [p, q] then [p]; the second fails, naming input 1; the first stays stored."""
-    good = history_input(0)
-    bad = DecisionInput(("A", "A"), np.ones((2, TINY.window + 1)))
-    with pytest.raises(DecisionError) as info:
-        decide_with_store(store, tiny_model, ["p", "p", "q"], [good, bad, good])
-    assert info.value.index == 1
-    assert info.value.field == "asset_ids"
+    """Validation first, all or nothing: the error names the item; no state is written."""
+    good = allocate_request(("A", "B"), np.ones((2, TINY.window + 1)), portfolio_id="p")
+    bad = allocate_request(
+        ("A", "A"), np.ones((2, TINY.window + 1)), portfolio_id="q", request_id="r2"
+    )
+    batch = pb.AllocateBatchRequest(requests=[good, bad])
+    with pytest.raises(InvalidRequest) as info:
+        DecisionStep(store).allocate_batch(batch, lambda name, version: tiny_model)
+    assert info.value.field == "requests[1].asset_ids[1]"
     with store.locked(["p", "q"]) as session:
-        p, q = session.get()
-    assert p is not None
-    assert q is not None
-    assert (p.steps, q.steps) == (1, 1)
+        assert session.get() == [None, None]
 
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])
@@ -225,7 +244,9 @@ def test_threads_hammering_one_portfolio_never_lose_an_update(
     def run(s: StateStore) -> None:
         try:
             for k in range(per_thread):
-                decide_with_store(s, tiny_model, ["hot", "cold"], [history_input(k % 3)] * 2)
+                decide_in(
+                    s, tiny_model, [history_input(k % 3, "hot"), history_input(k % 3, "cold")]
+                )
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -324,7 +345,7 @@ def test_two_processes_alternating_give_the_one_process_sequence(
         got.append(conn.recv())
     memory = MemoryStateStore()
     for k in range(steps):
-        (want,) = decide_with_store(memory, tiny_model, ["alternating"], [history_input(k)])
+        (want,) = decide_in(memory, tiny_model, [history_input(k, "alternating")])
         np.testing.assert_array_equal(got[k][0], want.smoothed_weights)
         np.testing.assert_array_equal(got[k][1], want.raw_weights)
 

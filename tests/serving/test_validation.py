@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from allocator.portfolio import CASH_ID
 from allocator.serving.proto import allocator_pb2 as pb
 from allocator.serving.validation import (
-    CASH_ID,
     InvalidRequest,
     ModelShape,
     ValidRequest,
@@ -321,6 +321,74 @@ def test_batch_duplicates_are_named(field: str, other: str) -> None:
     assert info.value.field == f"requests[2].{field}"
     assert f"duplicate {field}" in info.value.message
     assert f"requests[0].{field}" in info.value.message
+
+
+def _prices_for(n: int, seed: int, window: int = SHAPE.window) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return 50.0 * np.exp(np.cumsum(rng.normal(0.0, 0.02, (n, window + 1)), axis=1))
+
+
+@pytest.mark.parametrize(
+    ("ids", "prices", "current", "field", "match"),
+    [
+        ((), np.zeros((0, 6)), None, "asset_ids", "at least one"),
+        (tuple("ABCDE"), _prices_for(5, 0), None, "asset_ids", "at most 4 \\(max_assets\\)"),
+        (("A", "A"), _prices_for(2, 0), None, "asset_ids[1]", "duplicate asset id 'A'"),
+        (("A", ""), _prices_for(2, 0), None, "asset_ids[1]", "required"),
+        (("CASH",), _prices_for(1, 0), None, "asset_ids[0]", "reserved"),
+        (("A",), _prices_for(1, 0, window=7), None, "prices", "expected 6 values"),
+        (("A", "B"), _prices_for(1, 0), None, "prices", "expected 12 values"),
+        (
+            ("A", "B"),
+            np.where(np.eye(2, 6) > 0, np.nan, 1.0),
+            None,
+            "prices",
+            "asset 'A'.*must be finite and > 0",
+        ),
+        (
+            ("A", "B"),
+            np.r_[np.ones((1, 6)), -np.ones((1, 6))],
+            None,
+            "prices",
+            "asset 'B'.*must be finite and > 0",
+        ),
+        (("A",), _prices_for(1, 0), [1.0], "current_weights", "expected 2 values"),
+        (("A",), _prices_for(1, 0), [0.7, 0.7], "current_weights", "sum to"),
+        (("A",), _prices_for(1, 0), [1.5, -0.5], "current_weights", ">= 0"),
+        (("A",), _prices_for(1, 0), [math.nan, 1.0], "current_weights", "finite"),
+    ],
+)
+def test_bad_arrays_are_refused_at_the_edge_naming_the_item_and_field(
+    ids: tuple[str, ...], prices: np.ndarray, current: list[float] | None, field: str, match: str
+) -> None:
+    """What the decision step once re-checked is refused here, before anything is decided: the
+    step trusts a ``ValidRequest``. In a batch the error names the item (``requests[1]``)."""
+    good = pb.AllocateRequest(
+        portfolio_id="good", request_id="g", asset_ids=["OK"], prices=_prices_for(1, 99).ravel()
+    )
+    bad = pb.AllocateRequest(
+        portfolio_id="bad", request_id="b", asset_ids=list(ids), prices=prices.ravel().tolist()
+    )
+    if current is not None:
+        bad.current_weights.extend(current)
+    with pytest.raises(InvalidRequest, match=match) as info:
+        validate_batch(_batch(good, bad), _fixed())
+    assert info.value.field == f"requests[1].{field}"
+    assert str(info.value).startswith(f"requests[1].{field}: ")
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: pb.AllocateRequest(asset_ids=["A"], prices=["x"] * 6),
+        lambda: pb.AllocateRequest(asset_ids=[1], prices=[1.0] * 6),
+    ],
+    ids=["prices-not-numbers", "asset-id-not-a-string"],
+)
+def test_values_of_the_wrong_type_cannot_be_sent(build: Callable[[], object]) -> None:
+    """Non-numeric prices or non-string ids never reach validation: the message refuses them."""
+    with pytest.raises(TypeError):
+        build()
 
 
 def test_batch_resolves_each_pin_once_with_its_own_shape() -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
+
+from allocator.artifacts.files import atomic_write_text
+from allocator.typed_config import StrictModel
 
 SCHEMA_VERSION = 2
 MANIFEST_FILE = "manifest.json"
@@ -28,11 +29,7 @@ class ManifestError(ValueError):
     """A manifest that is missing, unreadable, of another schema version, or does not match."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class FeatureSpecInfo(_Strict):
+class FeatureSpecInfo(StrictModel):
     """How observations are built: see ``portfolio.observation``."""
 
     max_assets: int = Field(ge=1)
@@ -41,14 +38,14 @@ class FeatureSpecInfo(_Strict):
     features: list[str] = Field(default_factory=lambda: ["log_return"])
 
 
-class NormalizationInfo(_Strict):
+class NormalizationInfo(StrictModel):
     """Statistics of daily log returns over the training period."""
 
     mean: float
     std: float = Field(gt=0)
 
 
-class DataInfo(_Strict):
+class DataInfo(StrictModel):
     """Where the training data came from and which periods were used."""
 
     dataset: str
@@ -59,7 +56,7 @@ class DataInfo(_Strict):
     validation_end: str | None = None
 
 
-class MigrationRecord(_Strict):
+class MigrationRecord(StrictModel):
     """One step applied by ``allocator checkpoint migrate``."""
 
     from_version: int
@@ -68,7 +65,7 @@ class MigrationRecord(_Strict):
     note: str = ""
 
 
-class Manifest(_Strict):
+class Manifest(StrictModel):
     """Schema version 2."""
 
     schema_version: int = SCHEMA_VERSION
@@ -181,18 +178,6 @@ def read_manifest(directory: str | Path) -> Manifest:
 
 
 def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
-    """Write ``manifest.json`` atomically (temp file, fsync, rename)."""
-    d = Path(directory)
+    """Write ``manifest.json`` atomically (see ``artifacts.files.atomic_write_text``)."""
     text = json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".manifest-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; registries are read by other users
-        os.replace(tmp, d / MANIFEST_FILE)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return d / MANIFEST_FILE
+    return atomic_write_text(Path(directory) / MANIFEST_FILE, text)

@@ -1,5 +1,6 @@
 """The numpy-only policy contract that training, export, backtests and serving share."""
 
+from allocator.portfolio.ids import CASH_ID, MAX_ID_LENGTH, MAX_VERSION_LENGTH, IdError, check_id
 from allocator.portfolio.observation import (
     FeatureSpec,
     NormalizationStats,
@@ -14,6 +15,7 @@ from allocator.portfolio.observation import (
 from allocator.portfolio.smoothing import ema_smooth, validate_beta
 from allocator.portfolio.weights import (
     CASH,
+    WEIGHT_SUM_TOLERANCE,
     action_to_weights,
     is_distribution,
     live_mask,
@@ -23,12 +25,18 @@ from allocator.portfolio.weights import (
 
 __all__ = [
     "CASH",
+    "CASH_ID",
+    "MAX_ID_LENGTH",
+    "MAX_VERSION_LENGTH",
+    "WEIGHT_SUM_TOLERANCE",
     "FeatureSpec",
+    "IdError",
     "NormalizationStats",
     "action_to_weights",
     "assemble_observation",
     "build_observation",
     "build_raw_observation",
+    "check_id",
     "ema_smooth",
     "fit_normalization",
     "is_distribution",

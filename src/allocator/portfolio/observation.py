@@ -8,7 +8,8 @@ Layout of the flat float32 vector (``max_assets`` = M, ``window`` = W):
 * ``M + 1`` mask entries (1.0 live, 0.0 masked; cash always 1.0).
 
 Normalization matters: a tanh actor fed raw returns of order 1e-2 next to weights of order 1
-saturates or freezes (seed 003). Statistics come from the training window only and travel in
+saturates: its outputs sit at +-1, where the tanh gradient ``1 - a^2`` vanishes, and the policy
+freezes. Statistics come from the training window only and travel in
 the model's manifest.
 """
 

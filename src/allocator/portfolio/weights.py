@@ -3,7 +3,7 @@
 Training, ONNX export, backtests and the server all call this (or, in ONNX, a graph that is
 tested against it), so a policy is always served under the mapping it was trained with.
 
-Conventions (the policy contract of DESIGN.md):
+Conventions (the policy contract shared by trainer, export and server):
 
 * Vectors have length ``max_assets + 1``, cash first. ``mask`` marks live slots; cash is always
   live, whatever the mask says.
@@ -28,6 +28,9 @@ from numpy.typing import ArrayLike, NDArray
 
 CASH = 0
 """Index of the cash slot in every action, weight and mask vector."""
+WEIGHT_SUM_TOLERANCE = 1e-6
+"""How far weights a client sends (its current holdings) may sum from 1: clients often hold
+float32 weights, whose sum misses 1 by a few 1e-8; a larger gap is a wrong vector, not rounding."""
 
 FloatArray = NDArray[np.float64]
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from allocator.metrics.prometheus import RecorderMetrics
+from allocator.metrics.recorder import RecorderMetrics
 from allocator.recording.records import DecisionRecord, ModelRecord
 from allocator.recording.sinks import (
     RecordRejectedError,

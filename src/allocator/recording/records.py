@@ -18,27 +18,24 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["CASH_ID", "DecisionRecord", "ModelRecord", "RecordError"]
+from allocator.portfolio.ids import MAX_ID_LENGTH, MAX_VERSION_LENGTH, IdError, check_id
 
-CASH_ID = "CASH"
-"""The id recorded (and answered) for the cash slot, first in every weight vector."""
+__all__ = ["DecisionRecord", "ModelRecord", "RecordError"]
 
-MAX_ID_LENGTH = 200
-"""Request, portfolio and model ids are ``VARCHAR(200)`` in the schema."""
+MAX_ALGORITHM_LENGTH = 50
+"""Algorithm names are ``VARCHAR(50)`` in the schema."""
 
 
 class RecordError(ValueError):
     """A record field is missing, malformed or out of range; the message names the field."""
 
 
-def _check_id(value: str, what: str, max_length: int = MAX_ID_LENGTH) -> str:
-    if not isinstance(value, str) or not value:
-        raise RecordError(f"{what} must be a non-empty string, got {value!r}")
-    if len(value) > max_length:
-        raise RecordError(f"{what} is {len(value)} characters long, at most {max_length}")
-    if "\x00" in value:
-        raise RecordError(f"{what} must not contain NUL characters")
-    return value
+def _record_id(value: str, what: str, max_length: int = MAX_ID_LENGTH) -> str:
+    """The contract's id rule (``check_id``), refused as a ``RecordError``."""
+    try:
+        return check_id(value, what, max_length)
+    except IdError as exc:
+        raise RecordError(str(exc)) from None
 
 
 def _check_vector(values: ArrayLike, what: str, length: int) -> tuple[float, ...]:
@@ -73,9 +70,9 @@ class ModelRecord:
     checksums: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_id(self.name, "model name")
-        _check_id(self.version, "model version", 100)
-        _check_id(self.algorithm, "model algorithm", 50)
+        _record_id(self.name, "model name")
+        _record_id(self.version, "model version", MAX_VERSION_LENGTH)
+        _record_id(self.algorithm, "model algorithm", MAX_ALGORITHM_LENGTH)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -99,8 +96,9 @@ class ModelRecord:
 class DecisionRecord:
     """One answered allocation.
 
-    ``asset_ids`` and the weight vectors are parallel, cash first as ``CASH_ID``. ``request_id``
-    is the client's idempotency key: the database keeps the first record of a request id.
+    ``asset_ids`` and the weight vectors are parallel, cash first as
+    ``allocator.portfolio.CASH_ID``. ``request_id`` is the client's idempotency key: the
+    database keeps the first record of a request id.
     ``decided_at`` must be timezone-aware (stored as UTC; SQLite keeps no zone).
     """
 
@@ -141,16 +139,16 @@ class DecisionRecord:
         if not ids:
             raise RecordError("asset_ids must not be empty")
         for i, asset in enumerate(ids):
-            _check_id(asset, f"asset_ids[{i}]")
+            _record_id(asset, f"asset_ids[{i}]")
         if len(set(ids)) != len(ids):
             raise RecordError("asset_ids must be unique")
         n = len(ids)
         return cls(
-            request_id=_check_id(request_id, "request_id"),
-            portfolio_id=_check_id(portfolio_id, "portfolio_id"),
+            request_id=_record_id(request_id, "request_id"),
+            portfolio_id=_record_id(portfolio_id, "portfolio_id"),
             decided_at=decided_at.astimezone(dt.UTC),
-            model_name=_check_id(model_name, "model_name"),
-            model_version=_check_id(model_version, "model_version", 100),
+            model_name=_record_id(model_name, "model_name"),
+            model_version=_record_id(model_version, "model_version", MAX_VERSION_LENGTH),
             asset_ids=ids,
             raw_weights=_check_vector(raw_weights, "raw_weights", n),
             smoothed_weights=_check_vector(smoothed_weights, "smoothed_weights", n),

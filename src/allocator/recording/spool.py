@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from allocator.artifacts.files import fsync_path
+
 __all__ = ["FRAME_HEADER", "Segment", "Spool", "SpoolError"]
 
 log = logging.getLogger(__name__)
@@ -45,15 +47,6 @@ class Segment:
     path: Path
     records: int
     size: int
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a created, renamed or deleted directory entry durable (POSIX needs this)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def encode_frame(payload: dict[str, Any]) -> bytes:
@@ -161,7 +154,7 @@ class Spool:
                 path.unlink()
                 continue
             self._segments.append(Segment(path, sum(map(_count, frames)), good))
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
 
     def _next_path(self) -> Path:
         last = self._segments[-1].path if self._segments else None
@@ -202,7 +195,7 @@ class Spool:
             self._current.close()
         path = self._next_path()
         self._current = path.open("ab")
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
         self._segments.append(Segment(path, 0, 0))
 
     # --- replaying -----------------------------------------------------------------------
@@ -222,7 +215,7 @@ class Spool:
                 self._current = None
             segment.path.unlink(missing_ok=True)
             self._segments = [s for s in self._segments if s.path != segment.path]
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
 
     def close(self) -> None:
         with self._lock:

@@ -1,6 +1,7 @@
 """The allocation server: loads exported ONNX models from the registry and serves them.
 
 Torch-free by house rule: only ONNX and JSON are read here, nothing is ever unpickled.
+Which directories are versions, and their errors, live in ``allocator.registry``.
 Names are imported lazily, so the gRPC client (``allocator.serving.client``) works without
 onnxruntime installed and ``allocator --help`` stays fast.
 """
@@ -10,17 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_LOADER_NAMES = (
-    "LoadedModel",
-    "ModelLoadError",
-    "ModelNotFoundError",
-    "latest_version",
-    "list_models",
-    "load_from_registry",
-    "load_model",
-    "resolve",
-    "version_key",
-)
+_LOADER_NAMES = ("LoadedModel", "load_from_registry", "load_model")
 
 __all__ = list(_LOADER_NAMES)
 

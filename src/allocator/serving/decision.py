@@ -34,6 +34,10 @@ the portfolio executes, which does not change with a model upgrade), only its IC
 skipped if the observation width differs.
 
 Responses are in request order, cash first (``CASH_ID``).
+
+The inputs are ``ValidRequest``s: validation (``serving.validation``) is the one place that checks
+ids, shapes, prices and current weights, and this step trusts what it produced. Every caller (the
+server, the replay, the jobs' evaluations) reaches it through ``serving.step``.
 """
 
 from __future__ import annotations
@@ -47,14 +51,17 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from allocator.portfolio import FeatureSpec, build_raw_observation, ema_smooth, renormalize
-from allocator.recording.records import CASH_ID
+from allocator.portfolio import (
+    CASH_ID,
+    FeatureSpec,
+    build_raw_observation,
+    ema_smooth,
+    renormalize,
+)
 from allocator.serving.loader import LoadedModel
+from allocator.serving.validation import ValidRequest
 
 __all__ = [
-    "WEIGHT_SUM_TOLERANCE",
-    "DecisionError",
-    "DecisionInput",
     "DecisionOutput",
     "ModelKey",
     "PortfolioState",
@@ -65,19 +72,6 @@ __all__ = [
 
 Float64Array = NDArray[np.float64]
 Float32Array = NDArray[np.float32]
-
-WEIGHT_SUM_TOLERANCE = 1e-6
-"""How far sent current weights may sum from 1 (clients often hold float32 weights)."""
-
-
-class DecisionError(ValueError):
-    """A bad input in a batch; ``index`` is its position, ``field`` the request field named."""
-
-    def __init__(self, index: int, field: str, message: str) -> None:
-        super().__init__(f"input {index}: {field}: {message}")
-        self.index = index
-        self.field = field
-        self.detail = message
 
 
 class StateDecodeError(ValueError):
@@ -90,19 +84,6 @@ class ModelKey(NamedTuple):
     name: str
     version: str
     n_slots: int
-
-
-@dataclass(frozen=True, slots=True)
-class DecisionInput:
-    """One portfolio's request.
-
-    ``prices`` is ``(len(asset_ids), window + 1)`` closes, oldest first, in request order;
-    ``current_weights`` (optional) is ``(len(asset_ids) + 1,)``, cash first, in request order.
-    """
-
-    asset_ids: tuple[str, ...]
-    prices: Float64Array
-    current_weights: Float64Array | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,241 +255,228 @@ def _assign_slots(
     return tuple(new), req
 
 
-def _check_ids(index: int, ids: Any, max_assets: int) -> tuple[str, ...]:
-    if not isinstance(ids, tuple):
-        ids = tuple(ids)
-    if not ids:
-        raise DecisionError(index, "asset_ids", "must name at least one asset")
-    if len(ids) > max_assets:
-        raise DecisionError(
-            index, "asset_ids", f"{len(ids)} assets exceed the model's max_assets={max_assets}"
-        )
-    for asset in ids:
-        if not isinstance(asset, str) or not asset or asset == CASH_ID:
-            raise DecisionError(
-                index, "asset_ids", f"invalid asset id {asset!r} (non-empty, not {CASH_ID!r})"
-            )
-    if len(set(ids)) != len(ids):
-        seen: set[str] = set()
-        dup = next(a for a in ids if a in seen or seen.add(a))  # type: ignore[func-returns-value]
-        raise DecisionError(index, "asset_ids", f"duplicate asset id {dup!r}")
-    return ids
-
-
-def _floats(index: int, field: str, values: Any) -> Float64Array:
-    try:
-        return np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise DecisionError(index, field, "must be an array of numbers") from None
-
-
 def _feature_spec(model: LoadedModel) -> FeatureSpec:
     fs = model.manifest.feature_spec
     return FeatureSpec(max_assets=fs.max_assets, window=fs.window, clip=fs.clip)
 
 
+@dataclass(slots=True)
+class _SlotBatch:
+    """A batch laid out in the model's slots, row i for request i, ready for one model call.
+
+    ``prices`` holds 1.0 in empty slots (a finite, positive filler the mask hides);
+    ``previous`` is the smoothing base, with the mass of departed assets dropped;
+    ``implied`` marks rows whose current weights are the previous smoothed ones (none were
+    sent); ``gather[i]`` lists request i's slots, cash first, to answer in request order;
+    ``icm_rows`` are the rows whose previous observation and action feed the ICM.
+    """
+
+    prices: Float64Array
+    current: Float64Array
+    mask: NDArray[np.bool_]
+    previous: Float64Array
+    has_previous: NDArray[np.bool_]
+    implied: NDArray[np.bool_]
+    gather: NDArray[np.intp]
+    sizes: NDArray[np.intp]
+    slot_assets: list[tuple[str, ...]]
+    icm_rows: list[int]
+    icm_observations: list[Float32Array]
+    icm_actions: list[Float32Array]
+
+    @classmethod
+    def empty(cls, batch: int, spec: FeatureSpec) -> _SlotBatch:
+        mask = np.zeros((batch, spec.n_slots), dtype=bool)
+        mask[:, 0] = True
+        return cls(
+            prices=np.ones((batch, spec.max_assets, spec.prices_per_asset)),
+            current=np.zeros((batch, spec.n_slots)),
+            mask=mask,
+            previous=np.zeros((batch, spec.n_slots)),
+            has_previous=np.zeros(batch, dtype=bool),
+            implied=np.zeros(batch, dtype=bool),
+            gather=np.zeros((batch, spec.max_assets + 1), dtype=np.intp),
+            sizes=np.empty(batch, dtype=np.intp),
+            slot_assets=[],
+            icm_rows=[],
+            icm_observations=[],
+            icm_actions=[],
+        )
+
+    def place(self, i: int, request: ValidRequest, state: PortfolioState | None) -> None:
+        """Row i: the request's assets in their slots, its prices, current weights and mask."""
+        ids = request.asset_ids
+        n = len(ids)
+        old = None if state is None else state.slots
+        new, req = _assign_slots(ids, old, self.prices.shape[1])
+        self.slot_assets.append(new)
+        self.sizes[i] = n
+        slots: slice | list[int]
+        if req is None:
+            slots = slice(1, n + 1)
+            self.prices[i, :n] = request.prices
+            self.gather[i, 1 : n + 1] = np.arange(1, n + 1)
+        else:
+            slots = req
+            self.prices[i, np.subtract(req, 1)] = request.prices
+            self.gather[i, 1 : n + 1] = req
+        self.mask[i, slots] = True
+        current = request.current_weights
+        if current is not None:
+            self.current[i, 0] = current[0]
+            self.current[i, slots] = current[1:]
+        elif state is not None:
+            self.implied[i] = True
+        else:
+            self.current[i, 0] = 1.0  # a new portfolio holds cash
+
+    def continue_from(
+        self, i: int, state: PortfolioState, model: LoadedModel, same_slots: bool
+    ) -> None:
+        """Row i carries on from ``state``: its smoothed weights, and its ICM inputs when the
+        slots did not change (a transition across a universe change is none the ICM saw)."""
+        self.has_previous[i] = True
+        if not same_slots:  # a departed (or replaced) asset's smoothed mass is dropped
+            new = self.slot_assets[i]
+            kept = np.array([True] + [a == b for a, b in zip(new, state.slots, strict=True)])
+            self.previous[i] = np.where(kept, state.smoothed, 0.0)
+            return
+        self.previous[i] = state.smoothed
+        if (
+            model.icm_session is not None
+            and state.observation is not None
+            and state.action is not None
+            and state.observation.size == model.obs_dim
+        ):
+            self.icm_rows.append(i)
+            self.icm_observations.append(state.observation)
+            self.icm_actions.append(state.action)
+
+
+def _lay_out(
+    model: LoadedModel,
+    spec: FeatureSpec,
+    requests: Sequence[ValidRequest],
+    states: Sequence[PortfolioState | None],
+) -> _SlotBatch:
+    """Every request in its slots; a state made under another slot count starts again."""
+    rows = _SlotBatch.empty(len(requests), spec)
+    for i, (request, state) in enumerate(zip(requests, states, strict=True)):
+        if state is not None and state.model.n_slots != spec.n_slots:
+            state = None  # made under a model with another max_assets: start again
+        rows.place(i, request, state)
+        if state is not None:
+            rows.continue_from(i, state, model, rows.slot_assets[i] == state.slots)
+    if rows.implied.any():
+        implied = rows.implied
+        rows.current[implied] = renormalize(rows.previous[implied], rows.mask[implied])
+    return rows
+
+
+def _smooth(rows: _SlotBatch, raw: Float64Array, beta: float) -> Float64Array:
+    """The executed weights: EMA from the previous smoothed weights; a new portfolio's are
+    its raw weights (``ema_smooth`` without a previous)."""
+    has_previous = rows.has_previous
+    if has_previous.all():
+        return ema_smooth(rows.previous, raw, rows.mask, beta)
+    smoothed = np.empty_like(raw)
+    new_rows = ~has_previous
+    smoothed[new_rows] = ema_smooth(None, raw[new_rows], rows.mask[new_rows], beta)
+    if has_previous.any():
+        smoothed[has_previous] = ema_smooth(
+            rows.previous[has_previous], raw[has_previous], rows.mask[has_previous], beta
+        )
+    return smoothed
+
+
+def _icm_rewards(
+    model: LoadedModel,
+    rows: _SlotBatch,
+    observations: Float32Array,
+    mask32: Float32Array,
+    batch: int,
+) -> list[float | None]:
+    """``icm(previous observation, previous action, this observation, mask)`` per row that
+    has those inputs; ``None`` elsewhere and where the graph answers a non-finite value."""
+    icm: list[float | None] = [None] * batch
+    if not rows.icm_rows:
+        return icm
+    rewards = model.intrinsic_reward(
+        np.stack(rows.icm_observations),
+        np.stack(rows.icm_actions),
+        observations[rows.icm_rows],
+        mask32[rows.icm_rows],
+    )
+    for i, r in zip(rows.icm_rows, rewards.tolist(), strict=True):
+        icm[i] = r if math.isfinite(r) else None
+    return icm
+
+
 def decide_batch(
     model: LoadedModel,
-    inputs: Sequence[DecisionInput],
+    requests: Sequence[ValidRequest],
     states: Sequence[PortfolioState | None],
 ) -> list[tuple[DecisionOutput, PortfolioState]]:
-    """Decide for every input with one model call; ``states[i]`` is input i's previous state.
+    """Decide for every request with one model call; ``states[i]`` is request i's previous state.
 
-    Returns each input's answer and its new state, in input order. Pure: nothing is stored;
-    the caller persists the new states (``state.decide_with_store`` does, under locks). Bad
-    input raises ``DecisionError`` naming the input and the field, and decides nothing.
+    Returns each request's answer and its new state, in request order. Pure: nothing is stored;
+    ``serving.step`` persists the new states under the portfolios' locks. The requests were
+    checked against this model's shape by ``serving.validation``; nothing is checked again.
     """
-    batch = len(inputs)
+    batch = len(requests)
     if len(states) != batch:
-        raise ValueError(f"{batch} inputs but {len(states)} states")
+        raise ValueError(f"{batch} requests but {len(states)} states")
     if batch == 0:
         return []
     spec = _feature_spec(model)
-    m, w1, n_slots = spec.max_assets, spec.prices_per_asset, spec.n_slots
-    key = ModelKey(model.name, model.version, n_slots)
-
-    prices = np.ones((batch, m, w1))
-    current = np.zeros((batch, n_slots))
-    mask = np.zeros((batch, n_slots), dtype=bool)
-    mask[:, 0] = True
-    previous = np.zeros((batch, n_slots))
-    has_previous = np.zeros(batch, dtype=bool)
-    implied = np.zeros(batch, dtype=bool)  # current weights = previous smoothed (not sent)
-    sent = np.zeros(batch, dtype=bool)
-    gather = np.zeros((batch, m + 1), dtype=np.intp)
-    sizes = np.empty(batch, dtype=np.intp)
-    slot_assets: list[tuple[str, ...]] = []
-    icm_rows: list[int] = []
-    icm_observations: list[Float32Array] = []
-    icm_actions: list[Float32Array] = []
-    has_icm = model.icm_session is not None
-    obs_dim = model.obs_dim
-    arange = np.arange(n_slots)
-
-    for i, (inp, st) in enumerate(zip(inputs, states, strict=True)):
-        ids = _check_ids(i, inp.asset_ids, m)
-        n = len(ids)
-        p = _floats(i, "prices", inp.prices)
-        if p.shape != (n, w1):
-            raise DecisionError(
-                i, "prices", f"shape {p.shape}, expected ({n}, window + 1 = {w1}) like asset_ids"
-            )
-        if st is not None and st.model.n_slots != n_slots:
-            st = None  # made under a model with another max_assets: start again
-        old = None if st is None else st.slots
-        new, req = _assign_slots(ids, old, m)
-        slot_assets.append(new)
-        sizes[i] = n
-        if req is None:
-            slots: slice | list[int] = slice(1, n + 1)
-            prices[i, :n] = p
-            gather[i, 1 : n + 1] = arange[1 : n + 1]
-        else:
-            slots = req
-            prices[i, np.subtract(req, 1)] = p
-            gather[i, 1 : n + 1] = req
-        mask[i, slots] = True
-        if st is not None:
-            has_previous[i] = True
-            if new == old:
-                previous[i] = st.smoothed
-                if (
-                    has_icm
-                    and st.observation is not None
-                    and st.action is not None
-                    and st.observation.size == obs_dim
-                ):
-                    icm_rows.append(i)
-                    icm_observations.append(st.observation)
-                    icm_actions.append(st.action)
-            else:  # slots changed: a departed (or replaced) asset's smoothed mass is dropped
-                kept = np.array([True] + [a == b for a, b in zip(new, old, strict=True)])
-                previous[i] = np.where(kept, st.smoothed, 0.0)
-        cw = inp.current_weights
-        if cw is not None:
-            c = _floats(i, "current_weights", cw)
-            if c.shape != (n + 1,):
-                raise DecisionError(
-                    i, "current_weights", f"shape {c.shape}, expected ({n + 1},): cash + assets"
-                )
-            current[i, 0] = c[0]
-            current[i, slots] = c[1:]
-            sent[i] = True
-        elif st is not None:
-            implied[i] = True
-        else:
-            current[i, 0] = 1.0
-
-    _check_prices(prices, mask, slot_assets)
-    _check_current(current, sent)
-    if implied.any():
-        current[implied] = renormalize(previous[implied], mask[implied])
-
-    observations = build_raw_observation(prices, current, mask, spec)
-    mask32 = mask.astype(np.float32)
+    rows = _lay_out(model, spec, requests, states)
+    observations = build_raw_observation(rows.prices, rows.current, rows.mask, spec)
+    mask32 = rows.mask.astype(np.float32)
     action, weights = model.run(observations, mask32)
-    raw = renormalize(weights.astype(np.float64), mask)
-    beta = model.manifest.beta
-    if has_previous.all():
-        smoothed = ema_smooth(previous, raw, mask, beta)
-    else:
-        smoothed = np.empty_like(raw)
-        new_rows = ~has_previous
-        smoothed[new_rows] = ema_smooth(None, raw[new_rows], mask[new_rows], beta)
-        if has_previous.any():
-            smoothed[has_previous] = ema_smooth(
-                previous[has_previous], raw[has_previous], mask[has_previous], beta
-            )
-    turnover = np.abs(smoothed[:, 1:] - current[:, 1:]).sum(axis=1)
-
-    icm: list[float | None] = [None] * batch
-    if icm_rows:
-        rewards = model.intrinsic_reward(
-            np.stack(icm_observations),
-            np.stack(icm_actions),
-            observations[icm_rows],
-            mask32[icm_rows],
-        )
-        for i, r in zip(icm_rows, rewards.tolist(), strict=True):
-            icm[i] = r if math.isfinite(r) else None
+    raw = renormalize(weights.astype(np.float64), rows.mask)
+    smoothed = _smooth(rows, raw, model.manifest.beta)
+    turnover = np.abs(smoothed[:, 1:] - rows.current[:, 1:]).sum(axis=1)
+    icm = _icm_rewards(model, rows, observations, mask32, batch)
 
     for a in (observations, action, smoothed):
         a.setflags(write=False)  # states keep row views of these
     # Request order, cash first: one gather for the three vectors of every row.
-    raw_req, smoothed_req, current_req = np.stack((raw, smoothed, current))[
-        :, np.arange(batch)[:, None], gather
+    raw_req, smoothed_req, current_req = np.stack((raw, smoothed, rows.current))[
+        :, np.arange(batch)[:, None], rows.gather
     ]
     for a in (raw_req, smoothed_req, current_req):
         a.setflags(write=False)
     turnovers = turnover.tolist()
+    key = ModelKey(model.name, model.version, spec.n_slots)
+    has_icm = model.icm_session is not None
 
     out: list[tuple[DecisionOutput, PortfolioState]] = []
-    for i, inp in enumerate(inputs):
-        n1 = int(sizes[i]) + 1
-        st = states[i]
-        steps = st.steps + 1 if st is not None and st.model.n_slots == n_slots else 1
-        out.append(
-            (
-                DecisionOutput(
-                    asset_ids=(CASH_ID, *inp.asset_ids),
-                    raw_weights=raw_req[i, :n1],
-                    smoothed_weights=smoothed_req[i, :n1],
-                    current_weights=current_req[i, :n1],
-                    turnover=turnovers[i],
-                    icm_reward=icm[i],
-                ),
-                PortfolioState(
-                    model=key,
-                    slots=slot_assets[i],
-                    smoothed=smoothed[i],
-                    observation=observations[i] if has_icm else None,
-                    action=action[i] if has_icm else None,
-                    steps=steps,
-                ),
-            )
+    for i, request in enumerate(requests):
+        n1 = int(rows.sizes[i]) + 1
+        previous = states[i]
+        steps = previous.steps + 1 if previous is not None and rows.has_previous[i] else 1
+        answer = DecisionOutput(
+            asset_ids=(CASH_ID, *request.asset_ids),
+            raw_weights=raw_req[i, :n1],
+            smoothed_weights=smoothed_req[i, :n1],
+            current_weights=current_req[i, :n1],
+            turnover=turnovers[i],
+            icm_reward=icm[i],
         )
+        state = PortfolioState(
+            model=key,
+            slots=rows.slot_assets[i],
+            smoothed=smoothed[i],
+            observation=observations[i] if has_icm else None,
+            action=action[i] if has_icm else None,
+            steps=steps,
+        )
+        out.append((answer, state))
     return out
 
 
 def decide(
-    model: LoadedModel, inp: DecisionInput, state: PortfolioState | None
+    model: LoadedModel, request: ValidRequest, state: PortfolioState | None
 ) -> tuple[DecisionOutput, PortfolioState]:
     """``decide_batch`` for one portfolio."""
-    return decide_batch(model, (inp,), (state,))[0]
-
-
-def _check_prices(
-    prices: Float64Array, mask: NDArray[np.bool_], slot_assets: list[tuple[str, ...]]
-) -> None:
-    """Live price rows must be finite and positive; the error names the input and asset.
-
-    Empty slots hold 1.0, so two reductions over the whole array settle the usual case (NaN
-    fails both comparisons).
-    """
-    if prices.min() > 0.0 and prices.max() < np.inf:
-        return
-    ok = np.isfinite(prices) & (prices > 0.0)
-    bad = ~ok & mask[:, 1:, None]
-    if bad.any():
-        i, k, _ = (int(x) for x in np.argwhere(bad)[0])
-        raise DecisionError(
-            i, "prices", f"prices of asset {slot_assets[i][k]!r} must be finite and positive"
-        )
-
-
-def _check_current(current: Float64Array, sent: NDArray[np.bool_]) -> None:
-    """Sent current weights must be a distribution (finite, >= 0, summing to 1)."""
-    if not sent.any():
-        return
-    rows = current if sent.all() else current[sent]
-    if rows.min() >= 0.0 and np.all(np.abs(rows.sum(axis=1) - 1.0) <= WEIGHT_SUM_TOLERANCE):
-        return  # the usual case; NaN and inf fail one of the two tests
-    bad = ~np.all(np.isfinite(rows) & (rows >= 0.0), axis=1)
-    bad |= ~(np.abs(rows.sum(axis=1) - 1.0) <= WEIGHT_SUM_TOLERANCE)
-    if bad.any():
-        i = int(np.flatnonzero(sent)[np.argmax(bad)])
-        raise DecisionError(
-            i,
-            "current_weights",
-            f"must be finite, non-negative and sum to 1 (within {WEIGHT_SUM_TOLERANCE:g})",
-        )
+    return decide_batch(model, (request,), (state,))[0]

@@ -1,9 +1,10 @@
 """Load exported models from the registry and run them with onnxruntime.
 
-Registry layout (written by the exporter): ``REGISTRY/NAME/VERSION/`` holding ``model.onnx``,
-optionally ``icm.onnx``, and ``manifest.json`` (schema v2) whose ``files`` lists both with their
-sha256. Serving trusts nothing it has not verified: the manifest's schema version, every listed
-file's checksum, and the graph's input/output signature against the manifest's feature spec.
+A version directory (``allocator.registry.layout``; which directories are versions:
+``allocator.registry.versions``) holds ``model.onnx``, optionally ``icm.onnx``, and
+``manifest.json`` (schema v2) whose ``files`` lists both with their sha256. Serving trusts
+nothing it has not verified: the manifest's schema version, every listed file's checksum, and
+the graph's input/output signature against the manifest's feature spec.
 
 House rule: this module reads ONNX and JSON only. It never imports torch and never unpickles
 (a training run's ``model.zip`` is refused, unopened).
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,16 @@ from allocator.artifacts.manifest import (
     read_manifest,
     verify_checksums,
 )
+from allocator.registry.errors import ModelLoadError, ModelNotFoundError
+from allocator.registry.layout import (
+    ICM_FILE,
+    ICM_INPUTS,
+    ICM_OUTPUT,
+    MODEL_FILE,
+    POLICY_INPUTS,
+    POLICY_OUTPUTS,
+)
+from allocator.registry.versions import resolve
 
 try:
     import onnxruntime as ort
@@ -38,15 +48,8 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 logger = logging.getLogger("allocator.serving")
 
-MODEL_FILE = "model.onnx"
-ICM_FILE = "icm.onnx"
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
-
-MODEL_INPUTS = ("observation", "mask")
-MODEL_OUTPUTS = ("action", "weights")
-ICM_INPUTS = ("previous_observation", "action", "observation", "mask")
-ICM_OUTPUT = "intrinsic_reward"
 
 ALLOWED_SUFFIXES = frozenset({".onnx", ".json"})
 """What a manifest of an exported model may list: everything else is refused unopened."""
@@ -55,18 +58,7 @@ PICKLE_SUFFIXES = frozenset(
 )
 """Files that are (or may hold) pickles: their presence means this is not an exported model."""
 
-_VERSION_RE = re.compile(r"^\d+(\.\d+)*$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
 Float32Array = NDArray[np.float32]
-
-
-class ModelLoadError(ValueError):
-    """A model directory that cannot be served; the message names the offending file."""
-
-
-class ModelNotFoundError(ModelLoadError):
-    """The registry has no such model or version; the message names what was asked."""
 
 
 @dataclass(frozen=True)
@@ -79,19 +71,14 @@ class _Signature:
 
 def _model_signature(obs_dim: int, n_slots: int) -> _Signature:
     return _Signature(
-        inputs={"observation": obs_dim, "mask": n_slots},
-        outputs={"action": n_slots, "weights": n_slots},
+        inputs=dict(zip(POLICY_INPUTS, (obs_dim, n_slots), strict=True)),
+        outputs=dict(zip(POLICY_OUTPUTS, (n_slots, n_slots), strict=True)),
     )
 
 
 def _icm_signature(obs_dim: int, n_slots: int) -> _Signature:
     return _Signature(
-        inputs={
-            "previous_observation": obs_dim,
-            "action": n_slots,
-            "observation": obs_dim,
-            "mask": n_slots,
-        },
+        inputs=dict(zip(ICM_INPUTS, (obs_dim, n_slots, obs_dim, n_slots), strict=True)),
         outputs={ICM_OUTPUT: 1},
     )
 
@@ -132,7 +119,7 @@ class LoadedModel:
         obs = _batch(raw_observations, self.obs_dim, "raw_observations")
         mask = _batch(masks, self.n_slots, "masks")
         _same_batch(obs, mask)
-        action, weights = self.session.run(list(MODEL_OUTPUTS), {"observation": obs, "mask": mask})
+        action, weights = self.session.run(list(POLICY_OUTPUTS), {"observation": obs, "mask": mask})
         return np.asarray(action, dtype=np.float32), np.asarray(weights, dtype=np.float32)
 
     def intrinsic_reward(
@@ -374,70 +361,6 @@ def load_model(
         "yes" if icm_session is not None else "no",
     )
     return model
-
-
-def version_key(version: str) -> tuple[int, tuple[int, ...], str]:
-    """Sort key: numeric versions numerically (10 after 9), after any non-numeric ones."""
-    if _VERSION_RE.match(version):
-        return (1, tuple(int(p) for p in version.split(".")), version)
-    return (0, (), version)
-
-
-def _check_component(value: str, what: str, registry: Path) -> None:
-    """Names come from requests: one plain path component, never ``..`` or a separator."""
-    if not _NAME_RE.match(value) or value in {".", ".."}:
-        raise ModelNotFoundError(f"{registry}: invalid {what} {value!r}")
-
-
-def _versions(registry: Path, name: str) -> list[str]:
-    d = registry / name
-    if not d.is_dir():
-        return []
-    found = [v.name for v in d.iterdir() if v.is_dir() and (v / MANIFEST_FILE).is_file()]
-    return sorted(found, key=version_key)
-
-
-def list_models(registry: str | Path) -> list[tuple[str, str]]:
-    """Every ``(name, version)`` with a manifest, by name then version (numeric order)."""
-    r = Path(registry)
-    if not r.is_dir():
-        raise ModelNotFoundError(f"{r}: no such registry directory")
-    out: list[tuple[str, str]] = []
-    for d in sorted(p for p in r.iterdir() if p.is_dir()):
-        out.extend((d.name, v) for v in _versions(r, d.name))
-    return out
-
-
-def latest_version(registry: str | Path, name: str) -> str:
-    """The highest version of ``name``, numeric versions compared as numbers."""
-    r = Path(registry)
-    _check_component(name, "model name", r)
-    versions = _versions(r, name)
-    if not versions:
-        known = sorted({n for n, _ in list_models(r)}) if r.is_dir() else []
-        raise ModelNotFoundError(
-            f"{r / name}: no model named {name!r} in registry {r} "
-            f"(available: {', '.join(known) or 'none'})"
-        )
-    return versions[-1]
-
-
-def resolve(registry: str | Path, name: str, version: str | None = None) -> Path:
-    """The directory of ``name`` at ``version`` (latest when None), or ModelNotFoundError."""
-    r = Path(registry)
-    _check_component(name, "model name", r)
-    if version is None:
-        version = latest_version(r, name)
-    _check_component(version, "version", r)
-    d = r / name / version
-    if not (d / MANIFEST_FILE).is_file():
-        versions = _versions(r, name)
-        if not versions:
-            latest_version(r, name)  # raises naming the missing model
-        raise ModelNotFoundError(
-            f"{d}: model {name!r} has no version {version!r} (available: {', '.join(versions)})"
-        )
-    return d
 
 
 def load_from_registry(

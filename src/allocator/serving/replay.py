@@ -1,18 +1,20 @@
 """Serving-path backtest: replay a price history decision by decision through the server's code.
 
-Each date is one request, built as a client would build it, decided by ``decide_with_store``
-(the server's own path: slots, observation, one ONNX call, smoothing, state) for one portfolio
-held in a ``MemoryStateStore``. The holdings are tracked like ``PortfolioEnv``: the weights sent
-as "current" are the holdings drifted by the last price moves; trading to the smoothed weights
-costs ``cost_bps`` of the traded value, taken out of NAV; prices then move to the next close.
+Each date is one ``AllocateRequest``, built as a client would build it, and answered by
+``serving.step.DecisionStep``, the very step the server runs (validation, the portfolio's lock,
+slots, observation, one ONNX call, smoothing, an optional recorder, the state write), for one
+portfolio held in a ``MemoryStateStore``. The holdings are tracked like ``PortfolioEnv``: the
+weights sent as "current" are the holdings drifted by the last price moves; trading to the
+smoothed weights costs ``cost_bps`` of the traded value, taken out of NAV; prices then move to
+the next close.
 
 The live set may change: an asset is in the request at date t when its closes on t - window ..
 t + 1 are all finite and positive (a backtest knows its listing calendar: a position must still
 have a price at the next close to be valued). An asset leaving the request is sold at its close
 into cash before the decision; that sale is part of the step's turnover and costs.
 
-This is the reference for the server's parity test (``inputs`` are exactly the requests to send)
-and for walk-forward backtests. numpy only; ``to_frames`` imports pandas when asked.
+This is the reference for the server's parity test (``inputs`` are exactly the requests sent,
+as validated) and for walk-forward backtests. numpy only; ``to_frames`` imports pandas when asked.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from allocator.recording.records import CASH_ID
-from allocator.serving.decision import DecisionInput, DecisionOutput
+from allocator.portfolio import CASH_ID
+from allocator.recording.recorder import Recorder
+from allocator.serving.decision import DecisionOutput
 from allocator.serving.loader import LoadedModel, load_model
-from allocator.serving.state import MemoryStateStore, StateStore, decide_with_store
+from allocator.serving.proto.v1 import allocator_pb2 as pb
+from allocator.serving.state import MemoryStateStore, StateStore
+from allocator.serving.step import DecisionStep
+from allocator.serving.validation import ValidRequest
 
 __all__ = ["ReplayResult", "live_assets", "replay"]
 
@@ -47,7 +53,7 @@ class ReplayResult:
     model_version: str
     assets: tuple[str, ...]  # every column of the price history, in order
     dates: list[Any]  # n + 1 dates: decision dates, then the last valuation date
-    inputs: list[DecisionInput]
+    inputs: list[ValidRequest]
     outputs: list[DecisionOutput]
     nav: Float64Array
     turnover: Float64Array
@@ -108,6 +114,97 @@ def _row(value: Any, dates: NDArray[Any] | None, what: str, first: bool) -> int:
     return int(np.searchsorted(dates, key, side="right")) - 1
 
 
+def _price_table(
+    prices: Any, assets: Sequence[str] | None, dates: Sequence[Any] | ArrayLike | None
+) -> tuple[Float64Array, tuple[str, ...], Any]:
+    """``(dates x assets)`` closes as float64, the asset ids and the dates (or None)."""
+    if hasattr(prices, "columns") and hasattr(prices, "to_numpy"):
+        names = tuple(str(c) for c in prices.columns) if assets is None else tuple(assets)
+        dates = prices.index if dates is None else dates
+        p = prices.to_numpy(dtype=np.float64)
+    else:
+        p = np.asarray(prices, dtype=np.float64)
+        if assets is None:
+            raise ValueError("assets are required when prices is an array")
+        names = tuple(assets)
+    if p.ndim != 2 or p.shape[1] != len(names):
+        raise ValueError(f"prices shape {p.shape} does not match {len(names)} assets")
+    if len(set(names)) != len(names):
+        raise ValueError("asset ids must be unique")
+    if dates is not None and np.asarray(dates).shape != (p.shape[0],):
+        raise ValueError(f"{np.asarray(dates).shape[0]} dates for {p.shape[0]} price rows")
+    return p, names, dates
+
+
+def _decision_rows(n_dates: int, window: int, dates: Any, start: Any, end: Any) -> tuple[int, int]:
+    """Rows ``t0`` (first decision) and ``t1`` (last valuation) of the replay."""
+    date_arr = None if dates is None else np.asarray(dates)
+    t0 = window if start is None else _row(start, date_arr, "start", first=True)
+    t1 = n_dates - 1 if end is None else _row(end, date_arr, "end", first=False)
+    if t0 < window:
+        raise ValueError(f"start row {t0} needs {window} earlier closes (earliest: {window})")
+    if not t0 < t1 <= n_dates - 1:
+        raise ValueError(f"no decision between rows {t0} and {t1} of {n_dates}")
+    return t0, t1
+
+
+class _Book:
+    """The portfolio's holdings and value, accounted like ``PortfolioEnv``.
+
+    ``holdings`` are the drifted weights (cash, then every column); trading to the smoothed
+    weights costs ``rate`` of the traded value, taken out of the value before prices move.
+    """
+
+    def __init__(self, n_assets: int, value: float, rate: float) -> None:
+        self.holdings = np.zeros(1 + n_assets)
+        self.holdings[0] = 1.0
+        self.value = float(value)
+        self.rate = rate
+
+    def sell_departed(self, cols: NDArray[np.intp]) -> float:
+        """Sell into cash what is held of assets not in ``cols``; the weight sold."""
+        gone = np.ones(self.holdings.size - 1, dtype=bool)
+        gone[cols] = False
+        sold = float(self.holdings[1:][gone].sum())
+        if sold > 0.0:  # assets that left the request are sold into cash first
+            self.holdings[0] += sold
+            self.holdings[1:][gone] = 0.0
+        return sold
+
+    def trade_and_grow(
+        self, smoothed: Float64Array, traded: float, cols: NDArray[np.intp], growth: Float64Array
+    ) -> float:
+        """Trade to ``smoothed`` (weights of cash and ``cols``), pay the costs, let prices move
+        by ``growth`` (cash first); the cost paid."""
+        cost = self.rate * traded * self.value
+        invested = self.value - cost
+        grown = smoothed * growth
+        gross = float(np.add.reduce(grown))
+        self.value = invested * gross
+        self.holdings[:] = 0.0
+        self.holdings[np.concatenate([[0], cols + 1])] = grown / gross
+        return cost
+
+
+def _date_request(
+    portfolio_id: str,
+    k: int,
+    names: tuple[str, ...],
+    closes: Float64Array,
+    cols: NDArray[np.intp],
+    holdings: Float64Array,
+) -> pb.AllocateRequest:
+    """Decision k's request as a client sends it: the live assets' ``window + 1`` closes
+    (``closes``, oldest first) flat asset by asset, and the drifted holdings, cash first."""
+    return pb.AllocateRequest(
+        portfolio_id=portfolio_id,
+        request_id=f"{portfolio_id}-{k}",
+        asset_ids=[names[j] for j in cols],
+        prices=np.ascontiguousarray(closes[:, cols].T).ravel().tolist(),
+        current_weights=holdings[np.concatenate([[0], cols + 1])].tolist(),
+    )
+
+
 def replay(
     model: LoadedModel | str | Path,
     prices: Any,
@@ -119,6 +216,7 @@ def replay(
     cost_bps: float | None = None,
     initial_value: float = 1.0,
     store: StateStore | None = None,
+    recorder: Recorder | None = None,
     portfolio_id: str = "replay",
 ) -> ReplayResult:
     """Replay ``prices`` (dates x assets, NaN where an asset is not listed) through serving.
@@ -127,88 +225,55 @@ def replay(
     or an array with ``assets`` (and optionally ``dates``). Decisions run at rows ``start`` ..
     ``end - 1`` (defaults: the first row with a full window, the last row); ``start``/``end``
     are row indices or dates (first date >= start, last date <= end). ``cost_bps`` defaults to
-    the manifest's. ``store`` defaults to a fresh ``MemoryStateStore``.
+    the manifest's. ``store`` defaults to a fresh ``MemoryStateStore``; ``recorder`` (default
+    none) records every decision as the server would, request ids ``{portfolio_id}-{k}``.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model, prefer_cuda=False)
-    if hasattr(prices, "columns") and hasattr(prices, "to_numpy"):
-        assets = tuple(str(c) for c in prices.columns) if assets is None else tuple(assets)
-        dates = prices.index if dates is None else dates
-        p = prices.to_numpy(dtype=np.float64)
-    else:
-        p = np.asarray(prices, dtype=np.float64)
-        if assets is None:
-            raise ValueError("assets are required when prices is an array")
-        assets = tuple(assets)
-    if p.ndim != 2 or p.shape[1] != len(assets):
-        raise ValueError(f"prices shape {p.shape} does not match {len(assets)} assets")
-    if len(set(assets)) != len(assets):
-        raise ValueError("asset ids must be unique")
-    n_dates = p.shape[0]
-    date_arr = None if dates is None else np.asarray(dates)
-    if date_arr is not None and date_arr.shape != (n_dates,):
-        raise ValueError(f"{date_arr.shape[0]} dates for {n_dates} price rows")
+    p, names, dates = _price_table(prices, assets, dates)
     window = loaded.manifest.feature_spec.window
-    t0 = window if start is None else _row(start, date_arr, "start", first=True)
-    t1 = n_dates - 1 if end is None else _row(end, date_arr, "end", first=False)
-    if t0 < window:
-        raise ValueError(f"start row {t0} needs {window} earlier closes (earliest: {window})")
-    if not t0 < t1 <= n_dates - 1:
-        raise ValueError(f"no decision between rows {t0} and {t1} of {n_dates}")
+    t0, t1 = _decision_rows(p.shape[0], window, dates, start, end)
     rate = (loaded.manifest.cost_bps if cost_bps is None else float(cost_bps)) / 1e4
-    store = MemoryStateStore() if store is None else store
+    step = DecisionStep(MemoryStateStore() if store is None else store, recorder)
+
+    def resolve(name: str | None, version: str | None) -> LoadedModel:
+        return loaded  # the requests name no model: the replayed one answers
+
     live = live_assets(p, window)
 
-    n = t1 - t0
-    nav = np.empty(n + 1)
-    nav[0] = initial_value
-    turnover = np.empty(n)
-    costs = np.empty(n)
-    inputs: list[DecisionInput] = []
+    book = _Book(len(names), initial_value, rate)
+    nav: list[float] = [float(initial_value)]
+    turnover: list[float] = []
+    costs: list[float] = []
+    inputs: list[ValidRequest] = []
     outputs: list[DecisionOutput] = []
-    holdings = np.zeros(1 + len(assets))  # drifted weights: cash, then every column
-    holdings[0] = 1.0
-    value = float(initial_value)
-    for k in range(n):
-        t = t0 + k
+    for k, t in enumerate(range(t0, t1)):
         cols = np.flatnonzero(live[t])
         if cols.size == 0:
             raise ValueError(f"no asset has prices around row {t}: nothing to request")
-        gone = np.ones(len(assets), dtype=bool)
-        gone[cols] = False
-        sold = float(holdings[1:][gone].sum())
-        if sold > 0.0:  # assets that left the request are sold into cash first
-            holdings[0] += sold
-            holdings[1:][gone] = 0.0
-        idx = np.concatenate([[0], cols + 1])
-        inp = DecisionInput(
-            asset_ids=tuple(assets[j] for j in cols),
-            prices=np.ascontiguousarray(p[t - window : t + 1, cols].T),
-            current_weights=holdings[idx].copy(),
+        sold = book.sell_departed(cols)
+        closes = p[t - window : t + 1]
+        answer = step.allocate(
+            _date_request(portfolio_id, k, names, closes, cols, book.holdings), resolve
         )
-        out = decide_with_store(store, loaded, [portfolio_id], [inp])[0]
-        traded = out.turnover + sold
-        cost = rate * traded * value
-        invested = value - cost
+        out = answer.output
+        assert out is not None  # no answers cache: every request is decided
+        turnover.append(out.turnover + sold)
         growth = np.concatenate([[1.0], p[t + 1, cols] / p[t, cols]])
-        grown = out.smoothed_weights * growth
-        gross = float(np.add.reduce(grown))
-        value = invested * gross
-        holdings[:] = 0.0
-        holdings[idx] = grown / gross
-        inputs.append(inp)
+        costs.append(book.trade_and_grow(out.smoothed_weights, turnover[-1], cols, growth))
+        nav.append(book.value)
+        inputs.append(answer.request)
         outputs.append(out)
-        nav[k + 1], turnover[k], costs[k] = value, traded, cost
-    all_dates = list(range(t0, t1 + 1)) if dates is None else list(dates[t0 : t1 + 1])  # type: ignore[index]
+    all_dates = list(range(t0, t1 + 1)) if dates is None else list(dates[t0 : t1 + 1])
     return ReplayResult(
         model_name=loaded.name,
         model_version=loaded.version,
-        assets=assets,
+        assets=names,
         dates=all_dates,
         inputs=inputs,
         outputs=outputs,
-        nav=nav,
-        turnover=turnover,
-        costs=costs,
+        nav=np.array(nav),
+        turnover=np.array(turnover),
+        costs=np.array(costs),
         settings={
             "cost_bps": rate * 1e4,
             "beta": loaded.manifest.beta,

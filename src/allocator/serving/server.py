@@ -1,12 +1,13 @@
 """The gRPC allocation server: validate, decide under the portfolio's lock, record, answer.
 
-One request, step by step: resolve the model (its pin, else the default from the registry's
-current snapshot), validate the request against that model's shape, then, holding the
-portfolio's lock (in memory, or in Redis when replicas share portfolios), read its state,
-decide (``decision.decide_batch``: observation, ONNX, mask-and-renormalize, EMA, ICM), hand
-the record to the recorder, and only then store the new state. If the recorder refuses the
-record (its spool is full), the state does not advance and the client gets UNAVAILABLE: no
-decision is acted on that was not recorded.
+One request, step by step (``serving.step.DecisionStep``, the path the replay runs too):
+resolve the model (its pin, else the default from the registry's current snapshot), validate
+the request against that model's shape, then, holding the portfolio's lock (in memory, or in
+Redis when replicas share portfolios), read its state, decide (``decision.decide_batch``:
+observation, ONNX, mask-and-renormalize, EMA, ICM), hand the record to the recorder, and only
+then store the new state. If the recorder refuses the record (its spool is full), the state
+does not advance and the client gets UNAVAILABLE: no decision is acted on that was not
+recorded.
 
 Failure modes map to status codes a client can act on: INVALID_ARGUMENT (names the field),
 NOT_FOUND (unknown model pin), UNAUTHENTICATED, RESOURCE_EXHAUSTED (over the concurrency
@@ -16,32 +17,30 @@ Only a bug gives INTERNAL; the server stays SERVING through all of them.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from allocator.metrics.prometheus import ServingMetrics
+from allocator.metrics.recorder import RecorderMetrics
+from allocator.metrics.serving import ServingMetrics
 from allocator.recording.recorder import Recorder, RecorderRefusedError
-from allocator.recording.records import DecisionRecord, ModelRecord, RecordError
-from allocator.serving.decision import DecisionError, DecisionInput, DecisionOutput, decide_batch
-from allocator.serving.loader import LoadedModel, ModelNotFoundError
+from allocator.recording.records import ModelRecord, RecordError
+from allocator.recording.settings import database_url
+from allocator.registry.errors import ModelNotFoundError
+from allocator.serving.catalog import CatalogSnapshot, ModelCatalog
+from allocator.serving.loader import LoadedModel
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
-from allocator.serving.registry import ModelRegistry, RegistrySnapshot
 from allocator.serving.security import TokenAuthInterceptor, read_tokens, server_credentials
 from allocator.serving.state import (
     MemoryStateStore,
@@ -50,14 +49,9 @@ from allocator.serving.state import (
     StateLockTimeoutError,
     StateStore,
 )
-from allocator.serving.validation import (
-    InvalidRequest,
-    ModelShape,
-    ValidRequest,
-    model_pin,
-    validate_batch,
-    validate_request,
-)
+from allocator.serving.step import DeadlineExceededError, DecisionStep
+from allocator.serving.validation import InvalidRequest
+from allocator.typed_config import StrictModel
 
 __all__ = ["AllocationServer", "AllocatorServicer", "ServerConfig", "build_server"]
 
@@ -69,10 +63,8 @@ _DRAIN_QUIET_SECONDS = 0.1
 T = TypeVar("T")
 
 
-class ServerConfig(BaseModel):
+class ServerConfig(StrictModel):
     """Everything ``allocator serve`` takes; the factory and tests build it directly."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     registry: Path = Field(description="model registry directory (REGISTRY/NAME/VERSION)")
     host: str = Field("127.0.0.1", description="address to bind ([::] for every interface)")
@@ -113,69 +105,12 @@ class ServerConfig(BaseModel):
 
 
 class _Refusal(Exception):  # noqa: N818  (control flow, never leaves this module)
-    """A request refused with a status code and a message for the client."""
+    """A call refused with a status code and a message for the client (a draining server)."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class _Answered:
-    portfolio_id: str
-    fingerprint: int
-    response: pb.AllocateResponse
-
-
-def _fingerprint(r: ValidRequest) -> int:
-    """What makes a retry the same request: its inputs, not only its id (an answer for other
-    assets, returned under a reused id, would be applied to the wrong assets)."""
-    current = None if r.current_weights is None else r.current_weights.tobytes()
-    return hash((r.asset_ids, r.prices.tobytes(), current, r.model_name, r.model_version))
-
-
-class _IdempotencyCache:
-    """Recent answers by request id: a retried request gets the same answer without a second
-    step of the portfolio's smoothing (per server process)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._lock = threading.Lock()
-        self._items: OrderedDict[str, _Answered] = OrderedDict()
-
-    def get(self, r: ValidRequest) -> pb.AllocateResponse | None:
-        if not self.capacity:
-            return None
-        with self._lock:
-            hit = self._items.get(r.request_id)
-        if hit is None:
-            return None
-        if hit.portfolio_id != r.portfolio_id:
-            raise _Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"request_id: {r.request_id!r} was already used for another portfolio",
-            )
-        if hit.fingerprint != _fingerprint(r):
-            raise _Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"request_id: {r.request_id!r} was already used for a request with other "
-                "inputs (assets, prices, current weights or model); a retry resends the same",
-            )
-        return hit.response
-
-    def put(self, r: ValidRequest, response: pb.AllocateResponse) -> None:
-        if not self.capacity:
-            return
-        with self._lock:
-            self._items[r.request_id] = _Answered(r.portfolio_id, _fingerprint(r), response)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-
-
-def _shape(model: LoadedModel) -> ModelShape:
-    spec = model.manifest.feature_spec
-    return ModelShape(spec.max_assets, spec.window)
 
 
 def _model_record(model: LoadedModel) -> ModelRecord:
@@ -190,7 +125,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
 
     def __init__(
         self,
-        registry: ModelRegistry,
+        registry: ModelCatalog,
         store: StateStore,
         metrics: ServingMetrics,
         recorder: Recorder | None,
@@ -200,7 +135,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         self.store = store
         self.metrics = metrics
         self.recorder = recorder
-        self._answers = _IdempotencyCache(idempotency_cache)
+        self.step = DecisionStep(store, recorder, metrics, idempotency_cache)
         self.draining = threading.Event()
         self.last_call = 0.0  # time.monotonic() of the latest call, for the drain
 
@@ -220,8 +155,8 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             code, message = exc.code, exc.message
         except InvalidRequest as exc:
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
-        except DecisionError as exc:
-            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        except DeadlineExceededError as exc:
+            code, message = grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
         except RecordError as exc:
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         except ModelNotFoundError as exc:
@@ -241,83 +176,6 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         context.abort(code, message)
         raise AssertionError("unreachable: context.abort raises")
 
-    # --- deciding ------------------------------------------------------------------------
-
-    def _decide(
-        self,
-        model: LoadedModel,
-        requests: Sequence[ValidRequest],
-        context: grpc.ServicerContext,
-        start: float,
-    ) -> list[pb.AllocateResponse]:
-        """Decide for distinct portfolios under their locks; record; then store states.
-
-        The answers cache is read again and written under the locks: a duplicate of a request
-        that was in flight while this call waited gets that answer, not a second step. A call
-        whose deadline passed while it waited for the locks decides nothing.
-        """
-        ids = [r.portfolio_id for r in requests]
-        with self.store.locked(ids) as session:
-            remaining = context.time_remaining()
-            if remaining is not None and remaining <= 0:
-                raise _Refusal(
-                    grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before deciding"
-                )
-            states = session.get()
-            answers = [self._answers.get(r) for r in requests]
-            todo = [i for i, answer in enumerate(answers) if answer is None]
-            results = decide_batch(
-                model,
-                [
-                    DecisionInput(r.asset_ids, r.prices, r.current_weights)
-                    for r in (requests[i] for i in todo)
-                ],
-                [states[i] for i in todo],
-            )
-            decided_at = dt.datetime.now(dt.UTC)
-            latency = time.perf_counter() - start
-            if self.recorder is not None and todo:
-                self.recorder.submit_many(
-                    [
-                        self._record(model, requests[i], out, decided_at, latency)
-                        for i, (out, _) in zip(todo, results, strict=True)
-                    ]
-                )
-            for i, (_, state) in zip(todo, results, strict=True):
-                states[i] = state
-            session.put(states)
-            for i, (out, _) in zip(todo, results, strict=True):
-                answers[i] = response = _response(model, requests[i], out)
-                self._answers.put(requests[i], response)
-        for out, _ in results:
-            self.metrics.observe_decision(
-                out.raw_weights, out.smoothed_weights, out.turnover, out.icm_reward
-            )
-        return answers  # type: ignore[return-value]  # every None was decided above
-
-    @staticmethod
-    def _record(
-        model: LoadedModel,
-        request: ValidRequest,
-        out: DecisionOutput,
-        decided_at: dt.datetime,
-        latency: float,
-    ) -> DecisionRecord:
-        return DecisionRecord.from_validated(
-            request_id=request.request_id,
-            portfolio_id=request.portfolio_id,
-            decided_at=decided_at,
-            model_name=model.name,
-            model_version=model.version,
-            asset_ids=out.asset_ids,
-            raw_weights=out.raw_weights,
-            smoothed_weights=out.smoothed_weights,
-            current_weights=request.current_weights,
-            turnover=out.turnover,
-            icm_reward=out.icm_reward,
-            latency_seconds=latency,
-        )
-
     # --- the service ---------------------------------------------------------------------
 
     def Allocate(  # noqa: N802  (gRPC method name)
@@ -326,18 +184,13 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         start = time.perf_counter()
 
         def handle() -> pb.AllocateResponse:
-            snapshot = self.registry.snapshot
-            pin = model_pin(request)
-            try:
-                model = snapshot.resolve(*pin)
-            except ModelNotFoundError as exc:
-                exc.add_note("model")
-                raise
-            valid = validate_request(request, _shape(model), pin=pin)
-            cached = self._answers.get(valid)
-            if cached is not None:
-                return cached
-            return self._decide(model, [valid], context, start)[0]
+            answer = self.step.allocate(
+                request,
+                self.registry.snapshot.resolve,
+                started=start,
+                time_remaining=context.time_remaining,
+            )
+            return answer.response
 
         return self._call("Allocate", context, handle)
 
@@ -347,32 +200,13 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         start = time.perf_counter()
 
         def handle() -> pb.AllocateBatchResponse:
-            snapshot = self.registry.snapshot
-            models: dict[tuple[str | None, str | None], LoadedModel] = {}
-
-            def shape_for(name: str | None, version: str | None) -> ModelShape:
-                model = models[(name, version)] = snapshot.resolve(name, version)
-                return _shape(model)
-
-            valid = validate_batch(request, shape_for)
-            self.metrics.observe_batch(len(valid))
-            answers: list[pb.AllocateResponse | None] = [None] * len(valid)
-            groups: dict[tuple[str, str], list[int]] = {}
-            by_key: dict[tuple[str, str], LoadedModel] = {}
-            for i, r in enumerate(valid):
-                cached = self._answers.get(r)
-                if cached is not None:
-                    answers[i] = cached
-                    continue
-                model = models[(r.model_name, r.model_version)]
-                key = (model.name, model.version)
-                by_key[key] = model
-                groups.setdefault(key, []).append(i)
-            for key, members in groups.items():
-                decided = self._decide(by_key[key], [valid[i] for i in members], context, start)
-                for i, response in zip(members, decided, strict=True):
-                    answers[i] = response
-            return pb.AllocateBatchResponse(responses=answers)
+            answers = self.step.allocate_batch(
+                request,
+                self.registry.snapshot.resolve,
+                started=start,
+                time_remaining=context.time_remaining,
+            )
+            return pb.AllocateBatchResponse(responses=[a.response for a in answers])
 
         return self._call("AllocateBatch", context, handle)
 
@@ -410,22 +244,7 @@ def _is_redis_error(exc: Exception) -> bool:
     return isinstance(exc, redis.RedisError)
 
 
-def _response(model: LoadedModel, r: ValidRequest, out: DecisionOutput) -> pb.AllocateResponse:
-    response = pb.AllocateResponse(
-        request_id=r.request_id,
-        portfolio_id=r.portfolio_id,
-        asset_ids=out.asset_ids,
-        raw_weights=out.raw_weights.tolist(),
-        smoothed_weights=out.smoothed_weights.tolist(),
-        model=pb.ModelRef(name=model.name, version=model.version),
-        turnover=out.turnover,
-    )
-    if out.icm_reward is not None and np.isfinite(out.icm_reward):
-        response.icm_reward = out.icm_reward
-    return response
-
-
-def _list_models(snapshot: RegistrySnapshot) -> pb.ListModelsResponse:
+def _list_models(snapshot: CatalogSnapshot) -> pb.ListModelsResponse:
     out = pb.ListModelsResponse()
     for (name, version), model in sorted(snapshot.models.items()):
         manifest = model.manifest
@@ -457,7 +276,7 @@ class AllocationServer:
         port: int,
         servicer: AllocatorServicer,
         health_servicer: health.HealthServicer,
-        registry: ModelRegistry,
+        registry: ModelCatalog,
         recorder: Recorder | None,
         store: StateStore,
         metrics_registry: CollectorRegistry,
@@ -546,23 +365,53 @@ def build_server(
     """Load the registry, open the recorder and state store, and bind (not start) the server."""
     metrics_registry = metrics_registry if metrics_registry is not None else CollectorRegistry()
     metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3)
-
-    registry = ModelRegistry(
+    registry = ModelCatalog(
         config.registry, default_model=config.default_model, prefer_cuda=config.prefer_cuda
     )
-    recorder: Recorder | None = None
-    if config.record:
-        from allocator.metrics.prometheus import RecorderMetrics
-        from allocator.recording.settings import database_url
+    recorder = _open_recorder(config, metrics_registry)
+    _load_models(registry, config, metrics, recorder)
+    store: StateStore = (
+        RedisStateStore(config.redis_url) if config.redis_url else MemoryStateStore()
+    )
+    servicer = AllocatorServicer(registry, store, metrics, recorder, config.idempotency_cache)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    server = _grpc_server(config, metrics, servicer, health_servicer)
+    port = _bind(config, server)
+    return AllocationServer(
+        config,
+        server,
+        port,
+        servicer,
+        health_servicer,
+        registry,
+        recorder,
+        store,
+        metrics_registry,
+    )
 
-        recorder = Recorder(
-            config.database_url or database_url(),
-            config.spool_dir,
-            metrics=RecorderMetrics(metrics_registry),
-            spool_quota_bytes=config.spool_quota_bytes,
-        )
 
-    def on_change(snapshot: RegistrySnapshot) -> None:
+def _open_recorder(config: ServerConfig, metrics_registry: CollectorRegistry) -> Recorder | None:
+    """The recorder (not started yet), or None when recording is off."""
+    if not config.record:
+        return None
+    return Recorder(
+        config.database_url or database_url(),
+        config.spool_dir,
+        metrics=RecorderMetrics(metrics_registry),
+        spool_quota_bytes=config.spool_quota_bytes,
+    )
+
+
+def _load_models(
+    registry: ModelCatalog,
+    config: ServerConfig,
+    metrics: ServingMetrics,
+    recorder: Recorder | None,
+) -> None:
+    """Load every model of the registry, registering each with the recorder and publishing the
+    default's identity as metrics (again on every reload); refuse to serve with no model."""
+
+    def on_change(snapshot: CatalogSnapshot) -> None:
         if recorder is not None:
             for model in snapshot.models.values():
                 recorder.register_model(_model_record(model))
@@ -584,9 +433,14 @@ def build_server(
             + (f" ({failures})" if failures else " (the registry is empty)")
         )
 
-    store: StateStore = (
-        RedisStateStore(config.redis_url) if config.redis_url else MemoryStateStore()
-    )
+
+def _grpc_server(
+    config: ServerConfig,
+    metrics: ServingMetrics,
+    servicer: AllocatorServicer,
+    health_servicer: health.HealthServicer,
+) -> grpc.Server:
+    """The gRPC server with the allocator, health and reflection services (auth if asked)."""
     interceptors: list[grpc.ServerInterceptor] = []
     if config.auth_token_file is not None:
 
@@ -604,9 +458,7 @@ def build_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    servicer = AllocatorServicer(registry, store, metrics, recorder, config.idempotency_cache)
     pb_grpc.add_AllocatorServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (
@@ -616,6 +468,11 @@ def build_server(
         ),
         server,
     )
+    return server
+
+
+def _bind(config: ServerConfig, server: grpc.Server) -> int:
+    """Bind the configured address (TLS when a certificate is given); the bound port."""
     address = f"{config.host}:{config.port}"
     if config.tls_cert is not None and config.tls_key is not None:
         credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
@@ -624,14 +481,4 @@ def build_server(
         port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind {address}")
-    return AllocationServer(
-        config,
-        server,
-        port,
-        servicer,
-        health_servicer,
-        registry,
-        recorder,
-        store,
-        metrics_registry,
-    )
+    return port

@@ -10,8 +10,7 @@ session* for a set of portfolios::
         ...                               # decide_batch(...)
         session.put(new_states)           # writes, then releases the locks
 
-``decide_with_store`` does exactly that (and splits a batch that names one portfolio twice into
-rounds, so its decisions are applied in order).
+``serving.step.DecisionStep`` does exactly that, for the server and the replay alike.
 
 Redis design: pessimistic per-portfolio locks taken *all at once* by a Lua script that also reads
 the states (one round trip), and released by a second script that writes the new states only if
@@ -37,15 +36,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
-from allocator.serving.decision import (
-    DecisionError,
-    DecisionInput,
-    DecisionOutput,
-    PortfolioState,
-    StateDecodeError,
-    decide_batch,
-)
-from allocator.serving.loader import LoadedModel
+from allocator.serving.decision import PortfolioState, StateDecodeError
 
 logger = logging.getLogger("allocator.serving")
 
@@ -56,7 +47,6 @@ __all__ = [
     "StateLockTimeoutError",
     "StateSession",
     "StateStore",
-    "decide_with_store",
 ]
 
 
@@ -96,7 +86,7 @@ class StateStore(Protocol):
 def _unique_ids(portfolio_ids: Sequence[str]) -> tuple[str, ...]:
     ids = tuple(portfolio_ids)
     if len(set(ids)) != len(ids):
-        raise ValueError("a locked session names each portfolio once (use decide_with_store)")
+        raise ValueError("a locked session names each portfolio once")
     for pid in ids:
         if not isinstance(pid, str) or not pid:
             raise ValueError(f"portfolio id must be a non-empty string, got {pid!r}")
@@ -399,43 +389,3 @@ class _EmptySession:
 
     def put(self, states: Sequence[PortfolioState | None]) -> None:
         _check_put((), states, False)
-
-
-# --- the decision under a store ------------------------------------------------------------------
-
-
-def decide_with_store(
-    store: StateStore,
-    model: LoadedModel,
-    portfolio_ids: Sequence[str],
-    inputs: Sequence[DecisionInput],
-) -> list[DecisionOutput]:
-    """Decide for each ``(portfolio_ids[i], inputs[i])`` and store the new states atomically.
-
-    A portfolio named k times is decided k times, in order: the batch is split into rounds in
-    which every portfolio appears once, each round one locked read -> decide -> write. On an
-    error (bad input, lock timeout) the failing round's states are left unchanged; earlier
-    rounds stay stored (validate a batch first to make it all-or-nothing).
-    """
-    if len(portfolio_ids) != len(inputs):
-        raise ValueError(f"{len(portfolio_ids)} portfolio ids for {len(inputs)} inputs")
-    rounds: list[list[int]] = []
-    seen: dict[str, int] = {}
-    for i, pid in enumerate(portfolio_ids):
-        r = seen.get(pid, 0)
-        seen[pid] = r + 1
-        if r == len(rounds):
-            rounds.append([])
-        rounds[r].append(i)
-    outputs: list[DecisionOutput | None] = [None] * len(inputs)
-    for members in rounds:
-        ids = [portfolio_ids[i] for i in members]
-        with store.locked(ids) as session:
-            try:
-                results = decide_batch(model, [inputs[i] for i in members], session.get())
-            except DecisionError as exc:  # name the input by its place in the caller's batch
-                raise DecisionError(members[exc.index], exc.field, exc.detail) from None
-            session.put([state for _, state in results])
-        for i, (output, _) in zip(members, results, strict=True):
-            outputs[i] = output
-    return outputs  # type: ignore[return-value]  # every slot was filled by its round

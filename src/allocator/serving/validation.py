@@ -19,13 +19,17 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from allocator.portfolio import (
+    CASH_ID,
+    MAX_ID_LENGTH,
+    MAX_VERSION_LENGTH,
+    WEIGHT_SUM_TOLERANCE,
+    IdError,
+    check_id,
+)
 from allocator.serving.proto import allocator_pb2 as pb
 
 __all__ = [
-    "CASH_ID",
-    "MAX_ID_LENGTH",
-    "MAX_VERSION_LENGTH",
-    "WEIGHT_SUM_TOLERANCE",
     "InvalidRequest",
     "ModelShape",
     "ShapeResolver",
@@ -34,15 +38,6 @@ __all__ = [
     "validate_batch",
     "validate_request",
 ]
-
-CASH_ID = "CASH"
-"""Reserved: the id answered for the cash slot, so no risky asset may use it."""
-MAX_ID_LENGTH = 200
-"""Portfolio, request, asset and model ids are stored as ``VARCHAR(200)``."""
-MAX_VERSION_LENGTH = 100
-"""Model versions are stored as ``VARCHAR(100)``."""
-WEIGHT_SUM_TOLERANCE = 1e-6
-"""How far ``current_weights`` may sum from 1."""
 
 Float64Array = NDArray[np.float64]
 
@@ -78,7 +73,11 @@ ShapeResolver = Callable[[str | None, str | None], ModelShape]
 
 @dataclass(frozen=True, slots=True)
 class ValidRequest:
-    """A checked ``AllocateRequest``: arrays are float64, read-only and correctly shaped."""
+    """A checked ``AllocateRequest``: arrays are float64, read-only and correctly shaped.
+
+    The decision step (``decision.decide_batch``) trusts these invariants and checks nothing
+    again, so every caller, the server and the replay alike, reaches it through validation.
+    """
 
     portfolio_id: str
     request_id: str
@@ -98,13 +97,11 @@ class ValidRequest:
 
 
 def _check_id(value: str, field: str, max_length: int = MAX_ID_LENGTH) -> str:
-    if not value:
-        raise InvalidRequest(field, "is required (a non-empty string)")
-    if len(value) > max_length:
-        raise InvalidRequest(field, f"is {len(value)} characters long, at most {max_length}")
-    if "\x00" in value:
-        raise InvalidRequest(field, "must not contain NUL characters")
-    return value
+    """The contract's id rule (``check_id``), refused as an ``InvalidRequest``."""
+    try:
+        return check_id(value, field, max_length)
+    except IdError as exc:
+        raise InvalidRequest(exc.field, exc.problem) from None
 
 
 def _optional_id(value: str, field: str, max_length: int) -> str | None:

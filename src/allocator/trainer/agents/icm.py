@@ -19,16 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
+
+from allocator.typed_config import StrictModel
 
 NORM_EPS = 1e-8  # added to the running variance before the square root
 
 
-class ICMSettings(BaseModel):
+class ICMSettings(StrictModel):
     """Knobs of the curiosity bonus; disabled by default so plain TD3/SAC is unchanged."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(False, description="add the ICM to TD3/SAC training")
     feature_dim: int = Field(64, ge=1, description="size of the learned features phi(s)")

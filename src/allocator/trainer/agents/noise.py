@@ -1,12 +1,16 @@
 """Exploration noise for TD3 from SB3's noise classes, with sigma annealed over training.
 
-Seed 001: start exploring widely (sigma 0.2-0.4) and anneal toward ~0.01 so late training
-exploits what was learned instead of thrashing.
+Start exploring widely (sigma 0.2-0.4) and anneal toward ~0.01: early on, wide noise visits
+allocations the untrained actor would never try; late in training, the same noise would keep
+the portfolio thrashing around what was learned instead of exploiting it.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import numpy as np
+from pydantic import Field
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.noise import (
     ActionNoise,
@@ -14,7 +18,31 @@ from stable_baselines3.common.noise import (
     OrnsteinUhlenbeckActionNoise,
 )
 
-from allocator.trainer.training.config import AnnealKind, NoiseKind, NoiseSettings
+from allocator.typed_config import StrictModel
+
+
+class NoiseKind(StrEnum):
+    NONE = "none"
+    GAUSSIAN = "gaussian"
+    OU = "ou"
+
+
+class AnnealKind(StrEnum):
+    CONSTANT = "constant"
+    LINEAR = "linear"
+    EXPONENTIAL = "exponential"
+
+
+class NoiseSettings(StrictModel):
+    """Exploration noise added to TD3's actions, its sigma annealed over training."""
+
+    kind: NoiseKind = NoiseKind.GAUSSIAN
+    sigma: float = Field(0.3, ge=0, description="initial sigma")
+    final_sigma: float = Field(0.05, ge=0, description="sigma at the end of annealing")
+    anneal: AnnealKind = AnnealKind.LINEAR
+    anneal_fraction: float = Field(0.8, gt=0, le=1, description="share of training to anneal")
+    ou_theta: float = Field(0.15, gt=0, description="OU mean reversion")
+    ou_dt: float = Field(0.01, gt=0, description="OU time step")
 
 
 def make_action_noise(settings: NoiseSettings, action_dim: int) -> ActionNoise | None:

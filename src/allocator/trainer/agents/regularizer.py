@@ -1,6 +1,6 @@
 """The actor smoothness regularizer ``lambda * E||pi(s') - pi(s)||^2`` and its lambda.
 
-Seed 000's open problem: with no penalty TD3 thrashes between allocations; with a large fixed
+The problem it solves: with no penalty TD3 thrashes between allocations; with a large fixed
 lambda it becomes too timid to take profits. The adaptive mode treats smoothness as a
 constraint instead of a price: lambda is a Lagrange multiplier raised by dual ascent while the
 mean squared action change ``E[C]`` exceeds a budget ``d`` and lowered (to 0) while it is
@@ -12,7 +12,9 @@ from __future__ import annotations
 from enum import StrEnum
 
 import torch as th
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from allocator.typed_config import StrictModel
 
 
 class SmoothMode(StrEnum):
@@ -21,10 +23,8 @@ class SmoothMode(StrEnum):
     ADAPTIVE = "adaptive"
 
 
-class SmoothnessSettings(BaseModel):
+class SmoothnessSettings(StrictModel):
     """How the actor is asked to move smoothly between consecutive states."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     mode: SmoothMode = SmoothMode.NONE
     lam: float = Field(0.0, ge=0, description="lambda: fixed value, or the adaptive start")

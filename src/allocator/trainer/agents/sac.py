@@ -7,13 +7,11 @@ from typing import Any
 from stable_baselines3 import SAC
 from stable_baselines3.common.type_aliases import Schedule
 
-from allocator.trainer.agents.curiosity import CuriosityMixin
 from allocator.trainer.agents.icm import ICMSettings
-from allocator.trainer.agents.legacy_paths import LegacyPathsLoad
-from allocator.trainer.agents.td3 import LearningRates
+from allocator.trainer.agents.off_policy import SmoothOffPolicy
 
 
-class SmoothSAC(LegacyPathsLoad, CuriosityMixin, LearningRates, SAC):
+class SmoothSAC(SmoothOffPolicy, SAC):
     """SAC whose actor (and entropy coefficient) and critic follow their own schedules.
 
     :param actor_learning_rate: actor and entropy-coefficient learning rate or schedule
@@ -30,16 +28,10 @@ class SmoothSAC(LegacyPathsLoad, CuriosityMixin, LearningRates, SAC):
         icm: ICMSettings | None = None,
         **kwargs: Any,
     ) -> None:
-        self._set_schedules(actor_learning_rate, critic_learning_rate)
-        self._init_curiosity(icm, kwargs)
+        self._init_smooth(actor_learning_rate, critic_learning_rate, icm, kwargs)
         super().__init__(policy, env, learning_rate=actor_learning_rate, **kwargs)
 
-    def _setup_model(self) -> None:
-        super()._setup_model()
-        for group in self.critic.optimizer.param_groups:
-            group["lr"] = self.critic_lr_schedule(1.0)
-        self._setup_curiosity()
-
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
+        """SB3's SAC updates, then the ICM's figures of this call logged beside SAC's."""
         super().train(gradient_steps, batch_size)
         self._log_curiosity()

@@ -1,10 +1,10 @@
-"""``SmoothTD3``: SB3's TD3 with the knobs seed 001 asked for and seed 000's regularizer.
+"""``SmoothTD3``: SB3's TD3 with separate learning rates, Huber critics and a smoothness term.
 
 SB3 keeps the rollout loop; this class overrides ``train()`` only. Added: Huber or MSE critic
 loss, separate actor and critic learning rates (each a schedule), gradient-norm clipping, and
 the actor smoothness term with a fixed or dual-ascent lambda. Target-policy noise is sampled
-fresh for every batch with the actions' shape and clipped (as SB3 does; seed 001's port drew
-one noise value per call).
+fresh for every batch with the actions' shape and clipped (as SB3 does): one value drawn per
+call would shift every target in the batch the same way instead of smoothing them.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from typing import Any
 import torch as th
 import torch.nn.functional as F
 from stable_baselines3 import TD3
-from stable_baselines3.common.type_aliases import Schedule
-from stable_baselines3.common.utils import ConstantSchedule, polyak_update
+from stable_baselines3.common.type_aliases import ReplayBufferSamples, Schedule
+from stable_baselines3.common.utils import polyak_update
 
-from allocator.trainer.agents.curiosity import CuriosityMixin
 from allocator.trainer.agents.icm import ICMSettings
-from allocator.trainer.agents.legacy_paths import LegacyPathsLoad
+from allocator.trainer.agents.off_policy import SmoothOffPolicy
 from allocator.trainer.agents.regularizer import (
     SmoothnessLambda,
     SmoothnessSettings,
@@ -55,34 +54,22 @@ def clip_and_step(
     return norm
 
 
-class LearningRates:
-    """Mixin: separate actor and critic learning-rate schedules for SB3 off-policy models."""
-
-    actor_lr_schedule: Schedule
-    critic_lr_schedule: Schedule
-
-    def _set_schedules(self, actor_lr: float | Schedule, critic_lr: float | Schedule) -> None:
-        self.actor_lr_schedule = actor_lr if callable(actor_lr) else ConstantSchedule(actor_lr)
-        self.critic_lr_schedule = critic_lr if callable(critic_lr) else ConstantSchedule(critic_lr)
-
-    def _update_learning_rate(self, optimizers: Any) -> None:
-        """SB3 applies one schedule to all optimizers; apply each its own."""
-        progress = self._current_progress_remaining  # type: ignore[attr-defined]
-        actor_lr = self.actor_lr_schedule(progress)
-        critic_lr = self.critic_lr_schedule(progress)
-        for opt in optimizers if isinstance(optimizers, list) else [optimizers]:
-            lr = critic_lr if opt is self.critic.optimizer else actor_lr  # type: ignore[attr-defined]
-            for group in opt.param_groups:
-                group["lr"] = lr
-        self.logger.record("train/actor_learning_rate", actor_lr)  # type: ignore[attr-defined]
-        self.logger.record("train/critic_learning_rate", critic_lr)  # type: ignore[attr-defined]
+TRAIN_FIGURES = (
+    "critic_loss",
+    "actor_loss",
+    "smooth_penalty",
+    "action_change",
+    "critic_grad_norm",
+    "actor_grad_norm",
+)
+"""What ``SmoothTD3.train`` logs under ``train/``, averaged over the call's gradient steps."""
 
 
-class SmoothTD3(LegacyPathsLoad, CuriosityMixin, LearningRates, TD3):
+class SmoothTD3(SmoothOffPolicy, TD3):
     """TD3 with Huber critics, two learning rates, gradient clipping and a smoothness term.
 
-    :param actor_learning_rate: actor Adam learning rate or schedule (seed 001: 1e-4)
-    :param critic_learning_rate: critic Adam learning rate or schedule (seed 001: 1e-3)
+    :param actor_learning_rate: actor Adam learning rate or schedule (default 1e-4)
+    :param critic_learning_rate: critic Adam learning rate or schedule (default 1e-3)
     :param critic_loss: ``"huber"`` (default) or ``"mse"``
     :param huber_delta: where the Huber loss turns from quadratic to linear
     :param max_grad_norm: gradient-norm clip for actor and critic (None: off)
@@ -103,102 +90,94 @@ class SmoothTD3(LegacyPathsLoad, CuriosityMixin, LearningRates, TD3):
         icm: ICMSettings | None = None,
         **kwargs: Any,
     ) -> None:
-        self._set_schedules(actor_learning_rate, critic_learning_rate)
         self.critic_loss_kind = critic_loss
         self.huber_delta = huber_delta
         self.max_grad_norm = max_grad_norm
         self.smoothness = smoothness or SmoothnessSettings()
         self.lam = SmoothnessLambda(self.smoothness)
-        self._init_curiosity(icm, kwargs)
+        self._init_smooth(actor_learning_rate, critic_learning_rate, icm, kwargs)
         super().__init__(policy, env, learning_rate=actor_learning_rate, **kwargs)
 
     @property
     def smooth_lambda(self) -> float:
         return self.lam.value
 
-    def _setup_model(self) -> None:
-        super()._setup_model()
-        for group in self.critic.optimizer.param_groups:
-            group["lr"] = self.critic_lr_schedule(1.0)
-        self._setup_curiosity()
-
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
+        """``gradient_steps`` TD3 updates: critics every step, actor, lambda and targets every
+        ``policy_delay``-th step; the figures are logged once, averaged."""
         self.policy.set_training_mode(True)
         self._update_learning_rate([self.actor.optimizer, self.critic.optimizer])
         # Figures stay tensors until the end so a GPU is not synced on every step.
-        logs: dict[str, list[th.Tensor]] = {
-            k: []
-            for k in (
-                "critic_loss",
-                "actor_loss",
-                "smooth_penalty",
-                "action_change",
-                "critic_grad_norm",
-                "actor_grad_norm",
-            )
-        }
+        logs: dict[str, list[th.Tensor]] = {k: [] for k in TRAIN_FIGURES}
         for _ in range(gradient_steps):
             self._n_updates += 1
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)  # type: ignore[union-attr]
-            discounts = batch.discounts if batch.discounts is not None else self.gamma
-
-            # 1. Target: clipped double-Q with smoothed target actions.
-            with th.no_grad():
-                noise = target_policy_noise(
-                    batch.actions, self.target_policy_noise, self.target_noise_clip
-                )
-                next_actions = (self.actor_target(batch.next_observations) + noise).clamp(-1, 1)
-                next_q = th.cat(self.critic_target(batch.next_observations, next_actions), dim=1)
-                next_q, _ = th.min(next_q, dim=1, keepdim=True)
-                target_q = batch.rewards + (1 - batch.dones) * discounts * next_q
-
-            # 2. Critics regress on the target (Huber resists reward spikes).
-            current_qs = self.critic(batch.observations, batch.actions)
-            loss_c = critic_loss(current_qs, target_q, self.critic_loss_kind, self.huber_delta)
-            self.critic.optimizer.zero_grad()
-            loss_c.backward()
-            norm = clip_and_step(
-                self.critic.optimizer, self.critic.parameters(), self.max_grad_norm
-            )
-            if norm is not None:
-                logs["critic_grad_norm"].append(norm)
-            logs["critic_loss"].append(loss_c.detach())
-
-            # 3. Delayed actor step: maximize Q1, minus lambda * E||pi(s') - pi(s)||^2.
+            self._critic_step(batch, self._td3_target(batch), logs)
             if self._n_updates % self.policy_delay == 0:
-                if self.lam.active:
-                    actions, change = actions_and_change(
-                        self.actor, batch.observations, batch.next_observations
-                    )
-                else:
-                    actions, change = self.actor(batch.observations), None
-                loss_a = -self.critic.q1_forward(batch.observations, actions).mean()
-                if change is not None:
-                    mean_change = change.mean()
-                    penalty = self.lam.value * mean_change
-                    loss_a = loss_a + penalty
-                    logs["smooth_penalty"].append(penalty.detach())
-                    logs["action_change"].append(mean_change.detach())
-                self.actor.optimizer.zero_grad()
-                loss_a.backward()
-                norm = clip_and_step(
-                    self.actor.optimizer, self.actor.parameters(), self.max_grad_norm
-                )
-                if norm is not None:
-                    logs["actor_grad_norm"].append(norm)
-                logs["actor_loss"].append(loss_a.detach())
-                # 4. Dual ascent on lambda with the batch's measured E[C] (one sync per step).
-                if change is not None:
-                    self.lam.update(float(mean_change.item()))
+                self._actor_step(batch, logs)
+                self._update_targets()
+        self._record(logs)
 
-                # 5. Slowly track the online networks.
-                polyak_update(self.critic.parameters(), self.critic_target.parameters(), self.tau)
-                polyak_update(self.actor.parameters(), self.actor_target.parameters(), self.tau)
-                polyak_update(
-                    self.critic_batch_norm_stats, self.critic_batch_norm_stats_target, 1.0
-                )
-                polyak_update(self.actor_batch_norm_stats, self.actor_batch_norm_stats_target, 1.0)
+    def _td3_target(self, batch: ReplayBufferSamples) -> th.Tensor:
+        """Clipped double-Q target with smoothed target actions: r + (1 - done) * gamma *
+        min_i Q'_i(s', clip(pi'(s') + clip(noise)))."""
+        discounts = batch.discounts if batch.discounts is not None else self.gamma
+        with th.no_grad():
+            noise = target_policy_noise(
+                batch.actions, self.target_policy_noise, self.target_noise_clip
+            )
+            next_actions = (self.actor_target(batch.next_observations) + noise).clamp(-1, 1)
+            next_q = th.cat(self.critic_target(batch.next_observations, next_actions), dim=1)
+            next_q, _ = th.min(next_q, dim=1, keepdim=True)
+            return batch.rewards + (1 - batch.dones) * discounts * next_q
 
+    def _critic_step(
+        self, batch: ReplayBufferSamples, target_q: th.Tensor, logs: dict[str, list[th.Tensor]]
+    ) -> None:
+        """Both critics regress on the target (Huber resists reward spikes)."""
+        current_qs = self.critic(batch.observations, batch.actions)
+        loss_c = critic_loss(current_qs, target_q, self.critic_loss_kind, self.huber_delta)
+        self.critic.optimizer.zero_grad()
+        loss_c.backward()
+        norm = clip_and_step(self.critic.optimizer, self.critic.parameters(), self.max_grad_norm)
+        if norm is not None:
+            logs["critic_grad_norm"].append(norm)
+        logs["critic_loss"].append(loss_c.detach())
+
+    def _actor_step(self, batch: ReplayBufferSamples, logs: dict[str, list[th.Tensor]]) -> None:
+        """Maximize Q1, minus lambda * E||pi(s') - pi(s)||^2; then the dual-ascent step on
+        lambda with the batch's measured E[C] (one device sync per step)."""
+        if self.lam.active:
+            actions, change = actions_and_change(
+                self.actor, batch.observations, batch.next_observations
+            )
+        else:
+            actions, change = self.actor(batch.observations), None
+        loss_a = -self.critic.q1_forward(batch.observations, actions).mean()
+        if change is not None:
+            mean_change = change.mean()
+            penalty = self.lam.value * mean_change
+            loss_a = loss_a + penalty
+            logs["smooth_penalty"].append(penalty.detach())
+            logs["action_change"].append(mean_change.detach())
+        self.actor.optimizer.zero_grad()
+        loss_a.backward()
+        norm = clip_and_step(self.actor.optimizer, self.actor.parameters(), self.max_grad_norm)
+        if norm is not None:
+            logs["actor_grad_norm"].append(norm)
+        logs["actor_loss"].append(loss_a.detach())
+        if change is not None:
+            self.lam.update(float(mean_change.item()))
+
+    def _update_targets(self) -> None:
+        """The target networks slowly track the online ones (batch-norm statistics copied)."""
+        polyak_update(self.critic.parameters(), self.critic_target.parameters(), self.tau)
+        polyak_update(self.actor.parameters(), self.actor_target.parameters(), self.tau)
+        polyak_update(self.critic_batch_norm_stats, self.critic_batch_norm_stats_target, 1.0)
+        polyak_update(self.actor_batch_norm_stats, self.actor_batch_norm_stats_target, 1.0)
+
+    def _record(self, logs: dict[str, list[th.Tensor]]) -> None:
+        """Each figure's mean over this call's steps, lambda, and the ICM's losses."""
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         for key, values in logs.items():
             if values:

@@ -25,6 +25,8 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from allocator.serving.loader import LoadedModel, load_model
+from allocator.serving.replay import replay
 from allocator.trainer.market.data import DataError, DateLike, MarketData
 from allocator.trainer.sim.backtest import BacktestResult, default_assets, run_backtest
 from allocator.trainer.sim.baselines import DecisionContext, make_baseline
@@ -75,7 +77,7 @@ class ExportedEvaluation:
 
 
 def replay_exported(
-    model_dir: str | Path | Any,
+    model_dir: str | Path | LoadedModel,
     data: MarketData,
     start: DateLike,
     end: DateLike,
@@ -90,9 +92,6 @@ def replay_exported(
     last date on/before ``end``, exactly the dates ``run_backtest`` decides on. ``assets``
     default to those priced over the whole span (capped at the model's ``max_assets``).
     """
-    from allocator.serving.loader import LoadedModel, load_model
-    from allocator.serving.replay import replay
-
     loaded = model_dir if isinstance(model_dir, LoadedModel) else None
     if loaded is None:
         loaded = load_model(model_dir, prefer_cuda=False)  # CPU: deterministic, like the tests

@@ -32,7 +32,9 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 from pandas.tseries.frequencies import to_offset
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from allocator.typed_config import StrictModel
 
 
 class WindowError(ValueError):
@@ -58,10 +60,8 @@ class Window:
         return {k: (str(v) if isinstance(v, dt.date) else v) for k, v in asdict(self).items()}
 
 
-class WindowSpec(BaseModel):
+class WindowSpec(StrictModel):
     """How to cut a date range into walk-forward windows (periods are ``freq`` units)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     start: dt.date = Field(description="first date any training span may use")
     end: dt.date = Field(description="last date any test span may use")

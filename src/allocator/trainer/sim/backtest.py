@@ -73,26 +73,16 @@ def default_assets(data: MarketData, first: int, last: int) -> list[str]:
     return [a for a, keep in zip(data.assets, ok, strict=True) if keep]
 
 
-def run_backtest(
-    policy: PolicyLike,
+def backtest_span(
     data: MarketData,
-    start: DateLike | None = None,
-    end: DateLike | None = None,
-    assets: Sequence[str] | None = None,
-    cost_bps: float = 10.0,
-    beta: float = 0.0,
-    window: int = 30,
-    max_assets: int | None = None,
-    initial_value: float = 1.0,
-    stats: NormalizationStats | None = None,
-) -> BacktestResult:
-    """Run ``policy`` deciding at every close from ``start`` until the day before ``end``.
-
-    Returns are realised from the day after ``start`` through ``end``. The observation window
-    needs ``window`` closes before ``start``. ``stats`` default to a fit on the data before
-    ``start``, so nothing from the test period leaks into the observation.
-    """
-    name, pol = resolve_policy(policy)
+    start: DateLike | None,
+    end: DateLike | None,
+    assets: Sequence[str] | None,
+    window: int,
+) -> tuple[int, int, list[str]]:
+    """First and last decision row and the assets of a backtest, or a ``DataError`` saying why
+    the data cannot support it: too few closes before ``start`` for the observation window,
+    fewer than 3 dates, or an asset without prices over the whole span (window included)."""
     t0 = window if start is None else data.date_index(start, "left")
     t1 = data.n_dates - 1 if end is None else data.date_index(end, "right")
     if t0 < window:
@@ -113,6 +103,30 @@ def run_backtest(
             f"{data.source}: asset(s) {', '.join(short)} lack prices between "
             f"{data.dates[t0 - window].date()} and {data.dates[t1].date()}"
         )
+    return t0, t1, names
+
+
+def run_backtest(
+    policy: PolicyLike,
+    data: MarketData,
+    start: DateLike | None = None,
+    end: DateLike | None = None,
+    assets: Sequence[str] | None = None,
+    cost_bps: float = 10.0,
+    beta: float = 0.0,
+    window: int = 30,
+    max_assets: int | None = None,
+    initial_value: float = 1.0,
+    stats: NormalizationStats | None = None,
+) -> BacktestResult:
+    """Run ``policy`` deciding at every close from ``start`` until the day before ``end``.
+
+    Returns are realised from the day after ``start`` through ``end``. The observation window
+    needs ``window`` closes before ``start``. ``stats`` default to a fit on the data before
+    ``start``, so nothing from the test period leaks into the observation.
+    """
+    name, pol = resolve_policy(policy)
+    t0, t1, names = backtest_span(data, start, end, assets, window)
     m = max(len(names), max_assets or 0)
     if stats is None:
         stats = fit_normalization(data.prices[: t0 + 1][:, [data.assets.index(a) for a in names]])

@@ -23,7 +23,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from allocator.portfolio import (
     FeatureSpec,
@@ -38,12 +38,11 @@ from allocator.portfolio import (
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.history import EpisodeHistory
 from allocator.trainer.sim.rewards import RewardConfig, RewardFunction
+from allocator.typed_config import StrictModel
 
 
-class EnvConfig(BaseModel):
+class EnvConfig(StrictModel):
     """Knobs of the trading environment."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_assets: int = Field(20, ge=1, description="asset slots besides cash")
     min_assets: int = Field(1, ge=1, description="fewest assets sampled for an episode")

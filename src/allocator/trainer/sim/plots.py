@@ -16,7 +16,9 @@ from matplotlib.figure import Figure
 from allocator.trainer.sim.backtest import BacktestResult
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (parents created) and close it, so a long job that
+    draws many figures does not keep every one of them in memory."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -52,7 +54,7 @@ def plot_performance(results: Mapping[str, BacktestResult], path: str | Path) ->
     ax_dd.set(ylabel="drawdown", title="Drawdown")
     for ax in (ax_eq, ax_dd):
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_allocations(result: BacktestResult, path: str | Path) -> Path:
@@ -62,7 +64,7 @@ def plot_allocations(result: BacktestResult, path: str | Path) -> Path:
     _allocation_area(
         axes[1], result.executed_weights, f"{result.name}: executed (smoothed)", legend=False
     )
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_backtest(result: BacktestResult, path: str | Path) -> Path:
@@ -75,7 +77,7 @@ def plot_backtest(result: BacktestResult, path: str | Path) -> Path:
     axes[1].set(ylabel="drawdown", title="drawdown")
     _allocation_area(axes[2], result.raw_weights, "raw weights", legend=True)
     _allocation_area(axes[3], result.executed_weights, "executed weights", legend=False)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 TRAINING_CURVES = (
@@ -102,4 +104,4 @@ def plot_training_curves(progress: pd.DataFrame, path: str | Path) -> Path:
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("environment steps")
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -1,4 +1,4 @@
-"""Rewards and penalties, selectable by name; formulas from seed 001, fixed where it erred.
+"""Rewards and penalties, selectable by name; each docstring gives its formula.
 
 Every reward reads the ``EpisodeHistory`` after a step has been recorded (``h.steps = k + 1``)
 and returns a float. Trailing windows use what history exists, so there is no cliff when a
@@ -13,9 +13,10 @@ from enum import StrEnum
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from allocator.trainer.sim.history import EpisodeHistory
+from allocator.typed_config import StrictModel
 
 
 class RewardKind(StrEnum):
@@ -25,18 +26,14 @@ class RewardKind(StrEnum):
     SHAPLEY = "SHAPLEY"
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TransactionCostSettings(_Section):
+class TransactionCostSettings(StrictModel):
     """Net one-step return plus ``long_weight / long_horizon`` times the N-step NAV return."""
 
     long_horizon: int = Field(20, ge=1, description="N: steps back for the long-horizon bonus")
     long_weight: float = Field(1.0, ge=0, description="lambda_long: weight of the bonus")
 
 
-class StructuredCreditSettings(_Section):
+class StructuredCreditSettings(StrictModel):
     """Window allocation-weighted soft-log asset returns, cash hedge, downside-sigma penalty."""
 
     window: int = Field(30, ge=1, description="steps in the credit window")
@@ -45,7 +42,7 @@ class StructuredCreditSettings(_Section):
     clip: float = Field(1.0, gt=0, description="reward clipped to [-clip, clip]")
 
 
-class SortinoSettings(_Section):
+class SortinoSettings(StrictModel):
     """Net return plus potential-based shaping ``weight * (gamma F_t - F_{t-1})``."""
 
     window: int = Field(30, ge=2, description="steps in the rolling Sortino window")
@@ -54,14 +51,14 @@ class SortinoSettings(_Section):
     cap: float = Field(10.0, gt=0, description="the potential F is clipped to [-cap, cap]")
 
 
-class ShapleySettings(_Section):
+class ShapleySettings(StrictModel):
     """Sum of exact Shapley credits of the window's coalition game, clipped."""
 
     window: int = Field(30, ge=1, description="steps in the credit window")
     clip: float = Field(0.1, gt=0, description="reward clipped to [-clip, clip]")
 
 
-class PenaltySettings(_Section):
+class PenaltySettings(StrictModel):
     """Weights (0 = off) of the allocation-churn penalties."""
 
     turnover: float = Field(0.0, ge=0, description="weight on sum |s_t - s_{t-1}|")
@@ -71,7 +68,7 @@ class PenaltySettings(_Section):
     tv_window: int = Field(10, ge=1, description="steps in the total-variation window")
 
 
-class RewardConfig(_Section):
+class RewardConfig(StrictModel):
     """Which reward drives learning, its knobs, and the penalties subtracted from it."""
 
     kind: RewardKind = RewardKind.TRANSACTION_COST
@@ -131,7 +128,7 @@ def window_credit_inputs(h: EpisodeHistory, window: int) -> tuple[NDArray[np.flo
 
 
 def shapley_values(avg_alloc: ArrayLike, slot_returns: ArrayLike) -> NDArray[np.float64]:
-    """Exact Shapley values of the seed-001 coalition game, in closed form.
+    """Exact Shapley values of the allocation coalition game, in closed form.
 
     The game's characteristic function is ``v(S) = sum_{i in S} a_i R_i``: a coalition holds its
     members' average allocations, everything else sits in cash (return 0). ``v`` is additive, so
@@ -142,7 +139,7 @@ def shapley_values(avg_alloc: ArrayLike, slot_returns: ArrayLike) -> NDArray[np.
 
 
 def coalition_value(avg_alloc: ArrayLike, slot_returns: ArrayLike, coalition: set[int]) -> float:
-    """``v(S)`` of the seed's ``_evaluate_coalition_performance``: return of the coalition."""
+    """``v(S)``: the return of the coalition's allocations, the rest held in cash (return 0)."""
     a = np.asarray(avg_alloc, dtype=np.float64)
     r = np.asarray(slot_returns, dtype=np.float64)
     final = sum(a[i] * (1.0 + r[i]) for i in coalition)
@@ -156,7 +153,7 @@ def shapley_monte_carlo(
     n_samples: int,
     rng: np.random.Generator,
 ) -> NDArray[np.float64]:
-    """Permutation-sampling Shapley estimate (seed 001's method) for any characteristic function."""
+    """Monte Carlo Shapley values: each player's mean marginal gain over random orders."""
     phi = np.zeros(n_players)
     for _ in range(n_samples):
         order = rng.permutation(n_players)
@@ -260,8 +257,8 @@ def turnover_penalty(h: EpisodeHistory, weight: float) -> float:
 def jitter_penalty(h: EpisodeHistory, weight: float, deadband: float) -> float:
     """``weight * sum_i d_i^2`` over slots whose move ``d_i = |s_t,i - s_{t-1},i|`` is in (0, band).
 
-    Seed 001's code penalized ``(band - d)^2``, which charges most for *not* moving; its text
-    says small moves are the noise to punish and decisive moves are free, which this does.
+    Not ``(band - d)^2``, which would charge most for *not* moving: small moves are the noise
+    to punish, and decisive moves (and no move) are free.
     """
     k = h.steps
     d = np.abs(h.weights[k] - h.weights[k - 1])

@@ -1,1 +1,2 @@
-"""One training run: its typed config, the run itself, audits and callbacks."""
+"""One training run: its typed config, the run itself, the files it writes (``run_dir``), audits
+and callbacks."""

@@ -1,4 +1,4 @@
-"""Seed 003's audits, written with every run: is the state well scaled, is the actor saturated?
+"""Two audits written with every run: is the state well scaled, is the actor saturated?
 
 A tanh actor fed features of very different scales pushes its outputs to +-1 where the gate
 ``kappa = 1 - a^2`` is ~0 and gradients vanish: the policy freezes while the critic still moves.

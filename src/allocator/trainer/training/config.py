@@ -8,27 +8,31 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from allocator.trainer.agents.icm import ICMSettings
+from allocator.trainer.agents.noise import NoiseSettings
 from allocator.trainer.agents.regularizer import SmoothnessSettings
 from allocator.trainer.sim.env import EnvConfig
+from allocator.typed_config import (
+    ConfigError,
+    StrictModel,
+    apply_overrides,
+    load_tree,
+    read_yaml,
+    validate,
+)
+
+UNION_TAGS = frozenset({"td3", "sac", "LinearSchedule"})
+"""Tags pydantic puts in the error location of a trainer setting that no user typed: the
+algorithm's discriminator value and the model member of ``float | LinearSchedule``."""
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the file and the key."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LinearSchedule(_Strict):
+class LinearSchedule(StrictModel):
     """Learning rate going linearly from ``start`` to ``end`` over ``end_fraction`` of training."""
 
     start: float = Field(gt=0)
@@ -39,7 +43,7 @@ class LinearSchedule(_Strict):
 LearningRate = float | LinearSchedule
 
 
-class DataSettings(_Strict):
+class DataSettings(StrictModel):
     """Which prices to learn from and which to validate on (never overlapping)."""
 
     dataset: str = Field("sp500", description="'sp500' or a CSV/Parquet path")
@@ -60,31 +64,7 @@ class DataSettings(_Strict):
         return self
 
 
-class NoiseKind(StrEnum):
-    NONE = "none"
-    GAUSSIAN = "gaussian"
-    OU = "ou"
-
-
-class AnnealKind(StrEnum):
-    CONSTANT = "constant"
-    LINEAR = "linear"
-    EXPONENTIAL = "exponential"
-
-
-class NoiseSettings(_Strict):
-    """Exploration noise added to TD3's actions, its sigma annealed over training."""
-
-    kind: NoiseKind = NoiseKind.GAUSSIAN
-    sigma: float = Field(0.3, ge=0, description="initial sigma")
-    final_sigma: float = Field(0.05, ge=0, description="sigma at the end of annealing")
-    anneal: AnnealKind = AnnealKind.LINEAR
-    anneal_fraction: float = Field(0.8, gt=0, le=1, description="share of training to anneal")
-    ou_theta: float = Field(0.15, gt=0, description="OU mean reversion")
-    ou_dt: float = Field(0.01, gt=0, description="OU time step")
-
-
-class _AlgoBase(_Strict):
+class _AlgoBase(StrictModel):
     gamma: float = Field(0.95, gt=0, le=1)
     batch_size: int = Field(256, ge=1)
     buffer_size: int = Field(200_000, ge=1)
@@ -98,7 +78,7 @@ class _AlgoBase(_Strict):
 
 
 class TD3Settings(_AlgoBase):
-    """TD3 as seed 001 tuned it, plus the smoothness regularizer."""
+    """TD3 with Huber critics, gradient clipping, policy delay and the smoothness regularizer."""
 
     name: Literal["td3"] = "td3"
     critic_loss: Literal["huber", "mse"] = "huber"
@@ -122,7 +102,7 @@ class SACSettings(_AlgoBase):
 AlgoSettings = Annotated[TD3Settings | SACSettings, Field(discriminator="name")]
 
 
-class TrainConfig(_Strict):
+class TrainConfig(StrictModel):
     """Everything one training run needs."""
 
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$", description="run name prefix")
@@ -151,65 +131,6 @@ class TrainConfig(_Strict):
         return data
 
 
-def _set_dotted(tree: dict[str, Any], key: str, value: Any, source: str) -> None:
-    parts = key.split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"{source}: --set {key}: {part} is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def apply_overrides(
-    tree: dict[str, Any], overrides: list[str], source: str = "(defaults)"
-) -> dict[str, Any]:
-    """Apply ``key.sub=value`` strings (values parsed as YAML) to a raw config tree."""
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{source}: --set expects key=value, got {item!r}")
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw), source)
-    return tree
-
-
-_UNION_TAGS = {"float", "int", "str", "bool", "LinearSchedule"}
-
-
-def _key_path(loc: tuple[Any, ...]) -> str:
-    """The dotted key as the user wrote it: pydantic's union and validator tags removed."""
-    parts: list[str] = []
-    for i, part in enumerate(str(p) for p in loc):
-        if part.startswith("function-") or part in _UNION_TAGS:
-            continue
-        if i == 1 and parts == ["algorithm"] and part in ("td3", "sac"):
-            continue  # the discriminated union's tag, not a key
-        parts.append(part)
-    return ".".join(parts)
-
-
-def _format_errors(source: str, exc: ValidationError) -> str:
-    lines = [f"{source}: invalid configuration"]
-    for err in exc.errors():
-        lines.append(f"  {_key_path(err['loc']) or '(top level)'}: {err['msg']}")
-    return "\n".join(lines)
-
-
-def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
-    """A YAML mapping of settings, or a ``ConfigError`` naming the file and the problem."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: {what} not found")
-    try:
-        loaded = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
-    if loaded is not None and not isinstance(loaded, dict):
-        raise ConfigError(f"{p}: top level must be a mapping of settings")
-    return loaded or {}
-
-
 def load_job_tree(
     path: str | Path | None, overrides: Sequence[str] | None, what: str
 ) -> tuple[dict[str, Any], str | None]:
@@ -220,8 +141,7 @@ def load_job_tree(
     to the job config) so ``--set trainer.total_timesteps=1000`` works either way. Returns the
     tree and the trainer file it inlined, if any.
     """
-    tree = read_yaml(path, what) if path is not None else {}
-    source = str(path) if path is not None else "(defaults)"
+    tree, source = load_tree(path, None, what)
     overrides = list(overrides or [])
     swaps = [o for o in overrides if o.partition("=")[0].strip() == "trainer"]
     tree = apply_overrides(tree, swaps, source)
@@ -239,13 +159,8 @@ def load_job_tree(
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML config (or defaults when ``path`` is None) and apply ``--set`` overrides."""
-    source = str(path) if path else "(defaults)"
-    tree = read_yaml(path) if path is not None else {}
-    tree = apply_overrides(tree, overrides or [], source)
-    try:
-        return TrainConfig.model_validate(tree)
-    except ValidationError as exc:
-        raise ConfigError(_format_errors(source, exc)) from exc
+    tree, source = load_tree(path, overrides)
+    return validate(TrainConfig, tree, source, tags=UNION_TAGS)
 
 
 def dump_config(config: TrainConfig) -> str:

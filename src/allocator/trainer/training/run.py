@@ -1,8 +1,8 @@
 """One training run, start to finish: data split, environment, algorithm, artifacts, audits.
 
 The run directory holds everything needed to judge and reuse the run: the SB3 model, the ICM
-weights, normalization statistics, the resolved config, the seed-003 audits, TensorBoard logs,
-the training curves, and a validation backtest next to equal weight.
+weights, normalization statistics, the resolved config, the state-scale and saturation audits,
+TensorBoard logs, the training curves, and a validation backtest next to equal weight.
 """
 
 from __future__ import annotations
@@ -22,18 +22,11 @@ from stable_baselines3.common.utils import LinearSchedule as SB3LinearSchedule
 from stable_baselines3.common.utils import get_device, set_random_seed
 
 from allocator.artifacts.files import write_json
+from allocator.artifacts.manifest import write_manifest
 from allocator.portfolio import NormalizationStats, fit_normalization
 from allocator.trainer.agents.noise import NoiseAnnealingCallback, make_action_noise
 from allocator.trainer.agents.sac import SmoothSAC
 from allocator.trainer.agents.td3 import SmoothTD3
-from allocator.trainer.checkpoints.manifest import (
-    CONFIG_FILE,
-    ICM_FILE,
-    MODEL_FILE,
-    NORMALIZATION_FILE,
-    build_manifest,
-    save_manifest,
-)
 from allocator.trainer.market.data import MarketData, load_dataset
 from allocator.trainer.sim.backtest import BacktestResult, default_assets, run_backtest
 from allocator.trainer.sim.baselines import ActionPolicy
@@ -42,7 +35,6 @@ from allocator.trainer.sim.plots import plot_allocations, plot_performance, plot
 from allocator.trainer.training.audit import action_saturation, state_scale_summary
 from allocator.trainer.training.callbacks import TurnoverCallback
 from allocator.trainer.training.config import (
-    ConfigError,
     LearningRate,
     LinearSchedule,
     SACSettings,
@@ -50,6 +42,15 @@ from allocator.trainer.training.config import (
     TrainConfig,
     dump_config,
 )
+from allocator.trainer.training.run_dir import (
+    CONFIG_FILE,
+    ICM_FILE,
+    MODEL_FILE,
+    NORMALIZATION_FILE,
+    VALIDATION_FILE,
+    build_manifest,
+)
+from allocator.typed_config import ConfigError
 
 
 @dataclass
@@ -206,7 +207,7 @@ def train(config: TrainConfig, run_dir: Path | None = None) -> TrainingRun:
     write_json(run_dir / "action_saturation.json", action_saturation(actions))
     metrics = {name: res.metrics() for name, res in validation.items()}
     write_json(
-        run_dir / "validation.json",
+        run_dir / VALIDATION_FILE,
         {
             "period": [config.data.validation_start, config.data.validation_end],
             "assets": agent.settings["assets"],
@@ -228,7 +229,7 @@ def train(config: TrainConfig, run_dir: Path | None = None) -> TrainingRun:
         "validation": metrics,
     }
     write_json(run_dir / "run.json", summary)
-    save_manifest(
+    write_manifest(
         run_dir,
         build_manifest(config, stats, list(train_data.assets), metrics, run_dir),
     )

@@ -1,0 +1,83 @@
+"""``allocator backtest``: run a policy through the environment's mechanics.
+
+The trainer's simulation (pandas) and plots (matplotlib) are imported inside the command, so
+``allocator --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+from allocator.artifacts.files import write_json
+from allocator.cli.options import cost_bps_option, fail, period_options
+
+
+def load_policy(spec: str) -> Any:
+    """A baseline name, or ``module:attribute`` naming a policy (a class is instantiated)."""
+    if ":" not in spec:
+        return spec
+    module, _, attr = spec.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise click.BadParameter(f"cannot load policy {spec!r}: {exc}") from exc
+    return obj() if isinstance(obj, type) else obj
+
+
+@click.command()
+@click.option(
+    "--policy",
+    "policy_spec",
+    default="equal-weight",
+    show_default=True,
+    help="equal-weight, buy-and-hold, cash, min-variance, hrp, or module:callable",
+)
+@period_options
+@click.option("--dataset", default="sp500", show_default=True, help="'sp500' or a file path")
+@click.option("--assets", default=None, help="comma-separated asset ids (default: all)")
+@cost_bps_option
+@click.option("--beta", default=0.0, show_default=True, type=float, help="EMA smoothing")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False))
+def backtest(
+    policy_spec: str,
+    start: str,
+    end: str,
+    dataset: str,
+    assets: str | None,
+    cost_bps: float,
+    beta: float,
+    json_path: str | None,
+    plot_path: str | None,
+) -> None:
+    """Backtest a policy with the environment's mechanics; print metrics, write JSON/plot."""
+    # heavy (pandas): imported when the command runs, so `allocator --help` stays instant
+    from allocator.trainer.market.data import DataError, load_dataset
+    from allocator.trainer.sim.backtest import run_backtest
+    from allocator.trainer.sim.performance import format_table
+
+    policy = load_policy(policy_spec)
+    names = [a.strip() for a in assets.split(",") if a.strip()] if assets else None
+    try:
+        md = load_dataset(dataset)
+        result = run_backtest(policy, md, start, end, assets=names, cost_bps=cost_bps, beta=beta)
+    except (DataError, ValueError) as exc:
+        fail(str(exc))
+    metrics = result.metrics()
+    click.echo(
+        f"{result.name} on {md.source}, {result.nav.index[0].date()} .. "
+        f"{result.nav.index[-1].date()}, {cost_bps:g} bps"
+    )
+    click.echo(format_table({result.name: metrics}))
+    if json_path:
+        write_json(json_path, result.to_dict())
+        click.echo(f"wrote {json_path}")
+    if plot_path:
+        # heavy (matplotlib): imported only when a plot is asked for
+        from allocator.trainer.sim.plots import plot_backtest
+
+        plot_backtest(result, plot_path)
+        click.echo(f"wrote {plot_path}")

@@ -1,0 +1,136 @@
+"""``allocator demo``: the first run on a new machine, end to end on the embedded data.
+
+Baselines, then (with ``--train``) train -> export -> serve -> a tiny walk-forward. The trainer,
+serving and plotting libraries are imported inside the functions that use them, so
+``allocator --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import click
+
+from allocator.artifacts.files import write_json
+from allocator.cli.options import cost_bps_option, period_options
+
+WALK_FORWARD_CONFIG = Path("configs/walk_forward_tiny.yaml")
+"""The demo's walk-forward: two tiny windows; skipped when run outside the checkout."""
+
+
+@click.command()
+@click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False))
+@period_options
+@cost_bps_option
+@click.option(
+    "--train/--no-train",
+    "do_train",
+    default=True,
+    show_default=True,
+    help="also train the demo config and export it to a local registry",
+)
+@click.option(
+    "--config",
+    "config_path",
+    default="configs/td3_demo.yaml",
+    show_default=True,
+    help="training config for the demo (defaults are used if the file is absent)",
+)
+def demo(out: str, start: str, end: str, cost_bps: float, do_train: bool, config_path: str) -> None:
+    """The first run on a new machine: baselines, then train -> export on the embedded data."""
+    # heavy (pandas, matplotlib): imported when the command runs, keeps --help instant
+    from allocator.trainer.market.data import load_sp500
+    from allocator.trainer.sim.backtest import run_backtest
+    from allocator.trainer.sim.baselines import BaselineName
+    from allocator.trainer.sim.performance import format_table
+    from allocator.trainer.sim.plots import plot_allocations, plot_performance
+
+    md = load_sp500()
+    click.echo(
+        f"data: {md.source}, {md.n_assets} assets; backtest {start} .. {end}, "
+        f"{cost_bps:g} bps costs"
+    )
+    results = {}
+    for name in BaselineName:
+        click.echo(f"  running {name.value} ...")
+        results[name.value] = run_backtest(name.value, md, start, end, cost_bps=cost_bps)
+    table = {name: r.metrics() for name, r in results.items()}
+    click.echo("")
+    click.echo(format_table(table))
+    out_dir = Path(out)
+    written = [
+        write_json(out_dir / "metrics.json", table),
+        plot_performance(results, out_dir / "equity.png"),
+        plot_allocations(results[BaselineName.MIN_VARIANCE.value], out_dir / "allocations.png"),
+    ]
+    click.echo("")
+    for path in written:
+        click.echo(f"wrote {path}")
+    if do_train:
+        _train_and_export(out_dir, config_path)
+        # heavy (onnxruntime, grpc): imported only when the demo goes on to serve
+        from allocator.serving.demo import serve_demo
+
+        click.echo("")
+        serve_demo(out_dir / "models", out_dir, md.prices, md.assets, echo=click.echo)
+        _walk_forward(out_dir)
+
+
+def _train_and_export(out_dir: Path, config_path: str) -> None:
+    """Train the demo config, export it to ``out_dir/models`` and print the ONNX parity."""
+    # heavy (torch, onnx): imported when the demo trains, keeps --help instant
+    from allocator.artifacts.manifest import read_manifest
+    from allocator.trainer.export.parity import PARITY_TOLERANCE, format_parity
+    from allocator.trainer.export.run import export_run
+    from allocator.trainer.sim.performance import format_table
+    from allocator.trainer.training.config import load_config
+    from allocator.trainer.training.run import train as run_training
+
+    path = config_path if Path(config_path).is_file() else None
+    config = load_config(path, [])
+    click.echo("")
+    click.echo(
+        f"training {config.algorithm.name} ({path or 'default config'}), "
+        f"{config.total_timesteps} steps ..."
+    )
+    run_dir = out_dir / "run"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run = run_training(config, run_dir)
+    click.echo(f"validation {config.data.validation_start} .. {config.data.validation_end}:")
+    click.echo(format_table(run.summary["validation"]))
+    version_dir = export_run(run.run_dir, out_dir / "models", name="demo")
+    exported = read_manifest(version_dir)
+    click.echo("")
+    click.echo(f"exported to {version_dir}")
+    parity = (exported.export or {}).get("parity", {})
+    click.echo(f"ONNX vs torch, max abs difference (export fails above {PARITY_TOLERANCE:g}):")
+    click.echo(format_parity(parity))
+
+
+def _walk_forward(out_dir: Path) -> None:
+    """Two tiny walk-forward windows, recorded in the demo's SQLite file, with a report."""
+    # heavy (torch, sqlalchemy): imported when the demo runs it, keeps --help instant
+    from allocator.trainer.jobs.walk_forward.config import load_walk_forward_config
+    from allocator.trainer.jobs.walk_forward.report import format_summary
+    from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
+
+    path = WALK_FORWARD_CONFIG
+    if not path.is_file():
+        click.echo(f"(skipping the walk-forward: {path} is not here)")
+        return
+    wf_dir = out_dir / "walk_forward"
+    config = load_walk_forward_config(
+        path,
+        [
+            f"registry={wf_dir / 'models'}",
+            f"output_dir={wf_dir}",
+            f"database_url=sqlite:///{out_dir / 'trades.db'}",
+        ],
+    )
+    click.echo("")
+    click.echo(f"walk-forward ({path}): train, export, backtest vs baselines per window ...")
+    result = run_walk_forward(config, out_dir=str(wf_dir), progress=False)
+    click.echo(format_summary(result.summary))
+    click.echo(f"report: {result.files['report']}")

@@ -1,0 +1,39 @@
+"""``allocator export``: a training run to ONNX in the model registry.
+
+The exporter (torch, onnx, onnxruntime) is imported inside the command, so ``allocator --help``
+stays instant.
+"""
+
+from __future__ import annotations
+
+import click
+
+from allocator.cli.options import fail
+
+
+@click.command("export")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option(
+    "--registry",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="model registry root, e.g. models/ (versions go to REGISTRY/NAME/VERSION)",
+)
+@click.option("--name", default=None, help="registry name (default: the run's manifest name)")
+@click.option("--version", default=None, help="registry version (default: the next integer)")
+def export(run_dir: str, registry: str, name: str | None, version: str | None) -> None:
+    """Export a run to ONNX (policy, and curiosity if trained with it), checked against torch."""
+    # heavy (pydantic models, torch, onnx): imported when the command runs, keeps --help instant
+    from allocator.artifacts.manifest import read_manifest
+    from allocator.trainer.export.errors import ExportError
+    from allocator.trainer.export.parity import format_parity
+    from allocator.trainer.export.run import export_run
+
+    try:
+        out = export_run(run_dir, registry, name=name, version=version)
+    except ExportError as exc:
+        fail(str(exc))
+    info = read_manifest(out).export or {}
+    click.echo(f"exported: {out} (opset {info.get('opset')})")
+    click.echo("parity with torch (max abs difference):")
+    click.echo(format_parity(info.get("parity", {})))

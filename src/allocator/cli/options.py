@@ -1,0 +1,73 @@
+"""What several commands share: the ``--config/--set`` pair, common options, and ``fail``.
+
+An option declared here is declared once, so its flag, default and help read the same in every
+command that takes it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def fail(message: str) -> NoReturn:
+    """Print a clear error and exit with status 2 (bad input), without a traceback."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def config_option(help_text: str, *, required: bool) -> Callable[[F], F]:
+    """``--config PATH``: the command's YAML file (passed to the command as ``config_path``)."""
+    optional = {} if required else {"default": None}  # a required option declares no default
+    return click.option(
+        "--config",
+        "config_path",
+        required=required,
+        type=click.Path(dir_okay=False),
+        help=help_text,
+        **optional,
+    )
+
+
+def overrides_option(help_text: str) -> Callable[[F], F]:
+    """``--set KEY=VALUE`` (repeatable): dotted-key overrides applied on top of the YAML
+    (passed to the command as ``overrides``)."""
+    return click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=help_text)
+
+
+def config_options(config_help: str, set_help: str, *, required: bool) -> Callable[[F], F]:
+    """``--config`` then ``--set``, adjacent: the usual pair of a config-driven command."""
+
+    def decorate(command: F) -> F:
+        return config_option(config_help, required=required)(overrides_option(set_help)(command))
+
+    return decorate
+
+
+database_url_option = click.option(
+    "--database-url",
+    default=None,
+    help="SQLAlchemy URL (default: $DATABASE_URL, else sqlite:///allocator.db)",
+)
+
+
+def period_options(command: F) -> F:
+    """``--start/--end``: the backtest period, as ISO dates."""
+    command = click.option("--end", default="2019-12-31", show_default=True)(command)
+    return click.option("--start", default="2010-01-01", show_default=True)(command)
+
+
+cost_bps_option = click.option("--cost-bps", default=10.0, show_default=True, type=float)
+
+
+def shown_url(url: str) -> str:
+    """A database URL with any password masked, for messages."""
+    # heavy (sqlalchemy): imported when a URL is shown, so `allocator --help` stays instant
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

@@ -1,0 +1,72 @@
+"""``allocator serve``: the gRPC server, until SIGTERM/SIGINT.
+
+Every option is a ``ServerConfig`` field (``--model`` sets ``default_model``; ``--no-record`` and
+``--cpu`` switch ``record`` and ``prefer_cuda`` off); an option left unset takes the config's
+default. The server (onnxruntime, grpc, sqlalchemy) is imported inside the command, so
+``allocator --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any
+
+import click
+
+from allocator.cli.options import database_url_option, fail
+
+
+@click.command()
+@click.option("--registry", required=True, type=click.Path(file_okay=False), help="model registry")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
+@click.option("--port", default=50051, show_default=True, help="gRPC port (0: any free port)")
+@click.option("--metrics-port", default=9464, show_default=True, help="Prometheus /metrics port")
+@database_url_option
+@click.option("--no-record", is_flag=True, help="do not record decisions (experiments only)")
+@click.option("--spool-dir", default="spool", show_default=True, help="recorder's durable spool")
+@click.option("--redis-url", default=None, help="share smoothing state between replicas")
+@click.option("--auth-token-file", default=None, help="require this bearer token")
+@click.option("--tls-cert", default=None, help="server certificate (PEM)")
+@click.option("--tls-key", default=None, help="server private key (PEM)")
+@click.option("--tls-client-ca", default=None, help="require client certificates (mTLS)")
+@click.option("--latency-budget-ms", default=10.0, show_default=True, help="P95 budget")
+@click.option("--max-concurrent-rpcs", default=64, show_default=True)
+@click.option("--workers", default=8, show_default=True, help="handler threads")
+@click.option("--model", "default_model", default=None, help="model answering unpinned calls")
+@click.option("--reload-interval", default=2.0, show_default=True, help="registry scan period")
+@click.option("--cpu", is_flag=True, help="never try onnxruntime's CUDA provider")
+@click.option("--spool-quota-bytes", type=int, default=None, help="spool size that refuses calls")
+@click.option("--idempotency-cache", type=int, default=None, help="answers kept for retries")
+@click.option("--grace-seconds", type=float, default=None, help="SIGTERM: time for calls")
+@click.option("--drain-seconds", type=float, default=None, help="SIGTERM: wait for quiet")
+def serve(**options: Any) -> None:
+    """Serve allocations over gRPC until SIGTERM/SIGINT (then drain and flush the recorder)."""
+    from pydantic import ValidationError  # what ServerConfig raises; only needed when serving
+
+    # heavy (onnxruntime, grpc, sqlalchemy): imported when the command runs, keeps --help instant
+    from allocator.recording.sinks import SchemaMissingError
+    from allocator.registry.errors import ModelLoadError
+    from allocator.serving.server import ServerConfig, build_server
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    options["record"] = not options.pop("no_record")
+    options["prefer_cuda"] = not options.pop("cpu")
+    try:
+        config = ServerConfig(**{k: v for k, v in options.items() if v is not None})
+        server = build_server(config)
+    except ValidationError as exc:
+        fail("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+    except (ModelLoadError, SchemaMissingError, ValueError, OSError) as exc:
+        fail(str(exc))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    click.echo(f"serving on {server.target} (metrics on port {server.metrics_port})", err=True)
+    stop.wait()
+    click.echo("draining: health NOT_SERVING, finishing calls, flushing the recorder", err=True)
+    server.stop()

@@ -1,0 +1,128 @@
+"""Figures of a batch job run (walk-forward, retraining), pushed to a Pushgateway at its end."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from enum import StrEnum
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from allocator.metrics.buckets import JOB_DURATION_BUCKETS_SECONDS
+from allocator.metrics.pushgateway import PushError, push
+
+
+class PromotionDecision(StrEnum):
+    """What a retraining job decided about its candidate model."""
+
+    PROMOTED = "promoted"
+    REJECTED = "rejected"
+
+
+class JobMetrics:
+    """Figures of one batch job run (walk-forward, retraining), pushed to a Pushgateway.
+
+    Use a fresh ``CollectorRegistry`` per run and ``push(registry, url, job)`` at the end
+    (``JobPush`` does both). The job is not a label here: the Pushgateway adds ``job`` from
+    the push's grouping key, and pushed metrics must not carry a ``job`` label of their own.
+    ``push`` replaces the job's previous group, so the windows of an older run do not linger.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+        # Created by mark_success only: a failed run's push (POST) must not carry a 0 that
+        # would overwrite the previous good run's time in the Pushgateway.
+        self.last_success: Gauge | None = None
+        self.windows = Counter(
+            "allocator_jobs_windows_total",
+            "Walk-forward windows evaluated by this run.",
+            registry=registry,
+        )
+        self.window_sharpe = Gauge(
+            "allocator_jobs_window_sharpe",
+            "Annualized Sharpe ratio of the policy on one walk-forward test window.",
+            ["window"],
+            registry=registry,
+        )
+        self.promotions = Counter(
+            "allocator_jobs_promotions_total",
+            "Candidate models judged by the promotion gate, by decision.",
+            ["decision"],
+            registry=registry,
+        )
+        for decision in PromotionDecision:
+            self.promotions.labels(decision.value)
+        self.duration = Histogram(
+            "allocator_jobs_duration_seconds",
+            "Wall time of one job run.",
+            buckets=JOB_DURATION_BUCKETS_SECONDS,
+            registry=registry,
+        )
+
+    def record_window(self, window: str, sharpe: float) -> None:
+        """One evaluated window, named by a stable short id (its index or test start date)."""
+        self.windows.inc()
+        self.window_sharpe.labels(window).set(sharpe)
+
+    def record_promotion(self, decision: PromotionDecision | str) -> None:
+        """The promotion gate's verdict on a candidate."""
+        self.promotions.labels(PromotionDecision(decision).value).inc()
+
+    def observe_duration(self, seconds: float) -> None:
+        """The run's wall time."""
+        self.duration.observe(seconds)
+
+    def mark_success(self, timestamp: float | None = None) -> None:
+        """Set the last-success time (now by default); call it only when the run succeeded."""
+        if self.last_success is None:
+            self.last_success = Gauge(
+                "allocator_jobs_last_success_timestamp_seconds",
+                "Unix time at which the job last finished successfully.",
+                registry=self._registry,
+            )
+        self.last_success.set(time.time() if timestamp is None else timestamp)
+
+
+class JobPush:
+    """A batch job run's metrics on a fresh registry, pushed under one Pushgateway group.
+
+    The group is the job (from the push) and ``grouping_key`` (e.g. the model name), so two
+    models' runs never overwrite each other. A successful run replaces its group (PUT), so an
+    older run's windows do not linger; a failed run adds to it (POST), keeping the last good
+    run's success time.
+    """
+
+    def __init__(self, gateway_url: str | None, job: str, grouping_key: dict[str, str]) -> None:
+        self.gateway_url = gateway_url
+        self.job = job
+        self.grouping_key = grouping_key
+        self.registry = CollectorRegistry()
+        self.metrics = JobMetrics(self.registry)
+
+    def succeeded(self, seconds: float) -> str | None:
+        """Push a successful run of ``seconds``; the push's error text, None when it went out
+        (or when no gateway is configured). A failed push never undoes the run."""
+        if not self.gateway_url:
+            return None
+        self.metrics.observe_duration(seconds)
+        self.metrics.mark_success()
+        try:
+            push(self.registry, self.gateway_url, self.job, grouping_key=self.grouping_key)
+        except PushError as exc:
+            return str(exc)
+        return None
+
+    def failed(self, seconds: float) -> None:
+        """Push what a failed run measured, keeping the last good run's success time; a push
+        error is swallowed, since the run's own error is the one to report."""
+        if not self.gateway_url:
+            return
+        self.metrics.observe_duration(seconds)
+        with contextlib.suppress(PushError):
+            push(
+                self.registry,
+                self.gateway_url,
+                self.job,
+                grouping_key=self.grouping_key,
+                replace=False,
+            )

@@ -1,0 +1,44 @@
+"""Pushing a batch job's metrics to a Prometheus Pushgateway.
+
+A batch job lives shorter than a scrape interval, so it pushes its figures once at the end
+instead of being scraped. A dead gateway must neither hang the job (the connection is bounded
+by a timeout) nor lose its results (the failure is a ``PushError`` the caller reports).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import push_to_gateway, pushadd_to_gateway
+
+
+class PushError(RuntimeError):
+    """The Pushgateway could not be reached or refused the push."""
+
+
+def push(
+    registry: CollectorRegistry,
+    gateway_url: str,
+    job: str,
+    *,
+    grouping_key: Mapping[str, str] | None = None,
+    timeout: float = 10.0,
+    replace: bool = True,
+) -> None:
+    """Push ``registry`` to the Pushgateway at ``gateway_url`` under ``job``.
+
+    ``replace=True`` (HTTP PUT) replaces every metric of the group: the normal end of a run.
+    A failed run should push with ``replace=False`` (POST replaces only the metrics pushed), so
+    that it does not erase the last-success time of the previous good run. ``timeout`` bounds
+    the connection, so a dead gateway cannot hang a job.
+    """
+    if not job:
+        raise ValueError("job must be a non-empty name")
+    send = push_to_gateway if replace else pushadd_to_gateway
+    try:
+        send(gateway_url, job=job, registry=registry, grouping_key=grouping_key, timeout=timeout)
+    except OSError as exc:  # URLError, connection refused, timeouts, non-2xx responses
+        raise PushError(
+            f"could not push metrics of job {job!r} to the Pushgateway at {gateway_url}: {exc}"
+        ) from exc

@@ -1,0 +1,81 @@
+"""The decision recorder's metrics: its memory queue, local spool, database writes, replays.
+
+Every record is accounted for: written (``rows_written``), spooled and later replayed
+(``spooled_records``, ``replayed``), or refused at the door when the spool is full
+(``rejected``). A record that is none of these would be a decision lost without a trace.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from allocator.metrics.buckets import WRITE_LATENCY_BUCKETS_SECONDS
+
+
+class RecorderMetrics:
+    """The decision recorder: its in-memory queue, local spool, database writes and replays.
+
+    The recorder never drops a decision silently. When the spool quota is reached, new records
+    are refused at the door (the caller is told, and ``allocator_recorder_rejected_total``
+    counts them); records already accepted are written, or spooled and replayed later.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        # Plain gauges and counters: one (name, help[, labels]) row each, created alike.
+        self.queue_depth, self.spooled_records, self.spool_bytes = (
+            Gauge(name, documentation, registry=registry)
+            for name, documentation in (
+                (
+                    "allocator_recorder_queue_depth",
+                    "Records waiting in memory for the next batched write.",
+                ),
+                (
+                    "allocator_recorder_spooled_records",
+                    "Records currently in the local spool, waiting for the database to come back.",
+                ),
+                ("allocator_recorder_spool_bytes", "Size of the local spool on disk."),
+            )
+        )
+        self.rows_written, self.failed_writes, self.replayed, self.rejected = (
+            Counter(name, documentation, labels, registry=registry)
+            for name, documentation, labels in (
+                (
+                    "allocator_recorder_rows_written_total",
+                    "Decision rows committed to the database (replays included).",
+                    (),
+                ),
+                (
+                    "allocator_recorder_failed_writes_total",
+                    "Batched writes that failed (their records were spooled), by short fixed "
+                    "reason.",
+                    ("reason",),
+                ),
+                (
+                    "allocator_recorder_replayed_total",
+                    "Spooled records replayed into the database (idempotent on the request id).",
+                    (),
+                ),
+                (
+                    "allocator_recorder_rejected_total",
+                    "Records refused at the door because the spool quota was reached; the "
+                    "caller is told, nothing is dropped silently.",
+                    (),
+                ),
+            )
+        )
+        self.batch_write_latency = Histogram(
+            "allocator_recorder_batch_write_latency_seconds",
+            "Time of one batched write to the database, successful or not.",
+            buckets=WRITE_LATENCY_BUCKETS_SECONDS,
+            registry=registry,
+        )
+
+    def observe_write(self, rows: int, seconds: float) -> None:
+        """One committed batch of ``rows`` rows that took ``seconds``."""
+        self.batch_write_latency.observe(seconds)
+        self.rows_written.inc(rows)
+
+    def observe_failed_write(self, reason: str, seconds: float) -> None:
+        """One failed batch; ``reason`` is a short fixed word (``unavailable``, ``integrity``)."""
+        self.batch_write_latency.observe(seconds)
+        self.failed_writes.labels(reason).inc()

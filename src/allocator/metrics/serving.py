@@ -1,0 +1,155 @@
+"""The allocation server's metrics: latency against its budget, outcomes, decisions, model.
+
+The latency histogram has a bucket exactly at the configured P95 budget, so "fraction within
+budget" is read off a bucket, not interpolated. Decision histograms skip non-finite values: a
+single NaN would turn a histogram's ``_sum`` into NaN for the life of the process.
+
+The status label is ``outcome`` on the latency histogram and ``code`` on the request counter;
+both hold the gRPC status code name. Dashboards and alert rules query them by these names.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+
+import numpy as np
+from numpy.typing import ArrayLike
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from allocator.metrics.buckets import (
+    BATCH_SIZE_BUCKETS,
+    GAP_BUCKETS,
+    ICM_REWARD_BUCKETS,
+    latency_buckets,
+)
+from allocator.metrics.info import CurrentInfo
+
+
+def _code_name(code: str | Enum) -> str:
+    """``grpc.StatusCode.OK`` and ``"OK"`` both give ``"OK"`` (no grpc import needed here)."""
+    return code.name if isinstance(code, Enum) else str(code)
+
+
+class ServingMetrics:
+    """What the allocation server exposes: latency against its budget, outcomes, decisions.
+
+    ``latency_budget_seconds`` is the configured P95 budget: the latency histogram has a bucket
+    exactly at it, and ``allocator_serving_over_budget_total`` counts requests strictly above it
+    (so ``over_budget == count - bucket{le=budget}`` per method). Methods are the short gRPC
+    method names (``Allocate``); codes are ``grpc.StatusCode`` names (``OK``, ``UNAVAILABLE``).
+    """
+
+    def __init__(self, registry: CollectorRegistry, latency_budget_seconds: float) -> None:
+        self.latency_budget_seconds = float(latency_budget_seconds)
+        self.latency_buckets = latency_buckets(self.latency_budget_seconds)
+        self.request_latency = Histogram(
+            "allocator_serving_request_latency_seconds",
+            "Server-side latency of a gRPC request, by method and outcome (status code name).",
+            ["method", "outcome"],
+            buckets=self.latency_buckets,
+            registry=registry,
+        )
+        self.requests = Counter(
+            "allocator_serving_requests_total",
+            "gRPC requests handled, by method and status code name.",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.over_budget = Counter(
+            "allocator_serving_over_budget_total",
+            "Requests slower than the configured latency budget, by method.",
+            ["method"],
+            registry=registry,
+        )
+        self.latency_budget = Gauge(
+            "allocator_serving_latency_budget_seconds",
+            "The configured P95 latency budget, for dashboards and alert rules.",
+            registry=registry,
+        )
+        self.latency_budget.set(self.latency_budget_seconds)
+        self.smoothing_gap = Histogram(
+            "allocator_serving_smoothing_gap",
+            "L1 distance sum|raw - smoothed| between a decision's raw and smoothed weights "
+            "(unitless, 0 to 2).",
+            buckets=GAP_BUCKETS,
+            registry=registry,
+        )
+        self.turnover = Histogram(
+            "allocator_serving_turnover_ratio",
+            "Implied turnover of a decision: traded value / NAV, the sum over risky assets of "
+            "|served - current| weights, as the training env defines it (0 to 2).",
+            buckets=GAP_BUCKETS,
+            registry=registry,
+        )
+        self.icm_reward = Histogram(
+            "allocator_serving_icm_reward",
+            "Normalized, clipped ICM intrinsic reward of a decision (models trained with ICM); "
+            "no _sum because buckets are negative: use quantiles.",
+            buckets=ICM_REWARD_BUCKETS,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "allocator_serving_batch_size",
+            "Portfolios per batch allocation call.",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=registry,
+        )
+        self.model_info = CurrentInfo(
+            "allocator_serving_model",
+            "The model version serving by default: 1 for the current one only.",
+            ("name", "version", "algorithm"),
+            registry,
+        )
+        self.provider_info = CurrentInfo(
+            "allocator_serving_provider",
+            "The onnxruntime execution provider in use (CUDAExecutionProvider or "
+            "CPUExecutionProvider).",
+            ("provider",),
+            registry,
+        )
+
+    def observe_request(self, method: str, code: str | Enum, seconds: float) -> None:
+        """One finished request: latency by outcome, the count by code, and over-budget."""
+        code_name = _code_name(code)
+        self.request_latency.labels(method, code_name).observe(seconds)
+        self.requests.labels(method, code_name).inc()
+        if seconds > self.latency_budget_seconds:
+            self.over_budget.labels(method).inc()
+
+    def observe_decision(
+        self,
+        raw_weights: ArrayLike,
+        smoothed_weights: ArrayLike,
+        turnover: float,
+        icm_reward: float | None = None,
+    ) -> None:
+        """One allocation: the raw-vs-smoothed L1 gap (all slots, cash included), the turnover
+        as computed by the caller, and the ICM reward when the model has one.
+
+        Non-finite values are not observed: a single NaN would turn a histogram's ``_sum``
+        into NaN for the life of the process.
+        """
+        raw = np.asarray(raw_weights, dtype=np.float64)
+        smoothed = np.asarray(smoothed_weights, dtype=np.float64)
+        if raw.shape != smoothed.shape:
+            raise ValueError(f"raw {raw.shape} and smoothed {smoothed.shape} weights differ")
+        gap = float(np.abs(raw - smoothed).sum())
+        if math.isfinite(gap):
+            self.smoothing_gap.observe(gap)
+        if math.isfinite(turnover):
+            self.turnover.observe(float(turnover))
+        if icm_reward is not None and math.isfinite(icm_reward):
+            self.icm_reward.observe(float(icm_reward))
+
+    def observe_batch(self, size: int) -> None:
+        """One batch allocation call of ``size`` portfolios."""
+        self.batch_size.observe(size)
+
+    def set_model(self, name: str, version: str, algorithm: str) -> None:
+        """Switch the model info to a new version; the previous label set disappears."""
+        self.model_info.set(name=name, version=version, algorithm=algorithm)
+
+    def set_provider(self, provider: str) -> None:
+        """Record the execution provider that really runs (``session.get_providers()[0]``)."""
+        self.provider_info.set(provider=provider)

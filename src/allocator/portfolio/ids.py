@@ -1,0 +1,42 @@
+"""Identifiers of the contract: the cash slot's name, and what makes an id storable.
+
+Every weight vector that leaves the policy (a server answer, a recorded decision, a replay)
+is labelled asset by asset, cash first under ``CASH_ID``; no risky asset may take that name,
+or an answer would hold two "CASH" entries. Ids end up in ``VARCHAR`` columns of the trade
+database and in Redis keys, so one rule says what an id may be (non-empty, bounded length, no
+NUL, which PostgreSQL text refuses) and every layer that accepts ids applies this rule, naming
+the field that breaks it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CASH_ID", "MAX_ID_LENGTH", "MAX_VERSION_LENGTH", "IdError", "check_id"]
+
+CASH_ID = "CASH"
+"""The id answered and recorded for the cash slot (slot 0); reserved, never a risky asset."""
+MAX_ID_LENGTH = 200
+"""Portfolio, request, asset and model-name ids are stored as ``VARCHAR(200)``."""
+MAX_VERSION_LENGTH = 100
+"""Model versions are stored as ``VARCHAR(100)``."""
+
+
+class IdError(ValueError):
+    """An id that breaks the rule: ``field`` names it, ``problem`` says what is wrong."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def check_id(value: object, field: str, max_length: int = MAX_ID_LENGTH) -> str:
+    """``value`` when it is a storable id, else ``IdError`` naming ``field``."""
+    if not isinstance(value, str):
+        raise IdError(field, f"must be a non-empty string, got {value!r}")
+    if not value:
+        raise IdError(field, "is required (a non-empty string)")
+    if len(value) > max_length:
+        raise IdError(field, f"is {len(value)} characters long, at most {max_length}")
+    if "\x00" in value:
+        raise IdError(field, "must not contain NUL characters")
+    return value

@@ -1,0 +1,123 @@
+"""Which directories of a registry are model versions, and which version a name resolves to.
+
+A version is a non-hidden directory ``REGISTRY/NAME/VERSION`` holding ``manifest.json``: the
+manifest is written last, so a directory without one is an export in progress; hidden
+directories (``.tmp-<uuid>`` staging, the ``.candidates`` area) are never versions, even once
+complete.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+
+from allocator.artifacts.manifest import MANIFEST_FILE
+from allocator.registry.errors import ModelNotFoundError
+from allocator.registry.naming import is_hidden, is_valid_name, version_key
+
+__all__ = [
+    "CANDIDATES_DIR",
+    "check_component",
+    "dated_version",
+    "latest_version",
+    "list_models",
+    "next_version",
+    "resolve",
+    "versions",
+]
+
+CANDIDATES_DIR = ".candidates"
+"""Where candidates wait, inside the registry (``REGISTRY/.candidates/NAME/VERSION``): hidden
+from servers, so a rejected model is never served, not even as the newest version."""
+
+
+def check_component(value: str, what: str, registry: Path) -> None:
+    """Names come from requests: one plain path component, never ``..`` or a separator."""
+    if not is_valid_name(value):
+        raise ModelNotFoundError(f"{registry}: invalid {what} {value!r}")
+
+
+def versions(model_dir: Path) -> list[str]:
+    """The versions in ``model_dir`` (``REGISTRY/NAME``), oldest first (``version_key``)."""
+    if not model_dir.is_dir():
+        return []
+    found = [
+        p.name
+        for p in model_dir.iterdir()
+        if not is_hidden(p.name) and p.is_dir() and (p / MANIFEST_FILE).is_file()
+    ]
+    return sorted(found, key=version_key)
+
+
+def list_models(registry: str | Path) -> list[tuple[str, str]]:
+    """Every ``(name, version)`` with a manifest, by name then version (numeric order)."""
+    r = Path(registry)
+    if not r.is_dir():
+        raise ModelNotFoundError(f"{r}: no such registry directory")
+    out: list[tuple[str, str]] = []
+    for d in sorted(p for p in r.iterdir() if p.is_dir() and not is_hidden(p.name)):
+        out.extend((d.name, v) for v in versions(d))
+    return out
+
+
+def latest_version(registry: str | Path, name: str) -> str:
+    """The highest version of ``name``, numeric versions compared as numbers."""
+    r = Path(registry)
+    check_component(name, "model name", r)
+    found = versions(r / name)
+    if not found:
+        known = sorted({n for n, _ in list_models(r)}) if r.is_dir() else []
+        raise ModelNotFoundError(
+            f"{r / name}: no model named {name!r} in registry {r} "
+            f"(available: {', '.join(known) or 'none'})"
+        )
+    return found[-1]
+
+
+def resolve(registry: str | Path, name: str, version: str | None = None) -> Path:
+    """The directory of ``name`` at ``version`` (latest when None), or ModelNotFoundError."""
+    r = Path(registry)
+    check_component(name, "model name", r)
+    if version is None:
+        version = latest_version(r, name)
+    check_component(version, "version", r)
+    d = r / name / version
+    if not (d / MANIFEST_FILE).is_file():
+        found = versions(r / name)
+        if not found:
+            latest_version(r, name)  # raises naming the missing model
+        raise ModelNotFoundError(
+            f"{d}: model {name!r} has no version {version!r} (available: {', '.join(found)})"
+        )
+    return d
+
+
+def next_version(model_dir: Path) -> str:
+    """One more than the largest integer-named directory in ``model_dir`` ("1" when none).
+
+    Directories without a manifest count too: an export in progress has taken its number.
+    """
+    numbers = (
+        [int(p.name) for p in model_dir.iterdir() if p.is_dir() and re.fullmatch(r"\d+", p.name)]
+        if model_dir.is_dir()
+        else []
+    )
+    return str(max(numbers, default=0) + 1)
+
+
+def dated_version(registry: Path, name: str, day: dt.date) -> str:
+    """``YYYYMMDD`` of ``day``, or ``YYYYMMDD.N`` if that is taken (served or candidate).
+
+    Numeric, so ``version_key`` orders these by date and after the small integers of
+    ``next_version``. Any entry of ``REGISTRY/NAME`` takes its name, manifest or not.
+    """
+    model_dir = registry / name
+    taken = set(versions(model_dir)) | set(versions(registry / CANDIDATES_DIR / name))
+    taken |= {p.name for p in model_dir.glob("*")} if model_dir.is_dir() else set()
+    base = f"{day:%Y%m%d}"
+    version, n = base, 0
+    while version in taken:
+        n += 1
+        version = f"{base}.{n}"
+    return version

@@ -1,0 +1,239 @@
+"""The server's catalog: every verified version in the registry loaded, swapped atomically.
+
+The registry directory (``REGISTRY/NAME/VERSION/``, written by ``allocator export``) is
+scanned at start and then every few seconds. A new version is loaded and verified *beside* the
+ones serving; only when it loaded does a new immutable ``CatalogSnapshot`` replace the old
+one, in a single reference assignment, so a request sees the old set or the new one, never a
+mix. A version that fails to load or verify is logged, counted, and left out: the previous
+versions keep answering, and it is tried again only when its files change.
+
+Which version answers a request that pins none: the model's production pointer
+(``REGISTRY/NAME/production.json``, moved atomically by the retraining job's promotion gate)
+when it names a loaded version, else the newest loaded version.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from allocator.artifacts.manifest import MANIFEST_FILE
+from allocator.registry.errors import ModelLoadError, ModelNotFoundError
+from allocator.registry.naming import version_key
+from allocator.registry.pointer import choose_production, read_production_pointer
+from allocator.registry.versions import list_models
+from allocator.serving.loader import LoadedModel, load_model
+
+__all__ = ["CatalogSnapshot", "ModelCatalog"]
+
+log = logging.getLogger("allocator.serving")
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class CatalogSnapshot:
+    """An immutable set of loaded versions and which one answers for each name."""
+
+    models: Mapping[Key, LoadedModel] = field(default_factory=dict)
+    defaults: Mapping[str, str] = field(default_factory=dict)
+    default_name: str | None = None
+
+    def resolve(self, name: str | None = None, version: str | None = None) -> LoadedModel:
+        """The model answering a request pinned to ``name``/``version`` (None: the default)."""
+        if name is None:
+            if self.default_name is None:
+                raise ModelNotFoundError("no model is loaded")
+            name = self.default_name
+        if version is None:
+            chosen = self.defaults.get(name)
+            if chosen is None:
+                names = ", ".join(sorted(self.defaults)) or "none"
+                raise ModelNotFoundError(f"model {name!r} is not loaded (loaded: {names})")
+            version = chosen
+        model = self.models.get((name, version))
+        if model is None:
+            versions = sorted((v for n, v in self.models if n == name), key=version_key)
+            if not versions:
+                names = ", ".join(sorted(self.defaults)) or "none"
+                raise ModelNotFoundError(f"model {name!r} is not loaded (loaded: {names})")
+            raise ModelNotFoundError(
+                f"model {name!r} has no loaded version {version!r} (loaded: {', '.join(versions)})"
+            )
+        return model
+
+    @property
+    def default(self) -> LoadedModel:
+        return self.resolve()
+
+
+def _fingerprint(directory: Path) -> tuple[int, int]:
+    """Changes when the version's manifest is rewritten (a fixed export is retried)."""
+    st = (directory / MANIFEST_FILE).stat()
+    return (st.st_mtime_ns, st.st_size)
+
+
+class ModelCatalog:
+    """Loads every version under ``root`` and keeps the snapshot current.
+
+    ``default_model`` names the model that answers unpinned requests; without it, the only
+    model name in the registry (or the first in sorted order, with a warning). Callbacks
+    registered with ``on_change`` get each new snapshot (metrics, the recorder's model table).
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        default_model: str | None = None,
+        prefer_cuda: bool = True,
+        loader: Callable[..., LoadedModel] = load_model,
+    ) -> None:
+        self.root = Path(root)
+        self.default_model = default_model
+        self.prefer_cuda = prefer_cuda
+        self._load = loader
+        self._snapshot = CatalogSnapshot()
+        self._failed: dict[Key, tuple[tuple[int, int], str]] = {}
+        self._fingerprints: dict[Key, tuple[int, int]] = {}
+        self._listeners: list[Callable[[CatalogSnapshot], None]] = []
+        self._refresh_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def snapshot(self) -> CatalogSnapshot:
+        return self._snapshot
+
+    @property
+    def failures(self) -> dict[Key, str]:
+        """Versions refused at their current files, with the reason (for logs and tests)."""
+        return {k: reason for k, (_, reason) in self._failed.items()}
+
+    def on_change(self, callback: Callable[[CatalogSnapshot], None]) -> None:
+        self._listeners.append(callback)
+
+    def refresh(self) -> bool:
+        """Scan the registry once; returns whether the snapshot changed."""
+        with self._refresh_lock:
+            return self._refresh()
+
+    def _refresh(self) -> bool:
+        old = self._snapshot
+        try:
+            on_disk = list_models(self.root)
+        except ModelNotFoundError as exc:
+            log.error("model registry: %s; keeping the loaded models", exc)
+            return False
+        models = dict(old.models)
+        changed = False
+        for key in on_disk:
+            name, version = key
+            directory = self.root / name / version
+            try:
+                fingerprint = _fingerprint(directory)
+            except OSError:
+                continue
+            if key in models and self._fingerprints.get(key) == fingerprint:
+                continue
+            failed = self._failed.get(key)
+            if failed is not None and failed[0] == fingerprint:
+                continue
+            try:
+                model = self._load(
+                    directory, prefer_cuda=self.prefer_cuda, name=name, version=version
+                )
+            except (ModelLoadError, OSError, ValueError) as exc:
+                reason = str(exc)
+                self._failed[key] = (fingerprint, reason)
+                log.error("model registry: refused %s/%s: %s", name, version, reason)
+                continue
+            self._failed.pop(key, None)
+            self._fingerprints[key] = fingerprint
+            models[key] = model
+            changed = True
+        for key in set(models) - set(on_disk):
+            log.info("model registry: %s/%s left the registry; unloaded", *key)
+            del models[key]
+            self._fingerprints.pop(key, None)
+            changed = True
+        defaults = self._defaults(models)
+        default_name = self._default_name(defaults)
+        if not changed and defaults == dict(old.defaults) and default_name == old.default_name:
+            return False
+        snapshot = CatalogSnapshot(models, defaults, default_name)
+        self._snapshot = snapshot  # the atomic swap
+        for key, version in defaults.items():
+            if old.defaults.get(key) != version:
+                log.info("model registry: %s now answers with version %s", key, version)
+        for callback in self._listeners:
+            try:
+                callback(snapshot)
+            except Exception:
+                log.exception("model registry: a change listener failed")
+        return True
+
+    def _defaults(self, models: Mapping[Key, LoadedModel]) -> dict[str, str]:
+        by_name: dict[str, list[str]] = {}
+        for name, version in models:
+            by_name.setdefault(name, []).append(version)
+        defaults: dict[str, str] = {}
+        for name, versions in by_name.items():
+            pointer = read_production_pointer(self.root, name)
+            pointed = pointer["version"] if pointer is not None else None
+            chosen, _ = choose_production(pointed, versions)
+            assert chosen is not None  # every name here has a loaded version
+            if pointed is not None and chosen != pointed:
+                log.warning(
+                    "model registry: %s's production pointer names version %s, which is "
+                    "not loaded; answering with the newest loaded version",
+                    name,
+                    pointed,
+                )
+            defaults[name] = chosen
+        return defaults
+
+    def _default_name(self, defaults: Mapping[str, str]) -> str | None:
+        if self.default_model is not None:
+            if self.default_model not in defaults:
+                log.error(
+                    "model registry: default model %r is not loaded (loaded: %s)",
+                    self.default_model,
+                    ", ".join(sorted(defaults)) or "none",
+                )
+                return None
+            return self.default_model
+        if not defaults:
+            return None
+        names = sorted(defaults)
+        if len(names) > 1:
+            log.warning(
+                "model registry holds %s; unpinned requests go to %r (set a default model)",
+                ", ".join(names),
+                names[0],
+            )
+        return names[0]
+
+    def watch(self, interval: float) -> None:
+        """Refresh every ``interval`` seconds in a background thread until ``stop()``."""
+        if self._thread is not None:
+            return
+
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                try:
+                    self.refresh()
+                except Exception:
+                    log.exception("model registry: refresh failed; keeping the loaded models")
+
+        self._thread = threading.Thread(target=loop, name="allocator-registry", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None

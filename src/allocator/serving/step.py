@@ -1,0 +1,256 @@
+"""The decision step: the one path from a request to its recorded, stored answer.
+
+resolve the model -> validate the request against its shape -> lock the portfolios -> read their
+states -> ``decide_batch`` -> hand the records to the recorder -> write the new states -> answer.
+
+The gRPC server runs this for every call, and the serving-path replay (and through it the
+walk-forward and retraining evaluations) runs the very same code, with a ``MemoryStateStore``
+and no recorder: a backtest of an exported model is what the server would have answered.
+
+What the order guarantees:
+
+* Validation comes first and is all or nothing: one bad item of a batch decides nothing.
+* The recorder accepts the records before the states advance. If it refuses them (its spool is
+  full) the states stay as they were and ``RecorderRefusedError`` reaches the caller: no
+  decision is acted on that was not recorded.
+* A retried request (same ``request_id`` and inputs) gets its first answer back from the
+  idempotency cache, checked before locking and again under the locks, so a duplicate that was
+  in flight while this call waited gets that answer, not a second smoothing step.
+* A call whose deadline passed while it waited for the locks decides nothing
+  (``DeadlineExceededError``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from allocator.metrics.serving import ServingMetrics
+from allocator.recording.recorder import Recorder
+from allocator.recording.records import DecisionRecord
+from allocator.registry.errors import ModelNotFoundError
+from allocator.serving.decision import DecisionOutput, decide_batch
+from allocator.serving.idempotency import IdempotencyCache
+from allocator.serving.loader import LoadedModel
+from allocator.serving.proto.v1 import allocator_pb2 as pb
+from allocator.serving.state import StateStore
+from allocator.serving.validation import (
+    ModelShape,
+    ValidRequest,
+    model_pin,
+    validate_batch,
+    validate_request,
+)
+
+__all__ = [
+    "Answer",
+    "DeadlineExceededError",
+    "DecisionStep",
+    "ModelResolver",
+    "TimeRemaining",
+    "model_shape",
+]
+
+ModelResolver = Callable[[str | None, str | None], LoadedModel]
+"""A model pin (name, version; ``None`` = default / newest) -> the loaded model answering it."""
+TimeRemaining = Callable[[], float | None]
+"""Seconds left before the caller's deadline (``None``: no deadline)."""
+
+
+class DeadlineExceededError(Exception):
+    """The caller's deadline passed before deciding; nothing was decided or stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One request, as validated, and its answer; ``output`` (the decision with the current
+    weights it used) is ``None`` when a retry got its cached answer."""
+
+    request: ValidRequest
+    response: pb.AllocateResponse
+    output: DecisionOutput | None
+
+
+def model_shape(model: LoadedModel) -> ModelShape:
+    """What ``model`` accepts, for validation."""
+    spec = model.manifest.feature_spec
+    return ModelShape(spec.max_assets, spec.window)
+
+
+class DecisionStep:
+    """Decide, record and store, for one state store, recorder and answers cache.
+
+    ``recorder`` ``None`` records nothing (replays, experiments); ``metrics`` ``None`` observes
+    nothing; ``idempotency_cache`` is how many answers are kept for retries (0: none).
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        recorder: Recorder | None = None,
+        metrics: ServingMetrics | None = None,
+        idempotency_cache: int = 0,
+    ) -> None:
+        self.store = store
+        self.recorder = recorder
+        self.metrics = metrics
+        self.answers = IdempotencyCache(idempotency_cache)
+
+    def allocate(
+        self,
+        request: pb.AllocateRequest,
+        resolve: ModelResolver,
+        *,
+        started: float | None = None,
+        time_remaining: TimeRemaining | None = None,
+    ) -> Answer:
+        """One request, from the wire to its answer. ``started`` (``time.perf_counter()``
+        when the call arrived) dates the recorded latency."""
+        pin = model_pin(request)
+        try:
+            model = resolve(*pin)
+        except ModelNotFoundError as exc:
+            exc.add_note("model")
+            raise
+        valid = validate_request(request, model_shape(model), pin=pin)
+        cached = self.answers.get(valid)
+        if cached is not None:
+            return Answer(valid, cached, None)
+        (answer,) = self.decide_and_record(
+            model, [valid], started=started, time_remaining=time_remaining
+        )
+        return answer
+
+    def allocate_batch(
+        self,
+        batch: pb.AllocateBatchRequest,
+        resolve: ModelResolver,
+        *,
+        started: float | None = None,
+        time_remaining: TimeRemaining | None = None,
+    ) -> list[Answer]:
+        """A batch, all validated before any is decided; one locked step per model."""
+        models: dict[tuple[str | None, str | None], LoadedModel] = {}
+
+        def shape_for(name: str | None, version: str | None) -> ModelShape:
+            model = models[(name, version)] = resolve(name, version)
+            return model_shape(model)
+
+        valid = validate_batch(batch, shape_for)
+        if self.metrics is not None:
+            self.metrics.observe_batch(len(valid))
+        answers: list[Answer | None] = [None] * len(valid)
+        groups: dict[tuple[str, str], list[int]] = {}
+        by_key: dict[tuple[str, str], LoadedModel] = {}
+        for i, r in enumerate(valid):
+            cached = self.answers.get(r)
+            if cached is not None:
+                answers[i] = Answer(r, cached, None)
+                continue
+            model = models[(r.model_name, r.model_version)]
+            key = (model.name, model.version)
+            by_key[key] = model
+            groups.setdefault(key, []).append(i)
+        for key, members in groups.items():
+            decided = self.decide_and_record(
+                by_key[key],
+                [valid[i] for i in members],
+                started=started,
+                time_remaining=time_remaining,
+            )
+            for i, answer in zip(members, decided, strict=True):
+                answers[i] = answer
+        return answers  # type: ignore[return-value]  # every None was answered above
+
+    def decide_and_record(
+        self,
+        model: LoadedModel,
+        requests: Sequence[ValidRequest],
+        *,
+        started: float | None = None,
+        time_remaining: TimeRemaining | None = None,
+    ) -> list[Answer]:
+        """Decide for distinct portfolios under their locks; record; then store the states.
+
+        ``requests`` were validated against ``model``'s shape and name each portfolio once
+        (``validate_batch`` refuses repeats: two steps of one portfolio in one call would have
+        no defined order).
+        """
+        started = time.perf_counter() if started is None else started
+        ids = [r.portfolio_id for r in requests]
+        with self.store.locked(ids) as session:
+            if time_remaining is not None:
+                remaining = time_remaining()
+                if remaining is not None and remaining <= 0:
+                    raise DeadlineExceededError("deadline exceeded before deciding")
+            states = session.get()
+            answers: list[Answer | None] = []
+            for r in requests:
+                cached = self.answers.get(r)
+                answers.append(None if cached is None else Answer(r, cached, None))
+            todo = [i for i, answer in enumerate(answers) if answer is None]
+            results = decide_batch(model, [requests[i] for i in todo], [states[i] for i in todo])
+            decided_at = dt.datetime.now(dt.UTC)
+            latency = time.perf_counter() - started
+            if self.recorder is not None and todo:
+                self.recorder.submit_many(
+                    [
+                        _record(model, requests[i], out, decided_at, latency)
+                        for i, (out, _) in zip(todo, results, strict=True)
+                    ]
+                )
+            for i, (_, state) in zip(todo, results, strict=True):
+                states[i] = state
+            session.put(states)
+            for i, (out, _) in zip(todo, results, strict=True):
+                response = _response(model, requests[i], out)
+                self.answers.put(requests[i], response)
+                answers[i] = Answer(requests[i], response, out)
+        if self.metrics is not None:
+            for out, _ in results:
+                self.metrics.observe_decision(
+                    out.raw_weights, out.smoothed_weights, out.turnover, out.icm_reward
+                )
+        return answers  # type: ignore[return-value]  # every None was decided above
+
+
+def _record(
+    model: LoadedModel,
+    request: ValidRequest,
+    out: DecisionOutput,
+    decided_at: dt.datetime,
+    latency: float,
+) -> DecisionRecord:
+    return DecisionRecord.from_validated(
+        request_id=request.request_id,
+        portfolio_id=request.portfolio_id,
+        decided_at=decided_at,
+        model_name=model.name,
+        model_version=model.version,
+        asset_ids=out.asset_ids,
+        raw_weights=out.raw_weights,
+        smoothed_weights=out.smoothed_weights,
+        current_weights=request.current_weights,
+        turnover=out.turnover,
+        icm_reward=out.icm_reward,
+        latency_seconds=latency,
+    )
+
+
+def _response(model: LoadedModel, r: ValidRequest, out: DecisionOutput) -> pb.AllocateResponse:
+    response = pb.AllocateResponse(
+        request_id=r.request_id,
+        portfolio_id=r.portfolio_id,
+        asset_ids=out.asset_ids,
+        raw_weights=out.raw_weights.tolist(),
+        smoothed_weights=out.smoothed_weights.tolist(),
+        model=pb.ModelRef(name=model.name, version=model.version),
+        turnover=out.turnover,
+    )
+    if out.icm_reward is not None and np.isfinite(out.icm_reward):
+        response.icm_reward = out.icm_reward
+    return response

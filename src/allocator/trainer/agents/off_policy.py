@@ -1,0 +1,62 @@
+"""What ``SmoothTD3`` and ``SmoothSAC`` add to SB3 alike: two learning rates, curiosity, old paths.
+
+SB3 gives an off-policy algorithm one learning rate (schedule) for every optimizer. Here the
+actor (and SAC's entropy coefficient) and the critics each follow their own schedule: critics
+usually learn an order of magnitude faster than the policy they judge.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stable_baselines3.common.type_aliases import Schedule
+from stable_baselines3.common.utils import ConstantSchedule
+
+from allocator.trainer.agents.curiosity import CuriosityMixin
+from allocator.trainer.agents.icm import ICMSettings
+from allocator.trainer.agents.legacy_paths import LegacyPathsLoad
+
+
+class LearningRates:
+    """Mixin: separate actor and critic learning-rate schedules for SB3 off-policy models."""
+
+    actor_lr_schedule: Schedule
+    critic_lr_schedule: Schedule
+
+    def _set_schedules(self, actor_lr: float | Schedule, critic_lr: float | Schedule) -> None:
+        self.actor_lr_schedule = actor_lr if callable(actor_lr) else ConstantSchedule(actor_lr)
+        self.critic_lr_schedule = critic_lr if callable(critic_lr) else ConstantSchedule(critic_lr)
+
+    def _update_learning_rate(self, optimizers: Any) -> None:
+        """SB3 applies one schedule to all optimizers; apply each its own."""
+        progress = self._current_progress_remaining  # type: ignore[attr-defined]
+        actor_lr = self.actor_lr_schedule(progress)
+        critic_lr = self.critic_lr_schedule(progress)
+        for opt in optimizers if isinstance(optimizers, list) else [optimizers]:
+            lr = critic_lr if opt is self.critic.optimizer else actor_lr  # type: ignore[attr-defined]
+            for group in opt.param_groups:
+                group["lr"] = lr
+        self.logger.record("train/actor_learning_rate", actor_lr)  # type: ignore[attr-defined]
+        self.logger.record("train/critic_learning_rate", critic_lr)  # type: ignore[attr-defined]
+
+
+class SmoothOffPolicy(LegacyPathsLoad, CuriosityMixin, LearningRates):
+    """Mixin placed before SB3's TD3 or SAC: two learning rates, an optional ICM, old paths."""
+
+    def _init_smooth(
+        self,
+        actor_learning_rate: float | Schedule,
+        critic_learning_rate: float | Schedule,
+        icm: ICMSettings | None,
+        kwargs: dict[str, Any],
+    ) -> None:
+        """Before SB3's ``__init__``: the schedules, and the curiosity buffer class in kwargs."""
+        self._set_schedules(actor_learning_rate, critic_learning_rate)
+        self._init_curiosity(icm, kwargs)
+
+    def _setup_model(self) -> None:
+        """SB3 builds every optimizer at the actor's rate: start the critic's at its own."""
+        super()._setup_model()  # type: ignore[misc]
+        for group in self.critic.optimizer.param_groups:  # type: ignore[attr-defined]
+            group["lr"] = self.critic_lr_schedule(1.0)
+        self._setup_curiosity()

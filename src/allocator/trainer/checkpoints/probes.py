@@ -1,0 +1,286 @@
+"""Proof that an upgraded or widened checkpoint acts exactly as its backup did.
+
+Every upgrade is checked on a fixed, seeded probe set of observations: a same-shape upgrade
+must give bit-identical ``predict`` actions. A widened model is compared on every mask over the
+old slots (new slots masked) in ``canonical_forward``, where it must be bit-identical too; its
+float32 ``predict`` difference is reported and bounded by ``FLOAT32_ATOL``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch as th
+from numpy.typing import NDArray
+from stable_baselines3.common.base_class import BaseAlgorithm
+
+from allocator.portfolio import FeatureSpec, assemble_observation
+from allocator.trainer.agents.algorithms import ALGORITHMS
+from allocator.trainer.agents.icm import CuriosityNet
+from allocator.trainer.checkpoints.canonical import (
+    Array,
+    actor_layers,
+    canonical_forward,
+    critic_layers,
+)
+from allocator.trainer.checkpoints.errors import CheckpointUpgradeError
+from allocator.trainer.checkpoints.widening import observation_embedding
+from allocator.trainer.training.run_dir import ICM_FILE, MODEL_FILE
+
+PROBE_COUNT = 64
+PROBE_SEED = 0
+MAX_PROBE_MASKS = 256
+"""Masks over the old slots checked when widening: all 2^m of them up to this many."""
+FLOAT32_ATOL = 1e-5
+"""Bound on the float32 ``predict`` difference after widening (a few ulps of BLAS reordering).
+
+The identity itself is checked exactly (``canonical_max_diff`` must be 0); this bound only
+catches a deployed float32 model that is wrong in a way the canonical check could not see.
+"""
+EVALUATOR_ATOL = 1e-4
+"""The canonical evaluator must agree this closely with the float32 model it re-computes."""
+
+
+def load_model(algorithm: str, path: Path) -> BaseAlgorithm:
+    """A saved SmoothTD3/SmoothSAC on the CPU."""
+    if algorithm not in ALGORITHMS:
+        raise CheckpointUpgradeError(
+            f"unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})"
+        )
+    return ALGORITHMS[algorithm].load(path, device="cpu")
+
+
+@dataclass(frozen=True)
+class ProbeParts:
+    """A probe set before assembly: the same parts embed into any wider layout."""
+
+    features: NDArray[np.float32]  # (n, max_assets, window)
+    weights: NDArray[np.float32]  # (n, max_assets + 1)
+    mask: NDArray[np.float32]  # (n, max_assets + 1)
+
+    def observations(self, spec: FeatureSpec) -> NDArray[np.float32]:
+        """The probes in ``spec``'s layout; slots beyond the parts' own are empty and masked."""
+        n, m, w = self.features.shape
+        extra = spec.max_assets - m
+        feats = np.concatenate([self.features, np.zeros((n, extra, w), np.float32)], axis=1)
+        pad = np.zeros((n, extra), np.float32)
+        weights = np.concatenate([self.weights, pad], axis=1)
+        mask = np.concatenate([self.mask, pad], axis=1)
+        return assemble_observation(feats, weights, mask, spec)
+
+
+def probe_masks(max_assets: int, seed: int = PROBE_SEED) -> NDArray[np.float32]:
+    """Every subset of live asset slots (cash always live), or a seeded sample of them."""
+    if 2**max_assets <= MAX_PROBE_MASKS:
+        live = np.array(list(itertools.product([0.0, 1.0], repeat=max_assets)), np.float32)
+    else:
+        rng = np.random.default_rng(seed)
+        live = (rng.random((MAX_PROBE_MASKS, max_assets)) < 0.5).astype(np.float32)
+        live[0], live[1] = 0.0, 1.0  # all masked and all live, always
+    return np.concatenate([np.ones((len(live), 1), np.float32), live], axis=1)
+
+
+def probe_parts(
+    spec: FeatureSpec, masks: NDArray[np.float32], per_mask: int, seed: int = PROBE_SEED
+) -> ProbeParts:
+    """``per_mask`` seeded observations for each mask: normal features (clipped), Dirichlet
+    weights over the live slots."""
+    rng = np.random.default_rng(seed)
+    mask = np.repeat(masks, per_mask, axis=0)
+    n = len(mask)
+    features = np.clip(rng.normal(size=(n, spec.max_assets, spec.window)), -spec.clip, spec.clip)
+    weights = rng.dirichlet(np.ones(spec.n_slots), size=n) * mask
+    weights /= weights.sum(axis=1, keepdims=True)
+    return ProbeParts(features.astype(np.float32), weights.astype(np.float32), mask)
+
+
+def random_probes(spec: FeatureSpec, n: int = PROBE_COUNT, seed: int = PROBE_SEED) -> ProbeParts:
+    """``n`` seeded observations with random masks (each asset slot live with probability 1/2)."""
+    rng = np.random.default_rng(seed + 1)
+    live = (rng.random((n, spec.max_assets)) < 0.5).astype(np.float32)
+    masks = np.concatenate([np.ones((n, 1), np.float32), live], axis=1)
+    return probe_parts(spec, masks, 1, seed)
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """What the post-migration check compared and found.
+
+    ``float32_max_diff``: old vs migrated ``model.predict`` (as deployed), old slots only.
+    ``canonical_max_diff``: the same in ``canonical_forward`` (widening only; must be 0), with
+    ``critic_canonical_max_diff`` (Q values, target networks too) and ``icm_canonical_max_diff``.
+    ``new_slot_max_action``: largest |action| of a new slot (0 by construction).
+    """
+
+    observations: int
+    masks: int
+    float32_max_diff: float
+    canonical_max_diff: float | None = None
+    critic_canonical_max_diff: float | None = None
+    icm_canonical_max_diff: float | None = None
+    new_slot_max_action: float | None = None
+
+
+def _max_abs(a: Array, b: Array) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def check_same_actions(algorithm: str, before: Path, after: Path, spec: FeatureSpec) -> ProbeReport:
+    """Same-shape migration: the probe actions must be bit-identical."""
+    parts = random_probes(spec)
+    obs = parts.observations(spec)
+    old, new = load_model(algorithm, before / MODEL_FILE), load_model(algorithm, after / MODEL_FILE)
+    diff = _max_abs(
+        old.predict(obs, deterministic=True)[0], new.predict(obs, deterministic=True)[0]
+    )
+    if diff != 0.0:
+        raise CheckpointUpgradeError(
+            f"probe actions differ after migration (max |diff| {diff:.3g})"
+        )
+    masks = len(np.unique(parts.mask, axis=0))
+    return ProbeReport(observations=len(obs), masks=masks, float32_max_diff=diff)
+
+
+def icm_net(path: Path) -> CuriosityNet:
+    """The curiosity network saved in ``icm.pt``, its sizes read from the saved tensors."""
+    state = th.load(path, map_location="cpu", weights_only=True)
+    obs_dim, act_dim = state["dims"]
+    net_state = state["net"]
+    net = CuriosityNet(
+        obs_dim,
+        act_dim,
+        feature_dim=int(net_state["encoder.2.weight"].shape[0]),
+        hidden_dim=int(net_state["encoder.0.weight"].shape[0]),
+    )
+    net.load_state_dict(net_state)
+    return net
+
+
+def _check_icm(
+    before: Path, after: Path, obs: tuple[Array, Array], acts: tuple[Array, Array], n_act: int
+) -> float:
+    """Exact ICM encoder, inverse-model (old slots) and forward-model outputs, old vs widened."""
+    old, new = icm_net(before), icm_net(after)
+    phi_old = canonical_forward(old.encoder, obs[0])
+    phi_new = canonical_forward(new.encoder, obs[1])
+    pair_old = np.concatenate([phi_old, phi_old[::-1]], axis=1)
+    pair_new = np.concatenate([phi_new, phi_new[::-1]], axis=1)
+    inv_old = canonical_forward(old.inverse_model, pair_old)
+    inv_new = canonical_forward(new.inverse_model, pair_new)[:, :n_act]
+    fwd_old = canonical_forward(old.forward_model, np.concatenate([phi_old, acts[0]], axis=1))
+    fwd_new = canonical_forward(new.forward_model, np.concatenate([phi_new, acts[1]], axis=1))
+    return max(_max_abs(phi_old, phi_new), _max_abs(inv_old, inv_new), _max_abs(fwd_old, fwd_new))
+
+
+def _widened_probes(spec: FeatureSpec, max_assets: int) -> tuple[Array, Array, int]:
+    """The probe observations in the old and the widened layout, and how many masks they cover.
+
+    The widened ones must be the old ones at ``observation_embedding``'s positions and zero
+    elsewhere, or the comparison below would prove nothing.
+    """
+    new_spec = FeatureSpec(max_assets, spec.window, spec.clip)
+    masks = probe_masks(spec.max_assets)
+    parts = probe_parts(spec, masks, max(1, math.ceil(PROBE_COUNT / len(masks))))
+    obs_old, obs_new = parts.observations(spec), parts.observations(new_spec)
+    emb = observation_embedding(spec, max_assets)
+    rest = np.setdiff1d(np.arange(emb.size), emb.index)
+    if not (np.array_equal(obs_new[:, emb.index], obs_old) and not obs_new[:, rest].any()):
+        raise CheckpointUpgradeError(
+            "observation_embedding disagrees with assemble_observation's layout"
+        )
+    return obs_old, obs_new, len(masks)
+
+
+def _compare_actors(
+    old: BaseAlgorithm, new: BaseAlgorithm, obs_old: Array, obs_new: Array, n_act: int
+) -> tuple[float, float, Array]:
+    """Canonical max |diff| of the old slots' actions (actor and TD3's target actor), largest
+    |action| of a new slot, and the old actor's canonical actions."""
+    canonical, new_slots, ref = 0.0, 0.0, {}
+    new_actors = actor_layers(new)
+    for name, layers in actor_layers(old).items():
+        ref[name] = canonical_forward(layers, obs_old)
+        a_new = canonical_forward(new_actors[name], obs_new)
+        canonical = max(canonical, _max_abs(ref[name], a_new[:, :n_act]))
+        new_slots = max(new_slots, float(np.max(np.abs(a_new[:, n_act:]))))
+    return canonical, new_slots, ref["actor"]
+
+
+def _probe_actions(n: int, n_act: int, max_assets: int, old_assets: int) -> tuple[Array, Array]:
+    """Seeded critic-input actions for the old slots, and the same with new slots appended."""
+    rng = np.random.default_rng(PROBE_SEED + 2)
+    act_old = rng.uniform(-1, 1, (n, n_act))
+    act_new = np.concatenate([act_old, rng.uniform(-1, 1, (n, max_assets - old_assets))], axis=1)
+    return act_old, act_new
+
+
+def _compare_critics(
+    old: BaseAlgorithm, new: BaseAlgorithm, obs: tuple[Array, Array], acts: tuple[Array, Array]
+) -> float:
+    """Canonical max |diff| of every Q network (critics and their targets), old vs widened."""
+    critic = 0.0
+    new_critics = critic_layers(new)
+    for name, layers in critic_layers(old).items():
+        q_old = canonical_forward(layers, np.concatenate([obs[0], acts[0]], axis=1))
+        q_new = canonical_forward(new_critics[name], np.concatenate([obs[1], acts[1]], axis=1))
+        critic = max(critic, _max_abs(q_old, q_new))
+    return critic
+
+
+def _widening_problems(report: ProbeReport, consistency: float) -> list[str]:
+    """Why the widened model is refused: any canonical difference, an evaluator that does not
+    compute what the float32 model computes, or a float32 difference past ``FLOAT32_ATOL``."""
+    canonical, critic = report.canonical_max_diff, report.critic_canonical_max_diff
+    icm, float32 = report.icm_canonical_max_diff, report.float32_max_diff
+    problems = []
+    if canonical != 0.0 or critic != 0.0 or (icm is not None and icm != 0.0):
+        problems.append(
+            f"canonical float64 outputs differ (actor {canonical:.3g}, critic {critic:.3g}, "
+            f"icm {icm})"
+        )
+    if consistency > EVALUATOR_ATOL:
+        problems.append(f"canonical evaluator is {consistency:.3g} from the float32 model")
+    if float32 > FLOAT32_ATOL:
+        problems.append(f"float32 actions differ by {float32:.3g} > {FLOAT32_ATOL:g}")
+    return problems
+
+
+def check_widened(
+    algorithm: str, before: Path, after: Path, spec: FeatureSpec, max_assets: int
+) -> ProbeReport:
+    """Widened vs original on every mask over the old slots (new slots masked): old slots'
+    actions, Q values, targets and ICM bit-identical in ``canonical_forward``; float32
+    reported (and bounded by ``FLOAT32_ATOL``)."""
+    obs_old, obs_new, masks = _widened_probes(spec, max_assets)
+    old, new = load_model(algorithm, before / MODEL_FILE), load_model(algorithm, after / MODEL_FILE)
+    n_act = spec.n_slots
+    canonical, new_slots, reference = _compare_actors(old, new, obs_old, obs_new, n_act)
+    f32_old = old.predict(obs_old, deterministic=True)[0]
+    f32_new = new.predict(obs_new, deterministic=True)[0]
+    float32 = _max_abs(f32_old, f32_new[:, :n_act])
+    consistency = _max_abs(reference, f32_old)
+
+    acts = _probe_actions(len(obs_old), n_act, max_assets, spec.max_assets)
+    critic = _compare_critics(old, new, (obs_old, obs_new), acts)
+    icm = None
+    if (before / ICM_FILE).is_file():
+        icm = _check_icm(before / ICM_FILE, after / ICM_FILE, (obs_old, obs_new), acts, n_act)
+    report = ProbeReport(
+        observations=len(obs_old),
+        masks=masks,
+        float32_max_diff=float32,
+        canonical_max_diff=canonical,
+        critic_canonical_max_diff=critic,
+        icm_canonical_max_diff=icm,
+        new_slot_max_action=new_slots,
+    )
+    problems = _widening_problems(report, consistency)
+    if problems:
+        raise CheckpointUpgradeError(
+            "widened model does not act like the original: " + "; ".join(problems)
+        )
+    return report

@@ -1,0 +1,160 @@
+"""Schema versions of a run directory, and the steps that upgrade one version to the next.
+
+* 1: the layout written before manifests existed (``model.zip``, ``config.yaml``,
+  ``normalization.json``, optional ``icm.pt``, ``run.json``, ``validation.json``), no manifest;
+* 2: the same plus ``manifest.json`` (``allocator.artifacts.manifest``, schema version 2).
+
+``STEPS[n]`` rewrites a version-n directory in place as version n + 1 (a future v3 adds
+``{2: v2_to_v3}``); ``checkpoints.upgrade`` runs them one at a time, behind a backup.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from allocator.artifacts.manifest import (
+    MANIFEST_FILE,
+    Manifest,
+    MigrationRecord,
+    read_raw,
+    write_manifest,
+)
+from allocator.portfolio import NormalizationStats
+from allocator.trainer.checkpoints.errors import CheckpointUpgradeError
+from allocator.trainer.market.data import SP500, DataError, load_dataset
+from allocator.trainer.training.config import TrainConfig, load_config
+from allocator.trainer.training.run_dir import (
+    CONFIG_FILE,
+    MODEL_FILE,
+    NORMALIZATION_FILE,
+    VALIDATION_FILE,
+    build_manifest,
+)
+from allocator.typed_config import ConfigError
+
+V1_REQUIRED = (MODEL_FILE, CONFIG_FILE, NORMALIZATION_FILE)
+"""The files without which a directory with no manifest is not a version-1 run."""
+
+
+def detect_version(run_dir: str | Path) -> int:
+    """Schema version of a run directory: 1 without ``manifest.json``, else the manifest's."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise CheckpointUpgradeError(f"{d}: no such directory")
+    if not (d / MANIFEST_FILE).is_file():
+        missing = [n for n in V1_REQUIRED if not (d / n).is_file()]
+        if missing:
+            raise CheckpointUpgradeError(
+                f"{d}: not a run directory (no {MANIFEST_FILE}, and no {', '.join(missing)})"
+            )
+        return 1
+    version = read_raw(d).get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CheckpointUpgradeError(
+            f"{d / MANIFEST_FILE}: schema_version {version!r} is not an integer"
+        )
+    return version
+
+
+def training_record(model_zip: Path) -> tuple[dt.datetime, dict[str, str]]:
+    """When training started and the library versions it used, as SB3 recorded them in the zip
+    (a copied or checked-out file's mtime says nothing; the mtime is only the fallback)."""
+    keys = {
+        "Stable-Baselines3": "stable-baselines3",
+        "PyTorch": "torch",
+        "Numpy": "numpy",
+        "Gymnasium": "gymnasium",
+    }
+    started = dt.datetime.fromtimestamp(model_zip.stat().st_mtime, dt.UTC)
+    versions: dict[str, str] = {}
+    try:
+        with zipfile.ZipFile(model_zip) as archive:
+            names = set(archive.namelist())
+            if "data" in names:
+                ns = json.loads(archive.read("data")).get("start_time")
+                if isinstance(ns, int) and ns > 0:
+                    started = dt.datetime.fromtimestamp(ns / 1e9, dt.UTC)
+            info = archive.read("system_info.txt").decode() if "system_info.txt" in names else ""
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise CheckpointUpgradeError(f"{model_zip}: not a readable SB3 model: {exc}") from exc
+    for line in info.splitlines():
+        name, sep, value = line.lstrip("- ").partition(":")
+        if sep and name.strip() in keys:
+            versions[keys[name.strip()]] = value.strip()
+    return started, versions
+
+
+def resolve_dataset(run_dir: Path, dataset: str) -> str | Path:
+    """A config's dataset: ``sp500``, an absolute path, or a relative path tried beside the run
+    directory first (self-contained runs and fixtures) and then in the working directory (where
+    training resolved it)."""
+    if dataset == SP500:
+        return dataset
+    path = Path(dataset)
+    if not path.is_absolute() and (run_dir / path).exists():
+        return run_dir / path
+    return path
+
+
+def training_universe(run_dir: Path, config: TrainConfig) -> tuple[list[str], str]:
+    """The assets training drew from, and where that came from.
+
+    ``data.assets`` when the config lists them (no data needed); else the dataset's assets with
+    prices in the training period, as ``train`` computes it. ``validation.json`` lists only the
+    validation period's slots, so it is not a substitute.
+    """
+    if config.data.assets:
+        return list(config.data.assets), "config data.assets"
+    source = resolve_dataset(run_dir, config.data.dataset)
+    try:
+        data = load_dataset(source)
+    except DataError as exc:
+        raise CheckpointUpgradeError(
+            f"{run_dir}: the config lists no data.assets, so the universe comes from the dataset, "
+            f"which cannot be loaded: {exc}"
+        ) from exc
+    train_data = data.between(config.data.train_start, config.data.train_end)
+    return list(train_data.assets), f"dataset {source} training period"
+
+
+def v1_to_v2(run_dir: Path, at: str) -> Manifest:
+    """Write the manifest a version-1 run would have had, from the files it already holds."""
+    try:
+        config = load_config(run_dir / CONFIG_FILE)
+    except ConfigError as exc:
+        raise CheckpointUpgradeError(str(exc)) from exc
+    try:
+        stats = NormalizationStats(**json.loads((run_dir / NORMALIZATION_FILE).read_text()))
+    except (ValueError, TypeError) as exc:
+        raise CheckpointUpgradeError(f"{run_dir / NORMALIZATION_FILE}: {exc}") from exc
+    validation_path = run_dir / VALIDATION_FILE
+    metrics: dict[str, Any] = {}
+    if validation_path.is_file():
+        metrics = json.loads(validation_path.read_text()).get("metrics", {})
+    universe, universe_source = training_universe(run_dir, config)
+    manifest = build_manifest(config, stats, universe, metrics, run_dir)
+    started, versions = training_record(run_dir / MODEL_FILE)
+    note = (
+        f"manifest built from {CONFIG_FILE}, {NORMALIZATION_FILE}, "
+        f"{VALIDATION_FILE if metrics else 'no metrics'}; universe from {universe_source}; "
+        f"created and library versions as recorded in {MODEL_FILE}"
+    )
+    manifest = manifest.model_copy(
+        update={
+            "created": started.isoformat(),
+            "library_versions": versions,
+            "migrations": [MigrationRecord(from_version=1, to_version=2, at=at, note=note)],
+        }
+    )
+    write_manifest(run_dir, manifest)
+    return manifest
+
+
+UpgradeStep = Callable[[Path, str], Manifest]
+STEPS: dict[int, UpgradeStep] = {1: v1_to_v2}
+"""``STEPS[n]`` rewrites a version-n run directory in place as version n + 1."""

@@ -1,0 +1,131 @@
+"""A finished run, read back and verified, with the torch reference the export is checked on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from stable_baselines3.common.base_class import BaseAlgorithm
+
+from allocator.artifacts.manifest import Manifest, ManifestError, read_manifest, verify_checksums
+from allocator.portfolio import FeatureSpec, NormalizationStats
+from allocator.trainer.agents.algorithms import ALGORITHMS
+from allocator.trainer.agents.icm import ICMSettings, IntrinsicCuriosity
+from allocator.trainer.export.errors import ExportError
+from allocator.trainer.export.graphs import DeterministicActor
+from allocator.trainer.training.run_dir import ICM_FILE, MODEL_FILE, NORMALIZATION_FILE
+
+__all__ = ["ActorFn", "Float32Array", "LoadedRun", "load_run"]
+
+Float32Array = NDArray[np.float32]
+ActorFn = Callable[[Float32Array], Float32Array]
+
+
+@dataclass
+class LoadedRun:
+    """A run's model, optional curiosity module and the contract they were trained under."""
+
+    run_dir: Path
+    manifest: Manifest
+    model: BaseAlgorithm
+    spec: FeatureSpec
+    stats: NormalizationStats
+    icm: IntrinsicCuriosity | None
+
+    @property
+    def squashed_gaussian(self) -> bool:
+        return self.manifest.algorithm == "sac"
+
+    def deterministic_actor(self) -> DeterministicActor:
+        return DeterministicActor(self.model.actor, self.squashed_gaussian)  # type: ignore[attr-defined]
+
+    def reference_actor(self) -> ActorFn:
+        """The torch reference: SB3's own deterministic actor call on normalized observations."""
+        actor = self.model.actor  # type: ignore[attr-defined]
+
+        @torch.no_grad()
+        def act(obs: Float32Array) -> Float32Array:
+            x = torch.as_tensor(np.asarray(obs, dtype=np.float32))
+            out = actor(x, deterministic=True) if self.squashed_gaussian else actor(x)
+            return out.numpy().astype(np.float32)
+
+        return act
+
+
+def _algorithm_class(name: str) -> type[BaseAlgorithm]:
+    if name not in ALGORITHMS:
+        raise ExportError(f"algorithm {name!r} cannot be exported (known: td3, sac)")
+    return ALGORITHMS[name]
+
+
+def _check_normalization_file(run_dir: Path, manifest: Manifest) -> None:
+    """The manifest's statistics must be those the run saved (manifest.json has no checksum)."""
+    path = run_dir / NORMALIZATION_FILE
+    if not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ExportError(f"{path}: not valid JSON: {exc}") from exc
+    ours = manifest.normalization
+    pair = (saved.get("mean"), saved.get("std")) if isinstance(saved, dict) else None
+    if pair != (ours.mean, ours.std):
+        raise ExportError(
+            f"{run_dir}: manifest normalization (mean {ours.mean}, std {ours.std}) differs from "
+            f"the run's {NORMALIZATION_FILE} ({saved}); the manifest was altered"
+        )
+
+
+def load_run(run_dir: str | Path) -> LoadedRun:
+    """Read, verify and load a run directory on CPU; every problem raises ``ExportError``."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise ExportError(f"{d}: not a run directory (no such directory)")
+    try:
+        manifest = read_manifest(d)
+        verify_checksums(d, manifest)
+    except ManifestError as exc:
+        raise ExportError(str(exc)) from exc
+    _check_normalization_file(d, manifest)
+    if not (d / MODEL_FILE).is_file():
+        raise ExportError(f"{d / MODEL_FILE}: missing")
+    fs = manifest.feature_spec
+    spec = FeatureSpec(max_assets=fs.max_assets, window=fs.window, clip=fs.clip)
+    stats = NormalizationStats(mean=manifest.normalization.mean, std=manifest.normalization.std)
+    cls = _algorithm_class(manifest.algorithm)
+    try:
+        model = cls.load(d / MODEL_FILE, device="cpu")
+    except Exception as exc:
+        raise ExportError(
+            f"{d / MODEL_FILE}: cannot load the {manifest.algorithm} model: {exc}"
+        ) from exc
+    model.policy.set_training_mode(False)
+    obs_shape = tuple(model.observation_space.shape or ())
+    act_space = model.action_space
+    if obs_shape != (spec.obs_size,):
+        raise ExportError(
+            f"{d / MODEL_FILE}: observation shape {obs_shape} does not match the manifest's "
+            f"feature spec ({spec.obs_size},)"
+        )
+    low, high = np.asarray(act_space.low), np.asarray(act_space.high)  # type: ignore[attr-defined]
+    if tuple(act_space.shape or ()) != (spec.n_slots,) or not (
+        np.all(low == -1.0) and np.all(high == 1.0)
+    ):
+        raise ExportError(
+            f"{d / MODEL_FILE}: action space must be [-1, 1]^{spec.n_slots} (cash + max_assets)"
+        )
+    icm = None
+    if manifest.icm is not None and (d / ICM_FILE).is_file():
+        try:
+            icm = IntrinsicCuriosity.load(
+                d / ICM_FILE, spec.obs_size, spec.n_slots, ICMSettings(**manifest.icm)
+            )
+        except Exception as exc:
+            raise ExportError(f"{d / ICM_FILE}: cannot load the curiosity module: {exc}") from exc
+        icm.net.eval()
+    return LoadedRun(d, manifest, model, spec, stats, icm)

@@ -1,0 +1,72 @@
+"""The settings of one retraining job: what to train, on which spans, where to, how judged.
+
+A retrain YAML embeds a trainer config (a path to a trainer YAML or an inline mapping);
+``load_retrain_config`` inlines it before ``--set`` overrides apply, so a trainer key is
+overridden the same way whether the trainer came from a file or not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from allocator.registry.naming import NAME_PATTERN
+from allocator.trainer.jobs.retrain.gates import GateSettings
+from allocator.trainer.training.config import UNION_TAGS, TrainConfig, load_config, load_job_tree
+from allocator.typed_config import StrictModel, validate
+
+
+class RetrainError(RuntimeError):
+    """The retraining job could not run to a decision; the message says what to fix."""
+
+
+class RetrainConfig(StrictModel):
+    """One retraining job: what to train, on which spans, where it goes, how it is judged."""
+
+    trainer: TrainConfig = Field(description="trainer config: a YAML path or inline settings")
+    registry: Path = Field(description="model registry the server follows")
+    model_name: str = Field("allocator", pattern=NAME_PATTERN, description="registry name")
+    train_days: int = Field(1260, ge=2, description="trading days trained on")
+    purge_days: int = Field(5, ge=0, description="trading days between training and held-out")
+    holdout_days: int = Field(252, ge=3, description="most recent trading days, never trained on")
+    cost_bps: float | None = Field(
+        None, ge=0, description="held-out backtest costs (None: the trainer's env.cost_bps)"
+    )
+    gates: GateSettings = GateSettings()
+    database_url: str | None = Field(
+        None, description="trade database (None: DATABASE_URL, else sqlite:///allocator.db)"
+    )
+    pushgateway_url: str | None = Field(None, description="push job metrics here when set")
+    job_name: str = Field("allocator_retrain", min_length=1, description="Pushgateway job")
+
+    @field_validator("trainer", mode="before")
+    @classmethod
+    def _trainer_from_path(cls, value: Any) -> Any:
+        """A string (or path) names a trainer YAML file, read with the trainer's loader."""
+        if isinstance(value, str | Path):
+            return load_config(value)
+        return value
+
+    @property
+    def holdout_cost_bps(self) -> float:
+        return self.trainer.env.cost_bps if self.cost_bps is None else self.cost_bps
+
+
+def load_retrain_config(
+    path: str | Path | None, overrides: list[str] | None = None
+) -> RetrainConfig:
+    """Read a retraining YAML (``trainer`` a path or a mapping) and apply ``--set`` overrides.
+
+    Relative registry and dataset paths are taken from the working directory, as the
+    trainer's are; a trainer config path from there, else next to this file (see
+    ``config.load_job_tree``). ``--set trainer=other.yaml`` swaps the trainer config before any
+    ``--set trainer.key=value`` is applied to it. Errors name each bad key as the user wrote
+    it (``trainer.algorithm.gamma``).
+    """
+    source = str(path) if path else "(defaults)"
+    tree, trainer_file = load_job_tree(path, overrides, "retrain config")
+    if trainer_file:
+        source = f"{source} (trainer: {trainer_file})"
+    return validate(RetrainConfig, tree, source, tags=UNION_TAGS)

@@ -1,0 +1,176 @@
+"""The promotion gates: what a candidate must show on the held-out span to replace production.
+
+Each configured gate gives a ``GateResult`` with the measured value, the threshold and a
+sentence saying why it passed or failed; the candidate is promoted only when every gate
+passes. A metric that is not a number (NaN, infinite, missing) fails its gate, never passes it
+by accident of a comparison with NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from allocator.trainer.jobs.json_safe import json_safe
+from allocator.typed_config import StrictModel
+
+
+class GateSettings(StrictModel):
+    """What a candidate must show on the held-out span to replace production (None: gate off).
+
+    Metrics are net of the configured costs (``allocator.trainer.sim.performance``): Sharpe of
+    daily net returns, mean daily turnover as a fraction of NAV, compounded max drawdown.
+    """
+
+    max_sharpe_shortfall: float | None = Field(
+        0.1, ge=0, description="candidate net Sharpe may trail production's by at most this"
+    )
+    max_turnover: float | None = Field(
+        0.1, gt=0, description="budget on the candidate's mean daily turnover"
+    )
+    max_drawdown: float | None = Field(
+        0.35, gt=0, le=1, description="limit on the candidate's max drawdown (fraction)"
+    )
+    min_sharpe: float | None = Field(
+        None, description="absolute floor on the candidate's net Sharpe"
+    )
+    max_shortfall_vs_equal_weight: float | None = Field(
+        None, ge=0, description="candidate net Sharpe may trail equal weight's by at most this"
+    )
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> GateSettings:
+        if all(v is None for v in self.model_dump().values()):
+            raise ValueError("every gate is off: a candidate would always be promoted")
+        return self
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """One gate's verdict: what was measured, against what, and why it passed or failed."""
+
+    gate: str
+    passed: bool
+    reason: str
+    value: float | None = None
+    threshold: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe(self.__dict__)
+
+
+def not_a_number(x: float | None) -> bool:
+    """True for a missing, NaN or infinite metric: no gate can judge it."""
+    return x is None or not math.isfinite(x)
+
+
+def at_least(gate: str, what: str, value: float, floor: float, detail: str) -> GateResult:
+    """Pass when ``value >= floor``; a value that is not a number fails."""
+    if not_a_number(value):
+        return GateResult(gate, False, f"{what} is not a number ({value}): {detail}", value, floor)
+    ok = value >= floor
+    verdict = "meets" if ok else "is below"
+    reason = f"{what} {value:.4f} {verdict} the floor {floor:.4f} ({detail})"
+    return GateResult(gate, ok, reason, value, floor)
+
+
+def at_most(gate: str, what: str, value: float, ceiling: float, detail: str) -> GateResult:
+    """Pass when ``value <= ceiling``; a value that is not a number fails."""
+    if not_a_number(value):
+        return GateResult(
+            gate, False, f"{what} is not a number ({value}): {detail}", value, ceiling
+        )
+    ok = value <= ceiling
+    verdict = "is within" if ok else "exceeds"
+    reason = f"{what} {value:.4f} {verdict} the limit {ceiling:.4f} ({detail})"
+    return GateResult(gate, ok, reason, value, ceiling)
+
+
+def sharpe_vs_production(
+    sharpe: float, production: Mapping[str, float] | None, shortfall: float
+) -> GateResult:
+    """The candidate's net Sharpe against production's less ``shortfall``.
+
+    Without a production model (the first retrain), or when production's Sharpe is not a
+    number, there is nothing to compare with: the gate passes, saying so, and the absolute
+    gates decide.
+    """
+    gate = "sharpe_vs_production"
+    if production is None:
+        reason = "no production model to compare with: the absolute gates decide"
+        return GateResult(gate, True, reason, sharpe)
+    if not_a_number(float(production["sharpe"])):
+        reason = (
+            f"production's net Sharpe is not a number ({production['sharpe']}): "
+            "nothing to compare with, the absolute gates decide"
+        )
+        return GateResult(gate, True, reason, sharpe)
+    p = float(production["sharpe"])
+    detail = f"production {p:.4f} less the allowed shortfall {shortfall:g}"
+    return at_least(gate, "net Sharpe", sharpe, p - shortfall, detail)
+
+
+def sharpe_vs_equal_weight(
+    sharpe: float, equal_weight: Mapping[str, float] | None, shortfall: float
+) -> GateResult:
+    """The candidate's net Sharpe against equal weight's less ``shortfall``.
+
+    Unlike production, equal weight always exists: when its Sharpe is unavailable the gate
+    fails, since the comparison it was configured for cannot be made.
+    """
+    gate = "sharpe_vs_equal_weight"
+    if equal_weight is None or not_a_number(float(equal_weight["sharpe"])):
+        reason = "equal weight's net Sharpe is unavailable: cannot check the candidate against it"
+        return GateResult(gate, False, reason, sharpe)
+    e = float(equal_weight["sharpe"])
+    detail = f"equal weight {e:.4f} less the allowed shortfall {shortfall:g}"
+    return at_least(gate, "net Sharpe", sharpe, e - shortfall, detail)
+
+
+def apply_gates(
+    gates: GateSettings,
+    candidate: Mapping[str, float],
+    production: Mapping[str, float] | None,
+    equal_weight: Mapping[str, float] | None = None,
+) -> list[GateResult]:
+    """Every configured gate on held-out metrics (``BacktestResult.metrics()``), in order.
+
+    With no production model (the first retrain), the comparison passes, saying so: the
+    candidate is then judged by the absolute gates alone.
+    """
+    results: list[GateResult] = []
+    sharpe = float(candidate["sharpe"])
+    if gates.max_sharpe_shortfall is not None:
+        results.append(sharpe_vs_production(sharpe, production, gates.max_sharpe_shortfall))
+    if gates.max_turnover is not None:
+        turnover = float(candidate["turnover"])
+        results.append(
+            at_most(
+                "turnover",
+                "mean daily turnover",
+                turnover,
+                gates.max_turnover,
+                "the turnover budget",
+            )
+        )
+    if gates.max_drawdown is not None:
+        drawdown = float(candidate["max_drawdown"])
+        results.append(
+            at_most(
+                "max_drawdown", "max drawdown", drawdown, gates.max_drawdown, "the drawdown limit"
+            )
+        )
+    if gates.min_sharpe is not None:
+        results.append(
+            at_least(
+                "min_sharpe", "net Sharpe", sharpe, gates.min_sharpe, "the absolute Sharpe floor"
+            )
+        )
+    if gates.max_shortfall_vs_equal_weight is not None:
+        shortfall = gates.max_shortfall_vs_equal_weight
+        results.append(sharpe_vs_equal_weight(sharpe, equal_weight, shortfall))
+    return results

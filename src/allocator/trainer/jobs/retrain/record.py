@@ -1,0 +1,138 @@
+"""Recording a retraining decision, and promoting the candidate, all or nothing.
+
+The ``promotions`` row and the promotion's file-system steps (publish the candidate's
+directory, move the production pointer) succeed together or not at all: the pointer moves
+inside the row's transaction, after the row is flushed (so a row the database refuses never
+moves it), and if the commit then fails the pointer and the version directory are put back.
+A server therefore never follows a pointer to a promotion that has no record.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from allocator.recording.schema import Promotion
+from allocator.registry.publish import PendingPromotion
+from allocator.trainer.jobs.json_safe import json_safe
+from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError
+from allocator.trainer.jobs.retrain.decision import RetrainDecision
+
+
+def promotions_engine(url: str) -> sa.Engine:
+    """An engine on the trade database, checked to have the ``promotions`` table."""
+    shown = sa.engine.make_url(url).render_as_string(hide_password=True)
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        has = sa.inspect(engine).has_table("promotions")
+    except sa.exc.SQLAlchemyError as exc:
+        engine.dispose()
+        raise RetrainError(f"cannot reach the trade database {shown}: {exc}") from exc
+    if not has:
+        engine.dispose()
+        raise RetrainError(
+            f"{shown} has no promotions table: run `allocator db upgrade` with DATABASE_URL set "
+            "to it (or --database-url) before retraining"
+        )
+    return engine
+
+
+def promotion_details(config: RetrainConfig, decision: RetrainDecision) -> dict[str, Any]:
+    """The row's ``details``: what the decision was made on beyond the two models' metrics."""
+    return json_safe(
+        {
+            "as_of": decision.spans.holdout_end,
+            "assets": decision.assets,
+            "cost_bps": decision.cost_bps,
+            "equal_weight_metrics": decision.equal_weight_metrics,
+            "gates": config.gates.model_dump(),
+            "run_dir": decision.run_dir,
+            "trainer": {
+                "name": config.trainer.name,
+                "algorithm": config.trainer.algorithm.name,
+                "seed": config.trainer.seed,
+                "total_timesteps": config.trainer.total_timesteps,
+            },
+            "notes": decision.notes,
+        }
+    )
+
+
+def promotion_row(decision: RetrainDecision, details: dict[str, Any]) -> Promotion:
+    """The ``promotions`` row of a decision."""
+    s = decision.spans
+    return Promotion(
+        model_name=decision.model_name,
+        candidate_version=decision.candidate_version,
+        production_version=decision.production_version,
+        decided_at=dt.datetime.now(dt.UTC),
+        promoted=decision.promoted,
+        reasons=[g.to_dict() for g in decision.gates],
+        candidate_metrics=json_safe(decision.candidate_metrics),
+        production_metrics=json_safe(decision.production_metrics),
+        train_start=s.train_start,
+        train_end=s.train_end,
+        holdout_start=s.holdout_start,
+        holdout_end=s.holdout_end,
+        details=details,
+    )
+
+
+def point_production(
+    promotion: PendingPromotion, decision: RetrainDecision, record_id: int
+) -> dict[str, Any]:
+    """Move the production pointer to the candidate, naming the record that decided it."""
+    s = decision.spans
+    return promotion.point(
+        decision.candidate_version,
+        previous=decision.production_version,
+        reasons=decision.reasons,
+        metrics=json_safe(
+            {"candidate": decision.candidate_metrics, "production": decision.production_metrics}
+        ),
+        holdout=[str(s.holdout_start), str(s.holdout_end)],
+        promotion_id=record_id,
+    )
+
+
+def record_and_promote(
+    config: RetrainConfig,
+    engine: sa.Engine,
+    decision: RetrainDecision,
+    started: float,
+) -> None:
+    """Record the decision; on promotion also publish the version and move the pointer, all
+    or nothing: the pointer moves inside the record's transaction and is put back if the
+    commit fails."""
+    name = config.model_name
+    details = promotion_details(config, decision)
+    promotion = PendingPromotion(Path(config.registry), name)
+    try:
+        if decision.promoted:
+            decision.candidate_dir = promotion.publish(
+                decision.candidate_dir, decision.candidate_version
+            )
+        decision.seconds = time.perf_counter() - started
+        details["seconds"] = round(decision.seconds, 2)
+        details["candidate_dir"] = str(decision.candidate_dir)
+        with Session(engine) as session, session.begin():
+            row = promotion_row(decision, details)
+            session.add(row)
+            session.flush()  # a refused row fails here, before the pointer moves
+            decision.record_id = row.id
+            if decision.promoted:
+                decision.pointer = point_production(promotion, decision, row.id)
+    except BaseException as exc:
+        promotion.undo()
+        if decision.promoted and isinstance(exc, Exception):
+            raise RetrainError(
+                f"promotion of {name}/{decision.candidate_version} could not be recorded and "
+                f"was undone (production stays {decision.production_version or 'unset'}): {exc}"
+            ) from exc
+        raise

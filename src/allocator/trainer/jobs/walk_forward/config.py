@@ -1,0 +1,112 @@
+"""What a walk-forward run is asked to do: the trainer, the windows, evaluation and recording.
+
+A walk-forward YAML embeds a trainer config (a path to a trainer YAML or an inline mapping);
+``load_walk_forward_config`` inlines it before ``--set`` overrides apply, so a trainer key is
+overridden the same way whether the trainer came from a file or not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from allocator.trainer.jobs.evaluation import DEFAULT_BASELINES, BaselineFit
+from allocator.trainer.market.windows import WindowSpec
+from allocator.trainer.sim.baselines import BaselineName
+from allocator.trainer.training.config import UNION_TAGS, TrainConfig, load_job_tree
+from allocator.typed_config import StrictModel, validate
+
+EQUAL_WEIGHT = BaselineName.EQUAL_WEIGHT.value
+"""The reference baseline: excess Sharpe and the regime of a window are measured against it."""
+
+REGIMES = ("bull", "bear", "sideways")
+
+
+class WalkForwardError(RuntimeError):
+    """A walk-forward run that cannot start or finish; the message says what to do."""
+
+
+class RegimeThresholds(StrictModel):
+    """Market regime of a test window by equal weight's annualized net return over it."""
+
+    bull_above: float = Field(0.10, description="bull when the return is >= this")
+    bear_below: float = Field(0.0, description="bear when the return is < this")
+
+    def classify(self, annual_return: float) -> str:
+        if annual_return >= self.bull_above:
+            return "bull"
+        if annual_return < self.bear_below:
+            return "bear"
+        return "sideways"
+
+    @field_validator("bull_above")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be finite")
+        return v
+
+
+class Goals(StrictModel):
+    """The fractions of windows we hold the agent to (reported as met or not)."""
+
+    positive_sharpe: float = Field(0.70, ge=0, le=1)
+    beats_equal_weight: float = Field(0.60, ge=0, le=1)
+
+
+class WalkForwardConfig(StrictModel):
+    """A walk-forward run: the trainer config, the windows, and how to evaluate and record."""
+
+    name: str = Field("walk_forward", pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int | None = Field(None, description="window k trains with seed + k (None: trainer's)")
+    trainer: TrainConfig = TrainConfig()
+    trainer_source: str | None = Field(None, description="file the trainer config came from")
+    windows: WindowSpec
+    cost_bps: float = Field(10.0, ge=0, lt=5_000, description="costs of every test backtest")
+    baselines: list[str] = Field(default_factory=lambda: list(DEFAULT_BASELINES))
+    baseline_fit: BaselineFit = "train"
+    baseline_rebalance_every: int = Field(21, ge=1, description="days between refits/rebalances")
+    regimes: RegimeThresholds = RegimeThresholds()
+    goals: Goals = Goals()
+    registry: str = "models"
+    model_name: str = Field("allocator-wf", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    output_dir: str = "runs/walk_forward"
+    record: bool = True
+    database_url: str | None = Field(None, description="None: $DATABASE_URL, else SQLite")
+    pushgateway_url: str | None = None
+    job_name: str = Field("allocator_walk_forward", min_length=1)
+    executor: Literal["local", "ray"] = "local"
+    ray_address: str | None = Field(None, description="None: start a local Ray")
+    ray_workers: int | None = Field(None, ge=1, description="CPUs of a local Ray (None: all)")
+    torch_threads: int = Field(1, ge=1, description="torch threads per window, both executors")
+
+    @field_validator("baselines")
+    @classmethod
+    def _known(cls, names: list[str]) -> list[str]:
+        valid = {b.value for b in BaselineName}
+        bad = [n for n in names if n not in valid]
+        if bad:
+            raise ValueError(f"unknown baseline(s) {bad}; choose from {sorted(valid)}")
+        if EQUAL_WEIGHT not in names:
+            raise ValueError("equal-weight is required: excess Sharpe and regimes use it")
+        return list(dict.fromkeys(names))
+
+
+def load_walk_forward_config(
+    path: str | Path, overrides: Sequence[str] | None = None
+) -> WalkForwardConfig:
+    """Read a walk-forward YAML; ``trainer`` is a trainer YAML path or an inline mapping.
+
+    A trainer path is read relative to the working directory, else to this file's folder, and
+    inlined before the other ``--set`` overrides apply, so ``--set trainer.total_timesteps=1000``
+    works either way; ``--set trainer=configs/sac_icm.yaml`` swaps the trainer file.
+    """
+    p = Path(path)
+    tree, trainer_file = load_job_tree(p, overrides, "config file")
+    if trainer_file is not None:
+        tree["trainer_source"] = trainer_file
+    return validate(WalkForwardConfig, tree, str(p), "walk-forward configuration", tags=UNION_TAGS)

@@ -1,0 +1,293 @@
+"""Walk-forward report: ``summary.json`` and a folder with ``report.md`` and its PNG figures.
+
+Figures: equity of the exported model against every baseline, one panel per test window (NAVs
+restart at 1 in each); the excess Sharpe over equal weight per window, coloured by regime,
+with its distribution; the model's allocations over all test windows, raw vs smoothed
+(``plots.plot_allocations`` on the stitched windows).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.patches import Patch
+
+from allocator.artifacts.files import write_json
+from allocator.trainer.jobs.walk_forward.results import WalkForwardResult, WindowResult
+from allocator.trainer.sim.backtest import BacktestResult
+from allocator.trainer.sim.plots import plot_allocations, save_figure
+
+REGIME_COLORS = {"bull": "tab:green", "bear": "tab:red", "sideways": "tab:gray"}
+
+
+def summary_payload(result: WalkForwardResult) -> dict[str, Any]:
+    """What ``summary.json`` holds: the summary, the run's identity, every window's metrics."""
+    return {
+        "name": result.config.name,
+        "label": result.label,
+        "run_id": result.run_id,
+        "executor": result.config.executor,
+        "seconds": round(result.seconds, 2),
+        "model_name": result.config.model_name,
+        "registry": str(Path(result.config.registry).resolve()),
+        "cost_bps": result.config.cost_bps,
+        "baseline_fit": result.config.baseline_fit,
+        "windows_spec": result.config.windows.model_dump(mode="json"),
+        "summary": {k: v for k, v in result.summary.items() if k != "per_window"},
+        "windows": [
+            {
+                **row,
+                "metrics": w.metrics(),
+                "baselines": w.baseline_metrics(),
+                "icm": w.icm,
+                "version_dir": w.version_dir,
+                "run_dir": w.run_dir,
+                "train_seconds": w.train_seconds,
+                "seconds": w.seconds,
+            }
+            for row, w in zip(result.summary["per_window"], result.windows, strict=True)
+        ],
+    }
+
+
+def plot_window_equity(windows: list[WindowResult], path: str | Path) -> Path:
+    """One panel per window: the model's NAV and each baseline's over the test span."""
+    n = len(windows)
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.4 * rows), squeeze=False)
+    for ax, w in zip(axes.flat, windows, strict=False):
+        ax.plot(w.agent.nav.index, w.agent.nav.to_numpy(), label="agent", color="black", lw=1.6)
+        for name, res in w.baselines.items():
+            ax.plot(res.nav.index, res.nav.to_numpy(), label=name, lw=0.9, alpha=0.85)
+        ax.set_title(f"{w.window.label}: {w.window.test_start} .. {w.window.test_end}", fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle("Equity on each test window (net of costs), exported model vs baselines")
+    return save_figure(fig, path)
+
+
+def plot_excess_sharpe(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Excess Sharpe over equal weight per window (bars by regime) and its distribution."""
+    fig, (ax_bar, ax_hist) = plt.subplots(
+        1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [2, 1]}
+    )
+    excess = [r["excess_sharpe"] for r in rows]
+    labels = [f"w{r['index']:02d}\n{str(r['test_start'])[:7]}" for r in rows]
+    colors = [REGIME_COLORS[r["regime"]] for r in rows]
+    ax_bar.bar(range(len(rows)), excess, color=colors)
+    ax_bar.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax_bar.axhline(0.0, color="black", lw=0.8)
+    ax_bar.set(ylabel="Sharpe - equal weight's", title="Excess Sharpe per test window")
+    ax_bar.legend(
+        handles=[Patch(color=c, label=regime) for regime, c in REGIME_COLORS.items()], fontsize=8
+    )
+    ax_hist.hist(excess, bins=max(5, min(20, len(excess))), color="tab:blue", alpha=0.8)
+    if excess:
+        med = float(pd.Series(excess).median())
+        ax_hist.axvline(med, color="black", ls="--", lw=1, label=f"median {med:+.2f}")
+        ax_hist.legend(fontsize=8)
+    ax_hist.axvline(0.0, color="gray", lw=0.8)
+    ax_hist.set(xlabel="excess Sharpe", ylabel="windows", title="Distribution")
+    ax_hist.tick_params(axis="x", labelsize=7, rotation=45)
+    for ax in (ax_bar, ax_hist):
+        ax.grid(alpha=0.3)
+    return save_figure(fig, path)
+
+
+def stitched_agent(windows: list[WindowResult]) -> BacktestResult:
+    """The model's test windows end to end (weights of assets absent from a window are 0)."""
+
+    def cat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+        return pd.concat(frames).fillna(0.0)
+
+    navs = []
+    level = 1.0
+    for w in windows:
+        nav = w.agent.nav / w.agent.nav.iloc[0] * level
+        navs.append(nav if not navs else nav.iloc[1:])
+        level = float(nav.iloc[-1])
+    return BacktestResult(
+        name="agent (all test windows)",
+        nav=pd.concat(navs),
+        raw_weights=cat([w.agent.raw_weights for w in windows]),
+        executed_weights=cat([w.agent.executed_weights for w in windows]),
+        turnover=pd.concat([w.agent.turnover for w in windows]),
+        costs=pd.concat([w.agent.costs for w in windows]),
+    )
+
+
+def _fmt(value: Any, spec: str = "+.2f") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return format(value, spec)
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{100 * value:.0f}%"
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A plain-text table of the summary (overall and per regime) and the goals, for the CLI."""
+    head = f"{'group':<10}{'windows':>8}{'Sharpe>0':>10}{'beats EW':>10}{'med excess':>12}"
+    lines = [head, "-" * len(head)]
+    for name, g in [("all", summary), *summary["by_regime"].items()]:
+        lines.append(
+            f"{name:<10}{g['windows']:>8}{_pct(g['positive_sharpe']):>10}"
+            f"{_pct(g['beats_equal_weight']):>10}{_fmt(g['median_excess_sharpe']):>12}"
+        )
+    lines.append(f"mean daily turnover {_fmt(summary['mean_turnover'], '.4f')}")
+    for key, goal in summary["goals"].items():
+        state = "met" if goal["met"] else "not met"
+        lines.append(
+            f"goal: {key.replace('_', ' ')} >= {_pct(goal['target'])}: "
+            f"{_pct(goal['value'])} ({state})"
+        )
+    return "\n".join(lines)
+
+
+def header_lines(result: WalkForwardResult) -> list[str]:
+    """The title and what was run: trainer, windows, evaluation, executor."""
+    cfg, spec = result.config, result.config.windows
+    return [
+        f"# Walk-forward: {cfg.name} ({result.label})",
+        "",
+        f"- Trainer: {cfg.trainer.algorithm.name}"
+        + (f" from `{cfg.trainer_source}`" if cfg.trainer_source else "")
+        + f", {cfg.trainer.total_timesteps} steps per window, dataset `{cfg.trainer.data.dataset}`",
+        f"- Windows: {spec.start} .. {spec.end}, {'expanding' if spec.expanding else 'rolling'} "
+        f"train {spec.train_periods} x `{spec.freq}`, test {spec.test_periods}, step "
+        f"{spec.step}, purge {spec.purge_days} trading days",
+        f"- Evaluation: exported ONNX model replayed through the serving path; {cfg.cost_bps:g} "
+        f"bps costs; baselines {', '.join(cfg.baselines)} (fitted ones: `{cfg.baseline_fit}`)",
+        f"- Executor: {cfg.executor}; {len(result.windows)} windows in {result.seconds:.1f} s"
+        + (f"; recorded as walk-forward run {result.run_id}" if result.run_id is not None else ""),
+    ]
+
+
+def summary_lines(s: dict[str, Any]) -> list[str]:
+    """The summary table (overall and per regime), the regime thresholds and the goals."""
+    lines = [
+        "## Summary",
+        "",
+        "| windows | regime | positive Sharpe | beats equal weight | median excess Sharpe "
+        "| mean turnover | mean Sharpe |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    groups = [("all", s), *((g, s["by_regime"][g]) for g in ("bull", "sideways", "bear"))]
+    for name, g in groups:
+        lines.append(
+            f"| {g['windows']} | {name} | {_pct(g['positive_sharpe'])} | "
+            f"{_pct(g['beats_equal_weight'])} | {_fmt(g['median_excess_sharpe'])} | "
+            f"{_fmt(g['mean_turnover'], '.4f')} | {_fmt(g['mean_sharpe'])} |"
+        )
+    t = s["regime_thresholds"]
+    return [
+        *lines,
+        "",
+        f"Regimes by equal weight's annualized net return on the test window: bull >= "
+        f"{t['bull_above']:.0%}, bear < {t['bear_below']:.0%}, sideways in between.",
+        "",
+        "Goals: "
+        + "; ".join(
+            f"{k.replace('_', ' ')} >= {_pct(v['target'])}: {_pct(v['value'])} "
+            f"({'met' if v['met'] else 'not met'})"
+            for k, v in s["goals"].items()
+        ),
+    ]
+
+
+def window_lines(s: dict[str, Any]) -> list[str]:
+    """One table row per window: spans, regime, the model's figures, its version."""
+    lines = [
+        "## Windows",
+        "",
+        "| window | train | test | regime | Sharpe | equal weight | excess | turnover "
+        "| total return | max DD | version |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in s["per_window"]:
+        lines.append(
+            f"| w{r['index']:02d} | {r['train_start']} .. {r['train_end']} | {r['test_start']} "
+            f".. {r['test_end']} | {r['regime']} | {_fmt(r['sharpe'])} | "
+            f"{_fmt(r['equal_weight_sharpe'])} | {_fmt(r['excess_sharpe'])} | "
+            f"{_fmt(r['turnover'], '.4f')} | {_fmt(r['total_return'], '+.1%')} | "
+            f"{_fmt(r['max_drawdown'], '.1%')} | `{r['version']}` |"
+        )
+    return lines
+
+
+def baseline_lines(s: dict[str, Any]) -> list[str]:
+    """The model next to every baseline: mean Sharpe and fraction of positive windows."""
+    lines = ["## Baselines (same windows, assets and costs)", ""]
+    lines += ["| policy | mean Sharpe | positive Sharpe |", "| --- | --- | --- |"]
+    lines.append(f"| agent | {_fmt(s['mean_sharpe'])} | {_pct(s['positive_sharpe'])} |")
+    for name, b in s["baselines"].items():
+        lines.append(f"| {name} | {_fmt(b['mean_sharpe'])} | {_pct(b['positive_sharpe'])} |")
+    return lines
+
+
+def icm_lines(windows: list[WindowResult]) -> list[str]:
+    """Curiosity per test window (nothing when the model has no ICM)."""
+    icm = [(w.window.label, w.icm) for w in windows if w.icm]
+    if not icm:
+        return []
+    lines = ["## Curiosity (ICM) on the test windows", ""]
+    lines += ["| window | mean | p95 | novelty vs training end |", "| --- | --- | --- | --- |"]
+    for label, st in icm:
+        lines.append(
+            f"| {label} | {_fmt(st['mean'], '.4g')} | {_fmt(st['p95'], '.4g')} | "
+            f"{_fmt(st.get('novelty_ratio'), '.2f')} |"
+        )
+    return lines
+
+
+def render_markdown(result: WalkForwardResult, figures: dict[str, Path]) -> str:
+    """The report's text: summary, regimes, goals, per-window table, baselines, figures."""
+    s = result.summary
+    sections = [
+        header_lines(result),
+        summary_lines(s),
+        window_lines(s),
+        baseline_lines(s),
+        icm_lines(result.windows),
+        ["## Figures", "", *(f"![{name}]({path.name})" for name, path in figures.items())],
+    ]
+    lines: list[str] = []
+    for section in filter(None, sections):
+        if lines:
+            lines.append("")  # one blank line between sections
+        lines += section
+    return "\n".join(lines) + "\n"
+
+
+def write_report(result: WalkForwardResult, out_dir: str | Path) -> dict[str, Path]:
+    """Write ``summary.json`` in ``out_dir`` and ``report/`` (markdown + PNG) beside it."""
+    out = Path(out_dir)
+    folder = out / "report"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"summary": write_json(out / "summary.json", summary_payload(result))}
+    figures: dict[str, Path] = {}
+    if result.windows:
+        figures["equity per window"] = plot_window_equity(result.windows, folder / "equity.png")
+        figures["excess Sharpe"] = plot_excess_sharpe(
+            result.summary["per_window"], folder / "excess_sharpe.png"
+        )
+        figures["allocations, raw vs smoothed"] = plot_allocations(
+            stitched_agent(result.windows), folder / "allocations.png"
+        )
+    report = folder / "report.md"
+    report.write_text(render_markdown(result, figures))
+    files["report"] = report
+    files.update({p.stem: p for p in figures.values()})
+    return files

@@ -1,0 +1,55 @@
+"""What a walk-forward run produces: one ``WindowResult`` per window, one ``WalkForwardResult``.
+
+Plain data, read by the summary, the store, the report and the caller alike; nothing here
+trains or writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
+from allocator.trainer.market.windows import Window
+from allocator.trainer.sim.backtest import BacktestResult
+
+
+@dataclass
+class WindowResult:
+    """What one window produced: the exported version, its backtest, the baselines'."""
+
+    window: Window
+    version: str
+    version_dir: str
+    run_dir: str
+    algorithm: str
+    manifest: dict[str, Any]
+    agent: BacktestResult
+    baselines: dict[str, BacktestResult]
+    icm: dict[str, float] | None
+    torch_validation: dict[str, Any]
+    train_seconds: float
+    seconds: float
+
+    def metrics(self) -> dict[str, float]:
+        return self.agent.metrics()
+
+    def baseline_metrics(self) -> dict[str, dict[str, float]]:
+        return {name: r.metrics() for name, r in self.baselines.items()}
+
+
+@dataclass
+class WalkForwardResult:
+    """A finished walk-forward run: windows in order, summary, where it was written."""
+
+    label: str
+    config: WalkForwardConfig
+    out_dir: Path
+    windows: list[WindowResult]
+    summary: dict[str, Any]
+    run_id: int | None = None
+    database_url: str | None = None
+    push_error: str | None = None
+    seconds: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)

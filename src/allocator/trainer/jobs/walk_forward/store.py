@@ -1,0 +1,118 @@
+"""The walk-forward rows of the trade database: runs, windows and the model versions they made.
+
+The driver writes one transaction per finished window, so a run that crashes keeps every
+window that finished; the run row is closed with the summary, or with the error and the number
+of windows done.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import create_engine, inspect, null, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from allocator.recording.schema import ModelVersion, WalkForwardRun, WalkForwardWindow, utcnow
+from allocator.trainer.jobs.json_safe import json_safe
+from allocator.trainer.jobs.walk_forward.config import WalkForwardError
+from allocator.trainer.jobs.walk_forward.results import WindowResult
+
+TABLES = frozenset({"walk_forward_runs", "walk_forward_windows", "model_versions"})
+
+
+class WalkForwardStore:
+    """The run, window and model-version rows of walk-forward runs (Postgres or SQLite).
+
+    The schema comes from the alembic migrations only; a database without it is refused
+    before any window trains.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = create_engine(url)
+        shown = make_url(url).render_as_string(hide_password=True)
+        try:
+            tables = set(inspect(self.engine).get_table_names())
+        except Exception as exc:  # any driver error: say where and why
+            raise WalkForwardError(f"cannot reach the database {shown}: {exc}") from exc
+        missing = TABLES - tables
+        if missing:
+            raise WalkForwardError(
+                f"{shown} lacks table(s) {', '.join(sorted(missing))}: run "
+                f"`allocator db upgrade --database-url {shown}` first"
+            )
+
+    def start_run(self, name: str, config: dict[str, Any]) -> int:
+        with Session(self.engine) as session, session.begin():
+            row = WalkForwardRun(name=name, config=json_safe(config))
+            session.add(row)
+            session.flush()
+            return int(row.id)
+
+    def add_window(self, run_id: int, result: WindowResult, row: dict[str, Any]) -> None:
+        """The window row and, once per (name, version), the model-version row."""
+        with Session(self.engine) as session, session.begin():
+            version = self._model_version(session, result)
+            w = result.window
+            session.add(
+                WalkForwardWindow(
+                    run_id=run_id,
+                    index=w.index,
+                    train_start=w.train_start,
+                    train_end=w.train_end,
+                    test_start=w.test_start,
+                    test_end=w.test_end,
+                    model_version_id=version.id,
+                    metrics=json_safe(window_metrics(result, row)),
+                    baseline_metrics=json_safe(result.baseline_metrics()),
+                    # SQL NULL, not a JSON 'null', when the model has no ICM.
+                    icm_stats=null() if result.icm is None else json_safe(result.icm),
+                )
+            )
+
+    @staticmethod
+    def _model_version(session: Session, result: WindowResult) -> ModelVersion:
+        """The row of the window's exported version, added (and flushed for its id) if new."""
+        name = result.manifest.get("export", {}).get("registry_name") or result.manifest["name"]
+        version = session.scalars(
+            select(ModelVersion).where(
+                ModelVersion.name == name, ModelVersion.version == result.version
+            )
+        ).one_or_none()
+        if version is None:
+            version = ModelVersion(
+                name=name,
+                version=result.version,
+                algorithm=result.algorithm,
+                manifest=json_safe(result.manifest),
+                checksums=json_safe(result.manifest.get("files", {})),
+            )
+            session.add(version)
+            session.flush()
+        return version
+
+    def finish_run(self, run_id: int, summary: dict[str, Any]) -> None:
+        with Session(self.engine) as session, session.begin():
+            row = session.get(WalkForwardRun, run_id)
+            assert row is not None
+            row.summary = json_safe(summary)
+            row.finished = utcnow()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def window_metrics(result: WindowResult, row: dict[str, Any]) -> dict[str, Any]:
+    """The ``metrics`` column of a window: the model's test metrics, its excess over equal
+    weight and regime (from the summary ``row``), and how the window was run."""
+    return {
+        **result.metrics(),
+        **{k: row[k] for k in ("excess_sharpe", "regime", "equal_weight_annual_return")},
+        "version": result.version,
+        "assets": result.agent.settings["assets"],
+        "cost_bps": result.agent.settings["cost_bps"],
+        "train_seconds": result.train_seconds,
+        "seconds": result.seconds,
+        "torch_validation": result.torch_validation,
+    }

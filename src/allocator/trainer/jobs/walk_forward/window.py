@@ -1,0 +1,187 @@
+"""One walk-forward window as a job: train on its training span, export, judge on its test span.
+
+A ``WindowJob`` holds everything a worker needs (absolute paths: a Ray worker may run on
+another machine), and ``run_window`` is a pure function of it: the window's seed is fixed by the
+plan and torch runs with the job's thread count, so the local and the Ray executor give the
+same figures. The exported graph is judged through the serving code path
+(``evaluation.replay_exported``), never through the torch policy that was trained.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from allocator.serving.loader import LoadedModel, load_model
+from allocator.trainer.export.run import export_run
+from allocator.trainer.jobs.evaluation import (
+    BaselineFit,
+    ExportedEvaluation,
+    evaluate_baselines,
+    evaluation_assets,
+    icm_statistics,
+    replay_exported,
+)
+from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
+from allocator.trainer.jobs.walk_forward.results import WindowResult
+from allocator.trainer.market.data import MarketData, load_dataset
+from allocator.trainer.market.windows import Window, make_windows
+from allocator.trainer.sim.backtest import BacktestResult
+from allocator.trainer.training.config import TrainConfig
+from allocator.trainer.training.run import train
+
+
+@dataclass(frozen=True)
+class WindowJob:
+    """Everything a worker needs for one window (absolute paths: workers may run elsewhere)."""
+
+    window: Window
+    trainer: TrainConfig
+    run_dir: str
+    registry: str
+    model_name: str
+    version: str
+    cost_bps: float
+    baselines: tuple[str, ...]
+    baseline_fit: BaselineFit
+    rebalance_every: int
+    torch_threads: int
+
+
+def universe(trainer: TrainConfig) -> MarketData:
+    """The trainer's dataset restricted to its asset list (all assets when it has none)."""
+    data = load_dataset(trainer.data.dataset)
+    return data.select(trainer.data.assets) if trainer.data.assets else data
+
+
+def window_trainer_config(config: WalkForwardConfig, window: Window, run_root: Path) -> TrainConfig:
+    """The trainer config of one window: its spans, its seed, quiet, one torch setting."""
+    base = config.trainer.model_dump(mode="json")
+    seed = (config.trainer.seed if config.seed is None else config.seed) + window.index
+    dataset = base["data"]["dataset"]
+    if dataset != "sp500" and not Path(dataset).is_absolute():
+        dataset = str(Path(dataset).resolve())
+    base.update(
+        name=f"{config.trainer.name}-{window.label}",
+        seed=seed,
+        torch_threads=config.torch_threads,
+        output_dir=str(run_root),
+        progress_bar=False,
+    )
+    base["data"].update(
+        dataset=dataset,
+        train_start=str(window.train_start),
+        train_end=str(window.train_end),
+        validation_start=str(window.test_start),
+        validation_end=str(window.test_end),
+    )
+    return TrainConfig.model_validate(base)
+
+
+def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob]:
+    """The windows over the trainer's data and one job per window."""
+    data = universe(config.trainer)
+    windows = make_windows(data.dates, config.windows)
+    registry = str(Path(config.registry).resolve())
+    run_root = (out_dir / "runs").resolve()
+    return [
+        WindowJob(
+            window=w,
+            trainer=window_trainer_config(config, w, run_root),
+            run_dir=str(run_root / w.label),
+            registry=registry,
+            model_name=config.model_name,
+            version=f"wf-{label}-{w.label}",
+            cost_bps=config.cost_bps,
+            baselines=tuple(config.baselines),
+            baseline_fit=config.baseline_fit,
+            rebalance_every=config.baseline_rebalance_every,
+            torch_threads=config.torch_threads,
+        )
+        for w in windows
+    ]
+
+
+def run_window(job: WindowJob) -> WindowResult:
+    """Train on the window's training span, export, then evaluate on its test span."""
+    started = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(job.torch_threads)  # the same in both executors: same float sums
+    try:
+        result = train_export_evaluate(job)
+    finally:
+        torch.set_num_threads(threads)  # the local executor runs in the caller's process
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def train_export_evaluate(job: WindowJob) -> WindowResult:
+    """``run_window`` without the thread setting and timing."""
+    w, cfg = job.window, job.trainer
+    run = train(cfg, Path(job.run_dir))
+    version_dir = export_run(run.run_dir, job.registry, name=job.model_name, version=job.version)
+    model = load_model(version_dir, prefer_cuda=False)
+    data = universe(cfg)
+    assets = evaluation_assets(data, w.test_start, w.test_end, cfg.env.window, model.max_assets)
+    ev = replay_exported(
+        model, data, w.test_start, w.test_end, cost_bps=job.cost_bps, assets=assets, name="agent"
+    )
+    return WindowResult(
+        window=w,
+        version=job.version,
+        version_dir=str(version_dir),
+        run_dir=str(run.run_dir),
+        algorithm=cfg.algorithm.name,
+        manifest=model.manifest.model_dump(mode="json"),
+        agent=ev.result,
+        baselines=window_baselines(job, data, assets),
+        icm=window_icm_statistics(job, model, data, ev),
+        torch_validation=run.summary["validation"].get(cfg.algorithm.name, {}),
+        train_seconds=float(run.summary["train_seconds"]),
+        seconds=0.0,
+    )
+
+
+def window_baselines(
+    job: WindowJob, data: MarketData, assets: list[str]
+) -> dict[str, BacktestResult]:
+    """The baselines on the window's test span, same assets and costs as the model; fitted
+    ones see the training span only (``baseline_fit``)."""
+    w = job.window
+    return evaluate_baselines(
+        data,
+        w.test_start,
+        w.test_end,
+        cost_bps=job.cost_bps,
+        assets=assets,
+        names=job.baselines,
+        fit=job.baseline_fit,
+        train_start=w.train_start,
+        train_end=w.train_end,
+        window=job.trainer.env.window,
+        rebalance_every=job.rebalance_every,
+    )
+
+
+def window_icm_statistics(
+    job: WindowJob, model: LoadedModel, data: MarketData, ev: ExportedEvaluation
+) -> dict[str, float] | None:
+    """Curiosity on the test span against a reference (None without an ICM graph).
+
+    The reference is the same number of decisions at the end of the training span: how novel
+    the test span looks to the model is the ratio of the two, not the raw reward.
+    """
+    if model.icm_session is None:
+        return None
+    w, window = job.window, job.trainer.env.window
+    lo = data.date_index(w.train_start, "left")
+    hi = data.date_index(w.train_end, "right")
+    ref_start = data.dates[max(lo + window, hi - len(ev.icm_rewards))]
+    ref_assets = evaluation_assets(data, ref_start, w.train_end, window, model.max_assets)
+    ref = replay_exported(
+        model, data, ref_start, w.train_end, cost_bps=job.cost_bps, assets=ref_assets
+    )
+    return icm_statistics(ev.icm_rewards, ref.icm_rewards)

@@ -1,0 +1,1 @@
+"""Tests of allocator.artifacts: manifests and durable file writes."""

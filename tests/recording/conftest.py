@@ -1,0 +1,57 @@
+"""Databases for the trade-schema tests: a SQLite file and a real Postgres, per test.
+
+Postgres gets its own database per test session (``allocator_test_<random>``), dropped at the
+end; each test starts from an empty ``public`` schema in it. Postgres is required, not
+optional: ``.ci/run`` starts it, and CI has it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.pool import NullPool
+
+from tests.postgres import reset_schema
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database on each backend: a SQLite file, or the session's Postgres database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'trade.db'}"
+    url = request.getfixturevalue("postgres_url")
+    reset_schema(url)
+    return url
+
+
+def make_alembic_config(url: str | None = None) -> Config:
+    """The repository's alembic config, with logging left alone (tests share the process)."""
+    config = Config(str(REPO_ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(REPO_ROOT / "migrations"))
+    config.attributes["configure_logger"] = False
+    if url is not None:
+        config.attributes["url"] = url
+    return config
+
+
+@pytest.fixture
+def alembic_config() -> Config:
+    """pytest-alembic: the repository's migrations (it hands env.py the engine below)."""
+    return make_alembic_config()
+
+
+@pytest.fixture
+def alembic_engine(database_url: str) -> Iterator[Engine]:
+    """pytest-alembic: the database under test, on each backend."""
+    engine = create_engine(database_url, poolclass=NullPool)
+    try:
+        yield engine
+    finally:
+        engine.dispose()

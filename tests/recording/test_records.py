@@ -1,0 +1,94 @@
+"""Records are validated where they are made, naming the bad field (never in the writer)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any
+
+import pytest
+
+from allocator.portfolio import CASH_ID
+from allocator.recording.records import DecisionRecord, RecordError
+from tests.recording.decisions import make_decision
+
+
+def fields(**changes: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "request_id": "r1",
+        "portfolio_id": "p1",
+        "decided_at": dt.datetime(2026, 1, 2, tzinfo=dt.UTC),
+        "model_name": "m",
+        "model_version": "1",
+        "asset_ids": (CASH_ID, "A"),
+        "raw_weights": [0.5, 0.5],
+        "smoothed_weights": [0.25, 0.75],
+        "turnover": 0.1,
+        "latency_seconds": 0.001,
+    }
+    return {**base, **changes}
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"request_id": ""}, "request_id"),
+        ({"portfolio_id": "x" * 201}, "portfolio_id"),
+        ({"decided_at": dt.datetime(2026, 1, 2)}, "decided_at"),
+        ({"asset_ids": ()}, "asset_ids"),
+        ({"asset_ids": (CASH_ID, CASH_ID)}, "asset_ids"),
+        ({"raw_weights": [0.5, math.nan]}, "raw_weights"),
+        ({"smoothed_weights": [1.0]}, "smoothed_weights"),
+        ({"current_weights": [0.5, math.inf]}, "current_weights"),
+        ({"turnover": -0.1}, "turnover"),
+        ({"latency_seconds": math.nan}, "latency_seconds"),
+        ({"icm_reward": math.inf}, "icm_reward"),
+    ],
+)
+def test_bad_fields_are_named(changes: dict[str, Any], field: str) -> None:
+    with pytest.raises(RecordError, match=field):
+        DecisionRecord.create(**fields(**changes))
+
+
+def test_records_hold_plain_values_and_survive_the_spool_form() -> None:
+    record = make_decision(12)
+    assert all(type(w) is float for w in record.raw_weights)
+    assert DecisionRecord.from_json(record.to_json()) == record
+    assert record.decided_at.utcoffset() == dt.timedelta(0)
+
+
+def test_the_fast_path_builds_the_same_record_and_still_refuses_nan() -> None:
+    import numpy as np
+
+    made = make_decision(9)
+    arrays = {
+        "raw_weights": np.array(made.raw_weights),
+        "smoothed_weights": np.array(made.smoothed_weights),
+        "current_weights": None if made.current_weights is None else np.array(made.current_weights),
+    }
+    fast = DecisionRecord.from_validated(
+        request_id=made.request_id,
+        portfolio_id=made.portfolio_id,
+        decided_at=made.decided_at,
+        model_name=made.model_name,
+        model_version=made.model_version,
+        asset_ids=made.asset_ids,
+        turnover=made.turnover,
+        latency_seconds=made.latency_seconds,
+        icm_reward=made.icm_reward,
+        **arrays,
+    )
+    assert fast == made
+    arrays["smoothed_weights"][1] = math.nan
+    with pytest.raises(RecordError, match="smoothed_weights"):
+        DecisionRecord.from_validated(
+            request_id="r",
+            portfolio_id="p",
+            decided_at=made.decided_at,
+            model_name="m",
+            model_version="1",
+            asset_ids=made.asset_ids,
+            turnover=0.0,
+            latency_seconds=0.0,
+            **arrays,
+        )

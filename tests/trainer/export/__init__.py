@@ -1,0 +1,4 @@
+"""Export tests share two tiny trained runs (``conftest.py``) and these figures."""
+
+TOL = 1e-5
+MAX_ASSETS = 4  # the market has 3 assets, so one slot is always masked on real data

@@ -1,0 +1,55 @@
+"""Two tiny runs (TD3; SAC with curiosity), trained once for the package, and their export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from allocator.trainer.export.run import export_run
+from allocator.trainer.training.config import load_config
+from allocator.trainer.training.run import train
+from tests.markets import random_walk_market, write_market
+from tests.trainer.export import MAX_ASSETS
+from tests.trainer.tiny import TINY_TRAINING
+
+TINY = [
+    "data.train_start=2019-01-01",
+    "data.train_end=2019-09-30",
+    "data.validation_start=2019-10-01",
+    "data.validation_end=2020-02-20",
+    f"env.max_assets={MAX_ASSETS}",
+    *TINY_TRAINING,
+]
+SAC_ICM = [
+    "algorithm.name=sac",
+    "icm.enabled=true",
+    "icm.warmup_steps=100",
+    "icm.feature_dim=16",
+    "icm.hidden_dim=32",
+]
+
+
+@pytest.fixture(scope="package")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny TD3 run and a tiny SAC run with curiosity, trained once for the package."""
+    root = tmp_path_factory.mktemp("export-runs")
+    csv = write_market(
+        random_walk_market(n_dates=300, n_assets=3, seed=1).to_frame(), root / "m.csv"
+    )
+    base = [f"data.dataset={csv}", f"output_dir={root}", *TINY]
+    out = {}
+    for algo, extra in (("td3", ["name=tiny-td3"]), ("sac", ["name=tiny-sac", *SAC_ICM])):
+        out[algo] = train(load_config(None, base + extra), root / algo).run_dir
+    return out
+
+
+@pytest.fixture(scope="package")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("registry")
+
+
+@pytest.fixture(scope="package")
+def exported(runs: dict[str, Path], registry: Path) -> dict[str, Path]:
+    """Version 1 of each run in the package's registry."""
+    return {algo: export_run(run, registry) for algo, run in runs.items()}
