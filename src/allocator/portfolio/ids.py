@@ -10,6 +10,8 @@ the field that breaks it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 __all__ = ["CASH_ID", "MAX_ID_LENGTH", "MAX_VERSION_LENGTH", "IdError", "check_id"]
 
 CASH_ID = "CASH"
@@ -29,14 +31,23 @@ class IdError(ValueError):
         self.problem = problem
 
 
-def check_id(value: object, field: str, max_length: int = MAX_ID_LENGTH) -> str:
-    """``value`` when it is a storable id, else ``IdError`` naming ``field``."""
+def check_id(
+    value: object,
+    field: str,
+    max_length: int = MAX_ID_LENGTH,
+    error: Callable[[str, str], Exception] = IdError,
+) -> str:
+    """``value`` when it is a storable id, else ``error(field, problem)``.
+
+    ``error`` lets each layer refuse in its own terms (the server's ``InvalidRequest``, the
+    recorder's ``RecordError``) while the rule itself stays here, once.
+    """
     if not isinstance(value, str):
-        raise IdError(field, f"must be a non-empty string, got {value!r}")
+        raise error(field, f"must be a non-empty string, got {value!r}")
     if not value:
-        raise IdError(field, "is required (a non-empty string)")
+        raise error(field, "is required (a non-empty string)")
     if len(value) > max_length:
-        raise IdError(field, f"is {len(value)} characters long, at most {max_length}")
+        raise error(field, f"is {len(value)} characters long, at most {max_length}")
     if "\x00" in value:
-        raise IdError(field, "must not contain NUL characters")
+        raise error(field, "must not contain NUL characters")
     return value

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from allocator.portfolio.ids import MAX_ID_LENGTH, MAX_VERSION_LENGTH, IdError, check_id
+from allocator.portfolio.ids import MAX_ID_LENGTH, MAX_VERSION_LENGTH, check_id
 
 __all__ = ["DecisionRecord", "ModelRecord", "RecordError"]
 
@@ -29,13 +29,13 @@ MAX_ALGORITHM_LENGTH = 50
 class RecordError(ValueError):
     """A record field is missing, malformed or out of range; the message names the field."""
 
+    @classmethod
+    def for_field(cls, field: str, problem: str) -> RecordError:
+        return cls(f"{field}: {problem}")
+
 
 def _record_id(value: str, what: str, max_length: int = MAX_ID_LENGTH) -> str:
-    """The contract's id rule (``check_id``), refused as a ``RecordError``."""
-    try:
-        return check_id(value, what, max_length)
-    except IdError as exc:
-        raise RecordError(str(exc)) from None
+    return check_id(value, what, max_length, error=RecordError.for_field)
 
 
 def _check_vector(values: ArrayLike, what: str, length: int) -> tuple[float, ...]:

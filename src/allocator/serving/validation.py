@@ -24,7 +24,6 @@ from allocator.portfolio import (
     MAX_ID_LENGTH,
     MAX_VERSION_LENGTH,
     WEIGHT_SUM_TOLERANCE,
-    IdError,
     check_id,
 )
 from allocator.serving.proto import allocator_pb2 as pb
@@ -96,16 +95,8 @@ class ValidRequest:
         return len(self.asset_ids)
 
 
-def _check_id(value: str, field: str, max_length: int = MAX_ID_LENGTH) -> str:
-    """The contract's id rule (``check_id``), refused as an ``InvalidRequest``."""
-    try:
-        return check_id(value, field, max_length)
-    except IdError as exc:
-        raise InvalidRequest(exc.field, exc.problem) from None
-
-
 def _optional_id(value: str, field: str, max_length: int) -> str | None:
-    return _check_id(value, field, max_length) if value else None
+    return check_id(value, field, max_length, error=InvalidRequest) if value else None
 
 
 def model_pin(request: pb.AllocateRequest) -> tuple[str | None, str | None]:
@@ -146,7 +137,7 @@ def _explain_asset_ids(assets: tuple[str, ...]) -> None:
     first: dict[str, int] = {}
     for i, asset in enumerate(assets):
         field = f"asset_ids[{i}]"
-        _check_id(asset, field)
+        check_id(asset, field, error=InvalidRequest)
         if asset == CASH_ID:
             raise InvalidRequest(field, f"{CASH_ID!r} is reserved for the cash slot")
         j = first.setdefault(asset, i)
@@ -237,8 +228,8 @@ def validate_request(
         raise InvalidRequest(
             "request", "empty request: portfolio_id, request_id, asset_ids and prices are required"
         )
-    portfolio_id = _check_id(request.portfolio_id, "portfolio_id")
-    request_id = _check_id(request.request_id, "request_id")
+    portfolio_id = check_id(request.portfolio_id, "portfolio_id", error=InvalidRequest)
+    request_id = check_id(request.request_id, "request_id", error=InvalidRequest)
     name, version = model_pin(request) if pin is None else pin
     assets = _check_asset_ids(request.asset_ids, shape.max_assets)
     prices = _check_prices(request, assets, shape.window)
