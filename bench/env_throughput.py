@@ -1,7 +1,10 @@
 """Steps per second of ``PortfolioEnv`` (20 assets, random actions, costs and smoothing on).
 
-Prints JSON. For contrast it also times the same step written the common naive way: prices
-looked up with ``DataFrame.loc`` on every step. Run: ``.venv/bin/python bench/env_throughput.py``.
+Also times the per-asset feature set (``asset_v1``), alone and with the tilt mapping: its
+features and anchors are computed once per episode at reset, which the rates include (goal:
+still >= 50,000 steps/s). Prints JSON. For contrast it also times the same step written the
+common naive way: prices looked up with ``DataFrame.loc`` on every step.
+Run: ``.venv/bin/python bench/env_throughput.py``.
 """
 
 from __future__ import annotations
@@ -70,6 +73,19 @@ def time_steps(step: Callable[[np.ndarray], object], actions: np.ndarray) -> flo
     return len(actions) / (time.perf_counter() - start)
 
 
+def env_rates(env: PortfolioEnv, actions: np.ndarray, repeats: int) -> list[float]:
+    """Steps per second of ``env`` over ``actions``, ``repeats`` times (resets included)."""
+    assets = list(env.data.assets)[: env.config.max_assets]
+    env.reset(seed=0, options={"assets": assets})
+
+    def env_step(action: np.ndarray) -> None:
+        _, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            env.reset(options={"assets": assets})
+
+    return [time_steps(env_step, actions) for _ in range(repeats)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=100_000)
@@ -80,16 +96,19 @@ def main() -> None:
     data = load_sp500()
     config = EnvConfig(max_assets=20, cost_bps=10.0, beta=0.5)
     env = PortfolioEnv(data, config)
-    env.reset(seed=0, options={"assets": list(data.assets)})
     rng = np.random.default_rng(0)
     actions = rng.uniform(-1, 1, size=(args.steps, 21)).astype(np.float32)
-
-    def env_step(action: np.ndarray) -> None:
-        _, _, terminated, truncated, _ = env.step(action)
-        if terminated or truncated:
-            env.reset(options={"assets": list(data.assets)})
-
-    rates = [time_steps(env_step, actions) for _ in range(args.repeats)]
+    rates = env_rates(env, actions, args.repeats)
+    variants = {
+        "asset_v1": EnvConfig(**config.model_dump() | {"features": "asset_v1"}),
+        "asset_v1_tilt": EnvConfig(
+            **config.model_dump() | {"features": "asset_v1", "action": {"mapping": "tilt"}}
+        ),
+    }
+    new_rates = {
+        name: max(env_rates(PortfolioEnv(data, cfg), actions, args.repeats))
+        for name, cfg in variants.items()
+    }
     naive = NaivePandasStep(data, env)
     naive_rate = time_steps(naive.step, actions[: args.naive_steps])
     best = max(rates)
@@ -100,6 +119,9 @@ def main() -> None:
                 "steps_per_s_runs": [round(r, 1) for r in rates],
                 "naive_pandas_loc_steps_per_s": round(naive_rate, 1),
                 "speedup_vs_naive": round(best / naive_rate, 1),
+                "asset_v1_steps_per_s": round(new_rates["asset_v1"], 1),
+                "asset_v1_tilt_steps_per_s": round(new_rates["asset_v1_tilt"], 1),
+                "asset_v1_goal_steps_per_s": 50_000,
                 "assets": 20,
                 "reward": config.reward.kind.value,
                 "cost_bps": config.cost_bps,

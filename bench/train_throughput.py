@@ -14,7 +14,11 @@ Variants (``--variants``, comma-separated; default: the first four):
 * ``adaptive``: ``SmoothTD3`` with the dual-ascent lambda;
 * ``adaptive_icm``: ``adaptive`` plus the Intrinsic Curiosity Module;
 * ``none``: ``SmoothTD3`` without the smoothness term (Huber, clipping, two learning rates),
-  to separate the cost of those from the cost of the smoothness term.
+  to separate the cost of those from the cost of the smoothness term;
+* ``shared``: ``adaptive`` with the per-asset shared policy instead of the MLP (same env);
+* ``shared_asset_v1``: ``shared`` on the per-asset feature set with the tilt mapping.
+
+The shared variants report ``ratio_vs_mlp``: their rate over ``adaptive``'s (same algorithm).
 
 ``SmoothTD3`` models come from ``training.build_model``, as in a training run. Prints one JSON
 object; nothing passes or fails on time (the goal, ours >= 0.85x vanilla, is for the reader).
@@ -48,15 +52,22 @@ from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
 from allocator.trainer.training.config import TD3Settings, TrainConfig
 from allocator.trainer.training.run import build_model
 
-VARIANTS = ("vanilla", "fixed", "adaptive", "adaptive_icm", "none")
+VARIANTS = ("vanilla", "fixed", "adaptive", "adaptive_icm", "none", "shared", "shared_asset_v1")
 DEFAULT_VARIANTS = ("vanilla", "fixed", "adaptive", "adaptive_icm")
 NOISE_SIGMA = 0.2
 
 
-def make_env(data: MarketData) -> Monitor:
+SHARED_ENV = EnvConfig(features="asset_v1", action={"mapping": "tilt"})
+
+
+def make_env(data: MarketData, config: EnvConfig | None = None) -> Monitor:
     """The training environment as ``training.train`` builds it (statistics of ``data``)."""
     stats = fit_normalization(data.prices, axis=0)
-    return Monitor(PortfolioEnv(data, EnvConfig(), stats=stats))
+    return Monitor(PortfolioEnv(data, config or EnvConfig(), stats=stats))
+
+
+def variant_env(name: str) -> EnvConfig:
+    return SHARED_ENV if name == "shared_asset_v1" else EnvConfig()
 
 
 def build_variant(name: str, env: Monitor, args: argparse.Namespace) -> BaseAlgorithm:
@@ -96,12 +107,16 @@ def build_variant(name: str, env: Monitor, args: argparse.Namespace) -> BaseAlgo
         "fixed": SmoothnessSettings(mode=SmoothMode.FIXED, lam=1.0),
         "adaptive": SmoothnessSettings(mode=SmoothMode.ADAPTIVE, lam=1.0),
         "adaptive_icm": SmoothnessSettings(mode=SmoothMode.ADAPTIVE, lam=1.0),
+        "shared": SmoothnessSettings(mode=SmoothMode.ADAPTIVE, lam=1.0),
+        "shared_asset_v1": SmoothnessSettings(mode=SmoothMode.ADAPTIVE, lam=1.0),
     }[name]
     config = TrainConfig(
         seed=args.seed,
         device=args.device,
         progress_bar=False,
         tensorboard=False,
+        policy="shared" if name.startswith("shared") else "mlp",
+        env=variant_env(name),
         algorithm=algo.model_copy(update={"smoothness": smoothness}),
         noise=NoiseSettings(sigma=NOISE_SIGMA),
         icm=ICMSettings(enabled=name == "adaptive_icm"),
@@ -177,7 +192,7 @@ def main() -> None:
     data = load_sp500().between(args.train_start, args.train_end)
     models: dict[str, BaseAlgorithm] = {}
     for name in args.variants:
-        models[name] = build_variant(name, make_env(data), args)
+        models[name] = build_variant(name, make_env(data, variant_env(name)), args)
         models[name].learn(args.learning_starts)  # warm-up: fills the buffer, no updates yet
 
     seconds: dict[str, list[float]] = {name: [] for name in models}
@@ -193,10 +208,13 @@ def main() -> None:
             "steps_per_s": round(best[name], 1),
             "steps_per_s_runs": [round(r, 1) for r in rates[name]],
             "algorithm": type(model).__name__,
+            "policy": type(model.policy).__name__,
             "n_updates": int(model._n_updates),
         }
         if name != "vanilla" and "vanilla" in best:
             entry["ratio_vs_vanilla"] = round(best[name] / best["vanilla"], 3)
+        if name.startswith("shared") and "adaptive" in best:
+            entry["ratio_vs_mlp"] = round(best[name] / best["adaptive"], 3)
         variants[name] = entry
 
     device = next(iter(models.values())).device

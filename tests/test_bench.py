@@ -32,6 +32,8 @@ def test_env_throughput_prints_its_figures():
     figures = json.loads(out.stdout)
     assert figures["steps_per_s"] > 0
     assert figures["naive_pandas_loc_steps_per_s"] > 0
+    assert figures["asset_v1_steps_per_s"] > 0
+    assert figures["asset_v1_tilt_steps_per_s"] > 0
     assert figures["assets"] == 20
     assert figures["steps"] == 300
 

@@ -55,3 +55,29 @@ def test_train_throughput_prints_every_variant():
     assert figures["device"] == "cpu"
     assert figures["torch_threads"] == 1
     assert figures["assets"] == 20
+
+
+def test_train_throughput_compares_the_shared_policy_with_the_mlp():
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "train_throughput.py"),
+            "--quick",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--variants",
+            "adaptive,shared,shared_asset_v1",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    variants = json.loads(out.stdout)["variants"]
+    assert variants["adaptive"]["policy"] == "TD3Policy"
+    for name in ("shared", "shared_asset_v1"):
+        assert variants[name]["policy"] == "SharedTD3Policy"
+        assert variants[name]["ratio_vs_mlp"] > 0
+        assert variants[name]["n_updates"] == 50  # --quick: 50 timed steps after the warm-up

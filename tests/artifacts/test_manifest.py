@@ -106,7 +106,7 @@ def test_inspect_prints_the_manifest_and_checks_files(tmp_path):
     res = CliRunner().invoke(main, ["checkpoint", "inspect", str(d)])
     assert res.exit_code == 0, res.output
     for text in (
-        "schema version  2",
+        f"schema version  {SCHEMA_VERSION}",
         "td3",
         "max_assets      3",
         "smoothing beta  0.5",

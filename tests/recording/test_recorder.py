@@ -154,7 +154,13 @@ def test_outage_during_two_thousand_decisions_loses_and_duplicates_nothing(
     )
     assert failed is not None
     assert failed >= 1
-    assert registry.get_sample_value("allocator_recorder_rows_written_total") == 2_000
+    # rows_written counts the rows this recorder inserted. A batch whose commit reached the
+    # database just as the connection was cut never got its acknowledgement: it is spooled and
+    # replayed, and the replay finds its rows already there (ON CONFLICT DO NOTHING). So the
+    # counter may miss one in-flight batch, never more, while the table (checked above) holds
+    # every decision exactly once.
+    written = registry.get_sample_value("allocator_recorder_rows_written_total")
+    assert 2_000 - FAST["batch_size"] <= written <= 2_000
     assert registry.get_sample_value("allocator_recorder_spooled_records") == 0
 
 

@@ -79,6 +79,58 @@ def test_serving_loads_a_model_with_torch_blocked(tmp_path: Path) -> None:
     assert result.stdout.startswith("OK ")
 
 
+SHARED_CHILD = textwrap.dedent(
+    """
+    import importlib.abc
+    import sys
+
+    BLOCKED = {blocked!r}
+
+    class Blocker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+                raise ImportError(f"house rule: serving must not import {{name}}")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+
+    import numpy as np
+
+    from allocator.serving import load_model
+    from allocator.serving.decision import decide
+    from allocator.serving.proto.v1 import allocator_pb2 as pb
+    from allocator.serving.step import model_shape
+    from allocator.serving.validation import validate_request
+
+    model = load_model({directory!r}, prefer_cuda=False)
+    n = 12
+    prices = np.exp(np.cumsum(np.full((n, model.prices_per_asset), 0.01), axis=1))
+    request = pb.AllocateRequest(
+        portfolio_id="p", request_id="r", asset_ids=[f"A{{i}}" for i in range(n)],
+        prices=prices.ravel().tolist(),
+    )
+    out, state = decide(model, validate_request(request, model_shape(model)), None)
+    assert out.raw_weights.shape == (n + 1,), out.raw_weights.shape
+    leaked = sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED))
+    assert not leaked, leaked
+    print("OK", model.provider)
+    """
+)
+
+
+def test_serving_decides_for_a_shared_policy_with_torch_blocked(tmp_path: Path) -> None:
+    """The anchor, the tilt and the features of a shared policy are numpy: no torch either."""
+    from tests.serving.shared_models import build_fixture, write_shared_model  # needs torch
+
+    d = write_shared_model(tmp_path / "registry" / "shared" / "1", build_fixture())
+    code = SHARED_CHILD.format(blocked=BLOCKED, directory=str(d))
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("OK ")
+
+
 def _sources() -> list[Path]:
     files = sorted(SERVING.rglob("*.py"))
     assert files, f"no sources under {SERVING}"

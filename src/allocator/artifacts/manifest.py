@@ -2,8 +2,15 @@
 
 It records everything needed to run a policy exactly as it was trained (feature spec,
 normalization, action mapping, smoothing beta, costs) and to trust the files beside it (sha256).
-Torch-free on purpose: the server reads it too. Older schema versions are upgraded by
-``allocator checkpoint migrate``, never read silently.
+Torch-free on purpose: the server reads it too.
+
+Schema 3 adds what a policy of the per-asset representation needs: the policy kind (``mlp``: one
+flat network over ``max_assets`` slots; ``shared``: one network applied to every asset, servable
+for any number of assets up to ``max_served_assets``), the per-asset feature set with its
+normalization, and the anchor-tilt mapping. A schema-2 manifest is read as schema 3 with the
+defaults, which are exactly what schema 2 meant (flat MLP, return window, affine mapping), so
+every existing run and registry keeps loading; ``allocator checkpoint migrate`` rewrites a run
+directory as schema 3. Version 1 (no manifest) must be migrated, never read silently.
 """
 
 from __future__ import annotations
@@ -12,17 +19,34 @@ import datetime as dt
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from allocator.artifacts.files import atomic_write_text
+from allocator.portfolio import (
+    MAX_TILT_STRENGTH,
+    AnchorKind,
+    AnchorSpec,
+    AssetFeatureSpec,
+    FeatureNormalization,
+    FeatureSpec,
+)
 from allocator.typed_config import StrictModel
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+READABLE_SCHEMA_VERSIONS = (2, 3)
+"""Versions ``read_manifest`` accepts: 2 is read with schema 3's defaults (what it meant)."""
 MANIFEST_FILE = "manifest.json"
 ACTION_MAPPING = "affine_renormalize_v1"
 """``portfolio.action_to_weights``: preference (a + 1) / 2, masked, renormalized, else cash."""
+TILT_MAPPING = "anchor_tilt_v1"
+"""``portfolio.tilt_weights`` of the action around ``portfolio.anchor_weights`` (see ``tilt``)."""
+ActionMapping = Literal["affine_renormalize_v1", "anchor_tilt_v1"]
+DEFAULT_MAX_SERVED_ASSETS = 256
+"""Most assets one request may carry for a shared policy, unless the manifest says otherwise:
+the policy runs on any number, but latency and memory grow with it, so the server enforces a
+limit the manifest states."""
 
 
 class ManifestError(ValueError):
@@ -30,12 +54,77 @@ class ManifestError(ValueError):
 
 
 class FeatureSpecInfo(StrictModel):
-    """How observations are built: see ``portfolio.observation``."""
+    """How observations are built.
 
+    ``returns``: the ``window`` most recent daily log returns per slot (``portfolio.observation``).
+    ``asset_v1``: the per-asset feature set ``portfolio.AssetFeatureSpec`` (``window`` return
+    lags, the ``horizons`` sums, ranks and market means, ``vol_window`` volatility, drawdown);
+    ``features`` then lists its feature names in order. ``max_assets`` is the number of asset
+    slots the policy was trained with, either way.
+    """
+
+    kind: Literal["returns", "asset_v1"] = "returns"
     max_assets: int = Field(ge=1)
     window: int = Field(ge=1)
     clip: float = Field(gt=0)
     features: list[str] = Field(default_factory=lambda: ["log_return"])
+    horizons: list[int] | None = None
+    vol_window: int | None = Field(None, ge=1)
+    version: int = 1
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> FeatureSpecInfo:
+        if self.kind == "returns":
+            if self.horizons is not None or self.vol_window is not None:
+                raise ValueError("horizons and vol_window belong to the asset_v1 feature set")
+            return self
+        if self.horizons is None or self.vol_window is None:
+            raise ValueError("the asset_v1 feature set needs horizons and vol_window")
+        names = list(self.asset_spec().names)  # also checks the spec itself
+        if self.features != names:
+            raise ValueError(f"asset_v1 features must be {names}, got {self.features}")
+        return self
+
+    @classmethod
+    def for_assets(cls, max_assets: int, spec: AssetFeatureSpec) -> FeatureSpecInfo:
+        """The record of a per-asset feature set used with ``max_assets`` training slots."""
+        return cls(
+            kind="asset_v1",
+            max_assets=max_assets,
+            window=spec.window,
+            clip=spec.clip,
+            features=list(spec.names),
+            horizons=list(spec.horizons),
+            vol_window=spec.vol_window,
+            version=spec.version,
+        )
+
+    def asset_spec(self) -> AssetFeatureSpec:
+        """The per-asset feature set (``asset_v1`` only) as the policy contract spells it."""
+        if self.kind != "asset_v1" or self.horizons is None or self.vol_window is None:
+            raise ValueError(f"feature set {self.kind!r} is not a per-asset feature set")
+        return AssetFeatureSpec(
+            window=self.window,
+            horizons=tuple(self.horizons),
+            vol_window=self.vol_window,
+            clip=self.clip,
+            version=self.version,
+        )
+
+    @property
+    def n_features(self) -> int:
+        """Features per asset slot: the return window, or the per-asset set's F."""
+        return self.window if self.kind == "returns" else self.asset_spec().n_features
+
+    @property
+    def layout(self) -> FeatureSpec:
+        """The flat training observation's layout, ``n_features`` values per slot."""
+        return FeatureSpec(max_assets=self.max_assets, window=self.n_features, clip=self.clip)
+
+    @property
+    def prices_per_asset(self) -> int:
+        """Closes per asset the features need."""
+        return self.window + 1 if self.kind == "returns" else self.asset_spec().prices_per_asset
 
 
 class NormalizationInfo(StrictModel):
@@ -43,6 +132,62 @@ class NormalizationInfo(StrictModel):
 
     mean: float
     std: float = Field(gt=0)
+
+
+class FeatureNormalizationInfo(StrictModel):
+    """Per-feature mean and std of the ``asset_v1`` features over the training period."""
+
+    mean: list[float]
+    std: list[float]
+
+    @model_validator(mode="after")
+    def _check(self) -> FeatureNormalizationInfo:
+        self.normalization()  # same lengths, finite, std > 0
+        return self
+
+    @classmethod
+    def of(cls, norm: FeatureNormalization) -> FeatureNormalizationInfo:
+        return cls(mean=list(norm.mean), std=list(norm.std))
+
+    def normalization(self) -> FeatureNormalization:
+        return FeatureNormalization(mean=tuple(self.mean), std=tuple(self.std))
+
+
+class PolicyInfo(StrictModel):
+    """Which network maps observations to actions.
+
+    ``mlp``: one flat network over the ``max_assets`` slots (the only kind before schema 3).
+    ``shared``: one network applied to every asset with a pooled context; it takes any number
+    of assets, so it is exported with a dynamic asset axis. ``hidden``: its width.
+    """
+
+    kind: Literal["mlp", "shared"] = "mlp"
+    hidden: int | None = Field(None, ge=1)
+
+
+class AnchorInfo(StrictModel):
+    """The anchor portfolio a zero tilt action holds (``portfolio.AnchorSpec``)."""
+
+    kind: str = AnchorKind.EQUAL.value
+    cash_share: float = Field(0.05, ge=0, lt=1)
+    vol_window: int = Field(20, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> AnchorInfo:
+        self.spec()
+        return self
+
+    def spec(self) -> AnchorSpec:
+        return AnchorSpec(
+            kind=AnchorKind(self.kind), cash_share=self.cash_share, vol_window=self.vol_window
+        )
+
+
+class TiltInfo(StrictModel):
+    """Settings of the ``anchor_tilt_v1`` mapping: ``w ~ anchor * exp(k * action)``."""
+
+    k: float = Field(gt=0, le=MAX_TILT_STRENGTH)
+    anchor: AnchorInfo = AnchorInfo()
 
 
 class DataInfo(StrictModel):
@@ -66,7 +211,7 @@ class MigrationRecord(StrictModel):
 
 
 class Manifest(StrictModel):
-    """Schema version 2."""
+    """Schema version 3 (a schema-2 manifest validates into it with the defaults)."""
 
     schema_version: int = SCHEMA_VERSION
     created: str = Field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat())
@@ -75,7 +220,11 @@ class Manifest(StrictModel):
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     feature_spec: FeatureSpecInfo
     normalization: NormalizationInfo
-    action_mapping: str = ACTION_MAPPING
+    policy: PolicyInfo = PolicyInfo()
+    feature_normalization: FeatureNormalizationInfo | None = None
+    action_mapping: ActionMapping = ACTION_MAPPING
+    tilt: TiltInfo | None = None
+    max_served_assets: int | None = Field(None, ge=1)
     beta: float = Field(ge=0, lt=1)
     cost_bps: float = Field(ge=0)
     reward: dict[str, Any] = Field(default_factory=dict)
@@ -89,8 +238,47 @@ class Manifest(StrictModel):
     migrations: list[MigrationRecord] = Field(default_factory=list)
     files: dict[str, str] = Field(default_factory=dict, description="file name -> sha256")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_served_assets(cls, data: Any) -> Any:
+        """A shared policy without a stated limit gets ``DEFAULT_MAX_SERVED_ASSETS``."""
+        if not isinstance(data, dict):
+            return data
+        policy = data.get("policy")
+        kind = policy.get("kind") if isinstance(policy, dict) else getattr(policy, "kind", None)
+        if kind == "shared" and data.get("max_served_assets") is None:
+            return {**data, "max_served_assets": DEFAULT_MAX_SERVED_ASSETS}
+        return data
+
+    @model_validator(mode="after")
+    def _check_representation(self) -> Manifest:
+        fs, norm = self.feature_spec, self.feature_normalization
+        if fs.kind == "asset_v1":
+            if norm is None:
+                raise ValueError("the asset_v1 feature set needs feature_normalization")
+            if len(norm.mean) != fs.n_features:
+                raise ValueError(
+                    f"feature_normalization has {len(norm.mean)} features, the feature set "
+                    f"{fs.n_features}"
+                )
+        elif norm is not None:
+            raise ValueError("feature_normalization belongs to the asset_v1 feature set")
+        if (self.action_mapping == TILT_MAPPING) != (self.tilt is not None):
+            raise ValueError(f"tilt settings are required with {TILT_MAPPING} and only with it")
+        if self.policy.kind == "mlp" and self.max_served_assets is not None:
+            raise ValueError("max_served_assets is for shared policies (an mlp serves max_assets)")
+        return self
+
     @property
     def max_assets(self) -> int:
+        return self.feature_spec.max_assets
+
+    @property
+    def served_asset_limit(self) -> int:
+        """The most assets one request may carry: ``max_served_assets`` for a shared policy,
+        the trained slots for a flat MLP."""
+        if self.policy.kind == "shared" and self.max_served_assets is not None:
+            return self.max_served_assets
         return self.feature_spec.max_assets
 
 
@@ -160,15 +348,22 @@ def read_raw(directory: str | Path) -> dict[str, Any]:
 
 
 def read_manifest(directory: str | Path) -> Manifest:
-    """Read and validate a current-version manifest; older versions must be migrated first."""
+    """Read and validate a manifest of a readable schema version.
+
+    Schema 2 validates into the schema-3 model with the defaults (flat MLP, return window,
+    affine mapping: what it meant) and keeps its ``schema_version`` 2, so callers can tell it
+    from a migrated one. Version 1 and unknown versions must be migrated (or are refused).
+    """
     path = Path(directory) / MANIFEST_FILE
     raw = read_raw(directory)
     version = raw.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_SCHEMA_VERSIONS or isinstance(version, bool):
         raise ManifestError(
-            f"{path}: schema version {version!r}, this Allocator reads {SCHEMA_VERSION}; run "
+            f"{path}: schema version {version!r}, this Allocator reads "
+            f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}; run "
             f"`allocator checkpoint migrate {Path(directory)}`"
         )
+
     try:
         return Manifest.model_validate(raw)
     except ValidationError as exc:

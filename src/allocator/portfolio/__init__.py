@@ -1,5 +1,20 @@
 """The numpy-only policy contract that training, export, backtests and serving share."""
 
+from allocator.portfolio.anchors import (
+    AnchorKind,
+    AnchorSpec,
+    anchor_weights,
+    masked_anchor,
+)
+from allocator.portfolio.features import (
+    AssetFeatureSpec,
+    FeatureNormalization,
+    asset_features,
+    build_asset_observation,
+    fit_feature_normalization,
+    normalize_features,
+    rolling_asset_features,
+)
 from allocator.portfolio.ids import CASH_ID, MAX_ID_LENGTH, MAX_VERSION_LENGTH, IdError, check_id
 from allocator.portfolio.observation import (
     FeatureSpec,
@@ -13,6 +28,7 @@ from allocator.portfolio.observation import (
     normalize_returns,
 )
 from allocator.portfolio.smoothing import ema_smooth, validate_beta
+from allocator.portfolio.tilt import MAX_TILT_STRENGTH, check_tilt_strength, tilt_weights
 from allocator.portfolio.weights import (
     CASH,
     WEIGHT_SUM_TOLERANCE,
@@ -27,24 +43,38 @@ __all__ = [
     "CASH",
     "CASH_ID",
     "MAX_ID_LENGTH",
+    "MAX_TILT_STRENGTH",
     "MAX_VERSION_LENGTH",
     "WEIGHT_SUM_TOLERANCE",
+    "AnchorKind",
+    "AnchorSpec",
+    "AssetFeatureSpec",
+    "FeatureNormalization",
     "FeatureSpec",
     "IdError",
     "NormalizationStats",
     "action_to_weights",
+    "anchor_weights",
     "assemble_observation",
+    "asset_features",
+    "build_asset_observation",
     "build_observation",
     "build_raw_observation",
     "check_id",
+    "check_tilt_strength",
     "ema_smooth",
+    "fit_feature_normalization",
     "fit_normalization",
     "is_distribution",
     "live_mask",
     "log_returns",
+    "masked_anchor",
+    "normalize_features",
     "normalize_observation",
     "normalize_returns",
     "renormalize",
+    "rolling_asset_features",
+    "tilt_weights",
     "validate_beta",
     "weights_to_action",
 ]

@@ -2,7 +2,11 @@
 
 ``REGISTRY/NAME/VERSION/`` holds ``model.onnx`` (the policy graph), optionally ``icm.onnx``
 (the curiosity graph, for monitoring) and ``manifest.json`` listing both with their sha256.
-Every graph input and output is float32 ``[batch, width]`` with a dynamic batch axis.
+Every graph input and output is float32 with a dynamic batch axis. A flat-MLP policy graph
+(manifest ``policy.kind == "mlp"``) takes ``[batch, width]`` inputs of the trained width. A
+shared policy graph (``policy.kind == "shared"``) also has a dynamic asset axis N: it takes the
+features of any number of assets and returns only the action, because the anchor and the tilt
+mapping are computed from the request's prices by the server, outside the graph.
 """
 
 from __future__ import annotations
@@ -15,16 +19,28 @@ __all__ = [
     "MODEL_FILE",
     "POLICY_INPUTS",
     "POLICY_OUTPUTS",
+    "SHARED_POLICY_INPUTS",
+    "SHARED_POLICY_OUTPUTS",
 ]
 
 MODEL_FILE = "model.onnx"
 ICM_FILE = "icm.onnx"
 
 POLICY_INPUTS = ("observation", "mask")
-"""Raw observation (``portfolio.build_raw_observation``; the graph normalizes) and slot mask."""
+"""Flat MLP: raw observation (``portfolio.build_raw_observation``, normalized inside) and mask."""
 POLICY_OUTPUTS = ("action", "weights")
-"""The actor's action and the portfolio weights it maps to (slot 0 is cash)."""
+"""Flat MLP: the actor's action and the portfolio weights it maps to (slot 0 is cash)."""
+SHARED_POLICY_INPUTS = ("asset_features", "weights", "mask")
+"""Shared policy: raw per-asset features ``[batch, N, F]`` (``portfolio.asset_features``; the
+graph normalizes with the manifest's ``feature_normalization``), current weights and mask
+``[batch, N + 1]`` (cash first)."""
+SHARED_POLICY_OUTPUTS = ("action",)
+"""Shared policy: the action ``[batch, N + 1]`` in [-1, 1], 0 on masked slots; the server maps it
+to weights (``portfolio.tilt_weights`` around ``portfolio.anchor_weights``)."""
 ICM_INPUTS = ("previous_observation", "action", "observation", "mask")
+"""Both kinds: raw flat observations of the ``max_assets`` training slots (for a shared policy
+the asset block holds the raw ``asset_features`` rows, ``F`` values per slot), the action and
+the mask ``[batch, max_assets + 1]``."""
 ICM_OUTPUT = "intrinsic_reward"
 ICM_OUTPUTS = (ICM_OUTPUT,)
 """The curiosity signal, ``[batch, 1]``."""

@@ -49,10 +49,10 @@ def serve_demo(
         )
     ).start()
     model = server.registry.snapshot.default
-    spec = model.manifest.feature_spec
-    span = prices[-(steps + spec.window + 1) :]
+    n_prices = model.prices_per_asset
+    span = prices[-(steps + n_prices) :]
     usable = [i for i in range(span.shape[1]) if np.all(np.isfinite(span[:, i]))]
-    chosen = usable[: spec.max_assets]
+    chosen = usable[: model.max_request_assets]
     ids = [assets[i] for i in chosen]
     echo(
         f"serving {model.name}/{model.version} on {server.target} ({model.provider}); "
@@ -63,7 +63,7 @@ def serve_demo(
     try:
         with AllocatorClient(server.target) as client:
             for t in range(steps):
-                window = span[t : t + spec.window + 1, chosen].T
+                window = span[t : t + n_prices, chosen].T
                 start = time.perf_counter()
                 last = client.allocate("demo", ids, window, request_id=f"demo-{t}")
                 latencies.append(time.perf_counter() - start)

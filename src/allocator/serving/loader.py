@@ -2,9 +2,15 @@
 
 A version directory (``allocator.registry.layout``; which directories are versions:
 ``allocator.registry.versions``) holds ``model.onnx``, optionally ``icm.onnx``, and
-``manifest.json`` (schema v2) whose ``files`` lists both with their sha256. Serving trusts
-nothing it has not verified: the manifest's schema version, every listed file's checksum, and
-the graph's input/output signature against the manifest's feature spec.
+``manifest.json`` whose ``files`` lists both with their sha256. Serving trusts nothing it has
+not verified: the manifest's schema version, every listed file's checksum, and the graph's
+input/output signature against the manifest (``serving.graphs``).
+
+Two policy kinds are served. A flat (``mlp``) policy's graph maps a fixed ``max_assets``-slot
+observation to its action and weights. A shared policy's graph maps a set of any number of
+assets (raw per-asset features, weights, mask) to its action; the anchor and the tilt that turn
+that action into weights are computed by the server in numpy (``SetPolicy``), with the very
+``portfolio`` functions the training environment used.
 
 House rule: this module reads ONNX and JSON only. It never imports torch and never unpickles
 (a training run's ``model.zip`` is refused, unopened).
@@ -23,21 +29,31 @@ from numpy.typing import ArrayLike, NDArray
 
 from allocator.artifacts.manifest import (
     MANIFEST_FILE,
+    TILT_MAPPING,
     Manifest,
     ManifestError,
     read_manifest,
     verify_checksums,
 )
+from allocator.portfolio import AnchorSpec, AssetFeatureSpec, check_tilt_strength
 from allocator.registry.errors import ModelLoadError, ModelNotFoundError
 from allocator.registry.layout import (
     ICM_FILE,
-    ICM_INPUTS,
     ICM_OUTPUT,
     MODEL_FILE,
-    POLICY_INPUTS,
     POLICY_OUTPUTS,
+    SHARED_POLICY_INPUTS,
+    SHARED_POLICY_OUTPUTS,
 )
 from allocator.registry.versions import resolve
+from allocator.serving.graphs import (
+    check_shared_signature,
+    check_signature,
+    icm_signature,
+    model_signature,
+    probe,
+    probe_shared,
+)
 
 try:
     import onnxruntime as ort
@@ -51,6 +67,9 @@ logger = logging.getLogger("allocator.serving")
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 
+SHARED_POLICY = "shared"
+ASSET_FEATURES = "asset_v1"
+
 ALLOWED_SUFFIXES = frozenset({".onnx", ".json"})
 """What a manifest of an exported model may list: everything else is refused unopened."""
 PICKLE_SUFFIXES = frozenset(
@@ -62,30 +81,52 @@ Float32Array = NDArray[np.float32]
 
 
 @dataclass(frozen=True)
-class _Signature:
-    """Expected width of every named ``[batch, width]`` input and output of a graph."""
+class SetPolicy:
+    """How a shared policy is served: its feature set, its anchor and tilt, its asset limit.
 
-    inputs: dict[str, int]
-    outputs: dict[str, int]
+    ``prices_per_asset`` is what every request must carry per asset: enough closes for the
+    features and for the anchor, the same history the environment gave each decision.
+    """
 
+    features: AssetFeatureSpec
+    anchor: AnchorSpec
+    k: float
+    max_assets: int
 
-def _model_signature(obs_dim: int, n_slots: int) -> _Signature:
-    return _Signature(
-        inputs=dict(zip(POLICY_INPUTS, (obs_dim, n_slots), strict=True)),
-        outputs=dict(zip(POLICY_OUTPUTS, (n_slots, n_slots), strict=True)),
-    )
+    @property
+    def prices_per_asset(self) -> int:
+        return max(self.features.prices_per_asset, self.anchor.prices_per_asset)
 
-
-def _icm_signature(obs_dim: int, n_slots: int) -> _Signature:
-    return _Signature(
-        inputs=dict(zip(ICM_INPUTS, (obs_dim, n_slots, obs_dim, n_slots), strict=True)),
-        outputs={ICM_OUTPUT: 1},
-    )
+    @classmethod
+    def from_manifest(cls, manifest: Manifest) -> SetPolicy:
+        """The manifest's settings, or ``ModelLoadError`` saying which one is missing."""
+        fs = manifest.feature_spec
+        if fs.kind != ASSET_FEATURES:
+            raise ModelLoadError(
+                f"shared policy with feature set {fs.kind!r}; serving knows {ASSET_FEATURES!r}"
+            )
+        if manifest.action_mapping != TILT_MAPPING or manifest.tilt is None:
+            raise ModelLoadError(
+                f"shared policy with action mapping {manifest.action_mapping!r}; serving "
+                f"knows {TILT_MAPPING!r} with its tilt settings"
+            )
+        try:
+            return cls(
+                features=fs.asset_spec(),
+                anchor=manifest.tilt.anchor.spec(),
+                k=check_tilt_strength(manifest.tilt.k),
+                max_assets=manifest.served_asset_limit,
+            )
+        except ValueError as exc:
+            raise ModelLoadError(f"unusable shared-policy settings: {exc}") from exc
 
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A verified exported model with its onnxruntime session(s), ready to serve batches."""
+    """A verified exported model with its onnxruntime session(s), ready to serve batches.
+
+    ``set_policy`` is ``None`` for a flat policy, whose graph also maps actions to weights.
+    """
 
     name: str
     version: str
@@ -94,19 +135,34 @@ class LoadedModel:
     session: Any = field(repr=False)
     icm_session: Any | None = field(repr=False)
     provider: str
+    set_policy: SetPolicy | None = None
 
     @property
     def max_assets(self) -> int:
+        """The training slots M (the flat graph's width; the ICM's width for both kinds)."""
         return self.manifest.feature_spec.max_assets
 
     @property
     def n_slots(self) -> int:
-        """Width of action, weights and mask: cash + ``max_assets``."""
+        """Width of the flat graphs' action, weights and mask: cash + ``max_assets``."""
         return self.max_assets + 1
 
     @property
     def obs_dim(self) -> int:
+        """Width of the flat raw observation (the flat policy's and every ICM's input)."""
         return _obs_dim(self.manifest)
+
+    @property
+    def max_request_assets(self) -> int:
+        """Most assets one request may carry."""
+        return self.max_assets if self.set_policy is None else self.set_policy.max_assets
+
+    @property
+    def prices_per_asset(self) -> int:
+        """Closes every request must send per asset, oldest first."""
+        if self.set_policy is None:
+            return self.manifest.feature_spec.window + 1
+        return self.set_policy.prices_per_asset
 
     def run(
         self, raw_observations: ArrayLike, masks: ArrayLike
@@ -116,11 +172,39 @@ class LoadedModel:
         ``raw_observations`` come from ``portfolio.build_raw_observation``: the graph applies
         the manifest's normalization itself, so the server never normalizes twice.
         """
+        if self.set_policy is not None:
+            raise TypeError(f"{self.name} {self.version} is a shared policy: use run_sets")
         obs = _batch(raw_observations, self.obs_dim, "raw_observations")
         mask = _batch(masks, self.n_slots, "masks")
         _same_batch(obs, mask)
         action, weights = self.session.run(list(POLICY_OUTPUTS), {"observation": obs, "mask": mask})
         return np.asarray(action, dtype=np.float32), np.asarray(weights, dtype=np.float32)
+
+    def run_sets(
+        self, raw_features: ArrayLike, weights: ArrayLike, masks: ArrayLike
+    ) -> Float32Array:
+        """A shared policy's actions ``(batch, N + 1)`` for ``N`` asset rows per portfolio.
+
+        ``raw_features`` ``(batch, N, F)`` come from ``portfolio.asset_features``: the graph
+        normalizes them with the manifest's statistics itself. Masked slots' actions are 0.
+        """
+        if self.set_policy is None:
+            raise TypeError(f"{self.name} {self.version} is a flat policy: use run")
+        n_features = self.set_policy.features.n_features
+        feats = np.ascontiguousarray(raw_features, dtype=np.float32)
+        if feats.ndim != 3 or feats.shape[2] != n_features or 0 in feats.shape[:2]:
+            raise ValueError(
+                f"raw_features must have shape (batch, assets, {n_features}), got {feats.shape}"
+            )
+        n_slots = feats.shape[1] + 1
+        w = _batch(weights, n_slots, "weights")
+        mask = _batch(masks, n_slots, "masks")
+        _same_batch(feats, w, mask)
+        (action,) = self.session.run(
+            list(SHARED_POLICY_OUTPUTS),
+            dict(zip(SHARED_POLICY_INPUTS, (feats, w, mask), strict=True)),
+        )
+        return np.asarray(action, dtype=np.float32)
 
     def intrinsic_reward(
         self,
@@ -163,9 +247,9 @@ def _same_batch(*arrays: Float32Array) -> None:
 
 
 def _obs_dim(manifest: Manifest) -> int:
-    """The raw observation width: M * W asset features + (M + 1) weights + (M + 1) mask."""
-    spec = manifest.feature_spec
-    return spec.max_assets * spec.window + 2 * (spec.max_assets + 1)
+    """The flat raw observation width: M * F asset features + (M + 1) weights + (M + 1) mask."""
+    m = manifest.feature_spec.max_assets
+    return m * manifest.feature_spec.n_features + 2 * (m + 1)
 
 
 def _check_listing(directory: Path, manifest: Manifest) -> None:
@@ -231,65 +315,14 @@ def _make_session(path: Path, data: bytes, prefer_cuda: bool) -> Any:
         raise ModelLoadError(f"{path}: onnxruntime cannot load it: {exc}") from exc
 
 
-def _check_signature(path: Path, session: Any, expected: _Signature) -> None:
-    """Names, float32 type, dynamic batch and widths of the graph against the feature spec."""
-    inputs = {i.name: i for i in session.get_inputs()}
-    outputs = {o.name: o for o in session.get_outputs()}
-    if set(inputs) != set(expected.inputs):
-        raise ModelLoadError(
-            f"{path}: graph inputs {sorted(inputs)}, expected {sorted(expected.inputs)}"
-        )
-    missing = sorted(set(expected.outputs) - set(outputs))
-    if missing:
-        raise ModelLoadError(
-            f"{path}: graph outputs {sorted(outputs)} lack {missing} "
-            f"(expected {sorted(expected.outputs)})"
-        )
-    for kind, args, widths in (
-        ("input", inputs, expected.inputs),
-        ("output", outputs, expected.outputs),
-    ):
-        for name, width in widths.items():
-            arg = args[name]
-            if arg.type != "tensor(float)":
-                raise ModelLoadError(f"{path}: {kind} {name!r} is {arg.type}, expected float32")
-            shape = list(arg.shape)
-            if len(shape) != 2:
-                raise ModelLoadError(
-                    f"{path}: {kind} {name!r} has shape {shape}, expected [batch, {width}]"
-                )
-            if isinstance(shape[0], int):
-                raise ModelLoadError(
-                    f"{path}: {kind} {name!r} has a fixed batch {shape[0]}; export it with a "
-                    "dynamic batch axis"
-                )
-            # Inputs must state their width; outputs may leave it symbolic (probed below).
-            if shape[1] != width and (kind == "input" or isinstance(shape[1], int)):
-                raise ModelLoadError(
-                    f"{path}: {kind} {name!r} has shape {shape}, the manifest's feature spec "
-                    f"needs [batch, {width}]"
-                )
-
-
-def _probe(path: Path, session: Any, expected: _Signature) -> None:
-    """Run a batch of two neutral rows: output shapes are real, not just declared."""
-    feeds = {}
-    for name, width in expected.inputs.items():
-        feeds[name] = (
-            np.ones((2, width), np.float32) if name == "mask" else np.zeros((2, width), np.float32)
-        )
-    names = list(expected.outputs)
+def _set_policy(directory: Path, manifest: Manifest) -> SetPolicy | None:
+    """A shared policy's serving settings (``None`` for a flat one); refusals name the file."""
+    if manifest.policy.kind != SHARED_POLICY:
+        return None
     try:
-        results = session.run(names, feeds)
-    except Exception as exc:
-        raise ModelLoadError(f"{path}: a probe batch failed to run: {exc}") from exc
-    for name, value in zip(names, results, strict=True):
-        want = (2, expected.outputs[name])
-        if tuple(np.shape(value)) != want:
-            raise ModelLoadError(
-                f"{path}: output {name!r} has shape {tuple(np.shape(value))} for a batch of 2, "
-                f"expected {want}"
-            )
+        return SetPolicy.from_manifest(manifest)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{directory / MANIFEST_FILE}: {exc}") from exc
 
 
 def load_model(
@@ -318,14 +351,19 @@ def load_model(
 
     obs_dim = _obs_dim(manifest)
     n_slots = manifest.feature_spec.max_assets + 1
+    set_policy = _set_policy(d, manifest)
 
     model_path = d / MODEL_FILE
     session = _make_session(
         model_path, _read_verified(model_path, manifest.files[MODEL_FILE]), prefer_cuda
     )
     provider = session.get_providers()[0]
-    _check_signature(model_path, session, _model_signature(obs_dim, n_slots))
-    _probe(model_path, session, _model_signature(obs_dim, n_slots))
+    if set_policy is None:
+        check_signature(model_path, session, model_signature(obs_dim, n_slots))
+        probe(model_path, session, model_signature(obs_dim, n_slots))
+    else:
+        check_shared_signature(model_path, session, set_policy.features.n_features)
+        probe_shared(model_path, session, set_policy.features.n_features)
 
     icm_session = None
     if ICM_FILE in manifest.files:
@@ -333,8 +371,8 @@ def load_model(
         icm_session = _make_session(
             icm_path, _read_verified(icm_path, manifest.files[ICM_FILE]), prefer_cuda
         )
-        _check_signature(icm_path, icm_session, _icm_signature(obs_dim, n_slots))
-        _probe(icm_path, icm_session, _icm_signature(obs_dim, n_slots))
+        check_signature(icm_path, icm_session, icm_signature(obs_dim, n_slots))
+        probe(icm_path, icm_session, icm_signature(obs_dim, n_slots))
 
     if prefer_cuda and CUDA in ort.get_available_providers() and provider != CUDA:
         logger.warning(
@@ -351,13 +389,15 @@ def load_model(
         session=session,
         icm_session=icm_session,
         provider=provider,
+        set_policy=set_policy,
     )
     logger.info(
-        "loaded model %s version %s from %s on %s (icm: %s)",
+        "loaded model %s version %s from %s on %s (policy: %s, icm: %s)",
         model.name,
         model.version,
         d,
         provider,
+        "flat" if set_policy is None else "shared",
         "yes" if icm_session is not None else "no",
     )
     return model

@@ -230,7 +230,7 @@ def replay(
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model, prefer_cuda=False)
     p, names, dates = _price_table(prices, assets, dates)
-    window = loaded.manifest.feature_spec.window
+    window = loaded.prices_per_asset - 1  # daily returns each decision needs per asset
     t0, t1 = _decision_rows(p.shape[0], window, dates, start, end)
     rate = (loaded.manifest.cost_bps if cost_bps is None else float(cost_bps)) / 1e4
     step = DecisionStep(MemoryStateStore() if store is None else store, recorder)

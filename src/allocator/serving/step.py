@@ -76,9 +76,11 @@ class Answer:
 
 
 def model_shape(model: LoadedModel) -> ModelShape:
-    """What ``model`` accepts, for validation."""
-    spec = model.manifest.feature_spec
-    return ModelShape(spec.max_assets, spec.window)
+    """What ``model`` accepts, for validation: its asset limit and the closes per asset its
+    features (and, for a shared policy, its anchor) need."""
+    if model.set_policy is None:
+        return ModelShape(model.max_assets, model.prices_per_asset - 1)
+    return ModelShape(model.max_request_assets, model.prices_per_asset - 1, "max_served_assets")
 
 
 class DecisionStep:

@@ -60,10 +60,15 @@ class InvalidRequest(ValueError):  # noqa: N818 - the name the server and client
 
 
 class ModelShape(NamedTuple):
-    """What a model accepts: at most ``max_assets`` assets, ``window + 1`` prices each."""
+    """What a model accepts: at most ``max_assets`` assets, ``window + 1`` prices each.
+
+    ``limit`` names the manifest field the asset limit comes from, for the error message: a
+    flat policy has one slot per asset (``max_assets``), a shared one a served limit.
+    """
 
     max_assets: int
     window: int
+    limit: str = "max_assets"
 
 
 ShapeResolver = Callable[[str | None, str | None], ModelShape]
@@ -110,13 +115,14 @@ def model_pin(request: pb.AllocateRequest) -> tuple[str | None, str | None]:
     )
 
 
-def _check_asset_ids(ids: Sequence[str], max_assets: int) -> tuple[str, ...]:
+def _check_asset_ids(ids: Sequence[str], shape: ModelShape) -> tuple[str, ...]:
     n = len(ids)
     if n == 0:
         raise InvalidRequest("asset_ids", "at least one asset is required")
-    if n > max_assets:
+    if n > shape.max_assets:
         raise InvalidRequest(
-            "asset_ids", f"{n} assets, but the model takes at most {max_assets} (max_assets)"
+            "asset_ids",
+            f"{n} assets, but the model takes at most {shape.max_assets} ({shape.limit})",
         )
     assets = tuple(ids)
     unique = set(assets)
@@ -231,7 +237,7 @@ def validate_request(
     portfolio_id = check_id(request.portfolio_id, "portfolio_id", error=InvalidRequest)
     request_id = check_id(request.request_id, "request_id", error=InvalidRequest)
     name, version = model_pin(request) if pin is None else pin
-    assets = _check_asset_ids(request.asset_ids, shape.max_assets)
+    assets = _check_asset_ids(request.asset_ids, shape)
     prices = _check_prices(request, assets, shape.window)
     current = _check_current_weights(request, assets)
     return ValidRequest(

@@ -23,11 +23,11 @@ from allocator.trainer.checkpoints.errors import CheckpointUpgradeError
 from allocator.trainer.checkpoints.upgrade import upgrade_run
 from tests.trainer.checkpoints.runs import ALGO, FIXTURES, SAC, TD3, WIDTH, copy_fixture, tree
 
-# --- version 1 -> 2 ---------------------------------------------------------------------------
+# --- version 1 -> current ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", [TD3, SAC])
-def test_v1_fixture_migrates_to_v2_with_identical_probe_actions(tmp_path, name):
+def test_v1_fixture_migrates_to_current_with_identical_probe_actions(tmp_path, name):
     run_dir = copy_fixture(tmp_path, name)
     assert not (run_dir / MANIFEST_FILE).exists()
     result = upgrade_run(run_dir)
@@ -49,9 +49,16 @@ def test_v1_fixture_migrates_to_v2_with_identical_probe_actions(tmp_path, name):
     assert manifest.normalization.model_dump() == stats
     assert manifest.library_versions["torch"].startswith("2.")
     assert manifest.created.startswith("2026-")  # when training ran (SB3's start_time)
-    [record] = manifest.migrations
+    record, to_v3 = manifest.migrations
     assert (record.from_version, record.to_version) == (1, 2)
+    assert (to_v3.from_version, to_v3.to_version) == (2, 3)
     assert str(result.backup) in record.note
+    assert str(result.backup) in to_v3.note
+    assert manifest.policy.kind == "mlp"  # what the config says: today's representation
+    assert manifest.feature_spec.kind == "returns"
+    assert manifest.action_mapping == "affine_renormalize_v1"
+    assert manifest.tilt is None
+    assert manifest.max_served_assets is None
     if name == SAC:
         assert manifest.icm is not None
         assert "icm.pt" in manifest.files
@@ -75,7 +82,7 @@ def test_migrating_a_current_directory_again_is_refused(tmp_path):
     upgrade_run(run_dir)
     before = sorted(tmp_path.iterdir())
     with pytest.raises(
-        CheckpointUpgradeError, match="already at schema version 2; nothing to migrate"
+        CheckpointUpgradeError, match=f"already at schema version {SCHEMA_VERSION}; nothing to"
     ):
         upgrade_run(run_dir)
     assert sorted(tmp_path.iterdir()) == before  # no second backup, nothing changed
@@ -163,7 +170,7 @@ def test_cli_refuses_missing_and_current_directories(tmp_path):
     assert runner.invoke(main, ["checkpoint", "migrate", str(run_dir)]).exit_code == 0
     out = runner.invoke(main, ["checkpoint", "migrate", str(run_dir)])
     assert out.exit_code == 2
-    assert "already at schema version 2; nothing to migrate" in out.output
+    assert f"already at schema version {SCHEMA_VERSION}; nothing to migrate" in out.output
 
 
 def test_exported_models_are_not_widened(tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from allocator.artifacts.manifest import read_manifest, verify_checksums
+from allocator.artifacts.manifest import SCHEMA_VERSION, read_manifest, verify_checksums
 from allocator.portfolio import FeatureSpec, action_to_weights
 from allocator.trainer.agents.icm import IntrinsicCuriosity
 from allocator.trainer.checkpoints import widening
@@ -66,7 +66,7 @@ def test_widening_keeps_every_old_action_exactly(tmp_path, name, extra):
     assert manifest.widened_from == old_m
     assert manifest.feature_spec.max_assets == new_m
     assert manifest.migrations[-1].note.startswith(f"widened max_assets {old_m} -> {new_m}")
-    assert len(manifest.migrations) == 2
+    assert len(manifest.migrations) == 3  # 1 -> 2, 2 -> 3, then the widening
 
     # Independently of the migration's own check: every mask over the old slots, new ones masked.
     spec = FeatureSpec(old_m, window=3)
@@ -96,7 +96,7 @@ def test_widening_keeps_every_old_action_exactly(tmp_path, name, extra):
 
 def test_widened_first_layer_has_zero_columns_at_the_new_slots(tmp_path):
     run_dir = copy_fixture(tmp_path, TD3)
-    upgrade_run(run_dir, max_assets=4)  # version 1 straight to a widened version 2
+    upgrade_run(run_dir, max_assets=4)  # version 1 straight to a widened current version
     old = load_model("td3", FIXTURES / TD3 / "model.zip").policy
     new = load_model("td3", run_dir / "model.zip").policy
     emb = observation_embedding(FeatureSpec(2, window=3), 4)
@@ -114,7 +114,8 @@ def test_widened_first_layer_has_zero_columns_at_the_new_slots(tmp_path):
     assert torch.equal(q_new[:, np.concatenate([emb.index, emb.size + np.arange(3)])], q_old)
     assert not q_new[:, emb.size + 3 :].any()  # the new action slots
     manifest = read_manifest(run_dir)
-    assert [(r.from_version, r.to_version) for r in manifest.migrations] == [(1, 2), (2, 2)]
+    versions = [(r.from_version, r.to_version) for r in manifest.migrations]
+    assert versions == [(1, 2), (2, 3), (3, 3)]
     assert manifest.widened_from == 2
 
 
@@ -153,7 +154,7 @@ def test_a_failed_check_restores_the_directory(tmp_path, monkeypatch):
     with pytest.raises(CheckpointUpgradeError, match=r"does not act like the original.*restored"):
         upgrade_run(run_dir, max_assets=3)
     assert tree(run_dir) == before
-    [backup] = tmp_path.glob(f"{TD3}.bak-v2-*")
+    [backup] = tmp_path.glob(f"{TD3}.bak-v{SCHEMA_VERSION}-*")
     assert tree(backup) == before
 
 

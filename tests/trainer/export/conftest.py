@@ -10,7 +10,7 @@ from allocator.trainer.export.run import export_run
 from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run import train
 from tests.markets import random_walk_market, write_market
-from tests.trainer.export import MAX_ASSETS
+from tests.trainer.export import MAX_ASSETS, SHARED_MAX_ASSETS
 from tests.trainer.tiny import TINY_TRAINING
 
 TINY = [
@@ -53,3 +53,47 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def exported(runs: dict[str, Path], registry: Path) -> dict[str, Path]:
     """Version 1 of each run in the package's registry."""
     return {algo: export_run(run, registry) for algo, run in runs.items()}
+
+
+SHARED = [
+    "data.train_start=2019-01-01",
+    "data.train_end=2019-12-31",
+    "data.validation_start=2020-01-01",
+    "data.validation_end=2020-06-30",
+    f"env.max_assets={SHARED_MAX_ASSETS}",
+    *TINY_TRAINING,
+    "policy=shared",
+    "shared.hidden=16",
+    "env.features=asset_v1",
+    "env.horizons=[5,10]",
+    "env.vol_window=10",
+    "env.action.mapping=tilt",
+    "env.action.k=2.0",
+    "env.action.anchor.kind=inverse_volatility",
+    "env.action.anchor.vol_window=10",
+]
+SHARED_PARITY_SAMPLES = 200
+
+
+@pytest.fixture(scope="package")
+def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny shared-policy runs (TD3; SAC with curiosity) on 6 slots of a 12-asset market, with
+    the per-asset features and the tilt mapping, trained once for the package."""
+    root = tmp_path_factory.mktemp("shared-runs")
+    csv = write_market(
+        random_walk_market(n_dates=400, n_assets=12, seed=1).to_frame(), root / "m.csv"
+    )
+    base = [f"data.dataset={csv}", f"output_dir={root}", *SHARED]
+    out = {}
+    for algo, extra in (("td3", ["name=shared-td3"]), ("sac", ["name=shared-sac", *SAC_ICM])):
+        out[algo] = train(load_config(None, base + extra), root / algo).run_dir
+    return out
+
+
+@pytest.fixture(scope="package")
+def shared_exported(shared_runs: dict[str, Path], registry: Path) -> dict[str, Path]:
+    """Version 1 of each shared run in the package's registry."""
+    return {
+        algo: export_run(run, registry, n_parity=SHARED_PARITY_SAMPLES)
+        for algo, run in shared_runs.items()
+    }

@@ -11,6 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from allocator.artifacts.manifest import (
+    SCHEMA_VERSION,
     read_manifest,
     sha256_file,
     verify_checksums,
@@ -37,12 +38,15 @@ from tests.trainer.export import MAX_ASSETS, TOL
 
 
 @pytest.mark.parametrize("algo", ["td3", "sac"])
-def test_exported_manifest_is_v2_with_onnx_checksums(exported, runs, algo):
+def test_exported_manifest_is_current_with_onnx_checksums(exported, runs, algo):
     out = exported[algo]
     manifest = read_manifest(out)
     source = read_manifest(runs[algo])
     expected = {MODEL_FILE, ICM_FILE} if algo == "sac" else {MODEL_FILE}
-    assert manifest.schema_version == 2
+    assert manifest.schema_version == SCHEMA_VERSION
+    assert manifest.policy.kind == "mlp"
+    assert manifest.max_served_assets is None
+    assert manifest.export["action_mapping_in_graph"] is True
     assert set(manifest.files) == expected
     assert {p.name for p in out.iterdir()} == {*expected, "manifest.json"}
     assert manifest.files[MODEL_FILE] == sha256_file(out / MODEL_FILE)

@@ -13,10 +13,27 @@ def describe(manifest: Manifest) -> str:
         f"name            {m.name}",
         f"created         {m.created}",
         f"algorithm       {m.algorithm}",
+        f"policy          {m.policy.kind}"
+        + (f" (hidden {m.policy.hidden})" if m.policy.hidden is not None else "")
+        + (f", serves up to {m.max_served_assets} assets" if m.policy.kind == "shared" else ""),
         f"max_assets      {m.feature_spec.max_assets} (window {m.feature_spec.window}, "
         f"features {', '.join(m.feature_spec.features)}, clip {m.feature_spec.clip})",
-        f"normalization   mean {m.normalization.mean:.6g}, std {m.normalization.std:.6g}",
-        f"action mapping  {m.action_mapping}",
+        f"feature set     {m.feature_spec.kind}"
+        + (
+            f" v{m.feature_spec.version}, horizons {m.feature_spec.horizons}, vol_window "
+            f"{m.feature_spec.vol_window}, {m.feature_spec.n_features} features per asset"
+            if m.feature_spec.kind == "asset_v1"
+            else ""
+        ),
+        f"normalization   mean {m.normalization.mean:.6g}, std {m.normalization.std:.6g}"
+        + (" (per-asset features: feature_normalization)" if m.feature_normalization else ""),
+        f"action mapping  {m.action_mapping}"
+        + (
+            f" (k {m.tilt.k}, anchor {m.tilt.anchor.kind}, cash {m.tilt.anchor.cash_share}, "
+            f"vol_window {m.tilt.anchor.vol_window})"
+            if m.tilt is not None
+            else ""
+        ),
         f"smoothing beta  {m.beta}",
         f"costs           {m.cost_bps} bps",
         f"reward          {m.reward.get('kind', '?')} (scale {m.reward.get('scale', 1.0)})",

@@ -68,7 +68,7 @@ def restore(run_dir: Path, backup: Path) -> None:
 
 def current_max_assets(run_dir: Path, version: int) -> int:
     """The asset slots a run directory has now: its manifest's, or a version-1 run's config's."""
-    if version == SCHEMA_VERSION:
+    if version >= 2:
         return read_manifest(run_dir).feature_spec.max_assets
     try:
         return load_config(run_dir / CONFIG_FILE).env.max_assets
@@ -77,9 +77,19 @@ def current_max_assets(run_dir: Path, version: int) -> int:
 
 
 def _spec(manifest: Manifest) -> FeatureSpec:
-    """The feature layout a manifest records, as the policy contract spells it."""
-    fs = manifest.feature_spec
-    return FeatureSpec(fs.max_assets, fs.window, fs.clip)
+    """The flat observation layout a manifest records (features per slot as ``window``)."""
+    return manifest.feature_spec.layout
+
+
+def is_shared(run_dir: Path, version: int) -> bool:
+    """Whether a run directory holds a shared policy: its schema-3 manifest says so, or (older
+    versions, which could not record it) its config does."""
+    if version == SCHEMA_VERSION:
+        return read_manifest(run_dir).policy.kind == "shared"
+    try:
+        return load_config(run_dir / CONFIG_FILE).policy == "shared"
+    except ConfigError:
+        return False
 
 
 def preflight(d: Path, to_version: int, max_assets: int | None) -> tuple[int, int, bool]:
@@ -110,7 +120,12 @@ def preflight(d: Path, to_version: int, max_assets: int | None) -> tuple[int, in
             "a checkpoint can only be widened"
         )
     widening = max_assets is not None and max_assets > current
-    exported = version == SCHEMA_VERSION and read_manifest(d).export is not None
+    if widening and is_shared(d, version):
+        raise CheckpointUpgradeError(
+            f"{d}: a shared policy is never widened: it serves any number of assets (up to the "
+            "manifest's max_served_assets) as it is; only a flat MLP policy can be widened"
+        )
+    exported = version >= 2 and read_manifest(d).export is not None
     if widening and (exported or not (d / MODEL_FILE).is_file()):
         raise CheckpointUpgradeError(
             f"{d}: no {MODEL_FILE} here (an exported model?); widen the run directory it came "
@@ -134,6 +149,8 @@ def _apply_and_check(
         STEPS[step](d, at)
     manifest = read_manifest(d)
     algorithm, spec = manifest.algorithm, _spec(manifest)
+    if not (d / MODEL_FILE).is_file():  # an exported version: only its manifest changed
+        return manifest, ProbeReport(observations=0, masks=0, float32_max_diff=0.0)
     if widen_to is not None:
         manifest = widen(d, widen_to, at)
         return manifest, check_widened(algorithm, backup, d, spec, widen_to)

@@ -2,10 +2,12 @@
 
 * 1: the layout written before manifests existed (``model.zip``, ``config.yaml``,
   ``normalization.json``, optional ``icm.pt``, ``run.json``, ``validation.json``), no manifest;
-* 2: the same plus ``manifest.json`` (``allocator.artifacts.manifest``, schema version 2).
+* 2: the same plus ``manifest.json`` (``allocator.artifacts.manifest``, schema version 2);
+* 3: the manifest also records the policy kind, the feature set and its normalization, the
+  action mapping's settings and, for a shared policy, how many assets it may serve.
 
-``STEPS[n]`` rewrites a version-n directory in place as version n + 1 (a future v3 adds
-``{2: v2_to_v3}``); ``checkpoints.upgrade`` runs them one at a time, behind a backup.
+``STEPS[n]`` rewrites a version-n directory in place as version n + 1; ``checkpoints.upgrade``
+runs them one at a time, behind a backup.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Any
 from allocator.artifacts.manifest import (
     MANIFEST_FILE,
     Manifest,
+    ManifestError,
     MigrationRecord,
+    read_manifest,
     read_raw,
     write_manifest,
 )
@@ -34,6 +38,7 @@ from allocator.trainer.training.run_dir import (
     NORMALIZATION_FILE,
     VALIDATION_FILE,
     build_manifest,
+    representation_fields,
 )
 from allocator.typed_config import ConfigError
 
@@ -146,6 +151,7 @@ def v1_to_v2(run_dir: Path, at: str) -> Manifest:
     )
     manifest = manifest.model_copy(
         update={
+            "schema_version": 2,
             "created": started.isoformat(),
             "library_versions": versions,
             "migrations": [MigrationRecord(from_version=1, to_version=2, at=at, note=note)],
@@ -155,6 +161,45 @@ def v1_to_v2(run_dir: Path, at: str) -> Manifest:
     return manifest
 
 
+def v2_to_v3(run_dir: Path, at: str) -> Manifest:
+    """Rewrite a version-2 manifest as version 3, its representation read from the run's config.
+
+    A version-2 manifest could not record the policy kind, the per-asset feature set or the
+    tilt mapping, so a run trained with them before the schema could say so would otherwise
+    read as a flat MLP on returns. The run's ``config.yaml`` says what it was; without one (an
+    exported registry version, which could only be a flat MLP) the defaults are what schema 2
+    meant. Files and their checksums are kept as they are.
+    """
+    try:
+        manifest = read_manifest(run_dir)
+    except ManifestError as exc:
+        raise CheckpointUpgradeError(str(exc)) from exc
+    fields: dict[str, Any] = {}
+    source = "defaults (flat MLP, return window, affine mapping)"
+    if (run_dir / CONFIG_FILE).is_file():
+        try:
+            fields = representation_fields(load_config(run_dir / CONFIG_FILE), run_dir)
+        except (ConfigError, ValueError) as exc:
+            raise CheckpointUpgradeError(f"{run_dir}: {exc}") from exc
+        source = f"{CONFIG_FILE}"
+    if "feature_spec" in fields and fields["feature_spec"].kind == "returns":
+        fields["feature_spec"] = manifest.feature_spec  # keep what v2 recorded, widening included
+    note = f"policy, feature set and action mapping from {source}"
+    record = MigrationRecord(from_version=2, to_version=3, at=at, note=note)
+    data = {
+        **manifest.model_dump(),
+        **{k: v.model_dump() if hasattr(v, "model_dump") else v for k, v in fields.items()},
+        "schema_version": 3,
+        "migrations": [*manifest.model_dump()["migrations"], record.model_dump()],
+    }
+    try:
+        upgraded = Manifest.model_validate(data)
+    except ValueError as exc:
+        raise CheckpointUpgradeError(f"{run_dir / MANIFEST_FILE}: {exc}") from exc
+    write_manifest(run_dir, upgraded)
+    return upgraded
+
+
 UpgradeStep = Callable[[Path, str], Manifest]
-STEPS: dict[int, UpgradeStep] = {1: v1_to_v2}
+STEPS: dict[int, UpgradeStep] = {1: v1_to_v2, 2: v2_to_v3}
 """``STEPS[n]`` rewrites a version-n run directory in place as version n + 1."""

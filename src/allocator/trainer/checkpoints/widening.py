@@ -306,6 +306,11 @@ def widen(run_dir: Path, max_assets: int, at: str) -> Manifest:
     """Widen a current-version run directory in place to ``max_assets`` slots."""
     manifest = read_manifest(run_dir)
     fs = manifest.feature_spec
+    if manifest.policy.kind != "mlp":
+        raise CheckpointUpgradeError(
+            f"cannot widen a {manifest.policy.kind} policy: it serves any number of assets "
+            "as it is; only a flat MLP policy can be widened"
+        )
     if fs.features != ["log_return"]:
         raise CheckpointUpgradeError(
             f"cannot widen features {fs.features}: only a log_return window"

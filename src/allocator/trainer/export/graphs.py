@@ -16,6 +16,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
@@ -34,6 +35,7 @@ __all__ = [
     "PolicyGraph",
     "export_graph",
     "graph_opset",
+    "set_axes",
 ]
 
 ONNX_OPSET = 18
@@ -154,9 +156,11 @@ class CuriosityGraph(nn.Module):
     One mask serves both observations: an episode's assets do not change between steps.
     """
 
-    def __init__(self, net: CuriosityNet, spec: FeatureSpec, stats: NormalizationStats) -> None:
+    def __init__(self, net: CuriosityNet, normalizer: nn.Module) -> None:
+        """``normalizer`` is the run's observation normalizer: ``ObservationNormalizer`` for the
+        return window, ``AssetObservationNormalizer`` for per-asset features."""
         super().__init__()
-        self.normalizer = ObservationNormalizer(spec, stats)
+        self.normalizer = normalizer
         self.net = net
 
     def forward(
@@ -185,6 +189,14 @@ def _quiet_exporter() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def set_axes(n_inputs: int) -> tuple[dict[int, Any], ...]:
+    """Dynamic shapes of a set graph: the batch axis, and the asset axis N of the first input
+    (B, N, F) whose other inputs are per slot (B, N + 1) (cash first)."""
+    batch = torch.export.Dim("batch", min=1)
+    assets = torch.export.Dim("assets", min=1)
+    return ({0: batch, 1: assets}, *({0: batch, 1: assets + 1} for _ in range(n_inputs - 1)))
+
+
 def export_graph(
     module: nn.Module,
     example: tuple[torch.Tensor, ...],
@@ -192,15 +204,18 @@ def export_graph(
     output_names: tuple[str, ...],
     path: Path,
     metadata: dict[str, str] | None = None,
+    dynamic_shapes: tuple[dict[int, Any], ...] | None = None,
 ) -> Path:
-    """Export ``module`` with a dynamic batch axis (dynamo exporter), one self-contained file.
+    """Export ``module`` (dynamo exporter) to one self-contained file.
 
+    Every input's axis 0 is a dynamic batch axis unless ``dynamic_shapes`` (positional, one
+    dict per input, as ``torch.export`` takes them) says more, e.g. ``set_axes``.
     ``onnx.checker.check_model(full_check=True)`` must pass; ``metadata`` goes into the
     model's ``metadata_props`` so a server can see what it loaded.
     """
     module = module.eval()
     batch = torch.export.Dim("batch", min=1)
-    dynamic = tuple({0: batch} for _ in example)  # positional: forward's names may differ
+    dynamic = dynamic_shapes or tuple({0: batch} for _ in example)  # positional: names differ
     with torch.no_grad(), _quiet_exporter():
         program = torch.onnx.export(
             module,

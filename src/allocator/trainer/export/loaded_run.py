@@ -13,22 +13,37 @@ from numpy.typing import NDArray
 from stable_baselines3.common.base_class import BaseAlgorithm
 
 from allocator.artifacts.manifest import Manifest, ManifestError, read_manifest, verify_checksums
-from allocator.portfolio import FeatureSpec, NormalizationStats
+from allocator.portfolio import (
+    AssetFeatureSpec,
+    FeatureNormalization,
+    FeatureSpec,
+    NormalizationStats,
+)
 from allocator.trainer.agents.algorithms import ALGORITHMS
 from allocator.trainer.agents.icm import ICMSettings, IntrinsicCuriosity
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.graphs import DeterministicActor
-from allocator.trainer.training.run_dir import ICM_FILE, MODEL_FILE, NORMALIZATION_FILE
+from allocator.trainer.training.run_dir import (
+    FEATURE_NORMALIZATION_FILE,
+    ICM_FILE,
+    MODEL_FILE,
+    NORMALIZATION_FILE,
+)
 
-__all__ = ["ActorFn", "Float32Array", "LoadedRun", "load_run"]
+__all__ = ["ActorFn", "Float32Array", "LoadedRun", "SetActorFn", "load_run"]
 
 Float32Array = NDArray[np.float32]
 ActorFn = Callable[[Float32Array], Float32Array]
+SetActorFn = Callable[[Float32Array, Float32Array, Float32Array], Float32Array]
 
 
 @dataclass
 class LoadedRun:
-    """A run's model, optional curiosity module and the contract they were trained under."""
+    """A run's model, optional curiosity module and the contract they were trained under.
+
+    ``spec`` is the flat training observation's layout (``window`` = features per slot);
+    ``feature_norm`` the per-asset statistics of the ``asset_v1`` feature set (else None).
+    """
 
     run_dir: Path
     manifest: Manifest
@@ -36,6 +51,15 @@ class LoadedRun:
     spec: FeatureSpec
     stats: NormalizationStats
     icm: IntrinsicCuriosity | None
+    feature_norm: FeatureNormalization | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.manifest.policy.kind == "shared"
+
+    @property
+    def asset_spec(self) -> AssetFeatureSpec:
+        return self.manifest.feature_spec.asset_spec()
 
     @property
     def squashed_gaussian(self) -> bool:
@@ -53,6 +77,18 @@ class LoadedRun:
             x = torch.as_tensor(np.asarray(obs, dtype=np.float32))
             out = actor(x, deterministic=True) if self.squashed_gaussian else actor(x)
             return out.numpy().astype(np.float32)
+
+        return act
+
+    def reference_sets(self) -> SetActorFn:
+        """The torch reference of a shared actor on any number of assets: ``forward_sets`` on
+        normalized features (B, N, F), weights and mask (B, N + 1)."""
+        actor = self.model.actor  # type: ignore[attr-defined]
+
+        @torch.no_grad()
+        def act(features: Float32Array, weights: Float32Array, mask: Float32Array) -> Float32Array:
+            args = (np.asarray(x, dtype=np.float32) for x in (features, weights, mask))
+            return actor.forward_sets(*map(torch.as_tensor, args)).numpy().astype(np.float32)
 
         return act
 
@@ -81,6 +117,36 @@ def _check_normalization_file(run_dir: Path, manifest: Manifest) -> None:
         )
 
 
+def _check_feature_normalization(run_dir: Path, manifest: Manifest) -> FeatureNormalization | None:
+    """The manifest's per-asset statistics, which must be those the run saved."""
+    info = manifest.feature_normalization
+    if info is None:
+        return None
+    path = run_dir / FEATURE_NORMALIZATION_FILE
+    if path.is_file():
+        try:
+            saved = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ExportError(f"{path}: not valid JSON: {exc}") from exc
+        pair = (saved.get("mean"), saved.get("std")) if isinstance(saved, dict) else None
+        if pair != (info.mean, info.std):
+            raise ExportError(
+                f"{run_dir}: manifest feature_normalization differs from the run's "
+                f"{FEATURE_NORMALIZATION_FILE}; the manifest was altered"
+            )
+    return info.normalization()
+
+
+def _check_policy_kind(path: Path, manifest: Manifest, model: BaseAlgorithm) -> None:
+    """A shared manifest needs a shared actor (``forward_sets``), an mlp one a flat actor."""
+    shared = callable(getattr(model.actor, "forward_sets", None))  # type: ignore[attr-defined]
+    if shared != (manifest.policy.kind == "shared"):
+        kind = "shared" if shared else "mlp"
+        raise ExportError(
+            f"{path}: a {kind} policy, but the manifest says policy {manifest.policy.kind!r}"
+        )
+
+
 def load_run(run_dir: str | Path) -> LoadedRun:
     """Read, verify and load a run directory on CPU; every problem raises ``ExportError``."""
     d = Path(run_dir)
@@ -92,10 +158,10 @@ def load_run(run_dir: str | Path) -> LoadedRun:
     except ManifestError as exc:
         raise ExportError(str(exc)) from exc
     _check_normalization_file(d, manifest)
+    feature_norm = _check_feature_normalization(d, manifest)
     if not (d / MODEL_FILE).is_file():
         raise ExportError(f"{d / MODEL_FILE}: missing")
-    fs = manifest.feature_spec
-    spec = FeatureSpec(max_assets=fs.max_assets, window=fs.window, clip=fs.clip)
+    spec = manifest.feature_spec.layout
     stats = NormalizationStats(mean=manifest.normalization.mean, std=manifest.normalization.std)
     cls = _algorithm_class(manifest.algorithm)
     try:
@@ -105,6 +171,7 @@ def load_run(run_dir: str | Path) -> LoadedRun:
             f"{d / MODEL_FILE}: cannot load the {manifest.algorithm} model: {exc}"
         ) from exc
     model.policy.set_training_mode(False)
+    _check_policy_kind(d / MODEL_FILE, manifest, model)
     obs_shape = tuple(model.observation_space.shape or ())
     act_space = model.action_space
     if obs_shape != (spec.obs_size,):
@@ -128,4 +195,4 @@ def load_run(run_dir: str | Path) -> LoadedRun:
         except Exception as exc:
             raise ExportError(f"{d / ICM_FILE}: cannot load the curiosity module: {exc}") from exc
         icm.net.eval()
-    return LoadedRun(d, manifest, model, spec, stats, icm)
+    return LoadedRun(d, manifest, model, spec, stats, icm, feature_norm)

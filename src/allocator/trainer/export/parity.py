@@ -29,7 +29,7 @@ from allocator.portfolio import (
 from allocator.registry.layout import ICM_OUTPUTS, POLICY_OUTPUTS
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import Float32Array, LoadedRun
-from allocator.trainer.market.data import DataError, load_dataset
+from allocator.trainer.market.data import DataError, MarketData, load_dataset
 from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
 
 __all__ = [
@@ -39,12 +39,14 @@ __all__ = [
     "check_parity",
     "curiosity_parity",
     "format_parity",
+    "max_abs",
     "measure_parity",
     "onnx_session",
     "policy_parity",
     "random_live_masks",
     "random_raw_observations",
     "real_transitions",
+    "training_data",
 ]
 
 PARITY_TOLERANCE = 1e-5
@@ -109,8 +111,8 @@ def _raw_from_env(env: PortfolioEnv, spec: FeatureSpec) -> Float32Array:
     return build_raw_observation(prices, env.drifted, env.mask, spec)
 
 
-def _training_env(loaded: LoadedRun) -> PortfolioEnv:
-    """The run's environment over its training data, rebuilt from the manifest."""
+def training_data(loaded: LoadedRun) -> MarketData:
+    """The run's training data (its universe when the dataset still has it), from the manifest."""
     m = loaded.manifest
     try:
         data = load_dataset(m.data.dataset).between(m.data.train_start, m.data.train_end)
@@ -118,6 +120,13 @@ def _training_env(loaded: LoadedRun) -> PortfolioEnv:
             data = data.select(m.data.universe)
     except DataError as exc:
         raise ExportError(f"cannot rebuild the training data for the parity check: {exc}") from exc
+    return data
+
+
+def _training_env(loaded: LoadedRun) -> PortfolioEnv:
+    """The run's environment over its training data, rebuilt from the manifest."""
+    m = loaded.manifest
+    data = training_data(loaded)
     spec = loaded.spec
     length = min(252, data.n_dates - 1 - spec.window)
     if length < 1:
@@ -184,7 +193,7 @@ def onnx_session(path: Path) -> Any:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def _max_abs(a: NDArray[Any], b: NDArray[Any]) -> float:
+def max_abs(a: NDArray[Any], b: NDArray[Any]) -> float:
     diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
     return float(np.max(diff)) if diff.size else 0.0
 
@@ -210,9 +219,9 @@ def policy_parity(
     )
     return {
         "n": len(observations),
-        "max_abs_action_diff": _max_abs(action, ref_action),
-        "max_abs_weight_diff": _max_abs(weights, action_to_weights(action, masks)),
-        "end_to_end_weight_diff": _max_abs(weights, action_to_weights(ref_action, masks)),
+        "max_abs_action_diff": max_abs(action, ref_action),
+        "max_abs_weight_diff": max_abs(weights, action_to_weights(action, masks)),
+        "end_to_end_weight_diff": max_abs(weights, action_to_weights(ref_action, masks)),
     }
 
 
@@ -242,7 +251,7 @@ def curiosity_parity(
             torch.as_tensor(actions),
             torch.as_tensor(normalize_observation(current, spec, stats)),
         ).numpy()
-    return {"n": len(previous), "max_abs_reward_diff": _max_abs(reward, ref)}
+    return {"n": len(previous), "max_abs_reward_diff": max_abs(reward, ref)}
 
 
 def _diffs(parity: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:

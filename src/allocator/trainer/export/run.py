@@ -2,9 +2,10 @@
 
 ``export_run`` turns a run directory into a registry version
 ``registry/NAME/VERSION/{model.onnx, icm.onnx?, manifest.json}``: the graphs
-(``export.graphs``) are written to a scratch directory, compared with torch
-(``export.parity``), and only then published (``allocator.registry.publish``): staged in a
-hidden directory beside the version and renamed into place, so a version appears whole.
+(``export.graphs`` for a flat MLP, ``export.shared_graphs`` for a shared policy) are written to
+a scratch directory, compared with torch (``export.parity``, ``export.shared_parity``), and only
+then published (``allocator.registry.publish``): staged in a hidden directory beside the
+version and renamed into place, so a version appears whole.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from allocator.artifacts.manifest import library_versions
+from allocator.artifacts.manifest import SCHEMA_VERSION, TILT_MAPPING, Manifest, library_versions
 from allocator.registry.errors import PublishError
 from allocator.registry.layout import (
     ICM_FILE,
@@ -25,11 +26,20 @@ from allocator.registry.layout import (
     MODEL_FILE,
     POLICY_INPUTS,
     POLICY_OUTPUTS,
+    SHARED_POLICY_INPUTS,
+    SHARED_POLICY_OUTPUTS,
 )
 from allocator.registry.publish import check_name, publish_files, refuse_existing
 from allocator.registry.versions import next_version
 from allocator.trainer.export.errors import ExportError
-from allocator.trainer.export.graphs import CuriosityGraph, PolicyGraph, export_graph, graph_opset
+from allocator.trainer.export.graphs import (
+    CuriosityGraph,
+    ObservationNormalizer,
+    PolicyGraph,
+    export_graph,
+    graph_opset,
+    set_axes,
+)
 from allocator.trainer.export.loaded_run import LoadedRun, load_run
 from allocator.trainer.export.parity import (
     PARITY_SAMPLES,
@@ -37,12 +47,40 @@ from allocator.trainer.export.parity import (
     check_parity,
     measure_parity,
 )
+from allocator.trainer.export.shared_graphs import AssetObservationNormalizer, SharedPolicyGraph
+from allocator.trainer.export.shared_parity import measure_shared_parity
 
-__all__ = ["export_curiosity", "export_policy", "export_run"]
+__all__ = ["check_exportable", "export_curiosity", "export_policy", "export_run"]
+
+SHARED_POSTPROCESSING = (
+    "not in the graph: weights = portfolio.tilt_weights(action, portfolio.anchor_weights("
+    "prices, mask, tilt.anchor), mask, tilt.k) in numpy, the functions the environment uses"
+)
+"""What the manifest's export info says a server does with a shared graph's action."""
+
+
+def check_exportable(manifest: Manifest, run_dir: Path) -> None:
+    """Refuse a representation no graph kind serves: a flat MLP is exported with return
+    features and the affine mapping baked in; a shared policy with the per-asset feature set
+    and the tilt mapping applied by the server."""
+    fs, kind = manifest.feature_spec, manifest.policy.kind
+    if kind == "mlp":
+        ok = fs.kind == "returns" and manifest.tilt is None
+        need = "return-window features and the affine mapping"
+    else:
+        ok = fs.kind == "asset_v1" and manifest.action_mapping == TILT_MAPPING
+        need = "the asset_v1 feature set and the tilt mapping"
+    if not ok:
+        raise ExportError(
+            f"{run_dir}: the {kind} policy with feature set {fs.kind} and mapping "
+            f"{manifest.action_mapping} cannot be exported; {kind} policies are served with {need}"
+        )
 
 
 def _graph_metadata(loaded: LoadedRun, graph: str) -> dict[str, str]:
     m = loaded.manifest
+    if loaded.shared:
+        return _shared_metadata(loaded, graph)
     return {
         "allocator.graph": graph,
         "allocator.algorithm": m.algorithm,
@@ -56,8 +94,52 @@ def _graph_metadata(loaded: LoadedRun, graph: str) -> dict[str, str]:
     }
 
 
+def _shared_metadata(loaded: LoadedRun, graph: str) -> dict[str, str]:
+    m, spec = loaded.manifest, loaded.asset_spec
+    assert loaded.feature_norm is not None
+    return {
+        "allocator.graph": graph,
+        "allocator.algorithm": m.algorithm,
+        "allocator.policy": "shared",
+        "allocator.action_mapping": m.action_mapping,
+        "allocator.max_assets": str(loaded.spec.max_assets),
+        "allocator.max_served_assets": str(m.max_served_assets),
+        "allocator.feature_spec": repr(spec.to_dict()),
+        "allocator.feature_normalization_mean": repr(list(loaded.feature_norm.mean)),
+        "allocator.feature_normalization_std": repr(list(loaded.feature_norm.std)),
+        "allocator.input": (
+            "raw per-asset features (portfolio.asset_features), weights and mask"
+            if graph == "policy"
+            else "raw flat observations of the training slots (asset_features rows) and mask"
+        ),
+        "allocator.postprocessing": SHARED_POSTPROCESSING,
+    }
+
+
+def export_shared_policy(loaded: LoadedRun, path: Path) -> Path:
+    """Write a shared policy's ``model.onnx``: raw asset features (B, N, F), weights and mask
+    (B, N + 1) -> action (B, N + 1), with a dynamic asset axis N."""
+    assert loaded.feature_norm is not None
+    actor = loaded.model.actor  # type: ignore[attr-defined]
+    graph = SharedPolicyGraph(actor, loaded.feature_norm, loaded.asset_spec.clip)
+    n, f = loaded.spec.max_assets, loaded.spec.window
+    example = (torch.zeros(4, n, f), torch.zeros(4, n + 1), torch.ones(4, n + 1))
+    return export_graph(
+        graph,
+        example,
+        SHARED_POLICY_INPUTS,
+        SHARED_POLICY_OUTPUTS,
+        path,
+        _graph_metadata(loaded, "policy"),
+        dynamic_shapes=set_axes(len(example)),
+    )
+
+
 def export_policy(loaded: LoadedRun, path: Path) -> Path:
-    """Write ``model.onnx``: raw observation + mask -> (action, weights)."""
+    """Write ``model.onnx``: raw observation + mask -> (action, weights) for a flat MLP, the
+    set graph (``export_shared_policy``) for a shared policy."""
+    if loaded.shared:
+        return export_shared_policy(loaded, path)
     graph = PolicyGraph(loaded.deterministic_actor(), loaded.spec, loaded.stats)
     example = (torch.zeros(4, loaded.spec.obs_size), torch.ones(4, loaded.spec.n_slots))
     return export_graph(
@@ -68,7 +150,13 @@ def export_policy(loaded: LoadedRun, path: Path) -> Path:
 def export_curiosity(loaded: LoadedRun, path: Path) -> Path:
     """Write ``icm.onnx``: raw (previous, action, current) + mask -> intrinsic reward (B, 1)."""
     assert loaded.icm is not None
-    graph = CuriosityGraph(loaded.icm.net, loaded.spec, loaded.stats)
+    normalizer: torch.nn.Module
+    if loaded.shared:
+        assert loaded.feature_norm is not None
+        normalizer = AssetObservationNormalizer(loaded.spec, loaded.feature_norm)
+    else:
+        normalizer = ObservationNormalizer(loaded.spec, loaded.stats)
+    graph = CuriosityGraph(loaded.icm.net, normalizer)
     spec = loaded.spec
     example = (
         torch.zeros(4, spec.obs_size),
@@ -91,10 +179,23 @@ def _export_info(
     version: str,
 ) -> dict[str, Any]:
     """The manifest's ``export`` section: parity, opset, provenance and the graphs' names."""
-    graphs = {MODEL_FILE: {"inputs": list(POLICY_INPUTS), "outputs": list(POLICY_OUTPUTS)}}
+    graphs: dict[str, dict[str, Any]] = {
+        MODEL_FILE: {"inputs": list(POLICY_INPUTS), "outputs": list(POLICY_OUTPUTS)}
+    }
+    if loaded.shared:
+        graphs[MODEL_FILE] = {
+            "inputs": list(SHARED_POLICY_INPUTS),
+            "outputs": list(SHARED_POLICY_OUTPUTS),
+            "asset_axis": "dynamic",
+        }
     if icm_path is not None:
         graphs[ICM_FILE] = {"inputs": list(ICM_INPUTS), "outputs": list(ICM_OUTPUTS)}
+    mapping = {
+        "action_mapping_in_graph": not loaded.shared,
+        "postprocessing": SHARED_POSTPROCESSING if loaded.shared else "in the graph",
+    }
     return {
+        **mapping,
         "parity": {"tolerance": tolerance, **parity},
         "opset": graph_opset(model_path),
         "exported_at": dt.datetime.now(dt.UTC).isoformat(),
@@ -124,6 +225,7 @@ def export_run(
     ONNX and torch differ by more than ``tolerance``.
     """
     loaded = load_run(run_dir)
+    check_exportable(loaded.manifest, Path(run_dir))
     try:
         name = check_name("name", name or loaded.manifest.name)
         model_dir = Path(registry) / name
@@ -137,10 +239,12 @@ def export_run(
         work = Path(tmp)
         model_path = export_policy(loaded, work / MODEL_FILE)
         icm_path = export_curiosity(loaded, work / ICM_FILE) if loaded.icm is not None else None
-        parity = measure_parity(loaded, model_path, icm_path, n=n_parity, seed=seed)
+        measure = measure_shared_parity if loaded.shared else measure_parity
+        parity = measure(loaded, model_path, icm_path, n=n_parity, seed=seed)
         check_parity(parity, tolerance)
         info = _export_info(loaded, model_path, icm_path, parity, tolerance, name, version)
-        manifest = loaded.manifest.model_copy(update={"name": name, "export": info})
+        update = {"name": name, "export": info, "schema_version": SCHEMA_VERSION}
+        manifest = loaded.manifest.model_copy(update=update)
         files = [model_path] + ([icm_path] if icm_path is not None else [])
         try:
             return publish_files(files, manifest, model_dir, version)

@@ -14,7 +14,12 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from allocator.portfolio import NormalizationStats, fit_normalization
+from allocator.portfolio import (
+    FeatureNormalization,
+    NormalizationStats,
+    fit_feature_normalization,
+    fit_normalization,
+)
 from allocator.trainer.market.data import DataError, DateLike, MarketData
 from allocator.trainer.sim.baselines import DecisionContext, Policy, make_baseline
 from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
@@ -106,6 +111,27 @@ def backtest_span(
     return t0, t1, names
 
 
+def _backtest_env(
+    data: MarketData,
+    base: EnvConfig,
+    settings: dict[str, Any],
+    names: list[str],
+    t0: int,
+    stats: NormalizationStats | None,
+    feature_norm: FeatureNormalization | None,
+) -> PortfolioEnv:
+    """The backtest's environment; statistics not given are fitted on the data before ``t0``."""
+    columns = [data.assets.index(a) for a in names]
+    if stats is None:
+        stats = fit_normalization(data.prices[: t0 + 1][:, columns])
+    if feature_norm is None and base.features == "asset_v1":
+        feature_norm = fit_feature_normalization(
+            data.prices[: t0 + 1][:, columns], base.asset_feature_spec
+        )
+    config = EnvConfig(**base.model_dump() | settings)
+    return PortfolioEnv(data, config, stats=stats, feature_norm=feature_norm)
+
+
 def run_backtest(
     policy: PolicyLike,
     data: MarketData,
@@ -118,27 +144,32 @@ def run_backtest(
     max_assets: int | None = None,
     initial_value: float = 1.0,
     stats: NormalizationStats | None = None,
+    env_config: EnvConfig | None = None,
+    feature_norm: FeatureNormalization | None = None,
 ) -> BacktestResult:
     """Run ``policy`` deciding at every close from ``start`` until the day before ``end``.
 
     Returns are realised from the day after ``start`` through ``end``. The observation window
     needs ``window`` closes before ``start``. ``stats`` default to a fit on the data before
-    ``start``, so nothing from the test period leaks into the observation.
+    ``start``, so nothing from the test period leaks into the observation. ``env_config``
+    supplies the representation a trained policy expects (feature set, action mapping; its
+    ``window`` replaces ``window``), ``feature_norm`` the per-asset statistics it was fitted
+    with (default: fitted on the data before ``start``).
     """
     name, pol = resolve_policy(policy)
-    t0, t1, names = backtest_span(data, start, end, assets, window)
+    base = env_config or EnvConfig(window=window)
+    window = base.window
+    t0, t1, names = backtest_span(data, start, end, assets, base.history)
     m = max(len(names), max_assets or 0)
-    if stats is None:
-        stats = fit_normalization(data.prices[: t0 + 1][:, [data.assets.index(a) for a in names]])
-    config = EnvConfig(
-        max_assets=m,
-        window=window,
-        episode_length=t1 - t0,
-        cost_bps=cost_bps,
-        beta=beta,
-        initial_value=initial_value,
-    )
-    env = PortfolioEnv(data, config, stats=stats)
+    settings = {
+        "max_assets": m,
+        "min_assets": 1,
+        "episode_length": t1 - t0,
+        "cost_bps": cost_bps,
+        "beta": beta,
+        "initial_value": initial_value,
+    }
+    env = _backtest_env(data, base, settings, names, t0, stats, feature_norm)
     obs, _ = env.reset(options={"assets": names, "start": t0, "episode_length": t1 - t0})
     prices = data.prices[:, env.asset_index]
     n = t1 - t0
@@ -156,6 +187,7 @@ def run_backtest(
             weights=env.drifted.copy(),
             mask=env.mask.copy(),
             observation=obs,
+            to_weights=env.action_weights,
         )
         obs, _, _, _, info = env.step_weights(pol(ctx))
         raw[k], executed[k] = info["raw_weights"], info["executed_weights"]

@@ -7,6 +7,7 @@ that ends at the decision date, so they never see the future.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
@@ -29,6 +30,9 @@ class DecisionContext:
     weights: NDArray[np.float64]  # current (drifted) weights, cash first, length n_slots
     mask: NDArray[np.bool_]
     observation: NDArray[np.float32]
+    # The environment's action -> weights mapping at this decision (the tilt mapping needs the
+    # decision's anchor); None means the affine contract mapping.
+    to_weights: Callable[[NDArray[np.float32]], NDArray[np.float64]] | None = None
 
     @property
     def n_slots(self) -> int:
@@ -57,7 +61,10 @@ class ActionPolicy:
         self.name = name
 
     def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        return action_to_weights(self.actor(ctx.observation), ctx.mask)
+        action = self.actor(ctx.observation)
+        if ctx.to_weights is not None:
+            return ctx.to_weights(action)
+        return action_to_weights(action, ctx.mask)
 
 
 class Cash:

@@ -26,10 +26,12 @@ from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
 from allocator.portfolio import (
+    AssetFeatureSpec,
+    FeatureNormalization,
     FeatureSpec,
     NormalizationStats,
-    action_to_weights,
     ema_smooth,
+    fit_feature_normalization,
     fit_normalization,
     is_distribution,
     log_returns,
@@ -37,6 +39,13 @@ from allocator.portfolio import (
 )
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.history import EpisodeHistory
+from allocator.trainer.sim.representation import (
+    ActionMapper,
+    ActionSettings,
+    FeatureSet,
+    episode_anchors,
+    episode_features,
+)
 from allocator.trainer.sim.rewards import RewardConfig, RewardFunction
 from allocator.typed_config import StrictModel
 
@@ -53,17 +62,57 @@ class EnvConfig(StrictModel):
     beta: float = Field(0.5, ge=0, lt=1, description="EMA smoothing of executed weights")
     initial_value: float = Field(1.0, gt=0, description="NAV at the start of each episode")
     obs_clip: float = Field(10.0, gt=0, description="normalized features clipped to +-obs_clip")
+    features: FeatureSet = Field(
+        "returns", description="'returns': the return window; 'asset_v1': per-asset feature set"
+    )
+    horizons: list[int] = Field(
+        default_factory=lambda: [5, 10, 20, 30], description="asset_v1 momentum horizons (days)"
+    )
+    vol_window: int = Field(20, ge=2, description="asset_v1 realized-volatility window (days)")
+    action: ActionSettings = ActionSettings()
     reward: RewardConfig = RewardConfig()
 
     @model_validator(mode="after")
     def _check(self) -> EnvConfig:
         if self.min_assets > self.max_assets:
             raise ValueError(f"min_assets {self.min_assets} > max_assets {self.max_assets}")
+        if not self.horizons or min(self.horizons) < 1:
+            raise ValueError(f"horizons must be non-empty and >= 1, got {self.horizons}")
+        if len(set(self.horizons)) != len(self.horizons):
+            raise ValueError(f"horizons must be distinct, got {self.horizons}")
         return self
 
     @property
     def feature_spec(self) -> FeatureSpec:
-        return FeatureSpec(max_assets=self.max_assets, window=self.window, clip=self.obs_clip)
+        """The observation layout: ``window`` is the features per slot (F)."""
+        return FeatureSpec(max_assets=self.max_assets, window=self.n_features, clip=self.obs_clip)
+
+    @property
+    def asset_feature_spec(self) -> AssetFeatureSpec:
+        return AssetFeatureSpec(
+            window=self.window,
+            horizons=tuple(self.horizons),
+            vol_window=self.vol_window,
+            clip=self.obs_clip,
+        )
+
+    @property
+    def n_features(self) -> int:
+        """Features per asset slot."""
+        return self.asset_feature_spec.n_features if self.features == "asset_v1" else self.window
+
+    @property
+    def history(self) -> int:
+        """Daily returns every asset needs before a decision: the features' and the anchor's."""
+        need = self.asset_feature_spec.lookback if self.features == "asset_v1" else self.window
+        if self.action.mapping == "tilt":
+            need = max(need, self.action.anchor.spec.prices_per_asset - 1)
+        return need
+
+    @property
+    def is_default_representation(self) -> bool:
+        """Return-window features with the affine mapping: what every exported model uses."""
+        return self.features == "returns" and self.action.mapping == "affine"
 
 
 class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
@@ -80,6 +129,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         data: MarketData,
         config: EnvConfig | None = None,
         stats: NormalizationStats | None = None,
+        feature_norm: FeatureNormalization | None = None,
     ) -> None:
         super().__init__()
         self.config = config or EnvConfig()
@@ -88,6 +138,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.stats = stats if stats is not None else fit_normalization(data.prices, axis=0)
         m = self.config.max_assets
         self.n_slots = m + 1
+        self.n_features = self.config.n_features
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.n_slots,), dtype=np.float32)
         # Features lie in [-clip, clip]; the weights and mask blocks in [0, 1].
         n_feat = self.spec_.obs_size - 2 * self.n_slots
@@ -97,11 +148,22 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.observation_space = gym.spaces.Box(
             low.astype(np.float32), high.astype(np.float32), dtype=np.float32
         )
-        # Normalized returns for the whole history, once: row t holds log(P_t / P_{t-1}).
-        feats = normalize_returns(
-            log_returns(data.prices, axis=0), self.stats, self.config.obs_clip
-        )
-        self._features = np.vstack([np.zeros((1, data.n_assets), np.float32), feats])
+        self._history = self.config.history
+        self.asset_spec: AssetFeatureSpec | None = None
+        self.feature_norm: FeatureNormalization | None = None
+        if self.config.features == "asset_v1":
+            self.asset_spec = self.config.asset_feature_spec
+            self.feature_norm = feature_norm or fit_feature_normalization(
+                data.prices, self.asset_spec
+            )
+        else:
+            # Normalized returns for the whole history, once: row t holds log(P_t / P_{t-1}).
+            feats = normalize_returns(
+                log_returns(data.prices, axis=0), self.stats, self.config.obs_clip
+            )
+            self._features = np.vstack([np.zeros((1, data.n_assets), np.float32), feats])
+        self._map_action = ActionMapper(self.config.action)
+        self._anchors: NDArray[np.float64] | None = None
         self._first = data.first_valid()
         self._last = data.last_valid()
         self._cost_rate = self.config.cost_bps / 1e4
@@ -121,7 +183,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         return self.data.date_index(start, "left")
 
     def _sample_episode(self, options: dict[str, Any]) -> tuple[list[int], int, int]:
-        cfg, w = self.config, self.config.window
+        cfg, w = self.config, self._history
         length = int(options.get("episode_length", cfg.episode_length))
         if "start" in options:
             t0 = self._resolve_start(options["start"])
@@ -166,7 +228,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     ) -> tuple[NDArray[np.float32], dict[str, Any]]:
         super().reset(seed=seed)
         idx, t0, length = self._sample_episode(options or {})
-        m, k = self.config.max_assets, len(idx)
+        k = len(idx)
         self.asset_index = np.asarray(idx, dtype=np.int64)
         self.asset_names = tuple(self.data.assets[i] for i in idx)
         self.mask = np.zeros(self.n_slots, dtype=bool)
@@ -176,9 +238,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self._slot_prices = np.ones((length + 1, self.n_slots))
         self._slot_prices[:, 1 : k + 1] = self.data.prices[t0 : t0 + length + 1][:, idx]
         self._growth = self._slot_prices[1:] / self._slot_prices[:-1]
-        feats = np.zeros((length + self.config.window, m), np.float32)
-        feats[:, :k] = self._features[t0 - self.config.window + 1 : t0 + length + 1][:, idx]
-        self._episode_features = feats
+        self._prepare_features(idx, t0, length)
         self._t0, self._length, self._k = t0, length, 0
         self._done = False
         self.nav = self.config.initial_value
@@ -190,6 +250,29 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.history.start(self.nav, self.drifted, self._slot_prices[0], self.mask)
         self.reward_fn.reset()
         return self._observation(), {"assets": self.asset_names, "date": self.date, "nav": self.nav}
+
+    def _prepare_features(self, idx: list[int], t0: int, length: int) -> None:
+        """Every observation's asset block (and the anchors) of the episode, computed once."""
+        m, w, h = self.config.max_assets, self.config.window, self._history
+        if self.asset_spec is None:
+            feats = np.zeros((length + w, m), np.float32)
+            feats[:, : len(idx)] = self._features[t0 - w + 1 : t0 + length + 1][:, idx]
+            self._episode_features = feats
+            if not self._map_action.tilt:
+                return
+        prices = self.data.prices[t0 - h : t0 + length + 1][:, idx]
+        if self.asset_spec is not None:
+            assert self.feature_norm is not None
+            # ``h`` may exceed the features' lookback (an anchor with a longer window): drop the
+            # extra closes, or row k would end before decision k and the policy see stale data.
+            lag = h - self.asset_spec.lookback
+            self._episode_features = episode_features(
+                prices[lag:], self.asset_spec, self.feature_norm, m
+            )
+        if self._map_action.tilt:
+            self._anchors = episode_anchors(
+                prices, self.config.action.anchor.spec, self.n_slots, h + 1
+            )
 
     # --- stepping ------------------------------------------------------------------------
 
@@ -204,19 +287,32 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         return self._t0 + self._k
 
     def _observation(self) -> NDArray[np.float32]:
-        w, m = self.config.window, self.config.max_assets
+        n = self.config.max_assets * self.n_features
         obs = np.empty(self.spec_.obs_size, np.float32)
-        obs[: m * w].reshape(m, w)[:] = self._episode_features[self._k : self._k + w].T
-        obs[m * w : m * w + self.n_slots] = self.drifted
-        obs[m * w + self.n_slots :] = self._mask_f32
+        if self.asset_spec is None:
+            w, m = self.config.window, self.config.max_assets
+            obs[:n].reshape(m, w)[:] = self._episode_features[self._k : self._k + w].T
+        else:
+            obs[:n] = self._episode_features[self._k]
+        obs[n : n + self.n_slots] = self.drifted
+        obs[n + self.n_slots :] = self._mask_f32
         return obs
+
+    @property
+    def anchor(self) -> NDArray[np.float64] | None:
+        """The tilt mapping's anchor at the next decision (None under the affine mapping)."""
+        return None if self._anchors is None else self._anchors[self._k]
+
+    def action_weights(self, action: NDArray[np.float32] | NDArray[np.float64]) -> NDArray:
+        """Raw target weights of ``action`` at the next decision, under the configured mapping."""
+        return self._map_action(action, self.mask, self.anchor)
 
     def step(
         self, action: NDArray[np.float32]
     ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("episode is over: call reset()")
-        return self._advance(action_to_weights(action, self.mask))
+        return self._advance(self.action_weights(action))
 
     def step_weights(
         self, weights: Sequence[float] | NDArray[np.float64]

@@ -61,24 +61,65 @@ def state_scale_summary(
 
 
 def action_saturation(
-    actions: ArrayLike, near_bound: float = 0.95, equal_tol: float = 1e-6
+    actions: ArrayLike,
+    near_bound: float = 0.95,
+    equal_tol: float = 1e-6,
+    *,
+    mask: ArrayLike | None = None,
+    mapping: str | None = None,
+    k: float = 1.0,
 ) -> dict[str, Any]:
     """How often actions sit at the tanh bounds, repeat themselves, and the mean gate kappa.
 
-    ``actions`` is (steps, action_dim) of deterministic actions in [-1, 1] on one path.
+    ``actions`` is (steps, action_dim) of deterministic actions in [-1, 1] on one path. With a
+    ``mask`` ((action_dim,) or (steps, action_dim)) the ratios count live slots only: a masked
+    slot's action is ignored by every mapping, so its saturation says nothing. ``mapping``
+    adds what the bound means there: under ``tilt`` an action at +-1 multiplies the anchor
+    weight by ``exp(+-k)``, the most one decision can move away from the anchor.
     """
     a = np.asarray(actions, dtype=np.float64)
     if a.ndim != 2 or a.shape[0] < 2:
         raise ValueError("need a (steps >= 2, action_dim) array of actions")
+    live = np.ones_like(a, dtype=bool)
+    if mask is not None:
+        live = np.broadcast_to(np.asarray(mask, dtype=bool), a.shape).copy()
+        live[:, 0] = True  # cash is always live
     near = np.abs(a) >= near_bound
-    equal = np.all(np.abs(np.diff(a, axis=0)) <= equal_tol, axis=1)
+    moved = np.abs(np.diff(a, axis=0)) > equal_tol
+    equal = ~np.any(moved & live[1:], axis=1)
     kappa = 1.0 - a**2
-    return {
+    out: dict[str, Any] = {
         "steps": int(a.shape[0]),
         "near_bound_threshold": near_bound,
-        "near_bound_ratio": float(near.mean()),
-        "near_bound_ratio_per_dim": near.mean(axis=0).round(6).tolist(),
+        "near_bound_ratio": float(near[live].mean()),
+        "near_bound_ratio_per_dim": _per_dim(near, live),
         "action_equal_ratio": float(equal.mean()),
-        "mean_kappa": float(kappa.mean()),
-        "mean_kappa_per_dim": kappa.mean(axis=0).round(6).tolist(),
+        "mean_kappa": float(kappa[live].mean()),
+        "mean_kappa_per_dim": _per_dim(kappa, live),
+    }
+    if mask is not None:
+        out["live_slots_per_step"] = float(live.sum(axis=1).mean())
+    if mapping is not None:
+        out["mapping"] = _mapping_summary(a, live, mapping, k)
+    return out
+
+
+def _per_dim(x: np.ndarray, live: np.ndarray) -> list[float | None]:
+    """Mean over the steps where each slot is live (None for a slot never live)."""
+    n = live.sum(axis=0)
+    total = np.where(live, x, 0.0).sum(axis=0)
+    return [round(float(t / c), 6) if c else None for t, c in zip(total, n, strict=True)]
+
+
+def _mapping_summary(a: np.ndarray, live: np.ndarray, mapping: str, k: float) -> dict[str, Any]:
+    if mapping != "tilt":
+        return {"name": mapping}
+    log_tilt = k * np.abs(np.clip(np.nan_to_num(a), -1.0, 1.0))
+    idle = np.all(~live | (log_tilt <= 0.05 * k), axis=1)
+    return {
+        "name": mapping,
+        "k": k,
+        "max_log_tilt": k,
+        "mean_abs_log_tilt": float(log_tilt[live].mean()),
+        "anchor_held_ratio": float(idle.mean()),
     }

@@ -102,6 +102,12 @@ class SACSettings(_AlgoBase):
 AlgoSettings = Annotated[TD3Settings | SACSettings, Field(discriminator="name")]
 
 
+class SharedPolicySettings(StrictModel):
+    """Size of the per-asset shared networks (``policy: shared``); ``net_arch`` is the MLP's."""
+
+    hidden: int = Field(64, ge=1, description="width of the per-asset encoder and heads")
+
+
 class TrainConfig(StrictModel):
     """Everything one training run needs."""
 
@@ -116,6 +122,10 @@ class TrainConfig(StrictModel):
     progress_bar: bool = True
     tensorboard: bool = True
     validation_episodes: int = Field(1, ge=1)
+    policy: Literal["mlp", "shared"] = Field(
+        "mlp", description="'mlp': one flat network; 'shared': one network applied per asset"
+    )
+    shared: SharedPolicySettings = SharedPolicySettings()
     data: DataSettings = DataSettings()
     env: EnvConfig = EnvConfig()
     algorithm: AlgoSettings = TD3Settings()

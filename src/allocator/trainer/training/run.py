@@ -23,9 +23,15 @@ from stable_baselines3.common.utils import get_device, set_random_seed
 
 from allocator.artifacts.files import write_json
 from allocator.artifacts.manifest import write_manifest
-from allocator.portfolio import NormalizationStats, fit_normalization
+from allocator.portfolio import (
+    FeatureNormalization,
+    NormalizationStats,
+    fit_feature_normalization,
+    fit_normalization,
+)
 from allocator.trainer.agents.noise import NoiseAnnealingCallback, make_action_noise
 from allocator.trainer.agents.sac import SmoothSAC
+from allocator.trainer.agents.shared_policies import SharedSACPolicy, SharedTD3Policy
 from allocator.trainer.agents.td3 import SmoothTD3
 from allocator.trainer.market.data import MarketData, load_dataset
 from allocator.trainer.sim.backtest import BacktestResult, default_assets, run_backtest
@@ -44,6 +50,7 @@ from allocator.trainer.training.config import (
 )
 from allocator.trainer.training.run_dir import (
     CONFIG_FILE,
+    FEATURE_NORMALIZATION_FILE,
     ICM_FILE,
     MODEL_FILE,
     NORMALIZATION_FILE,
@@ -63,6 +70,7 @@ class TrainingRun:
     stats: NormalizationStats
     validation: dict[str, BacktestResult]
     summary: dict[str, Any]
+    feature_norm: FeatureNormalization | None = None
 
 
 def _schedule(lr: LearningRate) -> Any:
@@ -71,9 +79,19 @@ def _schedule(lr: LearningRate) -> Any:
     return lr
 
 
+def _policy(config: TrainConfig) -> tuple[Any, dict[str, Any]]:
+    """The SB3 policy (class or name) and its keyword arguments for ``config.policy``."""
+    algo = config.algorithm
+    if config.policy == "mlp":
+        return "MlpPolicy", {"net_arch": list(algo.net_arch)}
+    cls = SharedTD3Policy if isinstance(algo, TD3Settings) else SharedSACPolicy
+    return cls, {"n_features": config.env.n_features, "hidden": config.shared.hidden}
+
+
 def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> BaseAlgorithm:
     """The configured SB3 algorithm on ``env`` (CPU by default, CUDA when present)."""
     algo = config.algorithm
+    policy, policy_kwargs = _policy(config)
     common: dict[str, Any] = {
         "gamma": algo.gamma,
         "batch_size": algo.batch_size,
@@ -82,7 +100,7 @@ def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> 
         "tau": algo.tau,
         "train_freq": algo.train_freq,
         "gradient_steps": algo.gradient_steps,
-        "policy_kwargs": {"net_arch": list(algo.net_arch)},
+        "policy_kwargs": policy_kwargs,
         "actor_learning_rate": _schedule(algo.actor_learning_rate),
         "critic_learning_rate": _schedule(algo.critic_learning_rate),
         "icm": config.icm,
@@ -93,7 +111,7 @@ def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> 
     }
     if isinstance(algo, TD3Settings):
         return SmoothTD3(
-            "MlpPolicy",
+            policy,
             env,
             critic_loss=algo.critic_loss,
             huber_delta=algo.huber_delta,
@@ -106,7 +124,7 @@ def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> 
             **common,
         )
     assert isinstance(algo, SACSettings)
-    return SmoothSAC("MlpPolicy", env, ent_coef=algo.ent_coef, **common)
+    return SmoothSAC(policy, env, ent_coef=algo.ent_coef, **common)
 
 
 def _universe(config: TrainConfig, data: MarketData) -> MarketData:
@@ -135,12 +153,13 @@ def validate_policy(
     config: TrainConfig,
     data: MarketData,
     stats: NormalizationStats,
+    feature_norm: FeatureNormalization | None = None,
 ) -> tuple[dict[str, BacktestResult], np.ndarray]:
     """Backtest the deterministic policy and equal weight on the validation period."""
     d, env_cfg = config.data, config.env
     t0 = data.date_index(d.validation_start, "left")
     t1 = data.date_index(d.validation_end, "right")
-    assets = default_assets(data, t0 - env_cfg.window, t1)[: env_cfg.max_assets]
+    assets = default_assets(data, t0 - env_cfg.history, t1)[: env_cfg.max_assets]
     actions: list[np.ndarray] = []
 
     def actor(obs: np.ndarray) -> np.ndarray:
@@ -156,15 +175,37 @@ def validate_policy(
         "cost_bps": env_cfg.cost_bps,
         "window": env_cfg.window,
     }
+    # The policy sees the representation it was trained with; equal weight needs none of it.
     agent = run_backtest(
         ActionPolicy(actor, name=config.algorithm.name),
         beta=env_cfg.beta,
         max_assets=env_cfg.max_assets,
         stats=stats,
+        env_config=None if env_cfg.is_default_representation else env_cfg,
+        feature_norm=feature_norm,
         **common,
     )
     equal = run_backtest("equal-weight", beta=0.0, **common)
     return {agent.name: agent, "equal-weight": equal}, np.asarray(actions)
+
+
+def write_audits(
+    run_dir: Path,
+    config: TrainConfig,
+    train_data: MarketData,
+    stats: NormalizationStats,
+    agent: BacktestResult,
+    actions: np.ndarray,
+) -> None:
+    """The state-scale and action-saturation audits of the validation path."""
+    scale = state_scale_summary(
+        train_data.prices, stats, config.env.obs_clip, agent.executed_weights.to_numpy()
+    )
+    write_json(run_dir / "state_scale_summary.json", scale)
+    live = np.arange(actions.shape[1]) <= len(agent.settings["assets"])  # cash, then the assets
+    action = config.env.action
+    saturation = action_saturation(actions, mask=live, mapping=action.mapping, k=action.k)
+    write_json(run_dir / "action_saturation.json", saturation)
 
 
 def train(config: TrainConfig, run_dir: Path | None = None) -> TrainingRun:
@@ -175,11 +216,14 @@ def train(config: TrainConfig, run_dir: Path | None = None) -> TrainingRun:
     data = _universe(config, load_dataset(config.data.dataset))
     train_data = data.between(config.data.train_start, config.data.train_end)
     stats = fit_normalization(train_data.prices, axis=0)  # training period only
+    feature_norm = None
+    if config.env.features == "asset_v1":  # training period only, too
+        feature_norm = fit_feature_normalization(train_data.prices, config.env.asset_feature_spec)
     run_dir = run_dir or _make_run_dir(config)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(dump_config(config))
 
-    env = Monitor(PortfolioEnv(train_data, config.env, stats=stats))
+    env = Monitor(PortfolioEnv(train_data, config.env, stats=stats, feature_norm=feature_norm))
     model = build_model(config, env, None)
     formats = ["csv", "tensorboard"] if config.tensorboard else ["csv"]
     model.set_logger(configure(str(run_dir), formats))
@@ -197,14 +241,15 @@ def train(config: TrainConfig, run_dir: Path | None = None) -> TrainingRun:
     if icm is not None:
         icm.save(run_dir / ICM_FILE)
     write_json(run_dir / NORMALIZATION_FILE, stats.to_dict())
+    if feature_norm is not None:
+        write_json(
+            run_dir / FEATURE_NORMALIZATION_FILE,
+            {"spec": config.env.asset_feature_spec.to_dict(), **feature_norm.to_dict()},
+        )
 
-    validation, actions = validate_policy(model, config, data, stats)
+    validation, actions = validate_policy(model, config, data, stats, feature_norm)
     agent = validation[config.algorithm.name]
-    scale = state_scale_summary(
-        train_data.prices, stats, config.env.obs_clip, agent.executed_weights.to_numpy()
-    )
-    write_json(run_dir / "state_scale_summary.json", scale)
-    write_json(run_dir / "action_saturation.json", action_saturation(actions))
+    write_audits(run_dir, config, train_data, stats, agent, actions)
     metrics = {name: res.metrics() for name, res in validation.items()}
     write_json(
         run_dir / VALIDATION_FILE,
@@ -233,4 +278,4 @@ def train(config: TrainConfig, run_dir: Path | None = None) -> TrainingRun:
         run_dir,
         build_manifest(config, stats, list(train_data.assets), metrics, run_dir),
     )
-    return TrainingRun(run_dir, model, config, stats, validation, summary)
+    return TrainingRun(run_dir, model, config, stats, validation, summary, feature_norm)

@@ -8,27 +8,87 @@ upgrades can refuse files changed after training.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from allocator.artifacts.manifest import (
+    TILT_MAPPING,
+    AnchorInfo,
     DataInfo,
+    FeatureNormalizationInfo,
     FeatureSpecInfo,
     Manifest,
     NormalizationInfo,
+    PolicyInfo,
+    TiltInfo,
     checksums,
     library_versions,
 )
-from allocator.portfolio import NormalizationStats
+from allocator.portfolio import AssetFeatureSpec, FeatureNormalization, NormalizationStats
 from allocator.trainer.training.config import TrainConfig
 
 MODEL_FILE = "model.zip"
 ICM_FILE = "icm.pt"
 NORMALIZATION_FILE = "normalization.json"
+FEATURE_NORMALIZATION_FILE = "feature_normalization.json"
 CONFIG_FILE = "config.yaml"
 VALIDATION_FILE = "validation.json"
-CHECKPOINT_FILES = [MODEL_FILE, ICM_FILE, NORMALIZATION_FILE, CONFIG_FILE]
+CHECKPOINT_FILES = [
+    MODEL_FILE,
+    ICM_FILE,
+    NORMALIZATION_FILE,
+    FEATURE_NORMALIZATION_FILE,
+    CONFIG_FILE,
+]
 """The files whose checksums the manifest records (those absent from a run are skipped)."""
+
+
+def saved_feature_normalization(run_dir: Path, spec: AssetFeatureSpec) -> FeatureNormalization:
+    """The run's ``feature_normalization.json``, refused unless fitted for ``spec``."""
+    path = Path(run_dir) / FEATURE_NORMALIZATION_FILE
+    try:
+        saved = json.loads(path.read_text())
+        norm = FeatureNormalization.from_dict(saved)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: cannot read the feature normalization: {exc}") from exc
+    if "spec" in saved and AssetFeatureSpec.from_dict(saved["spec"]) != spec:
+        raise ValueError(f"{path}: fitted for {saved['spec']}, the config says {spec.to_dict()}")
+    if norm.n_features != spec.n_features:
+        raise ValueError(f"{path}: {norm.n_features} features, the feature set {spec.n_features}")
+    return norm
+
+
+def representation_fields(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
+    """The manifest fields that say what the policy sees and what its action means.
+
+    Today's defaults (flat MLP, return window, affine mapping) give the schema's defaults; the
+    per-asset feature set also records its normalization, read from the run directory (it was
+    fitted on the training span and saved there before the manifest is built).
+    """
+    env = config.env
+    fields: dict[str, Any] = {}
+    if env.features == "asset_v1":
+        spec = env.asset_feature_spec
+        fields["feature_spec"] = FeatureSpecInfo.for_assets(env.max_assets, spec)
+        norm = saved_feature_normalization(run_dir, spec)
+        fields["feature_normalization"] = FeatureNormalizationInfo.of(norm)
+    else:
+        fields["feature_spec"] = FeatureSpecInfo(
+            max_assets=env.max_assets, window=env.window, clip=env.obs_clip
+        )
+    if config.policy == "shared":
+        fields["policy"] = PolicyInfo(kind="shared", hidden=config.shared.hidden)
+    if env.action.mapping == "tilt":
+        anchor = env.action.anchor
+        fields["action_mapping"] = TILT_MAPPING
+        fields["tilt"] = TiltInfo(
+            k=env.action.k,
+            anchor=AnchorInfo(
+                kind=anchor.kind, cash_share=anchor.cash_share, vol_window=anchor.vol_window
+            ),
+        )
+    return fields
 
 
 def build_manifest(
@@ -38,15 +98,16 @@ def build_manifest(
     metrics: dict[str, Any],
     run_dir: Path,
 ) -> Manifest:
-    """The manifest of a finished run, with checksums of the files now in ``run_dir``."""
+    """The manifest of a finished run, with checksums of the files now in ``run_dir``.
+
+    The representation fields (``representation_fields``) need ``feature_normalization.json``
+    to be in ``run_dir`` already when the run uses the per-asset feature set.
+    """
     env = config.env
     return Manifest(
         name=config.name,
         algorithm=config.algorithm.name,
         hyperparameters=config.algorithm.model_dump(mode="json"),
-        feature_spec=FeatureSpecInfo(
-            max_assets=env.max_assets, window=env.window, clip=env.obs_clip
-        ),
         normalization=NormalizationInfo(mean=stats.mean, std=stats.std),
         beta=env.beta,
         cost_bps=env.cost_bps,
@@ -64,6 +125,7 @@ def build_manifest(
         metrics=metrics,
         icm=config.icm.model_dump(mode="json") if config.icm.enabled else None,
         files=checksums(run_dir, CHECKPOINT_FILES),
+        **representation_fields(config, run_dir),
     )
 
 

@@ -1,0 +1,116 @@
+"""Anchor portfolios: the allocation a tilt policy starts from when its action is zero.
+
+A policy that tilts a sensible anchor cannot do much worse than that anchor at initialization,
+and a zero action is always a diversified, fully invested portfolio (not all-cash, not one
+asset). Every anchor is cash first: cash gets ``cash_share``; the live assets share the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from allocator.portfolio.features import live_price_window
+from allocator.portfolio.observation import log_returns
+from allocator.portfolio.weights import CASH, live_mask
+
+FloatArray = NDArray[np.float64]
+
+VOL_FLOOR = 1e-8
+"""A return series with zero volatility gets this sigma, so its inverse stays finite."""
+
+
+class AnchorKind(StrEnum):
+    """How the live assets share the invested part (more kinds may join later)."""
+
+    EQUAL = "equal"
+    INVERSE_VOLATILITY = "inverse_volatility"
+
+
+@dataclass(frozen=True)
+class AnchorSpec:
+    """Which anchor, the cash share it keeps and the return window its volatility uses."""
+
+    kind: AnchorKind = AnchorKind.EQUAL
+    cash_share: float = 0.05
+    vol_window: int = 20
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", AnchorKind(self.kind))
+        if not 0.0 <= self.cash_share < 1.0:
+            raise ValueError(f"cash_share must be in [0, 1), got {self.cash_share}")
+        if self.vol_window < 1:
+            raise ValueError(f"vol_window must be >= 1, got {self.vol_window}")
+
+    @property
+    def prices_per_asset(self) -> int:
+        """Closes the anchor needs per asset (inverse volatility: vol_window returns)."""
+        return self.vol_window + 1 if self.kind is AnchorKind.INVERSE_VOLATILITY else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": str(self.kind),
+            "cash_share": self.cash_share,
+            "vol_window": self.vol_window,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AnchorSpec:
+        unknown = set(data) - {"kind", "cash_share", "vol_window"}
+        if unknown:
+            raise ValueError(f"unknown anchor spec field(s): {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+
+def sorted_sum(x: FloatArray) -> FloatArray:
+    """Sum over the last axis in sorted order (keepdims): independent of the slots' order."""
+    return np.sort(x, axis=-1).sum(axis=-1, keepdims=True)
+
+
+def anchor_weights(prices: ArrayLike, mask: ArrayLike, spec: AnchorSpec) -> FloatArray:
+    """Anchor weights ``(..., N + 1)``, cash first, from closes ``(..., N, P)`` and a mask.
+
+    Cash gets ``cash_share``; the live assets share ``1 - cash_share`` equally (EQUAL) or in
+    proportion to ``1 / sigma_i``, sigma the std (ddof=0) of the last ``vol_window`` daily log
+    returns floored at ``VOL_FLOOR`` (INVERSE_VOLATILITY). With no live asset, all cash. Masked
+    rows are ignored (NaN allowed); the result sums to 1 and permuting the live assets
+    permutes it exactly.
+    """
+    p, live = live_price_window(prices, mask, spec.prices_per_asset)
+    if spec.kind is AnchorKind.EQUAL:
+        score = live.astype(np.float64)
+    elif spec.kind is AnchorKind.INVERSE_VOLATILITY:
+        sigma = np.maximum(log_returns(p).std(axis=-1), VOL_FLOOR)
+        score = np.where(live, 1.0 / sigma, 0.0)
+    else:  # pragma: no cover - a new kind must be given its rule here
+        raise ValueError(f"unsupported anchor kind {spec.kind}")
+    total = sorted_sum(score)
+    assets = np.divide(
+        score * (1.0 - spec.cash_share), total, out=np.zeros_like(score), where=total > 0
+    )
+    w = np.concatenate([np.where(total > 0, spec.cash_share, 1.0), assets], axis=-1)
+    return w / sorted_sum(w)
+
+
+def masked_anchor(anchor: ArrayLike, mask: ArrayLike) -> FloatArray:
+    """The anchor zeroed on masked slots, renormalized only when that removed mass.
+
+    Negative and non-finite entries count as removed mass, and so does a live sum more than
+    1e-9 from 1; an anchor with no live mass left becomes all cash. An anchor that was already
+    a distribution on live slots is returned bit for bit, which is what makes a zero tilt
+    reproduce it exactly.
+    """
+    live = live_mask(mask)
+    a = np.asarray(anchor, dtype=np.float64)
+    clean = np.where(live & (a > 0.0) & (a < np.inf), a, 0.0)  # NaN compares False
+    total = sorted_sum(clean)
+    removed = (clean != a).any(axis=-1, keepdims=True) | (abs(total - 1.0) > 1e-9)
+    if not removed.any():
+        return clean
+    scaled = np.divide(clean, total, out=np.zeros_like(clean), where=total > 0)
+    scaled[..., CASH] = np.where(total[..., 0] > 0, scaled[..., CASH], 1.0)
+    return np.where(removed, scaled, clean)

@@ -1,0 +1,327 @@
+"""Per-asset features: the same F numbers for every asset, whatever its slot or the universe size.
+
+A per-asset (shared) network evaluates each asset with one set of weights, so each asset's row
+must carry everything it needs: its own recent returns and risk, and where it stands against the
+others (cross-sectional rank) and the market (mean momentum). Feature order, for
+``F = window + 3 * len(horizons) + 2``:
+
+1. ``ret_k`` (k = 0..window-1): the ``window`` most recent daily log returns, oldest first;
+2. ``sum_h`` per horizon: the log return over the last h days;
+3. ``vol_{vol_window}``: the standard deviation (ddof=0) of the last ``vol_window`` returns;
+4. ``drawdown``: log(last price / highest of the last ``lookback + 1`` prices), <= 0;
+5. ``rank_h`` per horizon: the average rank of ``sum_h`` among live assets, scaled to [-1, 1]
+   (0 when a single asset is live);
+6. ``market_h`` per horizon: the mean of ``sum_h`` over live assets.
+
+Every cross-sectional sum runs over sorted values, so permuting the live assets permutes the
+rows bit for bit: a permutation-equivariant network then sees exactly equivariant inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from numpy.typing import ArrayLike, NDArray
+
+from allocator.portfolio.observation import FeatureSpec, assemble_observation, log_returns
+from allocator.portfolio.weights import live_mask
+
+FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
+
+FEATURE_SET_VERSIONS = (1,)
+"""Feature-set versions this code computes; a model trained on another version is refused."""
+STD_FLOOR = 1e-8
+"""A fitted standard deviation below this means a constant feature: it is given std 1, so the
+feature normalizes to a constant instead of amplifying rounding noise by 1e8."""
+_FIT_CHUNK_ELEMENTS = 4_000_000
+"""Bound on the pairwise rank comparisons (dates x assets x assets x horizons) held at once."""
+
+
+@dataclass(frozen=True)
+class AssetFeatureSpec:
+    """Versioned per-asset feature set; version 1 is the set in the module docstring."""
+
+    window: int = 30
+    horizons: tuple[int, ...] = field(default=(5, 10, 20, 30))
+    vol_window: int = 20
+    clip: float = 10.0
+    version: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "horizons", tuple(int(h) for h in self.horizons))
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        if not self.horizons:
+            raise ValueError("horizons must name at least one horizon")
+        if min(self.horizons) < 1 or len(set(self.horizons)) != len(self.horizons):
+            raise ValueError(f"horizons must be distinct and >= 1, got {self.horizons}")
+        if self.vol_window < 1:
+            raise ValueError(f"vol_window must be >= 1, got {self.vol_window}")
+        if not self.clip > 0:
+            raise ValueError(f"clip must be > 0, got {self.clip}")
+        if self.version not in FEATURE_SET_VERSIONS:
+            raise ValueError(
+                f"feature set version {self.version} is not supported "
+                f"(supported: {', '.join(map(str, FEATURE_SET_VERSIONS))})"
+            )
+
+    @property
+    def lookback(self) -> int:
+        """Daily returns needed: the longest of the window, the horizons and the vol window."""
+        return max(self.window, max(self.horizons), self.vol_window)
+
+    @property
+    def prices_per_asset(self) -> int:
+        """Closes needed per asset: ``lookback`` returns need one more close."""
+        return self.lookback + 1
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The F feature names, in row order."""
+        return (
+            *(f"ret_{k}" for k in range(self.window)),
+            *(f"sum_{h}" for h in self.horizons),
+            f"vol_{self.vol_window}",
+            "drawdown",
+            *(f"rank_{h}" for h in self.horizons),
+            *(f"market_{h}" for h in self.horizons),
+        )
+
+    @property
+    def n_features(self) -> int:
+        return self.window + 3 * len(self.horizons) + 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "window": self.window,
+            "horizons": list(self.horizons),
+            "vol_window": self.vol_window,
+            "clip": self.clip,
+            "version": self.version,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AssetFeatureSpec:
+        unknown = set(data) - {"window", "horizons", "vol_window", "clip", "version"}
+        if unknown:
+            raise ValueError(f"unknown feature spec field(s): {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class FeatureNormalization:
+    """Per-feature mean and standard deviation, fitted on the training period only."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        mean = tuple(float(x) for x in self.mean)
+        std = tuple(float(x) for x in self.std)
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+        if len(mean) != len(std) or not mean:
+            raise ValueError(f"mean ({len(mean)}) and std ({len(std)}) need the same length > 0")
+        if not all(np.isfinite(mean)):
+            raise ValueError("normalization mean must be finite")
+        if not all(np.isfinite(s) and s > 0 for s in std):
+            raise ValueError("normalization std must be finite and > 0")
+
+    @property
+    def n_features(self) -> int:
+        return len(self.mean)
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {"mean": list(self.mean), "std": list(self.std)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FeatureNormalization:
+        return cls(mean=tuple(data["mean"]), std=tuple(data["std"]))
+
+
+def live_price_window(
+    prices: ArrayLike, mask: ArrayLike, n_prices: int
+) -> tuple[FloatArray, BoolArray]:
+    """The last ``n_prices`` closes per asset with masked rows set to 1, and the live assets.
+
+    ``prices`` is ``(..., N, P)`` and ``mask`` ``(..., N + 1)`` cash first. Masked rows are
+    ignored (NaN allowed); a live row that is not finite and positive raises ``ValueError``
+    naming its slot, instead of turning into NaN features that would poison the network.
+    """
+    p = np.asarray(prices, dtype=np.float64)
+    if p.ndim < 2:
+        raise ValueError(f"prices must be (..., N, P), got shape {p.shape}")
+    live = live_mask(mask)[..., 1:]
+    if live.shape[-1] != p.shape[-2]:
+        raise ValueError(
+            f"mask has {live.shape[-1] + 1} slots, expected N + 1 = {p.shape[-2] + 1} "
+            f"for prices of shape {p.shape}"
+        )
+    if p.shape[-1] < n_prices:
+        raise ValueError(f"need at least {n_prices} prices per asset, got {p.shape[-1]}")
+    p = p[..., p.shape[-1] - n_prices :]
+    batch = np.broadcast_shapes(p.shape[:-2], live.shape[:-1])
+    p = np.broadcast_to(p, (*batch, *p.shape[-2:]))
+    live = np.broadcast_to(live, (*batch, live.shape[-1]))
+    bad = live[..., None] & ~(np.isfinite(p) & (p > 0))
+    if np.any(bad):
+        where = np.argwhere(bad)[0]
+        at = f" (batch index {tuple(int(i) for i in where[:-2])})" if len(where) > 2 else ""
+        raise ValueError(
+            f"prices for live slot {int(where[-2]) + 1}{at} must be finite and positive"
+        )
+    return np.where(live[..., None], p, 1.0), live
+
+
+def cross_sectional_mean(values: FloatArray, live: BoolArray) -> FloatArray:
+    """Mean of ``values`` (..., N, H) over live assets (..., N) -> (..., H); 0 with none live.
+
+    Sums sorted values, so the result does not depend on the order of the assets.
+    """
+    v = np.sort(np.where(live[..., None], values, 0.0), axis=-2)
+    n = live.sum(axis=-1)[..., None]
+    return v.sum(axis=-2) / np.maximum(n, 1)
+
+
+def cross_sectional_rank(values: FloatArray, live: BoolArray) -> FloatArray:
+    """Average rank of each live asset's value among live assets, scaled to [-1, 1].
+
+    ``values`` (..., N, H), ``live`` (..., N). Ties share their average rank; a lone live
+    asset gets 0 and masked rows get 0. Pairwise counts keep ties exact.
+    """
+    vi = values[..., :, None, :]
+    vj = values[..., None, :, :]
+    other = live[..., None, :, None]
+    less = np.sum(other & (vj < vi), axis=-2)
+    equal = np.sum(other & (vj == vi), axis=-2)
+    rank = less + 0.5 * (equal - 1)
+    n = live.sum(axis=-1)[..., None, None]
+    scaled = np.where(n > 1, 2.0 * rank / np.maximum(n - 1, 1) - 1.0, 0.0)
+    return np.where(live[..., None], scaled, 0.0)
+
+
+def asset_features(prices: ArrayLike, mask: ArrayLike, spec: AssetFeatureSpec) -> FloatArray:
+    """Raw (unnormalized) features ``(..., N, F)`` from closes ``(..., N, P)`` and a mask.
+
+    Uses the last ``spec.prices_per_asset`` closes of each row (oldest first), so a longer
+    history gives the same features. N is any size: the features of an asset depend on the
+    others only through the rank and market columns, which are defined for any universe.
+    """
+    p, live = live_price_window(prices, mask, spec.prices_per_asset)
+    r = log_returns(p)
+    lookback = spec.lookback
+    sums = np.stack([r[..., lookback - h :].sum(axis=-1) for h in spec.horizons], axis=-1)
+    vol = r[..., lookback - spec.vol_window :].std(axis=-1)
+    drawdown = np.log(p[..., -1] / p.max(axis=-1))
+    rank = cross_sectional_rank(sums, live)
+    market = np.broadcast_to(cross_sectional_mean(sums, live)[..., None, :], sums.shape)
+    out = np.concatenate(
+        [r[..., lookback - spec.window :], sums, vol[..., None], drawdown[..., None], rank, market],
+        axis=-1,
+    )
+    return np.where(live[..., None], out, 0.0)
+
+
+def rolling_asset_features(
+    prices: ArrayLike, spec: AssetFeatureSpec, mask: ArrayLike | None = None
+) -> tuple[FloatArray, BoolArray]:
+    """Features at every date of a history: ``(T - lookback, N, F)`` and the live ``(.., N)``.
+
+    ``prices`` is ``(T, N)``; row d of the result is the date ``t = lookback + d`` and uses only
+    closes up to t. An asset is live at t when ``mask`` (``(T, N + 1)`` or ``(N + 1,)``, cash
+    first; all live if None) says so and its closes over the window are finite and positive;
+    otherwise it is treated as masked (zero row, outside the rank and market).
+    """
+    p = np.asarray(prices, dtype=np.float64)
+    if p.ndim != 2:
+        raise ValueError(f"prices must be (T, N), got shape {p.shape}")
+    n_prices = spec.prices_per_asset
+    if p.shape[0] < n_prices:
+        raise ValueError(f"need at least {n_prices} dates, got {p.shape[0]}")
+    windows = sliding_window_view(p.T, n_prices, axis=-1).transpose(1, 0, 2)  # (D, N, P)
+    valid = np.all(np.isfinite(windows) & (windows > 0), axis=-1)
+    if mask is not None:
+        m = live_mask(mask)
+        m = np.broadcast_to(m, (p.shape[0], m.shape[-1])) if m.ndim == 1 else m
+        if m.shape != (p.shape[0], p.shape[1] + 1):
+            raise ValueError(f"mask shape {m.shape} != (T, N + 1) {(p.shape[0], p.shape[1] + 1)}")
+        valid &= m[n_prices - 1 :, 1:]
+    live = np.concatenate([np.ones((valid.shape[0], 1), bool), valid], axis=-1)
+    per_date = max(1, p.shape[1] ** 2 * len(spec.horizons))
+    step = max(1, _FIT_CHUNK_ELEMENTS // per_date)
+    out = np.empty((valid.shape[0], p.shape[1], spec.n_features))
+    for start in range(0, valid.shape[0], step):
+        stop = start + step
+        out[start:stop] = asset_features(windows[start:stop], live[start:stop], spec)
+    return out, valid
+
+
+def fit_feature_normalization(
+    prices: ArrayLike, spec: AssetFeatureSpec, mask: ArrayLike | None = None
+) -> FeatureNormalization:
+    """Mean and std (ddof=0) of every feature over all (date, live asset) pairs of a span.
+
+    ``prices`` is the training span ``(T, N)``; dates are ``t >= lookback`` and the live assets
+    are those of ``rolling_asset_features``. Fit on the training span only: statistics that saw
+    later data would leak the future into every observation. A std below ``STD_FLOOR`` becomes
+    1 (a constant feature, e.g. the rank with one asset, normalizes to a constant).
+    """
+    feats, live = rolling_asset_features(prices, spec, mask)
+    rows = feats[live]
+    if rows.shape[0] == 0:
+        raise ValueError(
+            f"no asset has {spec.prices_per_asset} finite positive closes in the span: "
+            "cannot fit the feature normalization"
+        )
+    mean = rows.mean(axis=0)
+    std = rows.std(axis=0)
+    std = np.where(std < STD_FLOOR, 1.0, std)
+    return FeatureNormalization(mean=tuple(mean.tolist()), std=tuple(std.tolist()))
+
+
+def normalize_features(
+    raw: ArrayLike, norm: FeatureNormalization, clip: float, mask: ArrayLike
+) -> NDArray[np.float32]:
+    """``(raw - mean) / std`` clipped to ``[-clip, clip]`` as float32, masked rows zeroed.
+
+    Clipping keeps a crash day from saturating a tanh actor (outputs at +-1 have no gradient).
+    """
+    x = np.asarray(raw, dtype=np.float64)
+    if x.ndim < 2 or x.shape[-1] != norm.n_features:
+        raise ValueError(
+            f"raw features shape {x.shape} must end with F = {norm.n_features} features"
+        )
+    live = live_mask(mask)[..., 1:]
+    if live.shape[-1] != x.shape[-2]:
+        raise ValueError(f"mask has {live.shape[-1] + 1} slots, expected {x.shape[-2] + 1}")
+    z = (x - np.asarray(norm.mean)) / np.asarray(norm.std)
+    z = np.clip(z, -clip, clip)
+    return np.where(live[..., None], z, 0.0).astype(np.float32)
+
+
+def build_asset_observation(
+    prices: ArrayLike,
+    weights: ArrayLike,
+    mask: ArrayLike,
+    spec: AssetFeatureSpec,
+    norm: FeatureNormalization,
+) -> NDArray[np.float32]:
+    """The flat float32 observation ``[asset block (M*F), weights (M+1), mask (M+1)]``.
+
+    ``prices`` is ``(..., M, P)``; asset slot i occupies ``[(i-1)*F, i*F)`` of the asset block
+    and masked slots' rows are zeros: the layout of ``build_observation`` with F features per
+    slot instead of ``window`` returns.
+    """
+    if norm.n_features != spec.n_features:
+        raise ValueError(
+            f"normalization has {norm.n_features} features, the spec {spec.n_features}"
+        )
+    live = live_mask(mask)
+    raw = asset_features(prices, live, spec)
+    feats = normalize_features(raw, norm, spec.clip, live)
+    layout = FeatureSpec(max_assets=feats.shape[-2], window=spec.n_features, clip=spec.clip)
+    return assemble_observation(feats, weights, live, layout)

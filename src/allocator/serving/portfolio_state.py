@@ -1,0 +1,160 @@
+"""A portfolio's serving state: what its next decision needs, and its compact byte form.
+
+A state belongs to a slot layout: ``slots[k]`` is the asset in slot ``k + 1``. A flat policy
+has exactly ``max_assets`` slots; a shared policy's portfolios keep at least the training slots
+and grow past them when a request carries more assets, so ``n_slots`` is the state's own width.
+The byte form is what the Redis store keeps, on the request path: a struct header and raw
+array bytes, no JSON or base64.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["ModelKey", "PortfolioState", "StateDecodeError"]
+
+Float64Array = NDArray[np.float64]
+Float32Array = NDArray[np.float32]
+
+
+class StateDecodeError(ValueError):
+    """Bytes that are not a ``PortfolioState`` (corrupted, or from an unknown format)."""
+
+
+class ModelKey(NamedTuple):
+    """The model a state was made under, and the state's slot count (cash included).
+
+    Under a flat policy only ``n_slots`` decides whether a state continues (it must equal the
+    model's); a shared policy continues any state, mapping its assets by id.
+    """
+
+    name: str
+    version: str
+    n_slots: int
+
+
+# Layout of ``PortfolioState.to_bytes``: a fixed 24-byte header (magic, format, flags, slot count,
+# string count, observation width, steps), then the arrays (8-aligned first, so ``frombuffer``
+# views are aligned), then the strings' lengths in characters and the strings (name, version,
+# slot assets) as one UTF-8 text, decoded in one call.
+_MAGIC = b"AS"
+_FORMAT = 1
+_HEADER = struct.Struct("<2sBBHHIQ4x")
+_HAS_OBSERVATION = 1
+_HAS_ACTION = 2
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class PortfolioState:
+    """What a portfolio's next decision needs; immutable (its arrays are read-only).
+
+    ``slots[k]`` is the asset in slot ``k + 1`` (``""`` when free); ``smoothed`` the executed
+    weights per slot (``n_slots``); ``observation`` and ``action`` the previous decision's raw
+    observation and policy action (the ICM's inputs; ``None`` before the first decision and
+    under a model without ICM, which keeps such states ~10x smaller); ``steps`` the decisions
+    made since the state started.
+    """
+
+    model: ModelKey
+    slots: tuple[str, ...]
+    smoothed: Float64Array
+    observation: Float32Array | None
+    action: Float32Array | None
+    steps: int
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PortfolioState):
+            return NotImplemented
+        return (
+            self.model == other.model
+            and self.slots == other.slots
+            and self.steps == other.steps
+            and np.array_equal(self.smoothed, other.smoothed)
+            and _same_optional(self.observation, other.observation)
+            and _same_optional(self.action, other.action)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking arrays: never a dict key
+
+    def to_bytes(self) -> bytes:
+        """Compact binary form for Redis: a struct header, raw array bytes, then the ids.
+
+        On the request path, so no JSON or base64: about 3 kB for 20 assets and a window of 30.
+        """
+        strings = (self.model.name, self.model.version, *self.slots)
+        flags = (_HAS_OBSERVATION if self.observation is not None else 0) | (
+            _HAS_ACTION if self.action is not None else 0
+        )
+        obs_len = 0 if self.observation is None else int(self.observation.size)
+        parts = [
+            _HEADER.pack(
+                _MAGIC, _FORMAT, flags, self.model.n_slots, len(strings), obs_len, self.steps
+            ),
+            np.ascontiguousarray(self.smoothed, dtype="<f8").tobytes(),
+        ]
+        if self.observation is not None:
+            parts.append(np.ascontiguousarray(self.observation, dtype="<f4").tobytes())
+        if self.action is not None:
+            parts.append(np.ascontiguousarray(self.action, dtype="<f4").tobytes())
+        parts.append(struct.pack(f"<{len(strings)}I", *map(len, strings)))  # in characters
+        parts.append("".join(strings).encode())
+        return b"".join(parts)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PortfolioState:
+        """Inverse of ``to_bytes``; anything malformed raises ``StateDecodeError``."""
+        try:
+            return cls._decode(memoryview(data))
+        except StateDecodeError:
+            raise
+        except (struct.error, ValueError, UnicodeDecodeError) as exc:
+            raise StateDecodeError(f"malformed portfolio state: {exc}") from None
+
+    @classmethod
+    def _decode(cls, view: memoryview) -> PortfolioState:
+        if len(view) < _HEADER.size:
+            raise StateDecodeError(f"portfolio state of {len(view)} bytes is too short")
+        magic, fmt, flags, n_slots, n_strings, obs_len, steps = _HEADER.unpack_from(view)
+        if magic != _MAGIC or fmt != _FORMAT:
+            raise StateDecodeError(f"not a portfolio state (magic {magic!r}, format {fmt})")
+        if n_slots < 2 or n_strings != n_slots + 1:
+            raise StateDecodeError(f"inconsistent slot count {n_slots} / {n_strings} strings")
+        at = _HEADER.size
+        smoothed = np.frombuffer(view, "<f8", n_slots, at)
+        at += 8 * n_slots
+        observation = None
+        if flags & _HAS_OBSERVATION:
+            observation = np.frombuffer(view, "<f4", obs_len, at)
+            at += 4 * obs_len
+        action = None
+        if flags & _HAS_ACTION:
+            action = np.frombuffer(view, "<f4", n_slots, at)
+            at += 4 * n_slots
+        lengths = struct.unpack_from(f"<{n_strings}I", view, at)
+        text = str(view[at + 4 * n_strings :], "utf-8")  # one decode, then slices
+        if sum(lengths) != len(text):
+            raise StateDecodeError("portfolio state length does not match its header")
+        strings = []
+        at = 0
+        for n in lengths:
+            strings.append(text[at : at + n])
+            at += n
+        return cls(
+            model=ModelKey(strings[0], strings[1], n_slots),
+            slots=tuple(strings[2:]),
+            smoothed=smoothed,
+            observation=observation,
+            action=action,
+            steps=steps,
+        )
+
+
+def _same_optional(a: NDArray[Any] | None, b: NDArray[Any] | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return bool(np.array_equal(a, b))

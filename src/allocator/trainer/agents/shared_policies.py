@@ -1,0 +1,254 @@
+"""SB3 policies whose actor and twin critics are the per-asset shared networks.
+
+``SharedTD3Policy`` and ``SharedSACPolicy`` keep SB3's ``TD3Policy`` / ``SACPolicy`` (optimizers,
+target networks, save and load) and replace only what ``make_actor`` and ``make_critic`` build,
+so ``SmoothTD3`` and ``SmoothSAC`` train them unchanged: the actor is called on flat observation
+batches, the critics return one Q per critic and offer ``q1_forward``. Select them with
+``policy=SharedTD3Policy`` and ``policy_kwargs={"n_features": F, "hidden": 64}``; ``net_arch``
+is accepted (SB3 passes it) and ignored, the width is ``hidden``.
+
+Masked slots always get action 0 (TD3 and SAC alike, sampled or not), and SAC's log-probability
+counts live slots only: the entropy bonus is then about choices that matter, not about noise on
+slots the mapping discards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.policies import BaseModel, BasePolicy
+from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
+from stable_baselines3.sac.policies import LOG_STD_MAX, LOG_STD_MIN, SACPolicy
+from stable_baselines3.td3.policies import TD3Policy
+from torch import nn
+
+from allocator.trainer.agents.shared_networks import (
+    ObservationLayout,
+    SharedActorNet,
+    SharedQNet,
+    slot_live,
+)
+
+SQUASH_EPS = 1e-6
+"""Added inside ``log(1 - tanh(u)^2)`` (as SB3's squashed Gaussian does) so a saturated action
+does not give an infinite log-probability."""
+
+
+class SharedActorBase(BasePolicy):
+    """The shared actor network behind SB3's actor interface (flat observation in, action out)."""
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Box,
+        n_features: int,
+        hidden: int = 64,
+        activation_fn: type[nn.Module] = nn.ReLU,
+        normalize_images: bool = True,
+        n_outputs: int = 1,
+    ) -> None:
+        super().__init__(
+            observation_space, action_space, normalize_images=normalize_images, squash_output=True
+        )
+        self.layout = ObservationLayout.from_spaces(observation_space, action_space, n_features)
+        self.n_features = n_features
+        self.hidden = hidden
+        self.activation_fn = activation_fn
+        self.net = SharedActorNet(n_features, hidden, n_outputs, activation_fn)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(
+            n_features=self.n_features, hidden=self.hidden, activation_fn=self.activation_fn
+        )
+        return data
+
+    def scores(self, obs: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """Raw per-slot outputs (B, M + 1, n_outputs) of a flat batch, and its live slots."""
+        features, weights, mask = self.layout.split(obs)
+        return self.net(features, weights, mask), slot_live(mask)
+
+
+class SharedTD3Actor(SharedActorBase):
+    """Deterministic actor: ``tanh(score)`` per slot, 0 on masked slots."""
+
+    def forward(self, obs: th.Tensor) -> th.Tensor:
+        return self.forward_sets(*self.layout.split(obs))
+
+    def forward_sets(self, features: th.Tensor, weights: th.Tensor, mask: th.Tensor) -> th.Tensor:
+        """Action (B, N + 1) for ``features`` (B, N, F), ``weights`` and ``mask`` (B, N + 1):
+        any number of assets N, not only the M slots of the training observation."""
+        return th.tanh(self.net(features, weights, mask)[..., 0])
+
+    def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
+        return self(observation)  # type: ignore[arg-type]
+
+
+class SharedSACActor(SharedActorBase):
+    """Squashed-Gaussian actor: per-slot mean and log std from the shared trunk.
+
+    Offers what SB3's SAC and the exporter call on its own actor: ``forward(obs,
+    deterministic)``, ``action_log_prob`` and ``get_action_dist_params``. gSDE is not supported.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "n_outputs": 2})
+
+    def get_action_dist_params(
+        self, obs: PyTorchObs
+    ) -> tuple[th.Tensor, th.Tensor, dict[str, th.Tensor]]:
+        """Pre-squash mean and clamped log std, (B, M + 1) each (0 on masked slots)."""
+        out, _ = self.scores(obs)  # type: ignore[arg-type]
+        return out[..., 0], out[..., 1].clamp(LOG_STD_MIN, LOG_STD_MAX), {}
+
+    def _sample(self, obs: th.Tensor, deterministic: bool) -> tuple[th.Tensor, th.Tensor]:
+        """Actions (masked slots 0) and the log-probability summed over live slots, (B,)."""
+        out, live = self.scores(obs)
+        mean, log_std = out[..., 0], out[..., 1].clamp(LOG_STD_MIN, LOG_STD_MAX)
+        std = log_std.exp()
+        u = mean if deterministic else mean + std * th.randn_like(mean)
+        actions = th.tanh(u)
+        log_prob = th.distributions.Normal(mean, std).log_prob(u)
+        log_prob = log_prob - th.log(1 - actions.pow(2) + SQUASH_EPS)
+        zeros = th.zeros_like(actions)
+        return th.where(live, actions, zeros), th.where(live, log_prob, zeros).sum(dim=-1)
+
+    def forward(self, obs: th.Tensor, deterministic: bool = False) -> th.Tensor:
+        return self._sample(obs, deterministic)[0]
+
+    def action_log_prob(self, obs: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """A reparametrized sample and its log-probability (B,), as SB3's SAC expects."""
+        return self._sample(obs, deterministic=False)
+
+    def forward_sets(self, features: th.Tensor, weights: th.Tensor, mask: th.Tensor) -> th.Tensor:
+        """Deterministic action ``tanh(mean)`` (B, N + 1) for any number of assets N."""
+        return th.tanh(self.net(features, weights, mask)[..., 0])
+
+    def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
+        return self(observation, deterministic)  # type: ignore[arg-type]
+
+
+class SharedCritic(BaseModel):
+    """``n_critics`` independent ``SharedQNet``s behind SB3's ``ContinuousCritic`` interface."""
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Box,
+        n_features: int,
+        hidden: int = 64,
+        activation_fn: type[nn.Module] = nn.ReLU,
+        normalize_images: bool = True,
+        n_critics: int = 2,
+    ) -> None:
+        super().__init__(observation_space, action_space, normalize_images=normalize_images)
+        self.layout = ObservationLayout.from_spaces(observation_space, action_space, n_features)
+        self.n_critics = n_critics
+        self.q_networks: list[SharedQNet] = []
+        for idx in range(n_critics):
+            q_net = SharedQNet(n_features, hidden, activation_fn)
+            self.add_module(f"qf{idx}", q_net)
+            self.q_networks.append(q_net)
+
+    def forward(self, obs: th.Tensor, actions: th.Tensor) -> tuple[th.Tensor, ...]:
+        parts = self.layout.split(obs)
+        return tuple(q_net(*parts, actions) for q_net in self.q_networks)
+
+    def q1_forward(self, obs: th.Tensor, actions: th.Tensor) -> th.Tensor:
+        """The first critic only (TD3's actor loss needs no more)."""
+        return self.q_networks[0](*self.layout.split(obs), actions)
+
+
+class SharedPolicyMixin:
+    """What both shared policies add to SB3's: the set-network sizes and their two builders."""
+
+    n_features: int
+    hidden: int
+    observation_space: spaces.Space
+    action_space: spaces.Box
+    normalize_images: bool
+    net_args: dict[str, Any]
+    critic_kwargs: dict[str, Any]
+
+    def _set_sizes(self, n_features: int, hidden: int, kwargs: dict[str, Any]) -> None:
+        """Before SB3's ``__init__`` (which builds the networks): remember the sizes."""
+        if kwargs.get("share_features_extractor"):
+            raise ValueError("the shared policy has no features extractor to share")
+        if hidden < 1:
+            raise ValueError(f"hidden must be >= 1, got {hidden}")
+        self.n_features = int(n_features)
+        self.hidden = int(hidden)
+
+    def _net_kwargs(self) -> dict[str, Any]:
+        return {
+            "observation_space": self.observation_space,
+            "action_space": self.action_space,
+            "n_features": self.n_features,
+            "hidden": self.hidden,
+            "activation_fn": self.net_args["activation_fn"],
+            "normalize_images": self.normalize_images,
+        }
+
+    def _shared_constructor_parameters(self, data: dict[str, Any]) -> dict[str, Any]:
+        data.update(n_features=self.n_features, hidden=self.hidden)
+        return data
+
+    def make_critic(self, features_extractor: Any = None) -> SharedCritic:
+        critic = SharedCritic(**self._net_kwargs(), n_critics=self.critic_kwargs["n_critics"])
+        return critic.to(self.device)  # type: ignore[attr-defined]
+
+
+class SharedTD3Policy(SharedPolicyMixin, TD3Policy):
+    """TD3 policy with the per-asset shared actor and twin critics (see the module docstring).
+
+    :param n_features: features per asset ``F`` in the flat observation (checked against it)
+    :param hidden: width of every hidden layer of the set networks
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Box,
+        lr_schedule: Schedule,
+        n_features: int,
+        hidden: int = 64,
+        **kwargs: Any,
+    ) -> None:
+        self._set_sizes(n_features, hidden, kwargs)
+        super().__init__(observation_space, action_space, lr_schedule, **kwargs)
+
+    def make_actor(self, features_extractor: Any = None) -> SharedTD3Actor:  # type: ignore[override]
+        return SharedTD3Actor(**self._net_kwargs()).to(self.device)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        return self._shared_constructor_parameters(super()._get_constructor_parameters())
+
+
+class SharedSACPolicy(SharedPolicyMixin, SACPolicy):
+    """SAC policy with the per-asset shared actor and twin critics (see the module docstring).
+
+    :param n_features: features per asset ``F`` in the flat observation (checked against it)
+    :param hidden: width of every hidden layer of the set networks
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Box,
+        lr_schedule: Schedule,
+        n_features: int,
+        hidden: int = 64,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("use_sde"):
+            raise ValueError("the shared SAC policy does not support gSDE (use_sde)")
+        self._set_sizes(n_features, hidden, kwargs)
+        super().__init__(observation_space, action_space, lr_schedule, **kwargs)
+
+    def make_actor(self, features_extractor: Any = None) -> SharedSACActor:  # type: ignore[override]
+        return SharedSACActor(**self._net_kwargs()).to(self.device)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        return self._shared_constructor_parameters(super()._get_constructor_parameters())

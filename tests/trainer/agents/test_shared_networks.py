@@ -1,0 +1,304 @@
+"""The per-asset shared actor and critics: symmetry, masking, any set size, SB3 training, save/load.
+
+Observations are random vectors of the flat layout ``[M*F asset block, M+1 weights, M+1 mask]``
+(the networks must not care where the numbers come from); the training checks use the real
+``PortfolioEnv`` whose default features (``F = window``) have the same layout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.distributions import SquashedDiagGaussianDistribution
+
+from allocator.trainer.agents.icm import ICMSettings
+from allocator.trainer.agents.regularizer import SmoothMode, SmoothnessSettings
+from allocator.trainer.agents.sac import SmoothSAC
+from allocator.trainer.agents.shared_networks import ObservationLayout, masked_mean_max
+from allocator.trainer.agents.shared_policies import (
+    SharedCritic,
+    SharedSACActor,
+    SharedSACPolicy,
+    SharedTD3Actor,
+    SharedTD3Policy,
+)
+from allocator.trainer.agents.td3 import SmoothTD3
+from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
+from tests.markets import random_walk_market, tiny_model_options
+
+M, F, HIDDEN = 6, 7, 32
+POLICIES = {"td3": SharedTD3Policy, "sac": SharedSACPolicy}
+ALGORITHMS = {"td3": SmoothTD3, "sac": SmoothSAC}
+
+
+def spaces_for(n_assets: int = M, n_features: int = F) -> tuple[spaces.Box, spaces.Box]:
+    dim = n_assets * n_features + 2 * (n_assets + 1)
+    obs_space = spaces.Box(-np.inf, np.inf, shape=(dim,), dtype=np.float32)
+    return obs_space, spaces.Box(-1.0, 1.0, shape=(n_assets + 1,), dtype=np.float32)
+
+
+def make_policy(kind: str, seed: int = 0) -> SharedTD3Policy | SharedSACPolicy:
+    torch.manual_seed(seed)
+    obs_space, act_space = spaces_for()
+    return POLICIES[kind](obs_space, act_space, lambda _: 1e-3, n_features=F, hidden=HIDDEN)
+
+
+def random_parts(
+    batch: int, seed: int, n_assets: int = M, n_features: int = F
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Features, weights (a distribution over live slots) and a mask with >= 1 live asset."""
+    gen = torch.Generator().manual_seed(seed)
+    live = torch.rand(batch, n_assets, generator=gen) < 0.6
+    live[:, 0] = True
+    mask = torch.cat([torch.ones(batch, 1), live.float()], dim=1)
+    features = torch.randn(batch, n_assets, n_features, generator=gen) * live.unsqueeze(-1)
+    weights = torch.rand(batch, n_assets + 1, generator=gen) * mask
+    return features, weights / weights.sum(dim=1, keepdim=True), mask
+
+
+def flat(features: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.cat([features.flatten(1), weights, mask], dim=1)
+
+
+def permute_slots(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """Reorder the asset slots of a (B, M+1, ...) tensor; cash (slot 0) stays first."""
+    return torch.cat([x[:, :1], x[:, 1:][:, perm]], dim=1)
+
+
+def actor_action(policy: SharedTD3Policy | SharedSACPolicy, obs: torch.Tensor) -> torch.Tensor:
+    if isinstance(policy.actor, SharedSACActor):
+        return policy.actor(obs, deterministic=True)
+    return policy.actor(obs)
+
+
+# --- layout ---------------------------------------------------------------------------------
+
+
+def test_layout_splits_slot_major_blocks() -> None:
+    features, weights, mask = random_parts(3, seed=1)
+    layout = ObservationLayout.from_spaces(*spaces_for(), n_features=F)
+    got = layout.split(flat(features, weights, mask))
+    for part, expected in zip(got, (features, weights, mask), strict=True):
+        assert torch.equal(part, expected)
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_wrong_n_features_is_refused(kind: str) -> None:
+    obs_space, act_space = spaces_for()
+    with pytest.raises(ValueError, match="n_features"):
+        POLICIES[kind](obs_space, act_space, lambda _: 1e-3, n_features=F + 1)
+
+
+def test_sde_and_shared_extractor_are_refused() -> None:
+    obs_space, act_space = spaces_for()
+    with pytest.raises(ValueError, match="gSDE"):
+        SharedSACPolicy(obs_space, act_space, lambda _: 1e-3, n_features=F, use_sde=True)
+    with pytest.raises(ValueError, match="features extractor"):
+        SharedTD3Policy(
+            obs_space, act_space, lambda _: 1e-3, n_features=F, share_features_extractor=True
+        )
+
+
+def test_masked_pooling_ignores_masked_rows_and_is_zero_when_none_live() -> None:
+    h = torch.tensor([[[1.0, -2.0], [3.0, 5.0], [float("nan"), 100.0]]])
+    live = torch.tensor([[True, True, False]])
+    assert torch.equal(masked_mean_max(h, live), torch.tensor([[2.0, 1.5, 3.0, 5.0]]))
+    none = masked_mean_max(h, torch.zeros_like(live))
+    assert torch.equal(none, torch.zeros(1, 4))
+
+
+# --- symmetry -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_permuting_assets_permutes_actions_and_keeps_q(kind: str, seed: int) -> None:
+    policy = make_policy(kind, seed)
+    features, weights, mask = random_parts(16, seed)
+    actions = torch.rand(16, M + 1, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+    perm = torch.randperm(M, generator=torch.Generator().manual_seed(seed + 10))
+    obs = flat(features, weights, mask)
+    obs_p = flat(features[:, perm], permute_slots(weights, perm), permute_slots(mask, perm))
+    with torch.no_grad():
+        action, action_p = actor_action(policy, obs), actor_action(policy, obs_p)
+        q = policy.critic(obs, actions)
+        q_p = policy.critic(obs_p, permute_slots(actions, perm))
+    assert not torch.allclose(action[:, 1:], action[:, 1:].mean(dim=1, keepdim=True))
+    torch.testing.assert_close(action_p, permute_slots(action, perm), rtol=0, atol=1e-6)
+    assert isinstance(policy.critic, SharedCritic)
+    assert isinstance(policy.critic_target, SharedCritic)
+    assert len(q) == 2
+    for one, one_p in zip(q, q_p, strict=True):
+        torch.testing.assert_close(one_p, one, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_critic_depends_on_live_actions(kind: str) -> None:
+    """Invariance must not come from ignoring the actions altogether."""
+    policy = make_policy(kind)
+    features, weights, mask = random_parts(8, seed=3)
+    obs = flat(features, weights, mask)
+    actions = torch.zeros(8, M + 1)
+    moved = actions.clone()
+    moved[:, 1] = 0.9  # slot 1 is live in every row
+    with torch.no_grad():
+        assert not torch.allclose(
+            policy.critic.q1_forward(obs, actions), policy.critic.q1_forward(obs, moved)
+        )
+
+
+# --- masking --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_masked_slots_have_no_influence(kind: str) -> None:
+    policy = make_policy(kind)
+    features, weights, mask = random_parts(32, seed=4)
+    actions = torch.rand(32, M + 1, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    dead = mask == 0
+    assert dead.any()
+    noisy_features = features.clone()
+    noisy_features[dead[:, 1:]] = torch.randn(int(dead.sum()), F) * 50
+    noisy_features[:, -1][dead[:, -1]] = float("nan")
+    noisy_weights = torch.where(dead, torch.full_like(weights, 0.7), weights)
+    noisy_actions = torch.where(dead, torch.full_like(actions, -0.8), actions)
+    obs, noisy = flat(features, weights, mask), flat(noisy_features, noisy_weights, mask)
+    with torch.no_grad():
+        action, action_n = actor_action(policy, obs), actor_action(policy, noisy)
+        q, q_n = policy.critic(obs, actions), policy.critic(noisy, noisy_actions)
+    assert torch.equal(action, action_n)
+    assert torch.all(action[dead] == 0)
+    for one, one_n in zip(q, q_n, strict=True):
+        assert torch.equal(one, one_n)
+
+
+def test_sac_samples_are_zero_on_masked_slots_and_log_prob_counts_live_ones() -> None:
+    policy = make_policy("sac")
+    actor = policy.actor
+    assert isinstance(actor, SharedSACActor)
+    features, weights, mask = random_parts(8, seed=5)
+    obs = flat(features, weights, mask)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        actions, log_prob = actor.action_log_prob(obs)
+        mean, log_std, _ = actor.get_action_dist_params(obs)
+        torch.manual_seed(0)
+        u = mean + log_std.exp() * torch.randn_like(mean)
+    assert torch.all(actions[mask == 0] == 0)
+    assert log_prob.shape == (8,)
+    for row in range(8):
+        live = mask[row] > 0
+        dist = SquashedDiagGaussianDistribution(int(live.sum()))
+        dist.proba_distribution(mean[row, live][None], log_std[row, live][None])
+        expected = dist.log_prob(torch.tanh(u[row, live])[None], u[row, live][None])
+        torch.testing.assert_close(log_prob[row : row + 1], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_fresh_actor_starts_near_zero_action(kind: str) -> None:
+    """Small output layers: under the tilt mapping an untrained policy holds the anchor."""
+    policy = make_policy(kind)
+    with torch.no_grad():
+        action = actor_action(policy, flat(*random_parts(64, seed=6)))
+    assert action.abs().max() < 0.05
+
+
+# --- SB3 training, set sizes, save/load ----------------------------------------------------
+
+
+ENV6 = EnvConfig(max_assets=6, window=5, episode_length=40, min_assets=3)
+MARKET6 = random_walk_market(n_assets=6)
+
+
+def train_shared(kind: str, steps: int = 300, **kwargs: object) -> SmoothTD3 | SmoothSAC:
+    options = tiny_model_options(
+        0, 32, policy_kwargs={"n_features": ENV6.window, "hidden": 16}, **kwargs
+    )
+    model = ALGORITHMS[kind](POLICIES[kind], PortfolioEnv(MARKET6, ENV6), **options)
+    model.learn(steps)
+    return model
+
+
+@pytest.fixture(scope="module")
+def trained() -> dict[str, SmoothTD3 | SmoothSAC]:
+    icm = ICMSettings(enabled=True, feature_dim=8, hidden_dim=16, warmup_steps=0)
+    smooth = SmoothnessSettings(mode=SmoothMode.ADAPTIVE, lam=0.5)
+    return {
+        "td3": train_shared("td3", icm=icm, smoothness=smooth, policy_delay=2),
+        "sac": train_shared("sac", icm=icm),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_learns_with_smoothness_target_noise_and_icm(
+    kind: str, trained: dict[str, SmoothTD3 | SmoothSAC]
+) -> None:
+    model = trained[kind]
+    fresh = ALGORITHMS[kind](
+        POLICIES[kind],
+        PortfolioEnv(MARKET6, ENV6),
+        **tiny_model_options(0, 32, policy_kwargs={"n_features": ENV6.window, "hidden": 16}),
+    )
+    assert isinstance(model.policy, POLICIES[kind])
+    assert model._n_updates > 100
+    moved = [
+        not torch.equal(a, b)
+        for a, b in zip(model.policy.parameters(), fresh.policy.parameters(), strict=True)
+    ]
+    assert all(moved)
+    assert model.icm is not None
+    assert model.icm.last_stats
+    logged = model.logger.name_to_value
+    if kind == "td3":
+        assert "train/action_change" in logged
+        assert "train/actor_loss" in logged
+    env = PortfolioEnv(MARKET6, ENV6)
+    obs, _ = env.reset(seed=1)
+    for _ in range(5):
+        action, _ = model.predict(obs, deterministic=True)
+        assert np.all(np.isfinite(action))
+        assert np.all(np.abs(action) <= 1)
+        assert np.all(action[1:][obs[-ENV6.max_assets :] == 0] == 0)
+        obs, *_ = env.step(action)
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_trained_on_six_slots_acts_on_twelve_assets(
+    kind: str, trained: dict[str, SmoothTD3 | SmoothSAC]
+) -> None:
+    actor = trained[kind].policy.actor
+    assert isinstance(actor, SharedTD3Actor | SharedSACActor)
+    features, weights, mask = random_parts(10, seed=7, n_assets=12, n_features=ENV6.window)
+    with torch.no_grad():
+        action = actor.forward_sets(features, weights, mask)
+        six = random_parts(10, seed=8, n_assets=6, n_features=ENV6.window)
+        torch.testing.assert_close(
+            actor.forward_sets(*six), actor_action(trained[kind].policy, flat(*six))
+        )
+    assert action.shape == (10, 13)
+    assert torch.isfinite(action).all()
+    assert torch.all(action[mask == 0] == 0)
+    assert torch.all(action.abs() <= 1)
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_save_load_round_trip_gives_same_actions(
+    kind: str, trained: dict[str, SmoothTD3 | SmoothSAC], tmp_path: Path
+) -> None:
+    model = trained[kind]
+    model.save(tmp_path / "model.zip")
+    loaded = ALGORITHMS[kind].load(tmp_path / "model.zip", device="cpu")
+    assert type(loaded.policy) is POLICIES[kind]
+    obs = flat(*random_parts(20, seed=9, n_features=ENV6.window)).numpy()
+    expected, _ = model.predict(obs, deterministic=True)
+    got, _ = loaded.predict(obs, deterministic=True)
+    np.testing.assert_array_equal(got, expected)
+    with torch.no_grad():
+        tensor = torch.as_tensor(obs)
+        actions = torch.as_tensor(expected)
+        for a, b in zip(loaded.critic(tensor, actions), model.critic(tensor, actions), strict=True):
+            assert torch.equal(a, b)
