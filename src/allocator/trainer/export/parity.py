@@ -9,7 +9,7 @@ more than ``PARITY_TOLERANCE`` fails and leaves the registry untouched.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -232,9 +232,20 @@ def curiosity_parity(
     actions: Float32Array,
     current: Float32Array,
     masks: Float32Array,
+    normalize: Callable[[Float32Array], Float32Array] | None = None,
 ) -> dict[str, float | int]:
-    """ONNX curiosity graph vs ``CuriosityNet.forward`` on numpy-normalized observations."""
+    """ONNX curiosity graph vs ``CuriosityNet.forward`` on numpy-normalized observations.
+
+    ``normalize`` turns a raw flat observation into what the module was trained on; the
+    default is the return window's ``normalize_observation`` with the run's statistics.
+    """
     assert loaded.icm is not None
+    if normalize is None:
+        spec, stats = loaded.spec, loaded.stats
+
+        def normalize(raw: Float32Array) -> Float32Array:
+            return normalize_observation(raw, spec, stats)
+
     (reward,) = session.run(
         list(ICM_OUTPUTS),
         {
@@ -244,12 +255,11 @@ def curiosity_parity(
             "mask": masks,
         },
     )
-    spec, stats = loaded.spec, loaded.stats
     with torch.no_grad():
         ref = loaded.icm.net(
-            torch.as_tensor(normalize_observation(previous, spec, stats)),
+            torch.as_tensor(normalize(previous)),
             torch.as_tensor(actions),
-            torch.as_tensor(normalize_observation(current, spec, stats)),
+            torch.as_tensor(normalize(current)),
         ).numpy()
     return {"n": len(previous), "max_abs_reward_diff": max_abs(reward, ref)}
 

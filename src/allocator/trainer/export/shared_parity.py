@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from allocator.portfolio import (
@@ -26,7 +25,6 @@ from allocator.portfolio import (
     normalize_features,
 )
 from allocator.registry.layout import (
-    ICM_OUTPUTS,
     SHARED_POLICY_INPUTS,
     SHARED_POLICY_OUTPUTS,
 )
@@ -34,6 +32,7 @@ from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import Float32Array, LoadedRun
 from allocator.trainer.export.parity import (
     PARITY_SAMPLES,
+    curiosity_parity,
     max_abs,
     onnx_session,
     random_live_masks,
@@ -264,29 +263,18 @@ def shared_curiosity_parity(
     masks: Float32Array,
 ) -> dict[str, float | int]:
     """ONNX curiosity graph vs ``CuriosityNet.forward`` on numpy-normalized flat observations."""
-    assert loaded.icm is not None
-    assert loaded.feature_norm is not None
-    (reward,) = session.run(
-        list(ICM_OUTPUTS),
-        {
-            "previous_observation": previous,
-            "action": actions,
-            "observation": current,
-            "mask": masks,
-        },
-    )
-    layout, norm = loaded.spec, loaded.feature_norm
+    norm = loaded.feature_norm
+    assert norm is not None
+    layout = loaded.spec
     n_feat = layout.max_assets * layout.window
 
-    def normalized(raw: Float32Array) -> torch.Tensor:
+    def normalized(raw: Float32Array) -> Float32Array:
         block = raw[:, :n_feat].reshape(-1, layout.max_assets, layout.window)
         z = normalize_features(block, norm, layout.clip, masks)
         weights = raw[:, n_feat : n_feat + layout.n_slots]
-        return torch.as_tensor(assemble_observation(z, weights, masks, layout))
+        return assemble_observation(z, weights, masks, layout)
 
-    with torch.no_grad():
-        ref = loaded.icm.net(normalized(previous), torch.as_tensor(actions), normalized(current))
-    return {"n": len(previous), "max_abs_reward_diff": max_abs(reward, ref.numpy())}
+    return curiosity_parity(session, loaded, previous, actions, current, masks, normalized)
 
 
 def _flat(obs: SetObservations, loaded: LoadedRun) -> Float32Array:
