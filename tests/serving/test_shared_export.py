@@ -27,7 +27,7 @@ from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run import train
 from tests.markets import random_walk_market, write_market
 from tests.serving.conftest import request_for
-from tests.trainer.tiny import TINY_TRAINING
+from tests.trainer.tiny import TINY_SHARED, TINY_TRAINING
 
 th.set_num_threads(1)
 
@@ -45,15 +45,7 @@ def test_an_exported_shared_run_serves_twelve_assets(tmp_path: Path) -> None:
         "data.validation_end=2020-02-28",
         "env.max_assets=6",
         *TINY_TRAINING,
-        "policy=shared",
-        "shared.hidden=16",
-        "env.features=asset_v1",
-        "env.horizons=[5,10]",
-        "env.vol_window=10",
-        "env.action.mapping=tilt",
-        "env.action.k=2.0",
-        "env.action.anchor.kind=inverse_volatility",
-        "env.action.anchor.vol_window=10",
+        *TINY_SHARED,
         "name=served-shared",
     ]
     run = train(load_config(None, overrides), tmp_path / "run").run_dir

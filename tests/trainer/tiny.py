@@ -14,3 +14,17 @@ TINY_TRAINING = [
     "tensorboard=false",
     "torch_threads=1",
 ]
+
+TINY_SHARED = [
+    "policy=shared",
+    "shared.hidden=16",
+    "env.features=asset_v1",
+    "env.horizons=[5,10]",
+    "env.vol_window=10",
+    "env.action.mapping=tilt",
+    "env.action.k=2.0",
+    "env.action.anchor.kind=inverse_volatility",
+    "env.action.anchor.vol_window=10",
+]
+"""The new representation at its smallest: shared networks, per-asset features, tilt of an
+inverse-volatility anchor whose window matches the features' (so tiny spans suffice)."""

@@ -11,7 +11,7 @@ from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run import train
 from tests.markets import random_walk_market, write_market
 from tests.trainer.export import MAX_ASSETS, SHARED_MAX_ASSETS
-from tests.trainer.tiny import TINY_TRAINING
+from tests.trainer.tiny import TINY_SHARED, TINY_TRAINING
 
 TINY = [
     "data.train_start=2019-01-01",
@@ -62,15 +62,7 @@ SHARED = [
     "data.validation_end=2020-06-30",
     f"env.max_assets={SHARED_MAX_ASSETS}",
     *TINY_TRAINING,
-    "policy=shared",
-    "shared.hidden=16",
-    "env.features=asset_v1",
-    "env.horizons=[5,10]",
-    "env.vol_window=10",
-    "env.action.mapping=tilt",
-    "env.action.k=2.0",
-    "env.action.anchor.kind=inverse_volatility",
-    "env.action.anchor.vol_window=10",
+    *TINY_SHARED,
 ]
 SHARED_PARITY_SAMPLES = 200
 
