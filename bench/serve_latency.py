@@ -16,6 +16,13 @@ hold every decision answered OK. Prints JSON.
 The model: ``--registry`` if given, else a TD3 policy of the demo config's size (20 assets,
 window 30, [128, 128]) trained for a few hundred steps and exported, which costs as much per
 call as a fully trained one. Run: ``.venv/bin/python bench/serve_latency.py``.
+
+``--model shared`` trains the shared demo config instead (``configs/td3_shared_demo.yaml``: one
+per-asset network of hidden size 64, asset_v1 features, the anchor tilt, 20 training slots),
+whose graph has a dynamic asset axis and serves up to the manifest's ``max_served_assets``. Its
+phases are closed loops (``--concurrency``, default 1) with requests of each ``--assets`` size
+(default 20 and 60), each carrying the closes the model's history needs (ListModels' window
++ 1). A ``--registry`` holding a shared model runs the same phases.
 """
 
 from __future__ import annotations
@@ -41,14 +48,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build_registry(directory: Path) -> Path:
-    """Train the demo config briefly and export it: a real, full-size exported policy."""
+CONFIGS = {"mlp": "td3_demo.yaml", "shared": "td3_shared_demo.yaml"}
+"""The config each ``--model`` trains: the flat MLP demo, or the shared (per-asset) demo."""
+
+
+def build_registry(directory: Path, model: str = "mlp") -> Path:
+    """Train a demo config briefly and export it: a real, full-size exported policy (a shared
+    one gets the export's default ``max_served_assets``)."""
     from allocator.trainer.export.run import export_run
     from allocator.trainer.training.config import load_config
     from allocator.trainer.training.run import train
 
     config = load_config(
-        ROOT / "configs" / "td3_demo.yaml",
+        ROOT / "configs" / CONFIGS[model],
         [
             "total_timesteps=300",
             "algorithm.learning_starts=100",
@@ -78,7 +90,9 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
 # --- the load generator (its own process) ------------------------------------------------
 
 
-def _requests(n_portfolios: int, assets: int, window: int, seed: int = 0) -> list[Any]:
+def _requests(
+    n_portfolios: int, assets: int, window: int, seed: int = 0, prefix: str = "bench"
+) -> list[Any]:
     from allocator.serving.proto.v1 import allocator_pb2 as pb
 
     rng = np.random.default_rng(seed)
@@ -88,7 +102,7 @@ def _requests(n_portfolios: int, assets: int, window: int, seed: int = 0) -> lis
         prices = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, (assets, window + 1)), axis=1))
         out.append(
             pb.AllocateRequest(
-                portfolio_id=f"bench-{p}", asset_ids=ids, prices=prices.ravel().tolist()
+                portfolio_id=f"{prefix}-{p}", asset_ids=ids, prices=prices.ravel().tolist()
             )
         )
     return out
@@ -108,7 +122,8 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
     channel = grpc.insecure_channel(target, options=options)
     stub = pb_grpc.AllocatorStub(channel)
     kind, duration, tag = phase["kind"], phase["duration"], phase["tag"]
-    templates = _requests(phase["portfolios"], phase["assets"], phase["window"])
+    prefix = phase.get("prefix", "bench")  # its own portfolios when the asset count differs
+    templates = _requests(phase["portfolios"], phase["assets"], phase["window"], prefix=prefix)
     codes: dict[str, int] = {}
     lock = threading.Lock()
     latencies: list[float] = []
@@ -147,7 +162,7 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
         elapsed = time.perf_counter() - start
         calls = len(latencies)
         return {
-            "phase": f"closed_c{phase['concurrency']}",
+            "phase": f"closed_c{phase['concurrency']}{phase.get('suffix', '')}",
             "concurrency": phase["concurrency"],
             "calls": calls,
             "req_per_s": round(calls / elapsed, 1),
@@ -244,12 +259,49 @@ def _wait_serving(target: str, process: subprocess.Popen[bytes], timeout: float 
     raise TimeoutError(f"the server at {target} did not become SERVING in {timeout} s")
 
 
+def _phases(
+    args: argparse.Namespace, shared: bool, max_assets: int, window: int
+) -> list[dict[str, Any]]:
+    """The flat model's closed, open and batch phases at its full width; for a shared model,
+    closed loops at each requested asset count, each with portfolios of its own."""
+    base = {"duration": args.duration, "portfolios": args.portfolios, "window": window}
+    if shared:
+        return [
+            {
+                "kind": "closed",
+                "concurrency": int(c),
+                **base,
+                "assets": int(n),
+                "prefix": f"bench-a{n}",
+                "suffix": f"_a{n}",
+            }
+            for n in args.assets.split(",")
+            for c in args.concurrency.split(",")
+        ]
+    common = {**base, "assets": max_assets}
+    phases: list[dict[str, Any]] = [
+        {"kind": "closed", "concurrency": int(c), **common} for c in args.concurrency.split(",")
+    ]
+    phases += [{"kind": "open", "rate": int(r), **common} for r in args.rates.split(",")]
+    phases.append({"kind": "batch", "batch_size": args.batch_size, **common})
+    return phases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--registry", type=Path, default=None)
+    parser.add_argument(
+        "--model",
+        choices=sorted(CONFIGS),
+        default=None,
+        help="what to train without --registry (default mlp); with it, the manifest decides",
+    )
+    parser.add_argument(
+        "--assets", default="20,60", help="shared model: assets per request, one phase each"
+    )
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase")
-    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--concurrency", default=None, help="default 1,8,32 (shared: 1)")
     parser.add_argument("--rates", default="500,1000,2000,2500,3000")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--portfolios", type=int, default=1000)
@@ -262,12 +314,21 @@ def main() -> None:
     from allocator.artifacts.manifest import read_manifest
     from allocator.recording.migrations import upgrade
     from allocator.registry.versions import resolve
+    from allocator.serving.client import AllocatorClient
 
     tmp = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     setup = time.perf_counter()
-    registry = args.registry or build_registry(tmp)
+    registry = args.registry or build_registry(tmp, args.model or "mlp")
     name = sorted(p.name for p in registry.iterdir() if p.is_dir())[0]
-    spec = read_manifest(resolve(registry, name)).feature_spec
+    manifest = read_manifest(resolve(registry, name))
+    spec = manifest.feature_spec
+    shared = manifest.policy.kind == "shared"
+    if args.model is not None and args.model != manifest.policy.kind:
+        parser.error(f"--model {args.model}, but {registry} holds a {manifest.policy.kind} model")
+    if args.concurrency is None:
+        args.concurrency = "1" if shared else "1,8,32"
+    if shared and max(int(n) for n in args.assets.split(",")) > manifest.served_asset_limit:
+        parser.error(f"--assets {args.assets}: the model serves {manifest.served_asset_limit}")
     db = f"allocator_bench_{secrets.token_hex(4)}"
     with psycopg.connect(args.postgres, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{db}"')
@@ -276,6 +337,7 @@ def main() -> None:
     url = f"postgresql+psycopg://{user}@{host}:{info.get('port', 5432)}/{db}"
     results: list[dict[str, Any]] = []
     rows = -1
+    served: Any = None
     try:
         upgrade(url)
         port = free_port()
@@ -310,23 +372,17 @@ def main() -> None:
         try:
             _wait_serving(target, server)
             setup = time.perf_counter() - setup
-            common = {
-                "duration": args.duration,
-                "portfolios": args.portfolios,
-                "assets": spec.max_assets,
-                "window": spec.window,
-            }
-            phases: list[dict[str, Any]] = [
-                {"kind": "closed", "concurrency": int(c), **common}
-                for c in args.concurrency.split(",")
-            ]
-            phases += [{"kind": "open", "rate": int(r), **common} for r in args.rates.split(",")]
-            phases.append({"kind": "batch", "batch_size": args.batch_size, **common})
+            with AllocatorClient(target, timeout=10) as client:  # what a client is told to send
+                served = next(m for m in client.list_models() if m.name == name)
+            phases = _phases(args, shared, served.max_assets, served.window)
             ctx = mp.get_context("spawn")
             with ctx.Pool(1) as pool:
                 for k, phase in enumerate(phases):
                     phase["tag"] = f"p{k}"
-                    results.append(pool.apply(run_phase, (target, phase)))
+                    result = pool.apply(run_phase, (target, phase))
+                    if shared:
+                        result["assets"] = phase["assets"]
+                    results.append(result)
                     time.sleep(0.5)
         finally:
             server.send_signal(signal.SIGTERM)
@@ -340,12 +396,22 @@ def main() -> None:
     for r in results:
         size = r.get("batch_size", 1)
         ok += r["codes"].get("OK", 0) * size
+    model: dict[str, Any] = {"max_assets": spec.max_assets, "window": spec.window}
+    if shared:
+        model = {
+            "policy": "shared",
+            "hidden": manifest.policy.hidden,
+            "features": spec.kind,
+            "training_slots": spec.max_assets,
+            "max_served_assets": served.max_assets,
+            "closes_per_asset": served.window + 1,
+        }
     machine = f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}"
     print(
         json.dumps(
             {
                 "benchmark": "serve_latency",
-                "model": {"max_assets": spec.max_assets, "window": spec.window},
+                "model": model,
                 "recording": "postgresql",
                 "phases": results,
                 "ok_decisions": ok,

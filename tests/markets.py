@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from allocator.trainer.market.data import MarketData, from_wide, to_long_frame
+from allocator.trainer.market.data import MarketData, from_wide, load_dataset, to_long_frame
 
 
 def drift_market(
@@ -23,6 +23,13 @@ def drift_market(
     return pd.DataFrame(100.0 * np.exp(np.cumsum(returns, axis=0)), index=dates, columns=names)
 
 
+def _leaders(rng: np.random.Generator, n_days: int, n_assets: int, period: int) -> np.ndarray:
+    """The leading asset's column per day: a random draw every ``period`` days (repeats allowed).
+
+    The first thing a market's generator draws, so ``rotating_schedule`` can replay it."""
+    return np.repeat(rng.integers(0, n_assets, size=n_days // period + 1), period)[:n_days]
+
+
 def rotating_market(
     n_days: int = 1500,
     n_assets: int = 4,
@@ -34,16 +41,29 @@ def rotating_market(
     """The trending asset changes every ``period`` days (in a random order).
 
     The others drift down by as much in total, so holding everything earns nothing: only
-    following the rotation pays, and only if it is not eaten by costs.
+    following the rotation pays, and only if it is not eaten by costs. The leader of day t
+    drives the return from close t - 1 to close t (``rotating_schedule`` gives it per day).
     """
     rng = np.random.default_rng(seed)
     dates = pd.bdate_range("2000-01-03", periods=n_days)
-    leader = np.repeat(rng.integers(0, n_assets, size=n_days // period + 1), period)[:n_days]
+    leader = _leaders(rng, n_days, n_assets, period)
     mus = np.full((n_days, n_assets), -drift / (n_assets - 1))
     mus[np.arange(n_days), leader] = drift
     returns = mus + rng.normal(0.0, vol, size=(n_days, n_assets))
     names = [f"R{i}" for i in range(n_assets)]
     return pd.DataFrame(100.0 * np.exp(np.cumsum(returns, axis=0)), index=dates, columns=names)
+
+
+def rotating_schedule(
+    n_days: int = 1500, n_assets: int = 4, period: int = 20, seed: int = 0
+) -> pd.Series:
+    """The leader of ``rotating_market`` with the same arguments: its asset name per date.
+
+    The value on date t names the asset whose drift drives the return realised at close t.
+    """
+    leader = _leaders(np.random.default_rng(seed), n_days, n_assets, period)
+    dates = pd.bdate_range("2000-01-03", periods=n_days)
+    return pd.Series([f"R{i}" for i in leader], index=dates, name="leader")
 
 
 def write_market(frame: pd.DataFrame, path: Path) -> Path:
@@ -75,3 +95,20 @@ def tiny_model_options(seed: int = 0, batch_size: int = 32, **overrides: Any) ->
     }
     options.update(overrides)
     return options
+
+
+def write_sp500_slice(
+    path: Path, assets: list[str], train_end: str, *, garbage_after_training: bool
+) -> Path:
+    """Some real stocks 2009-2014 as a price file; optionally random prices after ``train_end``.
+
+    Anything that must not look past the training span (checkpoint selection, tuning) gives
+    the same answer on both files: the poisoned one proves it never read a later price.
+    """
+    data = load_dataset("sp500").select(assets).between("2009-06-01", "2014-12-31")
+    prices = data.prices.copy()
+    if garbage_after_training:
+        later = data.dates > pd.Timestamp(train_end)
+        prices[later] = np.random.default_rng(7).uniform(0.01, 1_000.0, prices[later].shape)
+    to_long_frame(MarketData(prices, data.dates, data.assets, "test")).to_csv(path, index=False)
+    return path

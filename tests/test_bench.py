@@ -82,3 +82,39 @@ def test_serve_latency_prints_its_figures_and_records_every_decision():
     assert figures["ok_decisions"] > 0
     assert figures["recorded_rows"] == figures["ok_decisions"]
     assert figures["server_exit_code"] == 0
+
+
+@pytest.mark.slow
+def test_serve_latency_times_a_shared_model_below_and_above_its_training_slots():
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "serve_latency.py"),
+            "--model",
+            "shared",
+            "--assets",
+            "3,25",
+            "--duration",
+            "0.3",
+            "--portfolios",
+            "20",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    figures = json.loads(out.stdout)
+    model = figures["model"]
+    assert model["policy"] == "shared"
+    assert model["training_slots"] == 20
+    assert model["max_served_assets"] >= 60
+    assert model["closes_per_asset"] == 31  # asset_v1 looks back 30 returns; equal anchor: 1
+    phases = {p["phase"]: p for p in figures["phases"]}
+    assert set(phases) == {"closed_c1_a3", "closed_c1_a25"}
+    for assets, phase in ((3, phases["closed_c1_a3"]), (25, phases["closed_c1_a25"])):
+        assert phase["assets"] == assets
+        assert set(phase["codes"]) == {"OK"}
+        assert phase["p99_ms"] >= phase["p95_ms"] >= phase["p50_ms"] > 0
+    assert figures["recorded_rows"] == figures["ok_decisions"] > 0
+    assert figures["server_exit_code"] == 0

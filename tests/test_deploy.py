@@ -77,6 +77,8 @@ def parse_cli(argv: list[str]) -> tuple[str, dict[str, Any]]:
     names: list[str] = []
     ctx = click.Context(cli_main)
     while isinstance(command, click.Group):
+        if command.invoke_without_command and (not args or args[0].startswith("-")):
+            break  # a group that runs itself (``walk-forward --config ...``)
         name, *args = args
         sub = command.get_command(ctx, name)
         assert sub is not None, f"allocator has no command {' '.join([*names, name])!r}"

@@ -106,7 +106,7 @@ def test_a_shared_manifest_round_trips_with_its_representation(tmp_path):
         ({"policy": {"kind": "mlp"}, "max_served_assets": 10}, "max_served_assets is for shared"),
         ({"policy": {"kind": "transformer"}}, "policy"),
         ({"tilt": {"k": 0.0}}, "tilt.k"),
-        ({"tilt": {"k": 1.0, "anchor": {"kind": "hrp"}}}, "hrp"),
+        ({"tilt": {"k": 1.0, "anchor": {"kind": "risk_parity"}}}, "risk_parity"),
         ({"max_served_assets": 0}, "max_served_assets"),
     ],
 )

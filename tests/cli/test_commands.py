@@ -100,6 +100,9 @@ def test_demo_runs_baselines_then_trains_and_exports(tmp_path):
     assert "min-variance" in res.output
     assert "exported to" in res.output
     assert "random.max_abs_action_diff" in res.output
+    assert "mean daily turnover" in res.output
+    assert "excess Sharpe over equal weight:" in res.output
+    assert "action saturation:" in res.output
     for name in (
         "metrics.json",
         "equity.png",

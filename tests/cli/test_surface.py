@@ -112,6 +112,14 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("config_path", ("--config",)),
         ("overrides", ("--set",)),
         ("run_dir", ("--run-dir",)),
+        ("resume_dir", ("--resume",)),
+    ],
+    "tune": [
+        ("config_path", ("--config",)),
+        ("overrides", ("--set",)),
+        ("executor", ("--executor",)),
+        ("out", ("--out",)),
+        ("progress", ("--no-progress", "--progress")),
     ],
     "walk-forward": [
         ("config_path", ("--config",)),
@@ -119,8 +127,16 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("ray_address", ("--ray-address",)),
         ("overrides", ("--set",)),
         ("out", ("--out",)),
+        ("resume_dir", ("--resume",)),
         ("progress", ("--no-progress", "--progress")),
     ],
+    "walk-forward stats": [
+        ("run_dir", ("run_dir",)),
+        ("configurations_tried", ("--configurations-tried",)),
+        ("trials_sharpe_variance", ("--trials-sharpe-variance",)),
+        ("json_path", ("--json",)),
+    ],
+    "walk-forward status": [("run_dir", ("run_dir",))],
 }
 
 
@@ -152,14 +168,15 @@ def test_the_commands_and_their_parameters_are_unchanged():
 def test_the_shared_config_options_read_the_same_everywhere():
     """``--config/--set`` come from one declaration: same type and metavar in every job."""
     tree = command_tree()
-    for path in ("train", "retrain", "walk-forward"):
+    for path in ("train", "retrain", "walk-forward", "tune"):
         params = {p.name: p for p in tree[path].params}
         config, overrides = params["config_path"], params["overrides"]
         assert isinstance(config.type, click.Path)
         assert not config.type.dir_okay
         assert overrides.multiple
         assert overrides.metavar == "KEY=VALUE"
-        assert config.required is (path != "train"), path
+        # walk-forward is also a group (``walk-forward stats``): it checks --config itself.
+        assert config.required is (path in ("retrain", "tune")), path
 
 
 @pytest.mark.parametrize("path", sorted(EXPECTED))

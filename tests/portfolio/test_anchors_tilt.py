@@ -71,7 +71,7 @@ def test_anchor_spec_coerces_kind_and_round_trips() -> None:
         ({"cash_share": 1.0}, "cash_share"),
         ({"cash_share": -0.1}, "cash_share"),
         ({"vol_window": 0}, "vol_window"),
-        ({"kind": "hrp"}, "hrp"),
+        ({"kind": "risk_parity"}, "risk_parity"),
     ]
     for bad, match in bad_values:
         with pytest.raises(ValueError, match=match):

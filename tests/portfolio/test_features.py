@@ -21,8 +21,11 @@ from allocator.portfolio import (
     FeatureNormalization,
     asset_features,
     build_asset_observation,
+    cross_sectional_features,
     normalize_features,
+    own_features,
 )
+from allocator.portfolio.features import cross_sectional_rank
 from tests.portfolio.strategies import SMALL_SPEC, permutation, universe
 
 SPEC = SMALL_SPEC
@@ -331,3 +334,40 @@ def test_batched_observation_equals_its_rows() -> None:
     for b in range(3):
         row = build_asset_observation(prices[b], weights[b], masks[b], SPEC, norm)
         np.testing.assert_array_equal(batch[b], row)
+
+
+def pairwise_rank(values: np.ndarray, live: np.ndarray) -> np.ndarray:
+    """The rank column by its definition: live values below, plus half the ties, scaled."""
+    vi, vj = values[..., :, None, :], values[..., None, :, :]
+    other = live[..., None, :, None]
+    rank = np.sum(other & (vj < vi), axis=-2) + 0.5 * (np.sum(other & (vj == vi), axis=-2) - 1)
+    n = live.sum(axis=-1)[..., None, None]
+    scaled = np.where(n > 1, 2.0 * rank / np.maximum(n - 1, 1) - 1.0, 0.0)
+    return np.where(live[..., None], scaled, 0.0)
+
+
+@given(
+    shape=st.tuples(st.integers(1, 4), st.integers(1, 9), st.integers(1, 3)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_sorted_ranks_equal_the_pairwise_definition_with_ties_and_masks(
+    shape: tuple[int, int, int], seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-2, 3, size=shape).astype(float)  # few distinct values: many ties
+    live = rng.random(shape[:2]) < 0.7
+    values[~live] = np.nan  # masked rows may hold anything
+    expected = pairwise_rank(np.where(live[..., None], values, 0.0), live)
+    np.testing.assert_array_equal(cross_sectional_rank(values, live), expected)
+
+
+def test_features_are_the_own_columns_then_the_cross_sectional_ones() -> None:
+    rng = np.random.default_rng(5)
+    prices = 50.0 * np.exp(np.cumsum(rng.normal(0, 0.02, (4, SPEC.prices_per_asset)), axis=1))
+    mask = np.ones(5, dtype=bool)
+    own, sums = own_features(prices, SPEC)
+    assert own.shape == (4, SPEC.n_own_features)
+    np.testing.assert_array_equal(own[:, SUMS], sums)
+    live = mask[1:]
+    expected = np.concatenate([own, cross_sectional_features(sums, live)], axis=-1)
+    np.testing.assert_array_equal(asset_features(prices, mask, SPEC), expected)

@@ -22,8 +22,10 @@ from numpy.typing import ArrayLike
 from onnx import TensorProto, helper, numpy_helper
 
 from allocator.artifacts.manifest import checksums, write_manifest
+from allocator.recording.migrations import upgrade
 from allocator.serving import LoadedModel, load_model
 from allocator.serving.proto.v1 import allocator_pb2 as pb
+from allocator.serving.server import AllocationServer, ServerConfig, build_server
 from allocator.serving.step import model_shape
 from allocator.serving.validation import ValidRequest, validate_request
 from tests.serving import IR_VERSION, OPSET, Spec, make_manifest, policy_model
@@ -196,3 +198,24 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
         delete_prefixed(client, prefix, "lock:" + prefix)
     finally:
         client.close()
+
+
+def start_sqlite_server(
+    registry: Path, tmp: Path, model: str, redis_url: str | None = None
+) -> AllocationServer:
+    """A real server on a free port, recording to a migrated SQLite file under ``tmp``."""
+    url = f"sqlite:///{tmp / 'trades.db'}"
+    upgrade(url)
+    config = ServerConfig(
+        registry=registry,
+        port=0,
+        metrics_port=None,
+        database_url=url,
+        spool_dir=tmp / "spool",
+        prefer_cuda=False,
+        default_model=model,
+        redis_url=redis_url,
+        reload_interval=60.0,
+        grace_seconds=2.0,
+    )
+    return build_server(config).start()

@@ -20,12 +20,11 @@ import numpy as np
 import pytest
 
 from allocator.portfolio import renormalize
-from allocator.recording.migrations import upgrade
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 from allocator.serving.replay import ReplayResult, live_assets, replay
-from allocator.serving.server import AllocationServer, ServerConfig, build_server
-from tests.serving.conftest import TINY
+from allocator.serving.server import AllocationServer
+from tests.serving.conftest import TINY, start_sqlite_server
 
 ASSETS = ("A", "B", "C", "D", "E")
 ROWS = 60
@@ -54,21 +53,7 @@ def history() -> np.ndarray:
 def _server(
     registry: Path, tmp: Path, model: str, redis_url: str | None
 ) -> Iterator[AllocationServer]:
-    url = f"sqlite:///{tmp / 'trades.db'}"
-    upgrade(url)
-    config = ServerConfig(
-        registry=registry,
-        port=0,
-        metrics_port=None,
-        database_url=url,
-        spool_dir=tmp / "spool",
-        prefer_cuda=False,
-        default_model=model,
-        redis_url=redis_url,
-        reload_interval=60.0,
-        grace_seconds=2.0,
-    )
-    server = build_server(config).start()
+    server = start_sqlite_server(registry, tmp, model, redis_url)
     try:
         yield server
     finally:

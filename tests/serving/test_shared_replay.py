@@ -1,11 +1,12 @@
-"""A shared policy replayed through the serving path against the training side's own results.
+"""A shared policy replayed through the serving path against the training environment itself.
 
 Constant universe: the environment's backtest (``PortfolioEnv`` with the per-asset features
 and the tilt mapping) of the torch actor equals the serving replay of its exported graph, with
 fewer and with more assets than the 6 training slots. Changing universe (assets listing and
-delisting midway, the mask changing under the smoothing): the replay equals a decision-by-
-decision simulation built from the contract functions the environment uses and the torch
-actor, tracked by asset id like the environment's accounting.
+delisting midway, the mask changing under the smoothing): the environment, its universe changed
+as the replay's listing calendar says, equals the serving replay step by step; and the
+environment driving the server decision by decision (its holdings sent as the current weights,
+assets in another order than its slots) gets the server's raw and smoothed weights as its own.
 """
 
 from __future__ import annotations
@@ -17,18 +18,16 @@ import pandas as pd
 import pytest
 import torch as th
 
-from allocator.portfolio import (
-    CASH_ID,
-    anchor_weights,
-    asset_features,
-    ema_smooth,
-    normalize_features,
-    tilt_weights,
-)
+from allocator.portfolio import CASH_ID
 from allocator.serving import LoadedModel, load_model
+from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.replay import live_assets, replay
+from allocator.serving.state import MemoryStateStore
+from allocator.serving.step import DecisionStep
+from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import run_backtest
 from allocator.trainer.sim.baselines import DecisionContext
+from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
 from tests.serving.shared_models import (
     COST_BPS,
     SLOTS,
@@ -53,6 +52,15 @@ def shared(fixture: SharedFixture, tmp_path_factory: pytest.TempPathFactory) -> 
     return load_model(d, prefer_cuda=False)
 
 
+def actor_action(fixture: SharedFixture, obs: np.ndarray, n_slots: int) -> np.ndarray:
+    """The torch actor's action on an environment observation (normalized features)."""
+    f, m = fixture.n_features, n_slots - 1
+    features = obs[: m * f].reshape(1, m, f)
+    weights = obs[m * f : m * f + n_slots][None]
+    mask = obs[m * f + n_slots :][None]
+    return reference_action(fixture, features, weights, mask)[0]
+
+
 class TorchPolicy:
     """The torch actor on the environment's own observation, mapped by the environment."""
 
@@ -62,15 +70,19 @@ class TorchPolicy:
         self.fixture = fixture
 
     def __call__(self, ctx: DecisionContext) -> np.ndarray:
-        n_slots, f = ctx.n_slots, self.fixture.n_features
-        m = n_slots - 1
-        obs = ctx.observation
-        features = obs[: m * f].reshape(1, m, f)
-        weights = obs[m * f : m * f + n_slots][None]
-        mask = obs[m * f + n_slots :][None]
-        action = reference_action(self.fixture, features, weights, mask)[0]
+        action = actor_action(self.fixture, ctx.observation, ctx.n_slots)
         assert ctx.to_weights is not None
         return ctx.to_weights(action)
+
+
+def env_config(fixture: SharedFixture, max_assets: int, length: int) -> EnvConfig:
+    """The fixture's representation with more slots than the model's 6 training slots."""
+    changes = {"max_assets": max_assets, "episode_length": length}
+    return EnvConfig(**(fixture.config.model_dump() | changes))
+
+
+def by_id(ids: tuple[str, ...], vector: np.ndarray) -> dict[str, float]:
+    return {a: float(vector[j]) for j, a in enumerate(ids)}
 
 
 @pytest.mark.parametrize("n_assets", [4, 11])
@@ -115,58 +127,86 @@ def changing_frame(fixture: SharedFixture) -> pd.DataFrame:
     return frame
 
 
-def simulate(fixture: SharedFixture, frame: pd.DataFrame, history: int) -> dict[str, list]:
-    """The environment's step rule over a changing universe, by asset id: features, anchor and
-    tilt from the contract, the torch action, EMA smoothing from the previous executed weights
-    of the assets still present, departed holdings sold into cash, costs, drift."""
-    config, spec = fixture.config, fixture.config.asset_feature_spec
-    p = frame.to_numpy()
-    live = live_assets(p, history)
-    names = list(frame.columns)
-    holdings: dict[str, float] = {CASH_ID: 1.0}
-    previous: dict[str, float] | None = None
-    nav, rate = 1.0, COST_BPS / 1e4
-    out: dict[str, list] = {"ids": [], "raw": [], "smoothed": [], "nav": [nav]}
-    for t in range(START, END):
-        cols = np.flatnonzero(live[t])
-        ids = [CASH_ID, *(names[j] for j in cols)]
-        sold = sum(w for a, w in holdings.items() if a not in ids)
-        current = np.array([holdings.get(a, 0.0) for a in ids])
-        current[0] += sold
-        window = p[t - history : t + 1, cols].T
-        mask = np.ones(len(ids), dtype=bool)
-        z = normalize_features(asset_features(window, mask, spec), fixture.norm, 10.0, mask)
-        action = reference_action(fixture, z[None], current[None], mask[None])[0]
-        anchor = anchor_weights(window, mask, config.action.anchor.spec)
-        raw = tilt_weights(action, anchor, mask, config.action.k)
-        before = None if previous is None else np.array([previous.get(a, 0.0) for a in ids])
-        smoothed = ema_smooth(before, raw, mask, config.beta)
-        turnover = float(np.abs(smoothed[1:] - current[1:]).sum()) + sold
-        invested = nav - rate * turnover * nav
-        grown = smoothed * np.r_[1.0, p[t + 1, cols] / p[t, cols]]
-        nav = invested * float(grown.sum())
-        holdings = dict(zip(ids, grown / grown.sum(), strict=True))
-        previous = dict(zip(ids, smoothed, strict=True))
-        for key, value in (("ids", tuple(ids)), ("raw", raw), ("smoothed", smoothed)):
-            out[key].append(value)
-        out["nav"].append(nav)
-    return out
-
-
-def test_changing_universe_matches_the_environments_step_rule(
+def test_changing_universe_matches_the_environment(
     shared: LoadedModel, fixture: SharedFixture
 ) -> None:
+    """The replay's listing calendar becomes the environment's universe schedule: the serving
+    replay and the environment then agree on every decision, turnover and NAV."""
     frame = changing_frame(fixture)
     result = replay(shared, frame, start=START, end=END)
-    want = simulate(fixture, frame, shared.prices_per_asset - 1)
-    sizes = {len(ids) - 1 for ids in want["ids"]}
-    assert sizes == {8, 9}  # more assets than the 6 training slots, and a mask that changes
+    history = shared.prices_per_asset - 1
+    names = tuple(frame.columns)
+    live = live_assets(frame.to_numpy(), history)
+    universes = [tuple(names[j] for j in np.flatnonzero(live[t])) for t in range(START, END)]
+    schedule = {k: u for k, u in enumerate(universes) if k and u != universes[k - 1]}
+    assert {len(u) for u in universes} == {8, 9}  # above the 6 training slots, changing
+    assert len(schedule) == 2  # A8 lists, then A2 delists
+    data = MarketData(prices=frame.to_numpy(), dates=frame.index, assets=names, source="changing")
+    env = PortfolioEnv(data, env_config(fixture, 9, END - START), feature_norm=fixture.norm)
+    assert env.config.history == history
+    obs, _ = env.reset(
+        options={"assets": universes[0], "start": START, "universe_changes": schedule}
+    )
+    nav = [env.nav]
     for k, out in enumerate(result.outputs):
-        assert out.asset_ids == want["ids"][k]
-        np.testing.assert_allclose(out.raw_weights, want["raw"][k], atol=1e-6)
-        np.testing.assert_allclose(out.smoothed_weights, want["smoothed"][k], atol=1e-6)
-    np.testing.assert_allclose(result.nav, want["nav"], rtol=1e-6)
+        ids = (CASH_ID, *env.asset_names)
+        assert set(out.asset_ids) == set(ids)
+        obs, _, _, _, info = env.step(actor_action(fixture, obs, env.n_slots))
+        raw, smoothed = by_id(ids, info["raw_weights"]), by_id(ids, info["executed_weights"])
+        for j, a in enumerate(out.asset_ids):
+            assert out.raw_weights[j] == pytest.approx(raw[a], abs=1e-6), (k, a)
+            assert out.smoothed_weights[j] == pytest.approx(smoothed[a], abs=1e-6), (k, a)
+        assert result.turnover[k] == pytest.approx(info["turnover"], abs=1e-6)
+        nav.append(info["nav"])
+    np.testing.assert_allclose(result.nav, nav, rtol=1e-6)
     assert all(out.icm_reward is None for out in result.outputs)
+
+
+def test_the_environment_drives_the_server_across_universe_changes(
+    shared: LoadedModel, fixture: SharedFixture
+) -> None:
+    """Decision by decision, the server answers the environment's own decision: the env's
+    holdings as current weights, its universe changing twice (from 5 assets to 8, past the
+    6 training slots, then to 4), the request's assets in another order than the env's slots."""
+    data, history, length = fixture.data, shared.prices_per_asset - 1, 15
+    env = PortfolioEnv(data, env_config(fixture, 10, length), feature_norm=fixture.norm)
+    obs, _ = env.reset(options={"assets": ["A0", "A1", "A2", "A3", "A4"], "start": START})
+    changes = {
+        5: ["A1", "A3", "A4", "A0", "A9", "A11", "A7", "A12"],  # A2 leaves, four join
+        10: ["A12", "A5", "A9", "A3"],  # five leave, A5 joins
+    }
+    step = DecisionStep(MemoryStateStore())
+    sizes, sold = [], []
+    for k in range(length):
+        if k in changes:
+            obs, info = env.change_universe(changes[k])
+            sold.append(info["liquidation_turnover"])
+        ids = (CASH_ID, *env.asset_names)
+        holdings = by_id(ids, env.drifted)
+        order = sorted(env.asset_names, reverse=True)  # not the env's slot order
+        col = [data.assets.index(a) for a in order]
+        request = pb.AllocateRequest(
+            portfolio_id="env",
+            request_id=f"env-{k}",
+            asset_ids=order,
+            prices=data.prices[env.t - history : env.t + 1, col].T.ravel().tolist(),
+            current_weights=[holdings[a] for a in (CASH_ID, *order)],
+        )
+        out = step.allocate(request, lambda name, version: shared).output
+        assert out is not None
+        assert out.asset_ids == (CASH_ID, *order)
+        obs, _, _, _, info = env.step(actor_action(fixture, obs, env.n_slots))
+        raw, smoothed = by_id(ids, info["raw_weights"]), by_id(ids, info["executed_weights"])
+        np.testing.assert_allclose(out.raw_weights, [raw[a] for a in out.asset_ids], atol=1e-6)
+        np.testing.assert_allclose(
+            out.smoothed_weights, [smoothed[a] for a in out.asset_ids], atol=1e-6
+        )
+        assert out.turnover + info["liquidation_turnover"] == pytest.approx(
+            info["turnover"], abs=1e-6
+        )
+        sizes.append(len(order))
+    assert sizes == [5] * 5 + [8] * 5 + [4] * 5
+    assert min(sold) > 0.0  # every change sold something into cash
 
 
 def test_replay_of_a_model_directory_uses_its_history_needs(

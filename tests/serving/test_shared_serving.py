@@ -7,6 +7,7 @@ the serving code under test.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,10 @@ import pytest
 import torch as th
 
 from allocator.artifacts.manifest import (
+    AnchorInfo,
     FeatureNormalizationInfo,
     FeatureSpecInfo,
+    TiltInfo,
     checksums,
     read_manifest,
     write_manifest,
@@ -114,6 +117,29 @@ def test_serves_fewer_and_more_assets_than_it_was_trained_with(
     assert state.slots[:n] == tuple(ids(n))
 
 
+@pytest.mark.parametrize("kind", ["min_variance", "hrp"])
+def test_a_risk_anchor_in_the_manifest_is_the_anchor_served(
+    fixture: SharedFixture, shared_dir: Path, tmp_path: Path, kind: str
+) -> None:
+    d = tmp_path / kind / "1"
+    shutil.copytree(shared_dir, d)
+    anchor = AnchorInfo(kind=kind, cash_share=0.1, vol_window=8)
+    tilt = TiltInfo(k=fixture.config.action.k, anchor=anchor)
+    write_manifest(d, read_manifest(d).model_copy(update={"tilt": tilt}))
+    model = load_model(d, prefer_cuda=False)
+    assert model.set_policy is not None
+    assert model.set_policy.anchor == anchor.spec()
+    n = 9
+    prices = closes(model, n, seed=21)
+    current = np.random.default_rng(21).dirichlet(np.ones(n + 1))
+    out, _ = decide(model, request_for(model, ids(n), prices, current), None)
+    inverse_vol, action, _ = reference(fixture, prices, current)
+    mask = np.ones(n + 1, dtype=bool)
+    want = tilt_weights(action, anchor_weights(prices, mask, anchor.spec()), mask, tilt.k)
+    np.testing.assert_allclose(out.raw_weights, want, atol=1e-6)
+    assert np.abs(out.raw_weights - inverse_vol).max() > 1e-3  # not the fixture's own anchor
+
+
 def test_permuting_the_assets_permutes_the_answer(shared: LoadedModel) -> None:
     n = 12
     prices = closes(shared, n, seed=7)
@@ -128,8 +154,8 @@ def test_permuting_the_assets_permutes_the_answer(shared: LoadedModel) -> None:
     )
     order = np.r_[0, perm + 1]
     assert second.asset_ids == tuple(np.array(first.asset_ids)[order])
-    np.testing.assert_allclose(second.raw_weights, first.raw_weights[order], atol=1e-7)
-    np.testing.assert_allclose(second.smoothed_weights, first.smoothed_weights[order], atol=1e-7)
+    np.testing.assert_array_equal(second.raw_weights, first.raw_weights[order])
+    np.testing.assert_array_equal(second.smoothed_weights, first.smoothed_weights[order])
 
 
 def test_a_batch_of_mixed_sizes_answers_as_one_portfolio_at_a_time(shared: LoadedModel) -> None:

@@ -13,12 +13,14 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
+    "atomic_write_with",
     "fsync_path",
     "write_json",
 ]
@@ -63,6 +65,29 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, mode: int = DEFAULT_MOD
 def atomic_write_text(path: str | Path, text: str, *, mode: int = DEFAULT_MODE) -> Path:
     """``atomic_write_bytes`` of ``text`` encoded as UTF-8."""
     return atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
+
+
+def atomic_write_with(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Replace ``path`` with the file ``write(tmp)`` creates at a temporary path beside it.
+
+    For writers that insist on a path of their own (SB3's ``save``, ``torch.save``,
+    ``shutil.copyfile``): the result is as atomic and durable as ``atomic_write_bytes``. The
+    temporary name keeps the target's suffix, so a writer that appends one leaves it alone.
+    """
+    target = Path(path)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-", suffix=target.suffix)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.chmod(tmp, DEFAULT_MODE)
+        fsync_path(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(target.parent)
+    return target
 
 
 def _clean(obj: Any) -> Any:

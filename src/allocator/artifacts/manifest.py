@@ -11,6 +11,11 @@ normalization, and the anchor-tilt mapping. A schema-2 manifest is read as schem
 defaults, which are exactly what schema 2 meant (flat MLP, return window, affine mapping), so
 every existing run and registry keeps loading; ``allocator checkpoint migrate`` rewrites a run
 directory as schema 3. Version 1 (no manifest) must be migrated, never read silently.
+
+An exported seed ensemble (``allocator export RUN_DIR RUN_DIR ...``) lists its members in the
+optional ``ensemble`` field; a manifest without it is a single model, so the field needs no
+schema bump, and ``write_manifest`` leaves it out when it is empty so a single model's manifest
+reads exactly as before.
 """
 
 from __future__ import annotations
@@ -201,6 +206,39 @@ class DataInfo(StrictModel):
     validation_end: str | None = None
 
 
+class EnsembleMember(StrictModel):
+    """One training run of a seed ensemble: where it came from and exactly which model it was.
+
+    Each member keeps the normalization statistics its own run fitted (on the same training
+    span, so usually equal, but nothing relies on it): the ensemble's graph applies each
+    member's to the shared raw input.
+    """
+
+    run_id: str
+    run_dir: str = Field(description="the run directory at export, resolved")
+    name: str
+    seed: int
+    model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of its model.zip")
+    normalization: NormalizationInfo
+    feature_normalization: FeatureNormalizationInfo | None = None
+    icm: bool = Field(False, description="whether the run was trained with curiosity")
+
+
+class EnsembleInfo(StrictModel):
+    """The members of an exported seed ensemble and how the graph combines them.
+
+    ``mean_action``: the graph's action is the mean of the members' deterministic actions, and
+    its other outputs (a flat model's weights) follow from that mean action exactly as from a
+    single model's, so an ensemble is served through the single-model interface. An ensemble
+    has no curiosity graph: the manifest's ``icm`` is empty whatever its members had. The
+    manifest's other run fields (``normalization``, ``seed``, ``library_versions``...) are its
+    first member's; the statistics the graph applies are each member's own, listed here.
+    """
+
+    combine: Literal["mean_action"] = "mean_action"
+    members: list[EnsembleMember] = Field(min_length=2)
+
+
 class MigrationRecord(StrictModel):
     """One step applied by ``allocator checkpoint migrate``."""
 
@@ -235,6 +273,7 @@ class Manifest(StrictModel):
     icm: dict[str, Any] | None = None
     widened_from: int | None = None
     export: dict[str, Any] | None = None
+    ensemble: EnsembleInfo | None = None
     migrations: list[MigrationRecord] = Field(default_factory=list)
     files: dict[str, str] = Field(default_factory=dict, description="file name -> sha256")
 
@@ -267,7 +306,26 @@ class Manifest(StrictModel):
             raise ValueError(f"tilt settings are required with {TILT_MAPPING} and only with it")
         if self.policy.kind == "mlp" and self.max_served_assets is not None:
             raise ValueError("max_served_assets is for shared policies (an mlp serves max_assets)")
+        if self.ensemble is not None:
+            self._check_ensemble(self.ensemble)
         return self
+
+    def _check_ensemble(self, ensemble: EnsembleInfo) -> None:
+        """Every member carries the statistics its feature set needs, and no curiosity."""
+        if self.icm is not None:
+            raise ValueError("an ensemble has no curiosity graph: icm must be empty")
+        for i, member in enumerate(ensemble.members):
+            norm = member.feature_normalization
+            if (norm is not None) != (self.feature_spec.kind == "asset_v1"):
+                raise ValueError(
+                    f"ensemble member {i}: feature_normalization belongs to, and only to, "
+                    "the asset_v1 feature set"
+                )
+            if norm is not None and len(norm.mean) != self.feature_spec.n_features:
+                raise ValueError(
+                    f"ensemble member {i}: feature_normalization has {len(norm.mean)} "
+                    f"features, the feature set {self.feature_spec.n_features}"
+                )
 
     @property
     def max_assets(self) -> int:
@@ -373,6 +431,13 @@ def read_manifest(directory: str | Path) -> Manifest:
 
 
 def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
-    """Write ``manifest.json`` atomically (see ``artifacts.files.atomic_write_text``)."""
-    text = json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n"
+    """Write ``manifest.json`` atomically (see ``artifacts.files.atomic_write_text``).
+
+    An empty ``ensemble`` is left out: a single model's manifest stays what it was before the
+    field existed.
+    """
+    data = manifest.model_dump(mode="json")
+    if data.get("ensemble") is None:
+        data.pop("ensemble", None)
+    text = json.dumps(data, indent=2) + "\n"
     return atomic_write_text(Path(directory) / MANIFEST_FILE, text)

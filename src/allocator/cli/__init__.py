@@ -53,5 +53,6 @@ for command in (
     db.db,
     jobs.retrain,
     jobs.walk_forward,
+    jobs.tune,
 ):
     main.add_command(command)

@@ -33,7 +33,7 @@ def load_policy(spec: str) -> Any:
     "policy_spec",
     default="equal-weight",
     show_default=True,
-    help="equal-weight, buy-and-hold, cash, min-variance, hrp, or module:callable",
+    help="equal-weight, buy-and-hold, cash, min-variance, hrp, momentum, or module:callable",
 )
 @period_options
 @click.option("--dataset", default="sp500", show_default=True, help="'sp500' or a file path")

@@ -7,6 +7,7 @@ serving and plotting libraries are imported inside the functions that use them, 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -33,7 +34,7 @@ WALK_FORWARD_CONFIG = Path("configs/walk_forward_tiny.yaml")
 @click.option(
     "--config",
     "config_path",
-    default="configs/td3_demo.yaml",
+    default="configs/td3_shared_demo.yaml",
     show_default=True,
     help="training config for the demo (defaults are used if the file is absent)",
 )
@@ -83,7 +84,7 @@ def _train_and_export(out_dir: Path, config_path: str) -> None:
     from allocator.artifacts.manifest import read_manifest
     from allocator.trainer.export.parity import PARITY_TOLERANCE, format_parity
     from allocator.trainer.export.run import export_run
-    from allocator.trainer.sim.performance import format_table
+    from allocator.trainer.sim.performance import format_allocation, format_table
     from allocator.trainer.training.config import load_config
     from allocator.trainer.training.run import train as run_training
 
@@ -100,6 +101,22 @@ def _train_and_export(out_dir: Path, config_path: str) -> None:
     run = run_training(config, run_dir)
     click.echo(f"validation {config.data.validation_start} .. {config.data.validation_end}:")
     click.echo(format_table(run.summary["validation"]))
+    agent = run.validation[config.algorithm.name]
+    excess = json.loads((run.run_dir / "validation.json").read_text())[
+        "excess_sharpe_vs_equal_weight"
+    ]
+    click.echo(
+        f"excess Sharpe over equal weight: {excess['estimate']:+.2f} "
+        f"[{excess['low']:+.2f}, {excess['high']:+.2f}] ({excess['level']:.0%} stationary "
+        f"bootstrap over {excess['days']} days; an interval that holds 0 is no evidence either way)"
+    )
+    click.echo("")
+    click.echo(format_allocation(agent.allocation_summary()))
+    saturation = json.loads((run.run_dir / "action_saturation.json").read_text())
+    click.echo(
+        f"action saturation: {saturation['near_bound_ratio']:.1%} of live action values near "
+        f"the bound, mean kappa {saturation['mean_kappa']:.2f} (action_saturation.json)"
+    )
     version_dir = export_run(run.run_dir, out_dir / "models", name="demo")
     exported = read_manifest(version_dir)
     click.echo("")

@@ -1,4 +1,4 @@
-"""``allocator export``: a training run to ONNX in the model registry.
+"""``allocator export``: a training run, or a seed ensemble of runs, to ONNX in the registry.
 
 The exporter (torch, onnx, onnxruntime) is imported inside the command, so ``allocator --help``
 stays instant.
@@ -12,7 +12,7 @@ from allocator.cli.options import fail
 
 
 @click.command("export")
-@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("run_dir", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option(
     "--registry",
     required=True,
@@ -21,19 +21,32 @@ from allocator.cli.options import fail
 )
 @click.option("--name", default=None, help="registry name (default: the run's manifest name)")
 @click.option("--version", default=None, help="registry version (default: the next integer)")
-def export(run_dir: str, registry: str, name: str | None, version: str | None) -> None:
-    """Export a run to ONNX (policy, and curiosity if trained with it), checked against torch."""
+def export(run_dir: tuple[str, ...], registry: str, name: str | None, version: str | None) -> None:
+    """Export a run to ONNX (policy, and curiosity if trained with it), checked against torch.
+
+    Several RUN_DIRs, runs of one config with different seeds, export as one ensemble: a single
+    graph whose action is the mean of the members' actions, served like any model (no
+    curiosity graph); the manifest lists its members.
+    """
     # heavy (pydantic models, torch, onnx): imported when the command runs, keeps --help instant
     from allocator.artifacts.manifest import read_manifest
+    from allocator.trainer.export.ensemble import export_ensemble
     from allocator.trainer.export.errors import ExportError
     from allocator.trainer.export.parity import format_parity
     from allocator.trainer.export.run import export_run
 
     try:
-        out = export_run(run_dir, registry, name=name, version=version)
+        if len(run_dir) == 1:
+            out = export_run(run_dir[0], registry, name=name, version=version)
+        else:
+            out = export_ensemble(run_dir, registry, name=name, version=version)
     except ExportError as exc:
         fail(str(exc))
-    info = read_manifest(out).export or {}
+    manifest = read_manifest(out)
+    info = manifest.export or {}
     click.echo(f"exported: {out} (opset {info.get('opset')})")
+    if manifest.ensemble is not None:
+        seeds = ", ".join(str(m.seed) for m in manifest.ensemble.members)
+        click.echo(f"ensemble of {len(manifest.ensemble.members)} runs (seeds {seeds})")
     click.echo("parity with torch (max abs difference):")
     click.echo(format_parity(info.get("parity", {})))

@@ -1,13 +1,17 @@
-"""``allocator retrain`` and ``allocator walk-forward``: the scheduled jobs.
+"""``allocator retrain``, ``allocator walk-forward`` and ``allocator tune``: the batch jobs.
 
-Both read a job YAML (``--config``, adjusted by ``--set``) and exit 0 when the job reached its
-result, 2 on a bad config or data, 1 when it could not finish. The jobs (torch, sqlalchemy,
-onnxruntime) are imported inside the commands, so ``allocator --help`` stays instant.
+Each reads a job YAML (``--config``, adjusted by ``--set``) and exit 0 when the job reached its
+result, 2 on a bad config or data, 1 when it could not finish. ``allocator walk-forward
+--resume RUN_DIR`` finishes a walk-forward run that was killed, ``allocator walk-forward status
+RUN_DIR`` shows how far one is, and ``allocator walk-forward stats RUN_DIR`` computes the
+intervals and tests of a finished one. The jobs (torch, sqlalchemy, onnxruntime, arch) are
+imported inside the commands, so ``allocator --help`` stays instant.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -53,8 +57,8 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
         click.echo(f"warning: {decision.push_error}", err=True)
 
 
-@click.command("walk-forward")
-@config_option("walk-forward YAML (see configs/walk_forward.yaml)", required=True)
+@click.group("walk-forward", invoke_without_command=True)
+@config_option("walk-forward YAML (see configs/walk_forward.yaml); required to run", required=False)
 @click.option(
     "--executor",
     type=click.Choice(["local", "ray"]),
@@ -69,22 +73,70 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     "--out",
     default=None,
     type=click.Path(file_okay=False),
-    help="write runs, summary.json and report/ here (default: output_dir/name-label)",
+    help="write runs, summary.json, returns.csv and report/ here (default: output_dir/name-label)",
+)
+@click.option(
+    "--resume",
+    "resume_dir",
+    default=None,
+    type=click.Path(exists=True, file_okay=False),
+    help="finish the killed or failed run in this directory: finished windows are kept, the "
+    "others run again (its own config unless --config is given; only --executor, "
+    "--ray-address and keys such as retries or progress_every may differ)",
 )
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@click.pass_context
 def walk_forward(
-    config_path: str,
+    ctx: click.Context,
+    config_path: str | None,
     executor: str | None,
     ray_address: str | None,
     overrides: tuple[str, ...],
     out: str | None,
+    resume_dir: str | None,
     progress: bool,
 ) -> None:
     """Walk-forward validation: per window train, export, backtest the export vs baselines.
 
-    Exit 0 when every window ran and was recorded, 2 on a bad config or data, 1 when a window
-    or the recording failed, or when the Pushgateway push failed (rows and report are written).
+    With --config, run one: exit 0 when every window ran and was recorded, 2 on a bad config
+    or data, 1 when a window or the recording failed, or when the Pushgateway push failed (rows
+    and report are written). With --resume RUN_DIR, finish a run that was killed or failed,
+    without retraining its finished windows. `allocator walk-forward status RUN_DIR` shows how
+    far a run is; `allocator walk-forward stats RUN_DIR` gives the intervals and tests of a
+    finished run.
     """
+    if ctx.invoked_subcommand is not None:
+        if config_path or executor or ray_address or overrides or out or resume_dir:
+            command = ctx.invoked_subcommand
+            fail(
+                f"--config, --set, --executor, --out and --resume run a walk-forward, not "
+                f"{command!r}"
+            )
+        return
+    if resume_dir is not None and out is not None:
+        fail("--resume continues the run in its own directory; leave out --out")
+    if config_path is None and resume_dir is None:
+        fail(
+            "Missing option '--config' (the walk-forward YAML to run), --resume RUN_DIR, or a "
+            "command: status RUN_DIR, stats RUN_DIR"
+        )
+    extra = list(overrides)
+    if ray_address:
+        extra += ["executor=ray", f"ray_address={ray_address}"]
+    elif executor:
+        extra.append(f"executor={executor}")
+    run_walk_forward_command(config_path, extra, out, resume_dir, progress)
+
+
+def run_walk_forward_command(
+    config_path: str | None,
+    overrides: list[str],
+    out: str | None,
+    resume_dir: str | None,
+    progress: bool,
+) -> None:
+    """``allocator walk-forward --config ... | --resume RUN_DIR``: run (or finish) one, then
+    print the summary and the tests."""
     # heavy (torch, onnxruntime, sqlalchemy): imported when the command runs, keeps --help instant
     from allocator.artifacts.manifest import ManifestError
     from allocator.registry.errors import ModelLoadError
@@ -93,35 +145,223 @@ def walk_forward(
         WalkForwardError,
         load_walk_forward_config,
     )
-    from allocator.trainer.jobs.walk_forward.report import format_summary
-    from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
+    from allocator.trainer.jobs.walk_forward.report import format_statistics, format_summary
+    from allocator.trainer.jobs.walk_forward.resume import resume_walk_forward
+    from allocator.trainer.jobs.walk_forward.runner import (
+        make_label,
+        run_directory,
+        run_walk_forward,
+    )
+    from allocator.trainer.jobs.walk_forward.state import STATE_FILE, ResumeError
     from allocator.trainer.market.data import DataError
     from allocator.trainer.market.windows import WindowError
     from allocator.trainer.training.config import ConfigError
 
-    extra = list(overrides)
-    if ray_address:
-        extra += ["executor=ray", f"ray_address={ray_address}"]
-    elif executor:
-        extra.append(f"executor={executor}")
     try:
-        config = load_walk_forward_config(config_path, extra)
+        config = load_walk_forward_config(config_path, overrides) if config_path else None
     except ConfigError as exc:
         fail(str(exc))
+    label = make_label()
+    if resume_dir is None:
+        assert config is not None  # the group refuses neither --config nor --resume
+        run_dir = run_directory(config, out, label)
+    else:
+        run_dir = Path(resume_dir)
     try:
-        result = run_walk_forward(config, out_dir=out, progress=progress)
-    except (ConfigError, DataError, WindowError) as exc:
+        if resume_dir is None:
+            assert config is not None
+            result = run_walk_forward(config, out_dir=run_dir, label=label, progress=progress)
+        else:
+            rest = overrides if config is None else ()
+            result = resume_walk_forward(run_dir, config, rest, progress=progress)
+    except (ConfigError, DataError, WindowError, ResumeError) as exc:
         fail(str(exc))
     except (WalkForwardError, ExportError, ModelLoadError, ManifestError, OSError) as exc:
         click.echo(f"error: walk-forward failed: {exc}", err=True)
+        if (run_dir / STATE_FILE).is_file():
+            click.echo(
+                f"finished windows are kept: `allocator walk-forward --resume {run_dir}` "
+                "continues the run",
+                err=True,
+            )
         sys.exit(1)
+    config = result.config
     click.echo(f"{len(result.windows)} windows in {result.seconds:.1f} s ({config.executor})")
     click.echo(format_summary(result.summary))
+    click.echo("")
+    click.echo(format_statistics(result.summary["statistics"]))
     if result.run_id is not None:
         shown = shown_url(str(result.database_url))
         click.echo(f"recorded: walk-forward run {result.run_id} in {shown}")
     click.echo(f"summary: {result.files['summary']}")
+    click.echo(f"returns: {result.files['returns']}")
     click.echo(f"report:  {result.files['report']}")
     if result.push_error:
         click.echo(f"error: {result.push_error}", err=True)
         sys.exit(1)
+
+
+@walk_forward.command("status")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+def walk_forward_status(run_dir: str) -> None:
+    """How far the walk-forward run in RUN_DIR is: each window done, running (its training
+    steps, last reward, inner score), stopped (its process is gone) or waiting.
+
+    Reads only RUN_DIR's files, while the run goes on or after it stopped. Exit 2 when RUN_DIR
+    is not a walk-forward run directory.
+    """
+    # heavy (pandas, torch via the window modules): imported when the command runs
+    from allocator.trainer.jobs.walk_forward.config import WalkForwardError
+    from allocator.trainer.jobs.walk_forward.status import format_status
+
+    try:
+        click.echo(format_status(run_dir))
+    except WalkForwardError as exc:
+        fail(str(exc))
+
+
+@walk_forward.command("stats")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--configurations-tried",
+    type=click.IntRange(min=1),
+    default=None,
+    help="configurations tried, this one included, for the deflated Sharpe (default: the "
+    "run's configurations_tried, else 1)",
+)
+@click.option(
+    "--trials-sharpe-variance",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="annualized variance of those configurations' Sharpe ratios (default: the run's, "
+    "else a zero-Sharpe span's sampling variance)",
+)
+@click.option(
+    "--json",
+    "json_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="also write JSON here",
+)
+def walk_forward_stats(
+    run_dir: str,
+    configurations_tried: int | None,
+    trials_sharpe_variance: float | None,
+    json_path: str | None,
+) -> None:
+    """Intervals and tests of a finished walk-forward run in RUN_DIR.
+
+    Reads RUN_DIR/returns.csv; a run made before that file existed is replayed instead (each
+    window's exported model through the serving path, and the baselines, on its test span).
+    Nothing is written into RUN_DIR. Exit 2 when RUN_DIR is not a finished run, 1 when a
+    window cannot be replayed.
+    """
+    # heavy (pandas, arch, onnxruntime): imported when the command runs, keeps --help instant
+    from allocator.artifacts.files import write_json
+    from allocator.registry.errors import ModelLoadError
+    from allocator.trainer.jobs.json_safe import json_safe
+    from allocator.trainer.jobs.walk_forward.config import StatisticsSettings, WalkForwardError
+    from allocator.trainer.jobs.walk_forward.rebuild import load_returns
+    from allocator.trainer.jobs.walk_forward.report import format_statistics
+    from allocator.trainer.jobs.walk_forward.returns import read_summary
+    from allocator.trainer.jobs.walk_forward.significance import run_statistics
+    from allocator.trainer.market.data import DataError
+    from allocator.trainer.training.config import ConfigError
+
+    try:
+        summary = read_summary(run_dir)
+    except (WalkForwardError, ValueError) as exc:
+        fail(str(exc))
+    recorded = summary["summary"].get("statistics", {}).get("settings", {})
+    fields = StatisticsSettings.model_fields
+    settings = StatisticsSettings(**{k: v for k, v in recorded.items() if k in fields})
+    if trials_sharpe_variance is not None:
+        settings = settings.model_copy(update={"trials_sharpe_variance": trials_sharpe_variance})
+    tried = configurations_tried or int(summary.get("configurations_tried", 1))
+    try:
+        frame, source = load_returns(run_dir)
+    except (ConfigError, DataError) as exc:
+        fail(str(exc))
+    except (WalkForwardError, ModelLoadError, OSError) as exc:
+        click.echo(f"error: cannot rebuild the daily returns of {run_dir}: {exc}", err=True)
+        sys.exit(1)
+    stats = run_statistics(frame, settings, tried)
+    click.echo(f"daily returns: {source}")
+    click.echo(format_statistics(stats))
+    if json_path:
+        write_json(json_path, json_safe({"run_dir": run_dir, "returns": source, **stats}))
+        click.echo(f"json: {json_path}")
+
+
+@click.command()
+@config_options(
+    "tuning YAML (see configs/tune.yaml)",
+    "override a key, e.g. --set n_trials=4 --set trainer.total_timesteps=2000",
+    required=True,
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default=None,
+    help="train trials in this process or as Ray tasks (default: the config's)",
+)
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="write the study, trials/, trials.csv, best.yaml and tune.json here "
+    "(default: output_dir/name-label)",
+)
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def tune(
+    config_path: str,
+    overrides: tuple[str, ...],
+    executor: str | None,
+    out: str | None,
+    progress: bool,
+) -> None:
+    """Search trainer settings with Optuna, scoring each trial on the inner span only.
+
+    No trial reads a price after the trainer's data.train_end. Exit 0 when a trial completed
+    (best.yaml written), 2 on a bad config or data, 1 when no trial completed.
+    """
+    # heavy (optuna, torch): imported when the command runs, keeps --help instant
+    import optuna
+
+    # the tuner (torch, SB3, ray) likewise: imported only when a study runs
+    from allocator.trainer.jobs.tuning.config import TuneError, load_tune_config
+    from allocator.trainer.jobs.tuning.runner import run_tuning
+    from allocator.trainer.market.data import DataError
+    from allocator.trainer.training.config import ConfigError
+
+    extra = [*overrides, f"executor={executor}"] if executor else list(overrides)
+    try:
+        config = load_tune_config(config_path, extra)
+    except ConfigError as exc:
+        fail(str(exc))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says it shorter
+    try:
+        result = run_tuning(config, out_dir=out, progress=progress)
+    except (ConfigError, DataError) as exc:
+        fail(str(exc))
+    except (TuneError, OSError) as exc:
+        click.echo(f"error: tuning failed: {exc}", err=True)
+        sys.exit(1)
+    summary = result.summary
+    states = ", ".join(f"{n} {s.lower()}" for s, n in summary["states"].items())
+    click.echo(
+        f"{summary['n_trials']} trials ({states}) in {result.seconds:.1f} s ({config.executor})"
+    )
+    click.echo(f"configurations tried: {summary['configurations_tried']}")
+    if summary["stopped"]:
+        click.echo(f"stopped early: {summary['stopped']}")
+    click.echo(f"trials:  {result.files['trials']}")
+    click.echo(f"summary: {result.files['summary']}")
+    best = result.best
+    if best is None:
+        click.echo("error: no trial completed; nothing to keep", err=True)
+        sys.exit(1)
+    click.echo(f"best: trial {best['number']}, inner score {best['value']:.4g}")
+    for key, value in best["params"].items():
+        click.echo(f"  {key} = {value}")
+    click.echo(f"best config: {result.files['best']}")

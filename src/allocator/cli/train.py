@@ -1,4 +1,4 @@
-"""``allocator train``: one TD3 or SAC training run.
+"""``allocator train``: one TD3 or SAC training run, or the rest of one that was interrupted.
 
 The trainer (torch, stable-baselines3) is imported inside the command, so ``allocator --help``
 stays instant.
@@ -15,7 +15,7 @@ from allocator.cli.options import config_options, fail
 
 @click.command()
 @config_options(
-    "YAML config (see configs/); defaults when omitted",
+    "YAML config (see configs/); defaults when omitted (with --resume: the run's config.yaml)",
     "override a config key, e.g. --set algorithm.smoothness.mode=adaptive",
     required=False,
 )
@@ -25,24 +25,53 @@ from allocator.cli.options import config_options, fail
     type=click.Path(file_okay=False),
     help="write the run here instead of output_dir/name-timestamp",
 )
-def train(config_path: str | None, overrides: tuple[str, ...], run_dir: str | None) -> None:
+@click.option(
+    "--resume",
+    "resume_dir",
+    default=None,
+    type=click.Path(file_okay=False, exists=True),
+    help="continue this run from its last checkpoint (see checkpoint_every) to total_timesteps",
+)
+def train(
+    config_path: str | None,
+    overrides: tuple[str, ...],
+    run_dir: str | None,
+    resume_dir: str | None,
+) -> None:
     """Train a TD3 or SAC policy; write model, audits, logs and a validation backtest."""
     # heavy (torch): imported when the command runs, so `allocator --help` stays instant
     from allocator.trainer.market.data import DataError
     from allocator.trainer.sim.performance import format_table
     from allocator.trainer.training.config import ConfigError, load_config
+    from allocator.trainer.training.run import resume as resume_training
     from allocator.trainer.training.run import train as run_training
+    from allocator.trainer.training.run_dir import CONFIG_FILE
 
+    if resume_dir is not None and run_dir is not None:
+        fail("--resume continues the run in its own directory; drop --run-dir")
     try:
-        config = load_config(config_path, list(overrides))
-        run = run_training(config, Path(run_dir) if run_dir else None)
+        if resume_dir is None:
+            config = load_config(config_path, list(overrides))
+            run = run_training(config, Path(run_dir) if run_dir else None)
+        else:
+            given = None
+            if config_path is not None or overrides:
+                base = config_path or Path(resume_dir) / CONFIG_FILE
+                given = load_config(base, list(overrides))
+            run = resume_training(Path(resume_dir), given)
+            config = run.config
     except (ConfigError, DataError) as exc:
         fail(str(exc))
+    summary = run.summary
     click.echo(f"run: {run.run_dir}")
+    if "resumed_from" in summary:
+        click.echo(f"resumed from step {summary['resumed_from'][-1]}")
     click.echo(
-        f"{run.summary['algorithm']}: {run.summary['total_timesteps']} steps in "
-        f"{run.summary['train_seconds']} s on {run.summary['device']}, "
-        f"final smoothness lambda {run.summary['smooth_lambda']:.4g}"
+        f"{summary['algorithm']}: {summary['timesteps']} steps in "
+        f"{summary['train_seconds']} s on {summary['device']}, "
+        f"final smoothness lambda {summary['smooth_lambda']:.4g}"
     )
+    if "selection" in summary:
+        click.echo(f"kept: {summary['selection']['reason']}")
     click.echo(f"validation {config.data.validation_start} .. {config.data.validation_end}:")
-    click.echo(format_table(run.summary["validation"]))
+    click.echo(format_table(summary["validation"]))

@@ -11,9 +11,12 @@ from allocator.portfolio.features import (
     FeatureNormalization,
     asset_features,
     build_asset_observation,
+    cross_sectional_features,
     fit_feature_normalization,
     normalize_features,
+    own_features,
     rolling_asset_features,
+    standardize,
 )
 from allocator.portfolio.ids import CASH_ID, MAX_ID_LENGTH, MAX_VERSION_LENGTH, IdError, check_id
 from allocator.portfolio.observation import (
@@ -28,7 +31,12 @@ from allocator.portfolio.observation import (
     normalize_returns,
 )
 from allocator.portfolio.smoothing import ema_smooth, validate_beta
-from allocator.portfolio.tilt import MAX_TILT_STRENGTH, check_tilt_strength, tilt_weights
+from allocator.portfolio.tilt import (
+    MAX_TILT_STRENGTH,
+    apply_tilt,
+    check_tilt_strength,
+    tilt_weights,
+)
 from allocator.portfolio.weights import (
     CASH,
     WEIGHT_SUM_TOLERANCE,
@@ -55,6 +63,7 @@ __all__ = [
     "NormalizationStats",
     "action_to_weights",
     "anchor_weights",
+    "apply_tilt",
     "assemble_observation",
     "asset_features",
     "build_asset_observation",
@@ -62,6 +71,7 @@ __all__ = [
     "build_raw_observation",
     "check_id",
     "check_tilt_strength",
+    "cross_sectional_features",
     "ema_smooth",
     "fit_feature_normalization",
     "fit_normalization",
@@ -72,8 +82,10 @@ __all__ = [
     "normalize_features",
     "normalize_observation",
     "normalize_returns",
+    "own_features",
     "renormalize",
     "rolling_asset_features",
+    "standardize",
     "tilt_weights",
     "validate_beta",
     "weights_to_action",

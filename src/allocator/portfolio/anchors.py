@@ -3,10 +3,17 @@
 A policy that tilts a sensible anchor cannot do much worse than that anchor at initialization,
 and a zero action is always a diversified, fully invested portfolio (not all-cash, not one
 asset). Every anchor is cash first: cash gets ``cash_share``; the live assets share the rest.
+
+The risk-based kinds (minimum variance, HRP) solve a small problem per decision on the live
+assets' shrunk covariance. They are computed with the assets in a canonical order (their return
+rows sorted lexicographically) and scattered back, and assets with identical return rows share
+their mean weight, so permuting the live assets permutes the anchor bit for bit even though
+neither method is order-free in floating point (and HRP's dendrogram is not order-free at all).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -14,14 +21,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from allocator.portfolio.covariance import VOL_FLOOR, risk_covariance
 from allocator.portfolio.features import live_price_window
+from allocator.portfolio.hrp import hrp_weights
+from allocator.portfolio.min_variance import min_variance_weights
 from allocator.portfolio.observation import log_returns
 from allocator.portfolio.weights import CASH, live_mask
 
 FloatArray = NDArray[np.float64]
-
-VOL_FLOOR = 1e-8
-"""A return series with zero volatility gets this sigma, so its inverse stays finite."""
+BoolArray = NDArray[np.bool_]
 
 
 class AnchorKind(StrEnum):
@@ -29,11 +37,17 @@ class AnchorKind(StrEnum):
 
     EQUAL = "equal"
     INVERSE_VOLATILITY = "inverse_volatility"
+    MIN_VARIANCE = "min_variance"
+    HRP = "hrp"
 
 
 @dataclass(frozen=True)
 class AnchorSpec:
-    """Which anchor, the cash share it keeps and the return window its volatility uses."""
+    """Which anchor, the cash share it keeps and the window of its risk estimate.
+
+    ``vol_window`` daily returns feed the risk estimate: the volatility of INVERSE_VOLATILITY,
+    the shrunk covariance of MIN_VARIANCE and HRP; EQUAL uses none.
+    """
 
     kind: AnchorKind = AnchorKind.EQUAL
     cash_share: float = 0.05
@@ -48,8 +62,8 @@ class AnchorSpec:
 
     @property
     def prices_per_asset(self) -> int:
-        """Closes the anchor needs per asset (inverse volatility: vol_window returns)."""
-        return self.vol_window + 1 if self.kind is AnchorKind.INVERSE_VOLATILITY else 1
+        """Closes the anchor needs per asset: ``vol_window`` returns, none for EQUAL."""
+        return 1 if self.kind is AnchorKind.EQUAL else self.vol_window + 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,15 +82,56 @@ class AnchorSpec:
 
 def sorted_sum(x: FloatArray) -> FloatArray:
     """Sum over the last axis in sorted order (keepdims): independent of the slots' order."""
-    return np.sort(x, axis=-1).sum(axis=-1, keepdims=True)
+    ordered = np.array(x, dtype=np.float64)  # a copy, sorted in place (no wrapper overhead)
+    ordered.sort(axis=-1)
+    return np.add.reduce(ordered, axis=-1, keepdims=True)
+
+
+RISK_ALLOCATIONS: dict[AnchorKind, Callable[[FloatArray], FloatArray]] = {
+    AnchorKind.MIN_VARIANCE: min_variance_weights,
+    AnchorKind.HRP: hrp_weights,
+}
+"""The kinds that allocate from a covariance: weights ``(K,)`` summing to 1 from ``(K, K)``."""
+
+
+def risk_allocation(
+    returns: FloatArray, live: BoolArray, allocate: Callable[[FloatArray], FloatArray]
+) -> FloatArray:
+    """Weights ``(..., N)`` of the live assets from their returns ``(..., N, T)``, 0 elsewhere.
+
+    One problem per decision (a loop over the leading axes): the live rows are sorted
+    lexicographically, ``allocate`` runs on their ``risk_covariance``, rows that are equal
+    share their mean weight, and the weights go back to the rows they came from. Every step
+    then sees the same numbers in the same order whatever the order of the assets.
+    """
+    n, t = returns.shape[-2:]
+    size = int(np.prod(returns.shape[:-2]))
+    r = returns.reshape(size, n, t)
+    alive = np.broadcast_to(live, returns.shape[:-1]).reshape(size, n)
+    out = np.zeros((size, n))
+    for b in range(r.shape[0]):
+        rows = np.flatnonzero(alive[b])
+        if rows.size == 0:
+            continue
+        order = np.lexsort(r[b, rows].T[::-1])  # the last key sorts first: column 0
+        canonical = np.ascontiguousarray(r[b, rows[order]])
+        w = allocate(risk_covariance(canonical))
+        new_group = np.concatenate([[True], (canonical[1:] != canonical[:-1]).any(axis=1)])
+        group = np.cumsum(new_group) - 1
+        if group[-1] + 1 < rows.size:  # equal rows: equal weights, whatever their order
+            w = (np.bincount(group, w) / np.bincount(group))[group]
+        out[b, rows[order]] = w
+    return out.reshape(returns.shape[:-1])
 
 
 def anchor_weights(prices: ArrayLike, mask: ArrayLike, spec: AnchorSpec) -> FloatArray:
     """Anchor weights ``(..., N + 1)``, cash first, from closes ``(..., N, P)`` and a mask.
 
-    Cash gets ``cash_share``; the live assets share ``1 - cash_share`` equally (EQUAL) or in
+    Cash gets ``cash_share``; the live assets share ``1 - cash_share`` equally (EQUAL), in
     proportion to ``1 / sigma_i``, sigma the std (ddof=0) of the last ``vol_window`` daily log
-    returns floored at ``VOL_FLOOR`` (INVERSE_VOLATILITY). With no live asset, all cash. Masked
+    returns floored at ``VOL_FLOOR`` (INVERSE_VOLATILITY), or as the long-only minimum-variance
+    portfolio (MIN_VARIANCE) or the hierarchical risk parity portfolio (HRP) of the live assets'
+    ``covariance.risk_covariance`` over the same returns. With no live asset, all cash. Masked
     rows are ignored (NaN allowed); the result sums to 1 and permuting the live assets
     permutes it exactly.
     """
@@ -86,6 +141,8 @@ def anchor_weights(prices: ArrayLike, mask: ArrayLike, spec: AnchorSpec) -> Floa
     elif spec.kind is AnchorKind.INVERSE_VOLATILITY:
         sigma = np.maximum(log_returns(p).std(axis=-1), VOL_FLOOR)
         score = np.where(live, 1.0 / sigma, 0.0)
+    elif spec.kind in RISK_ALLOCATIONS:
+        score = risk_allocation(log_returns(p), live, RISK_ALLOCATIONS[spec.kind])
     else:  # pragma: no cover - a new kind must be given its rule here
         raise ValueError(f"unsupported anchor kind {spec.kind}")
     total = sorted_sum(score)

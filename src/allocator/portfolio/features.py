@@ -19,6 +19,7 @@ rows bit for bit: a permutation-equivariant network then sees exactly equivarian
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,11 @@ class AssetFeatureSpec:
     @property
     def n_features(self) -> int:
         return self.window + 3 * len(self.horizons) + 2
+
+    @property
+    def n_own_features(self) -> int:
+        """The leading columns that depend on the asset's own closes (see ``own_features``)."""
+        return self.window + len(self.horizons) + 2
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -191,17 +197,54 @@ def cross_sectional_rank(values: FloatArray, live: BoolArray) -> FloatArray:
     """Average rank of each live asset's value among live assets, scaled to [-1, 1].
 
     ``values`` (..., N, H), ``live`` (..., N). Ties share their average rank; a lone live
-    asset gets 0 and masked rows get 0. Pairwise counts keep ties exact.
+    asset gets 0 and masked rows get 0. One stable sort per column: masked rows sort last as
+    +inf (live values are finite), each run of equal values gets the mean of its first and last
+    sorted position, and the positions are scattered back.
     """
-    vi = values[..., :, None, :]
-    vj = values[..., None, :, :]
-    other = live[..., None, :, None]
-    less = np.sum(other & (vj < vi), axis=-2)
-    equal = np.sum(other & (vj == vi), axis=-2)
-    rank = less + 0.5 * (equal - 1)
+    v = np.where(live[..., None, :], np.swapaxes(values, -1, -2), np.inf)  # (..., H, N)
+    order = np.argsort(v, axis=-1, kind="stable")
+    s = np.take_along_axis(v, order, axis=-1)
+    n_rows = v.shape[-1]
+    pos = np.arange(n_rows)
+    differs = s[..., 1:] != s[..., :-1]
+    first = np.ones(s.shape, dtype=bool)
+    first[..., 1:] = differs
+    last = np.ones(s.shape, dtype=bool)
+    last[..., :-1] = differs
+    start = np.maximum.accumulate(np.where(first, pos, 0), axis=-1)
+    end = np.minimum.accumulate(np.where(last, pos, n_rows - 1)[..., ::-1], axis=-1)[..., ::-1]
+    sorted_rank = np.empty(s.shape)
+    np.put_along_axis(sorted_rank, order, 0.5 * (start + end), axis=-1)
+    rank = np.swapaxes(sorted_rank, -1, -2)
     n = live.sum(axis=-1)[..., None, None]
     scaled = np.where(n > 1, 2.0 * rank / np.maximum(n - 1, 1) - 1.0, 0.0)
     return np.where(live[..., None], scaled, 0.0)
+
+
+def own_features(p: FloatArray, spec: AssetFeatureSpec) -> tuple[FloatArray, FloatArray]:
+    """The columns of each asset that depend on its own closes only, and its horizon sums.
+
+    ``p`` is ``(..., N, prices_per_asset)`` closes, already checked. Returns ``(..., N, window +
+    len(horizons) + 2)`` (returns, sums, volatility, drawdown) and the sums ``(..., N, H)`` the
+    cross-sectional columns are built from. Split from the rest so the environment can compute
+    these once per dataset and only the cross-sectional part per episode.
+    """
+    r = log_returns(p)
+    lookback = spec.lookback
+    sums = np.stack([r[..., lookback - h :].sum(axis=-1) for h in spec.horizons], axis=-1)
+    vol = r[..., lookback - spec.vol_window :].std(axis=-1)
+    drawdown = np.log(p[..., -1] / p.max(axis=-1))
+    own = np.concatenate(
+        [r[..., lookback - spec.window :], sums, vol[..., None], drawdown[..., None]], axis=-1
+    )
+    return own, sums
+
+
+def cross_sectional_features(sums: FloatArray, live: BoolArray) -> FloatArray:
+    """Rank and market columns ``(..., N, 2H)`` from the horizon sums of the live assets."""
+    rank = cross_sectional_rank(sums, live)
+    market = np.broadcast_to(cross_sectional_mean(sums, live)[..., None, :], sums.shape)
+    return np.concatenate([rank, market], axis=-1)
 
 
 def asset_features(prices: ArrayLike, mask: ArrayLike, spec: AssetFeatureSpec) -> FloatArray:
@@ -212,17 +255,8 @@ def asset_features(prices: ArrayLike, mask: ArrayLike, spec: AssetFeatureSpec) -
     others only through the rank and market columns, which are defined for any universe.
     """
     p, live = live_price_window(prices, mask, spec.prices_per_asset)
-    r = log_returns(p)
-    lookback = spec.lookback
-    sums = np.stack([r[..., lookback - h :].sum(axis=-1) for h in spec.horizons], axis=-1)
-    vol = r[..., lookback - spec.vol_window :].std(axis=-1)
-    drawdown = np.log(p[..., -1] / p.max(axis=-1))
-    rank = cross_sectional_rank(sums, live)
-    market = np.broadcast_to(cross_sectional_mean(sums, live)[..., None, :], sums.shape)
-    out = np.concatenate(
-        [r[..., lookback - spec.window :], sums, vol[..., None], drawdown[..., None], rank, market],
-        axis=-1,
-    )
+    own, sums = own_features(p, spec)
+    out = np.concatenate([own, cross_sectional_features(sums, live)], axis=-1)
     return np.where(live[..., None], out, 0.0)
 
 
@@ -298,9 +332,20 @@ def normalize_features(
     live = live_mask(mask)[..., 1:]
     if live.shape[-1] != x.shape[-2]:
         raise ValueError(f"mask has {live.shape[-1] + 1} slots, expected {x.shape[-2] + 1}")
-    z = (x - np.asarray(norm.mean)) / np.asarray(norm.std)
-    z = np.clip(z, -clip, clip)
+    z = standardize(x, norm.mean, norm.std, clip)
     return np.where(live[..., None], z, 0.0).astype(np.float32)
+
+
+def standardize(
+    raw: FloatArray, mean: Sequence[float], std: Sequence[float], clip: float
+) -> FloatArray:
+    """``(raw - mean) / std`` clipped to ``[-clip, clip]``, column by column.
+
+    Elementwise, so standardizing a subset of the columns with their own mean and std gives the
+    same numbers as standardizing all of them: the environment relies on it when it splits the
+    per-asset and cross-sectional columns.
+    """
+    return np.clip((raw - np.asarray(mean)) / np.asarray(std), -clip, clip)
 
 
 def build_asset_observation(

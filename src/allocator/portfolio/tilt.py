@@ -46,17 +46,35 @@ def tilt_weights(action: ArrayLike, anchor: ArrayLike, mask: ArrayLike, k: float
     """
     k = check_tilt_strength(k)
     live = live_mask(mask)
-    base = masked_anchor(anchor, live)
+    return apply_tilt(action, masked_anchor(anchor, live), k)
+
+
+def apply_tilt(action: ArrayLike, base: FloatArray, k: float) -> FloatArray:
+    """``tilt_weights`` for an anchor already through ``masked_anchor`` (zero on masked slots).
+
+    The environment masks an episode's anchors once at reset and calls this every step, so the
+    per-step cost is the tilt itself; ``k`` must already be checked.
+    """
     a = np.asarray(action, dtype=np.float64)
-    a = np.where(np.isnan(a), 0.0, np.clip(a, -1.0, 1.0))
     if a.shape[-1] != base.shape[-1]:
         raise ValueError(f"action has {a.shape[-1]} slots, the anchor {base.shape[-1]}")
-    ka = np.where(live, k * a, 0.0)
-    denom = 1.0 + sorted_sum(base * np.expm1(ka))
+    ka = np.minimum(np.maximum(a, -1.0), 1.0)  # NaN stays NaN here ...
+    ka *= k
+    ka = np.where(ka == ka, ka, 0.0)  # ... and counts as 0
+    # Masked slots need no action of their own: ``base`` is 0 there and ``ka`` finite, so they
+    # add nothing to the sum and get weight 0.
+    terms = np.expm1(ka)
+    terms *= base
+    terms.sort(axis=-1)  # sorted sum: independent of the slots' order
+    denom = np.add.reduce(terms, axis=-1, keepdims=True)
+    denom += 1.0
+    w = np.exp(ka)
+    w *= base
+    stable = denom.item() >= _CANCELLATION_LIMIT if denom.size == 1 else None
+    if stable or (stable is None and not (denom < _CANCELLATION_LIMIT).any()):
+        w /= denom
+        return w
     unstable = denom < _CANCELLATION_LIMIT
-    w = base * np.exp(ka) / np.where(unstable, 1.0, denom)
-    if unstable.any():
-        shift = np.max(np.where(base > 0, ka, -np.inf), axis=-1, keepdims=True)
-        z = base * np.exp(ka - shift)
-        w = np.where(unstable, z / sorted_sum(z), w)
-    return w
+    shift = np.max(np.where(base > 0, ka, -np.inf), axis=-1, keepdims=True)
+    z = base * np.exp(ka - shift)
+    return np.where(unstable, z / sorted_sum(z), w / np.where(unstable, 1.0, denom))

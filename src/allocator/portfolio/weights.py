@@ -36,7 +36,19 @@ FloatArray = NDArray[np.float64]
 
 
 def live_mask(mask: ArrayLike) -> NDArray[np.bool_]:
-    """Boolean mask with the cash slot forced live (cash can never be masked)."""
+    """Boolean mask with the cash slot forced live (cash can never be masked).
+
+    A one-dimensional bool array whose cash slot is already live is returned as it is (the
+    environment's per-step calls): callers read the result and never write into it.
+    """
+    if (
+        isinstance(mask, np.ndarray)
+        and mask.dtype == np.bool_
+        and mask.ndim == 1
+        and mask.size
+        and mask[CASH]
+    ):
+        return mask
     m = np.array(mask, dtype=bool)
     if m.ndim == 0 or m.shape[-1] < 1:
         raise ValueError("mask must have at least one slot (cash)")
@@ -49,7 +61,8 @@ def renormalize(x: ArrayLike, mask: ArrayLike) -> FloatArray:
 
     Negative and non-finite entries count as zero. Works on any leading batch shape; one mask
     may serve a whole batch. This runs twice per environment step, hence the fast path for the
-    common finite case.
+    common finite case. Totals are summed in sorted order, so permuting the slots permutes the
+    result bit for bit (float addition is not associative).
     """
     live = live_mask(mask)
     v = np.asarray(x, dtype=np.float64)
@@ -58,19 +71,21 @@ def renormalize(x: ArrayLike, mask: ArrayLike) -> FloatArray:
     v = np.fmax(v, 0.0)  # negatives and NaN -> 0 (fmax ignores NaN)
     v *= live
     if v.ndim == 1:
-        t = float(np.add.reduce(v))
+        ordered = v.copy()
+        ordered.sort()
+        t = float(np.add.reduce(ordered))
         if 0.0 < t < math.inf:
             v /= t
             return v
     else:
-        total = v.sum(axis=-1, keepdims=True)
+        total = np.add.reduce(np.sort(v, axis=-1), axis=-1, keepdims=True)
         if np.all((total > 0.0) & (total < np.inf)):
             v /= total
             return v
     v[~np.isfinite(v)] = 0.0  # +inf preferences count as zero, like NaN
     top = v.max(axis=-1, keepdims=True)  # scale first so huge finite entries cannot overflow
     v = np.divide(v, top, out=np.zeros_like(v), where=top > 0.0)
-    total = v.sum(axis=-1, keepdims=True)
+    total = np.add.reduce(np.sort(v, axis=-1), axis=-1, keepdims=True)
     empty = total <= 0.0
     v = np.divide(v, total, out=np.zeros_like(v), where=~empty)
     v[..., CASH] = np.where(empty[..., 0], 1.0, v[..., CASH])

@@ -25,7 +25,8 @@ For every portfolio of a batch, in one onnxruntime call:
    environment.
 4. **Curiosity.** The ICM was trained on replay transitions ``(obs, action, next_obs)``: the
    environment's flat observation before a step, the policy's action in [-1, 1] and the
-   observation after the step, with one mask for both (an episode never changes its assets).
+   observation after the step, with one mask for both (training episodes keep their assets;
+   the environment can change a universe mid-episode, but training does not ask it to).
    The exported ``icm.onnx`` takes the *raw* flat observations and normalizes them itself. So
    a decision's ICM reward is ``icm(previous raw observation, previous action, this raw
    observation, mask)``. It is ``None`` when the model has no ICM, for a portfolio's first

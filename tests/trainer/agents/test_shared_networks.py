@@ -128,12 +128,12 @@ def test_permuting_assets_permutes_actions_and_keeps_q(kind: str, seed: int) -> 
         q = policy.critic(obs, actions)
         q_p = policy.critic(obs_p, permute_slots(actions, perm))
     assert not torch.allclose(action[:, 1:], action[:, 1:].mean(dim=1, keepdim=True))
-    torch.testing.assert_close(action_p, permute_slots(action, perm), rtol=0, atol=1e-6)
+    torch.testing.assert_close(action_p, permute_slots(action, perm), rtol=0, atol=0)
     assert isinstance(policy.critic, SharedCritic)
     assert isinstance(policy.critic_target, SharedCritic)
     assert len(q) == 2
     for one, one_p in zip(q, q_p, strict=True):
-        torch.testing.assert_close(one_p, one, rtol=0, atol=1e-6)
+        torch.testing.assert_close(one_p, one, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("kind", sorted(POLICIES))

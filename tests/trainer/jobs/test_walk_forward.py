@@ -4,22 +4,15 @@ window, rows in SQLite and Postgres, summary and report, Pushgateway, local vs R
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import time
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
-import sqlalchemy as sa
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy.pool import NullPool
 
 from allocator.cli import main
 from allocator.trainer.jobs.evaluation import evaluate_baselines
@@ -30,7 +23,10 @@ from allocator.trainer.jobs.walk_forward.config import (
     WalkForwardError,
     load_walk_forward_config,
 )
-from allocator.trainer.jobs.walk_forward.report import format_summary, write_report
+from allocator.trainer.jobs.walk_forward.report import (
+    format_summary,
+    write_report,
+)
 from allocator.trainer.jobs.walk_forward.results import WalkForwardResult, WindowResult
 from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
 from allocator.trainer.jobs.walk_forward.summary import summarize
@@ -39,80 +35,22 @@ from allocator.trainer.market.data import load_sp500
 from allocator.trainer.market.windows import Window, WindowSpec
 from allocator.trainer.sim.backtest import run_backtest
 from allocator.typed_config import ConfigError
-from tests.trainer.jobs.helpers import CONFIGS, free_address, migrated_sqlite, remigrate
+from tests.trainer.jobs.conftest import LocalRun
+from tests.trainer.jobs.helpers import (
+    CONFIGS,
+    TINY,
+    as_json,
+    free_address,
+    migrated_sqlite,
+    remigrate,
+    rows,
+    tiny,
+)
 
-TINY = CONFIGS / "walk_forward_tiny.yaml"
 FULL = CONFIGS / "walk_forward.yaml"
 
 
-def tiny(tmp: Path, *extra: str) -> WalkForwardConfig:
-    return load_walk_forward_config(
-        TINY, [f"registry={tmp / 'models'}", f"output_dir={tmp / 'out'}", *extra]
-    )
-
-
-def rows(url: str, sql: str) -> list[dict[str, Any]]:
-    engine = sa.create_engine(url, poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(sa.text(sql))]
-    finally:
-        engine.dispose()
-
-
-def as_json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
-
-
 # --- fixtures ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def pushgateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
-    """A real Pushgateway (Debian's prometheus-pushgateway) when installed, else None."""
-    binary = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
-    if binary is None:
-        yield None
-        return
-    address = free_address()
-    data = tmp_path_factory.mktemp("pushgateway") / "pushgateway.data"
-    proc = subprocess.Popen(
-        [binary, f"--web.listen-address={address}", f"--persistence.file={data}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://{address}"
-    try:
-        for _ in range(100):
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("prometheus-pushgateway did not become ready")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-@dataclass
-class LocalRun:
-    result: WalkForwardResult
-    url: str
-    gateway: str | None
-
-
-@pytest.fixture(scope="module")
-def local_run(tmp_path_factory: pytest.TempPathFactory, pushgateway: str | None) -> LocalRun:
-    """The tiny config on the local executor, recorded in SQLite, pushed when a gateway runs."""
-    tmp = tmp_path_factory.mktemp("walk-forward-local")
-    url = migrated_sqlite(tmp)
-    extra = [f"database_url={url}"] + ([f"pushgateway_url={pushgateway}"] if pushgateway else [])
-    result = run_walk_forward(tiny(tmp, *extra), progress=False)
-    return LocalRun(result, url, pushgateway)
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +101,9 @@ def test_the_shipped_config_plans_the_issue_walk_forward(tmp_path: Path) -> None
         ("executor=spark", "executor"),
         ("trainer=nowhere.yaml", "trainer config 'nowhere.yaml' not found"),
         ("windows.freq=fortnightly", "not a pandas offset alias"),
+        ("configurations_tried=0", "configurations_tried"),
+        ("statistics.interval=basic", "statistics.interval"),
+        ("statistics.level=1.5", "statistics.level"),
     ],
 )
 def test_bad_configs_name_the_key(override: str, message: str) -> None:

@@ -105,6 +105,21 @@ def test_tilt_mapping_steps_with_the_tilt_of_the_decision_anchor(data) -> None:
         assert info["raw_weights"][4:].sum() == 0.0  # empty slots stay empty
 
 
+@pytest.mark.parametrize("kind", ["min_variance", "hrp"])
+def test_risk_anchors_reset_and_step_with_the_contract_anchor(data, kind) -> None:
+    action = {"mapping": "tilt", "k": 1.5, "anchor": {"kind": kind, "vol_window": 15}}
+    env = PortfolioEnv(data, config(action=action))
+    anchor_spec = AnchorSpec(AnchorKind(kind), cash_share=0.05, vol_window=15)
+    env.reset(seed=2, options={"assets": ["A3", "A1", "A4", "A0"]})
+    for _ in range(3):
+        anchor = anchor_weights(slot_prices(env, data, 16), env.mask, anchor_spec)
+        np.testing.assert_array_equal(env.anchor, anchor)
+        _, _, _, _, info = env.step(np.zeros(M + 1, np.float32))
+        np.testing.assert_array_equal(info["raw_weights"], anchor)
+    equal = anchor_weights(slot_prices(env, data, 16), env.mask, AnchorSpec())
+    assert np.abs(env.anchor - equal).max() > 1e-3  # a risk allocation, not equal weight
+
+
 def test_history_covers_the_longest_of_features_and_anchor(data) -> None:
     assert config(features="asset_v1").history == 12  # the longest horizon
     assert config(action=TILT).history == 15  # the anchor's volatility window
@@ -127,7 +142,7 @@ def test_new_representations_pass_the_gymnasium_checker(data, changes) -> None:
         ({"horizons": []}, "horizons"),
         ({"action": {"mapping": "softmax"}}, "mapping"),
         ({"action": {"mapping": "tilt", "k": 0}}, "k"),
-        ({"action": {"anchor": {"kind": "hrp"}}}, "kind"),
+        ({"action": {"anchor": {"kind": "risk_parity"}}}, "kind"),
         ({"action": {"anchor": {"cash_share": 1.0}}}, "cash_share"),
     ],
 )
@@ -148,3 +163,28 @@ def test_backtest_of_a_zero_actor_under_tilt_holds_the_anchor(data) -> None:
     np.testing.assert_allclose(raw, np.tile(expected, (len(raw), 1)), atol=1e-15)
     affine = run_backtest(zero, data, start=data.dates[60], end=data.dates[90], max_assets=M)
     np.testing.assert_allclose(affine.raw_weights.iloc[0, :6], 1 / 6)  # (0 + 1) / 2, cash too
+
+
+def test_an_asset_listed_late_gets_the_contract_features_once_it_trades() -> None:
+    """The dataset's feature table holds NaN before a listing; episodes that include the asset
+    start after it and must see exactly the contract features of its closes."""
+    market = random_walk_market(n_dates=200, n_assets=4, seed=8)
+    prices = market.prices.copy()
+    prices[:90, 2] = np.nan  # A2 lists on row 90
+    late = MarketData(prices=prices, dates=market.dates, assets=market.assets, source="late")
+    env = PortfolioEnv(late, config(features="asset_v1", max_assets=4))
+    spec = env.config.asset_feature_spec
+    obs, _ = env.reset(options={"assets": ["A2", "A0"], "start": 90 + spec.lookback})
+    for _ in range(3):
+        expected = build_asset_observation(
+            slot_prices(env, late, spec.prices_per_asset),
+            env.drifted,
+            env.mask,
+            spec,
+            env.feature_norm,
+        )
+        np.testing.assert_array_equal(obs, expected)
+        assert np.all(np.isfinite(obs))
+        obs, *_ = env.step(np.zeros(5, dtype=np.float32))
+    with pytest.raises(ValueError, match="A2 has no prices"):
+        env.reset(options={"assets": ["A2"], "start": 90})

@@ -42,6 +42,16 @@ def test_the_shared_demo_config_says_what_it_changes() -> None:
     assert cfg.total_timesteps == demo.total_timesteps
 
 
+def test_the_shared_sac_demo_config_changes_only_the_representation() -> None:
+    cfg = load_config(ROOT / "configs" / "sac_icm_shared_demo.yaml")
+    demo = load_config(ROOT / "configs" / "sac_icm_demo.yaml")
+    assert (cfg.policy, cfg.env.features, cfg.env.action.mapping) == ("shared", "asset_v1", "tilt")
+    assert cfg.algorithm == demo.algorithm
+    assert cfg.icm == demo.icm
+    assert cfg.env.reward == demo.env.reward
+    assert cfg.total_timesteps == demo.total_timesteps
+
+
 def test_saying_nothing_new_keeps_the_mlp_on_returns_with_the_affine_mapping() -> None:
     cfg = load_config(None)
     assert cfg.policy == "mlp"

@@ -71,7 +71,20 @@ def test_td3_demo_config_leaves_a_complete_run_directory(tmp_path):
     ):
         assert tag in tags, tag
     validation = json.loads((run_dir / "validation.json").read_text())
-    assert set(validation["metrics"]) == {"td3", "equal-weight"}
+    assert set(validation["metrics"]) == {"td3", "equal-weight", "hrp"}
+    excess = validation["excess_sharpe_vs_equal_weight"]
+    assert excess["estimate"] == pytest.approx(
+        validation["metrics"]["td3"]["sharpe"] - validation["metrics"]["equal-weight"]["sharpe"],
+        abs=0.05,  # the metrics' Sharpe and the bootstrap's share days but not every convention
+    )
+    assert excess["low"] <= excess["estimate"] <= excess["high"]
+    allocation = validation["allocation"]
+    assert list(allocation["weights"]) == ["cash", *validation["assets"]]
+    for w in allocation["weights"].values():
+        assert 0.0 <= w["min"] <= w["mean"] <= w["max"] <= 1.0
+    assert allocation["mean_daily_turnover"] == pytest.approx(
+        validation["metrics"]["td3"]["turnover"], rel=1e-6
+    )
     saturation = json.loads((run_dir / "action_saturation.json").read_text())
     assert 0.0 <= saturation["near_bound_ratio"] <= 1.0
     # The resolved config reproduces the run's settings.
@@ -98,7 +111,15 @@ def test_sac_icm_demo_config_saves_the_curiosity_module(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "config", ["td3_demo.yaml", "sac_icm_demo.yaml", "td3.yaml", "sac_icm.yaml"]
+    "config",
+    [
+        "td3_demo.yaml",
+        "sac_icm_demo.yaml",
+        "td3.yaml",
+        "sac_icm.yaml",
+        "td3_shared_demo.yaml",
+        "sac_icm_shared_demo.yaml",
+    ],
 )
 def test_shipped_configs_validate(config):
     cfg = load_config(ROOT / "configs" / config)

@@ -112,10 +112,13 @@ def masked_mean_max(h: th.Tensor, live: th.Tensor) -> th.Tensor:
     """``[mean, max]`` of ``h`` (B, N, H) over live rows, (B, 2H); zeros when none is live.
 
     ``where`` rather than multiplying by the mask: ``0 * NaN`` would let a masked row through.
+    The sum runs over the values sorted along the asset axis: float addition is not
+    associative, and summing in slot order would make the context (and every action) depend on
+    the assets' order by a few ulps; sorted, a permutation gives the same bits.
     """
     m = live.unsqueeze(-1)
     count = m.sum(dim=1).clamp(min=1).to(h.dtype)
-    mean = th.where(m, h, th.zeros_like(h)).sum(dim=1) / count
+    mean = th.sort(th.where(m, h, th.zeros_like(h)), dim=1).values.sum(dim=1) / count
     top = h.masked_fill(~m, float("-inf")).amax(dim=1)
     top = th.where(live.any(dim=1, keepdim=True), top, th.zeros_like(top))
     return th.cat([mean, top], dim=-1)

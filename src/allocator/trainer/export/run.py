@@ -50,7 +50,16 @@ from allocator.trainer.export.parity import (
 from allocator.trainer.export.shared_graphs import AssetObservationNormalizer, SharedPolicyGraph
 from allocator.trainer.export.shared_parity import measure_shared_parity
 
-__all__ = ["check_exportable", "export_curiosity", "export_policy", "export_run"]
+__all__ = [
+    "SHARED_POSTPROCESSING",
+    "check_exportable",
+    "export_curiosity",
+    "export_policy",
+    "export_run",
+    "export_set_graph",
+    "publish",
+    "reserve_version",
+]
 
 SHARED_POSTPROCESSING = (
     "not in the graph: weights = portfolio.tilt_weights(action, portfolio.anchor_weights("
@@ -122,6 +131,14 @@ def export_shared_policy(loaded: LoadedRun, path: Path) -> Path:
     assert loaded.feature_norm is not None
     actor = loaded.model.actor  # type: ignore[attr-defined]
     graph = SharedPolicyGraph(actor, loaded.feature_norm, loaded.asset_spec.clip)
+    return export_set_graph(graph, loaded, path, _graph_metadata(loaded, "policy"))
+
+
+def export_set_graph(
+    graph: torch.nn.Module, loaded: LoadedRun, path: Path, metadata: dict[str, str]
+) -> Path:
+    """Export a graph with the shared policy's interface (features, weights, mask -> action),
+    traced at the training slots and exported with a dynamic asset axis."""
     n, f = loaded.spec.max_assets, loaded.spec.window
     example = (torch.zeros(4, n, f), torch.zeros(4, n + 1), torch.ones(4, n + 1))
     return export_graph(
@@ -130,7 +147,7 @@ def export_shared_policy(loaded: LoadedRun, path: Path) -> Path:
         SHARED_POLICY_INPUTS,
         SHARED_POLICY_OUTPUTS,
         path,
-        _graph_metadata(loaded, "policy"),
+        metadata,
         dynamic_shapes=set_axes(len(example)),
     )
 
@@ -208,6 +225,28 @@ def _export_info(
     }
 
 
+def reserve_version(registry: str | Path, name: str, version: str | None) -> tuple[str, Path, str]:
+    """The checked name, its directory in the registry and the version to publish (the next
+    integer unless given), refused as ``ExportError`` before any slow work when it exists."""
+    try:
+        name = check_name("name", name)
+        model_dir = Path(registry) / name
+        chosen = next_version(model_dir) if version is None else str(version)
+        version = check_name("version", chosen)
+        refuse_existing(model_dir / version)
+    except PublishError as exc:
+        raise ExportError(str(exc)) from exc
+    return name, model_dir, version
+
+
+def publish(files: list[Path], manifest: Manifest, model_dir: Path, version: str) -> Path:
+    """``registry.publish_files``, its refusals as ``ExportError``."""
+    try:
+        return publish_files(files, manifest, model_dir, version)
+    except PublishError as exc:
+        raise ExportError(str(exc)) from exc
+
+
 def export_run(
     run_dir: str | Path,
     registry: str | Path,
@@ -226,14 +265,7 @@ def export_run(
     """
     loaded = load_run(run_dir)
     check_exportable(loaded.manifest, Path(run_dir))
-    try:
-        name = check_name("name", name or loaded.manifest.name)
-        model_dir = Path(registry) / name
-        chosen = next_version(model_dir) if version is None else str(version)
-        version = check_name("version", chosen)
-        refuse_existing(model_dir / version)  # before the slow part
-    except PublishError as exc:
-        raise ExportError(str(exc)) from exc
+    name, model_dir, version = reserve_version(registry, name or loaded.manifest.name, version)
 
     with tempfile.TemporaryDirectory(prefix="allocator-export-") as tmp:
         work = Path(tmp)
@@ -246,7 +278,4 @@ def export_run(
         update = {"name": name, "export": info, "schema_version": SCHEMA_VERSION}
         manifest = loaded.manifest.model_copy(update=update)
         files = [model_path] + ([icm_path] if icm_path is not None else [])
-        try:
-            return publish_files(files, manifest, model_dir, version)
-        except PublishError as exc:
-            raise ExportError(str(exc)) from exc
+        return publish(files, manifest, model_dir, version)

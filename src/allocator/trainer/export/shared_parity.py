@@ -11,6 +11,7 @@ functions, exactly as the server builds it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ __all__ = [
     "parity_sizes",
     "random_set_observations",
     "real_set_observations",
+    "set_parity_sweep",
     "set_policy_parity",
     "shared_curiosity_parity",
     "shared_rollout",
@@ -281,6 +283,30 @@ def _flat(obs: SetObservations, loaded: LoadedRun) -> Float32Array:
     return assemble_observation(obs.features, obs.weights, obs.masks, loaded.spec)
 
 
+def set_parity_sweep(
+    loaded: LoadedRun,
+    n: int,
+    rng: np.random.Generator,
+    rollout: SharedRollout,
+    measure: Callable[[SetObservations], dict[str, Any]],
+) -> dict[str, Any]:
+    """``measure`` on ``n`` random and ``n`` real decisions at each size of ``parity_sizes``,
+    and on the rollout's decisions: the layout of every shared (or shared ensemble) parity."""
+    sizes = parity_sizes(loaded.spec.max_assets)
+    return {
+        "random": {
+            f"n{size}": measure(random_set_observations(loaded, n, size, rng)) for size in sizes
+        },
+        "real": {
+            **{f"n{size}": measure(real_set_observations(loaded, n, size, rng)) for size in sizes},
+            "rollout": {
+                **measure(rollout.sets),
+                "max_abs_observation_diff": rollout.max_abs_observation_diff,
+            },
+        },
+    }
+
+
 def measure_shared_parity(
     loaded: LoadedRun,
     model_path: Path,
@@ -293,29 +319,11 @@ def measure_shared_parity(
     environment (curiosity: random and rollout transitions of the training slots)."""
     rng = np.random.default_rng(seed)
     policy = onnx_session(model_path)
-    sizes = parity_sizes(loaded.spec.max_assets)
     rollout = shared_rollout(loaded, n, seed=seed)
-    parity: dict[str, Any] = {
-        "random": {
-            f"n{size}": set_policy_parity(
-                policy, loaded, random_set_observations(loaded, n, size, rng)
-            )
-            for size in sizes
-        },
-        "real": {
-            **{
-                f"n{size}": set_policy_parity(
-                    policy, loaded, real_set_observations(loaded, n, size, rng)
-                )
-                for size in sizes
-            },
-            "rollout": {
-                **set_policy_parity(policy, loaded, rollout.sets),
-                "max_abs_observation_diff": rollout.max_abs_observation_diff,
-                "max_abs_flat_action_diff": rollout.max_abs_flat_action_diff,
-            },
-        },
-    }
+    parity = set_parity_sweep(
+        loaded, n, rng, rollout, lambda obs: set_policy_parity(policy, loaded, obs)
+    )
+    parity["real"]["rollout"]["max_abs_flat_action_diff"] = rollout.max_abs_flat_action_diff
     if icm_path is not None:
         icm = onnx_session(icm_path)
         m = loaded.spec.max_assets

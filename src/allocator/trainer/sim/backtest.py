@@ -53,6 +53,26 @@ class BacktestResult:
             initial_value=float(self.nav.iloc[0]),
         )
 
+    def allocation_summary(self) -> dict[str, Any]:
+        """How the executed book moved: daily turnover and each holding's weight range.
+
+        A policy can score well and still be a frozen book; a range of a few basis points per
+        asset and a turnover near the costs of drift says so at a glance.
+        """
+        w = self.executed_weights
+        return {
+            "mean_daily_turnover": float(self.turnover.mean()),
+            "median_daily_turnover": float(self.turnover.median()),
+            "weights": {
+                str(col): {
+                    "min": float(w[col].min()),
+                    "mean": float(w[col].mean()),
+                    "max": float(w[col].max()),
+                }
+                for col in w.columns
+            },
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary: metrics at the top level, plus settings and the NAV path."""
         out: dict[str, Any] = {"policy": self.name, **self.metrics()}

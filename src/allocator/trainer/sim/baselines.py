@@ -153,12 +153,59 @@ class HRP(_FittedOptimizer):
         return HierarchicalRiskParity()
 
 
+class TopKMomentum:
+    """Equal weight over the ``k`` assets with the highest trailing ``lookback``-day return.
+
+    Relative-strength momentum, the rule a trend-following allocator must beat to show it
+    learned more than "hold what went up". Fully invested, no cash. Ties go to the asset in
+    the earlier slot, so a run is reproducible; an asset without a close at the start of the
+    lookback ranks last. With fewer than ``lookback`` returns before a decision, the return
+    over all the closes there are is used. Defaults: three months (63 days), the top 3,
+    rebalanced daily.
+    """
+
+    name = "momentum"
+
+    def __init__(self, lookback: int = 63, k: int = 3, rebalance_every: int = 1) -> None:
+        if lookback < 1 or k < 1 or rebalance_every < 1:
+            raise ValueError(
+                f"momentum needs lookback, k and rebalance_every >= 1, got {lookback}, {k}, "
+                f"{rebalance_every}"
+            )
+        self.lookback = lookback
+        self.k = k
+        self.rebalance_every = rebalance_every
+
+    def __repr__(self) -> str:
+        return f"TopKMomentum(lookback={self.lookback}, k={self.k})"
+
+    def chosen(self, prices: NDArray[np.float64]) -> NDArray[np.intp]:
+        """Columns of ``prices`` (closes up to the decision, oldest first) the rule holds."""
+        if len(prices) < 2:
+            raise ValueError("momentum needs at least 2 closes before its first decision")
+        window = prices[-(self.lookback + 1) :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            trailing = window[-1] / window[0] - 1.0
+        trailing = np.where(np.isfinite(trailing), trailing, -np.inf)
+        # A stable sort on the negated return: the earlier slot wins a tie.
+        return np.argsort(-trailing, kind="stable")[: self.k]
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        if ctx.step % self.rebalance_every:
+            return ctx.weights
+        top = self.chosen(ctx.prices)
+        w = np.zeros(len(ctx.assets))
+        w[top] = 1.0 / len(top)
+        return ctx.slot_weights(w)
+
+
 class BaselineName(StrEnum):
     EQUAL_WEIGHT = "equal-weight"
     BUY_AND_HOLD = "buy-and-hold"
     CASH = "cash"
     MIN_VARIANCE = "min-variance"
     HRP = "hrp"
+    MOMENTUM = "momentum"
 
 
 def make_baseline(name: str | BaselineName, **kwargs: Any) -> Policy:
@@ -174,5 +221,6 @@ def make_baseline(name: str | BaselineName, **kwargs: Any) -> Policy:
         BaselineName.CASH: Cash,
         BaselineName.MIN_VARIANCE: MinVariance,
         BaselineName.HRP: HRP,
+        BaselineName.MOMENTUM: TopKMomentum,
     }
     return classes[key](**kwargs)

@@ -5,14 +5,33 @@ One step at date t (after its close):
 1. the action maps to raw weights ``w`` (``portfolio.action_to_weights``) and is smoothed into the
    executed target ``s = ema_smooth(s_prev, w, mask, beta)``;
 2. the holdings, drifted to weights ``h`` by yesterday's moves, are traded to ``s``:
-   ``turnover = sum_{assets} |s_i - h_i|`` of NAV, and ``cost = cost_bps/1e4 * turnover * NAV`` is
-   taken out of NAV (``NAV' = NAV - cost``, then held in the proportions ``s``);
+   ``turnover = sold + sum_{assets} |s_i - h_i|`` of NAV (``sold``: see below, usually 0), and
+   ``cost = cost_bps/1e4 * turnover * NAV`` is taken out of NAV (``NAV' = NAV - cost``, then
+   held in the proportions ``s``);
 3. prices move to t+1: ``NAV_{t+1} = NAV' * sum_i s_i g_i`` with ``g_i = P_{t+1,i}/P_{t,i}``
    (cash 1),
    and the holdings drift to ``s_i g_i / sum_j s_j g_j``.
 
+The universe may change between two decisions (``change_universe``, or the reset option
+``universe_changes``), at the next decision date t, before its decision:
+
+* live slots stay a prefix: the staying assets keep their relative order and the joining ones
+  follow in the order given (``sim/universe.py``); ``asset_index``, ``asset_names`` and
+  ``mask`` follow that layout, and every carried vector moves with it by asset id;
+* the holdings of the assets that leave are sold into cash at t's close: ``sold`` (their weight)
+  is part of the next step's turnover and pays its cost there (``info["liquidation_turnover"]``),
+  so the trade is counted even when a slot is reused; joining assets hold 0;
+* the previous executed weights move by asset id, the leaving assets' entries dropped, and
+  step 1's ``ema_smooth`` renormalizes them under the new mask: the server's rule;
+* the per-decision arrays (slot prices, growth, features, anchors) are rebuilt from t on, so the
+  next observation is the contract observation of the new universe's closes;
+* the episode history's per-slot columns move by asset id (``EpisodeHistory.remap``: a joining
+  asset's past is weight 0 at a flat price, a leaving asset's is dropped), so rewards read no
+  slot that mixes two assets; the sale's cost is in the step's NAV return.
+
 Holdings are fractional (``shares_i = NAV' s_i / P_t,i`` in ``info``). Everything runs on arrays
-prepared at reset so that an agent's updates, not the environment, dominate training time.
+prepared for a universe's span of the episode, so that an agent's updates, not the environment,
+dominate training time.
 """
 
 from __future__ import annotations
@@ -43,10 +62,19 @@ from allocator.trainer.sim.representation import (
     ActionMapper,
     ActionSettings,
     FeatureSet,
+    FeatureTable,
     episode_anchors,
-    episode_features,
 )
 from allocator.trainer.sim.rewards import RewardConfig, RewardFunction
+from allocator.trainer.sim.universe import (
+    carry,
+    check_assets,
+    left_slots,
+    parse_schedule,
+    segment_end,
+    slot_sources,
+    universe_order,
+)
 from allocator.typed_config import StrictModel
 
 
@@ -119,7 +147,11 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     """Gymnasium environment over ``MarketData`` with the shared policy contract.
 
     ``reset(options=...)`` accepts ``assets`` (names, in slot order), ``start`` (a date or a row
-    index: the first decision date) and ``episode_length`` to pin an episode, as backtests do.
+    index: the first decision date) and ``episode_length`` to pin an episode, as backtests do,
+    and ``universe_changes`` (``{step: names}``, each the whole universe from decision ``step``
+    on, applied before it; the step's ``info["assets"]`` names the new universe). Every
+    universe needs closes from ``history`` rows before its first decision to the close its last
+    one is valued at, so an asset may list or delist mid-episode.
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's class attribute
@@ -156,6 +188,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             self.feature_norm = feature_norm or fit_feature_normalization(
                 data.prices, self.asset_spec
             )
+            self._table = FeatureTable(data.prices, self.asset_spec, self.feature_norm)
         else:
             # Normalized returns for the whole history, once: row t holds log(P_t / P_{t-1}).
             feats = normalize_returns(
@@ -164,6 +197,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             self._features = np.vstack([np.zeros((1, data.n_assets), np.float32), feats])
         self._map_action = ActionMapper(self.config.action)
         self._anchors: NDArray[np.float64] | None = None
+        self._column = {a: j for j, a in enumerate(data.assets)}
         self._first = data.first_valid()
         self._last = data.last_valid()
         self._cost_rate = self.config.cost_bps / 1e4
@@ -173,6 +207,9 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self._t0 = 0
         self._length = 0
         self._k = 0
+        self._row0 = 0  # decision index of row 0 of the per-decision arrays
+        self._changes: dict[int, tuple[str, ...]] = {}
+        self._sold = 0.0  # weight sold by universe changes since the last step
         self._done = True  # until the first reset
 
     # --- episode set-up ------------------------------------------------------------------
@@ -182,7 +219,21 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             return int(start)
         return self.data.date_index(start, "left")
 
-    def _sample_episode(self, options: dict[str, Any]) -> tuple[list[int], int, int]:
+    def _universe(
+        self, names: Sequence[str], first: int, last: int, span: str | None = None
+    ) -> list[int]:
+        """Data columns of ``names``, each with closes on rows ``first .. last`` (``span``)."""
+        idx = check_assets(names, self.data.assets, self.config.max_assets)
+        span = span or f"rows {first}..{last}"
+        for i in idx:
+            if self._first[i] > first or self._last[i] < last:
+                raise ValueError(f"asset {self.data.assets[i]} has no prices over {span}")
+        return idx
+
+    def _sample_episode(
+        self, options: dict[str, Any]
+    ) -> tuple[list[int], int, int, dict[int, tuple[str, ...]]]:
+        """The first universe, the first decision row, the length and the checked schedule."""
         cfg, w = self.config, self._history
         length = int(options.get("episode_length", cfg.episode_length))
         if "start" in options:
@@ -200,79 +251,116 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             raise ValueError(f"start needs {w} earlier closes for the observation window")
         if length < 1:
             raise ValueError("episode has no steps: start is at the end of the data")
+        changes = parse_schedule(options.get("universe_changes", {}), length)
+        for step, names in changes.items():
+            self._universe(names, t0 + step - w, t0 + segment_end(changes, step, length))
+        end = t0 + segment_end(changes, 0, length)
         if "assets" in options:
-            names = list(options["assets"])
-            unknown = [a for a in names if a not in self.data.assets]
-            if unknown:
-                raise ValueError(f"unknown asset(s) {', '.join(unknown)}")
-            if len(set(names)) != len(names):
-                raise ValueError(f"duplicate asset ids in {names}")
-            if len(names) > cfg.max_assets:
-                raise ValueError(f"{len(names)} assets exceed max_assets={cfg.max_assets}")
-            idx = [self.data.assets.index(a) for a in names]
-        else:
-            ok = np.flatnonzero((self._first <= t0 - w) & (self._last >= t0 + length))
-            if ok.size < cfg.min_assets:
-                raise ValueError(f"only {ok.size} assets trade over the sampled episode")
-            k = int(self.np_random.integers(cfg.min_assets, min(cfg.max_assets, ok.size) + 1))
-            idx = [int(i) for i in self.np_random.choice(ok, size=k, replace=False)]
-        for i in idx:
-            if self._first[i] > t0 - w or self._last[i] < t0 + length:
-                raise ValueError(
-                    f"asset {self.data.assets[i]} has no prices over the whole episode"
-                )
-        return idx, t0, length
+            span = "the whole episode" if not changes else None
+            return self._universe(list(options["assets"]), t0 - w, end, span), t0, length, changes
+        ok = np.flatnonzero((self._first <= t0 - w) & (self._last >= end))
+        if ok.size < cfg.min_assets:
+            raise ValueError(f"only {ok.size} assets trade over the sampled episode")
+        k = int(self.np_random.integers(cfg.min_assets, min(cfg.max_assets, ok.size) + 1))
+        idx = [int(i) for i in self.np_random.choice(ok, size=k, replace=False)]
+        return idx, t0, length, changes
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[NDArray[np.float32], dict[str, Any]]:
         super().reset(seed=seed)
-        idx, t0, length = self._sample_episode(options or {})
-        k = len(idx)
-        self.asset_index = np.asarray(idx, dtype=np.int64)
-        self.asset_names = tuple(self.data.assets[i] for i in idx)
-        self.mask = np.zeros(self.n_slots, dtype=bool)
-        self.mask[: k + 1] = True
-        self._mask_f32 = self.mask.astype(np.float32)
-        # Slot prices over the episode (cash and empty slots fixed at 1).
-        self._slot_prices = np.ones((length + 1, self.n_slots))
-        self._slot_prices[:, 1 : k + 1] = self.data.prices[t0 : t0 + length + 1][:, idx]
-        self._growth = self._slot_prices[1:] / self._slot_prices[:-1]
-        self._prepare_features(idx, t0, length)
-        self._t0, self._length, self._k = t0, length, 0
+        idx, t0, length, changes = self._sample_episode(options or {})
+        self._t0, self._length, self._k, self._changes = t0, length, 0, changes
+        self._install(idx, self._episode_rows(idx, 0))
         self._done = False
         self.nav = self.config.initial_value
         self.drifted = np.zeros(self.n_slots)
         self.drifted[0] = 1.0
         self.executed: NDArray[np.float64] | None = None
+        self._sold = 0.0
         if self.history.capacity < length:
             self.history = EpisodeHistory(self.n_slots, capacity=length)
         self.history.start(self.nav, self.drifted, self._slot_prices[0], self.mask)
         self.reward_fn.reset()
         return self._observation(), {"assets": self.asset_names, "date": self.date, "nav": self.nav}
 
-    def _prepare_features(self, idx: list[int], t0: int, length: int) -> None:
-        """Every observation's asset block (and the anchors) of the episode, computed once."""
+    def _episode_rows(self, idx: list[int], k0: int) -> dict[str, Any]:
+        """The per-decision arrays of universe ``idx`` from decision ``k0`` to the end of its
+        span (the next scheduled change, else the episode's end), computed in one go."""
         m, w, h = self.config.max_assets, self.config.window, self._history
+        t = self._t0 + k0
+        n = segment_end(self._changes, k0, self._length) - k0  # decisions in the span
+        k = len(idx)
+        # Slot prices over the span (cash and empty slots fixed at 1).
+        prices = np.ones((n + 1, self.n_slots))
+        prices[:, 1 : k + 1] = self.data.prices[t : t + n + 1][:, idx]
+        rows: dict[str, Any] = {"row0": k0, "prices": prices, "anchors": None}
         if self.asset_spec is None:
-            feats = np.zeros((length + w, m), np.float32)
-            feats[:, : len(idx)] = self._features[t0 - w + 1 : t0 + length + 1][:, idx]
-            self._episode_features = feats
-            if not self._map_action.tilt:
-                return
-        prices = self.data.prices[t0 - h : t0 + length + 1][:, idx]
-        if self.asset_spec is not None:
-            assert self.feature_norm is not None
-            # ``h`` may exceed the features' lookback (an anchor with a longer window): drop the
-            # extra closes, or row k would end before decision k and the policy see stale data.
-            lag = h - self.asset_spec.lookback
-            self._episode_features = episode_features(
-                prices[lag:], self.asset_spec, self.feature_norm, m
-            )
+            feats = np.zeros((n + w, m), np.float32)
+            feats[:, :k] = self._features[t - w + 1 : t + n + 1][:, idx]
+            rows["features"] = feats
+        else:
+            rows["features"] = self._table.episode(idx, t, n + 1, m)
         if self._map_action.tilt:
-            self._anchors = episode_anchors(
-                prices, self.config.action.anchor.spec, self.n_slots, h + 1
-            )
+            window = self.data.prices[t - h : t + n + 1][:, idx]
+            spec = self.config.action.anchor.spec
+            rows["anchors"] = episode_anchors(window, spec, self.n_slots, h + 1)
+        return rows
+
+    def _install(self, idx: list[int], rows: dict[str, Any]) -> None:
+        """Make ``idx`` the universe (slots 1..k in that order) with its prepared arrays."""
+        k = len(idx)
+        self.asset_index = np.asarray(idx, dtype=np.int64)
+        self.asset_names = tuple(self.data.assets[i] for i in idx)
+        self.mask = np.zeros(self.n_slots, dtype=bool)
+        self.mask[: k + 1] = True
+        self._mask_f32 = self.mask.astype(np.float32)
+        self._row0 = rows["row0"]
+        self._slot_prices = rows["prices"]
+        self._growth = self._slot_prices[1:] / self._slot_prices[:-1]
+        self._episode_features = rows["features"]
+        self._anchors = rows["anchors"]
+
+    # --- universe changes ------------------------------------------------------------------
+
+    def change_universe(self, assets: Sequence[str]) -> tuple[NDArray[np.float32], dict[str, Any]]:
+        """Make ``assets`` the universe from the next decision on (see the module docstring);
+        returns the new observation and ``{"assets", "date", "nav", "liquidation_turnover"}``.
+
+        ``ValueError``, with the environment unchanged, for an episode that is over, an empty,
+        unknown, repeated or too large list, or an asset without closes from ``history`` rows
+        before the next decision to the end of the episode (or of the next scheduled change).
+        """
+        if self._done:
+            raise ValueError("the episode is over: reset() before changing its universe")
+        if isinstance(assets, str):
+            raise ValueError(f"assets must be a list of asset names, got the string {assets!r}")
+        names = list(assets)
+        if not names:
+            raise ValueError("a universe needs at least one asset")
+        end = self._t0 + segment_end(self._changes, self._k, self._length)
+        self._universe(names, self.t - self._history, end)
+        self._change(names)
+        info = {"assets": self.asset_names, "date": self.date, "nav": self.nav}
+        return self._observation(), info | {"liquidation_turnover": self._sold}
+
+    def _change(self, names: Sequence[str]) -> tuple[str, ...]:
+        """Apply a checked universe at the next decision: sell the leavers into cash, carry the
+        holdings, executed weights and history by asset id, rebuild the arrays."""
+        order = universe_order(self.asset_names, names)
+        idx = [self._column[a] for a in order]
+        rows = self._episode_rows(idx, self._k)
+        source = slot_sources(self.asset_names, order, self.n_slots)
+        sold = float(self.drifted[left_slots(self.asset_names, order)].sum())
+        drifted = carry(self.drifted, source)
+        drifted[0] += sold
+        self.drifted = drifted
+        if self.executed is not None:
+            self.executed = carry(self.executed, source)
+        self._sold += sold
+        self._install(idx, rows)
+        self.history.remap(source, self.mask, self._slot_prices[0])
+        return self.asset_names
 
     # --- stepping ------------------------------------------------------------------------
 
@@ -288,12 +376,13 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
 
     def _observation(self) -> NDArray[np.float32]:
         n = self.config.max_assets * self.n_features
+        j = self._k - self._row0
         obs = np.empty(self.spec_.obs_size, np.float32)
         if self.asset_spec is None:
             w, m = self.config.window, self.config.max_assets
-            obs[:n].reshape(m, w)[:] = self._episode_features[self._k : self._k + w].T
+            obs[:n].reshape(m, w)[:] = self._episode_features[j : j + w].T
         else:
-            obs[:n] = self._episode_features[self._k]
+            obs[:n] = self._episode_features[j]
         obs[n : n + self.n_slots] = self.drifted
         obs[n + self.n_slots :] = self._mask_f32
         return obs
@@ -301,7 +390,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     @property
     def anchor(self) -> NDArray[np.float64] | None:
         """The tilt mapping's anchor at the next decision (None under the affine mapping)."""
-        return None if self._anchors is None else self._anchors[self._k]
+        return None if self._anchors is None else self._anchors[self._k - self._row0]
 
     def action_weights(self, action: NDArray[np.float32] | NDArray[np.float64]) -> NDArray:
         """Raw target weights of ``action`` at the next decision, under the configured mapping."""
@@ -331,30 +420,35 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     def _advance(
         self, raw: NDArray[np.float64]
     ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+        j = self._k - self._row0
         s = ema_smooth(self.executed, raw, self.mask, self._beta)
-        turnover = float(np.add.reduce(np.abs(s[1:] - self.drifted[1:])))
+        sold, self._sold = self._sold, 0.0
+        turnover = sold + float(np.add.reduce(np.abs(s[1:] - self.drifted[1:])))
         cost = self._cost_rate * turnover * self.nav
         invested = self.nav - cost
-        shares = invested * s / self._slot_prices[self._k]
-        grown = s * self._growth[self._k]
+        shares = invested * s / self._slot_prices[j]
+        grown = s * self._growth[j]
         gross = float(np.add.reduce(grown))
         self.nav = invested * gross
         self.drifted = grown / gross
         self.executed = s
         self._k += 1
-        self.history.record(self.nav, s, self._slot_prices[self._k], cost, turnover)
+        self.history.record(self.nav, s, self._slot_prices[j + 1], cost, turnover)
         reward = self.reward_fn(self.history)
         terminated = self.nav <= 1e-9 * self.config.initial_value
         truncated = self._k >= self._length and not terminated
         self._done = terminated or truncated
-        info = {
+        info: dict[str, Any] = {
             "raw_weights": raw,
             "executed_weights": s,
             "shares": shares,
             "cost": cost,
             "turnover": turnover,
+            "liquidation_turnover": sold,
             "nav": self.nav,
         }
+        if not self._done and self._k in self._changes:
+            info["assets"] = self._change(self._changes[self._k])
         return self._observation(), float(reward), bool(terminated), bool(truncated), info
 
 

@@ -1,6 +1,13 @@
 """What an episode has done so far, in preallocated arrays that rewards and penalties read.
 
 Row 0 is the state before the first decision; row ``k + 1`` is the state after step ``k``.
+
+The per-slot columns (executed weights, slot prices) are kept in the current slot layout. When
+the environment's universe changes, ``remap`` moves every recorded row to the new layout by
+asset id: a staying asset keeps its whole past; a leaving asset's columns are dropped; a joining
+asset's past is weight 0 at a flat price (its close at the change), so a windowed per-slot
+figure (a credit, a price return) counts it only from its join, and no slot ever mixes the
+prices of two assets. NAV, returns, costs and turnover are the portfolio's and do not move.
 """
 
 from __future__ import annotations
@@ -55,6 +62,20 @@ class EpisodeHistory:
         self.costs[k] = cost
         self.turnover[k] = turnover
         self.steps = k + 1
+
+    def remap(
+        self, source: NDArray[np.intp], mask: NDArray[np.bool_], prices: NDArray[np.float64]
+    ) -> None:
+        """Every recorded row in a new slot layout: new slot i takes old slot ``source[i]``'s
+        columns, or (``-1``) weight 0 and the flat price ``prices[i]`` (1 for an empty slot)."""
+        rows = slice(0, self.steps + 1)
+        kept = source >= 0
+        weights = np.zeros((self.steps + 1, self.n_slots))
+        weights[:, kept] = self.weights[rows][:, source[kept]]
+        flat = np.broadcast_to(np.asarray(prices, dtype=np.float64), weights.shape)
+        self.prices[rows] = np.where(kept, self.prices[rows][:, np.maximum(source, 0)], flat)
+        self.weights[rows] = weights
+        self.mask[:] = mask
 
     def window_start(self, window: int) -> int:
         """Row where a trailing window of ``window`` steps begins (shorter at episode start)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -79,4 +80,18 @@ def format_table(rows: Mapping[str, Mapping[str, float]]) -> str:
     lines = [head, "-" * len(head)]
     for name, m in rows.items():
         lines.append(f"{name:<{width}}" + "".join(f"{m[c]:>10.4f}" for c in cols))
+    return "\n".join(lines)
+
+
+def format_allocation(summary: Mapping[str, Any]) -> str:
+    """The allocation summary of a backtest as text: turnover, then each holding's range."""
+    weights = summary["weights"]
+    width = max(8, *(len(n) + 2 for n in weights)) if weights else 8
+    lines = [
+        f"mean daily turnover {summary['mean_daily_turnover']:.4f} "
+        f"(median {summary['median_daily_turnover']:.4f}); executed weights per holding:",
+        f"{'holding':<{width}}{'min':>8}{'mean':>8}{'max':>8}",
+    ]
+    for name, w in weights.items():
+        lines.append(f"{name:<{width}}{w['min']:>8.3f}{w['mean']:>8.3f}{w['max']:>8.3f}")
     return "\n".join(lines)

@@ -1,8 +1,9 @@
 """What the policy sees and what its action means: feature set and action mapping settings.
 
-The environment precomputes an episode's per-asset features and anchors at reset with the
-``portfolio`` contract functions (one vectorized call over every decision date), so stepping
-stays a slice and a small mapping, whatever the feature set.
+The environment computes the per-asset columns of the whole dataset once, and an episode's
+cross-sectional columns and anchors at reset, with the ``portfolio`` contract functions (one
+vectorized call over every decision date), so stepping stays a slice and a small mapping,
+whatever the feature set.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from allocator.portfolio import (
     FeatureNormalization,
     action_to_weights,
     anchor_weights,
-    asset_features,
-    normalize_features,
-    tilt_weights,
+    apply_tilt,
+    check_tilt_strength,
+    cross_sectional_features,
+    masked_anchor,
+    own_features,
+    standardize,
 )
 from allocator.typed_config import StrictModel
 
@@ -35,11 +39,18 @@ ActionMappingName = Literal["affine", "tilt"]
 class AnchorSettings(StrictModel):
     """The portfolio a zero tilt action holds, computed from the decision's own price window."""
 
-    kind: Literal["equal", "inverse_volatility"] = Field(
-        "equal", description="how live assets share the invested part"
+    kind: Literal["equal", "inverse_volatility", "min_variance", "hrp"] = Field(
+        "equal",
+        description="how live assets share the invested part: equally, by inverse volatility, "
+        "as the long-only minimum-variance or the hierarchical risk parity portfolio",
     )
     cash_share: float = Field(0.05, ge=0, lt=1, description="anchor weight of cash")
-    vol_window: int = Field(20, ge=2, description="daily returns of the inverse-vol sigma")
+    vol_window: int = Field(
+        20,
+        ge=2,
+        description="daily returns of the risk estimate: the inverse-vol sigma, or the "
+        "Ledoit-Wolf covariance of min_variance and hrp (unused by equal)",
+    )
 
     @property
     def spec(self) -> AnchorSpec:
@@ -63,36 +74,79 @@ def price_windows(prices: NDArray[np.float64], n_prices: int) -> NDArray[np.floa
     return sliding_window_view(prices, n_prices, axis=0)
 
 
-def episode_features(
-    prices: NDArray[np.float64],
-    spec: AssetFeatureSpec,
-    norm: FeatureNormalization,
-    max_assets: int,
-) -> NDArray[np.float32]:
-    """Normalized features ``(D, max_assets * F)`` for every decision of an episode.
+class FeatureTable:
+    """The per-asset feature columns of a whole dataset, computed once, sliced per episode.
 
-    ``prices`` holds the episode's live assets ``(D + P - 1, k)`` with ``P`` closes of history
-    before the first decision; empty slots get zero rows, as ``build_asset_observation`` does.
+    An asset's own columns (returns, horizon sums, volatility, drawdown) do not depend on which
+    other assets share its episode, so they are computed and normalized once here; an episode
+    adds only the cross-sectional columns (ranks, market means) of its own subset. Both come from
+    ``portfolio.own_features`` / ``cross_sectional_features`` and ``standardize``, the functions
+    ``asset_features`` and ``normalize_features`` are made of, so the numbers are those a server
+    computes from the same closes. Memory: ``T x N x F`` float32 plus the sums.
     """
-    windows = price_windows(prices, spec.prices_per_asset)
-    n_dates, k = windows.shape[0], windows.shape[1]
-    mask = np.ones((1, k + 1), dtype=bool)
-    feats = normalize_features(asset_features(windows, mask, spec), norm, spec.clip, mask)
-    out = np.zeros((n_dates, max_assets, spec.n_features), np.float32)
-    out[:, :k] = feats
-    return out.reshape(n_dates, -1)
+
+    def __init__(
+        self,
+        prices: NDArray[np.float64],
+        spec: AssetFeatureSpec,
+        norm: FeatureNormalization,
+        chunk_dates: int = 512,
+    ) -> None:
+        if norm.n_features != spec.n_features:
+            raise ValueError(
+                f"normalization has {norm.n_features} features, the spec {spec.n_features}"
+            )
+        self.spec, self.norm = spec, norm
+        n_own = spec.n_own_features
+        windows = price_windows(np.asarray(prices, dtype=np.float64), spec.prices_per_asset)
+        n_dates, n_assets = windows.shape[0], windows.shape[1]
+        self.own = np.empty((n_dates, n_assets, n_own), np.float32)
+        self.sums = np.empty((n_dates, n_assets, len(spec.horizons)))
+        mean, std = norm.mean[:n_own], norm.std[:n_own]
+        # Windows that reach before an asset's first close hold NaN: their rows are never used.
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for start in range(0, n_dates, chunk_dates):
+                rows = slice(start, start + chunk_dates)
+                own, self.sums[rows] = own_features(windows[rows], spec)
+                self.own[rows] = standardize(own, mean, std, spec.clip)
+
+    def episode(
+        self, assets: list[int], first: int, n_dates: int, max_assets: int
+    ) -> NDArray[np.float32]:
+        """Normalized features ``(n_dates, max_assets * F)`` from the decision at row ``first``.
+
+        Empty slots get zero rows, as ``build_asset_observation`` does.
+        """
+        spec, n_own = self.spec, self.spec.n_own_features
+        rows = slice(first - spec.lookback, first - spec.lookback + n_dates)
+        if rows.start < 0 or rows.stop > self.own.shape[0]:
+            raise ValueError(f"rows {first}..{first + n_dates - 1} lack the features' history")
+        k = len(assets)
+        live = np.ones((1, k), dtype=bool)
+        cross = cross_sectional_features(self.sums[rows][:, assets], live)
+        out = np.zeros((n_dates, max_assets, spec.n_features), np.float32)
+        out[:, :k, :n_own] = self.own[rows][:, assets]
+        out[:, :k, n_own:] = standardize(
+            cross, self.norm.mean[n_own:], self.norm.std[n_own:], spec.clip
+        )
+        return out.reshape(n_dates, -1)
 
 
 def episode_anchors(
     prices: NDArray[np.float64], spec: AnchorSpec, n_slots: int, n_prices: int
 ) -> NDArray[np.float64]:
-    """Anchor weights ``(D, n_slots)`` for every decision, from the same trailing windows."""
+    """Masked anchor weights ``(D, n_slots)`` for every decision, from trailing windows.
+
+    Already through ``masked_anchor`` for the episode's mask, so a step only applies the tilt.
+    """
     windows = price_windows(prices, n_prices)
     k = windows.shape[1]
     live = np.ones((1, k + 1), dtype=bool)
     out = np.zeros((windows.shape[0], n_slots))
     out[:, : k + 1] = anchor_weights(windows, live, spec)
-    return out
+    mask = np.zeros(n_slots, dtype=bool)
+    mask[: k + 1] = True
+    return masked_anchor(out, mask)
 
 
 class ActionMapper:
@@ -100,7 +154,7 @@ class ActionMapper:
 
     def __init__(self, settings: ActionSettings) -> None:
         self.tilt = settings.mapping == "tilt"
-        self.k = settings.k
+        self.k = check_tilt_strength(settings.k)
 
     def __call__(
         self,
@@ -108,7 +162,8 @@ class ActionMapper:
         mask: NDArray[np.bool_],
         anchor: NDArray[np.float64] | None,
     ) -> NDArray[np.float64]:
+        """``anchor`` is a row of ``episode_anchors`` (already masked for ``mask``)."""
         if not self.tilt:
             return action_to_weights(action, mask)
         assert anchor is not None, "the tilt mapping needs the decision's anchor"
-        return tilt_weights(action, anchor, mask, self.k)
+        return apply_tilt(action, anchor, self.k)

@@ -27,3 +27,18 @@ class TurnoverCallback(BaseCallback):
         if self.turnover:
             self.logger.record("rollout/turnover", float(np.mean(self.turnover)))
             self.logger.record("rollout/cost", float(np.mean(self.costs)))
+
+
+class StopAtStep(BaseCallback):
+    """Ends ``learn`` once ``step`` timesteps are done, as an interruption would.
+
+    The schedules still run to the full budget (``learn`` was asked for all of it); the run
+    continues from its last checkpoint, in this process or after a restart.
+    """
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+    def _on_step(self) -> bool:
+        return self.num_timesteps < self.step

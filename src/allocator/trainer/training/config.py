@@ -108,6 +108,37 @@ class SharedPolicySettings(StrictModel):
     hidden: int = Field(64, ge=1, description="width of the per-asset encoder and heads")
 
 
+SelectionMetric = Literal["sharpe", "sortino", "calmar", "annual_return", "total_return"]
+"""Backtest figures a checkpoint may be chosen by: all of them higher-is-better."""
+
+
+class SelectionSettings(StrictModel):
+    """Keep the checkpoint that scores best on an inner span cut from the end of training.
+
+    Without it a run keeps its last model, however it scores, and the only span left to judge
+    it on is the validation (in walk-forward, the test) span: choosing there would look ahead.
+    With it the model trains on the first part of ``data.train_start..train_end`` only; after
+    ``purge_days`` trading days left unused, the rest is the inner validation span, where the
+    deterministic policy is backtested with costs every ``eval_every`` steps.
+    """
+
+    enabled: bool = Field(False, description="choose the best checkpoint on the inner span")
+    inner_fraction: float = Field(
+        0.2, gt=0, lt=1, description="share of the training span's trading days held out"
+    )
+    inner_days: int | None = Field(
+        None, ge=5, description="trading days held out; replaces inner_fraction when set"
+    )
+    purge_days: int = Field(
+        5, ge=0, description="trading days between training and inner span, used by neither"
+    )
+    eval_every: int = Field(2_000, ge=1, description="steps between two inner backtests")
+    patience: int = Field(
+        5, ge=0, description="stop after this many evaluations without improvement (0: never)"
+    )
+    metric: SelectionMetric = Field("sharpe", description="inner backtest figure to maximize")
+
+
 class TrainConfig(StrictModel):
     """Everything one training run needs."""
 
@@ -131,6 +162,10 @@ class TrainConfig(StrictModel):
     algorithm: AlgoSettings = TD3Settings()
     noise: NoiseSettings = NoiseSettings()
     icm: ICMSettings = ICMSettings()
+    selection: SelectionSettings = SelectionSettings()
+    checkpoint_every: int = Field(
+        0, ge=0, description="steps between resumable checkpoints (0: none)"
+    )
 
     @model_validator(mode="before")
     @classmethod

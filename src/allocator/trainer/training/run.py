@@ -2,12 +2,16 @@
 
 The run directory holds everything needed to judge and reuse the run: the SB3 model, the ICM
 weights, normalization statistics, the resolved config, the state-scale and saturation audits,
-TensorBoard logs, the training curves, and a validation backtest next to equal weight.
+TensorBoard logs, the training curves, and a validation backtest next to equal weight. With
+``selection`` enabled the kept model is the best one on the inner span (``selection.py``);
+with ``checkpoint_every`` a crashed run resumes from its last checkpoint (``checkpointing.py``).
 """
 
 from __future__ import annotations
 
+import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,30 +20,33 @@ import numpy as np
 import pandas as pd
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
-from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.utils import LinearSchedule as SB3LinearSchedule
 from stable_baselines3.common.utils import get_device, set_random_seed
 
-from allocator.artifacts.files import write_json
+from allocator.artifacts.files import atomic_write_with, write_json
 from allocator.artifacts.manifest import write_manifest
-from allocator.portfolio import (
-    FeatureNormalization,
-    NormalizationStats,
-    fit_feature_normalization,
-    fit_normalization,
-)
+from allocator.portfolio import FeatureNormalization, NormalizationStats
 from allocator.trainer.agents.noise import NoiseAnnealingCallback, make_action_noise
 from allocator.trainer.agents.sac import SmoothSAC
 from allocator.trainer.agents.shared_policies import SharedSACPolicy, SharedTD3Policy
 from allocator.trainer.agents.td3 import SmoothTD3
-from allocator.trainer.market.data import MarketData, load_dataset
-from allocator.trainer.sim.backtest import BacktestResult, default_assets, run_backtest
-from allocator.trainer.sim.baselines import ActionPolicy
-from allocator.trainer.sim.env import PortfolioEnv
+from allocator.trainer.market.data import MarketData
+from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.plots import plot_allocations, plot_performance, plot_training_curves
 from allocator.trainer.training.audit import action_saturation, state_scale_summary
-from allocator.trainer.training.callbacks import TurnoverCallback
+from allocator.trainer.training.callbacks import StopAtStep, TurnoverCallback
+from allocator.trainer.training.checkpointing import (
+    CheckpointCallback,
+    keep_progress_before,
+    latest_checkpoint,
+    merge_progress,
+    restore_best,
+    restore_model,
+    resume_config,
+)
 from allocator.trainer.training.config import (
     LearningRate,
     LinearSchedule,
@@ -47,15 +54,30 @@ from allocator.trainer.training.config import (
     TD3Settings,
     TrainConfig,
     dump_config,
+    load_config,
 )
+from allocator.trainer.training.inputs import TrainingData, make_env, prepare_data
+from allocator.trainer.training.policy_eval import excess_over_equal_weight, validate_policy
 from allocator.trainer.training.run_dir import (
+    BEST_ICM_FILE,
+    BEST_MODEL_FILE,
+    CHECKPOINTS_DIR,
     CONFIG_FILE,
     FEATURE_NORMALIZATION_FILE,
     ICM_FILE,
+    LAST_ICM_FILE,
+    LAST_MODEL_FILE,
     MODEL_FILE,
     NORMALIZATION_FILE,
+    RUN_SUMMARY_FILE,
+    SELECTION_FILE,
     VALIDATION_FILE,
     build_manifest,
+)
+from allocator.trainer.training.selection import (
+    SelectionCallback,
+    SelectionState,
+    inner_scorer,
 )
 from allocator.typed_config import ConfigError
 
@@ -127,17 +149,6 @@ def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> 
     return SmoothSAC(policy, env, ent_coef=algo.ent_coef, **common)
 
 
-def _universe(config: TrainConfig, data: MarketData) -> MarketData:
-    if config.data.assets:
-        if len(config.data.assets) > config.env.max_assets:
-            raise ConfigError(
-                f"data.assets lists {len(config.data.assets)} assets but env.max_assets is "
-                f"{config.env.max_assets}"
-            )
-        return data.select(config.data.assets)
-    return data
-
-
 def _make_run_dir(config: TrainConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(config.output_dir) / f"{config.name}-{stamp}"
@@ -146,47 +157,6 @@ def _make_run_dir(config: TrainConfig) -> Path:
         run_dir, i = Path(f"{base}-{i}"), i + 1
     run_dir.mkdir(parents=True)
     return run_dir
-
-
-def validate_policy(
-    model: BaseAlgorithm,
-    config: TrainConfig,
-    data: MarketData,
-    stats: NormalizationStats,
-    feature_norm: FeatureNormalization | None = None,
-) -> tuple[dict[str, BacktestResult], np.ndarray]:
-    """Backtest the deterministic policy and equal weight on the validation period."""
-    d, env_cfg = config.data, config.env
-    t0 = data.date_index(d.validation_start, "left")
-    t1 = data.date_index(d.validation_end, "right")
-    assets = default_assets(data, t0 - env_cfg.history, t1)[: env_cfg.max_assets]
-    actions: list[np.ndarray] = []
-
-    def actor(obs: np.ndarray) -> np.ndarray:
-        action, _ = model.predict(obs, deterministic=True)
-        actions.append(np.asarray(action))
-        return action
-
-    common = {
-        "data": data,
-        "start": d.validation_start,
-        "end": d.validation_end,
-        "assets": assets,
-        "cost_bps": env_cfg.cost_bps,
-        "window": env_cfg.window,
-    }
-    # The policy sees the representation it was trained with; equal weight needs none of it.
-    agent = run_backtest(
-        ActionPolicy(actor, name=config.algorithm.name),
-        beta=env_cfg.beta,
-        max_assets=env_cfg.max_assets,
-        stats=stats,
-        env_config=None if env_cfg.is_default_representation else env_cfg,
-        feature_norm=feature_norm,
-        **common,
-    )
-    equal = run_backtest("equal-weight", beta=0.0, **common)
-    return {agent.name: agent, "equal-weight": equal}, np.asarray(actions)
 
 
 def write_audits(
@@ -208,48 +178,239 @@ def write_audits(
     write_json(run_dir / "action_saturation.json", saturation)
 
 
-def train(config: TrainConfig, run_dir: Path | None = None) -> TrainingRun:
-    """Train, save and audit one run; returns where it went and what it measured."""
-    set_random_seed(config.seed)
+def _seed(config: TrainConfig, offset: int) -> None:
+    set_random_seed(config.seed + offset)
     if config.torch_threads:
         th.set_num_threads(config.torch_threads)
-    data = _universe(config, load_dataset(config.data.dataset))
-    train_data = data.between(config.data.train_start, config.data.train_end)
-    stats = fit_normalization(train_data.prices, axis=0)  # training period only
-    feature_norm = None
-    if config.env.features == "asset_v1":  # training period only, too
-        feature_norm = fit_feature_normalization(train_data.prices, config.env.asset_feature_spec)
-    run_dir = run_dir or _make_run_dir(config)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(dump_config(config))
 
-    env = Monitor(PortfolioEnv(train_data, config.env, stats=stats, feature_norm=feature_norm))
-    model = build_model(config, env, None)
-    formats = ["csv", "tensorboard"] if config.tensorboard else ["csv"]
-    model.set_logger(configure(str(run_dir), formats))
-    callbacks = [TurnoverCallback()]
-    if isinstance(config.algorithm, TD3Settings):
-        callbacks.append(NoiseAnnealingCallback(config.noise, config.total_timesteps))
-    started = time.perf_counter()
-    model.learn(
-        config.total_timesteps, callback=callbacks, progress_bar=config.progress_bar, log_interval=1
-    )
-    seconds = time.perf_counter() - started
 
-    model.save(run_dir / MODEL_FILE)
-    icm = getattr(model, "icm", None)
-    if icm is not None:
-        icm.save(run_dir / ICM_FILE)
-    write_json(run_dir / NORMALIZATION_FILE, stats.to_dict())
-    if feature_norm is not None:
-        write_json(
-            run_dir / FEATURE_NORMALIZATION_FILE,
-            {"spec": config.env.asset_feature_spec.to_dict(), **feature_norm.to_dict()},
+def _copy(src: Path, dst: Path) -> None:
+    atomic_write_with(dst, lambda tmp: shutil.copyfile(src, tmp))
+
+
+class TrainingSession:
+    """A run in progress: its data, model and callbacks, started fresh or from a checkpoint.
+
+    ``train`` is ``start`` + ``learn`` + ``finish``; ``resume`` is the same from the last
+    checkpoint of a run that did not finish. ``learn(until=...)`` stops early, as a crash
+    would, leaving the checkpoints written so far.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        run_dir: Path,
+        data: TrainingData,
+        model: OffPolicyAlgorithm,
+        state: dict[str, Any],
+    ) -> None:
+        self.config, self.run_dir, self.data, self.model = config, run_dir, data, model
+        self.train_seconds = float(state.get("train_seconds", 0.0))
+        self.resumed_from: list[int] = list(state.get("resumed_from", []))
+        self.session_steps, self.session_seconds = 0, 0.0
+        self._learning_since: float | None = None
+        formats = ["csv", "tensorboard"] if config.tensorboard else ["csv"]
+        model.set_logger(configure(str(run_dir), formats))
+        self.callbacks: list[BaseCallback] = [TurnoverCallback()]
+        if isinstance(config.algorithm, TD3Settings):
+            # The schedule's position is the model's own step count, so it survives a resume.
+            self.callbacks.append(NoiseAnnealingCallback(config.noise, config.total_timesteps))
+        self.selection: SelectionCallback | None = None
+        if data.split is not None:
+            scorer = inner_scorer(config, data.train, data.split, data.stats, data.feature_norm)
+            saved = state.get("selection")
+            self.selection = SelectionCallback(
+                config.selection,
+                scorer,
+                run_dir,
+                data.split,
+                SelectionState.from_dict(saved) if saved else None,
+            )
+            self.selection.init_callback(model)  # ``finish`` may evaluate without ``learn``
+            self.callbacks.append(self.selection)
+        if config.checkpoint_every:
+            self.callbacks.append(
+                CheckpointCallback(
+                    run_dir, config.checkpoint_every, self.checkpoint_state, model.num_timesteps
+                )
+            )
+
+    @classmethod
+    def start(cls, config: TrainConfig, run_dir: Path | None = None) -> TrainingSession:
+        """A new run: data cut, statistics fitted, config written, a fresh model."""
+        _seed(config, 0)
+        data = prepare_data(config)
+        run_dir = run_dir or _make_run_dir(config)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / CONFIG_FILE).write_text(dump_config(config))
+        model = build_model(config, make_env(config, data), None)
+        assert isinstance(model, OffPolicyAlgorithm)
+        return cls(config, run_dir, data, model, {})
+
+    @classmethod
+    def resume(cls, run_dir: Path, config: TrainConfig | None = None) -> TrainingSession:
+        """The run in ``run_dir`` from its last checkpoint, with its own config.
+
+        ``config``, when given, must equal the run's ``config.yaml`` but for the keys that only
+        say where and how visibly it runs; a finished run is refused.
+        """
+        run_dir = Path(run_dir)
+        config = resume_config(load_config(run_dir / CONFIG_FILE), config, run_dir)
+        if (run_dir / RUN_SUMMARY_FILE).exists():
+            raise ConfigError(
+                f"{run_dir}: the run finished ({RUN_SUMMARY_FILE}); nothing to resume"
+            )
+        checkpoint = latest_checkpoint(run_dir)
+        done = checkpoint.num_timesteps
+        _seed(config, done)  # a new stream: not the first session's draws again
+        data = prepare_data(config)
+        model = restore_model(config, make_env(config, data), checkpoint)
+        model.set_random_seed(config.seed + done)
+        restore_best(run_dir, checkpoint)
+        keep_progress_before(run_dir, done)
+        state = {
+            **checkpoint.state,
+            "resumed_from": [*checkpoint.state.get("resumed_from", []), done],
+        }
+        return cls(config, run_dir, data, model, state)
+
+    @property
+    def finished(self) -> bool:
+        stopped = self.selection is not None and self.selection.state.stopped_early
+        return stopped or self.model.num_timesteps >= self.config.total_timesteps
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides the model: seconds, resumes, selection."""
+        running = 0.0
+        if self._learning_since is not None:
+            running = time.perf_counter() - self._learning_since
+        buffer = self.model.replay_buffer
+        return {
+            "train_seconds": self.train_seconds + running,
+            "resumed_from": self.resumed_from,
+            "replay_buffer_size": int(buffer.size()) if buffer is not None else 0,
+            "smooth_lambda": float(getattr(self.model, "smooth_lambda", 0.0)),
+            "selection": self.selection.state.to_dict() if self.selection else None,
+        }
+
+    def learn(self, until: int | None = None) -> None:
+        """Train to ``total_timesteps`` (or to step ``until``), continuing the step count."""
+        model = self.model
+        if self.finished:
+            return
+        callbacks = list(self.callbacks)
+        if until is not None:
+            callbacks.append(StopAtStep(until))
+        first = model.num_timesteps
+        self._learning_since = time.perf_counter()
+        model.learn(
+            self.config.total_timesteps - first,
+            callback=callbacks,
+            progress_bar=self.config.progress_bar,
+            log_interval=1,
+            reset_num_timesteps=False,
+        )
+        seconds = time.perf_counter() - self._learning_since
+        self._learning_since = None
+        if not self.finished:
+            # Stopped by ``until``: that step's transition was never stored, so the next
+            # ``learn`` starts a new episode rather than continue from a stale observation.
+            model._last_obs = None  # type: ignore[assignment]
+        self.train_seconds += seconds
+        self.session_seconds += seconds
+        self.session_steps += model.num_timesteps - first
+
+    def _keep_models(self) -> BaseAlgorithm:
+        """Save the model(s); with selection, ``model.zip`` is the best and is what returns."""
+        model, run_dir, selection = self.model, self.run_dir, self.selection
+        icm = getattr(model, "icm", None)
+        if selection is None:
+            model.save(run_dir / MODEL_FILE)
+            if icm is not None:
+                icm.save(run_dir / ICM_FILE)
+            return model
+        model.save(run_dir / LAST_MODEL_FILE)
+        if icm is not None:
+            icm.save(run_dir / LAST_ICM_FILE)
+        best = selection.state.best_step is not None
+        _copy(run_dir / (BEST_MODEL_FILE if best else LAST_MODEL_FILE), run_dir / MODEL_FILE)
+        if icm is not None:
+            _copy(run_dir / (BEST_ICM_FILE if best else LAST_ICM_FILE), run_dir / ICM_FILE)
+        chosen = type(model).load(run_dir / MODEL_FILE, device=model.device)
+        chosen_icm = getattr(chosen, "icm", None)
+        if chosen_icm is not None:
+            state = th.load(run_dir / ICM_FILE, map_location=model.device, weights_only=True)
+            chosen_icm.load_state_dict(state)
+        return chosen
+
+    def finish(self) -> TrainingRun:
+        """Keep the model, then validate, audit, plot and describe it in run.json and manifest."""
+        config, run_dir, data, model = self.config, self.run_dir, self.data, self.model
+        if (
+            self.selection is not None
+            and self.selection.state.last_eval_step != model.num_timesteps
+        ):
+            self.selection.evaluate()  # the last model gets its score too
+        if self.selection is not None:  # a resumed run's file may list undone evaluations
+            write_json(run_dir / SELECTION_FILE, self.selection.to_dict())
+        chosen = self._keep_models()
+        write_json(run_dir / NORMALIZATION_FILE, data.stats.to_dict())
+        if data.feature_norm is not None:
+            write_json(
+                run_dir / FEATURE_NORMALIZATION_FILE,
+                {"spec": config.env.asset_feature_spec.to_dict(), **data.feature_norm.to_dict()},
+            )
+        validation, actions = validate_policy(
+            chosen, config, data.data, data.stats, data.feature_norm
+        )
+        metrics = write_validation(run_dir, config, data, validation, actions)
+        merge_progress(run_dir)
+        progress = run_dir / "progress.csv"
+        if progress.exists() and progress.stat().st_size > 0:
+            plot_training_curves(pd.read_csv(progress), run_dir / "training_curves.png")
+        summary = self.summary(chosen, metrics)
+        write_json(run_dir / RUN_SUMMARY_FILE, summary)
+        write_manifest(
+            run_dir,
+            build_manifest(config, data.stats, list(data.train.assets), metrics, run_dir),
+        )
+        shutil.rmtree(run_dir / CHECKPOINTS_DIR, ignore_errors=True)  # the run is complete
+        return TrainingRun(
+            run_dir, chosen, config, data.stats, validation, summary, data.feature_norm
         )
 
-    validation, actions = validate_policy(model, config, data, stats, feature_norm)
+    def summary(self, chosen: BaseAlgorithm, metrics: dict[str, Any]) -> dict[str, Any]:
+        """``run.json``: what ran, how fast, what was kept and why, and how it validated."""
+        model, config = self.model, self.config
+        buffer = model.replay_buffer
+        out: dict[str, Any] = {
+            "algorithm": config.algorithm.name,
+            "total_timesteps": config.total_timesteps,
+            "timesteps": int(model.num_timesteps),
+            "train_seconds": round(self.train_seconds, 2),
+            "steps_per_second": round(self.session_steps / max(self.session_seconds, 1e-9), 1),
+            "device": str(model.device),
+            "smooth_lambda": float(getattr(chosen, "smooth_lambda", 0.0)),
+            "replay_buffer_size": int(buffer.size()) if buffer is not None else 0,
+            "validation": metrics,
+        }
+        if self.resumed_from:
+            out["resumed_from"] = self.resumed_from
+        if self.selection is not None:
+            out["selection"] = self.selection.summary(int(model.num_timesteps))
+        return out
+
+
+def write_validation(
+    run_dir: Path,
+    config: TrainConfig,
+    data: TrainingData,
+    validation: dict[str, BacktestResult],
+    actions: np.ndarray,
+) -> dict[str, Any]:
+    """validation.json, its plots and the audits of the validation path; returns the metrics."""
     agent = validation[config.algorithm.name]
-    write_audits(run_dir, config, train_data, stats, agent, actions)
+    write_audits(run_dir, config, data.fit, data.stats, agent, actions)
     metrics = {name: res.metrics() for name, res in validation.items()}
     write_json(
         run_dir / VALIDATION_FILE,
@@ -257,25 +418,32 @@ def train(config: TrainConfig, run_dir: Path | None = None) -> TrainingRun:
             "period": [config.data.validation_start, config.data.validation_end],
             "assets": agent.settings["assets"],
             "metrics": metrics,
+            "excess_sharpe_vs_equal_weight": excess_over_equal_weight(
+                validation, config.algorithm.name, config.seed
+            ).to_dict(),
+            "allocation": agent.allocation_summary(),
         },
     )
     plot_performance(validation, run_dir / "validation.png")
     plot_allocations(agent, run_dir / "validation_allocations.png")
-    progress = run_dir / "progress.csv"
-    if progress.exists() and progress.stat().st_size > 0:
-        plot_training_curves(pd.read_csv(progress), run_dir / "training_curves.png")
-    summary = {
-        "algorithm": config.algorithm.name,
-        "total_timesteps": config.total_timesteps,
-        "train_seconds": round(seconds, 2),
-        "steps_per_second": round(config.total_timesteps / seconds, 1),
-        "device": str(model.device),
-        "smooth_lambda": float(getattr(model, "smooth_lambda", 0.0)),
-        "validation": metrics,
-    }
-    write_json(run_dir / "run.json", summary)
-    write_manifest(
-        run_dir,
-        build_manifest(config, stats, list(train_data.assets), metrics, run_dir),
-    )
-    return TrainingRun(run_dir, model, config, stats, validation, summary, feature_norm)
+    return metrics
+
+
+def train(
+    config: TrainConfig, run_dir: Path | None = None, callbacks: Sequence[BaseCallback] = ()
+) -> TrainingRun:
+    """Train, save and audit one run; returns where it went and what it measured.
+
+    ``callbacks`` join the run's own (a caller watching the steps: walk-forward progress).
+    """
+    session = TrainingSession.start(config, run_dir)
+    session.callbacks.extend(callbacks)
+    session.learn()
+    return session.finish()
+
+
+def resume(run_dir: Path, config: TrainConfig | None = None) -> TrainingRun:
+    """Continue a run that did not finish from its last checkpoint, to ``total_timesteps``."""
+    session = TrainingSession.resume(run_dir, config)
+    session.learn()
+    return session.finish()

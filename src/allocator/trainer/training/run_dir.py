@@ -34,6 +34,16 @@ NORMALIZATION_FILE = "normalization.json"
 FEATURE_NORMALIZATION_FILE = "feature_normalization.json"
 CONFIG_FILE = "config.yaml"
 VALIDATION_FILE = "validation.json"
+RUN_SUMMARY_FILE = "run.json"
+BEST_MODEL_FILE = "best_model.zip"
+BEST_ICM_FILE = "best_icm.pt"
+LAST_MODEL_FILE = "last_model.zip"
+LAST_ICM_FILE = "last_icm.pt"
+SELECTION_FILE = "selection.json"
+CHECKPOINTS_DIR = "checkpoints"
+"""With selection, ``model.zip`` (and ``icm.pt``) are the chosen checkpoint, ``last_model.zip``
+(``last_icm.pt``) where training ended; ``checkpoints/`` holds the resumable state until the
+run finishes."""
 CHECKPOINT_FILES = [
     MODEL_FILE,
     ICM_FILE,

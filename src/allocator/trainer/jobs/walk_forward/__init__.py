@@ -15,7 +15,13 @@ a pure function of its job (seeded per window, torch limited to ``torch_threads`
 executors), so both executors give identical metrics.
 
 Modules, in the order a run uses them: ``config`` (what to run), ``window`` (one window's job),
-``executors`` (where windows run), ``results`` (what they produce), ``summary`` (the figures
-over all windows), ``store`` (the database rows), ``report`` (``summary.json``, markdown and
-figures), ``runner`` (``run_walk_forward``, the driver).
+``completion`` (whether a window's artifacts are whole), ``progress`` (a window's progress
+file while it runs), ``executors`` (where windows run), ``results`` (what they produce),
+``persist`` (each finished window kept in the run directory), ``returns`` (every window's
+daily net returns, ``returns.csv``), ``significance`` (intervals and tests from them),
+``summary`` (the figures over all windows), ``store`` (the database rows), ``report``
+(``summary.json``, markdown and figures), ``state`` (the run's identity, ``walk_forward.json``),
+``runner`` (``run_walk_forward``, the driver). ``resume`` finishes a run that was killed
+(``--resume``), ``status`` shows how far a run is, and ``rebuild`` replays the daily returns of
+a run made before ``returns.csv`` existed.
 """

@@ -58,6 +58,28 @@ class Goals(StrictModel):
     beats_equal_weight: float = Field(0.60, ge=0, le=1)
 
 
+class StatisticsSettings(StrictModel):
+    """How the report's intervals and tests are drawn (``allocator.trainer.statistics``).
+
+    Every draw is seeded, so a run's statistics are reproduced exactly from its
+    ``returns.csv`` (``allocator walk-forward stats RUN_DIR``).
+    """
+
+    level: float = Field(0.95, gt=0, lt=1, description="confidence level of the intervals")
+    reps: int = Field(1000, ge=100, description="bootstrap replications per interval and test")
+    seed: int = Field(0, ge=0, description="seed of every bootstrap")
+    block_size: int | None = Field(
+        None, ge=1, description="mean bootstrap block in days (None: Politis-White estimate)"
+    )
+    interval: Literal["percentile", "bca"] = "percentile"
+    trials_sharpe_variance: float | None = Field(
+        None,
+        ge=0,
+        description="annualized variance of the Sharpe ratios of the configurations tried "
+        "(None: a zero-Sharpe series' sampling variance over the same days)",
+    )
+
+
 class WalkForwardConfig(StrictModel):
     """A walk-forward run: the trainer config, the windows, and how to evaluate and record."""
 
@@ -83,6 +105,26 @@ class WalkForwardConfig(StrictModel):
     ray_address: str | None = Field(None, description="None: start a local Ray")
     ray_workers: int | None = Field(None, ge=1, description="CPUs of a local Ray (None: all)")
     torch_threads: int = Field(1, ge=1, description="torch threads per window, both executors")
+    retries: int = Field(
+        1,
+        ge=0,
+        description="Ray: times a window is rerun when its worker process dies (killed, out "
+        "of memory, node lost); an exception raised by the window is retried only with "
+        "retry_exceptions",
+    )
+    retry_exceptions: bool = Field(
+        False, description="Ray: also rerun (up to retries times) a window that raised"
+    )
+    progress_every: int = Field(
+        1000, ge=1, description="training steps between writes of a window's progress file"
+    )
+    configurations_tried: int = Field(
+        1,
+        ge=1,
+        description="recipes/configs tried on these windows, this one included (1: no "
+        "selection); the deflated Sharpe discounts the best-of-N luck",
+    )
+    statistics: StatisticsSettings = StatisticsSettings()
 
     @field_validator("baselines")
     @classmethod

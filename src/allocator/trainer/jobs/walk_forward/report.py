@@ -1,4 +1,8 @@
-"""Walk-forward report: ``summary.json`` and a folder with ``report.md`` and its PNG figures.
+"""Walk-forward report: ``summary.json``, ``returns.csv`` (every window's daily net returns, see
+``returns``) and a folder with ``report.md`` and its PNG figures.
+
+The report's tables: the summary per regime, each window, the intervals and tests of
+``significance`` (the same table ``allocator walk-forward stats`` prints), the baselines.
 
 Figures: equity of the exported model against every baseline, one panel per test window (NAVs
 restart at 1 in each); the excess Sharpe over equal weight per window, coloured by regime,
@@ -21,6 +25,8 @@ from matplotlib.patches import Patch
 
 from allocator.artifacts.files import write_json
 from allocator.trainer.jobs.walk_forward.results import WalkForwardResult, WindowResult
+from allocator.trainer.jobs.walk_forward.returns import SUMMARY_FILE, returns_frame, write_returns
+from allocator.trainer.jobs.walk_forward.significance import POOLED
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.plots import plot_allocations, save_figure
 
@@ -39,6 +45,9 @@ def summary_payload(result: WalkForwardResult) -> dict[str, Any]:
         "registry": str(Path(result.config.registry).resolve()),
         "cost_bps": result.config.cost_bps,
         "baseline_fit": result.config.baseline_fit,
+        "baselines": list(result.config.baselines),
+        "baseline_rebalance_every": result.config.baseline_rebalance_every,
+        "configurations_tried": result.config.configurations_tried,
         "windows_spec": result.config.windows.model_dump(mode="json"),
         "summary": {k: v for k, v in result.summary.items() if k != "per_window"},
         "windows": [
@@ -156,6 +165,77 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def statistics_rows(stats: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Per span (each window, then pooled): window, days, agent Sharpe, equal weight's Sharpe,
+    excess with its interval, SPA p-value, deflated Sharpe, as text."""
+    rows = []
+    for span in [*stats["windows"], stats[POOLED]]:
+        if "error" in span:
+            rows.append((span["window"], str(span["days"]), *(["n/a"] * 5)))
+            continue
+        ex, dsr = span["excess_sharpe"], span["deflated_sharpe"]
+        rows.append(
+            (
+                span["window"],
+                str(span["days"]),
+                _fmt(ex["policy_sharpe"]),
+                _fmt(ex["benchmark_sharpe"]),
+                f"{_fmt(ex['estimate'])} [{_fmt(ex['low'])}, {_fmt(ex['high'])}]",
+                _fmt(span["spa"]["pvalues"]["consistent"], ".3f"),
+                _fmt(dsr["deflated"], ".3f"),
+            )
+        )
+    return rows
+
+
+def statistics_notes(stats: dict[str, Any]) -> list[str]:
+    """What the statistics columns mean and how they were drawn; spans that had none."""
+    st = stats["settings"]
+    variance = st["trials_sharpe_variance"]
+    block = st["block_size"] or "Politis-White estimate"
+    notes = [
+        f"Excess: agent's Sharpe minus {st['benchmark']}'s on the same days, {st['level']:.0%} "
+        f"{st['interval']} interval of a stationary bootstrap of paired days ({st['reps']} "
+        f"draws, seed {st['seed']}, mean block: {block}); pooled: all windows' days in order.",
+        "SPA p: Hansen's consistent SPA p-value of the agent against each of "
+        f"{', '.join(st['baselines'])} on mean daily net return, the largest over them "
+        "(small: the agent beats every one).",
+        f"DSR: deflated Sharpe of the agent with {st['configurations_tried']} configuration(s) "
+        "tried, their Sharpes' annualized variance "
+        + ("the sampling variance of a zero-Sharpe span" if variance is None else f"{variance:g}")
+        + " (Bailey and Lopez de Prado, 2014).",
+    ]
+    for span in [*stats["windows"], stats[POOLED]]:
+        if "error" in span:
+            notes.append(f"{span['window']}: no statistics: {span['error']}")
+    return notes
+
+
+STATISTICS_HEADER = ("window", "days", "agent Sharpe", "EW Sharpe", "excess [lo, hi]", "SPA p")
+
+
+def format_statistics(stats: dict[str, Any]) -> str:
+    """The statistics as a plain-text table (each window, then pooled) and notes, for the CLI."""
+    header = (*STATISTICS_HEADER, "DSR")
+    rows = [header, *statistics_rows(stats)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.insert(len(lines) - 1, "-" * len(lines[0]))
+    return "\n".join([*lines, *statistics_notes(stats)])
+
+
+def statistics_lines(stats: dict[str, Any] | None) -> list[str]:
+    """The report's statistics section: the same table and notes as the CLI's."""
+    if not stats:
+        return []
+    header = (*STATISTICS_HEADER, "deflated Sharpe")
+    lines = ["## Intervals and tests", "", "| " + " | ".join(header) + " |"]
+    lines.append("|" + " --- |" * len(header))
+    lines += ["| " + " | ".join(row) + " |" for row in statistics_rows(stats)]
+    return [*lines, "", *(f"- {note}" for note in statistics_notes(stats))]
+
+
 def header_lines(result: WalkForwardResult) -> list[str]:
     """The title and what was run: trainer, windows, evaluation, executor."""
     cfg, spec = result.config, result.config.windows
@@ -259,6 +339,7 @@ def render_markdown(result: WalkForwardResult, figures: dict[str, Path]) -> str:
         header_lines(result),
         summary_lines(s),
         window_lines(s),
+        statistics_lines(s.get("statistics")),
         baseline_lines(s),
         icm_lines(result.windows),
         ["## Figures", "", *(f"![{name}]({path.name})" for name, path in figures.items())],
@@ -276,7 +357,10 @@ def write_report(result: WalkForwardResult, out_dir: str | Path) -> dict[str, Pa
     out = Path(out_dir)
     folder = out / "report"
     folder.mkdir(parents=True, exist_ok=True)
-    files = {"summary": write_json(out / "summary.json", summary_payload(result))}
+    files = {
+        "summary": write_json(out / SUMMARY_FILE, summary_payload(result)),
+        "returns": write_returns(returns_frame(result.windows), out),
+    }
     figures: dict[str, Path] = {}
     if result.windows:
         figures["equity per window"] = plot_window_equity(result.windows, folder / "equity.png")

@@ -10,9 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
 from allocator.trainer.market.windows import Window
 from allocator.trainer.sim.backtest import BacktestResult
+
+AGENT = "agent"
+"""The exported model's name among the policies of a window (its backtest and its column)."""
 
 
 @dataclass
@@ -37,6 +42,19 @@ class WindowResult:
 
     def baseline_metrics(self) -> dict[str, dict[str, float]]:
         return {name: r.metrics() for name, r in self.baselines.items()}
+
+    def daily_returns(self) -> pd.DataFrame:
+        """Daily net returns on the test span: what the statistics resample, kept so they can
+        be recomputed without replaying anything (``policy_returns``)."""
+        return policy_returns(self.agent, self.baselines)
+
+
+def policy_returns(agent: BacktestResult, baselines: dict[str, BacktestResult]) -> pd.DataFrame:
+    """Daily net returns, one column per policy (the model first, then the baselines), indexed
+    by the day each return is realised."""
+    columns = {AGENT: agent.returns}
+    columns.update({name: r.returns for name, r in baselines.items()})
+    return pd.DataFrame(columns)
 
 
 @dataclass

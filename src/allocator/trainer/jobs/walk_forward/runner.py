@@ -1,17 +1,22 @@
-"""The walk-forward driver: plan the windows, run them, record, summarize, report and push.
+"""The walk-forward driver: plan the windows, run them, record, summarize (with intervals and
+tests from the windows' daily returns), report and push.
 
-The driver records every finished window at once (one transaction per window, so a crash keeps
-what finished), then the summary, the report folder, and a push to the Pushgateway when one is
-configured. A run that fails closes its run row with the error and the number of windows done.
-A failed push never loses rows: it is reported in ``WalkForwardResult.push_error``.
+The driver keeps every finished window at once: first its whole result in the run directory
+(``persist``, ``windows/w03.json``), then its database row (one transaction per window), so a
+crash keeps what finished and ``--resume`` (``resume``) continues from there. Then the summary,
+the report folder, and a push to the Pushgateway when one is configured. A run that fails
+closes its run row with the error and the number of windows done. A failed push never loses
+rows: it is reported in ``WalkForwardResult.push_error``. While windows run, the progress bar
+shows the windows done and the running windows' training steps (``progress``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +26,38 @@ from allocator.metrics.jobs import JobMetrics, JobPush
 from allocator.recording.settings import database_url as default_database_url
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
 from allocator.trainer.jobs.walk_forward.executors import run_local, run_ray
+from allocator.trainer.jobs.walk_forward.persist import write_window_result
+from allocator.trainer.jobs.walk_forward.progress import (
+    DONE,
+    FAILED,
+    ProgressWatcher,
+    finite,
+    read_progress,
+    write_progress,
+)
 from allocator.trainer.jobs.walk_forward.report import write_report
 from allocator.trainer.jobs.walk_forward.results import WalkForwardResult, WindowResult
+from allocator.trainer.jobs.walk_forward.returns import returns_frame
+from allocator.trainer.jobs.walk_forward.significance import run_statistics
+from allocator.trainer.jobs.walk_forward.state import RunState, new_state, utc_now, write_state
 from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
-from allocator.trainer.jobs.walk_forward.summary import summarize, window_row
+from allocator.trainer.jobs.walk_forward.summary import attach_statistics, summarize, window_row
 from allocator.trainer.jobs.walk_forward.window import WindowJob, plan
 
 
 def make_label() -> str:
     """A UTC timestamp: unique per run, sortable, valid in a registry version."""
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+
+
+def run_directory(config: WalkForwardConfig, out_dir: str | Path | None, label: str) -> Path:
+    """Where a run writes: ``out_dir``, else ``output_dir/NAME-LABEL``."""
+    return Path(out_dir) if out_dir else Path(config.output_dir) / f"{config.name}-{label}"
+
+
+def database_url(config: WalkForwardConfig) -> str | None:
+    """Where the run records (None when it does not)."""
+    return (config.database_url or default_database_url()) if config.record else None
 
 
 @dataclass
@@ -55,33 +82,90 @@ class RunRows:
         self.store.close()
 
 
+@dataclass
+class WalkForwardSession:
+    """One session of a run: what it runs, where it keeps and records it, what it kept."""
+
+    config: WalkForwardConfig
+    out: Path
+    state: RunState
+    jobs: list[WindowJob]
+    rows: RunRows | None
+    url: str | None
+    kept: list[WindowResult] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def label(self) -> str:
+        return self.state.label
+
+    def ended(self, outcome: str, error: str | None = None) -> None:
+        """Note in ``walk_forward.json`` how this session ended (``status`` shows it)."""
+        entry = self.state.sessions[-1]
+        entry.update(ended=utc_now(), outcome=outcome)
+        if error is not None:
+            entry["error"] = error
+        write_state(self.out, self.state)
+
+
 def window_stream(config: WalkForwardConfig, jobs: Sequence[WindowJob]) -> Iterator[WindowResult]:
     """The configured executor's results, in the order the windows finish."""
     if config.executor == "ray":
-        return run_ray(jobs, config.ray_address, config.ray_workers)
+        return run_ray(
+            jobs, config.ray_address, config.ray_workers, config.retries, config.retry_exceptions
+        )
     return run_local(jobs)
 
 
+def keep_window(
+    session: WalkForwardSession, result: WindowResult, metrics: JobMetrics, done: list[WindowResult]
+) -> dict[str, Any]:
+    """A finished window: its file (first), its row, its metric; returns its summary row."""
+    row = window_row(result, session.config.regimes)
+    write_window_result(session.out, result)
+    if session.rows is not None:
+        session.rows.add_window(result, row)
+    metrics.record_window(result.window.label, result.metrics()["sharpe"])
+    done.append(result)
+    figures = {k: finite(row[k]) for k in ("sharpe", "excess_sharpe")}
+    write_progress(result.run_dir, result.window.label, DONE, **figures)
+    return row
+
+
 def collect_windows(
-    config: WalkForwardConfig,
+    session: WalkForwardSession,
     jobs: Sequence[WindowJob],
-    rows: RunRows | None,
     metrics: JobMetrics,
     done: list[WindowResult],
     progress: bool,
 ) -> None:
-    """Run every window, recording each as it finishes, into ``done`` (kept on failure)."""
-    stream = window_stream(config, jobs)
-    bar = tqdm(total=len(jobs), desc="walk-forward", unit="window", disable=not progress)
+    """Run ``jobs``, keeping each as it finishes, into ``done`` (kept on failure); the bar
+    counts every window of the run and shows the running ones' steps."""
+    stream = window_stream(session.config, jobs)
+    bar = tqdm(
+        total=len(session.jobs),
+        initial=len(done),
+        desc="walk-forward",
+        unit="window",
+        disable=not progress,
+    )
+    running = {j.window.label: j.run_dir for j in jobs}
+    last = [""]
+
+    def show(line: str) -> None:
+        bar.set_postfix_str(f"{line} | {last[0]}" if last[0] else line)
+
+    watcher = ProgressWatcher(
+        lambda: list(running.items()), show, since=dt.datetime.now(dt.UTC), enabled=progress
+    )
     try:
-        for result in stream:
-            row = window_row(result, config.regimes)
-            if rows is not None:
-                rows.add_window(result, row)
-            metrics.record_window(result.window.label, result.metrics()["sharpe"])
-            done.append(result)
-            bar.set_postfix_str(f"{result.window.label} sharpe {row['sharpe']:+.2f}")
-            bar.update()
+        with watcher:
+            for result in stream:
+                row = keep_window(session, result, metrics, done)
+                running.pop(result.window.label, None)
+                last[0] = f"{result.window.label} sharpe {row['sharpe']:+.2f}"
+                bar.set_postfix_str(last[0])
+                bar.update()
     except BaseException:
         stream.close()  # a Ray generator shuts its local Ray down
         raise
@@ -97,40 +181,73 @@ def run_walk_forward(
     progress: bool = True,
 ) -> WalkForwardResult:
     """Run every window on the configured executor, record, summarize, report and push."""
-    started = time.perf_counter()
     label = label or make_label()
-    out = Path(out_dir) if out_dir else Path(config.output_dir) / f"{config.name}-{label}"
+    out = run_directory(config, out_dir, label)
     out.mkdir(parents=True, exist_ok=True)
     jobs = plan(config, out, label)
-    url = (config.database_url or default_database_url()) if config.record else None
+    url = database_url(config)
     rows = RunRows.start(url, f"{config.name}-{label}", config) if url else None
+    state = new_state(config, label, jobs, rows.run_id if rows else None, url)
+    write_state(out, state)
+    return complete(WalkForwardSession(config, out, state, jobs, rows, url), progress)
+
+
+def mark_failed(jobs: Sequence[WindowJob], error: str) -> None:
+    """Say in their progress files that the windows this session had started will not end."""
+    for job in jobs:
+        progress = read_progress(job.run_dir)
+        if progress is not None and progress.get("phase") not in (DONE, FAILED):
+            write_progress(job.run_dir, job.window.label, FAILED, error=error)
+
+
+def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
+    """Run the windows the session has not kept, then summarize, report and push the run."""
+    config = session.config
     # One Pushgateway group per walk-forward model.
     pusher = JobPush(config.pushgateway_url, config.job_name, {"model": config.model_name})
-    results: list[WindowResult] = []
+    results = sorted(session.kept, key=lambda r: r.window.index)
+    for kept in results:
+        pusher.metrics.record_window(kept.window.label, kept.metrics()["sharpe"])
+    kept_labels = {r.window.label for r in results}
+    todo = [j for j in session.jobs if j.window.label not in kept_labels]
+    rows = session.rows
     try:
-        collect_windows(config, jobs, rows, pusher.metrics, results, progress)
+        collect_windows(session, todo, pusher.metrics, results, progress)
     except BaseException as exc:
+        error = f"{type(exc).__name__}: {exc}"
         if rows is not None:
-            rows.finish({"error": f"{type(exc).__name__}: {exc}", "windows_done": len(results)})
-        pusher.failed(time.perf_counter() - started)
+            rows.finish({"error": error, "windows_done": len(results)})
+        done = {r.window.label for r in results}
+        with contextlib.suppress(OSError):  # the run's own error is the one to report
+            mark_failed([j for j in todo if j.window.label not in done], error)
+            session.ended("failed", error)
+        pusher.failed(time.perf_counter() - session.started)
         raise
     results.sort(key=lambda r: r.window.index)
     summary = summarize(results, config.regimes, config.goals)
-    seconds = time.perf_counter() - started
+    statistics = run_statistics(
+        returns_frame(results), config.statistics, config.configurations_tried
+    )
+    attach_statistics(summary, statistics)
+    seconds = time.perf_counter() - session.started
     summary["seconds"] = round(seconds, 2)
     summary["executor"] = config.executor
+    resumed = [entry for entry in session.state.sessions if entry.get("resumed")]
+    if resumed:
+        summary["resumed"] = resumed
     if rows is not None:
         rows.finish(summary)
     result = WalkForwardResult(
-        label=label,
+        label=session.label,
         config=config,
-        out_dir=out,
+        out_dir=session.out,
         windows=results,
         summary=summary,
         run_id=rows.run_id if rows is not None else None,
-        database_url=url,
+        database_url=session.url,
         seconds=seconds,
     )
-    result.files = {k: str(v) for k, v in write_report(result, out).items()}
+    result.files = {k: str(v) for k, v in write_report(result, session.out).items()}
     result.push_error = pusher.succeeded(seconds)
+    session.ended("finished")
     return result

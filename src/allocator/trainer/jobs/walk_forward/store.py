@@ -2,14 +2,15 @@
 
 The driver writes one transaction per finished window, so a run that crashes keeps every
 window that finished; the run row is closed with the summary, or with the error and the number
-of windows done.
+of windows done. ``--resume`` reopens the same run row (``finished`` back to NULL, the summary
+cleared until the run ends again) and adds the windows that were missing.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import create_engine, inspect, null, select
+from sqlalchemy import create_engine, delete, inspect, null, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
@@ -19,6 +20,11 @@ from allocator.trainer.jobs.walk_forward.config import WalkForwardError
 from allocator.trainer.jobs.walk_forward.results import WindowResult
 
 TABLES = frozenset({"walk_forward_runs", "walk_forward_windows", "model_versions"})
+
+
+def shown_url(url: str) -> str:
+    """A database URL as messages and files show it: any password masked."""
+    return make_url(url).render_as_string(hide_password=True)
 
 
 class WalkForwardStore:
@@ -31,7 +37,7 @@ class WalkForwardStore:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = create_engine(url)
-        shown = make_url(url).render_as_string(hide_password=True)
+        shown = shown_url(url)
         try:
             tables = set(inspect(self.engine).get_table_names())
         except Exception as exc:  # any driver error: say where and why
@@ -49,6 +55,37 @@ class WalkForwardStore:
             session.add(row)
             session.flush()
             return int(row.id)
+
+    def reopen_run(self, run_id: int, name: str) -> dict[str, Any] | None:
+        """Mark a killed or failed run as running again; returns the summary it was closed
+        with (the error), if any. Refused unless the row exists under ``name``."""
+        with Session(self.engine) as session, session.begin():
+            row = session.get(WalkForwardRun, run_id)
+            if row is None or row.name != name:
+                raise WalkForwardError(
+                    f"{shown_url(self.url)} has no walk-forward run {run_id} named {name!r}: "
+                    "resume with the database the run recorded to (database_url or "
+                    "$DATABASE_URL)"
+                )
+            previous = row.summary
+            row.finished = None
+            row.summary = null()
+            return previous
+
+    def window_indices(self, run_id: int) -> set[int]:
+        """The indices of the windows recorded for a run."""
+        with Session(self.engine) as session:
+            query = select(WalkForwardWindow.index).where(WalkForwardWindow.run_id == run_id)
+            return set(session.scalars(query))
+
+    def drop_windows(self, run_id: int, indices: set[int]) -> None:
+        """Forget the rows of windows that will run again (their files were not kept)."""
+        with Session(self.engine) as session, session.begin():
+            session.execute(
+                delete(WalkForwardWindow).where(
+                    WalkForwardWindow.run_id == run_id, WalkForwardWindow.index.in_(indices)
+                )
+            )
 
     def add_window(self, run_id: int, result: WindowResult, row: dict[str, Any]) -> None:
         """The window row and, once per (name, version), the model-version row."""

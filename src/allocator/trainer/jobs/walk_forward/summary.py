@@ -1,6 +1,6 @@
 """The walk-forward summary: how often the model's net Sharpe is positive and beats equal
 weight, the median excess Sharpe and mean turnover, overall, per market regime and per
-baseline, and whether the goals are met.
+baseline, and whether the goals are met; then the intervals and tests (``significance``).
 
 Means and medians skip missing and non-finite values (a window whose Sharpe is NaN does not
 poison the mean); fractions count every window.
@@ -20,6 +20,7 @@ from allocator.trainer.jobs.walk_forward.config import (
     RegimeThresholds,
 )
 from allocator.trainer.jobs.walk_forward.results import WindowResult
+from allocator.trainer.jobs.walk_forward.significance import headline
 
 
 def finite_mean(values: Iterable[float | None]) -> float | None:
@@ -40,6 +41,7 @@ def window_row(result: WindowResult, regimes: RegimeThresholds) -> dict[str, Any
     ew = result.baselines[EQUAL_WEIGHT].metrics()
     return {
         "index": result.window.index,
+        "label": result.window.label,
         **result.window.to_dict(),
         "version": result.version,
         "sharpe": m["sharpe"],
@@ -101,3 +103,14 @@ def summarize(
         "goals": met,
         "per_window": rows,
     }
+
+
+def attach_statistics(summary: dict[str, Any], statistics: dict[str, Any]) -> None:
+    """Put a run's statistics (``significance.run_statistics``) in its summary: all of them
+    under ``statistics``, and each window's interval, SPA p-value and deflated Sharpe in its
+    row, beside the Sharpe they qualify."""
+    by_label = {s["window"]: s for s in statistics["windows"]}
+    for row in summary["per_window"]:
+        if row["label"] in by_label:
+            row.update(headline(by_label[row["label"]]))
+    summary["statistics"] = statistics

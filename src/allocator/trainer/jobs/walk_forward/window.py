@@ -5,10 +5,18 @@ another machine), and ``run_window`` is a pure function of it: the window's seed
 plan and torch runs with the job's thread count, so the local and the Ray executor give the
 same figures. The exported graph is judged through the serving code path
 (``evaluation.replay_exported``), never through the torch policy that was trained.
+
+A window that is run again (a Ray retry after its worker died, or ``--resume``) starts clean:
+when its training run and its exported version are both whole it is only judged again (the
+export is what counts, and it is final); otherwise its partial run directory is replaced and it
+trains from scratch. A registry version is never overwritten, so a whole version beside an
+unfinished training run is refused, naming it. While it trains, the window reports its steps
+in ``window_progress.json`` (``progress``).
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +33,17 @@ from allocator.trainer.jobs.evaluation import (
     icm_statistics,
     replay_exported,
 )
-from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
-from allocator.trainer.jobs.walk_forward.results import WindowResult
+from allocator.trainer.jobs.walk_forward.completion import exported, finished_training
+from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
+from allocator.trainer.jobs.walk_forward.progress import (
+    EVALUATED,
+    EVALUATING,
+    EXPORTING,
+    STARTING,
+    ProgressCallback,
+    write_progress,
+)
+from allocator.trainer.jobs.walk_forward.results import AGENT, WindowResult
 from allocator.trainer.market.data import MarketData, load_dataset
 from allocator.trainer.market.windows import Window, make_windows
 from allocator.trainer.sim.backtest import BacktestResult
@@ -49,6 +66,12 @@ class WindowJob:
     baseline_fit: BaselineFit
     rebalance_every: int
     torch_threads: int
+    progress_every: int = 1000
+
+    @property
+    def version_dir(self) -> Path:
+        """Where the window's export is published: ``REGISTRY/NAME/VERSION``."""
+        return Path(self.registry) / self.model_name / self.version
 
 
 def universe(trainer: TrainConfig) -> MarketData:
@@ -100,6 +123,7 @@ def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob
             baseline_fit=config.baseline_fit,
             rebalance_every=config.baseline_rebalance_every,
             torch_threads=config.torch_threads,
+            progress_every=config.progress_every,
         )
         for w in windows
     ]
@@ -120,29 +144,75 @@ def run_window(job: WindowJob) -> WindowResult:
 
 def train_export_evaluate(job: WindowJob) -> WindowResult:
     """``run_window`` without the thread setting and timing."""
-    w, cfg = job.window, job.trainer
-    run = train(cfg, Path(job.run_dir))
-    version_dir = export_run(run.run_dir, job.registry, name=job.model_name, version=job.version)
-    model = load_model(version_dir, prefer_cuda=False)
-    data = universe(cfg)
-    assets = evaluation_assets(data, w.test_start, w.test_end, cfg.env.window, model.max_assets)
-    ev = replay_exported(
-        model, data, w.test_start, w.test_end, cost_bps=job.cost_bps, assets=assets, name="agent"
-    )
-    return WindowResult(
-        window=w,
+    cfg, label = job.trainer, job.window.label
+    summary = finished_training(job.run_dir)
+    if summary is None or not exported(job.version_dir):
+        summary = train_and_export(job)
+    write_progress(job.run_dir, label, EVALUATING)
+    test = evaluate_test_span(job, job.version_dir)
+    result = WindowResult(
+        window=job.window,
         version=job.version,
-        version_dir=str(version_dir),
-        run_dir=str(run.run_dir),
+        version_dir=str(job.version_dir),
+        run_dir=job.run_dir,
         algorithm=cfg.algorithm.name,
-        manifest=model.manifest.model_dump(mode="json"),
-        agent=ev.result,
-        baselines=window_baselines(job, data, assets),
-        icm=window_icm_statistics(job, model, data, ev),
-        torch_validation=run.summary["validation"].get(cfg.algorithm.name, {}),
-        train_seconds=float(run.summary["train_seconds"]),
+        manifest=test.model.manifest.model_dump(mode="json"),
+        agent=test.agent.result,
+        baselines=test.baselines,
+        icm=window_icm_statistics(job, test.model, test.data, test.agent),
+        torch_validation=summary["validation"].get(cfg.algorithm.name, {}),
+        train_seconds=float(summary["train_seconds"]),
         seconds=0.0,
     )
+    write_progress(job.run_dir, label, EVALUATED)
+    return result
+
+
+def train_and_export(job: WindowJob) -> dict[str, object]:
+    """Train the window from scratch (its run directory replaced) and export it; returns the
+    training run's summary. Refused when the version already exists: versions are final."""
+    run_dir = Path(job.run_dir)
+    if job.version_dir.exists():
+        raise WalkForwardError(
+            f"{job.version_dir} exists, but window {job.window.label} cannot reuse it (its "
+            f"training run {run_dir} or the version is not whole): registry versions are "
+            "never overwritten; remove the version to train this window again"
+        )
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    write_progress(run_dir, job.window.label, STARTING)  # data and model before step 0
+    progress = ProgressCallback(
+        run_dir, job.window.label, job.trainer.total_timesteps, job.progress_every
+    )
+    run = train(job.trainer, run_dir, callbacks=[progress])
+    write_progress(run_dir, job.window.label, EXPORTING)
+    export_run(run.run_dir, job.registry, name=job.model_name, version=job.version)
+    return run.summary
+
+
+@dataclass
+class SpanEvaluation:
+    """The exported model replayed on a window's test span, and the baselines on that span."""
+
+    model: LoadedModel
+    data: MarketData
+    agent: ExportedEvaluation
+    baselines: dict[str, BacktestResult]
+
+
+def evaluate_test_span(job: WindowJob, version_dir: str | Path) -> SpanEvaluation:
+    """Judge an exported version on the window's test span: the ONNX graph replayed through
+    the serving path, the baselines on the same assets and costs. A finished run's windows
+    are judged again this way when their daily returns were not kept."""
+    w = job.window
+    model = load_model(version_dir, prefer_cuda=False)
+    data = universe(job.trainer)
+    window = job.trainer.env.window
+    assets = evaluation_assets(data, w.test_start, w.test_end, window, model.max_assets)
+    ev = replay_exported(
+        model, data, w.test_start, w.test_end, cost_bps=job.cost_bps, assets=assets, name=AGENT
+    )
+    return SpanEvaluation(model, data, ev, window_baselines(job, data, assets))
 
 
 def window_baselines(

@@ -1,0 +1,124 @@
+"""One trial: train the tuned config with selection, report inner scores, return the best one.
+
+A trial trains on the base config's training span only. ``selection`` is on, so the span is
+cut into the part the model learns from, a purge gap and the inner span; the trial's value is
+the best inner score its run reached (``best_score`` of its ``selection.json``). The run is
+never finished the way ``allocator train`` finishes one: no validation backtest, no audits, no
+manifest, so ``data.validation_*`` is never backtested and no price after ``data.train_end``
+can move a trial's value. A trial is a pure function of its job: the same job gives the same
+value in this process or on a Ray worker.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from allocator.trainer.jobs.tuning.config import PrunerSettings
+from allocator.trainer.jobs.tuning.pruning import PruningCallback
+from allocator.trainer.jobs.tuning.study import attach_trial
+from allocator.trainer.training.config import TrainConfig
+from allocator.trainer.training.run import TrainingSession
+from allocator.trainer.training.run_dir import SELECTION_FILE
+
+ERROR_FILE = "error.txt"
+"""A failed trial's traceback, in its run directory."""
+
+TrialState = Literal["COMPLETE", "PRUNED", "FAIL"]
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """Everything a worker needs to train one trial (picklable, for Ray)."""
+
+    number: int
+    params: dict[str, Any]  # the trainer values drawn for this trial, by dotted key
+    config: TrainConfig  # the base config with ``params`` set, selection on, tuner housekeeping
+    run_dir: Path
+    storage: str  # the study's journal file
+    study_name: str
+    pruner: PrunerSettings
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What a trial reached: its state, value (best inner score), steps and time."""
+
+    number: int
+    state: TrialState
+    value: float | None
+    steps: int
+    seconds: float
+    best_step: int | None
+    evaluations: int
+    run_dir: str
+    error: str | None = None
+
+    def attrs(self) -> dict[str, Any]:
+        """The figures stored with the trial in the study (Optuna user attributes)."""
+        return {
+            "best_score": self.value,
+            "steps": self.steps,
+            "seconds": self.seconds,
+            "best_step": self.best_step,
+            "evaluations": self.evaluations,
+            "run_dir": self.run_dir,
+            "error": self.error,
+        }
+
+
+def train_trial(job: TrialJob) -> tuple[int, bool]:
+    """Train with pruning; the steps trained and whether the pruner stopped the trial."""
+    trial = attach_trial(job.storage, job.study_name, job.number, job.pruner)
+    session = TrainingSession.start(job.config, job.run_dir)
+    selection = session.selection
+    assert selection is not None, "a trial trains with selection enabled"
+    pruning = PruningCallback(selection, trial)
+    session.callbacks.append(pruning)  # after SelectionCallback: it reads that evaluation
+    session.learn()
+    steps = int(session.model.num_timesteps)
+    if not pruning.pruned and selection.state.last_eval_step != steps:
+        selection.evaluate()  # the last policy gets its score too, as a finished run's does
+        pruning.report()
+    return steps, pruning.pruned
+
+
+def run_trial(job: TrialJob) -> TrialOutcome:
+    """Train one trial and read its value from its ``selection.json``; never raises.
+
+    A trial that fails (a diverging network, a value the environment refuses) comes back as
+    ``FAIL`` with the error, its traceback in ``error.txt``: one bad region of the space does
+    not end the study.
+    """
+    started = time.perf_counter()
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        steps, pruned = train_trial(job)
+    except Exception as exc:
+        (job.run_dir / ERROR_FILE).write_text(traceback.format_exc())
+        seconds = round(time.perf_counter() - started, 2)
+        error = f"{type(exc).__name__}: {exc}"
+        return TrialOutcome(job.number, "FAIL", None, 0, seconds, None, 0, str(job.run_dir), error)
+    selection = json.loads((job.run_dir / SELECTION_FILE).read_text())
+    best = selection["best_score"]
+    value = float(best) if best is not None and math.isfinite(best) else None
+    state: TrialState = "PRUNED" if pruned else "COMPLETE"
+    error = None
+    if value is None and not pruned:
+        state, error = "FAIL", f"no finite inner {selection['metric']} in any evaluation"
+    return TrialOutcome(
+        number=job.number,
+        state=state,
+        value=value,
+        steps=steps,
+        seconds=round(time.perf_counter() - started, 2),
+        best_step=selection["best_step"],
+        evaluations=len(selection["evaluations"]),
+        run_dir=str(job.run_dir),
+        error=error,
+    )

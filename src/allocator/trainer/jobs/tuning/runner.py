@@ -1,0 +1,200 @@
+"""The tuning driver: ask the study for trials, train them on the executor, tell the results.
+
+The driver alone draws values (``study.ask``, the seeded TPE sampler) and records results
+(``study.tell``); trials only report inner scores for the pruner. A study starts no new trial
+once ``n_trials`` were started, ``timeout_s`` has passed, or ``stop_after_failures`` trials in a
+row failed; running trials are waited for. If the driver itself is interrupted, trials still
+running are marked failed and the files are written before the error goes on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+from tqdm.auto import tqdm
+
+from allocator.trainer.jobs.tuning.config import TuneConfig, TuneError
+from allocator.trainer.jobs.tuning.executors import TrialExecutor, open_executor
+from allocator.trainer.jobs.tuning.objective import TrialJob, TrialOutcome
+from allocator.trainer.jobs.tuning.results import write_results
+from allocator.trainer.jobs.tuning.space import SearchSpace, tuned_config
+from allocator.trainer.jobs.tuning.study import STORAGE_FILE, create_study
+from allocator.trainer.training.inputs import prepare_data
+from allocator.typed_config import ConfigError
+
+TRIALS_DIR = "trials"
+"""The trials' run directories, ``trial-0003`` and so on, inside the tuning folder."""
+
+
+@dataclass
+class TuneResult:
+    """Where a study went and what it found (``summary`` is ``tune.json``)."""
+
+    config: TuneConfig
+    out_dir: Path
+    summary: dict[str, Any]
+    files: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        return self.summary["best"]
+
+
+def make_label() -> str:
+    """A UTC timestamp: unique per study, sortable."""
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+
+
+def trial_job(config: TuneConfig, space: SearchSpace, trial: optuna.Trial, out: Path) -> TrialJob:
+    """Draw the trial's values and build its job: the tuned config plus the tuner's own keys."""
+    params = space.suggest(trial)
+    tuned = tuned_config(config.trainer, params)
+    threads = config.torch_threads or (1 if config.executor == "ray" else tuned.torch_threads)
+    run_config = tuned.model_copy(
+        update={
+            "name": f"{config.name}-trial{trial.number:04d}",
+            "output_dir": str(out / TRIALS_DIR),
+            "progress_bar": False,
+            "tensorboard": False,
+            "torch_threads": threads,
+            "checkpoint_every": 0,
+        }
+    )
+    return TrialJob(
+        number=trial.number,
+        params=params,
+        config=run_config,
+        run_dir=out / TRIALS_DIR / f"trial-{trial.number:04d}",
+        storage=str(out / STORAGE_FILE),
+        study_name=config.name,
+        pruner=config.pruner,
+    )
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, outcome: TrialOutcome) -> None:
+    """Record the outcome: its figures as user attributes, then its state and value."""
+    for key, value in outcome.attrs().items():
+        trial.set_user_attr(key, value)
+    if outcome.state == "COMPLETE":
+        study.tell(trial, outcome.value)
+    else:
+        study.tell(trial, state=TrialState[outcome.state])
+
+
+@dataclass
+class Driver:
+    """One study's loop over its executor: what was started, what runs, why it stopped."""
+
+    config: TuneConfig
+    space: SearchSpace
+    study: optuna.Study
+    out: Path
+    on_done: Callable[[TrialOutcome], None]
+    started: float = field(default_factory=time.perf_counter)
+    asked: int = 0
+    failures_in_a_row: int = 0
+    stopped: str | None = None
+    running: dict[int, optuna.Trial] = field(default_factory=dict)
+
+    def may_start(self) -> bool:
+        c = self.config
+        elapsed = time.perf_counter() - self.started
+        if self.stopped is None and c.timeout_s is not None and elapsed >= c.timeout_s:
+            self.stopped = f"timeout_s ({c.timeout_s:g} s) reached"
+        return self.stopped is None and self.asked < c.n_trials
+
+    def start(self, executor: TrialExecutor) -> None:
+        """Ask for trials while the executor has room and the budget allows."""
+        while executor.running < executor.capacity and self.may_start():
+            trial = self.study.ask()
+            self.asked += 1
+            self.running[trial.number] = trial  # from now on an interruption fails it
+            try:
+                job = trial_job(self.config, self.space, trial, self.out)
+            except ConfigError as exc:  # values valid one by one, refused together
+                error = str(exc).replace("\n", " ")
+                self.running.pop(trial.number)
+                self.finish(
+                    trial, TrialOutcome(trial.number, "FAIL", None, 0, 0.0, None, 0, "", error)
+                )
+                continue
+            executor.submit(job)
+
+    def finish(self, trial: optuna.Trial, outcome: TrialOutcome) -> None:
+        tell(self.study, trial, outcome)
+        self.failures_in_a_row = self.failures_in_a_row + 1 if outcome.state == "FAIL" else 0
+        if self.failures_in_a_row >= self.config.stop_after_failures and self.stopped is None:
+            self.stopped = (
+                f"{self.failures_in_a_row} failed trials in a row (last: {outcome.error})"
+            )
+        self.on_done(outcome)
+
+    def run(self, executor: TrialExecutor) -> None:
+        """Start, wait for one, repeat, until nothing runs and nothing may start."""
+        try:
+            while True:
+                self.start(executor)
+                if executor.running == 0:
+                    return
+                outcome = executor.next_done()
+                self.finish(self.running.pop(outcome.number), outcome)
+        except BaseException as exc:
+            for number, trial in list(self.running.items()):
+                outcome = TrialOutcome(number, "FAIL", None, 0, 0.0, None, 0, "", repr(exc))
+                tell(self.study, trial, outcome)
+            self.running.clear()
+            raise
+
+
+def run_tuning(
+    config: TuneConfig,
+    *,
+    out_dir: str | Path | None = None,
+    label: str | None = None,
+    progress: bool = True,
+) -> TuneResult:
+    """Run the study on the configured executor; write trials.csv, best.yaml and tune.json."""
+    space = config.search_space()  # before any folder or trial: a bad key fails here
+    prepare_data(tuned_config(config.trainer, {}))  # and data or an inner span that cannot work
+    label = label or make_label()
+    out = Path(out_dir) if out_dir else Path(config.output_dir) / f"{config.name}-{label}"
+    if (out / STORAGE_FILE).exists():
+        raise TuneError(f"{out} already holds a study ({STORAGE_FILE}); choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    study = create_study(out / STORAGE_FILE, config.name, config.sampler, config.pruner)
+    if space.enqueue_base:
+        study.enqueue_trial(space.base_params())
+    bar = tqdm(total=config.n_trials, desc="tune", unit="trial", disable=not progress)
+
+    def done(outcome: TrialOutcome) -> None:
+        value = "-" if outcome.value is None else f"{outcome.value:+.3f}"
+        bar.set_postfix_str(f"trial {outcome.number} {outcome.state.lower()} {value}")
+        bar.update()
+
+    driver = Driver(config, space, study, out, done)
+    capacity = 1
+    try:
+        with open_executor(config.executor, config.ray_address, config.parallel) as executor:
+            capacity = executor.capacity
+            driver.run(executor)
+    finally:
+        bar.close()
+        seconds = time.perf_counter() - driver.started
+        facts = {
+            "label": label,
+            "study": {"name": config.name, "storage": str(out / STORAGE_FILE)},
+            "executor": config.executor,
+            "parallel": capacity,
+            "stopped": driver.stopped,
+            "seconds": round(seconds, 2),
+        }
+        summary, files = write_results(out, config, space, study.get_trials(deepcopy=False), facts)
+    return TuneResult(config, out, summary, files, seconds)

@@ -1,0 +1,160 @@
+"""Each finished window kept whole in the run directory, so a killed run resumes exactly.
+
+``windows/w03.json`` holds a window's entire ``WindowResult``: the window, the exported
+version, its manifest, the model's and every baseline's backtest (NAV, raw and executed
+weights, turnover, costs, settings), curiosity statistics and timings. The driver writes it
+atomically as the window finishes, before the window's database row, so ``--resume`` rebuilds
+the window from this file alone: no retraining and no replay, and the resumed run's summary,
+``returns.csv`` and statistics equal an uninterrupted run's. Floats go through Python's JSON
+(the shortest text that reads back to the same double; NaN as the ``NaN`` token Python reads),
+so the round trip is exact. The file is the job's own, read by nothing else.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from allocator.artifacts.files import atomic_write_text
+from allocator.trainer.jobs.walk_forward.config import WalkForwardError
+from allocator.trainer.jobs.walk_forward.results import WindowResult
+from allocator.trainer.market.windows import Window
+from allocator.trainer.sim.backtest import BacktestResult
+
+WINDOWS_DIR = "windows"
+FORMAT = 1
+"""Layout of a window file; a file of another layout is not trusted (the window reruns)."""
+
+
+def window_file(out_dir: str | Path, label: str) -> Path:
+    """Where a run keeps window ``label``'s result."""
+    return Path(out_dir) / WINDOWS_DIR / f"{label}.json"
+
+
+def series_payload(series: pd.Series) -> dict[str, Any]:
+    return {
+        "name": series.name,
+        "index_name": series.index.name,
+        "index_dtype": str(series.index.dtype),
+        "dtype": str(series.dtype),
+        "index": [str(v) for v in series.index],
+        "values": series.tolist(),
+    }
+
+
+def series_from(payload: dict[str, Any]) -> pd.Series:
+    index = pd.Index(payload["index"], name=payload["index_name"])
+    return pd.Series(
+        payload["values"],
+        index=index.astype(payload["index_dtype"]),
+        name=payload["name"],
+        dtype=payload["dtype"],
+    )
+
+
+def frame_payload(frame: pd.DataFrame) -> dict[str, Any]:
+    return {
+        "index_name": frame.index.name,
+        "index_dtype": str(frame.index.dtype),
+        "columns": [str(c) for c in frame.columns],
+        "columns_dtype": str(frame.columns.dtype),
+        "dtypes": [str(t) for t in frame.dtypes],
+        "index": [str(v) for v in frame.index],
+        "values": frame.to_numpy().tolist(),
+    }
+
+
+def frame_from(payload: dict[str, Any]) -> pd.DataFrame:
+    index = pd.Index(payload["index"], name=payload["index_name"])
+    columns = pd.Index(payload["columns"]).astype(payload["columns_dtype"])
+    frame = pd.DataFrame(
+        payload["values"] or None, index=index.astype(payload["index_dtype"]), columns=columns
+    )
+    return frame.astype(dict(zip(columns, payload["dtypes"], strict=True)))
+
+
+def backtest_payload(result: BacktestResult) -> dict[str, Any]:
+    return {
+        "name": result.name,
+        "nav": series_payload(result.nav),
+        "raw_weights": frame_payload(result.raw_weights),
+        "executed_weights": frame_payload(result.executed_weights),
+        "turnover": series_payload(result.turnover),
+        "costs": series_payload(result.costs),
+        "settings": result.settings,
+    }
+
+
+def backtest_from(payload: dict[str, Any]) -> BacktestResult:
+    return BacktestResult(
+        name=payload["name"],
+        nav=series_from(payload["nav"]),
+        raw_weights=frame_from(payload["raw_weights"]),
+        executed_weights=frame_from(payload["executed_weights"]),
+        turnover=series_from(payload["turnover"]),
+        costs=series_from(payload["costs"]),
+        settings=payload["settings"],
+    )
+
+
+def result_payload(result: WindowResult) -> dict[str, Any]:
+    """A window's result as the JSON tree of its file."""
+    return {
+        "format": FORMAT,
+        "window": result.window.to_dict(),
+        "version": result.version,
+        "version_dir": result.version_dir,
+        "run_dir": result.run_dir,
+        "algorithm": result.algorithm,
+        "manifest": result.manifest,
+        "agent": backtest_payload(result.agent),
+        "baselines": {name: backtest_payload(b) for name, b in result.baselines.items()},
+        "icm": result.icm,
+        "torch_validation": result.torch_validation,
+        "train_seconds": result.train_seconds,
+        "seconds": result.seconds,
+    }
+
+
+def result_from(payload: dict[str, Any]) -> WindowResult:
+    """The ``WindowResult`` a window file holds."""
+    w = payload["window"]
+    spans = ("train_start", "train_end", "test_start", "test_end")
+    window = Window(int(w["index"]), *(dt.date.fromisoformat(w[k]) for k in spans))
+    return WindowResult(
+        window=window,
+        version=payload["version"],
+        version_dir=payload["version_dir"],
+        run_dir=payload["run_dir"],
+        algorithm=payload["algorithm"],
+        manifest=payload["manifest"],
+        agent=backtest_from(payload["agent"]),
+        baselines={name: backtest_from(b) for name, b in payload["baselines"].items()},
+        icm=payload["icm"],
+        torch_validation=payload["torch_validation"],
+        train_seconds=float(payload["train_seconds"]),
+        seconds=float(payload["seconds"]),
+    )
+
+
+def write_window_result(out_dir: str | Path, result: WindowResult) -> Path:
+    """Keep a finished window in ``out_dir/windows/`` (atomic: whole or absent)."""
+    path = window_file(out_dir, result.window.label)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result_payload(result), default=str, allow_nan=True)
+    return atomic_write_text(path, text)
+
+
+def read_window_result(path: str | Path) -> WindowResult:
+    """A window file, refused (``WalkForwardError``) when unreadable or of another layout."""
+    try:
+        payload = json.loads(Path(path).read_text())
+        if payload.get("format") != FORMAT:
+            raise ValueError(f"format {payload.get('format')!r}, expected {FORMAT}")
+        return result_from(payload)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise WalkForwardError(f"{path}: not a readable window result: {exc}") from exc

@@ -1,0 +1,216 @@
+"""``--resume RUN_DIR``: finish a walk-forward run that was killed or failed, without
+retraining the windows that finished.
+
+A window is finished when everything it produced is whole: its result file
+(``windows/w03.json``, written before its database row), its exported version in the registry
+and its training run directory (each a manifest whose checksums match). Those windows are
+taken from their files exactly as they were; the others run again from scratch (a window
+killed after its export is only judged again, see ``window``).
+
+The run keeps its identity: its label (so its version names), its directory and its run row,
+which is reopened (``finished`` back to NULL, the summary cleared until the run ends again);
+rows of windows that run again are replaced, a kept window whose row is missing gets it. The
+config must be the run's: only the keys of ``RESUME_FREE`` (how and where windows run, never
+what they compute) may differ, anything else is refused naming the key. Without a config of
+its own, a resume uses the run's (``walk_forward.json``) with the ``--set`` overrides applied.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from allocator.trainer.jobs.walk_forward.completion import exported, finished_training
+from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
+from allocator.trainer.jobs.walk_forward.persist import read_window_result, window_file
+from allocator.trainer.jobs.walk_forward.progress import DONE, FAILED, read_progress, writer_alive
+from allocator.trainer.jobs.walk_forward.results import WalkForwardResult, WindowResult
+from allocator.trainer.jobs.walk_forward.runner import (
+    RunRows,
+    WalkForwardSession,
+    complete,
+    database_url,
+)
+from allocator.trainer.jobs.walk_forward.state import (
+    STATE_FILE,
+    ResumeError,
+    RunState,
+    plan_payload,
+    read_state,
+    utc_now,
+    write_state,
+)
+from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
+from allocator.trainer.jobs.walk_forward.summary import window_row
+from allocator.trainer.jobs.walk_forward.window import WindowJob, plan
+from allocator.trainer.training.config import UNION_TAGS
+from allocator.typed_config import apply_overrides, validate
+
+RESUME_FREE = frozenset(
+    {
+        "executor",
+        "ray_address",
+        "ray_workers",
+        "retries",
+        "retry_exceptions",
+        "progress_every",
+        "trainer_source",
+    }
+)
+"""Config keys a resume may change: where and how the windows run, never what they compute
+(``trainer_source`` only says which file the trainer settings were read from)."""
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``; lists are values."""
+    if not isinstance(tree, dict) or (prefix and not tree):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def config_differences(run: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The dotted keys whose values differ, outside ``RESUME_FREE``: (key, run's, now)."""
+    a, b = flatten(run), flatten(now)
+    missing = object()
+    keys = sorted(set(a) | set(b))
+    return [
+        (k, a.get(k, missing), b.get(k, missing))
+        for k in keys
+        if k.split(".")[0] not in RESUME_FREE and a.get(k, missing) != b.get(k, missing)
+    ]
+
+
+def check_same_config(state: RunState, config: WalkForwardConfig, run_dir: Path) -> None:
+    """Refuse a config that would compute something else than the run did, naming the key."""
+    source = str(run_dir / STATE_FILE)
+    run = validate(WalkForwardConfig, copy.deepcopy(state.config), source, tags=UNION_TAGS)
+    diffs = config_differences(run.model_dump(mode="json"), config.model_dump(mode="json"))
+    if not diffs:
+        return
+    shown = ", ".join(f"{k} (run: {a!r}, now: {b!r})" for k, a, b in diffs[:5])
+    more = f" and {len(diffs) - 5} more" if len(diffs) > 5 else ""
+    raise ResumeError(
+        f"cannot resume {run_dir}: the config differs from the run's at {shown}{more}; only "
+        f"{', '.join(sorted(RESUME_FREE - {'trainer_source'}))} may change on a resume (leave "
+        "out --config to use the run's own)"
+    )
+
+
+def resume_config(
+    state: RunState, run_dir: Path, config: WalkForwardConfig | None, overrides: Sequence[str]
+) -> WalkForwardConfig:
+    """The config to resume with: the one given, else the run's with ``overrides`` applied;
+    either way checked against the run's."""
+    if config is None:
+        source = str(run_dir / STATE_FILE)
+        tree = apply_overrides(copy.deepcopy(state.config), overrides, source)
+        config = validate(WalkForwardConfig, tree, source, tags=UNION_TAGS)
+    check_same_config(state, config, run_dir)
+    return config
+
+
+def check_plan(state: RunState, jobs: Sequence[WindowJob], run_dir: Path) -> None:
+    """Refuse when the same config now cuts other windows (the data or the working directory
+    changed): the kept windows would not belong to this run."""
+    now = plan_payload(jobs)
+    for key in ("registry", "dataset", "windows"):
+        if now[key] != state.plan.get(key):
+            raise ResumeError(
+                f"cannot resume {run_dir}: the {key} resolves differently than when the run "
+                f"started (run: {state.plan.get(key)!r}, now: {now[key]!r}); resume from the "
+                "directory the run was started in, with the same data"
+            )
+
+
+def check_not_running(jobs: Sequence[WindowJob], run_dir: Path) -> None:
+    """Refuse while a process of this machine still works on one of the run's windows: two
+    sessions of one run would train, publish and record the same windows."""
+    for job in jobs:
+        progress = read_progress(job.run_dir)
+        if progress is None or progress.get("phase") in (DONE, FAILED):
+            continue
+        if writer_alive(progress):
+            raise ResumeError(
+                f"cannot resume {run_dir}: window {job.window.label} is still being worked on "
+                f"by process {progress['pid']} on this machine; stop that run first"
+            )
+
+
+def kept_window(out: Path, job: WindowJob) -> WindowResult | None:
+    """A window's kept result when every artifact of it is whole, else None (it reruns)."""
+    path = window_file(out, job.window.label)
+    if not path.is_file():
+        return None
+    try:
+        result = read_window_result(path)
+    except WalkForwardError:
+        return None
+    same = result.window == job.window and result.version == job.version
+    if not same or not exported(job.version_dir) or finished_training(job.run_dir) is None:
+        return None
+    return result
+
+
+def reopen_rows(
+    url: str, state: RunState, kept: Sequence[WindowResult], config: WalkForwardConfig
+) -> tuple[RunRows, dict[str, Any] | None]:
+    """The run's row, running again, with exactly the kept windows' rows; and the summary the
+    previous session closed it with (None when it was killed)."""
+    if state.run_id is None:
+        raise ResumeError(f"{state.name} recorded no run row; it cannot resume with record on")
+    store = WalkForwardStore(url)
+    previous = store.reopen_run(state.run_id, state.name)
+    recorded = store.window_indices(state.run_id)
+    kept_indices = {r.window.index for r in kept}
+    store.drop_windows(state.run_id, recorded - kept_indices)
+    rows = RunRows(store, state.run_id)
+    for result in kept:
+        if result.window.index not in recorded:
+            rows.add_window(result, window_row(result, config.regimes))
+    return rows, previous
+
+
+def previous_outcome(closed: dict[str, Any] | None) -> dict[str, Any] | str | None:
+    """How the previous session ended, from the summary it closed the run row with: its error,
+    ``finished``, or None when it never closed the row (killed) or had no row."""
+    if closed is None:
+        return None
+    if "error" in closed:
+        return {k: closed[k] for k in ("error", "windows_done") if k in closed}
+    return "finished"
+
+
+def resume_walk_forward(
+    run_dir: str | Path,
+    config: WalkForwardConfig | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    progress: bool = True,
+) -> WalkForwardResult:
+    """Finish the run in ``run_dir``: keep its finished windows, run the others, then
+    summarize, report and push over all of them."""
+    out = Path(run_dir)
+    state = read_state(out)
+    config = resume_config(state, out, config, overrides)
+    jobs = plan(config, out, state.label)
+    check_plan(state, jobs, out)
+    check_not_running(jobs, out)
+    kept = [r for r in (kept_window(out, job) for job in jobs) if r is not None]
+    url = database_url(config)
+    rows, previous = reopen_rows(url, state, kept, config) if url else (None, None)
+    kept_labels = [r.window.label for r in kept]
+    entry = {
+        "started": utc_now(),
+        "resumed": True,
+        "kept": kept_labels,
+        "rerun": [j.window.label for j in jobs if j.window.label not in kept_labels],
+        "previous": previous_outcome(previous),
+    }
+    state.sessions.append(entry)
+    write_state(out, state)
+    return complete(WalkForwardSession(config, out, state, jobs, rows, url, kept), progress)

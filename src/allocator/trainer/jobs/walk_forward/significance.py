@@ -1,0 +1,107 @@
+"""Intervals and tests of a walk-forward run, per window and pooled, from its daily returns.
+
+Per test window and pooled over all of them (the windows' days concatenated in time order):
+
+- the model's excess Sharpe over equal weight with a stationary-bootstrap interval (paired
+  days resampled, so the common market noise cancels as it does in the point estimate);
+- Hansen's SPA of the model against every baseline: the largest consistent p-value over the
+  baselines, small when the model beats each of them;
+- the deflated Sharpe of the model's returns given ``configurations_tried``.
+
+The input is the ``returns.csv`` frame (``returns``), so a run's statistics are recomputed
+from that file alone, with the seeds they were drawn with. A window too short for a statistic
+gets an ``error`` entry instead of stopping the report.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from allocator.trainer.jobs.walk_forward.config import EQUAL_WEIGHT, StatisticsSettings
+from allocator.trainer.jobs.walk_forward.results import AGENT
+from allocator.trainer.jobs.walk_forward.returns import DATE, WINDOW
+from allocator.trainer.statistics.deflated import deflated_sharpe_of_returns
+from allocator.trainer.statistics.sharpe import excess_sharpe_interval
+from allocator.trainer.statistics.spa import policy_superiority
+
+POOLED = "pooled"
+
+
+def baseline_columns(frame: pd.DataFrame) -> list[str]:
+    """The baselines' columns of a returns frame (everything but date, window and the model)."""
+    return [c for c in frame.columns if c not in (DATE, WINDOW, AGENT)]
+
+
+def span_statistics(
+    label: str,
+    frame: pd.DataFrame,
+    settings: StatisticsSettings,
+    configurations_tried: int,
+) -> dict[str, Any]:
+    """The three statistics of one span of days (a window, or all windows pooled)."""
+    agent = frame[AGENT].to_numpy(dtype=float)
+    row: dict[str, Any] = {"window": label, "days": int(agent.size)}
+    try:
+        excess = excess_sharpe_interval(
+            agent,
+            frame[EQUAL_WEIGHT].to_numpy(dtype=float),
+            level=settings.level,
+            reps=settings.reps,
+            block=settings.block_size,
+            seed=settings.seed,
+            method=settings.interval,
+        )
+        spa = policy_superiority(
+            agent,
+            {name: frame[name].to_numpy(dtype=float) for name in baseline_columns(frame)},
+            block=settings.block_size,
+            reps=settings.reps,
+            seed=settings.seed,
+        )
+        deflated = deflated_sharpe_of_returns(
+            agent, configurations_tried, settings.trials_sharpe_variance
+        )
+    except ValueError as exc:
+        return {**row, "error": str(exc)}
+    return {
+        **row,
+        "excess_sharpe": excess.to_dict(),
+        "spa": spa.to_dict(),
+        "deflated_sharpe": deflated.to_dict(),
+    }
+
+
+def run_statistics(
+    frame: pd.DataFrame, settings: StatisticsSettings, configurations_tried: int
+) -> dict[str, Any]:
+    """Per window (in the frame's order) and pooled, with the settings that drew them."""
+    windows = [
+        span_statistics(str(label), part, settings, configurations_tried)
+        for label, part in frame.groupby(WINDOW, sort=False)
+    ]
+    return {
+        "settings": {
+            **settings.model_dump(mode="json"),
+            "configurations_tried": configurations_tried,
+            "benchmark": EQUAL_WEIGHT,
+            "baselines": baseline_columns(frame),
+        },
+        "windows": windows,
+        POOLED: span_statistics(POOLED, frame, settings, configurations_tried),
+    }
+
+
+def headline(stats: dict[str, Any]) -> dict[str, float | None]:
+    """The figures of a span that go beside its Sharpe in the summary's rows and tables."""
+    if "error" in stats:
+        return dict.fromkeys(
+            ("excess_sharpe_low", "excess_sharpe_high", "spa_pvalue", "deflated_sharpe")
+        )
+    return {
+        "excess_sharpe_low": stats["excess_sharpe"]["low"],
+        "excess_sharpe_high": stats["excess_sharpe"]["high"],
+        "spa_pvalue": stats["spa"]["pvalues"]["consistent"],
+        "deflated_sharpe": stats["deflated_sharpe"]["deflated"],
+    }

@@ -1,0 +1,108 @@
+"""A run's identity, kept in its directory: ``walk_forward.json``, what ``--resume`` reads.
+
+Written when the run starts, before any window trains, and again on every resume: the
+resolved config, the label (versions are ``wf-<label>-w03``), the run row and the database it
+records to, the plan the config cut from the data (registry, dataset, windows) and one entry
+per session (when it started, which windows it kept from before, how the previous session
+ended).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from allocator.artifacts.files import atomic_write_text
+from allocator.trainer.jobs.json_safe import json_safe
+from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
+from allocator.trainer.jobs.walk_forward.store import shown_url
+from allocator.trainer.jobs.walk_forward.window import WindowJob
+
+STATE_FILE = "walk_forward.json"
+FORMAT = 1
+
+
+class ResumeError(WalkForwardError):
+    """A run directory that cannot be resumed as asked (nothing was changed)."""
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def plan_payload(jobs: Sequence[WindowJob]) -> dict[str, Any]:
+    """What the config cut from the data: the registry, the dataset, the windows."""
+    first = jobs[0] if jobs else None
+    return {
+        "registry": first.registry if first else None,
+        "dataset": first.trainer.data.dataset if first else None,
+        "windows": [j.window.to_dict() for j in jobs],
+    }
+
+
+@dataclass
+class RunState:
+    """The contents of ``walk_forward.json``."""
+
+    label: str
+    name: str
+    config: dict[str, Any]
+    run_id: int | None
+    database: str | None
+    plan: dict[str, Any]
+    sessions: list[dict[str, Any]] = field(default_factory=list)
+    format: int = FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe(asdict(self))  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RunState:
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+
+
+def new_state(
+    config: WalkForwardConfig,
+    label: str,
+    jobs: Sequence[WindowJob],
+    run_id: int | None,
+    url: str | None,
+) -> RunState:
+    """The state of a run that starts now."""
+    return RunState(
+        label=label,
+        name=f"{config.name}-{label}",
+        config=config.model_dump(mode="json"),
+        run_id=run_id,
+        database=shown_url(url) if url else None,
+        plan=plan_payload(jobs),
+        sessions=[{"started": utc_now(), "resumed": False}],
+    )
+
+
+def write_state(out_dir: str | Path, state: RunState) -> Path:
+    """``walk_forward.json`` in the run directory, replaced atomically."""
+    return atomic_write_text(
+        Path(out_dir) / STATE_FILE, json.dumps(state.to_dict(), indent=2) + "\n"
+    )
+
+
+def read_state(out_dir: str | Path) -> RunState:
+    """A run directory's state; refused naming what is missing."""
+    path = Path(out_dir) / STATE_FILE
+    if not path.is_file():
+        raise ResumeError(
+            f"{out_dir} has no {STATE_FILE}: not a walk-forward run directory, or one made "
+            "before runs could be resumed"
+        )
+    try:
+        raw = json.loads(path.read_text())
+        if raw.get("format") != FORMAT:
+            raise ValueError(f"format {raw.get('format')!r}, expected {FORMAT}")
+        return RunState.from_dict(raw)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ResumeError(f"{path}: not a readable walk-forward state: {exc}") from exc

@@ -1,0 +1,93 @@
+"""An episode's universe: which assets sit in which slots, and how a change of it moves them.
+
+Live slots are always a prefix (slot 0 cash, slots 1..k the assets), so a change of universe is
+a permutation of the carried vectors plus some slots emptied and some filled. The new order is
+the staying assets in their current relative order, then the joining assets in the order they
+were requested. ``slot_sources`` states that permutation once, as the slot each new slot's asset
+held before, and every per-slot vector the environment carries (holdings, executed weights,
+the episode history's columns) moves with it by asset id, as the server's state does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+IntArray = NDArray[np.intp]
+
+
+def check_assets(names: Sequence[str], known: Sequence[str], max_assets: int) -> list[int]:
+    """Data columns of ``names``: each known, none repeated, at most ``max_assets`` of them."""
+    names = list(names)
+    unknown = [a for a in names if a not in known]
+    if unknown:
+        raise ValueError(f"unknown asset(s) {', '.join(map(str, unknown))}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate asset ids in {names}")
+    if len(names) > max_assets:
+        raise ValueError(f"{len(names)} assets exceed max_assets={max_assets}")
+    column = {a: j for j, a in enumerate(known)}
+    return [column[a] for a in names]
+
+
+def universe_order(current: Sequence[str], requested: Sequence[str]) -> tuple[str, ...]:
+    """The slot order after a change: staying assets as they were, then the joiners as asked."""
+    wanted, held = set(requested), set(current)
+    return (*(a for a in current if a in wanted), *(a for a in requested if a not in held))
+
+
+def slot_sources(current: Sequence[str], new: Sequence[str], n_slots: int) -> IntArray:
+    """For every slot of the new layout, the slot its asset held before (cash: 0); -1 for a
+    joining asset and for empty slots."""
+    before = {a: j + 1 for j, a in enumerate(current)}
+    source = np.full(n_slots, -1, dtype=np.intp)
+    source[0] = 0
+    for j, a in enumerate(new):
+        source[j + 1] = before.get(a, -1)
+    return source
+
+
+def carry(vector: NDArray[np.float64], source: IntArray) -> NDArray[np.float64]:
+    """``vector`` in the new layout: staying entries moved, joining and empty slots 0, and the
+    entries of the assets that left dropped (so the result may sum to less than before)."""
+    out = np.zeros(source.size)
+    kept = source >= 0
+    out[kept] = vector[source[kept]]
+    return out
+
+
+def left_slots(current: Sequence[str], new: Sequence[str]) -> IntArray:
+    """Slots (in the current layout) of the assets that leave."""
+    staying = set(new)
+    return np.array([j + 1 for j, a in enumerate(current) if a not in staying], dtype=np.intp)
+
+
+def parse_schedule(changes: Any, length: int) -> dict[int, tuple[str, ...]]:
+    """The ``universe_changes`` reset option: ``{step: asset names}``, each entry the whole
+    universe from that decision on, at steps 1 .. length - 1, in step order."""
+    if not isinstance(changes, Mapping):
+        raise ValueError(f"universe_changes must map a step to asset names, got {changes!r}")
+    for step in changes:
+        if not isinstance(step, (int, np.integer)) or not 1 <= step < length:
+            raise ValueError(
+                f"universe_changes step {step!r} is not a decision after the first "
+                f"(1 .. {length - 1})"
+            )
+    out: dict[int, tuple[str, ...]] = {}
+    for step in sorted(changes):
+        names = changes[step]
+        if isinstance(names, str) or not isinstance(names, Sequence):
+            raise ValueError(f"universe_changes[{step}] must be a list of asset names")
+        if not names:
+            raise ValueError(f"universe_changes[{step}] names no asset")
+        out[int(step)] = tuple(names)
+    return out
+
+
+def segment_end(schedule: Mapping[int, Any], step: int, length: int) -> int:
+    """The last decision index a universe set at ``step`` lasts to: the next scheduled change
+    after ``step`` (its holdings are valued at that close), else the episode's end."""
+    return min((s for s in schedule if s > step), default=length)

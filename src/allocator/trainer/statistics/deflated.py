@@ -1,0 +1,161 @@
+"""The probabilistic and the deflated Sharpe ratio (Bailey and Lopez de Prado, 2014).
+
+A Sharpe ratio is an estimate: short samples, negative skew and fat tails widen its error,
+and picking the best of several configurations inflates it (the maximum of N noisy Sharpes is
+far above their mean even when every true Sharpe is zero). Bailey and Lopez de Prado's
+"The Deflated Sharpe Ratio: Correcting for Selection Bias, Backtest Overfitting and
+Non-Normality" (Journal of Portfolio Management 40(5), 2014) turn both into a probability:
+
+- PSR(SR*) = Z[(SR - SR*) sqrt(T - 1) / sqrt(1 - g3 SR + (g4 - 1) / 4 SR^2)], the probability
+  that the true Sharpe exceeds SR*, given the observed per-period SR over T periods with
+  skewness g3 and (non-excess) kurtosis g4;
+- SR0 = sqrt(V) ((1 - gamma) Z^-1[1 - 1/N] + gamma Z^-1[1 - 1/(N e)]), the expected maximum of
+  N independent Sharpe estimates of zero-skill configurations whose Sharpes vary with
+  variance V (gamma: Euler-Mascheroni);
+- DSR = PSR(SR0): the probability that the true Sharpe beats what the best of N configurations
+  would show by luck alone.
+
+The formulas take per-period (here daily, non-annualized) Sharpe ratios and variances, as the
+paper does. With N = 1 nothing was selected, SR0 = 0 and DSR = PSR(0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy import stats
+
+from allocator.trainer.sim.performance import PERIODS_PER_YEAR
+from allocator.trainer.statistics.checks import FLAT, daily_returns, positive_int
+from allocator.trainer.statistics.sharpe import sharpe_columns
+
+
+def _finite(value: float, name: str) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def probabilistic_sharpe(
+    sharpe: float, benchmark: float, days: int, skew: float, kurtosis: float
+) -> float:
+    """PSR: the probability that the true per-period Sharpe exceeds ``benchmark``.
+
+    ``sharpe`` and ``benchmark`` are per period (not annualized); ``kurtosis`` is the plain
+    (non-excess) kurtosis, 3 for normal returns.
+    """
+    sr = _finite(sharpe, "sharpe")
+    if positive_int(days, "days") < 2:
+        raise ValueError(f"days must be at least 2, got {days}")
+    g3, g4 = _finite(skew, "skew"), _finite(kurtosis, "kurtosis")
+    spread = 1.0 - g3 * sr + (g4 - 1.0) / 4.0 * sr**2
+    if spread <= 0:
+        raise ValueError(
+            f"1 - skew*SR + (kurtosis-1)/4*SR^2 = {spread:.4g} <= 0 for SR {sr:.4g}, skew {g3:.4g}"
+            f", kurtosis {g4:.4g}: the Sharpe ratio's variance is undefined"
+        )
+    z = (sr - _finite(benchmark, "benchmark")) * math.sqrt(days - 1) / math.sqrt(spread)
+    return float(stats.norm.cdf(z))
+
+
+def expected_max_sharpe(trials: int, variance: float) -> float:
+    """SR0: the expected largest of ``trials`` Sharpe estimates of zero-skill configurations
+    whose estimates vary with ``variance`` (per period). One trial: 0, nothing selected."""
+    n = positive_int(trials, "trials")
+    v = _finite(variance, "variance")
+    if v < 0:
+        raise ValueError(f"variance must be >= 0, got {v!r}")
+    if n == 1:
+        return 0.0
+    gamma = float(np.euler_gamma)
+    z = (1.0 - gamma) * stats.norm.ppf(1.0 - 1.0 / n) + gamma * stats.norm.ppf(
+        1.0 - 1.0 / (n * math.e)
+    )
+    return float(math.sqrt(v) * z)
+
+
+def deflated_sharpe(
+    sharpe: float, days: int, skew: float, kurtosis: float, trials: int, variance: float
+) -> float:
+    """DSR = PSR(SR0): per-period Sharpe, plain kurtosis, per-period variance of the trials'
+    Sharpes."""
+    return probabilistic_sharpe(sharpe, expected_max_sharpe(trials, variance), days, skew, kurtosis)
+
+
+@dataclass(frozen=True)
+class DeflatedSharpe:
+    """A return series' Sharpe (annualized), its PSR against 0 and its DSR, with the inputs."""
+
+    sharpe: float
+    probabilistic: float
+    deflated: float
+    expected_max_sharpe: float
+    trials: int
+    trials_sharpe_variance: float
+    skew: float
+    kurtosis: float
+    days: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def null_sharpe_variance(days: int, periods_per_year: int = PERIODS_PER_YEAR) -> float:
+    """Annualized variance of a Sharpe estimate over ``days`` when the true Sharpe is zero
+    and returns are normal: ``periods_per_year / (days - 1)``.
+
+    The default spread of the configurations' Sharpes when nobody recorded it: it is what
+    sampling noise alone gives, so it is a floor (configurations that really differ spread
+    wider, and deflate more).
+    """
+    return positive_int(periods_per_year, "periods_per_year") / (positive_int(days, "days") - 1)
+
+
+def deflated_sharpe_of_returns(
+    returns: ArrayLike,
+    trials: int = 1,
+    trials_sharpe_variance: float | None = None,
+    periods_per_year: int = PERIODS_PER_YEAR,
+) -> DeflatedSharpe:
+    """PSR (against 0) and DSR of a daily net return series.
+
+    ``trials``: configurations tried, this one included (1: none before it).
+    ``trials_sharpe_variance``: annualized variance of their Sharpe ratios (None:
+    ``null_sharpe_variance`` of this many days). Sample skewness and kurtosis come from the
+    returns; a flat series (zero spread) gets the normal's 0 and 3, which its zero Sharpe
+    multiplies away anyway.
+    """
+    x = daily_returns(returns, "returns")
+    periods = positive_int(periods_per_year, "periods_per_year")
+    n = positive_int(trials, "trials")
+    if trials_sharpe_variance is None:
+        annual_variance = null_sharpe_variance(x.size, periods)
+    else:
+        annual_variance = _finite(trials_sharpe_variance, "trials_sharpe_variance")
+        if annual_variance < 0:
+            raise ValueError(f"trials_sharpe_variance must be >= 0, got {annual_variance!r}")
+    if x.std() > FLAT:
+        sr = float(sharpe_columns(x[:, None], 1)[0])
+        skew, kurt = float(stats.skew(x)), float(stats.kurtosis(x, fisher=False))
+    elif abs(x.mean()) > FLAT:
+        raise ValueError("returns are constant and non-zero: their Sharpe ratio is undefined")
+    else:
+        sr, skew, kurt = 0.0, 0.0, 3.0
+    variance = annual_variance / periods
+    sr0 = expected_max_sharpe(n, variance)
+    scale = math.sqrt(periods)
+    return DeflatedSharpe(
+        sharpe=sr * scale,
+        probabilistic=probabilistic_sharpe(sr, 0.0, x.size, skew, kurt),
+        deflated=probabilistic_sharpe(sr, sr0, x.size, skew, kurt),
+        expected_max_sharpe=sr0 * scale,
+        trials=n,
+        trials_sharpe_variance=annual_variance,
+        skew=skew,
+        kurtosis=kurt,
+        days=int(x.size),
+    )

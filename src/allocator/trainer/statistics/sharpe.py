@@ -1,0 +1,177 @@
+"""The excess Sharpe ratio of a policy over a benchmark, with a stationary-bootstrap interval.
+
+A Sharpe ratio from one year of daily returns is uncertain by about one unit, so "the agent's
+Sharpe beat equal weight's" means little without an interval. The interval resamples *paired*
+days (the policy's and the benchmark's return of the same day stay together, which keeps their
+correlation: most of their difference is common market noise that cancels) in blocks of random
+length (Politis and Romano's stationary bootstrap, ``arch.bootstrap.StationaryBootstrap``),
+which keeps the short-range autocorrelation of daily returns. The mean block length is the
+Politis-White estimate (``arch.bootstrap.optimal_block_length``) unless given.
+
+The default interval is the bootstrap percentile interval: it never leaves the range of the
+replicates and is exact when the statistic is a constant (identical series give [0, 0]). BCa
+(bias-corrected and accelerated) is available for skewed replicates; it needs replicates on
+both sides of the estimate, and where they are not the percentile interval is reported and
+``method`` says so.
+
+Sharpe here is the convention of ``trainer/sim/performance.py``: mean over sample standard
+deviation (ddof 1) of daily net returns, times the square root of 252, zero risk-free rate; a
+riskless flat series scores 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+from arch.bootstrap import StationaryBootstrap, optimal_block_length
+from numpy.typing import ArrayLike, NDArray
+
+from allocator.trainer.sim.performance import PERIODS_PER_YEAR
+from allocator.trainer.statistics.checks import (
+    FLAT,
+    confidence_level,
+    daily_returns,
+    paired_returns,
+    positive_int,
+)
+
+IntervalMethod = Literal["percentile", "bca"]
+INTERVAL_METHODS: tuple[str, ...] = ("percentile", "bca")
+
+
+def sharpe_columns(
+    returns: NDArray[np.float64], periods_per_year: int = PERIODS_PER_YEAR
+) -> NDArray[np.float64]:
+    """Annualized Sharpe of each column of a ``(days, k)`` array (no checks: the bootstrap's
+    inner loop). A flat column scores 0, a constant non-zero one NaN, as in ``performance``."""
+    mean = returns.mean(axis=0)
+    std = returns.std(axis=0, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(std > 0, mean / std, np.where(mean == 0, 0.0, np.nan))
+    return ratio * math.sqrt(periods_per_year)
+
+
+def annualized_sharpe(returns: ArrayLike, periods_per_year: int = PERIODS_PER_YEAR) -> float:
+    """The annualized Sharpe ratio of daily net returns (at least two finite values)."""
+    x = daily_returns(returns, "returns", min_days=2)
+    return float(sharpe_columns(x[:, None], positive_int(periods_per_year, "periods_per_year"))[0])
+
+
+def block_size(data: ArrayLike) -> int:
+    """Mean block length for a stationary bootstrap of ``data`` (days, or days x series).
+
+    The Politis-White estimate per series, the largest one rounded up: a longer block keeps
+    more of the dependence, so the interval errs wide rather than narrow. A series the estimate
+    cannot handle (a constant one) is skipped; with none left, 1 (an i.i.d. bootstrap).
+    """
+    x = np.asarray(data, dtype=np.float64)
+    x = x[:, None] if x.ndim == 1 else x
+    varying = x[:, x.std(axis=0) > FLAT]
+    if varying.shape[1] == 0:
+        return 1
+    with np.errstate(all="ignore"):
+        estimates = optimal_block_length(varying)["stationary"].to_numpy(dtype=np.float64)
+    finite = estimates[np.isfinite(estimates)]
+    if finite.size == 0:
+        return 1
+    return int(min(max(1, math.ceil(float(finite.max()))), max(1, x.shape[0] // 2)))
+
+
+@dataclass(frozen=True)
+class ExcessSharpe:
+    """The policy's annualized Sharpe minus the benchmark's on the same days, with an interval."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+    method: str
+    policy_sharpe: float
+    benchmark_sharpe: float
+    days: int
+    block_size: int
+    reps: int
+    seed: int
+
+    @property
+    def excludes_zero(self) -> bool:
+        """Whether the interval lies entirely on one side of zero."""
+        return self.low > 0 or self.high < 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def excess_sharpe_interval(
+    policy: ArrayLike,
+    benchmark: ArrayLike,
+    *,
+    level: float = 0.95,
+    reps: int = 1000,
+    block: int | None = None,
+    seed: int = 0,
+    method: IntervalMethod = "percentile",
+    periods_per_year: int = PERIODS_PER_YEAR,
+) -> ExcessSharpe:
+    """Excess annualized Sharpe of ``policy`` over ``benchmark`` (daily net returns of the same
+    days, in order) and its two-sided stationary-bootstrap interval at ``level``.
+
+    ``block`` is the mean block length (None: ``block_size`` of the two series); ``seed``
+    fixes the draws, so the same input gives the same interval. To pool several windows,
+    concatenate their days in time order, the policy's and the benchmark's alike.
+    """
+    data = paired_returns(policy, benchmark, ("policy", "benchmark"))
+    if method not in INTERVAL_METHODS:
+        raise ValueError(f"method must be one of {INTERVAL_METHODS}, got {method!r}")
+    size = confidence_level(level)
+    reps = positive_int(reps, "reps")
+    periods = positive_int(periods_per_year, "periods_per_year")
+    mean_block = block_size(data) if block is None else positive_int(block, "block")
+    sharpes = sharpe_columns(data, periods)
+
+    def excess(sample: NDArray[np.float64]) -> NDArray[np.float64]:
+        s = sharpe_columns(sample, periods)
+        return np.array([s[0] - s[1]])
+
+    used = method
+    try:
+        low, high = bootstrap_interval(data, excess, mean_block, seed, reps, size, method)
+    except RuntimeError:  # arch: BCa's bias correction saw no replicate on one side
+        low = high = math.nan
+    if not (math.isfinite(low) and math.isfinite(high)) and method == "bca":
+        used = "percentile"  # BCa needs replicates on both sides of the estimate
+        low, high = bootstrap_interval(data, excess, mean_block, seed, reps, size, used)
+    return ExcessSharpe(
+        estimate=float(sharpes[0] - sharpes[1]),
+        low=low,
+        high=high,
+        level=size,
+        method=used,
+        policy_sharpe=float(sharpes[0]),
+        benchmark_sharpe=float(sharpes[1]),
+        days=int(data.shape[0]),
+        block_size=mean_block,
+        reps=reps,
+        seed=int(seed),
+    )
+
+
+def bootstrap_interval(
+    data: NDArray[np.float64],
+    statistic: Callable[[NDArray[np.float64]], NDArray[np.float64]],
+    mean_block: int,
+    seed: int,
+    reps: int,
+    size: float,
+    method: IntervalMethod,
+) -> tuple[float, float]:
+    """``arch``'s two-sided interval of a scalar statistic of ``data`` under a seeded
+    stationary bootstrap (a fresh generator per call: the same seed, the same draws)."""
+    boot = StationaryBootstrap(mean_block, data, seed=int(seed))
+    with np.errstate(all="ignore"):
+        bounds = boot.conf_int(statistic, reps=reps, method=method, size=size, tail="two")
+    return float(bounds[0, 0]), float(bounds[1, 0])

@@ -1,0 +1,288 @@
+"""Resumable checkpoints: a crashed run continues from its last one instead of starting over.
+
+A checkpoint is a directory ``checkpoints/step-NNNNNNNNN/`` in the run directory with the SB3
+model (weights, optimizers, step counters, the smoothness lambda, the action noise), the replay
+buffer (pickled as SB3's ``save_replay_buffer`` does, filled rows only), the ICM (``icm.pt``),
+the best model so far, and ``state.json`` (steps done, training seconds, the selection state),
+loaded back by SB3's ``load`` and ``load_replay_buffer``. It is written into a hidden
+directory and renamed into place, then ``checkpoints/latest.json`` is replaced to name it: a
+crash at any moment leaves the previous checkpoint whole and named. Older ones are removed.
+
+Resuming loads all of it, continues SB3's ``learn`` with ``reset_num_timesteps=False`` so step
+counts, learning-rate schedules and noise annealing go on from where they were, and starts a
+fresh episode (the environment's mid-episode state is not saved). Random draws after the resume
+differ from those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch as th
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.buffers import ReplayBuffer
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+from stable_baselines3.common.save_util import save_to_pkl
+from stable_baselines3.common.utils import get_device
+
+from allocator.artifacts.files import atomic_write_text, fsync_path, write_json
+from allocator.trainer.agents.curiosity import CuriosityReplayBuffer
+from allocator.trainer.agents.sac import SmoothSAC
+from allocator.trainer.agents.td3 import SmoothTD3
+from allocator.trainer.training.config import TD3Settings, TrainConfig
+from allocator.trainer.training.run_dir import (
+    BEST_ICM_FILE,
+    BEST_MODEL_FILE,
+    CHECKPOINTS_DIR,
+    ICM_FILE,
+    MODEL_FILE,
+)
+from allocator.typed_config import ConfigError
+
+REPLAY_FILE = "replay_buffer.pkl"
+STATE_FILE = "state.json"
+LATEST_FILE = "latest.json"
+PROGRESS_FILE = "progress.csv"
+EARLIER_PROGRESS_FILE = "progress.before-resume.csv"
+STEP_COLUMN = "time/total_timesteps"
+RESUME_FREE_KEYS = frozenset(
+    {"progress_bar", "torch_threads", "device", "tensorboard", "output_dir"}
+)
+"""Keys a resumed run may change: where and how visibly it runs, never what it learns."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint directory and its ``state.json``."""
+
+    path: Path
+    state: dict[str, Any]
+
+    @property
+    def num_timesteps(self) -> int:
+        return int(self.state["num_timesteps"])
+
+
+def trimmed_buffer(buffer: ReplayBuffer) -> ReplayBuffer:
+    """A shallow copy of ``buffer`` fit to pickle: its filled rows only, no curiosity module.
+
+    SB3 pickles the whole preallocated buffer (hundreds of MB for 100,000 rows of a 20-asset
+    observation) however little of it is filled. The curiosity buffer holds the ICM, saved on
+    its own (``icm.pt``), and a clock closure that cannot be pickled: both are left out and put
+    back by ``restore_model``.
+    """
+    clone = copy.copy(buffer)
+    if isinstance(clone, CuriosityReplayBuffer):
+        clone.curiosity, clone.clock = None, None
+    if not buffer.full:
+        for name, value in vars(buffer).items():
+            if isinstance(value, np.ndarray) and value.shape[:1] == (buffer.buffer_size,):
+                setattr(clone, name, value[: buffer.pos])
+        clone.buffer_size = buffer.pos
+    return clone
+
+
+def regrown_buffer(buffer: ReplayBuffer, size: int) -> None:
+    """Give a trimmed buffer back its ``size`` rows (in place), the filled ones first."""
+    if buffer.buffer_size >= size:
+        return
+    for name, value in list(vars(buffer).items()):
+        if isinstance(value, np.ndarray) and value.shape[:1] == (buffer.buffer_size,):
+            grown = np.zeros((size, *value.shape[1:]), dtype=value.dtype)
+            grown[: len(value)] = value
+            setattr(buffer, name, grown)
+    buffer.buffer_size = size
+
+
+def write_checkpoint(run_dir: Path, model: OffPolicyAlgorithm, state: dict[str, Any]) -> Path:
+    """Save a checkpoint of ``model`` at its current step; returns its directory."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    root.mkdir(exist_ok=True)
+    name = f"step-{model.num_timesteps:09d}"
+    stage = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-"))
+    try:
+        model.save(stage / MODEL_FILE)
+        assert model.replay_buffer is not None
+        save_to_pkl(stage / REPLAY_FILE, trimmed_buffer(model.replay_buffer))
+        icm = getattr(model, "icm", None)
+        if icm is not None:
+            icm.save(stage / ICM_FILE)
+        for best in (BEST_MODEL_FILE, BEST_ICM_FILE):
+            if (Path(run_dir) / best).is_file():
+                shutil.copyfile(Path(run_dir) / best, stage / best)
+        write_json(stage / STATE_FILE, {**state, "num_timesteps": int(model.num_timesteps)})
+        for item in stage.iterdir():
+            fsync_path(item)
+        os.chmod(stage, 0o755)
+        final = root / name
+        k = 1
+        while final.exists():
+            final, k = root / f"{name}-{k}", k + 1
+        os.replace(stage, final)
+        fsync_path(root)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    atomic_write_text(root / LATEST_FILE, json.dumps({"dir": final.name}) + "\n")
+    for old in root.iterdir():  # older checkpoints, and what a crash left half-written
+        if old.name in (final.name, LATEST_FILE):
+            continue
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Checkpoint:
+    """The checkpoint ``checkpoints/latest.json`` names, or a ``ConfigError`` saying why none."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    try:
+        name = json.loads((root / LATEST_FILE).read_text())["dir"]
+        path = root / name
+        state = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"{run_dir}: no checkpoint to resume from (train with checkpoint_every > 0; a run "
+            f"that crashed before its first checkpoint must start over): {exc}"
+        ) from exc
+    return Checkpoint(path, state)
+
+
+def restore_model(config: TrainConfig, env: Any, checkpoint: Checkpoint) -> OffPolicyAlgorithm:
+    """The checkpoint's model on ``env``, with its replay buffer and ICM, ready to learn on.
+
+    SB3's ``load`` restores weights, optimizers, step counters and everything the algorithm
+    pickles (the smoothness lambda, the action noise); its ``force_reset`` makes the next
+    ``learn`` start a new episode. The ICM and the replay buffer are loaded beside it, and the
+    buffer is attached to the ICM again as a fresh model's would be.
+    """
+    cls = SmoothTD3 if isinstance(config.algorithm, TD3Settings) else SmoothSAC
+    model: OffPolicyAlgorithm = cls.load(
+        checkpoint.path / MODEL_FILE, env=env, device=get_device(config.device)
+    )
+    icm = getattr(model, "icm", None)
+    if icm is not None:
+        state = th.load(checkpoint.path / ICM_FILE, map_location=model.device, weights_only=True)
+        icm.load_state_dict(state)
+    model.load_replay_buffer(checkpoint.path / REPLAY_FILE)
+    buffer = model.replay_buffer
+    assert buffer is not None
+    regrown_buffer(buffer, max(model.buffer_size // model.n_envs, 1))
+    if icm is not None and isinstance(buffer, CuriosityReplayBuffer):
+        batches = buffer.batches
+        buffer.attach(icm, lambda: model.num_timesteps)
+        buffer.batches = batches  # keep the ICM's update cadence where it was
+    return model
+
+
+def restore_best(run_dir: Path, checkpoint: Checkpoint) -> None:
+    """Put the checkpoint's best model back: a later one belongs to steps about to be redone."""
+    for best in (BEST_MODEL_FILE, BEST_ICM_FILE):
+        (Path(run_dir) / best).unlink(missing_ok=True)
+        if (checkpoint.path / best).is_file():
+            shutil.copyfile(checkpoint.path / best, Path(run_dir) / best)
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def resume_config(saved: TrainConfig, given: TrainConfig | None, run_dir: Path) -> TrainConfig:
+    """The config a resumed run continues with: ``given`` if it matches the run's own.
+
+    Only ``RESUME_FREE_KEYS`` may differ; anything else would continue a different run than
+    the one that was checkpointed, and is refused naming every differing key.
+    """
+    if given is None:
+        return saved
+    old = _flat(saved.model_dump(mode="json"))
+    new = _flat(given.model_dump(mode="json"))
+    changed = sorted(
+        k
+        for k in old.keys() | new.keys()
+        if old.get(k) != new.get(k) and k.split(".")[0] not in RESUME_FREE_KEYS
+    )
+    if changed:
+        diffs = ", ".join(f"{k} ({old.get(k)!r} in the run, {new.get(k)!r} given)" for k in changed)
+        raise ConfigError(
+            f"{run_dir}: cannot resume with a different config; it differs from the run's "
+            f"config.yaml in {diffs}. Resume without --config (the run's own config is used), "
+            f"changing at most {', '.join(sorted(RESUME_FREE_KEYS))}"
+        )
+    return given
+
+
+def keep_progress_before(run_dir: Path, step: int) -> None:
+    """Before a resume: set aside the logged rows up to ``step`` (SB3 truncates progress.csv).
+
+    Rows after the checkpoint belong to steps about to be redone and are dropped.
+    """
+    frames = [
+        pd.read_csv(p)
+        for p in (Path(run_dir) / EARLIER_PROGRESS_FILE, Path(run_dir) / PROGRESS_FILE)
+        if p.is_file() and p.stat().st_size > 0
+    ]
+    if not frames:
+        return
+    rows = pd.concat(frames, ignore_index=True)
+    if STEP_COLUMN in rows:
+        rows = rows[rows[STEP_COLUMN] <= step]
+    rows.to_csv(Path(run_dir) / EARLIER_PROGRESS_FILE, index=False)
+
+
+def merge_progress(run_dir: Path) -> None:
+    """After a resumed run: one progress.csv with the rows of every session, in step order."""
+    earlier = Path(run_dir) / EARLIER_PROGRESS_FILE
+    if not earlier.is_file():
+        return
+    current = Path(run_dir) / PROGRESS_FILE
+    frames = [pd.read_csv(earlier)]
+    if current.is_file() and current.stat().st_size > 0:
+        frames.append(pd.read_csv(current))
+    pd.concat(frames, ignore_index=True).to_csv(current, index=False)
+    earlier.unlink()
+
+
+class CheckpointCallback(BaseCallback):
+    """Writes a resumable checkpoint every ``every`` steps, at the end of a rollout.
+
+    At a rollout's end the step's transition is already in the replay buffer and its gradient
+    steps are not yet taken, so a resumed run redoes nothing twice. ``extra_state`` adds what
+    the trainer keeps outside the model (the selection state, training seconds).
+    """
+
+    def __init__(
+        self, run_dir: Path, every: int, extra_state: Callable[[], dict[str, Any]], last_step: int
+    ) -> None:
+        super().__init__()
+        self.run_dir = Path(run_dir)
+        self.every = every
+        self.extra_state = extra_state
+        self.last_step = last_step
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        model: BaseAlgorithm = self.model
+        if model.num_timesteps - self.last_step >= self.every:
+            assert isinstance(model, OffPolicyAlgorithm)
+            write_checkpoint(self.run_dir, model, self.extra_state())
+            self.last_step = model.num_timesteps

@@ -1,0 +1,234 @@
+"""Choosing the checkpoint to keep without looking ahead: an inner span cut from training.
+
+A run that keeps its last model keeps whatever the last gradient steps left, and the only span
+left to tell a good checkpoint from a bad one is the validation span, which in walk-forward is
+the test year: choosing there would look ahead. So the training span is split. The model
+learns from its first part; ``purge_days`` trading days are left to neither side, so no reward
+the model learned from is realized inside the inner span; the rest is the inner validation
+span. Every ``eval_every`` steps the deterministic policy is backtested there with costs, and
+the best scorer is saved as ``best_model.zip``. Only the training span's prices reach the inner
+backtest, so nothing after ``data.train_end`` can influence which checkpoint is chosen.
+
+SB3's ``EvalCallback`` scores mean episode reward of a gym environment via ``evaluate_policy``;
+here the score is a backtest figure over a fixed date span, so ``SelectionCallback`` subclasses
+``BaseCallback`` and keeps EvalCallback's habits: deterministic actions, ``best_model.zip``,
+scores logged and dumped at the evaluation's step. Unlike ``StopTrainingOnNoModelImprovement``
+(which stops after *more than* N stale evaluations), ``patience: N`` stops after N.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
+
+from allocator.artifacts.files import atomic_write_with, write_json
+from allocator.portfolio import FeatureNormalization, NormalizationStats
+from allocator.trainer.market.data import MarketData
+from allocator.trainer.sim.env import EnvConfig
+from allocator.trainer.training.config import SelectionSettings, TrainConfig
+from allocator.trainer.training.policy_eval import backtest_model
+from allocator.trainer.training.run_dir import BEST_ICM_FILE, BEST_MODEL_FILE, SELECTION_FILE
+from allocator.typed_config import ConfigError
+
+Scorer = Callable[[BaseAlgorithm], dict[str, float]]
+"""The current policy -> the figures of its inner backtest (``performance`` keys)."""
+
+LOGGED = ("sharpe", "total_return", "max_drawdown", "turnover")
+"""Inner-backtest figures logged at every evaluation, besides the selection metric."""
+
+
+@dataclass(frozen=True)
+class InnerSplit:
+    """Where the training span is cut: the model learns up to ``fit_end``, is judged after."""
+
+    fit_end: dt.date
+    inner_start: dt.date
+    inner_end: dt.date
+    purge_days: int
+    fit_days: int
+    inner_days: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, dt.date) else v for k, v in asdict(self).items()}
+
+
+def split_training_span(
+    train_data: MarketData, settings: SelectionSettings, env: EnvConfig
+) -> InnerSplit:
+    """Cut ``train_data``'s trading days into training part, purge gap and inner span.
+
+    The inner span is the last ``inner_days`` (else ``inner_fraction`` of the) trading days;
+    ``purge_days`` days before it belong to neither part. Refused (naming the keys) when the
+    training part could not hold one episode with its observation window.
+    """
+    dates = train_data.dates
+    n = len(dates)
+    inner = (
+        settings.inner_days
+        if settings.inner_days is not None
+        else round(settings.inner_fraction * n)
+    )
+    fit_days = n - inner - settings.purge_days
+    need = env.history + env.episode_length + 1
+    if inner < 5 or fit_days < need:
+        raise ConfigError(
+            f"selection: the training span has {n} trading days; an inner span of {inner} "
+            f"(selection.inner_days/inner_fraction, at least 5) and a purge of "
+            f"{settings.purge_days} leave {fit_days} to train on, and the environment needs "
+            f"{need} (history {env.history} + env.episode_length {env.episode_length} + 1)"
+        )
+    return InnerSplit(
+        fit_end=dates[fit_days - 1].date(),
+        inner_start=dates[n - inner].date(),
+        inner_end=dates[-1].date(),
+        purge_days=settings.purge_days,
+        fit_days=fit_days,
+        inner_days=inner,
+    )
+
+
+def inner_scorer(
+    config: TrainConfig,
+    train_data: MarketData,
+    split: InnerSplit,
+    stats: NormalizationStats,
+    feature_norm: FeatureNormalization | None,
+) -> Scorer:
+    """The inner backtest as a score function: on the training span's prices only."""
+    span = (split.inner_start, split.inner_end)
+
+    def score(model: BaseAlgorithm) -> dict[str, float]:
+        result, _ = backtest_model(model, config, train_data, span, stats, feature_norm)
+        return result.metrics()
+
+    return score
+
+
+@dataclass
+class SelectionState:
+    """Everything selection knows, as saved in ``selection.json`` and in every checkpoint."""
+
+    metric: str
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    best_step: int | None = None
+    best_score: float = -math.inf
+    stale: int = 0
+    last_eval_step: int = 0
+    stopped_early: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["best_score"] = self.best_score if math.isfinite(self.best_score) else None
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> SelectionState:
+        raw = dict(raw)
+        raw["best_score"] = -math.inf if raw.get("best_score") is None else raw["best_score"]
+        return cls(**raw)
+
+
+class SelectionCallback(BaseCallback):
+    """Backtests the policy on the inner span every ``eval_every`` steps; keeps the best.
+
+    Logs ``selection/inner_<figure>`` and ``selection/best_score``, saves the best policy as
+    ``best_model.zip`` (and its ICM as ``best_icm.pt``) atomically, writes ``selection.json``,
+    and stops training once ``patience`` evaluations in a row did not improve on the best.
+    """
+
+    def __init__(
+        self,
+        settings: SelectionSettings,
+        scorer: Scorer,
+        run_dir: Path,
+        split: InnerSplit,
+        state: SelectionState | None = None,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.scorer = scorer
+        self.run_dir = Path(run_dir)
+        self.split = split
+        self.state = state or SelectionState(metric=settings.metric)
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps - self.state.last_eval_step < self.settings.eval_every:
+            return True
+        return self.evaluate()
+
+    def evaluate(self) -> bool:
+        """One inner backtest of the current policy; False when training should stop."""
+        state, step = self.state, int(self.model.num_timesteps)
+        metrics = self.scorer(self.model)
+        score = float(metrics[self.settings.metric])
+        improved = math.isfinite(score) and score > state.best_score
+        state.evaluations.append({"step": step, "score": score, "metrics": metrics})
+        state.last_eval_step = step
+        if improved:
+            self._save_best()
+            state.best_step, state.best_score, state.stale = step, score, 0
+        else:
+            state.stale += 1
+        patience = self.settings.patience
+        state.stopped_early = bool(patience) and state.stale >= patience
+        self._log(metrics, step)
+        write_json(self.run_dir / SELECTION_FILE, self.to_dict())
+        return not state.stopped_early
+
+    def _save_best(self) -> None:
+        atomic_write_with(self.run_dir / BEST_MODEL_FILE, self.model.save)
+        icm = getattr(self.model, "icm", None)
+        if icm is not None:
+            atomic_write_with(self.run_dir / BEST_ICM_FILE, icm.save)
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        for key in (*LOGGED, self.settings.metric):
+            self.logger.record(f"selection/inner_{key}", float(metrics[key]))
+        self.logger.record("selection/best_score", self.state.best_score)
+        self.logger.record("time/total_timesteps", step, exclude="tensorboard")
+        self.logger.dump(step)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``selection.json``: the settings, the split, every evaluation and the choice."""
+        return {
+            "settings": self.settings.model_dump(mode="json"),
+            "split": self.split.to_dict(),
+            **self.state.to_dict(),
+        }
+
+    def summary(self, last_step: int) -> dict[str, Any]:
+        """Which step was kept and why, for ``run.json``."""
+        s, state = self.settings, self.state
+        n = len(state.evaluations)
+        span = f"{self.split.inner_start}..{self.split.inner_end}"
+        if state.best_step is None:
+            reason = f"no finite inner {s.metric} in {n} evaluations on {span}: kept the last model"
+        else:
+            reason = (
+                f"step {state.best_step} had the highest inner {s.metric} "
+                f"({state.best_score:.4g}) of {n} evaluations on {span}"
+            )
+        if state.stopped_early:
+            reason += (
+                f"; training stopped at step {last_step}, {s.patience} evaluation(s) "
+                "without improvement"
+            )
+        return {
+            "metric": s.metric,
+            "chosen_step": state.best_step if state.best_step is not None else last_step,
+            "chosen_score": state.best_score if state.best_step is not None else None,
+            "last_step": last_step,
+            "evaluations": n,
+            "stopped_early": state.stopped_early,
+            "inner_span": [str(self.split.inner_start), str(self.split.inner_end)],
+            "fit_end": str(self.split.fit_end),
+            "purge_days": self.split.purge_days,
+            "reason": reason,
+        }

@@ -1,0 +1,73 @@
+"""The learning tests' yardsticks, fast: the rotating market's known schedule and the switching
+lag measured against it (the slow tests in this folder use both on trained policies)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.learning.yardsticks import regime_switch_lag, switch_lags
+from tests.markets import rotating_market, rotating_schedule
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"period": 20}, {"n_days": 900, "n_assets": 6, "period": 7, "seed": 3}]
+)
+def test_schedule_is_the_leader_the_market_was_drawn_with(kwargs):
+    frame, leader = rotating_market(**kwargs), rotating_schedule(**kwargs)
+    assert leader.index.equals(frame.index)
+    period, n = kwargs["period"], frame.shape[1]
+    changes = np.flatnonzero(leader.to_numpy()[1:] != leader.to_numpy()[:-1]) + 1
+    assert changes.size > 0
+    assert np.all(changes % period == 0)
+    # Day t's log return is its leader's drift (+0.4%) or the others' (-0.4% / (n - 1)), plus
+    # N(0, 0.6%) noise: the means on either side sit within 5 standard errors of the drift.
+    returns = np.log(frame).diff().iloc[1:]
+    is_leader = returns.columns.to_numpy()[None, :] == leader.iloc[1:].to_numpy()[:, None]
+    for mask, drift in ((is_leader, 0.004), (~is_leader, -0.004 / (n - 1))):
+        values = returns.to_numpy()[mask]
+        assert abs(values.mean() - drift) < 5 * 0.006 / np.sqrt(values.size), (drift, kwargs)
+    # A schedule of another seed does not fit: the check above can fail.
+    other = rotating_schedule(**(kwargs | {"seed": kwargs.get("seed", 0) + 1}))
+    wrong = returns.columns.to_numpy()[None, :] == other.iloc[1:].to_numpy()[:, None]
+    assert returns.to_numpy()[wrong].mean() < 0.002
+
+
+DAYS = pd.bdate_range("2020-01-06", periods=12)
+# A leads the returns of days 0-3, B of days 4-7, C of days 8-11. A decision earns the next
+# day's return, so decisions 0-2 should hold A, 3-6 B and 7-10 C.
+LEADER = pd.Series(["A"] * 4 + ["B"] * 4 + ["C"] * 4, index=DAYS)
+
+
+def book(holdings: list[str]) -> pd.DataFrame:
+    """Executed weights over decisions 0-10: 70% in the named holding (or all cash), 10% else."""
+    rows = []
+    for h in holdings:
+        row = {"cash": 1.0, "A": 0.0, "B": 0.0, "C": 0.0}
+        if h != "cash":
+            row = {"cash": 0.0, "A": 0.1, "B": 0.1, "C": 0.1} | {h: 0.7}
+        rows.append(row)
+    return pd.DataFrame(rows, index=DAYS[:11])
+
+
+def test_lag_counts_decisions_until_the_new_leader_is_the_largest_holding():
+    # Follows B one decision late, then never follows C: that regime counts its full 4.
+    late = book(["A"] * 4 + ["B"] * 7)
+    assert switch_lags(late, LEADER) == [1, 4]
+    assert regime_switch_lag(late, LEADER) == 2.5
+    # Moved before any evidence: 0; three decisions late: 3.
+    early = book(["A"] * 3 + ["B"] * 4 + ["A"] * 3 + ["C"])
+    assert switch_lags(early, LEADER) == [0, 3]
+    # A book in cash holds no asset: it has not followed anyone.
+    cash = book(["A"] * 3 + ["cash"] * 2 + ["B"] * 6)
+    assert switch_lags(cash, LEADER) == [2, 4]
+
+
+def test_a_repeated_leader_is_no_change_and_gaps_are_errors():
+    same = pd.Series(["A"] * 8 + ["B"] * 4, index=DAYS)
+    assert switch_lags(book(["A"] * 11), same) == [4]
+    with pytest.raises(ValueError, match="no regime change"):
+        regime_switch_lag(book(["A"] * 11), pd.Series("A", index=DAYS))
+    with pytest.raises(ValueError, match="no leader for the day after"):
+        switch_lags(book(["A"] * 11), LEADER.iloc[:-1])
