@@ -164,10 +164,13 @@ class PolicyInfo(StrictModel):
     ``mlp``: one flat network over the ``max_assets`` slots (the only kind before schema 3).
     ``shared``: one network applied to every asset with a pooled context; it takes any number
     of assets, so it is exported with a dynamic asset axis. ``hidden``: its width.
+    ``center_assets``: its asset scores are centred over live assets before the tanh (part of
+    the exported graph; recorded so an operator can tell two shared policies apart).
     """
 
     kind: Literal["mlp", "shared"] = "mlp"
     hidden: int | None = Field(None, ge=1)
+    center_assets: bool = False
 
 
 class AnchorInfo(StrictModel):

@@ -202,19 +202,24 @@ def cross_sectional_rank(values: FloatArray, live: BoolArray) -> FloatArray:
     sorted position, and the positions are scattered back.
     """
     v = np.where(live[..., None, :], np.swapaxes(values, -1, -2), np.inf)  # (..., H, N)
+    v = np.ascontiguousarray(v)  # sorted along its last axis: make that axis the dense one
     order = np.argsort(v, axis=-1, kind="stable")
     s = np.take_along_axis(v, order, axis=-1)
     n_rows = v.shape[-1]
-    pos = np.arange(n_rows)
     differs = s[..., 1:] != s[..., :-1]
-    first = np.ones(s.shape, dtype=bool)
-    first[..., 1:] = differs
-    last = np.ones(s.shape, dtype=bool)
-    last[..., :-1] = differs
-    start = np.maximum.accumulate(np.where(first, pos, 0), axis=-1)
-    end = np.minimum.accumulate(np.where(last, pos, n_rows - 1)[..., ::-1], axis=-1)[..., ::-1]
+    if differs.all():  # no ties (the usual case): a value's rank is its sorted position
+        mid = np.broadcast_to(np.arange(n_rows, dtype=np.float64), s.shape)
+    else:
+        pos = np.arange(n_rows)
+        first = np.ones(s.shape, dtype=bool)
+        first[..., 1:] = differs
+        last = np.ones(s.shape, dtype=bool)
+        last[..., :-1] = differs
+        start = np.maximum.accumulate(np.where(first, pos, 0), axis=-1)
+        end = np.minimum.accumulate(np.where(last, pos, n_rows - 1)[..., ::-1], axis=-1)
+        mid = 0.5 * (start + end[..., ::-1])
     sorted_rank = np.empty(s.shape)
-    np.put_along_axis(sorted_rank, order, 0.5 * (start + end), axis=-1)
+    np.put_along_axis(sorted_rank, order, mid, axis=-1)
     rank = np.swapaxes(sorted_rank, -1, -2)
     n = live.sum(axis=-1)[..., None, None]
     scaled = np.where(n > 1, 2.0 * rank / np.maximum(n - 1, 1) - 1.0, 0.0)

@@ -10,7 +10,13 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from allocator.portfolio.weights import FloatArray, renormalize
+from allocator.portfolio.weights import (
+    FloatArray,
+    check_mask_shape,
+    live_mask,
+    renormalize,
+    renormalize_owned,
+)
 
 
 def validate_beta(beta: float) -> float:
@@ -38,4 +44,8 @@ def ema_smooth(
     prev = np.asarray(previous, dtype=np.float64)
     if prev.shape != w.shape:
         raise ValueError(f"previous weights shape {prev.shape} != weights shape {w.shape}")
-    return renormalize(b * prev + (1.0 - b) * w, mask)
+    live = live_mask(mask)
+    blend = b * prev
+    blend += (1.0 - b) * w  # the blend is ours: renormalized in place
+    check_mask_shape(blend, live)
+    return renormalize_owned(blend, live)

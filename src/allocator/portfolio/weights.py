@@ -65,10 +65,22 @@ def renormalize(x: ArrayLike, mask: ArrayLike) -> FloatArray:
     result bit for bit (float addition is not associative).
     """
     live = live_mask(mask)
-    v = np.asarray(x, dtype=np.float64)
+    v = np.array(x, dtype=np.float64)  # a copy: written into below
+    check_mask_shape(v, live)
+    return renormalize_owned(v, live)
+
+
+def check_mask_shape(v: FloatArray, live: NDArray[np.bool_]) -> None:
+    """``ValueError`` unless one mask (or a batch of them) fits the weights' slots."""
     if v.shape[-1:] != live.shape[-1:] or live.ndim > v.ndim:
         raise ValueError(f"weights shape {v.shape} does not match mask shape {live.shape}")
-    v = np.fmax(v, 0.0)  # negatives and NaN -> 0 (fmax ignores NaN)
+
+
+def renormalize_owned(v: FloatArray, live: NDArray[np.bool_]) -> FloatArray:
+    """``renormalize`` of a float64 array the caller owns (it is written into), with ``live``
+    from ``live_mask`` and shapes already checked: EMA smoothing builds a fresh blend every
+    step and need not pay for another copy of it."""
+    np.fmax(v, 0.0, out=v)  # negatives and NaN -> 0 (fmax ignores NaN)
     v *= live
     if v.ndim == 1:
         ordered = v.copy()

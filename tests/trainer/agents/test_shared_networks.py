@@ -41,10 +41,14 @@ def spaces_for(n_assets: int = M, n_features: int = F) -> tuple[spaces.Box, spac
     return obs_space, spaces.Box(-1.0, 1.0, shape=(n_assets + 1,), dtype=np.float32)
 
 
-def make_policy(kind: str, seed: int = 0) -> SharedTD3Policy | SharedSACPolicy:
+def make_policy(
+    kind: str, seed: int = 0, center: bool = False
+) -> SharedTD3Policy | SharedSACPolicy:
     torch.manual_seed(seed)
     obs_space, act_space = spaces_for()
-    return POLICIES[kind](obs_space, act_space, lambda _: 1e-3, n_features=F, hidden=HIDDEN)
+    return POLICIES[kind](
+        obs_space, act_space, lambda _: 1e-3, n_features=F, hidden=HIDDEN, center_assets=center
+    )
 
 
 def random_parts(
@@ -114,10 +118,11 @@ def test_masked_pooling_ignores_masked_rows_and_is_zero_when_none_live() -> None
 # --- symmetry -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("center", [False, True], ids=["raw", "centered"])
 @pytest.mark.parametrize("kind", sorted(POLICIES))
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_permuting_assets_permutes_actions_and_keeps_q(kind: str, seed: int) -> None:
-    policy = make_policy(kind, seed)
+def test_permuting_assets_permutes_actions_and_keeps_q(kind: str, seed: int, center: bool) -> None:
+    policy = make_policy(kind, seed, center)
     features, weights, mask = random_parts(16, seed)
     actions = torch.rand(16, M + 1, generator=torch.Generator().manual_seed(seed)) * 2 - 1
     perm = torch.randperm(M, generator=torch.Generator().manual_seed(seed + 10))
@@ -154,9 +159,10 @@ def test_critic_depends_on_live_actions(kind: str) -> None:
 # --- masking --------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("center", [False, True], ids=["raw", "centered"])
 @pytest.mark.parametrize("kind", sorted(POLICIES))
-def test_masked_slots_have_no_influence(kind: str) -> None:
-    policy = make_policy(kind)
+def test_masked_slots_have_no_influence(kind: str, center: bool) -> None:
+    policy = make_policy(kind, center=center)
     features, weights, mask = random_parts(32, seed=4)
     actions = torch.rand(32, M + 1, generator=torch.Generator().manual_seed(4)) * 2 - 1
     dead = mask == 0
@@ -174,6 +180,33 @@ def test_masked_slots_have_no_influence(kind: str) -> None:
     assert torch.all(action[dead] == 0)
     for one, one_n in zip(q, q_n, strict=True):
         assert torch.equal(one, one_n)
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_centered_scores_cannot_push_every_asset_to_one_side(kind: str) -> None:
+    """Centred, the live assets' pre-tanh scores average zero in every row, however large the
+    common shift the network computes (here: a huge bias on the score head), so no row has
+    every live asset's action above zero; uncentred, the same network saturates them all.
+    SAC's log std is left alone. Cash is not an asset and is not centred."""
+    features, weights, mask = random_parts(64, seed=5)
+    live = mask[:, 1:] > 0.5
+    outputs = {}
+    for center in (False, True):
+        policy = make_policy(kind, seed=5, center=center)
+        with torch.no_grad():
+            head = policy.actor.net.rho[-1]
+            head.bias[0] += 30.0
+            outputs[center] = policy.actor.net(features, weights, mask)
+            outputs[(center, "action")] = actor_action(policy, flat(features, weights, mask))
+    raw, cen = outputs[False], outputs[True]
+    score = cen[:, 1:, 0]
+    mean = torch.where(live, score, 0).sum(dim=1) / live.sum(dim=1)
+    torch.testing.assert_close(mean, torch.zeros_like(mean), rtol=0, atol=1e-5)
+    assert torch.all(torch.where(live, outputs[(True, "action")][:, 1:], -1).amin(dim=1) <= 0)
+    assert torch.all(torch.where(live, outputs[(False, "action")][:, 1:], 1) > 0.99)
+    torch.testing.assert_close(cen[:, :1], raw[:, :1], rtol=0, atol=0)  # cash as it was
+    if kind == "sac":
+        torch.testing.assert_close(cen[..., 1], raw[..., 1], rtol=0, atol=0)  # log std too
 
 
 def test_sac_samples_are_zero_on_masked_slots_and_log_prob_counts_live_ones() -> None:
@@ -302,3 +335,23 @@ def test_save_load_round_trip_gives_same_actions(
         actions = torch.as_tensor(expected)
         for a, b in zip(loaded.critic(tensor, actions), model.critic(tensor, actions), strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_centering_is_saved_with_the_policy_and_absent_means_off(kind: str, tmp_path: Path) -> None:
+    """A centred policy loads centred; one saved before the option existed (no
+    ``center_assets`` in its constructor parameters) loads uncentred, as it was trained."""
+    policy = make_policy(kind, seed=6, center=True)
+    obs = flat(*random_parts(12, seed=6))
+    policy.save(str(tmp_path / "policy.pt"))
+    loaded = POLICIES[kind].load(str(tmp_path / "policy.pt"), device="cpu")
+    assert loaded.actor.net.center_assets
+    with torch.no_grad():
+        assert torch.equal(actor_action(loaded, obs), actor_action(policy, obs))
+    saved = torch.load(tmp_path / "policy.pt", weights_only=False)
+    del saved["data"]["center_assets"]
+    torch.save(saved, tmp_path / "old.pt")
+    old = POLICIES[kind].load(str(tmp_path / "old.pt"), device="cpu")
+    assert not old.actor.net.center_assets
+    with torch.no_grad():
+        assert not torch.equal(actor_action(old, obs), actor_action(policy, obs))

@@ -70,14 +70,16 @@ SHARED_PARITY_SAMPLES = 200
 @pytest.fixture(scope="package")
 def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny shared-policy runs (TD3; SAC with curiosity) on 6 slots of a 12-asset market, with
-    the per-asset features and the tilt mapping, trained once for the package."""
+    the per-asset features and the tilt mapping, trained once for the package. SAC's actor
+    centres its asset scores, TD3's does not: the export tests cover both graphs."""
     root = tmp_path_factory.mktemp("shared-runs")
     csv = write_market(
         random_walk_market(n_dates=400, n_assets=12, seed=1).to_frame(), root / "m.csv"
     )
     base = [f"data.dataset={csv}", f"output_dir={root}", *SHARED]
     out = {}
-    for algo, extra in (("td3", ["name=shared-td3"]), ("sac", ["name=shared-sac", *SAC_ICM])):
+    sac = ["name=shared-sac", "shared.center_assets=true", *SAC_ICM]
+    for algo, extra in (("td3", ["name=shared-td3"]), ("sac", sac)):
         out[algo] = train(load_config(None, base + extra), root / algo).run_dir
     return out
 

@@ -63,6 +63,7 @@ def test_published_manifest_says_shared_with_its_limit_and_tilt(shared_exported,
     assert manifest.schema_version == SCHEMA_VERSION
     assert manifest.policy.kind == "shared"
     assert manifest.policy.hidden == 16
+    assert manifest.policy.center_assets == (algo == "sac") == config.shared.center_assets
     assert manifest.max_served_assets == DEFAULT_MAX_SERVED_ASSETS
     assert manifest.served_asset_limit == DEFAULT_MAX_SERVED_ASSETS
     assert manifest.action_mapping == TILT_MAPPING
@@ -151,11 +152,13 @@ def test_onnx_matches_torch_at_each_universe_size(shared_exported, shared_runs, 
         assert np.all(np.abs(action) <= 1.0)
 
 
+@pytest.mark.parametrize("algo", ["td3", "sac"])
 @pytest.mark.parametrize("size", SIZES)
-def test_permuting_live_assets_permutes_the_onnx_action(shared_exported, shared_runs, size):
-    """Prices permuted -> features (contract), then the graph's action, permuted to rounding."""
-    loaded = load_run(shared_runs["td3"])
-    session = onnx_session(shared_exported["td3"] / MODEL_FILE)
+def test_permuting_live_assets_permutes_the_onnx_action(shared_exported, shared_runs, size, algo):
+    """Prices permuted -> features (contract), then the graph's action, permuted exactly
+    (SAC's graph centres its asset scores, TD3's does not)."""
+    loaded = load_run(shared_runs[algo])
+    session = onnx_session(shared_exported[algo] / MODEL_FILE)
     rng = np.random.default_rng(size)
     n, p = 100, loaded.asset_spec.prices_per_asset
     steps = rng.normal(0.0, 0.02, size=(n, size, p - 1))

@@ -124,6 +124,15 @@ def masked_mean_max(h: th.Tensor, live: th.Tensor) -> th.Tensor:
     return th.cat([mean, top], dim=-1)
 
 
+def centered(scores: th.Tensor, live: th.Tensor) -> th.Tensor:
+    """``scores`` (B, N) less their mean over live assets (summed sorted, as in
+    ``masked_mean_max``, so a permutation gives the same bits); masked entries are left as
+    they are (the caller zeroes them)."""
+    count = live.sum(dim=1, keepdim=True).clamp(min=1).to(scores.dtype)
+    total = th.sort(th.where(live, scores, th.zeros_like(scores)), dim=1).values.sum(dim=1)
+    return scores - total.unsqueeze(1) / count
+
+
 def asset_inputs(features: th.Tensor, per_slot: th.Tensor, live: th.Tensor) -> th.Tensor:
     """Per-asset rows ``[features_i, per_slot_i...]`` (B, N, F + K), masked rows set to zero.
 
@@ -139,6 +148,13 @@ class SharedActorNet(nn.Module):
     ``h_i = phi([f_i, w_i])``; ``c = context([mean h, max h, w_cash])``;
     asset score ``rho([h_i, c])``; cash score ``cash_head(c)`` (its bias is the learned cash
     preference). ``n_outputs`` is 1 for TD3 (the pre-tanh score) and 2 for SAC (mean, log std).
+
+    ``center_assets`` subtracts the live assets' mean from their first output (the pre-tanh
+    score or mean; never the log std). Adding the same amount to every asset's score changes
+    no asset's weight against another, only the book against cash, and the cash head already
+    has that say: uncentred, that common shift is free to drift until every asset action sits
+    at +1 (an equal-weight book with tanh's gradient gone). Centred, an asset's action says
+    how it differs from the others. Off by default: policies saved without it keep their meaning.
     """
 
     def __init__(
@@ -147,10 +163,12 @@ class SharedActorNet(nn.Module):
         hidden: int = 64,
         n_outputs: int = 1,
         activation_fn: type[nn.Module] = nn.ReLU,
+        center_assets: bool = False,
     ) -> None:
         super().__init__()
         self.n_features = n_features
         self.n_outputs = n_outputs
+        self.center_assets = center_assets
         self.encoder = mlp([n_features + 1, hidden, hidden], activation_fn, final_activation=True)
         self.context = mlp([2 * hidden + 1, hidden], activation_fn, final_activation=True)
         self.rho = mlp([2 * hidden, hidden, n_outputs], activation_fn, final_activation=False)
@@ -163,6 +181,9 @@ class SharedActorNet(nn.Module):
         h = self.encoder(asset_inputs(features, weights.unsqueeze(-1), live))
         c = self.context(th.cat([masked_mean_max(h, live), weights[:, :1]], dim=-1))
         asset = self.rho(th.cat([h, c.unsqueeze(1).expand(-1, h.shape[1], -1)], dim=-1))
+        if self.center_assets:
+            first = centered(asset[..., 0], live).unsqueeze(-1)
+            asset = th.cat([first, asset[..., 1:]], dim=-1)
         scores = th.cat([self.cash_head(c).unsqueeze(1), asset], dim=1)
         return th.where(slot_live(mask).unsqueeze(-1), scores, th.zeros_like(scores))
 

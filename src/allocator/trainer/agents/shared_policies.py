@@ -4,8 +4,9 @@
 target networks, save and load) and replace only what ``make_actor`` and ``make_critic`` build,
 so ``SmoothTD3`` and ``SmoothSAC`` train them unchanged: the actor is called on flat observation
 batches, the critics return one Q per critic and offer ``q1_forward``. Select them with
-``policy=SharedTD3Policy`` and ``policy_kwargs={"n_features": F, "hidden": 64}``; ``net_arch``
-is accepted (SB3 passes it) and ignored, the width is ``hidden``.
+``policy=SharedTD3Policy`` and ``policy_kwargs={"n_features": F, "hidden": 64}`` (optionally
+``"center_assets": True``); ``net_arch`` is accepted (SB3 passes it) and ignored, the width is
+``hidden``.
 
 Masked slots always get action 0 (TD3 and SAC alike, sampled or not), and SAC's log-probability
 counts live slots only: the entropy bonus is then about choices that matter, not about noise on
@@ -48,6 +49,7 @@ class SharedActorBase(BasePolicy):
         activation_fn: type[nn.Module] = nn.ReLU,
         normalize_images: bool = True,
         n_outputs: int = 1,
+        center_assets: bool = False,
     ) -> None:
         super().__init__(
             observation_space, action_space, normalize_images=normalize_images, squash_output=True
@@ -56,12 +58,16 @@ class SharedActorBase(BasePolicy):
         self.n_features = n_features
         self.hidden = hidden
         self.activation_fn = activation_fn
-        self.net = SharedActorNet(n_features, hidden, n_outputs, activation_fn)
+        self.center_assets = center_assets
+        self.net = SharedActorNet(n_features, hidden, n_outputs, activation_fn, center_assets)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
         data.update(
-            n_features=self.n_features, hidden=self.hidden, activation_fn=self.activation_fn
+            n_features=self.n_features,
+            hidden=self.hidden,
+            activation_fn=self.activation_fn,
+            center_assets=self.center_assets,
         )
         return data
 
@@ -166,13 +172,16 @@ class SharedPolicyMixin:
 
     n_features: int
     hidden: int
+    center_assets: bool
     observation_space: spaces.Space
     action_space: spaces.Box
     normalize_images: bool
     net_args: dict[str, Any]
     critic_kwargs: dict[str, Any]
 
-    def _set_sizes(self, n_features: int, hidden: int, kwargs: dict[str, Any]) -> None:
+    def _set_sizes(
+        self, n_features: int, hidden: int, center_assets: bool, kwargs: dict[str, Any]
+    ) -> None:
         """Before SB3's ``__init__`` (which builds the networks): remember the sizes."""
         if kwargs.get("share_features_extractor"):
             raise ValueError("the shared policy has no features extractor to share")
@@ -180,6 +189,7 @@ class SharedPolicyMixin:
             raise ValueError(f"hidden must be >= 1, got {hidden}")
         self.n_features = int(n_features)
         self.hidden = int(hidden)
+        self.center_assets = bool(center_assets)
 
     def _net_kwargs(self) -> dict[str, Any]:
         return {
@@ -192,7 +202,9 @@ class SharedPolicyMixin:
         }
 
     def _shared_constructor_parameters(self, data: dict[str, Any]) -> dict[str, Any]:
-        data.update(n_features=self.n_features, hidden=self.hidden)
+        data.update(
+            n_features=self.n_features, hidden=self.hidden, center_assets=self.center_assets
+        )
         return data
 
     def make_critic(self, features_extractor: Any = None) -> SharedCritic:
@@ -205,6 +217,7 @@ class SharedTD3Policy(SharedPolicyMixin, TD3Policy):
 
     :param n_features: features per asset ``F`` in the flat observation (checked against it)
     :param hidden: width of every hidden layer of the set networks
+    :param center_assets: centre the asset scores over live assets (``SharedActorNet``)
     """
 
     def __init__(
@@ -214,13 +227,16 @@ class SharedTD3Policy(SharedPolicyMixin, TD3Policy):
         lr_schedule: Schedule,
         n_features: int,
         hidden: int = 64,
+        center_assets: bool = False,
         **kwargs: Any,
     ) -> None:
-        self._set_sizes(n_features, hidden, kwargs)
+        self._set_sizes(n_features, hidden, center_assets, kwargs)
         super().__init__(observation_space, action_space, lr_schedule, **kwargs)
 
     def make_actor(self, features_extractor: Any = None) -> SharedTD3Actor:  # type: ignore[override]
-        return SharedTD3Actor(**self._net_kwargs()).to(self.device)
+        return SharedTD3Actor(**self._net_kwargs(), center_assets=self.center_assets).to(
+            self.device
+        )
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         return self._shared_constructor_parameters(super()._get_constructor_parameters())
@@ -231,6 +247,7 @@ class SharedSACPolicy(SharedPolicyMixin, SACPolicy):
 
     :param n_features: features per asset ``F`` in the flat observation (checked against it)
     :param hidden: width of every hidden layer of the set networks
+    :param center_assets: centre the asset scores over live assets (``SharedActorNet``)
     """
 
     def __init__(
@@ -240,15 +257,18 @@ class SharedSACPolicy(SharedPolicyMixin, SACPolicy):
         lr_schedule: Schedule,
         n_features: int,
         hidden: int = 64,
+        center_assets: bool = False,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("use_sde"):
             raise ValueError("the shared SAC policy does not support gSDE (use_sde)")
-        self._set_sizes(n_features, hidden, kwargs)
+        self._set_sizes(n_features, hidden, center_assets, kwargs)
         super().__init__(observation_space, action_space, lr_schedule, **kwargs)
 
     def make_actor(self, features_extractor: Any = None) -> SharedSACActor:  # type: ignore[override]
-        return SharedSACActor(**self._net_kwargs()).to(self.device)
+        return SharedSACActor(**self._net_kwargs(), center_assets=self.center_assets).to(
+            self.device
+        )
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         return self._shared_constructor_parameters(super()._get_constructor_parameters())

@@ -173,7 +173,8 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.n_features = self.config.n_features
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.n_slots,), dtype=np.float32)
         # Features lie in [-clip, clip]; the weights and mask blocks in [0, 1].
-        n_feat = self.spec_.obs_size - 2 * self.n_slots
+        self._obs_size = self.spec_.obs_size  # read every step: kept, not recomputed
+        n_feat = self._n_block = self._obs_size - 2 * self.n_slots
         clip = np.float32(self.config.obs_clip)
         low = np.concatenate([np.full(n_feat, -clip), np.zeros(2 * self.n_slots)])
         high = np.concatenate([np.full(n_feat, clip), np.ones(2 * self.n_slots)])
@@ -375,9 +376,9 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         return self._t0 + self._k
 
     def _observation(self) -> NDArray[np.float32]:
-        n = self.config.max_assets * self.n_features
+        n = self._n_block
         j = self._k - self._row0
-        obs = np.empty(self.spec_.obs_size, np.float32)
+        obs = np.empty(self._obs_size, np.float32)
         if self.asset_spec is None:
             w, m = self.config.window, self.config.max_assets
             obs[:n].reshape(m, w)[:] = self._episode_features[j : j + w].T
@@ -423,7 +424,9 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         j = self._k - self._row0
         s = ema_smooth(self.executed, raw, self.mask, self._beta)
         sold, self._sold = self._sold, 0.0
-        turnover = sold + float(np.add.reduce(np.abs(s[1:] - self.drifted[1:])))
+        moved = s - self.drifted
+        np.abs(moved, out=moved)
+        turnover = sold + float(np.add.reduce(moved[1:]))  # cash is not traded
         cost = self._cost_rate * turnover * self.nav
         invested = self.nav - cost
         shares = invested * s / self._slot_prices[j]

@@ -106,6 +106,11 @@ class SharedPolicySettings(StrictModel):
     """Size of the per-asset shared networks (``policy: shared``); ``net_arch`` is the MLP's."""
 
     hidden: int = Field(64, ge=1, description="width of the per-asset encoder and heads")
+    center_assets: bool = Field(
+        False,
+        description="subtract the live assets' mean score before the tanh, so no common shift "
+        "can saturate every asset action at once",
+    )
 
 
 SelectionMetric = Literal["sharpe", "sortino", "calmar", "annual_return", "total_return"]

@@ -107,7 +107,11 @@ def _policy(config: TrainConfig) -> tuple[Any, dict[str, Any]]:
     if config.policy == "mlp":
         return "MlpPolicy", {"net_arch": list(algo.net_arch)}
     cls = SharedTD3Policy if isinstance(algo, TD3Settings) else SharedSACPolicy
-    return cls, {"n_features": config.env.n_features, "hidden": config.shared.hidden}
+    shared = config.shared
+    kwargs = {"n_features": config.env.n_features, "hidden": shared.hidden}
+    if shared.center_assets:  # only when on: a run without it saves the policy as before
+        kwargs["center_assets"] = True
+    return cls, kwargs
 
 
 def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> BaseAlgorithm:

@@ -88,7 +88,10 @@ def representation_fields(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
             max_assets=env.max_assets, window=env.window, clip=env.obs_clip
         )
     if config.policy == "shared":
-        fields["policy"] = PolicyInfo(kind="shared", hidden=config.shared.hidden)
+        shared = config.shared
+        fields["policy"] = PolicyInfo(
+            kind="shared", hidden=shared.hidden, center_assets=shared.center_assets
+        )
     if env.action.mapping == "tilt":
         anchor = env.action.anchor
         fields["action_mapping"] = TILT_MAPPING
