@@ -21,17 +21,17 @@ demo: venv
 
 ## test: lint, then the test suite (slow learning tests too when CI=true)
 test: venv
-	$(BIN)/ruff check src tests bench migrations scripts deploy
-	$(BIN)/ruff format --check src tests bench migrations scripts deploy
+	$(BIN)/ruff check src tests bench scripts deploy
+	$(BIN)/ruff format --check src tests bench scripts deploy
 	$(BIN)/python -m pytest -n 2 $(if $(filter true,$(CI)),--run-slow,) $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check src tests bench migrations scripts deploy
-	$(BIN)/ruff format --check src tests bench migrations scripts deploy
+	$(BIN)/ruff check src tests bench scripts deploy
+	$(BIN)/ruff format --check src tests bench scripts deploy
 
 format: venv
-	$(BIN)/ruff check --fix src tests bench migrations scripts deploy
-	$(BIN)/ruff format src tests bench migrations scripts deploy
+	$(BIN)/ruff check --fix src tests bench scripts deploy
+	$(BIN)/ruff format src tests bench scripts deploy
 
 bench: venv
 	$(BIN)/python bench/env_throughput.py

@@ -17,16 +17,14 @@ RUN groupadd --system --gid 10001 allocator \
         --home-dir /var/lib/allocator --shell /usr/sbin/nologin allocator
 
 WORKDIR /app
-# An editable install on purpose: the migrations (alembic.ini, migrations/) are found next to
-# src/ in the checkout, not inside a wheel (allocator.recording.migrations.REPO_ROOT).
-COPY pyproject.toml README.md alembic.ini ./
+# A plain (non-editable) install: the migrations ship inside the package (allocator:migrations).
+COPY pyproject.toml README.md ./
 COPY src ./src
-COPY migrations ./migrations
 COPY deploy/docker/healthcheck.py ./deploy/docker/healthcheck.py
 # The cache mount keeps wheels between builds; the second command fails the build if anything
 # pulled torch in (the serving contract: ONNX only).
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install -e ".[serve]" \
+    pip install ".[serve]" \
     && ! pip show torch >/dev/null 2>&1
 
 # Runtime data (recorder spool, the SQLite default) lives outside the read-only code. /models

@@ -26,13 +26,12 @@ WORKDIR /app
 RUN --mount=type=cache,target=/root/.cache/pip \
     pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
 
-# Editable, as in the serving image: the migrations ship beside src/ in the checkout.
-COPY pyproject.toml README.md alembic.ini ./
+# A plain install, as in the serving image: the migrations ship inside the package.
+COPY pyproject.toml README.md ./
 COPY src ./src
-COPY migrations ./migrations
 COPY configs ./configs
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install -e ".[${EXTRAS}]" \
+    pip install ".[${EXTRAS}]" \
     && python -c "import sys, torch; sys.exit(torch.version.cuda is not None)"
 
 # Run directories and the default registry are written by the jobs: owned by their user.

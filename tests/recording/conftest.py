@@ -15,9 +15,9 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.pool import NullPool
 
+from allocator.recording.migrations import alembic_config as packaged_alembic_config
 from tests.postgres import reset_schema
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ["sqlite", "postgresql"]
 
 
@@ -32,11 +32,12 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def make_alembic_config(url: str | None = None) -> Config:
-    """The repository's alembic config, with logging left alone (tests share the process)."""
-    config = Config(str(REPO_ROOT / "alembic.ini"))
-    config.set_main_option("script_location", str(REPO_ROOT / "migrations"))
-    config.attributes["configure_logger"] = False
-    if url is not None:
+    """The packaged migrations' alembic config (what `allocator db` uses), with logging left
+    alone (tests share the process); env.py falls back to DATABASE_URL when ``url`` is None."""
+    config = packaged_alembic_config()
+    if url is None:
+        del config.attributes["url"]
+    else:
         config.attributes["url"] = url
     return config
 

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
 from click.testing import CliRunner
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from allocator.cli import main
-from allocator.recording import schema, settings
+from allocator.recording import migrations, schema, settings
 from allocator.recording.schema import (
     Decision,
     ModelVersion,
@@ -196,10 +199,20 @@ def test_cli_db_uses_database_url_env(tmp_path, monkeypatch: pytest.MonkeyPatch)
     assert (tmp_path / "env.db").exists()
 
 
-def test_cli_db_without_migrations_fails_clearly(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import allocator.recording.migrations
-
-    monkeypatch.setattr(allocator.recording.migrations, "REPO_ROOT", tmp_path)
+@pytest.mark.parametrize("location", ["allocator:no_migrations_here", "no_such_package:migrations"])
+def test_cli_db_without_migrations_fails_clearly(
+    location: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migrations, "SCRIPT_LOCATION", location)
     result = CliRunner().invoke(main, ["db", "current", "--database-url", "sqlite://"])
     assert result.exit_code == 2
-    assert "ship with the repository checkout" in result.output
+    assert f"migrations not found at {location}" in result.output
+
+
+def test_checkout_alembic_ini_points_at_the_packaged_migrations() -> None:
+    """`alembic` run from a checkout (new revisions) and `allocator db` see the same scripts."""
+    root = Path(__file__).resolve().parents[2]
+    checkout = ScriptDirectory.from_config(Config(str(root / "alembic.ini")))
+    packaged = ScriptDirectory.from_config(migrations.alembic_config())
+    assert Path(checkout.dir).resolve() == Path(packaged.dir).resolve()
+    assert checkout.get_heads() == packaged.get_heads()

@@ -1,4 +1,4 @@
-"""``allocator db``: migrate the trade database with the repository's alembic migrations.
+"""``allocator db``: migrate the trade database with the packaged alembic migrations.
 
 The alembic configuration comes from :mod:`allocator.recording.migrations` (the one place that
 finds the migrations and binds them to a URL); alembic itself (with sqlalchemy) is imported inside
@@ -17,11 +17,11 @@ from allocator.recording.migrations import MigrationsNotFoundError, alembic_conf
 
 @click.group()
 def db() -> None:
-    """Migrate the trade database (alembic; migrations ship with the repository checkout)."""
+    """Migrate the trade database (alembic; the migrations ship inside the package)."""
 
 
 def bound_config(database_url: str | None) -> Any:
-    """The migrations' alembic ``Config`` for ``database_url``; exit 2 outside a checkout.
+    """The migrations' alembic ``Config`` for ``database_url``; exit 2 when they are missing.
 
     alembic writes to the ``sys.stdout`` in use when the command runs (what a test captures)."""
     try:

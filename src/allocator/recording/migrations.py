@@ -1,38 +1,49 @@
 """Programmatic access to the trade-schema migrations (the CLI, the server, benches, tests).
 
-Alembic migrations are the only path that builds the schema; this module finds them in the
-repository checkout and binds them to a URL without touching the caller's logging.
+Alembic migrations are the only path that builds the schema. They ship inside the package
+(``allocator/migrations``, found through :mod:`importlib.resources`), so a wheel install migrates
+as a checkout does; this module binds them to a URL without touching the caller's logging.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from importlib.resources import files
 from typing import Any, TextIO
 
 from allocator.recording.settings import database_url as default_database_url
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-"""The repository checkout: ``alembic.ini`` and ``migrations/`` ship with it, not in the wheel."""
+SCRIPT_LOCATION = "allocator:migrations"
+"""Alembic's package-resource form: the migrations directory inside the installed package."""
 
 
 class MigrationsNotFoundError(FileNotFoundError):
-    """The migrations are not beside this installation (a wheel install, not a checkout)."""
+    """The installed package lacks its migrations (a build that left the package data out)."""
+
+
+def check_script_location(location: str) -> None:
+    """Fail with the place looked at when ``location`` (``package:dir``) holds no ``env.py``."""
+    package, _, directory = location.partition(":")
+    try:
+        found = files(package).joinpath(directory, "env.py").is_file()
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise MigrationsNotFoundError(
+            f"migrations not found at {location} (no env.py there): the trade-schema "
+            "migrations ship inside the allocator package; reinstall it from a complete wheel"
+        )
 
 
 def alembic_config(database_url: str | None = None, stdout: TextIO | None = None) -> Any:
-    """An alembic ``Config`` for the repository's migrations, bound to ``database_url``
+    """An alembic ``Config`` for the packaged migrations, bound to ``database_url``
     (default: ``DATABASE_URL``, else the embedded SQLite file)."""
     from alembic.config import Config
 
-    ini, scripts = REPO_ROOT / "alembic.ini", REPO_ROOT / "migrations"
-    if not ini.is_file() or not (scripts / "env.py").is_file():
-        raise MigrationsNotFoundError(
-            f"migrations not found at {scripts} (and {ini}): the trade-schema migrations ship "
-            "with the repository checkout; run from an editable install of it"
-        )
-    config = Config(str(ini), stdout=stdout or sys.stdout)
-    config.set_main_option("script_location", str(scripts))
+    check_script_location(SCRIPT_LOCATION)
+    config = Config(stdout=stdout or sys.stdout)
+    config.set_main_option("script_location", SCRIPT_LOCATION)
+    config.set_main_option("path_separator", "os")
     config.attributes["url"] = database_url or default_database_url()
     config.attributes["configure_logger"] = False  # keep the caller's logging as it is
     return config

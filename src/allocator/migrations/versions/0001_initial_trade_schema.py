@@ -59,6 +59,7 @@ FROM decisions AS d, json_each(d.asset_ids) AS a
 
 def upgrade() -> None:
     """Create the tables, their indexes and the per-asset view."""
+    # long: the whole initial schema in one released revision; history is never rewritten
     op.create_table(
         "model_versions",
         sa.Column("id", sa.Integer(), nullable=False),
