@@ -134,7 +134,7 @@ def test_latency_buckets_have_one_exactly_at_the_budget(registry, budget):
     ]
     assert le.count(floatToGoString(budget)) == 1
     assert [float(v) for v in le] == [*buckets, math.inf]
-    at_budget = {"method": "Allocate", "outcome": "OK", "le": floatToGoString(budget)}
+    at_budget = {"grpc_method": "Allocate", "grpc_code": "OK", "le": floatToGoString(budget)}
     value = registry.get_sample_value("allocator_serving_request_latency_seconds_bucket", at_budget)
     assert value == 1.0  # le is inclusive: a request exactly at the budget is within it
 
@@ -152,10 +152,13 @@ def test_over_budget_counts_only_requests_above_the_budget(registry):
     serving.observe_request("ListModels", "OK", 0.2e-3)
 
     get = registry.get_sample_value
-    assert get("allocator_serving_over_budget_total", {"method": "Allocate"}) == 2.0
-    assert get("allocator_serving_over_budget_total", {"method": "ListModels"}) is None
-    assert get("allocator_serving_requests_total", {"method": "Allocate", "code": "OK"}) == 5.0
-    labels = {"method": "Allocate", "outcome": "OK"}
+    assert get("allocator_serving_over_budget_total", {"grpc_method": "Allocate"}) == 2.0
+    assert get("allocator_serving_over_budget_total", {"grpc_method": "ListModels"}) is None
+    assert (
+        get("allocator_serving_requests_total", {"grpc_method": "Allocate", "grpc_code": "OK"})
+        == 5.0
+    )
+    labels = {"grpc_method": "Allocate", "grpc_code": "OK"}
     count = get("allocator_serving_request_latency_seconds_count", labels)
     within = get(
         "allocator_serving_request_latency_seconds_bucket",
@@ -169,10 +172,12 @@ def test_status_codes_are_recorded_by_name(registry):
     serving = ServingMetrics(registry, BUDGET)
     serving.observe_request("Allocate", StatusCode.UNAVAILABLE, 1e-3)
     get = registry.get_sample_value
-    assert get("allocator_serving_requests_total", {"method": "Allocate", "code": "UNAVAILABLE"})
+    assert get(
+        "allocator_serving_requests_total", {"grpc_method": "Allocate", "grpc_code": "UNAVAILABLE"}
+    )
     assert get(
         "allocator_serving_request_latency_seconds_count",
-        {"method": "Allocate", "outcome": "UNAVAILABLE"},
+        {"grpc_method": "Allocate", "grpc_code": "UNAVAILABLE"},
     )
 
 
@@ -292,7 +297,7 @@ def test_instances_on_two_registries_do_not_collide():
     b.set_model("m", "1", "td3")
     RecorderMetrics(first), RecorderMetrics(second)
     JobMetrics(first), JobMetrics(second)
-    labels = {"method": "Allocate", "code": "OK"}
+    labels = {"grpc_method": "Allocate", "grpc_code": "OK"}
     assert first.get_sample_value("allocator_serving_requests_total", labels) == 1.0
     assert second.get_sample_value("allocator_serving_requests_total", labels) is None
     assert series(first, "allocator_serving_model_info") == []
@@ -324,7 +329,7 @@ def test_exposition_parses(registry):
         for s in parsed["allocator_serving_request_latency_seconds"].samples
         if s.name.endswith("_bucket") and s.labels["le"] == floatToGoString(BUDGET)
     ]
-    assert [s.labels["outcome"] for s in budget_bucket] == ["OK", "UNAVAILABLE"]
+    assert [s.labels["grpc_code"] for s in budget_bucket] == ["OK", "UNAVAILABLE"]
     assert [s.value for s in budget_bucket] == [1.0, 0.0]
     assert float(budget_bucket[0].labels["le"]) == BUDGET
 

@@ -329,7 +329,7 @@ def test_server_metrics_pass_promtool_check_metrics(tmp_path: Path) -> None:
         text = fetch(f"http://127.0.0.1:{server.metrics_port}/metrics")
     finally:
         server.stop()
-    assert b'code="INVALID_ARGUMENT"' in text
+    assert b'grpc_code="INVALID_ARGUMENT"' in text
     assert b"allocator_serving_batch_size_bucket" in text
     promtool("check", "metrics", stdin=text)
 

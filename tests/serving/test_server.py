@@ -300,7 +300,9 @@ def test_server_answers_after_the_bad_input_suite(shared: Conn) -> None:
     assert tuple(response.asset_ids) == ("CASH", "A", "B", "C")
     assert weights(response).sum() == pytest.approx(1.0, abs=1e-12)
     assert (
-        shared.counter("allocator_serving_requests_total", method="Allocate", code="INTERNAL")
+        shared.counter(
+            "allocator_serving_requests_total", grpc_method="Allocate", grpc_code="INTERNAL"
+        )
         == 0.0
     )
 
@@ -437,7 +439,12 @@ def test_health_after_generated_requests(shared: Conn) -> None:
     assert shared.serving()
     for method in ("Allocate", "AllocateBatch", "ResetPortfolio", "ListModels"):
         for code in ("INTERNAL", "UNKNOWN"):
-            assert shared.counter("allocator_serving_requests_total", method=method, code=code) == 0
+            assert (
+                shared.counter(
+                    "allocator_serving_requests_total", grpc_method=method, grpc_code=code
+                )
+                == 0
+            )
     assert shared.allocate(make_request("after-fuzz")).model.name == "tiny"
 
 
@@ -481,7 +488,8 @@ def test_bearer_token(tiny_registry: Path, tmp_path: Path) -> None:
             assert answer.smoothed_weights.sum() == pytest.approx(1.0)
             assert {m.name for m in client.list_models()} == {"tiny", "plain"}
         denied = server.metrics_registry.get_sample_value(
-            "allocator_serving_requests_total", {"method": "Allocate", "code": "UNAUTHENTICATED"}
+            "allocator_serving_requests_total",
+            {"grpc_method": "Allocate", "grpc_code": "UNAUTHENTICATED"},
         )
         assert denied == 4.0
     finally:
@@ -589,7 +597,7 @@ def test_expired_call_decides_nothing(shared: Conn) -> None:
     the client has given up, so the portfolio's state must not move on its behalf."""
     pid = "deadline-held"
     before = shared.counter(
-        "allocator_serving_requests_total", method="Allocate", code="DEADLINE_EXCEEDED"
+        "allocator_serving_requests_total", grpc_method="Allocate", grpc_code="DEADLINE_EXCEEDED"
     )
     with shared.server.store.locked([pid]):
         code, _, _ = shared.call("Allocate", make_request(pid), timeout=0.3)
@@ -597,7 +605,9 @@ def test_expired_call_decides_nothing(shared: Conn) -> None:
     wait_for(
         lambda: (
             shared.counter(
-                "allocator_serving_requests_total", method="Allocate", code="DEADLINE_EXCEEDED"
+                "allocator_serving_requests_total",
+                grpc_method="Allocate",
+                grpc_code="DEADLINE_EXCEEDED",
             )
             > before
         ),
@@ -836,7 +846,9 @@ def test_refusing_recorder_is_unavailable_and_state_holds(
             assert conn.state(pid) is None
         assert conn.counter("allocator_recorder_rejected_total") == 4.0  # records, not calls
         assert (
-            conn.counter("allocator_serving_requests_total", method="Allocate", code="UNAVAILABLE")
+            conn.counter(
+                "allocator_serving_requests_total", grpc_method="Allocate", grpc_code="UNAVAILABLE"
+            )
             == 2.0
         )
         assert conn.serving()  # a recording outage is the client's to retry, not a crash
@@ -868,24 +880,32 @@ def test_metrics_endpoint(shared: Conn) -> None:
     def value(metric: str, /, **labels: str) -> float:
         return samples.get((metric, tuple(sorted(labels.items()))), 0.0)
 
-    assert 'allocator_serving_requests_total{code="OK",method="Allocate"}' in text
-    assert value("allocator_serving_requests_total", method="Allocate", code="OK") >= 2
+    assert 'allocator_serving_requests_total{grpc_code="OK",grpc_method="Allocate"}' in text
+    assert value("allocator_serving_requests_total", grpc_method="Allocate", grpc_code="OK") >= 2
     assert (
-        value("allocator_serving_requests_total", method="Allocate", code="INVALID_ARGUMENT") >= 1
+        value(
+            "allocator_serving_requests_total", grpc_method="Allocate", grpc_code="INVALID_ARGUMENT"
+        )
+        >= 1
     )
-    assert value("allocator_serving_requests_total", method="AllocateBatch", code="OK") >= 1
+    assert (
+        value("allocator_serving_requests_total", grpc_method="AllocateBatch", grpc_code="OK") >= 1
+    )
     assert value("allocator_serving_provider_info", provider="CPUExecutionProvider") == 1.0
     assert value("allocator_serving_model_info", name="tiny", version="1", algorithm="td3") == 1.0
     assert value("allocator_serving_latency_budget_seconds") == pytest.approx(0.010)
-    assert value("allocator_serving_request_latency_seconds_count", method="Allocate",
-                 outcome="OK") >= 2  # fmt: skip
+    assert value("allocator_serving_request_latency_seconds_count", grpc_method="Allocate",
+                 grpc_code="OK") >= 2  # fmt: skip
     assert value("allocator_serving_smoothing_gap_count") >= 3
     assert value("allocator_serving_icm_reward_count") >= 1
     assert value("allocator_serving_batch_size_count") >= 1
     assert value("allocator_recorder_rows_written_total") >= 3
     assert ("allocator_recorder_queue_depth", ()) in samples
     assert ("allocator_recorder_spool_bytes", ()) in samples
-    assert value("allocator_serving_requests_total", method="Allocate", code="INTERNAL") == 0.0
+    assert (
+        value("allocator_serving_requests_total", grpc_method="Allocate", grpc_code="INTERNAL")
+        == 0.0
+    )
 
 
 # --- the renormalization the server promises (a cheap cross-check of the weights it sends) ------

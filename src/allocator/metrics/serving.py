@@ -4,8 +4,10 @@ The latency histogram has a bucket exactly at the configured P95 budget, so "fra
 budget" is read off a bucket, not interpolated. Decision histograms skip non-finite values: a
 single NaN would turn a histogram's ``_sum`` into NaN for the life of the process.
 
-The status label is ``outcome`` on the latency histogram and ``code`` on the request counter;
-both hold the gRPC status code name. Dashboards and alert rules query them by these names.
+Labels are named as the common gRPC exporters name them (go-grpc-prometheus and its ports):
+``grpc_method`` for the short method name and ``grpc_code``
+for the status code name, the same on every metric, so one selector works across them and
+dashboards written for other gRPC services read these too.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ class ServingMetrics:
 
     ``latency_budget_seconds`` is the configured P95 budget: the latency histogram has a bucket
     exactly at it, and ``allocator_serving_over_budget_total`` counts requests strictly above it
-    (so ``over_budget == count - bucket{le=budget}`` per method). Methods are the short gRPC
-    method names (``Allocate``); codes are ``grpc.StatusCode`` names (``OK``, ``UNAVAILABLE``).
+    (so ``over_budget == count - bucket{le=budget}`` per method). ``grpc_method`` is the short
+    gRPC method name (``Allocate``); ``grpc_code`` a ``grpc.StatusCode`` name (``OK``,
+    ``UNAVAILABLE``).
     """
 
     def __init__(self, registry: CollectorRegistry, latency_budget_seconds: float) -> None:
@@ -45,21 +48,21 @@ class ServingMetrics:
         self.latency_buckets = latency_buckets(self.latency_budget_seconds)
         self.request_latency = Histogram(
             "allocator_serving_request_latency_seconds",
-            "Server-side latency of a gRPC request, by method and outcome (status code name).",
-            ["method", "outcome"],
+            "Server-side latency of a gRPC request, by method and status code name.",
+            ["grpc_method", "grpc_code"],
             buckets=self.latency_buckets,
             registry=registry,
         )
         self.requests = Counter(
             "allocator_serving_requests_total",
             "gRPC requests handled, by method and status code name.",
-            ["method", "code"],
+            ["grpc_method", "grpc_code"],
             registry=registry,
         )
         self.over_budget = Counter(
             "allocator_serving_over_budget_total",
             "Requests slower than the configured latency budget, by method.",
-            ["method"],
+            ["grpc_method"],
             registry=registry,
         )
         self.latency_budget = Gauge(
@@ -110,7 +113,7 @@ class ServingMetrics:
         )
 
     def observe_request(self, method: str, code: str | Enum, seconds: float) -> None:
-        """One finished request: latency by outcome, the count by code, and over-budget."""
+        """One finished request: latency and count by method and code, and over-budget."""
         code_name = _code_name(code)
         self.request_latency.labels(method, code_name).observe(seconds)
         self.requests.labels(method, code_name).inc()
