@@ -42,6 +42,11 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     "data": [],
     "data check": [("path", ("path",)), ("min_history", ("--min-history",))],
     "data info": [("dataset", ("--dataset",))],
+    "data ingest": [
+        ("paths", ("paths",)),
+        ("database_url", ("--database-url",)),
+        ("keep_valid", ("--keep-valid",)),
+    ],
     "db": [],
     "db current": [("database_url", ("--database-url",))],
     "db downgrade": [("revision", ("revision",)), ("database_url", ("--database-url",))],

@@ -1,18 +1,20 @@
-"""``allocator data``: inspect and validate market data.
+"""``allocator data``: inspect, validate and ingest market data.
 
 pandas is imported inside each command (it loads the data), so ``allocator --help`` stays instant.
 """
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from allocator.cli.options import fail
+from allocator.cli.options import database_url_option, fail, shown_url
 
 
 @click.group()
 def data() -> None:
-    """Inspect and validate market data."""
+    """Inspect, validate and ingest market data."""
 
 
 @data.command("info")
@@ -48,3 +50,36 @@ def data_check(path: str, min_history: int) -> None:
         f"ok: {path}: {md.n_assets} assets, {md.n_dates} dates "
         f"({md.dates[0].date()} .. {md.dates[-1].date()})"
     )
+
+
+@data.command("ingest")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@database_url_option
+@click.option(
+    "--keep-valid",
+    is_flag=True,
+    help="store a file's valid rows even when some of its rows are rejected "
+    "(default: a file with a rejected row stores nothing)",
+)
+def data_ingest(paths: tuple[str, ...], database_url: str | None, keep_valid: bool) -> None:
+    """Store price files (CSV/Parquet, long format; a directory: its price files) in the trade
+    database, upserting on (asset, date). Prints rows added, changed, unchanged and rejected
+    (with why); exits 1 when any row was rejected, 2 when nothing could be read or written."""
+    # heavy (pandas, sqlalchemy): imported when the command runs, so `allocator --help` stays
+    # instant
+    from allocator.recording.settings import database_url as default_database_url
+    from allocator.trainer.market.data import DataError
+    from allocator.trainer.market.ingest import ingest
+    from allocator.trainer.market.store import PriceStoreError
+
+    url = database_url or default_database_url()
+    click.echo(f"database: {shown_url(url)}")
+    try:
+        reports = ingest(paths, url, keep_valid=keep_valid)
+    except (DataError, PriceStoreError) as exc:
+        fail(str(exc))
+    for report in reports:
+        for line in report.lines():
+            click.echo(line)
+    if not all(r.ok for r in reports):
+        sys.exit(1)

@@ -1,4 +1,4 @@
-"""The SQL trade schema: model versions, decisions, training and walk-forward runs.
+"""The SQL trade schema: model versions, decisions, training and walk-forward runs, prices.
 
 One layout for Postgres and SQLite. Per-asset vectors (asset ids, raw, smoothed and current
 weights) are parallel JSON arrays on the decision row (``JSONB`` on Postgres): one row per
@@ -195,3 +195,26 @@ class Promotion(Base):
     holdout_start: Mapped[dt.date] = mapped_column(Date)
     holdout_end: Mapped[dt.date] = mapped_column(Date)
     details: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+
+
+class Price(Base):
+    """One daily close of one asset, as ingested (``allocator data ingest``).
+
+    ``dataset: database`` trains on these rows. ``(asset, date)`` is unique: ingesting a file
+    again updates a close in place, never duplicates it. ``source`` names the file the current
+    value came from and ``ingested_at`` when it was written, so a changed close can be traced.
+    """
+
+    __tablename__ = "prices"
+    __table_args__ = (
+        UniqueConstraint("asset", "date"),
+        Index(None, "date"),
+        CheckConstraint("close > 0", name="close_positive"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIdType, primary_key=True)
+    asset: Mapped[str] = mapped_column(String(200))
+    date: Mapped[dt.date] = mapped_column(Date)
+    close: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(1000))
+    ingested_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)

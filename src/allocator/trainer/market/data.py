@@ -16,10 +16,16 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from allocator.portfolio import check_id
+from allocator.recording.settings import database_url
+from allocator.trainer.market.store import PriceStoreError, read_price_frame, shown
+
 REQUIRED_COLUMNS = ("date", "asset", "close")
 OPTIONAL_COLUMNS = ("open", "high", "low", "volume")
 DEFAULT_MIN_HISTORY = 60
 SP500 = "sp500"
+DATABASE = "database"
+"""``dataset: database``: the prices ``allocator data ingest`` stored in the trade database."""
 DateLike = str | dt.date | pd.Timestamp
 
 
@@ -124,11 +130,36 @@ def load_sp500() -> MarketData:
     return from_wide(frame, source="skfolio:sp500")
 
 
-def load_dataset(name_or_path: str | Path, min_history: int = DEFAULT_MIN_HISTORY) -> MarketData:
-    """``'sp500'`` for the embedded data, else a CSV or Parquet file in long format."""
-    if str(name_or_path) == SP500:
-        return load_sp500()
-    return load_prices(name_or_path, min_history=min_history)
+def load_dataset(
+    name_or_path: str | Path,
+    min_history: int = DEFAULT_MIN_HISTORY,
+    as_of: DateLike | None = None,
+) -> MarketData:
+    """``'sp500'`` for the embedded data, ``'database'`` for the prices stored in the trade
+    database (``$DATABASE_URL``, else the SQLite default), else a CSV or Parquet file in long
+    format. Dates after ``as_of`` are left out (the database's default: today)."""
+    if str(name_or_path) == DATABASE:
+        return load_database(database_url(), as_of=as_of, min_history=min_history)
+    data = load_sp500() if str(name_or_path) == SP500 else load_prices(name_or_path, min_history)
+    return data if as_of is None else data.between(None, as_of)
+
+
+def load_database(
+    url: str, as_of: DateLike | None = None, min_history: int = DEFAULT_MIN_HISTORY
+) -> MarketData:
+    """The stored prices up to ``as_of`` (default: today), checked as a price file is."""
+    cutoff = dt.date.today() if as_of is None else pd.Timestamp(as_of).date()
+    source = f"database {shown(url)} (as of {cutoff})"
+    try:
+        frame = read_price_frame(url, cutoff)
+    except PriceStoreError as exc:
+        raise DataError(str(exc)) from exc
+    if frame.empty:
+        raise DataError(
+            f"{source}: no prices stored on or before {cutoff}; "
+            "load some with `allocator data ingest FILE|DIR`"
+        )
+    return validate_long_frame(frame, source=source, min_history=min_history)
 
 
 def read_long_frame(path: str | Path) -> pd.DataFrame:
@@ -154,15 +185,39 @@ def load_prices(path: str | Path, min_history: int = DEFAULT_MIN_HISTORY) -> Mar
     return validate_long_frame(read_long_frame(path), source=str(path), min_history=min_history)
 
 
-def validate_long_frame(
-    frame: pd.DataFrame, source: str, min_history: int = DEFAULT_MIN_HISTORY
-) -> MarketData:
-    """Check a long-format frame and pivot it to ``MarketData``; the first problem raises.
+@dataclass(frozen=True)
+class RowProblem:
+    """Why one row of a price file is refused; ``row`` counts data rows from 1 (no header)."""
 
-    Rows may come in any order. Refused: a missing required column, an unparseable date, a
-    repeated (date, asset) pair, a close that is not a finite positive number, an asset with
-    fewer than ``min_history`` closes, and a hole inside an asset's span (a date on which other
-    assets trade but it does not, between its first and last close).
+    row: int
+    asset: str
+    date: str
+    reason: str
+
+    def describe(self, source: str) -> str:
+        asset = self.asset or "''"
+        return f"{source} row {self.row} ({asset} {self.date}): {self.reason}"
+
+
+@dataclass(frozen=True)
+class CheckedRows:
+    """A long frame split into the rows that pass every row check and the problems of the rest.
+
+    ``frame`` holds ``date`` (timestamps), ``asset``, ``close`` (floats) and any optional
+    column, indexed by the row's position in the file (0-based).
+    """
+
+    frame: pd.DataFrame
+    problems: list[RowProblem]
+
+
+def check_rows(frame: pd.DataFrame, source: str) -> CheckedRows:
+    """The checks that concern one row at a time, applied to every row (none stops at the first).
+
+    A row is refused for an asset id the server would refuse (``portfolio.check_id``), an
+    unparseable date, a close that is not a finite positive number, or a (date, asset) pair an
+    earlier row already gave. A missing required column or an empty file refuses the whole
+    frame (``DataError``): no row can be read then.
     """
     columns = {str(c).strip().lower(): c for c in frame.columns}
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
@@ -172,7 +227,8 @@ def validate_long_frame(
             f"expected long format with columns {', '.join(REQUIRED_COLUMNS)}"
         )
     df = frame.rename(columns={v: k for k, v in columns.items()})
-    df = df[[c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if c in df.columns]].copy()
+    df = df[[c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if c in df.columns]]
+    df = df.reset_index(drop=True)
     if df.empty:
         raise DataError(f"{source}: no rows")
 
@@ -181,31 +237,71 @@ def validate_long_frame(
     # Integers such as 20210104 would otherwise be read as nanoseconds since 1970.
     text = raw_dates.astype(str) if not pd.api.types.is_datetime64_any_dtype(raw_dates) else None
     dates = pd.to_datetime(text if text is not None else raw_dates, errors="coerce", format="mixed")
-    bad = dates.isna()
-    if bad.any():
-        i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise DataError(
-            f"{source}: unparseable date {raw_dates.iloc[i]!r} for asset "
-            f"{df['asset'].iloc[i]} (row {i + 1})"
-        )
     df["date"] = dates.dt.tz_localize(None) if dates.dt.tz is not None else dates
+    close = pd.to_numeric(df["close"], errors="coerce").to_numpy(dtype=float)
+    good_close = np.isfinite(close) & (close > 0)
 
-    close = pd.to_numeric(df["close"], errors="coerce")
-    bad = ~(np.isfinite(close.to_numpy(dtype=float)) & (close.to_numpy(dtype=float) > 0))
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise DataError(
-            f"{source}: close must be a finite positive number, got {df['close'].iloc[i]!r} "
-            f"for asset {df['asset'].iloc[i]} on {df['date'].iloc[i].date()}"
+    reasons: dict[int, str] = {}
+    id_problems = {a: id_problem(a) for a in df["asset"].unique()}
+    for i, asset in enumerate(df["asset"]):
+        if id_problems[asset]:
+            reasons[i] = id_problems[asset]
+    for i in np.flatnonzero(df["date"].isna().to_numpy()):
+        reasons.setdefault(int(i), f"unparseable date {raw_dates.iloc[i]!r}")
+    for i in np.flatnonzero(~good_close):
+        reasons.setdefault(
+            int(i), f"close must be a finite positive number, got {frame_value(df, i)!r}"
         )
-    df["close"] = close.astype(float)
+    valid = df.drop(index=list(reasons))
+    first = valid.index.to_series().groupby([valid["date"], valid["asset"]]).transform("min")
+    for i, f in first[first != first.index].items():
+        d, a = df.at[i, "date"], df.at[i, "asset"]
+        reasons[int(i)] = f"duplicate date {d.date()} for asset {a} (first given on row {f + 1})"
 
-    dup = df.duplicated(subset=["date", "asset"], keep="first")
-    if dup.any():
-        i = int(np.flatnonzero(dup.to_numpy())[0])
-        raise DataError(
-            f"{source}: duplicate date {df['date'].iloc[i].date()} for asset {df['asset'].iloc[i]}"
-        )
+    problems = [
+        RowProblem(i + 1, str(df.at[i, "asset"]), row_date(df, raw_dates, i), reason)
+        for i, reason in sorted(reasons.items())
+    ]
+    clean = df.drop(index=list(reasons))
+    clean["close"] = close[clean.index.to_numpy()]
+    return CheckedRows(clean, problems)
+
+
+def id_problem(asset: str) -> str | None:
+    """What the id rule (``portfolio.check_id``) says about an asset id; None when it is fine."""
+    try:
+        check_id(asset, "asset id", error=lambda field, problem: DataError(f"{field} {problem}"))
+    except DataError as exc:
+        return str(exc)
+    return None
+
+
+def frame_value(df: pd.DataFrame, i: int) -> object:
+    """A cell as the file gave it (a numpy scalar becomes its Python value, for messages)."""
+    value = df["close"].iloc[i]
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def row_date(df: pd.DataFrame, raw_dates: pd.Series, i: int) -> str:
+    """A row's date as ``YYYY-MM-DD`` when it parsed, else as written."""
+    parsed = df.at[i, "date"]
+    return str(parsed.date()) if not pd.isna(parsed) else str(raw_dates.iloc[i])
+
+
+def validate_long_frame(
+    frame: pd.DataFrame, source: str, min_history: int = DEFAULT_MIN_HISTORY
+) -> MarketData:
+    """Check a long-format frame and pivot it to ``MarketData``; the first problem raises.
+
+    Rows may come in any order. Refused: every row problem of ``check_rows`` (the first one
+    found is reported), an asset with fewer than ``min_history`` closes, and a hole inside an
+    asset's span (a date on which other assets trade but it does not, between its first and
+    last close).
+    """
+    checked = check_rows(frame, source)
+    if checked.problems:
+        raise DataError(checked.problems[0].describe(source))
+    df = checked.frame
 
     wide = df.pivot(index="date", columns="asset", values="close").sort_index()
     wide = wide[sorted(wide.columns)]

@@ -1,0 +1,134 @@
+"""Prices in the trade database: the idempotent upsert behind ``allocator data ingest`` and the
+read behind ``dataset: database``.
+
+Only rows that passed the market-data row checks (``data.check_rows``) reach the upsert, and the
+read hands its rows to the same validation a file gets, so the database is one more source of
+prices, never a second set of rules.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from allocator.recording.schema import Price, utcnow
+
+PRICES = Price.__table__
+
+
+class PriceStoreError(RuntimeError):
+    """The price table cannot be read or written; the message says what to do."""
+
+
+def shown(url: str) -> str:
+    """``url`` with any password masked, for messages and data sources."""
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
+
+
+@contextmanager
+def price_engine(url: str) -> Iterator[Engine]:
+    """An engine on ``url`` that holds no connection once the block ends."""
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def require_table(conn: Connection, url: str) -> None:
+    """Refuse a database the migrations have not built the ``prices`` table in."""
+    if not sa.inspect(conn).has_table(PRICES.name):
+        raise PriceStoreError(
+            f"{shown(url)} has no prices table: run `allocator db upgrade` on it first"
+        )
+
+
+@dataclass(frozen=True)
+class UpsertCounts:
+    """What an upsert did: rows new to the table, rows whose close changed, rows already equal."""
+
+    added: int
+    changed: int
+    unchanged: int
+
+
+def upsert_prices(conn: Connection, rows: pd.DataFrame, source: str) -> UpsertCounts:
+    """Insert or update ``rows`` (``date``, ``asset``, ``close``; unique pairs) on ``conn``.
+
+    The caller owns the transaction, so a file's rows are stored together or not at all. A row
+    whose close equals the stored one is not written (its ``source`` keeps naming the file that
+    first gave it).
+    """
+    if rows.empty:
+        return UpsertCounts(0, 0, 0)
+    frame = rows[["date", "asset", "close"]].copy()
+    frame["date"] = pd.to_datetime(frame["date"]).dt.date
+    stored = stored_closes(conn, frame)
+    keys = list(zip(frame["asset"], frame["date"], strict=True))
+    previous = [stored.get(k) for k in keys]
+    closes = frame["close"].astype(float).tolist()
+    new = [p is None for p in previous]
+    changed = [p is not None and p != c for p, c in zip(previous, closes, strict=True)]
+    now = utcnow()
+    payload = [
+        {"asset": a, "date": d, "close": c, "source": source, "ingested_at": now}
+        for (a, d), c, n, ch in zip(keys, closes, new, changed, strict=True)
+        if n or ch
+    ]
+    if payload:
+        conn.execute(upsert_statement(conn), payload)
+    return UpsertCounts(sum(new), sum(changed), len(keys) - sum(new) - sum(changed))
+
+
+def upsert_statement(conn: Connection) -> Any:
+    """``INSERT .. ON CONFLICT (asset, date) DO UPDATE``: safe against a concurrent ingest."""
+    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    if conn.dialect.name not in ("postgresql", "sqlite"):
+        raise PriceStoreError(f"prices: unsupported database {conn.dialect.name!r}")
+    stmt = insert(PRICES)
+    return stmt.on_conflict_do_update(
+        index_elements=["asset", "date"],
+        set_={c: stmt.excluded[c] for c in ("close", "source", "ingested_at")},
+    )
+
+
+def stored_closes(conn: Connection, frame: pd.DataFrame) -> dict[tuple[str, dt.date], float]:
+    """The stored closes of ``frame``'s assets over its date range, by (asset, date)."""
+    assets = sorted(set(frame["asset"]))
+    query = sa.select(PRICES.c.asset, PRICES.c.date, PRICES.c.close).where(
+        PRICES.c.date.between(min(frame["date"]), max(frame["date"]))
+    )
+    found: dict[tuple[str, dt.date], float] = {}
+    for start in range(0, len(assets), 500):  # bounded IN lists, whatever the universe size
+        chunk = query.where(PRICES.c.asset.in_(assets[start : start + 500]))
+        for asset, date, close in conn.execute(chunk):
+            found[(asset, date)] = float(close)
+    return found
+
+
+def read_price_frame(url: str, as_of: dt.date) -> pd.DataFrame:
+    """Every stored close dated on or before ``as_of``, as a long frame (date, asset, close)."""
+    try:
+        with price_engine(url) as engine, engine.connect() as conn:
+            require_table(conn, url)
+            query = (
+                sa.select(PRICES.c.date, PRICES.c.asset, PRICES.c.close)
+                .where(PRICES.c.date <= as_of)
+                .order_by(PRICES.c.date, PRICES.c.asset)
+            )
+            rows = conn.execute(query).all()
+    except SQLAlchemyError as exc:
+        raise PriceStoreError(f"{shown(url)}: cannot read prices ({exc})") from exc
+    frame = pd.DataFrame(rows, columns=["date", "asset", "close"])
+    frame["date"] = pd.to_datetime(frame["date"])
+    return frame
