@@ -54,18 +54,9 @@ from allocator.serving.graphs import (
     probe,
     probe_shared,
 )
-
-try:
-    import onnxruntime as ort
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        "allocator.serving needs onnxruntime: install `allocator[serve]` (onnxruntime-gpu)"
-    ) from exc
+from allocator.serving.providers import CPU, CUDA, cuda_usable, ort
 
 logger = logging.getLogger("allocator.serving")
-
-CUDA = "CUDAExecutionProvider"
-CPU = "CPUExecutionProvider"
 
 SHARED_POLICY = "shared"
 ASSET_FEATURES = "asset_v1"
@@ -290,17 +281,16 @@ def _read_verified(path: Path, expected_sha256: str) -> bytes:
 
 
 def _providers(prefer_cuda: bool) -> list[str]:
-    available = ort.get_available_providers()
-    if prefer_cuda and CUDA in available:
+    if prefer_cuda and cuda_usable():
         return [CUDA, CPU]
     return [CPU]
 
 
 def _make_session(path: Path, data: bytes, prefer_cuda: bool) -> Any:
-    """An InferenceSession, CUDA first when wanted and listed, CPU when CUDA cannot start.
+    """An InferenceSession, CUDA first when wanted and usable here, CPU when CUDA cannot start.
 
-    The onnxruntime-gpu wheel lists CUDA even on machines without a GPU or CUDA libraries and
-    then silently falls back to CPU; ``session.get_providers()[0]`` is what really runs.
+    Usable means the CUDA provider's libraries load and the driver sees a GPU
+    (``serving.providers``); even then ``session.get_providers()[0]`` is what really runs.
     """
     providers = _providers(prefer_cuda)
     try:
@@ -374,9 +364,9 @@ def load_model(
         check_signature(icm_path, icm_session, icm_signature(obs_dim, n_slots))
         probe(icm_path, icm_session, icm_signature(obs_dim, n_slots))
 
-    if prefer_cuda and CUDA in ort.get_available_providers() and provider != CUDA:
+    if prefer_cuda and cuda_usable() and provider != CUDA:
         logger.warning(
-            "%s: onnxruntime lists %s but the session runs on %s (no usable GPU/CUDA libraries)",
+            "%s: %s looked usable but the session runs on %s",
             model_path,
             CUDA,
             provider,
