@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,12 +206,19 @@ class ServeProcess:
     """``python -m allocator.cli serve ARGS`` in a subprocess; stderr is collected by a thread.
 
     ``wait_ready`` returns the ``HOST:PORT`` the server printed (it binds ``--port 0``).
+    ``program`` and ``env`` run another installation's ``allocator`` (the wheel test).
     """
 
-    def __init__(self, args: Sequence[str], cwd: Path) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    def __init__(
+        self,
+        args: Sequence[str],
+        cwd: Path,
+        program: Sequence[str] = (sys.executable, "-m", "allocator.cli"),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "allocator.cli", "serve", "--port", "0", *args],
+            [*program, "serve", "--port", "0", *args],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
