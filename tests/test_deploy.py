@@ -567,6 +567,14 @@ def test_prometheus_scrapes_the_compose_services_and_loads_the_rules(compose):
     alerts = (ROOT / "monitoring/alerts.yml").read_text()
     for job in set(re.findall(r'job="([^"]+)"', alerts)):
         assert job in jobs or job in pushed, f"alerts select job={job!r}, which nothing provides"
+    # The servers are selected by the `service` label Kubernetes discovery sets: compose sets it.
+    labelled = {
+        static.get("labels", {}).get("service")
+        for job in config["scrape_configs"]
+        for static in job["static_configs"]
+    }
+    for name in set(re.findall(r'service="([^"]+)"', alerts)):
+        assert name in labelled, f"alerts select service={name!r}, which no scrape job labels"
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")

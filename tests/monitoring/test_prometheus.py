@@ -54,6 +54,7 @@ from tests.postgres import reset_schema
 from tests.serving import make_manifest
 from tests.serving.conftest import TINY, action_icm_model, write_tiny_model
 from tests.serving.load import LoadThread, wait_until
+from tests.test_docs import anchors
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MONITORING = REPO_ROOT / "monitoring"
@@ -63,8 +64,14 @@ DASHBOARDS = {
     name: MONITORING / "dashboards" / f"{name}.json" for name in ("serving", "validation")
 }
 
+SHIPPED_PROMETHEUS = REPO_ROOT / "deploy" / "prometheus" / "prometheus.yml"
 SERVER_JOB = "allocator-server"
-"""The scrape job of the allocation servers that the rules (``up{job=...}``) expect."""
+"""The compose stack's scrape job of the allocation servers (deploy/prometheus)."""
+SERVER_SERVICE = "allocator-server"
+"""The ``service`` label the rules find the servers by: the Kubernetes Service's name, which
+the ServiceMonitor and annotation-based scraping both copy, and a static label in compose."""
+ANNOTATION_JOB = "kubernetes-service-endpoints"
+"""The job name of the common annotation-based scrape config (Prometheus' Helm chart)."""
 RETRAIN_JOB = "allocator_retrain"
 WALK_FORWARD_JOB = "allocator_walk_forward"
 GRAFANA_INTERVALS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m"}
@@ -177,6 +184,22 @@ def sql_queries(dashboard: dict[str, Any]) -> list[tuple[str, str, str]]:
     return queries
 
 
+def shipped_server_scrape(targets: list[str]) -> dict[str, Any]:
+    """The servers' scrape job of deploy/prometheus/prometheus.yml, pointed at ``targets``:
+    the rules meet the labels the shipped configuration gives, not ones made up here."""
+    config = yaml.safe_load(SHIPPED_PROMETHEUS.read_text())
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == SERVER_JOB)
+    (static,) = job["static_configs"]
+    return {**job, "static_configs": [{**static, "targets": targets}]}
+
+
+def annotation_scrape(targets: list[str]) -> dict[str, Any]:
+    """Targets labelled as annotation-based Kubernetes scraping labels them: another job name,
+    ``service`` and ``namespace`` from the discovered Service."""
+    labels = {"service": SERVER_SERVICE, "namespace": "allocator"}
+    return {"job_name": ANNOTATION_JOB, "static_configs": [{"targets": targets, "labels": labels}]}
+
+
 def alert_rules() -> list[dict[str, Any]]:
     groups = yaml.safe_load(ALERTS.read_text())["groups"]
     return [rule for group in groups for rule in group["rules"]]
@@ -228,6 +251,29 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
         outcomes = cases.get(rule["alert"], [])
         assert True in outcomes, f"{rule['alert']}: no unit test where it fires"
         assert False in outcomes, f"{rule['alert']}: no unit test where it stays quiet"
+
+
+def test_every_alert_links_its_runbook_section() -> None:
+    for rule in alert_rules():
+        url = rule["annotations"].get("runbook_url", "")
+        path, _, anchor = url.partition("#")
+        assert path.startswith("docs/"), f"{rule['alert']}: runbook_url {url!r} not into docs/"
+        document = REPO_ROOT / path
+        assert document.is_file(), f"{rule['alert']}: {path} does not exist"
+        assert anchor in anchors(document), f"{rule['alert']}: no section #{anchor} in {path}"
+
+
+def test_server_rules_select_the_service_label_not_a_job_name() -> None:
+    """Scrape configs name the job differently (compose, ServiceMonitor, annotations); the
+    Service's name is what they share, so a rule that selects a job name fires forever under
+    the others (``absent``) or never."""
+    for where, expr in all_promql():
+        assert 'job="allocator-server"' not in expr, where
+    (down,) = [r for r in alert_rules() if r["alert"] == "AllocatorServerDown"]
+    selector = f'up{{service="{SERVER_SERVICE}"}}'
+    assert down["expr"].split() == [selector, "==", "0", "or", f"absent({selector})"]
+    shipped = shipped_server_scrape(["x:1"])["static_configs"][0]
+    assert shipped["labels"]["service"] == SERVER_SERVICE
 
 
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
@@ -474,8 +520,9 @@ def has_finite_sample(result: list[dict[str, Any]]) -> bool:
 
 @dataclass
 class Stack:
-    """Three servers (healthy, degraded, refusing), a dead target, the jobs' figures, and a
-    Prometheus scraping them every second with the alert rules loaded."""
+    """Three servers (healthy, degraded, refusing) and a dead target under the shipped compose
+    scrape job, a second dead target labelled as annotation-based Kubernetes scraping labels
+    it, the jobs' figures, and a Prometheus scraping them every second with the rules loaded."""
 
     api: PrometheusAPI
     instances: dict[str, str]
@@ -514,6 +561,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
             stoppers.append(lambda server=server: server.stop(grace=1.0))
         instances = {name: f"127.0.0.1:{s.metrics_port}" for name, s in servers.items()}
         instances["dead"] = f"127.0.0.1:{unused_port()}"
+        instances["dead-annotated"] = f"127.0.0.1:{unused_port()}"
         jobs = serve_job_metrics(tmp_path)
         stoppers.append(jobs.stop)
 
@@ -526,7 +574,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
             },
             "rule_files": [str(ALERTS)],
             "scrape_configs": [
-                {"job_name": SERVER_JOB, "static_configs": [{"targets": list(instances.values())}]},
+                shipped_server_scrape([v for k, v in instances.items() if k != "dead-annotated"]),
+                annotation_scrape([instances["dead-annotated"]]),
                 *jobs.scrape_configs,
             ],
         }
@@ -607,7 +656,7 @@ def check_every_alert_is_active_where_it_should_be(stack: Stack) -> None:
     api = stack.api
     inst = stack.instances
     expected = {
-        "AllocatorServerDown": {inst["dead"]},
+        "AllocatorServerDown": {inst["dead"], inst["dead-annotated"]},
         "AllocatorLatencyP95OverBudget": {inst["degraded"]},
         "AllocatorHighErrorRate": {inst["refusing"]},
         "AllocatorIcmNoveltyHigh": {inst["degraded"]},
