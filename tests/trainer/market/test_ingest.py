@@ -20,6 +20,7 @@ from allocator.cli import main
 from allocator.recording.migrations import upgrade
 from allocator.trainer.market.data import DataError, load_database, load_dataset
 from allocator.trainer.market.ingest import ingest, ingest_file
+from allocator.trainer.training.config import DataSettings
 from tests.postgres import reset_schema, temporary_database
 
 DATES = pd.bdate_range("2023-01-02", periods=6)  # Mon 2 Jan .. Mon 9 Jan 2023
@@ -186,3 +187,11 @@ def test_dataset_database_reads_database_url_up_to_as_of_and_validates_like_a_fi
     ingest_file(write(later, tmp_path / "later.csv"), url)
     with pytest.raises(DataError, match="asset MSFT has no close on 2023-01-10"):
         load_dataset("database", min_history=2)
+
+
+def test_as_of_cuts_every_source_and_may_not_cut_into_the_validation_span() -> None:
+    assert load_dataset("sp500", as_of="2021-06-30").dates[-1] == pd.Timestamp("2021-06-30")
+    data = {"dataset": "database", "validation_end": "2017-12-31"}
+    assert DataSettings.model_validate({**data, "as_of": "2018-01-02"}).as_of == dt.date(2018, 1, 2)
+    with pytest.raises(ValueError, match="as_of 2017-12-01 is before validation_end 2017-12-31"):
+        DataSettings.model_validate({**data, "as_of": "2017-12-01"})

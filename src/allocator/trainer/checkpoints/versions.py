@@ -30,7 +30,7 @@ from allocator.artifacts.manifest import (
 )
 from allocator.portfolio import NormalizationStats
 from allocator.trainer.checkpoints.errors import CheckpointUpgradeError
-from allocator.trainer.market.data import SP500, DataError, load_dataset
+from allocator.trainer.market.data import DATABASE, SP500, DataError, load_dataset
 from allocator.trainer.training.config import TrainConfig, load_config
 from allocator.trainer.training.run_dir import (
     CONFIG_FILE,
@@ -95,10 +95,10 @@ def training_record(model_zip: Path) -> tuple[dt.datetime, dict[str, str]]:
 
 
 def resolve_dataset(run_dir: Path, dataset: str) -> str | Path:
-    """A config's dataset: ``sp500``, an absolute path, or a relative path tried beside the run
-    directory first (self-contained runs and fixtures) and then in the working directory (where
-    training resolved it)."""
-    if dataset == SP500:
+    """A config's dataset: ``sp500``, ``database``, an absolute path, or a relative path tried
+    beside the run directory first (self-contained runs and fixtures) and then in the working
+    directory (where training resolved it)."""
+    if dataset in (SP500, DATABASE):
         return dataset
     path = Path(dataset)
     if not path.is_absolute() and (run_dir / path).exists():

@@ -46,7 +46,14 @@ LearningRate = float | LinearSchedule
 class DataSettings(StrictModel):
     """Which prices to learn from and which to validate on (never overlapping)."""
 
-    dataset: str = Field("sp500", description="'sp500' or a CSV/Parquet path")
+    dataset: str = Field(
+        "sp500",
+        description="'sp500', 'database' (the prices `allocator data ingest` stored in "
+        "$DATABASE_URL) or a CSV/Parquet path",
+    )
+    as_of: dt.date | None = Field(
+        None, description="ignore prices dated after this (None: all; 'database': up to today)"
+    )
     assets: list[str] | None = Field(None, description="asset universe (default: all)")
     train_start: dt.date = dt.date(2000, 1, 1)
     train_end: dt.date = dt.date(2014, 12, 31)
@@ -60,6 +67,11 @@ class DataSettings(StrictModel):
                 "need train_start < train_end < validation_start <= validation_end "
                 f"(got {self.train_start}, {self.train_end}, {self.validation_start}, "
                 f"{self.validation_end})"
+            )
+        if self.as_of is not None and self.as_of < self.validation_end:
+            raise ValueError(
+                f"as_of {self.as_of} is before validation_end {self.validation_end}: "
+                "the validation span would lose its last prices"
             )
         return self
 

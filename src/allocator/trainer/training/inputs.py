@@ -51,7 +51,7 @@ class TrainingData:
 
 def prepare_data(config: TrainConfig) -> TrainingData:
     """Load and cut the data; fit the normalization on the part the model trains on only."""
-    data = restrict_universe(config, load_dataset(config.data.dataset))
+    data = restrict_universe(config, load_dataset(config.data.dataset, as_of=config.data.as_of))
     train_data = data.between(config.data.train_start, config.data.train_end)
     split = None
     fit = train_data

@@ -29,7 +29,8 @@ from allocator.trainer.jobs.retrain.decision import RetrainDecision
 from allocator.trainer.jobs.retrain.gates import apply_gates
 from allocator.trainer.jobs.retrain.record import promotions_engine, record_and_promote
 from allocator.trainer.jobs.retrain.spans import RetrainSpans, retrain_spans
-from allocator.trainer.market.data import DateLike, MarketData, load_dataset
+from allocator.trainer.market.data import DATABASE, DateLike, MarketData, load_dataset
+from allocator.trainer.market.store import shown
 from allocator.trainer.sim.baselines import BaselineName
 from allocator.trainer.training.config import TrainConfig
 from allocator.trainer.training.run import train
@@ -57,10 +58,12 @@ class RetrainPlan:
         )
 
 
-def universe(config: RetrainConfig) -> MarketData:
-    """The trainer's dataset, restricted to its asset list when it has one."""
+def universe(config: RetrainConfig, as_of: DateLike | None = None) -> MarketData:
+    """The trainer's dataset up to ``as_of`` (else its ``data.as_of``), restricted to its asset
+    list when it has one. ``dataset: database`` reads the newest prices ingested."""
     d = config.trainer.data
-    data = load_dataset(d.dataset)
+    check_price_database(config)
+    data = load_dataset(d.dataset, as_of=d.as_of if as_of is None else as_of)
     if d.assets:
         if len(d.assets) > config.trainer.env.max_assets:
             raise ConfigError(
@@ -71,10 +74,22 @@ def universe(config: RetrainConfig) -> MarketData:
     return data
 
 
+def check_price_database(config: RetrainConfig) -> None:
+    """``dataset: database`` reads ``$DATABASE_URL`` (training and export read it too): refuse
+    a job whose own ``database_url`` names another database, rather than mix the two."""
+    url = config.database_url
+    if config.trainer.data.dataset == DATABASE and url and url != default_database_url():
+        raise ConfigError(
+            "trainer.data.dataset: 'database' reads the prices from $DATABASE_URL "
+            f"({shown(default_database_url())}), but database_url names {shown(url)}: set "
+            "DATABASE_URL to that database and leave database_url unset"
+        )
+
+
 def plan_retrain(config: RetrainConfig, as_of: DateLike | None) -> RetrainPlan:
     """The spans up to ``as_of``, the model a server answers with now, the candidate's version."""
     registry, name = Path(config.registry), config.model_name
-    data = universe(config)
+    data = universe(config, as_of)
     spans = retrain_spans(
         data.dates,
         as_of,
@@ -89,9 +104,10 @@ def plan_retrain(config: RetrainConfig, as_of: DateLike | None) -> RetrainPlan:
 
 
 def trainer_for(config: RetrainConfig, spans: RetrainSpans) -> TrainConfig:
-    """The trainer config with its data spans set to the retraining window."""
+    """The trainer config with its data spans (and ``as_of``) set to the retraining window."""
     tree = config.trainer.model_dump(mode="json")
     tree["data"].update(
+        as_of=str(spans.holdout_end),  # the run reads (and its config records) these prices
         train_start=str(spans.train_start),
         train_end=str(spans.train_end),
         validation_start=str(spans.holdout_start),

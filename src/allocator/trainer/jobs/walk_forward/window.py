@@ -44,7 +44,7 @@ from allocator.trainer.jobs.walk_forward.progress import (
     write_progress,
 )
 from allocator.trainer.jobs.walk_forward.results import AGENT, WindowResult
-from allocator.trainer.market.data import MarketData, load_dataset
+from allocator.trainer.market.data import DATABASE, SP500, MarketData, load_dataset
 from allocator.trainer.market.windows import Window, make_windows
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.training.config import TrainConfig
@@ -76,7 +76,7 @@ class WindowJob:
 
 def universe(trainer: TrainConfig) -> MarketData:
     """The trainer's dataset restricted to its asset list (all assets when it has none)."""
-    data = load_dataset(trainer.data.dataset)
+    data = load_dataset(trainer.data.dataset, as_of=trainer.data.as_of)
     return data.select(trainer.data.assets) if trainer.data.assets else data
 
 
@@ -85,7 +85,7 @@ def window_trainer_config(config: WalkForwardConfig, window: Window, run_root: P
     base = config.trainer.model_dump(mode="json")
     seed = (config.trainer.seed if config.seed is None else config.seed) + window.index
     dataset = base["data"]["dataset"]
-    if dataset != "sp500" and not Path(dataset).is_absolute():
+    if dataset not in (SP500, DATABASE) and not Path(dataset).is_absolute():
         dataset = str(Path(dataset).resolve())
     base.update(
         name=f"{config.trainer.name}-{window.label}",
