@@ -142,6 +142,7 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("json_path", ("--json",)),
     ],
     "walk-forward status": [("run_dir", ("run_dir",))],
+    "walk-forward seeds": [("run_dirs", ("run_dirs",)), ("json_path", ("--json",))],
 }
 
 

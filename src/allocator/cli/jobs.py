@@ -293,6 +293,40 @@ def walk_forward_stats(
         click.echo(f"json: {json_path}")
 
 
+@walk_forward.command("seeds")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--json",
+    "json_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="also write JSON here",
+)
+def walk_forward_seeds(run_dirs: tuple[str, ...], json_path: str | None) -> None:
+    """Seed luck apart from period luck, from finished runs of one recipe that differ only
+    in their seed (run the same config with --set seed=100, --set seed=200, ...).
+
+    Per window each seed's excess Sharpe over equal weight; the variance of those split into
+    seed and period parts; each seed's pooled excess Sharpe with its interval; the
+    equal-capital mix of the seeds. Reads RUN_DIR/returns.csv and walk_forward.json only.
+    Exit 2 when the runs are not one recipe with distinct seeds.
+    """
+    # heavy (pandas, arch): imported when the command runs, keeps --help instant
+    from allocator.artifacts.files import write_json
+    from allocator.trainer.jobs.json_safe import json_safe
+    from allocator.trainer.jobs.walk_forward.config import WalkForwardError
+    from allocator.trainer.jobs.walk_forward.seeds import format_seed_study, seed_study
+
+    try:
+        study = seed_study(run_dirs)
+    except (WalkForwardError, ValueError) as exc:
+        fail(str(exc))
+    click.echo(format_seed_study(study))
+    if json_path:
+        write_json(json_path, json_safe(study))
+        click.echo(f"json: {json_path}")
+
+
 @click.command()
 @config_options(
     "tuning YAML (see configs/tune.yaml)",

@@ -1,0 +1,271 @@
+"""Seed luck apart from period luck: several walk-forward runs of one recipe, seeds apart.
+
+A walk-forward figure mixes two kinds of luck: the test year's (period) and the training's
+(seed). One run cannot tell them apart; the same config run again with another ``seed``
+(``--set seed=100``) can. This reads the runs' ``returns.csv`` (nothing is trained or
+replayed) and reports:
+
+- per window, every seed's excess Sharpe over equal weight, their mean and spread;
+- a split of the variance of those figures into a seed part (the spread within a window) and a
+  period part (the spread of the window means beyond what seed noise alone puts there): the
+  one-way random-effects estimator, windows as groups and seeds as replicates;
+- per seed, the pooled excess Sharpe with its stationary-bootstrap interval and the number of
+  windows that beat equal weight, so a reader sees how far one run's headline could move;
+- the equal-capital mix of the seeds' books (their daily returns averaged: each seed's policy
+  run with 1/k of the capital, rebalanced daily), pooled, with its interval.
+
+Runs that are not the same recipe (other windows, days, baselines or trainer settings) are
+refused, naming the first difference: their spread would not be seed variance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from allocator.trainer.jobs.walk_forward.config import (
+    EQUAL_WEIGHT,
+    StatisticsSettings,
+    WalkForwardError,
+)
+from allocator.trainer.jobs.walk_forward.results import AGENT
+from allocator.trainer.jobs.walk_forward.returns import (
+    DATE,
+    RETURNS_FILE,
+    WINDOW,
+    read_returns,
+)
+from allocator.trainer.jobs.walk_forward.significance import baseline_columns
+from allocator.trainer.jobs.walk_forward.state import read_state
+from allocator.trainer.statistics.sharpe import annualized_sharpe, excess_sharpe_interval
+
+RECIPE = (
+    "trainer",
+    "windows",
+    "cost_bps",
+    "baselines",
+    "baseline_fit",
+    "baseline_rebalance_every",
+    "torch_threads",
+)
+"""Config keys that make the recipe and must be equal across a seed study: what is trained
+and how it is judged. The rest (seed, names, where a run writes and records, the executor)
+may differ."""
+TRAINER_SEED_FREE = frozenset({"seed", "name", "output_dir"})
+"""Trainer keys that may differ: the seed, and the name and folder of the run."""
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    """One run of the study: where it is, its base seed and its daily returns."""
+
+    run_dir: str
+    seed: int
+    returns: pd.DataFrame
+
+
+def base_seed(config: dict[str, Any]) -> int:
+    """The seed window 0 trained with (window k trains with it + k)."""
+    seed = config.get("seed")
+    return int(config["trainer"]["seed"] if seed is None else seed)
+
+
+def recipe(config: dict[str, Any]) -> dict[str, Any]:
+    """The part of a run's resolved config that must match across the study."""
+    out = {k: config.get(k) for k in RECIPE}
+    trainer = dict(out.get("trainer") or {})
+    out["trainer"] = {k: v for k, v in trainer.items() if k not in TRAINER_SEED_FREE}
+    return out
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """The dotted key where two config trees first differ, or None when they are equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in a or key not in b:
+                return where
+            found = first_difference(a[key], b[key], where)
+            if found is not None:
+                return found
+        return None
+    return None if a == b else (path or "<root>")
+
+
+def load_seed_runs(run_dirs: Sequence[str | Path]) -> list[SeedRun]:
+    """The runs of a study, checked to be one recipe with distinct seeds."""
+    if len(run_dirs) < 2:
+        raise WalkForwardError("a seed study needs at least two runs of the same recipe")
+    runs: list[SeedRun] = []
+    configs: list[dict[str, Any]] = []
+    for run_dir in run_dirs:
+        path = Path(run_dir) / RETURNS_FILE
+        if not path.is_file():
+            raise WalkForwardError(f"{run_dir} has no {RETURNS_FILE}: not a finished run")
+        config = read_state(run_dir).config
+        configs.append(config)
+        runs.append(SeedRun(str(run_dir), base_seed(config), read_returns(path)))
+    first = runs[0]
+    for run, config in zip(runs[1:], configs[1:], strict=True):
+        diff = first_difference(recipe(configs[0]), recipe(config))
+        if diff is not None:
+            raise WalkForwardError(
+                f"{run.run_dir} is not the recipe of {first.run_dir}: their configs differ at "
+                f"{diff!r} (a seed study compares seeds of one recipe)"
+            )
+        same_days = run.returns[[DATE, WINDOW]].equals(first.returns[[DATE, WINDOW]])
+        if not same_days:
+            raise WalkForwardError(f"{run.run_dir} and {first.run_dir} cover different days")
+        baselines = baseline_columns(first.returns)
+        if baseline_columns(run.returns) != baselines or not np.allclose(
+            run.returns[baselines].to_numpy(float),
+            first.returns[baselines].to_numpy(float),
+            rtol=0,
+            atol=1e-12,
+            equal_nan=True,
+        ):
+            raise WalkForwardError(
+                f"{run.run_dir} and {first.run_dir} have different baseline returns: not the "
+                "same windows, assets or costs"
+            )
+    seeds = [r.seed for r in runs]
+    if len(set(seeds)) != len(seeds):
+        raise WalkForwardError(f"the runs must have distinct seeds, got {seeds}")
+    return runs
+
+
+def variance_split(excess: np.ndarray) -> dict[str, float]:
+    """Seed and period variance of a ``(windows, seeds)`` matrix of excess Sharpe ratios.
+
+    Seed variance: the mean over windows of the sample variance across seeds. Period
+    variance: the sample variance of the window means less the seed variance's share of it
+    (``seed_variance / seeds``), floored at 0 (a negative estimate means no detectable period
+    effect beyond seed noise).
+    """
+    m = np.asarray(excess, dtype=np.float64)
+    if m.ndim != 2 or m.shape[0] < 2 or m.shape[1] < 2:
+        raise ValueError(f"need at least 2 windows and 2 seeds, got shape {m.shape}")
+    if not np.isfinite(m).all():
+        raise ValueError("excess Sharpe ratios must be finite")
+    seed_var = float(m.var(axis=1, ddof=1).mean())
+    means_var = float(m.mean(axis=1).var(ddof=1))
+    period_var = max(0.0, means_var - seed_var / m.shape[1])
+    return {
+        "mean": float(m.mean()),
+        "seed_variance": seed_var,
+        "period_variance": period_var,
+        "seed_sd": math.sqrt(seed_var),
+        "period_sd": math.sqrt(period_var),
+        "windows": int(m.shape[0]),
+        "seeds": int(m.shape[1]),
+    }
+
+
+def window_excess(frame: pd.DataFrame) -> pd.Series:
+    """Each window's excess annualized Sharpe of the model over equal weight."""
+    return pd.Series(
+        {
+            label: annualized_sharpe(part[AGENT]) - annualized_sharpe(part[EQUAL_WEIGHT])
+            for label, part in frame.groupby(WINDOW, sort=False)
+        },
+        dtype=float,
+    )
+
+
+def pooled_interval(
+    agent: np.ndarray, ew: np.ndarray, settings: StatisticsSettings
+) -> dict[str, Any]:
+    """The pooled excess Sharpe over equal weight and its interval, as ``stats`` draws it."""
+    return excess_sharpe_interval(
+        agent,
+        ew,
+        level=settings.level,
+        reps=settings.reps,
+        block=settings.block_size,
+        seed=settings.seed,
+        method=settings.interval,
+    ).to_dict()
+
+
+def seed_study(
+    run_dirs: Sequence[str | Path], settings: StatisticsSettings | None = None
+) -> dict[str, Any]:
+    """The seed study of ``run_dirs`` (see the module docstring) as a JSON-ready dict."""
+    settings = settings or StatisticsSettings()
+    runs = load_seed_runs(run_dirs)
+    per_seed = pd.DataFrame({r.seed: window_excess(r.returns) for r in runs})
+    ew = runs[0].returns[EQUAL_WEIGHT].to_numpy(float)
+    mix = np.mean([r.returns[AGENT].to_numpy(float) for r in runs], axis=0)
+    return {
+        "settings": settings.model_dump(mode="json"),
+        "runs": [
+            {
+                "run_dir": r.run_dir,
+                "seed": r.seed,
+                "windows_beating_equal_weight": int((per_seed[r.seed] > 0).sum()),
+                "pooled_excess_sharpe": pooled_interval(
+                    r.returns[AGENT].to_numpy(float), ew, settings
+                ),
+            }
+            for r in runs
+        ],
+        "windows": [
+            {
+                "window": str(label),
+                "excess_sharpe": {str(s): float(v) for s, v in row.items()},
+                "mean": float(row.mean()),
+                "sd": float(row.std(ddof=1)),
+                "seeds_beating_equal_weight": int((row > 0).sum()),
+            }
+            for label, row in per_seed.iterrows()
+        ],
+        "variance": variance_split(per_seed.to_numpy()),
+        "mix": {
+            "description": "equal-capital mix of the seeds' books, rebalanced daily",
+            "windows_beating_equal_weight": int((window_excess_of(runs[0].returns, mix) > 0).sum()),
+            "pooled_excess_sharpe": pooled_interval(mix, ew, settings),
+        },
+    }
+
+
+def window_excess_of(frame: pd.DataFrame, agent: np.ndarray) -> pd.Series:
+    """``window_excess`` of ``frame``'s days with ``agent`` as the model's returns."""
+    return window_excess(frame.assign(**{AGENT: agent}))
+
+
+def format_seed_study(study: dict[str, Any]) -> str:
+    """The study as the text ``allocator walk-forward seeds`` prints."""
+    seeds = [str(r["seed"]) for r in study["runs"]]
+    lines = ["excess Sharpe over equal weight, per window and seed:"]
+    head = f"  {'window':<8}" + "".join(f"{'seed ' + s:>11}" for s in seeds)
+    lines.append(head + f"{'mean':>9}{'sd':>8}")
+    for w in study["windows"]:
+        cells = "".join(f"{w['excess_sharpe'][s]:>+11.2f}" for s in seeds)
+        lines.append(f"  {w['window']:<8}{cells}{w['mean']:>+9.2f}{w['sd']:>8.2f}")
+    v = study["variance"]
+    lines.append(
+        f"variance of the window figures: seed {v['seed_variance']:.4f} (sd {v['seed_sd']:.2f}), "
+        f"period {v['period_variance']:.4f} (sd {v['period_sd']:.2f}); "
+        f"{v['windows']} windows x {v['seeds']} seeds, mean {v['mean']:+.3f}"
+    )
+    lines.append("pooled excess Sharpe per seed:")
+    for r in study["runs"]:
+        e = r["pooled_excess_sharpe"]
+        lines.append(
+            f"  seed {r['seed']:<6} {e['estimate']:+.3f} [{e['low']:+.3f}, {e['high']:+.3f}]  "
+            f"beats equal weight in {r['windows_beating_equal_weight']} of {v['windows']} windows"
+        )
+    e = study["mix"]["pooled_excess_sharpe"]
+    lines.append(
+        f"{study['mix']['description']}: {e['estimate']:+.3f} [{e['low']:+.3f}, "
+        f"{e['high']:+.3f}], beats equal weight in "
+        f"{study['mix']['windows_beating_equal_weight']} of {v['windows']} windows "
+        f"({e['level']:.0%} stationary-bootstrap intervals, {e['reps']} draws, seed {e['seed']})"
+    )
+    return "\n".join(lines)
