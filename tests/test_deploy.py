@@ -317,7 +317,7 @@ def test_claims_and_secrets_are_defined_or_documented():
                     assert f"{ref['key']}=" in readme, ref
 
 
-def test_retrain_cronjob_runs_a_valid_retrain(monkeypatch):
+def test_retrain_cronjob_runs_a_valid_retrain(monkeypatch, tmp_path):
     from allocator.trainer.jobs.retrain.config import load_retrain_config
 
     cronjob = resource("CronJob", "allocator-retrain")
@@ -327,9 +327,28 @@ def test_retrain_cronjob_runs_a_valid_retrain(monkeypatch):
     (container,) = spec["containers"]
     command, params = parse_cli(container_argv(container))
     assert command == "retrain"
+    # The config comes from a ConfigMap mounted read-only: its files, laid out as mounted.
+    config_path = Path(params["config_path"])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(config_path.parent))
+    assert mount.get("readOnly") is True
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    for name, text in resource("ConfigMap", volume["configMap"]["name"])["data"].items():
+        (tmp_path / name).write_text(text)
     # The trainer image's working directory is the checkout's root (configs/ relative to it).
     monkeypatch.chdir(ROOT)
-    config = load_retrain_config(params["config_path"], list(params["overrides"]))
+    config = load_retrain_config(tmp_path / config_path.name, list(params["overrides"]))
+    # Its prices come from the trade database the Secret names, as do its decisions.
+    assert config.trainer.data.dataset == "database"
+    assert config.database_url is None
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "allocator-database"
+    # It is the shipped configs/retrain.yaml (trainer configs/td3.yaml) on that data.
+    shipped = load_retrain_config(ROOT / "configs/retrain.yaml")
+    same = {"trainer", "registry", "pushgateway_url"}
+    assert config.model_dump(exclude=same) == shipped.model_dump(exclude=same)
+    assert config.trainer.model_dump(exclude={"data"}) == shipped.trainer.model_dump(
+        exclude={"data"}
+    )
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert str(config.registry) in mounts
     assert (
