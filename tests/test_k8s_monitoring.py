@@ -105,6 +105,15 @@ def test_kustomize_output_with_monitoring_validates(tmp_path: Path) -> None:
     assert len(dashboards) == len(list((ROOT / "monitoring/dashboards").glob("*.json")))
 
 
+def test_component_files_validate() -> None:
+    """The same validation without kubectl: the component's objects as written."""
+    kinds = []
+    for obj in component_objects():
+        validate(obj)
+        kinds.append(obj["kind"])
+    assert sorted(set(kinds)) == ["ConfigMap", "PrometheusRule", "ServiceMonitor"]
+
+
 def test_the_crd_schemas_refuse_what_the_operator_would() -> None:
     """The passing validation above means something: these are refused."""
     monitor = component_object("ServiceMonitor")
