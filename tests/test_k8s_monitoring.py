@@ -205,3 +205,29 @@ def test_servers_are_scraped_through_the_service_only() -> None:
     service = resource("Service", SERVER_SERVICE)
     metrics = next(p for p in service["spec"]["ports"] if p["name"] == "metrics")
     assert service["metadata"]["annotations"]["prometheus.io/port"] == str(metrics["port"])
+
+
+def test_crd_schema_tightening() -> None:
+    """What scripts/crd_schemas.py does to the models' schemas, on a small one."""
+    tighten = load_module(ROOT / "scripts" / "crd_schemas.py").tighten
+    loose = {
+        "title": "Endpoint",
+        "description": "prose",
+        "type": "object",
+        "properties": {
+            "port": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+            "target": {"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]},
+            "params": {"type": "object", "additionalProperties": {"type": "string"}},
+            "empty": {"type": "object", "properties": {}},
+        },
+    }
+    assert tighten(loose) == {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "port": {"type": "string"},
+            "target": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+            "params": {"type": "object", "additionalProperties": {"type": "string"}},
+            "empty": {"type": "object", "properties": {}},
+        },
+    }
