@@ -1,5 +1,6 @@
-"""Scheduled retraining on prices that move: ingest new days, retrain, and the candidate is
-trained and judged on them (``dataset: database``), on SQLite and on a real Postgres.
+"""Jobs on prices that move (``dataset: database``): ingest new days, retrain, and the candidate
+is trained and judged on them, on SQLite and on a real Postgres; walk-forward plans its windows
+on the stored prices as on the same data from a file.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from allocator.cli import main
 from allocator.registry.pointer import read_production_pointer
 from allocator.trainer.jobs.retrain.config import RetrainConfig, load_retrain_config
 from allocator.trainer.jobs.retrain.runner import retrain
+from allocator.trainer.jobs.walk_forward.window import plan
 from allocator.trainer.market.data import MarketData, load_sp500, to_long_frame
 from allocator.trainer.training.run_dir import CONFIG_FILE
 from allocator.typed_config import ConfigError
 from tests.trainer.jobs.helpers import CONFIGS, migrated_sqlite, remigrate, rows
+from tests.trainer.jobs.helpers import tiny as tiny_walk_forward
 
 ASSETS = ["AAPL", "JNJ", "KO", "MSFT"]  # configs/retrain_tiny.yaml's universe
 FIRST_END = "2022-09-30"
@@ -103,3 +106,26 @@ def test_database_prices_from_another_database_than_the_jobs_are_refused_before_
     with pytest.raises(ConfigError, match=r"reads the prices from \$DATABASE_URL"):
         retrain(config)
     assert not (tmp_path / "runs").exists()
+
+
+def test_walk_forward_plans_its_windows_on_the_database_prices_as_on_the_same_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = migrated_sqlite(tmp_path)
+    monkeypatch.setenv("DATABASE_URL", url)
+    wf_assets = ["AAPL", "MSFT", "JPM", "XOM"]  # configs/walk_forward_tiny.yaml's universe
+    ingest(
+        load_sp500().select(wf_assets).between("2017-01-01", "2018-12-31"), tmp_path / "p.csv", url
+    )
+    on_db = plan(tiny_walk_forward(tmp_path, "trainer.data.dataset=database"), tmp_path, "db")
+    on_sp500 = plan(tiny_walk_forward(tmp_path), tmp_path, "file")
+    assert [j.window for j in on_db] == [j.window for j in on_sp500]
+    assert {j.trainer.data.dataset for j in on_db} == {"database"}  # not taken for a path
+    with pytest.raises(ConfigError, match=r"reads the prices from \$DATABASE_URL"):
+        plan(
+            tiny_walk_forward(
+                tmp_path, "trainer.data.dataset=database", f"database_url=sqlite:///{tmp_path}/x.db"
+            ),
+            tmp_path,
+            "other",
+        )

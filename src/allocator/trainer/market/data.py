@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from allocator.portfolio import check_id
 from allocator.recording.settings import database_url
 from allocator.trainer.market.store import PriceStoreError, read_price_frame, shown
+from allocator.typed_config import ConfigError
 
 REQUIRED_COLUMNS = ("date", "asset", "close")
 OPTIONAL_COLUMNS = ("open", "high", "low", "volume")
@@ -142,6 +143,17 @@ def load_dataset(
         return load_database(database_url(), as_of=as_of, min_history=min_history)
     data = load_sp500() if str(name_or_path) == SP500 else load_prices(name_or_path, min_history)
     return data if as_of is None else data.between(None, as_of)
+
+
+def check_price_database(dataset: str, job_url: str | None) -> None:
+    """``dataset: database`` reads ``$DATABASE_URL`` (training and export read it too): refuse a
+    job whose own ``database_url`` names another database, rather than mix the two."""
+    if dataset == DATABASE and job_url and job_url != database_url():
+        raise ConfigError(
+            "trainer.data.dataset: 'database' reads the prices from $DATABASE_URL "
+            f"({shown(database_url())}), but database_url names {shown(job_url)}: set "
+            "DATABASE_URL to that database and leave database_url unset"
+        )
 
 
 def load_database(

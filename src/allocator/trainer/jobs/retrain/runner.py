@@ -29,8 +29,12 @@ from allocator.trainer.jobs.retrain.decision import RetrainDecision
 from allocator.trainer.jobs.retrain.gates import apply_gates
 from allocator.trainer.jobs.retrain.record import promotions_engine, record_and_promote
 from allocator.trainer.jobs.retrain.spans import RetrainSpans, retrain_spans
-from allocator.trainer.market.data import DATABASE, DateLike, MarketData, load_dataset
-from allocator.trainer.market.store import shown
+from allocator.trainer.market.data import (
+    DateLike,
+    MarketData,
+    check_price_database,
+    load_dataset,
+)
 from allocator.trainer.sim.baselines import BaselineName
 from allocator.trainer.training.config import TrainConfig
 from allocator.trainer.training.run import train
@@ -62,7 +66,7 @@ def universe(config: RetrainConfig, as_of: DateLike | None = None) -> MarketData
     """The trainer's dataset up to ``as_of`` (else its ``data.as_of``), restricted to its asset
     list when it has one. ``dataset: database`` reads the newest prices ingested."""
     d = config.trainer.data
-    check_price_database(config)
+    check_price_database(d.dataset, config.database_url)
     data = load_dataset(d.dataset, as_of=d.as_of if as_of is None else as_of)
     if d.assets:
         if len(d.assets) > config.trainer.env.max_assets:
@@ -72,18 +76,6 @@ def universe(config: RetrainConfig, as_of: DateLike | None = None) -> MarketData
             )
         data = data.select(d.assets)
     return data
-
-
-def check_price_database(config: RetrainConfig) -> None:
-    """``dataset: database`` reads ``$DATABASE_URL`` (training and export read it too): refuse
-    a job whose own ``database_url`` names another database, rather than mix the two."""
-    url = config.database_url
-    if config.trainer.data.dataset == DATABASE and url and url != default_database_url():
-        raise ConfigError(
-            "trainer.data.dataset: 'database' reads the prices from $DATABASE_URL "
-            f"({shown(default_database_url())}), but database_url names {shown(url)}: set "
-            "DATABASE_URL to that database and leave database_url unset"
-        )
 
 
 def plan_retrain(config: RetrainConfig, as_of: DateLike | None) -> RetrainPlan:

@@ -44,7 +44,13 @@ from allocator.trainer.jobs.walk_forward.progress import (
     write_progress,
 )
 from allocator.trainer.jobs.walk_forward.results import AGENT, WindowResult
-from allocator.trainer.market.data import DATABASE, SP500, MarketData, load_dataset
+from allocator.trainer.market.data import (
+    DATABASE,
+    SP500,
+    MarketData,
+    check_price_database,
+    load_dataset,
+)
 from allocator.trainer.market.windows import Window, make_windows
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.training.config import TrainConfig
@@ -106,6 +112,7 @@ def window_trainer_config(config: WalkForwardConfig, window: Window, run_root: P
 
 def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob]:
     """The windows over the trainer's data and one job per window."""
+    check_price_database(config.trainer.data.dataset, config.database_url)
     data = universe(config.trainer)
     windows = make_windows(data.dates, config.windows)
     registry = str(Path(config.registry).resolve())
