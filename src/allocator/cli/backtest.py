@@ -36,7 +36,12 @@ def load_policy(spec: str) -> Any:
     help="equal-weight, buy-and-hold, cash, min-variance, hrp, momentum, or module:callable",
 )
 @period_options
-@click.option("--dataset", default="sp500", show_default=True, help="'sp500' or a file path")
+@click.option(
+    "--dataset",
+    default="sp500",
+    show_default=True,
+    help="'sp500', 'database' ($DATABASE_URL's prices) or a file path",
+)
 @click.option("--assets", default=None, help="comma-separated asset ids (default: all)")
 @cost_bps_option
 @click.option("--beta", default=0.0, show_default=True, type=float, help="EMA smoothing")

@@ -18,7 +18,12 @@ def data() -> None:
 
 
 @data.command("info")
-@click.option("--dataset", default="sp500", show_default=True, help="'sp500' or a CSV/Parquet path")
+@click.option(
+    "--dataset",
+    default="sp500",
+    show_default=True,
+    help="'sp500', 'database' ($DATABASE_URL's prices, up to today) or a CSV/Parquet path",
+)
 def data_info(dataset: str) -> None:
     """Summarize a dataset: calendar, assets, per-asset history and annual figures."""
     # heavy (pandas): imported when the command runs, so `allocator --help` stays instant
