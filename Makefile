@@ -1,17 +1,28 @@
 # Two commands for a fresh machine: `make demo` and `make test`. Each builds .venv on first use.
-PYTHON ?= python3.11
+# PYTHON: the first supported Python found (pyproject's requires-python), else PYTHON=... .
+PYTHON ?= $(firstword $(foreach v,3.11 3.12 3.13 3.14,$(shell command -v python$(v) 2>/dev/null)) python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 EXTRAS ?= train,dev
+# Exact versions of every dependency of every extra (pip-compile): every install is held to it.
+LOCK   ?= requirements.lock
+LOCK_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-all lint format bench clean venv proto
+.PHONY: demo test test-all lint format bench clean venv proto lock
 
-$(BIN)/allocator: pyproject.toml
+$(BIN)/allocator: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --quiet --constraint $(LOCK) --upgrade pip
+	$(BIN)/python -m pip install --quiet --constraint $(LOCK) -e ".[$(EXTRAS)]"
 	@touch $@
+
+## lock: re-pin requirements.lock from pyproject.toml, keeping pins that still fit
+## (LOCK_ARGS=--upgrade moves everything to the newest; torch stays 2.13.0, the CPU build)
+lock: venv
+	CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile --quiet --all-extras --strip-extras \
+		--no-emit-index-url --no-emit-find-links --unsafe-package allocator \
+		--output-file $(LOCK) $(LOCK_ARGS) pyproject.toml
 
 venv: $(BIN)/allocator
 

@@ -726,7 +726,8 @@ def test_dockerfiles_parse_copy_existing_files_and_drop_root(name):
 
 def test_serve_image_installs_the_serve_extra_and_never_torch():
     installs = pip_installs("serve.Dockerfile")
-    assert installs == [[".[serve]"]]
+    assert installs == [["--constraint", "requirements.lock", ".[serve]"]]
+    assert any("requirements.lock" in c.value for c in copies("serve.Dockerfile"))
     runs = " ".join(" ".join(c.value) for c in instructions("serve.Dockerfile") if c.cmd == "RUN")
     assert "! pip show torch" in runs, "the build fails if torch sneaks in"
     assert "torch" not in runs.replace("! pip show torch", "")
@@ -759,8 +760,9 @@ def test_train_image_installs_the_pinned_cpu_torch_then_the_train_extra():
         if c.cmd == "ARG"
     }
     assert args["EXTRAS"] == "EXTRAS=train"
-    assert [".[${EXTRAS}]"] in installs
-    assert installs.index(torch_install) < installs.index([".[${EXTRAS}]"])
+    locked = ["--constraint", "requirements.lock", ".[${EXTRAS}]"]
+    assert locked in installs
+    assert installs.index(torch_install) < installs.index(locked)
 
 
 # --- health check script -------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Install groups: a serving install never pulls torch; training pins torch 2.13.0."""
+"""Install groups: a client install is gRPC only, a serving install never pulls torch, training
+pins torch 2.13.0, and requirements.lock pins every dependency of every extra within pyproject."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,9 +29,9 @@ def test_training_pins_torch_and_serving_does_not_list_it():
     ), "use onnxruntime-gpu only"
 
 
-def test_serving_install_resolves_without_torch(tmp_path):
-    """pip's resolver, asked for `allocator[serve]`, installs neither torch nor SB3."""
-    report = tmp_path / "report.json"
+def resolved(extra: str, tmp_path: Path) -> set[str]:
+    """What pip's resolver, asked for ``allocator[extra]`` in an empty environment, installs."""
+    report = tmp_path / f"report-{extra}.json"
     subprocess.run(
         [
             sys.executable,
@@ -38,13 +43,60 @@ def test_serving_install_resolves_without_torch(tmp_path):
             "--quiet",
             "--report",
             str(report),
-            f"{ROOT}[serve]",
+            f"{ROOT}[{extra}]",
         ],
         check=True,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    return {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+
+
+def test_serving_install_resolves_without_torch(tmp_path):
+    """pip's resolver, asked for `allocator[serve]`, installs neither torch nor SB3."""
+    names = resolved("serve", tmp_path)
     assert "onnxruntime-gpu" in names
     assert not names & {"torch", "stable-baselines3", "gymnasium", "nvidia-cudnn-cu12"}, names
+
+
+def test_client_install_is_grpc_protobuf_and_numpy(tmp_path):
+    """`allocator[client]` (a trading service that only asks a server): no onnxruntime, no SQL."""
+    names = resolved("client", tmp_path)
+    assert {"grpcio", "protobuf", "numpy", "allocator"} <= names
+    server_side = {"onnxruntime", "onnxruntime-gpu", "sqlalchemy", "alembic", "psycopg", "redis"}
+    assert not names & (server_side | {"torch", "prometheus-client"}), names
+
+
+def lock_pins() -> dict[str, Version]:
+    """requirements.lock as name -> pinned version (every line must be an exact pin)."""
+    pins = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        requirement = Requirement(line)
+        (spec,) = requirement.specifier
+        assert spec.operator == "==", f"requirements.lock: {line} is not an exact pin"
+        pins[canonicalize_name(requirement.name)] = Version(spec.version)
+    return pins
+
+
+def test_lock_pins_every_dependency_within_pyproject():
+    """A dependency added to pyproject without `make lock`, or a floor raised past its pin."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = lock_pins()
+    groups = {"base": project["dependencies"], **project["optional-dependencies"]}
+    for group, deps in groups.items():
+        for dep in deps:
+            requirement = Requirement(dep)
+            name = canonicalize_name(requirement.name)
+            if name == "allocator":
+                continue
+            assert name in pins, f"{name} ({group}) is not in requirements.lock: run `make lock`"
+            assert requirement.specifier.contains(pins[name], prereleases=True), (
+                f"requirements.lock pins {name}=={pins[name]}, outside {dep} ({group})"
+            )
+    assert str(pins["torch"]) == "2.13.0+cpu", "the lock's torch must be the 2.13.0 CPU build"
+    assert "onnxruntime" not in pins, "onnxruntime-gpu only"
+    assert "allocator" not in pins

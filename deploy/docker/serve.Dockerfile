@@ -18,13 +18,14 @@ RUN groupadd --system --gid 10001 allocator \
 
 WORKDIR /app
 # A plain (non-editable) install: the migrations ship inside the package (allocator:migrations).
-COPY pyproject.toml README.md ./
+# Every dependency at the version of requirements.lock, so a rebuild installs the same image.
+COPY pyproject.toml README.md requirements.lock ./
 COPY src ./src
 COPY deploy/docker/healthcheck.py ./deploy/docker/healthcheck.py
 # The cache mount keeps wheels between builds; the second command fails the build if anything
 # pulled torch in (the serving contract: ONNX only).
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install ".[serve]" \
+    pip install --constraint requirements.lock ".[serve]" \
     && ! pip show torch >/dev/null 2>&1
 
 # Runtime data (recorder spool, the SQLite default) lives outside the read-only code. /models

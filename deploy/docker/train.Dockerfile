@@ -26,12 +26,13 @@ WORKDIR /app
 RUN --mount=type=cache,target=/root/.cache/pip \
     pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
 
-# A plain install, as in the serving image: the migrations ship inside the package.
-COPY pyproject.toml README.md ./
+# A plain install held to requirements.lock, as in the serving image (the lock's torch is this
+# same 2.13.0+cpu, so it stays).
+COPY pyproject.toml README.md requirements.lock ./
 COPY src ./src
 COPY configs ./configs
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install ".[${EXTRAS}]" \
+    pip install --constraint requirements.lock ".[${EXTRAS}]" \
     && python -c "import sys, torch; sys.exit(torch.version.cuda is not None)"
 
 # Run directories and the default registry are written by the jobs: owned by their user.
