@@ -69,12 +69,13 @@ def data_check(path: str, min_history: int) -> None:
 def data_ingest(paths: tuple[str, ...], database_url: str | None, keep_valid: bool) -> None:
     """Store price files (CSV/Parquet, long format; a directory: its price files) in the trade
     database, upserting on (asset, date). Prints rows added, changed, unchanged and rejected
-    (with why); exits 1 when any row was rejected, 2 when nothing could be read or written."""
+    (with why), then what the stored prices now hold (or why they would not load); exits 1 when
+    any row was rejected, 2 when nothing could be read or written."""
     # heavy (pandas, sqlalchemy): imported when the command runs, so `allocator --help` stays
     # instant
     from allocator.recording.settings import database_url as default_database_url
     from allocator.trainer.market.data import DataError
-    from allocator.trainer.market.ingest import ingest
+    from allocator.trainer.market.ingest import ingest, stored_state
     from allocator.trainer.market.store import PriceStoreError
 
     url = database_url or default_database_url()
@@ -86,5 +87,6 @@ def data_ingest(paths: tuple[str, ...], database_url: str | None, keep_valid: bo
     for report in reports:
         for line in report.lines():
             click.echo(line)
+    click.echo(stored_state(url))
     if not all(r.ok for r in reports):
         sys.exit(1)

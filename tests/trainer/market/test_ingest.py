@@ -145,6 +145,7 @@ def test_cli_ingest_reports_and_exits_by_outcome(url: str, tmp_path: Path) -> No
     result = runner.invoke(main, ["data", "ingest", str(good), "--database-url", url])
     assert result.exit_code == 0, result.output
     assert "prices.csv: 12 rows: 12 added, 0 changed, 0 unchanged, 0 rejected" in result.output
+    assert "stored: 2 assets, 2023-01-02 .. 2023-01-09 (6 dates)" in result.output
 
     bad = frame().astype({"close": object})
     bad.loc[2, "close"] = "abc"
@@ -158,6 +159,17 @@ def test_cli_ingest_reports_and_exits_by_outcome(url: str, tmp_path: Path) -> No
     assert result.exit_code == 1
     assert "prices.csv: not ingested: missing column(s) close" in result.output
     assert len(stored(url)) == 12
+
+    # Kept valid rows that leave a hole: stored as asked, and the report says what it broke.
+    later = frame(pd.bdate_range("2023-01-10", periods=2), offset=6.0).astype({"close": object})
+    later.loc[1, "close"] = "n/a"  # MSFT 2023-01-10
+    write(later, tmp_path / "later.csv")
+    argv = ["data", "ingest", str(tmp_path / "later.csv"), "--keep-valid", "--database-url", url]
+    result = runner.invoke(main, argv)
+    assert result.exit_code == 1
+    assert "later.csv: 4 rows: 3 added, 0 changed, 0 unchanged, 1 rejected\n" in result.output
+    assert "warning: the stored prices do not load as they are: " in result.output
+    assert "asset MSFT has no close on 2023-01-10" in result.output
 
 
 def test_an_unmigrated_database_or_no_files_exit_2_naming_the_fix(tmp_path: Path) -> None:

@@ -16,7 +16,13 @@ from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from allocator.trainer.market.data import DataError, RowProblem, check_rows, read_long_frame
+from allocator.trainer.market.data import (
+    DataError,
+    RowProblem,
+    check_rows,
+    load_database,
+    read_long_frame,
+)
 from allocator.trainer.market.store import (
     PriceStoreError,
     UpsertCounts,
@@ -99,6 +105,19 @@ def ingest_file(path: Path, url: str, *, keep_valid: bool = False) -> FileReport
         ) from exc
     report.stored = True
     return report
+
+
+def stored_state(url: str) -> str:
+    """One line on what ``dataset: database`` would now read: the calendar, or the first
+    problem (an asset with a hole in its history), so a file that leaves one shows at once."""
+    try:
+        data = load_database(url, min_history=1)
+    except DataError as exc:
+        return f"warning: the stored prices do not load as they are: {exc}"
+    return (
+        f"stored: {data.n_assets} assets, {data.dates[0].date()} .. {data.dates[-1].date()} "
+        f"({data.n_dates} dates)"
+    )
 
 
 def ingest(paths: Iterable[str | Path], url: str, *, keep_valid: bool = False) -> list[FileReport]:
