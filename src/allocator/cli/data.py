@@ -70,7 +70,7 @@ def data_ingest(paths: tuple[str, ...], database_url: str | None, keep_valid: bo
     """Store price files (CSV/Parquet, long format; a directory: its price files) in the trade
     database, upserting on (asset, date). Prints rows added, changed, unchanged and rejected
     (with why), then what the stored prices now hold (or why they would not load); exits 1 when
-    any row was rejected, 2 when nothing could be read or written."""
+    a row or a file was rejected, 2 when the job could not run (no files, no prices table)."""
     # heavy (pandas, sqlalchemy): imported when the command runs, so `allocator --help` stays
     # instant
     from allocator.recording.settings import database_url as default_database_url
