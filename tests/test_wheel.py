@@ -239,3 +239,58 @@ def test_serve_and_request(installed: Installation, tmp_path: Path) -> None:
     marks = ("[E:", "[W:", " ERROR ", " WARNING ", "Traceback")
     assert not [line for line in server.lines if any(m in line for m in marks)], server.stderr
     assert len([line for line in server.lines if "CUDA" in line]) <= 1, server.stderr
+
+
+def isolated(root: Path, requirement: str) -> Installation:
+    """A virtualenv with pip, ``requirement`` installed from the index against the lock."""
+    venv.create(root, with_pip=True, symlinks=True)
+    subprocess.run(
+        [
+            *(str(root / "bin" / "python"), "-m", "pip", "install", "--quiet"),
+            *("--constraint", str(ROOT / "requirements.lock"), requirement),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    workdir = root.parent / f"{root.name}-work"
+    workdir.mkdir()
+    return Installation(root=root, env=clean_env(), workdir=workdir)
+
+
+@pytest.mark.slow
+def test_serve_and_client_extras_alone_are_enough(wheel: Path, tmp_path: Path) -> None:
+    """Nothing borrowed: `[serve]` alone migrates and serves, `[client]` alone asks it, and the
+    client's environment has neither onnxruntime nor SQLAlchemy."""
+    server_side = isolated(tmp_path / "serve", f"{wheel}[serve]")
+    client_side = isolated(tmp_path / "client", f"{wheel}[client]")
+    missing = subprocess.run(
+        [str(client_side.python), "-c", "import onnxruntime"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert missing.returncode != 0
+    registry = tmp_path / "registry"
+    write_tiny_model(registry / "tiny" / "1")
+    url = f"sqlite:///{tmp_path / 'trades.db'}"
+    upgraded = server_side.run("db", "upgrade", "--database-url", url)
+    assert upgraded.returncode == 0, upgraded.stderr
+    server = ServeProcess(
+        [*("--registry", str(registry), "--metrics-port", "0", "--database-url", url)],
+        cwd=server_side.workdir,
+        program=[str(server_side.allocator)],
+        env=server_side.env,
+    )
+    try:
+        target = server.wait_ready()
+        result = client_side.run(
+            "request", "--target", target, "--portfolio", "alone-1", "--synthetic", "2", "--json"
+        )
+        assert result.returncode == 0, result.stderr
+        server.terminate()
+        assert server.wait(30) == 0, server.stderr
+    finally:
+        server.kill()
+    assert np.isclose(sum(json.loads(result.stdout)["smoothed_weights"]), 1.0)
