@@ -66,10 +66,11 @@ def test_a_provider_library_that_cannot_load_means_cpu_in_one_plain_line(
     assert "cannot run here" in said[0].getMessage()
 
 
-def test_a_build_without_cuda_says_so() -> None:
-    if providers.CUDA in ort.get_available_providers():
-        pytest.skip("this onnxruntime lists CUDA")
+def test_a_build_without_cuda_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plain onnxruntime wheel (CPU only) lists no CUDA provider at all."""
+    monkeypatch.setattr(providers.ort, "get_available_providers", lambda: [providers.CPU])
     assert providers.cuda_unavailable_reason() == "this onnxruntime build has no CUDA provider"
+    assert providers.cuda_usable() is False
 
 
 def test_no_driver_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
