@@ -44,7 +44,7 @@ def test_a_v2_run_upgrades_to_v3_with_todays_representation(tmp_path):
     assert {k: v for k, v in tree(run_dir).items() if k != MANIFEST_FILE} == files_before
     raw = json.loads((run_dir / MANIFEST_FILE).read_text())
     assert raw["schema_version"] == 3
-    assert raw["policy"] == {"kind": "mlp", "hidden": None}
+    assert raw["policy"] == {"kind": "mlp", "hidden": None, "center_assets": False}
 
 
 def test_an_exported_v2_version_upgrades_its_manifest_only(tmp_path):
