@@ -53,7 +53,7 @@ def test_data_check_accepts_good_and_names_bad_files(tmp_path):
     res = CliRunner().invoke(main, ["data", "check", str(bad_path)])
     assert res.exit_code == 2
     assert str(bad_path) in res.output
-    assert "asset B" in res.output
+    assert "row 86 (B " in res.output  # the file row (index 85 + 1) and its asset
     assert str(dates[5].date()) in res.output
 
 
