@@ -4,8 +4,8 @@
 The models (``ServerConfig``, ``RetrainConfig``, ``WalkForwardConfig`` and the models nested
 in them) are the only definition of the settings: names, types, defaults, bounds and
 descriptions are read from them, and the ``allocator serve`` flag of each server setting from
-the click command itself, so the reference cannot drift. ``tests/test_deploy.py`` fails when
-the checked-in section differs from what this script renders.
+the click command itself, so the reference cannot drift. ``tests/deploy/test_reference.py``
+fails when the checked-in section differs from what this script renders.
 
 Usage:
   python scripts/config_reference.py            # print the section

@@ -9,7 +9,8 @@ Prometheus Operator and Grafana's dashboard sidecar, into ``deploy/k8s/component
 - ``dashboards.yaml``: one ConfigMap per dashboard, labelled ``grafana_dashboard: "1"`` (the
   sidecar's default label), the JSON file verbatim under ``allocator-<name>.json``.
 
-``tests/test_k8s_monitoring.py`` fails when the checked-in files differ from what this renders.
+``tests/deploy/test_k8s_monitoring.py`` fails when the checked-in files differ from what this
+renders.
 
 Usage:
   python scripts/k8s_monitoring.py            # print what would be written

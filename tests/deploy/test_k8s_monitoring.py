@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,7 +24,15 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.test_deploy import K8S, OLDEST_KUBERNETES, ROOT, load_module, resource, validate_k8s
+from tests.deploy.helpers import (
+    K8S,
+    OLDEST_KUBERNETES,
+    ROOT,
+    kustomize,
+    load_module,
+    resource,
+    validate_k8s,
+)
 
 COMPONENT = K8S / "components" / "monitoring"
 SCHEMAS = ROOT / "tests" / "fixtures" / "k8s_schemas"
@@ -66,29 +73,7 @@ def component_object(kind: str) -> dict[str, Any]:
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
 def test_kustomize_output_with_monitoring_validates(tmp_path: Path) -> None:
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [os.path.relpath(K8S, overlay)],
-                "components": [
-                    os.path.relpath(K8S / "components/tls", overlay),
-                    os.path.relpath(COMPONENT, overlay),
-                ],
-            }
-        )
-    )
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(overlay), "--load-restrictor", "LoadRestrictionsNone"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    objects = [o for o in yaml.safe_load_all(out) if o]
+    objects = kustomize(K8S, K8S / "components/tls", COMPONENT, tmp_path=tmp_path)
     for obj in objects:
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         assert obj["metadata"].get("namespace", "allocator") == "allocator", where
