@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from allocator.artifacts.files import write_json
-from allocator.cli.options import cost_bps_option, fail, period_options
+from allocator.cli.options import cost_bps_option, fail, json_option, period_options
 
 
 def load_policy(spec: str) -> Any:
@@ -45,7 +45,7 @@ def load_policy(spec: str) -> Any:
 @click.option("--assets", default=None, help="comma-separated asset ids (default: all)")
 @cost_bps_option
 @click.option("--beta", default=0.0, show_default=True, type=float, help="EMA smoothing")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
+@json_option
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False))
 def backtest(
     policy_spec: str,

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import click
 
-from allocator.cli.options import config_option, config_options, fail, overrides_option, shown_url
+from allocator.cli.options import (
+    config_option,
+    config_options,
+    fail,
+    json_option,
+    overrides_option,
+    shown_url,
+)
 
 
 @click.command()
@@ -236,13 +243,7 @@ def walk_forward_status(run_dir: str) -> None:
     help="annualized variance of those configurations' Sharpe ratios (default: the run's, "
     "else a zero-Sharpe span's sampling variance)",
 )
-@click.option(
-    "--json",
-    "json_path",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="also write JSON here",
-)
+@json_option
 def walk_forward_stats(
     run_dir: str,
     configurations_tried: int | None,
@@ -295,13 +296,7 @@ def walk_forward_stats(
 
 @walk_forward.command("seeds")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option(
-    "--json",
-    "json_path",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="also write JSON here",
-)
+@json_option
 def walk_forward_seeds(run_dirs: tuple[str, ...], json_path: str | None) -> None:
     """Seed luck apart from period luck, from finished runs of one recipe that differ only
     in their seed (run the same config with --set seed=100, --set seed=200, ...).

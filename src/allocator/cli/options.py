@@ -63,6 +63,14 @@ def period_options(command: F) -> F:
 
 
 cost_bps_option = click.option("--cost-bps", default=10.0, show_default=True, type=float)
+json_option = click.option(
+    "--json",
+    "json_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="also write JSON here",
+)
+"""``--json PATH``: the commands that print a report also write it as JSON there."""
 
 
 def shown_url(url: str) -> str:
