@@ -17,6 +17,7 @@ from allocator.portfolio import (
     AnchorKind,
     AnchorSpec,
     anchor_weights,
+    apply_tilt,
     is_distribution,
     masked_anchor,
     tilt_weights,
@@ -265,3 +266,23 @@ def test_k_zero_ignores_the_action_and_bad_k_is_refused() -> None:
             tilt_weights([0.0, 0.0, 0.0], anchor, mask, k)
     with pytest.raises(ValueError, match="slots"):
         tilt_weights([0.0, 0.0], anchor, mask, 1.0)
+
+
+def test_one_vector_tilt_is_the_batched_tilt_bit_for_bit() -> None:
+    """The environment's one-vector path of ``apply_tilt`` gives the bits of the batched path
+    (the server's), for clipped, NaN and cancelling actions and every strength."""
+    rng = np.random.default_rng(0)
+    base = rng.dirichlet(np.ones(9))
+    base[4] = 0.0  # a masked slot
+    base /= base.sum()
+    cases = [rng.uniform(-1.5, 1.5, 9) for _ in range(300)]
+    cancelling = -np.ones(9)
+    cancelling[2] = 1.0  # most mass on -1: the 1 + sum form cancels at large k
+    with_nan = rng.uniform(-1, 1, 9)
+    with_nan[3] = np.nan
+    cases += [cancelling, with_nan, np.zeros(9)]
+    for i, action in enumerate(cases):
+        k = (0.0, 0.5, 3.0, 25.0)[i % 4]
+        one = apply_tilt(action.astype(np.float32), base, k)
+        batch = apply_tilt(action.astype(np.float32)[None], base[None], k)[0]
+        assert one.tobytes() == batch.tobytes(), (i, k)
