@@ -1,17 +1,24 @@
-"""Latency and throughput of ``allocator serve`` with recording to Postgres on.
+"""Latency and throughput of ``allocator serve``, beside the bare server it must stay close to.
 
-The server runs as its own process (``allocator serve``, CPU provider, Postgres recording) and
-the load generator as another, both on 127.0.0.1. Phases, each ``--duration`` seconds:
+One run starts, side by side on 127.0.0.1, ``bench/bare_server.py`` (grpcio + onnxruntime doing
+only the model call, on the same ``model.onnx``) and one ``allocator serve`` per database in
+``--databases`` (the embedded SQLite default and Postgres, each recording every decision), and
+drives them all from one load-generator process with the stubs generated from ``proto/``.
+Phases, each ``--duration`` seconds:
 
-- closed loop at concurrency 1, 8 and 32 (threads each sending the next call when the last
-  one returns): P50/P95/P99 and the achieved rate;
-- an open-loop sweep: calls issued at fixed rates whatever the answers do, latency measured
-  from the scheduled send time (so a stall is not hidden by the generator waiting on it);
-- the batch call: ``AllocateBatch`` of ``--batch-size`` portfolios in a loop, decisions/s.
+- compared with the bare server, ``--rounds`` rounds with the servers interleaved inside each
+  round (so a drift in the machine's speed hits all of them alike): closed loops at
+  concurrency 1, 8 and 32 (threads each sending the next call when the last one returns) and
+  the batch call (``AllocateBatch`` of ``--batch-size`` portfolios in a loop);
+- Allocator's own: an open-loop sweep (calls issued at fixed rates whatever the answers do,
+  latency measured from the scheduled send time, so a stall is not hidden by the generator
+  waiting on it).
 
-Every call uses a new request id (the server's idempotency cache would otherwise answer).
-At the end the server is stopped with SIGTERM and the decisions table is counted: it must
-hold every decision answered OK. Prints JSON.
+``comparison`` gives, per compared phase and database, the medians over rounds and their
+ratios to the bare server's (P50, P95, rate). Every call uses a new request id (a retry would
+be answered from the first answer). At the end every server is stopped with SIGTERM and each
+database's decisions table is counted: it must hold every decision answered OK (``recording``).
+Prints JSON.
 
 The model: ``--registry`` if given, else a TD3 policy of the demo config's size (20 assets,
 window 30, [128, 128]) trained for a few hundred steps and exported, which costs as much per
@@ -35,6 +42,7 @@ import platform
 import secrets
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -241,32 +249,42 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
 
 # --- orchestration -----------------------------------------------------------------------
 
+BARE = "bare"
+"""The target name of ``bench/bare_server.py``; the others are named by their database."""
+
 
 def _wait_serving(target: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    from allocator.serving.client import AllocatorClient
+    import grpc
+
+    from allocator.serving.proto.v1 import allocator_pb2 as pb
+    from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode}")
-        try:
-            with AllocatorClient(target, timeout=1) as client:
-                if client.is_serving():
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.AllocatorStub(channel)
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"the server at {target} exited with {process.returncode}")
+            try:  # the bare server has no health service: ask what both answer
+                stub.ListModels(pb.ListModelsRequest(), timeout=1)
+                return
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     return
-        except Exception:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"the server at {target} did not become SERVING in {timeout} s")
+            time.sleep(0.2)
+    raise TimeoutError(f"the server at {target} did not answer in {timeout} s")
 
 
 def _phases(
     args: argparse.Namespace, shared: bool, max_assets: int, window: int
-) -> list[dict[str, Any]]:
-    """The flat model's closed, open and batch phases at its full width; for a shared model,
-    closed loops at each requested asset count, each with portfolios of its own."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(phases run against every server, round by round, for the ratios; phases run against
+    Allocator's servers only). A flat model: closed loops at its full width are compared, the
+    open-loop sweep and the batch call are Allocator's own. A shared model: closed loops at
+    each requested asset count, each with portfolios of its own, all compared."""
     base = {"duration": args.duration, "portfolios": args.portfolios, "window": window}
     if shared:
-        return [
+        compared = [
             {
                 "kind": "closed",
                 "concurrency": int(c),
@@ -278,13 +296,75 @@ def _phases(
             for n in args.assets.split(",")
             for c in args.concurrency.split(",")
         ]
+        return compared, []
     common = {**base, "assets": max_assets}
-    phases: list[dict[str, Any]] = [
+    compared = [
         {"kind": "closed", "concurrency": int(c), **common} for c in args.concurrency.split(",")
     ]
-    phases += [{"kind": "open", "rate": int(r), **common} for r in args.rates.split(",")]
-    phases.append({"kind": "batch", "batch_size": args.batch_size, **common})
-    return phases
+    compared.append({"kind": "batch", "batch_size": args.batch_size, **common})
+    own = [{"kind": "open", "rate": int(r), **common} for r in args.rates.split(",") if r]
+    return compared, own
+
+
+def _summary(results: list[dict[str, Any]], databases: list[str]) -> list[dict[str, Any]]:
+    """Per compared phase and database: the median over rounds of P50, P95 and rate, and their
+    ratios to the bare server's medians (latency ratio > 1: Allocator is slower)."""
+    out = []
+    for phase in dict.fromkeys(r["phase"] for r in results if r["server"] == BARE):
+
+        def median(server: str, key: str, phase: str = phase) -> float:
+            values = [r[key] for r in results if r["server"] == server and r["phase"] == phase]
+            return round(float(np.median(values)), 3)
+
+        rate = "decisions_per_s" if phase.startswith("batch") else "req_per_s"
+        bare = {k: median(BARE, k) for k in ("p50_ms", "p95_ms", rate)}
+        for db in databases:
+            ours = {k: median(db, k) for k in ("p50_ms", "p95_ms", rate)}
+            out.append(
+                {
+                    "phase": phase,
+                    "database": db,
+                    "bare": bare,
+                    "allocator": ours,
+                    "p50_ratio": round(ours["p50_ms"] / bare["p50_ms"], 2),
+                    "p95_ratio": round(ours["p95_ms"] / bare["p95_ms"], 2),
+                    "rate_ratio": round(ours[rate] / bare[rate], 2),
+                }
+            )
+    return out
+
+
+class _Servers:
+    """The bare server and one ``allocator serve`` per database, started together and all
+    stopped with SIGTERM at the end (Allocator's drain then flushes every record)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.targets: dict[str, str] = {}
+
+    def start(self, name: str, argv: list[str]) -> str:
+        port = free_port()
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115  (lives as long as the server)
+        process = subprocess.Popen(
+            [*argv, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=log
+        )
+        self.processes[name] = process
+        self.targets[name] = f"127.0.0.1:{port}"
+        return self.targets[name]
+
+    def stop(self) -> dict[str, int | None]:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        codes: dict[str, int | None] = {}
+        for name, process in self.processes.items():
+            try:
+                codes[name] = process.wait(120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                codes[name] = None
+        return codes
 
 
 def main() -> None:
@@ -299,20 +379,33 @@ def main() -> None:
     parser.add_argument(
         "--assets", default="20,60", help="shared model: assets per request, one phase each"
     )
+    parser.add_argument(
+        "--databases",
+        default="sqlite,postgresql",
+        help="one Allocator server recording to each (comma-separated: sqlite, postgresql)",
+    )
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="compared phases: rounds, servers interleaved"
+    )
     parser.add_argument("--concurrency", default=None, help="default 1,8,32 (shared: 1)")
     parser.add_argument("--rates", default="500,1000,2000,2500,3000")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--portfolios", type=int, default=1000)
-    parser.add_argument("--workers", type=int, default=16, help="server handler threads")
+    parser.add_argument("--threads", type=int, default=16, help="server handler threads")
     parser.add_argument("--budget-ms", type=float, default=10.0)
     args = parser.parse_args()
+    databases = [d for d in args.databases.split(",") if d]
+    unknown = sorted(set(databases) - {"sqlite", "postgresql"})
+    if unknown or not databases:
+        parser.error(f"--databases: unknown {unknown}; choose from sqlite, postgresql")
 
     import psycopg
 
     from allocator.artifacts.manifest import read_manifest
     from allocator.recording.migrations import upgrade
+    from allocator.registry.layout import MODEL_FILE
     from allocator.registry.versions import resolve
     from allocator.serving.client import AllocatorClient
 
@@ -320,7 +413,8 @@ def main() -> None:
     setup = time.perf_counter()
     registry = args.registry or build_registry(tmp, args.model or "mlp")
     name = sorted(p.name for p in registry.iterdir() if p.is_dir())[0]
-    manifest = read_manifest(resolve(registry, name))
+    version_dir = resolve(registry, name)
+    manifest = read_manifest(version_dir)
     spec = manifest.feature_spec
     shared = manifest.policy.kind == "shared"
     if args.model is not None and args.model != manifest.policy.kind:
@@ -329,73 +423,98 @@ def main() -> None:
         args.concurrency = "1" if shared else "1,8,32"
     if shared and max(int(n) for n in args.assets.split(",")) > manifest.served_asset_limit:
         parser.error(f"--assets {args.assets}: the model serves {manifest.served_asset_limit}")
-    db = f"allocator_bench_{secrets.token_hex(4)}"
-    with psycopg.connect(args.postgres, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{db}"')
-    info = psycopg.conninfo.conninfo_to_dict(args.postgres)
-    user, host = info.get("user", "postgres"), info.get("host", "127.0.0.1")
-    url = f"postgresql+psycopg://{user}@{host}:{info.get('port', 5432)}/{db}"
+    pg_db = f"allocator_bench_{secrets.token_hex(4)}"
+    urls: dict[str, str] = {}
+    if "sqlite" in databases:
+        urls["sqlite"] = f"sqlite:///{tmp / 'decisions.db'}"
+    if "postgresql" in databases:
+        with psycopg.connect(args.postgres, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{pg_db}"')
+        info = psycopg.conninfo.conninfo_to_dict(args.postgres)
+        user, host = info.get("user", "postgres"), info.get("host", "127.0.0.1")
+        urls["postgresql"] = f"postgresql+psycopg://{user}@{host}:{info.get('port', 5432)}/{pg_db}"
     results: list[dict[str, Any]] = []
-    rows = -1
+    rows: dict[str, int] = {}
     served: Any = None
+    servers = _Servers(tmp)
+    exit_codes: dict[str, int | None] = {}
     try:
-        upgrade(url)
-        port = free_port()
-        target = f"127.0.0.1:{port}"
-        server = subprocess.Popen(
+        for url in urls.values():
+            upgrade(url)
+        servers.start(
+            BARE,
             [
                 sys.executable,
-                "-m",
-                "allocator.cli",
-                "serve",
-                "--registry",
-                str(registry),
-                "--port",
-                str(port),
-                "--metrics-port",
-                "0",
-                "--database-url",
-                url,
-                "--spool-dir",
-                str(tmp / "spool"),
-                "--cpu",
-                "--latency-budget-ms",
-                str(args.budget_ms),
-                "--max-concurrent-rpcs",
-                "512",
-                "--workers",
-                str(args.workers),
+                str(ROOT / "bench" / "bare_server.py"),
+                "--model",
+                str(version_dir / MODEL_FILE),
+                "--threads",
+                str(args.threads),
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=open(tmp / "server.log", "wb"),  # noqa: SIM115  (lives as long as the server)
         )
+        for db, url in urls.items():
+            servers.start(
+                db,
+                [
+                    *(sys.executable, "-m", "allocator.cli", "serve"),
+                    *("--registry", str(registry), "--metrics-port", "0"),
+                    *("--database-url", url, "--spool-dir", str(tmp / f"spool-{db}"), "--cpu"),
+                    *("--latency-budget-ms", str(args.budget_ms)),
+                    *("--max-concurrent-rpcs", "512", "--workers", str(args.threads)),
+                ],
+            )
         try:
-            _wait_serving(target, server)
+            for server, target in servers.targets.items():
+                _wait_serving(target, servers.processes[server])
             setup = time.perf_counter() - setup
-            with AllocatorClient(target, timeout=10) as client:  # what a client is told to send
+            with AllocatorClient(servers.targets[databases[0]], timeout=10) as client:
                 served = next(m for m in client.list_models() if m.name == name)
-            phases = _phases(args, shared, served.max_assets, served.window)
+            compared, own = _phases(args, shared, served.max_assets, served.window)
             ctx = mp.get_context("spawn")
+            k = 0
             with ctx.Pool(1) as pool:
-                for k, phase in enumerate(phases):
-                    phase["tag"] = f"p{k}"
-                    result = pool.apply(run_phase, (target, phase))
+
+                def run(server: str, phase: dict[str, Any], round_: int) -> None:
+                    nonlocal k
+                    phase = {**phase, "tag": f"p{k}"}
+                    k += 1
+                    result = pool.apply(run_phase, (servers.targets[server], phase))
+                    result |= {"server": server, "round": round_}
                     if shared:
                         result["assets"] = phase["assets"]
                     results.append(result)
-                    time.sleep(0.5)
+                    time.sleep(0.3)
+
+                for phase in compared:
+                    for round_ in range(args.rounds):
+                        for server in servers.targets:
+                            run(server, phase, round_)
+                for phase in own:
+                    for db in databases:
+                        run(db, phase, 0)
         finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(120)
-        with psycopg.connect(url.replace("+psycopg", "")) as conn:
-            rows = conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
+            exit_codes = servers.stop()
+        if "sqlite" in urls:
+            with sqlite3.connect(tmp / "decisions.db") as conn:
+                rows["sqlite"] = conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
+        if "postgresql" in urls:
+            with psycopg.connect(urls["postgresql"].replace("+psycopg", "")) as conn:
+                rows["postgresql"] = conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
     finally:
-        with psycopg.connect(args.postgres, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-    ok = 0
-    for r in results:
-        size = r.get("batch_size", 1)
-        ok += r["codes"].get("OK", 0) * size
+        if "postgresql" in urls:
+            with psycopg.connect(args.postgres, autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{pg_db}" WITH (FORCE)')
+    recording = {}
+    for db in databases:
+        ok = sum(
+            r["codes"].get("OK", 0) * r.get("batch_size", 1) for r in results if r["server"] == db
+        )
+        recording[db] = {
+            "ok_decisions": ok,
+            "recorded_rows": rows.get(db, -1),
+            "complete": rows.get(db, -1) == ok,
+            "server_exit_code": exit_codes.get(db),
+        }
     model: dict[str, Any] = {"max_assets": spec.max_assets, "window": spec.window}
     if shared:
         model = {
@@ -412,11 +531,10 @@ def main() -> None:
             {
                 "benchmark": "serve_latency",
                 "model": model,
-                "recording": "postgresql",
+                "comparison": _summary(results, databases),
+                "recording": recording,
                 "phases": results,
-                "ok_decisions": ok,
-                "recorded_rows": rows,
-                "server_exit_code": server.returncode,
+                "bare_server_exit_code": exit_codes.get(BARE),
                 "setup_seconds": round(setup, 1),
                 "machine": machine,
             },

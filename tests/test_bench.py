@@ -68,6 +68,8 @@ def test_serve_latency_prints_its_figures_and_records_every_decision():
             "16",
             "--portfolios",
             "50",
+            "--rounds",
+            "2",
         ],
         check=True,
         capture_output=True,
@@ -75,13 +77,27 @@ def test_serve_latency_prints_its_figures_and_records_every_decision():
         timeout=300,
     )
     figures = json.loads(out.stdout)
-    phases = {p["phase"]: p for p in figures["phases"]}
-    assert set(phases) == {"closed_c1", "closed_c4", "open_200", "batch_16"}
-    assert phases["closed_c1"]["p95_ms"] >= phases["closed_c1"]["p50_ms"] > 0
-    assert phases["batch_16"]["decisions_per_s"] > 0
-    assert figures["ok_decisions"] > 0
-    assert figures["recorded_rows"] == figures["ok_decisions"]
-    assert figures["server_exit_code"] == 0
+    runs = {(p["server"], p["phase"], p["round"]) for p in figures["phases"]}
+    compared = {"closed_c1", "closed_c4", "batch_16"}
+    servers = ("bare", "sqlite", "postgresql")
+    assert runs == {(s, p, r) for s in servers for p in compared for r in (0, 1)} | {
+        ("sqlite", "open_200", 0),
+        ("postgresql", "open_200", 0),
+    }
+    for p in figures["phases"]:
+        assert set(p["codes"]) == {"OK"}, p
+        assert p["p99_ms"] >= p["p95_ms"] >= p["p50_ms"] > 0
+    ratios = {(c["phase"], c["database"]): c for c in figures["comparison"]}
+    assert set(ratios) == {(p, d) for p in compared for d in servers[1:]}
+    for c in ratios.values():  # each ratio is the medians' ratio it claims to be
+        assert c["p50_ratio"] == round(c["allocator"]["p50_ms"] / c["bare"]["p50_ms"], 2)
+    for db in servers[1:]:
+        recording = figures["recording"][db]
+        assert recording["ok_decisions"] > 0
+        assert recording["recorded_rows"] == recording["ok_decisions"]
+        assert recording["complete"]
+        assert recording["server_exit_code"] == 0
+    assert figures["bare_server_exit_code"] == 0
 
 
 @pytest.mark.slow
@@ -98,6 +114,10 @@ def test_serve_latency_times_a_shared_model_below_and_above_its_training_slots()
             "0.3",
             "--portfolios",
             "20",
+            "--databases",
+            "postgresql",
+            "--rounds",
+            "1",
         ],
         check=True,
         capture_output=True,
@@ -110,11 +130,16 @@ def test_serve_latency_times_a_shared_model_below_and_above_its_training_slots()
     assert model["training_slots"] == 20
     assert model["max_served_assets"] >= 60
     assert model["closes_per_asset"] == 31  # asset_v1 looks back 30 returns; equal anchor: 1
-    phases = {p["phase"]: p for p in figures["phases"]}
-    assert set(phases) == {"closed_c1_a3", "closed_c1_a25"}
-    for assets, phase in ((3, phases["closed_c1_a3"]), (25, phases["closed_c1_a25"])):
-        assert phase["assets"] == assets
-        assert set(phase["codes"]) == {"OK"}
-        assert phase["p99_ms"] >= phase["p95_ms"] >= phase["p50_ms"] > 0
-    assert figures["recorded_rows"] == figures["ok_decisions"] > 0
-    assert figures["server_exit_code"] == 0
+    phases = {(p["server"], p["phase"]): p for p in figures["phases"]}
+    assert set(phases) == {
+        (s, p) for s in ("bare", "postgresql") for p in ("closed_c1_a3", "closed_c1_a25")
+    }
+    for server in ("bare", "postgresql"):
+        for assets in (3, 25):
+            phase = phases[server, f"closed_c1_a{assets}"]
+            assert phase["assets"] == assets
+            assert set(phase["codes"]) == {"OK"}
+            assert phase["p99_ms"] >= phase["p95_ms"] >= phase["p50_ms"] > 0
+    recording = figures["recording"]["postgresql"]
+    assert recording["recorded_rows"] == recording["ok_decisions"] > 0
+    assert recording["server_exit_code"] == 0
