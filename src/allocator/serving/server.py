@@ -366,7 +366,10 @@ def build_server(
     metrics_registry = metrics_registry if metrics_registry is not None else CollectorRegistry()
     metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3)
     registry = ModelCatalog(
-        config.registry, default_model=config.default_model, prefer_cuda=config.prefer_cuda
+        config.registry,
+        default_model=config.default_model,
+        prefer_cuda=config.prefer_cuda,
+        metrics=metrics,
     )
     recorder = _open_recorder(config, metrics_registry)
     _load_models(registry, config, metrics, recorder)
