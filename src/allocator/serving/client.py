@@ -34,6 +34,7 @@ __all__ = [
     "AllocatorClient",
     "AllocatorError",
     "ModelInfo",
+    "ModelRefusal",
 ]
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -126,6 +127,24 @@ class ModelInfo:
             provider=message.provider,
             is_default=message.is_default,
         )
+
+
+@dataclass(frozen=True)
+class ModelRefusal:
+    """A version whose files the server refused, as ``ListModels`` describes it.
+
+    ``reason`` is one of ``missing_file``, ``checksum_mismatch``, ``bad_manifest``,
+    ``unsupported_format``, ``bad_graph``, ``unreadable``; ``message`` names the file.
+    """
+
+    name: str
+    version: str
+    reason: str
+    message: str
+
+    @classmethod
+    def from_proto(cls, message: allocator_pb2.ModelRefusal) -> ModelRefusal:
+        return cls(message.name, message.version, message.reason, message.message)
 
 
 @dataclass(frozen=True)
@@ -271,8 +290,14 @@ class AllocatorClient:
         return [Allocation.from_proto(r) for r in response.responses]
 
     def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
+        """The loaded versions, sorted by name then version."""
         response = self._call(self._stub.ListModels, allocator_pb2.ListModelsRequest(), timeout)
         return [ModelInfo.from_proto(m) for m in response.models]
+
+    def refused_models(self, *, timeout: float | None = None) -> list[ModelRefusal]:
+        """The versions whose files the server refused as they are now, with why."""
+        response = self._call(self._stub.ListModels, allocator_pb2.ListModelsRequest(), timeout)
+        return [ModelRefusal.from_proto(m) for m in response.refused]
 
     def reset_portfolio(self, portfolio_id: str, *, timeout: float | None = None) -> bool:
         """Forget the portfolio's smoothing state; True when the server had any."""

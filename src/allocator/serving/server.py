@@ -263,6 +263,12 @@ def _list_models(snapshot: CatalogSnapshot) -> pb.ListModelsResponse:
                 ),
             )
         )
+    for (name, version), refusal in sorted(snapshot.refused.items()):
+        out.refused.append(
+            pb.ModelRefusal(
+                name=name, version=version, reason=refusal.reason, message=refusal.message
+            )
+        )
     return out
 
 
