@@ -126,6 +126,25 @@ def test_a_loaded_version_whose_files_go_bad_keeps_serving_and_shows_the_refusal
     assert catalog.snapshot.models[("tiny", "1")] is not served  # reloaded from the good files
 
 
+def test_a_loaded_version_restored_to_the_files_it_loaded_is_no_longer_refused(
+    setup: tuple[Path, ModelCatalog, CollectorRegistry], tmp_path: Path
+) -> None:
+    """``rsync -a`` from a backup puts back the very names, sizes and mtimes it loaded."""
+    root, catalog, metrics = setup
+    model_file = root / "tiny" / "1" / "model.onnx"
+    backup = tmp_path / "model.onnx.backup"
+    shutil.copy2(model_file, backup)
+    served = catalog.snapshot.models[("tiny", "1")]
+    model_file.write_bytes(b"garbage")
+    catalog.refresh()
+    assert catalog.snapshot.refused[("tiny", "1")].reason == "checksum_mismatch"
+    shutil.copy2(backup, model_file)
+    catalog.refresh()
+    assert catalog.snapshot.refused == {}
+    assert catalog.snapshot.models[("tiny", "1")] is served
+    assert refused_now(metrics, "checksum_mismatch") == 0.0
+
+
 def test_each_kind_of_bad_version_is_refused_with_its_reason(
     setup: tuple[Path, ModelCatalog, CollectorRegistry], tmp_path: Path
 ) -> None:

@@ -229,6 +229,8 @@ class ModelCatalog:
         except OSError:
             return None  # moving under our feet: the next scan sees where it landed
         if self._fingerprints.get(key) == fingerprint:
+            if self._refused.pop(key, None) is not None:
+                log.info("model registry: %s/%s has the files it loaded again", *key)
             return None
         previous = self._refused.get(key)
         if previous is not None and previous[0] == fingerprint:
