@@ -112,6 +112,8 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("idempotency_cache", ("--idempotency-cache",)),
         ("grace_seconds", ("--grace-seconds",)),
         ("drain_seconds", ("--drain-seconds",)),
+        ("max_connection_age_seconds", ("--max-connection-age-seconds",)),
+        ("max_connection_age_grace_seconds", ("--max-connection-age-grace-seconds",)),
     ],
     "train": [
         ("config_path", ("--config",)),

@@ -21,6 +21,7 @@ from allocator.metrics.jobs import JobMetrics, JobPush, PromotionDecision
 from allocator.metrics.pushgateway import PushError, push
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.metrics.serving import ServingMetrics
+from allocator.registry.errors import REFUSAL_REASONS
 
 NAME_RE = re.compile(r"^allocator_(serving|recorder|jobs)_[a-z0-9_]+$")
 BUDGET = 2e-3
@@ -37,6 +38,8 @@ EXPECTED_FAMILIES = {
     "allocator_serving_batch_size": "histogram",
     "allocator_serving_model": "info",
     "allocator_serving_provider": "info",
+    "allocator_serving_model_refused": "counter",
+    "allocator_serving_models_refused": "gauge",
     "allocator_recorder_queue_depth": "gauge",
     "allocator_recorder_spooled_records": "gauge",
     "allocator_recorder_spool_bytes": "gauge",
@@ -226,6 +229,36 @@ def test_set_model_replaces_the_previous_version(registry):
     assert registry.get_sample_value("allocator_serving_model_info", old) is None
     assert registry.get_sample_value("allocator_serving_model_info", new) == 1.0
     assert series(registry, "allocator_serving_model_info") == [new]
+
+
+def test_refusal_series_exist_at_zero_for_every_reason_from_the_start(registry):
+    """A counter whose series appears at 1 is invisible to rate(): the first refusal would be."""
+    ServingMetrics(registry, BUDGET)
+    for reason in REFUSAL_REASONS:
+        labels = {"reason": reason}
+        assert registry.get_sample_value("allocator_serving_model_refused_total", labels) == 0.0
+        assert registry.get_sample_value("allocator_serving_models_refused", labels) == 0.0
+
+
+def test_refusals_are_counted_and_refused_versions_gauged_by_reason(registry):
+    serving = ServingMetrics(registry, BUDGET)
+    serving.observe_refusal("missing_file")
+    serving.observe_refusal("checksum_mismatch")
+    serving.observe_refusal("checksum_mismatch")
+    serving.set_refused_versions(["checksum_mismatch", "checksum_mismatch", "bad_graph"])
+    serving.set_refused_versions(["checksum_mismatch"])  # replaces, never adds up
+
+    def value(name: str, reason: str) -> float | None:
+        return registry.get_sample_value(name, {"reason": reason})
+
+    assert value("allocator_serving_model_refused_total", "missing_file") == 1.0
+    assert value("allocator_serving_model_refused_total", "checksum_mismatch") == 2.0
+    assert value("allocator_serving_models_refused", "checksum_mismatch") == 1.0
+    assert value("allocator_serving_models_refused", "bad_graph") == 0.0
+    with pytest.raises(ValueError, match="'typo' is not one of missing_file"):
+        serving.observe_refusal("typo")
+    with pytest.raises(ValueError, match="'typo' is not one of"):
+        serving.set_refused_versions(["typo"])
 
 
 def test_set_provider_keeps_one_series(registry):

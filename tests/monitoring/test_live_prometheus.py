@@ -282,13 +282,17 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     healthy_registry = tmp_path / "healthy-registry"
     write_tiny_model(healthy_registry / "tiny" / "1")
     novel_registry = novel_icm_registry(tmp_path / "novel-registry", offset=4.0)
+    # A version whose model.onnx lost its second half: refused (checksum_mismatch) beside 1.
+    truncated = write_tiny_model(novel_registry / "tiny" / "2") / "model.onnx"
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
     stoppers: list[Callable[[], None]] = []
     loads: list[LoadThread] = []
     try:
         servers = {
             # SQLite recording, a 10 ms budget, the tiny model's ICM (median below 1).
             "healthy": start_server(healthy_registry, tmp_path / "healthy"),
-            # Database down (spool grows, writes fail), a 1 us budget, ICM 4 deviations high.
+            # Database down (spool grows, writes fail), a 1 us budget, ICM 4 deviations high,
+            # a refused version in its registry.
             "degraded": start_server(
                 novel_registry,
                 tmp_path / "degraded",
@@ -409,6 +413,7 @@ def check_every_alert_is_active_where_it_should_be(stack: Stack) -> None:
         "AllocatorRecorderWritesFailing": {inst["degraded"], inst["refusing"]},
         "AllocatorRecorderSpoolGrowing": {inst["degraded"]},
         "AllocatorRecorderRefusing": {inst["refusing"]},
+        "AllocatorModelRefused": {inst["degraded"]},
         "AllocatorRetrainingStale": {""},
     }
     assert set(expected) == {rule["alert"] for rule in alert_rules()}

@@ -24,7 +24,13 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from allocator.serving.client import AllocationRequest, AllocatorClient, AllocatorError
+from allocator.serving.client import (
+    DEFAULT_RETRY,
+    AllocationRequest,
+    AllocatorClient,
+    AllocatorError,
+    RetryPolicy,
+)
 from allocator.serving.proto import SERVICE_NAME
 
 
@@ -65,7 +71,8 @@ class LoadThread(threading.Thread):
     Calls go one after the other, so ``outcomes`` is in the order the server answered this
     client. ``rate`` paces them (calls per second, no catch-up burst after a slow call); ``None``
     sends the next call as soon as the previous one returns. The thread stops on ``stop()`` or
-    after ``max_failures`` failed calls in a row (a server that is gone).
+    after ``max_failures`` failed calls in a row (a server that is gone). ``retry`` is the
+    client's retry policy; ``None`` shows each call's first answer, as the server gave it.
     """
 
     def __init__(
@@ -82,6 +89,7 @@ class LoadThread(threading.Thread):
         timeout: float = 5.0,
         max_failures: int | None = None,
         seed: int = 0,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
     ) -> None:
         super().__init__(name=f"load-{portfolio_id}", daemon=True)
         self.target = target
@@ -94,6 +102,7 @@ class LoadThread(threading.Thread):
         self.version = version
         self.timeout = timeout
         self.max_failures = max_failures
+        self.retry = retry
         self.outcomes: list[Outcome] = []
         self.error: BaseException | None = None
         self._path = price_path(n_assets, 512, seed)
@@ -152,7 +161,7 @@ class LoadThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            with AllocatorClient(self.target, timeout=self.timeout) as client:
+            with AllocatorClient(self.target, timeout=self.timeout, retry=self.retry) as client:
                 start = time.monotonic()
                 failures = 0
                 i = 0

@@ -162,7 +162,16 @@ def test_numeric_wire_types() -> None:
                 "is_default": (9, False),
             },
         ),
-        ("ListModelsResponse", {"models": (1, True)}),
+        ("ListModelsResponse", {"models": (1, True), "refused": (2, True)}),
+        (
+            "ModelRefusal",
+            {
+                "name": (1, False),
+                "version": (2, False),
+                "reason": (3, False),
+                "message": (4, False),
+            },
+        ),
         ("ResetPortfolioRequest", {"portfolio_id": (1, False)}),
         ("ResetPortfolioResponse", {"existed": (1, False)}),
     ],

@@ -54,8 +54,29 @@ the policy runs on any number, but latency and memory grow with it, so the serve
 limit the manifest states."""
 
 
+MISSING_FILE = "missing_file"
+"""A file the version needs is not there (yet): a copy in progress, or a deploy gone wrong."""
+CHECKSUM_MISMATCH = "checksum_mismatch"
+"""A listed file's sha256 differs from the manifest's: altered, truncated, or still arriving."""
+BAD_MANIFEST = "bad_manifest"
+"""The manifest is not valid JSON or does not validate."""
+UNSUPPORTED_FORMAT = "unsupported_format"
+"""Readable, but not something this Allocator serves (another schema version, a training run)."""
+MANIFEST_PROBLEMS = (MISSING_FILE, CHECKSUM_MISMATCH, BAD_MANIFEST, UNSUPPORTED_FORMAT)
+
+
 class ManifestError(ValueError):
-    """A manifest that is missing, unreadable, of another schema version, or does not match."""
+    """A manifest that is missing, unreadable, of another schema version, or does not match.
+
+    ``reason`` (one of ``MANIFEST_PROBLEMS``) says which, so the server can count refusals by
+    cause without parsing messages.
+    """
+
+    def __init__(self, message: str, reason: str = BAD_MANIFEST) -> None:
+        if reason not in MANIFEST_PROBLEMS:
+            raise ValueError(f"reason {reason!r} is not one of {', '.join(MANIFEST_PROBLEMS)}")
+        super().__init__(message)
+        self.reason = reason
 
 
 class FeatureSpecInfo(StrictModel):
@@ -364,10 +385,11 @@ def verify_checksums(directory: str | Path, manifest: Manifest) -> None:
     for name, expected in manifest.files.items():
         path = d / name
         if not path.is_file():
-            raise ManifestError(f"{path}: listed in {MANIFEST_FILE} but missing")
+            raise ManifestError(f"{path}: listed in {MANIFEST_FILE} but missing", MISSING_FILE)
         if sha256_file(path) != expected:
             raise ManifestError(
-                f"{path}: sha256 does not match {MANIFEST_FILE} (altered or truncated)"
+                f"{path}: sha256 does not match {MANIFEST_FILE} (altered or truncated)",
+                CHECKSUM_MISMATCH,
             )
 
 
@@ -398,7 +420,9 @@ def read_raw(directory: str | Path) -> dict[str, Any]:
     """The manifest as plain JSON (any schema version), for migration and inspection."""
     path = Path(directory) / MANIFEST_FILE
     if not path.is_file():
-        raise ManifestError(f"{path}: no {MANIFEST_FILE} (a version 1 checkpoint? migrate it)")
+        raise ManifestError(
+            f"{path}: no {MANIFEST_FILE} (a version 1 checkpoint? migrate it)", MISSING_FILE
+        )
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -422,7 +446,8 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise ManifestError(
             f"{path}: schema version {version!r}, this Allocator reads "
             f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}; run "
-            f"`allocator checkpoint migrate {Path(directory)}`"
+            f"`allocator checkpoint migrate {Path(directory)}`",
+            UNSUPPORTED_FORMAT,
         )
 
     try:

@@ -41,6 +41,18 @@ from allocator.cli.options import database_url_option, fail
 @click.option("--idempotency-cache", type=int, default=None, help="answers kept for retries")
 @click.option("--grace-seconds", type=float, default=None, help="SIGTERM: time for calls")
 @click.option("--drain-seconds", type=float, default=None, help="SIGTERM: wait for quiet")
+@click.option(
+    "--max-connection-age-seconds",
+    type=float,
+    default=None,
+    help="close client connections after this long (default 300), so new replicas get traffic",
+)
+@click.option(
+    "--max-connection-age-grace-seconds",
+    type=float,
+    default=None,
+    help="calls on a closing connection get this long (default 30)",
+)
 def serve(**options: Any) -> None:
     """Serve allocations over gRPC until SIGTERM/SIGINT (then drain and flush the recorder)."""
     from pydantic import ValidationError  # what ServerConfig raises; only needed when serving

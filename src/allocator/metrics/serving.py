@@ -13,6 +13,7 @@ dashboards written for other gRPC services read these too.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from enum import Enum
 
 import numpy as np
@@ -26,6 +27,7 @@ from allocator.metrics.buckets import (
     latency_buckets,
 )
 from allocator.metrics.info import CurrentInfo
+from allocator.registry.errors import REFUSAL_REASONS
 
 
 def _code_name(code: str | Enum) -> str:
@@ -111,6 +113,47 @@ class ServingMetrics:
             ("provider",),
             registry,
         )
+        self._add_refusal_metrics(registry)
+
+    def _add_refusal_metrics(self, registry: CollectorRegistry) -> None:
+        """What the registry scan refused: a counter of refusals, a gauge of refused versions."""
+        self.model_refused = Counter(
+            "allocator_serving_model_refused_total",
+            "Model versions refused by the registry scan, by reason: once per distinct refusal "
+            "of a version (a new reason or message), never once per scan.",
+            ["reason"],
+            registry=registry,
+        )
+        self.models_refused = Gauge(
+            "allocator_serving_models_refused",
+            "Model versions whose files as they are now are refused, by reason (a copy in "
+            "progress shows here for seconds; a bad deploy stays).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in REFUSAL_REASONS:  # every series exists from the start: rate() sees the first
+            self.model_refused.labels(reason)
+            self.models_refused.labels(reason).set(0)
+
+    def observe_refusal(self, reason: str) -> None:
+        """A version refused for a new reason (counted once per distinct refusal, not per scan)."""
+        self.model_refused.labels(self._refusal_reason(reason)).inc()
+
+    def set_refused_versions(self, reasons: Iterable[str]) -> None:
+        """The reasons of every version whose current files are refused (one entry each)."""
+        counts = dict.fromkeys(REFUSAL_REASONS, 0)
+        for reason in reasons:
+            counts[self._refusal_reason(reason)] += 1
+        for reason, count in counts.items():
+            self.models_refused.labels(reason).set(count)
+
+    @staticmethod
+    def _refusal_reason(reason: str) -> str:
+        if reason not in REFUSAL_REASONS:
+            raise ValueError(
+                f"refusal reason {reason!r} is not one of {', '.join(REFUSAL_REASONS)}"
+            )
+        return reason
 
     def observe_request(self, method: str, code: str | Enum, seconds: float) -> None:
         """One finished request: latency and count by method and code, and over-budget."""

@@ -2,15 +2,60 @@
 
 from __future__ import annotations
 
-__all__ = ["ModelLoadError", "ModelNotFoundError", "PublishError"]
+from allocator.artifacts.manifest import (
+    BAD_MANIFEST,
+    CHECKSUM_MISMATCH,
+    MISSING_FILE,
+    UNSUPPORTED_FORMAT,
+)
+
+__all__ = [
+    "BAD_GRAPH",
+    "BAD_MANIFEST",
+    "CHECKSUM_MISMATCH",
+    "MISSING_FILE",
+    "REFUSAL_REASONS",
+    "UNREADABLE",
+    "UNSUPPORTED_FORMAT",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "PublishError",
+]
+
+BAD_GRAPH = "bad_graph"
+"""onnxruntime cannot load a graph, or its signature or a probe run does not match the manifest."""
+UNREADABLE = "unreadable"
+"""A file could not be read (permissions, I/O error)."""
+REFUSAL_REASONS = (
+    MISSING_FILE,
+    CHECKSUM_MISMATCH,
+    BAD_MANIFEST,
+    UNSUPPORTED_FORMAT,
+    BAD_GRAPH,
+    UNREADABLE,
+)
+"""Why a version can be refused: a small fixed set, so a metric can be labelled by it."""
 
 
 class ModelLoadError(ValueError):
-    """A model directory that cannot be served; the message names the offending file."""
+    """A model directory that cannot be served; the message names the offending file.
+
+    ``reason`` (one of ``REFUSAL_REASONS``) classifies it for the refusal metric and
+    ``ListModels``; the message says the rest.
+    """
+
+    def __init__(self, message: str, reason: str = BAD_GRAPH) -> None:
+        if reason not in REFUSAL_REASONS:
+            raise ValueError(f"reason {reason!r} is not one of {', '.join(REFUSAL_REASONS)}")
+        super().__init__(message)
+        self.reason = reason
 
 
 class ModelNotFoundError(ModelLoadError):
     """The registry has no such model or version; the message names what was asked."""
+
+    def __init__(self, message: str, reason: str = MISSING_FILE) -> None:
+        super().__init__(message, reason)
 
 
 class PublishError(ValueError):

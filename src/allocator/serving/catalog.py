@@ -4,8 +4,12 @@ The registry directory (``REGISTRY/NAME/VERSION/``, written by ``allocator expor
 scanned at start and then every few seconds. A new version is loaded and verified *beside* the
 ones serving; only when it loaded does a new immutable ``CatalogSnapshot`` replace the old
 one, in a single reference assignment, so a request sees the old set or the new one, never a
-mix. A version that fails to load or verify is logged, counted, and left out: the previous
-versions keep answering, and it is tried again only when its files change.
+mix. A version that fails to load or verify is logged, counted (once per distinct refusal,
+by reason) and left out: the previous versions keep answering. It is tried again when any of
+its files changes (a name, a size or a modification time), so a version copied in two steps
+(the manifest first, the model seconds later, as a plain ``cp -r`` or an rsync scanned mid-copy
+leaves it) heals on the scan after the copy completes. The snapshot also carries every refusal,
+so ``ListModels`` shows what the server made of each version.
 
 Which version answers a request that pins none: the model's production pointer
 (``REGISTRY/NAME/production.json``, moved atomically by the retraining job's promotion gate)
@@ -15,32 +19,56 @@ when it names a loaded version, else the newest loaded version.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from allocator.artifacts.manifest import MANIFEST_FILE
-from allocator.registry.errors import ModelLoadError, ModelNotFoundError
+from allocator.metrics.serving import ServingMetrics
+from allocator.registry.errors import (
+    BAD_MANIFEST,
+    MISSING_FILE,
+    UNREADABLE,
+    ModelLoadError,
+    ModelNotFoundError,
+)
 from allocator.registry.naming import version_key
 from allocator.registry.pointer import choose_production, read_production_pointer
 from allocator.registry.versions import list_models
 from allocator.serving.loader import LoadedModel, load_model
 
-__all__ = ["CatalogSnapshot", "ModelCatalog"]
+__all__ = ["CatalogSnapshot", "ModelCatalog", "Refusal"]
 
 log = logging.getLogger("allocator.serving")
 
 Key = tuple[str, str]
+Fingerprint = tuple[tuple[str, int, int], ...]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a version's files, as they are now, are not served.
+
+    ``reason`` is one of ``registry.errors.REFUSAL_REASONS``; ``message`` names the file.
+    """
+
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True)
 class CatalogSnapshot:
-    """An immutable set of loaded versions and which one answers for each name."""
+    """An immutable set of loaded versions, which one answers for each name, and the refusals.
+
+    A version can be both loaded and refused: it serves what it loaded, and the files it holds
+    since were refused.
+    """
 
     models: Mapping[Key, LoadedModel] = field(default_factory=dict)
     defaults: Mapping[str, str] = field(default_factory=dict)
     default_name: str | None = None
+    refused: Mapping[Key, Refusal] = field(default_factory=dict)
 
     def resolve(self, name: str | None = None, version: str | None = None) -> LoadedModel:
         """The model answering a request pinned to ``name``/``version`` (None: the default)."""
@@ -70,10 +98,30 @@ class CatalogSnapshot:
         return self.resolve()
 
 
-def _fingerprint(directory: Path) -> tuple[int, int]:
-    """Changes when the version's manifest is rewritten (a fixed export is retried)."""
-    st = (directory / MANIFEST_FILE).stat()
-    return (st.st_mtime_ns, st.st_size)
+def _fingerprint(directory: Path) -> Fingerprint:
+    """Name, size and modification time of every entry of the version's directory.
+
+    Any file arriving, growing, shrinking or being rewritten changes it, so a refused version is
+    retried as soon as its copy moves on, whichever file came last. Raises OSError when an entry
+    vanishes mid-scan (an rsync renaming its temporary file): the next scan sees the result.
+    """
+    entries = []
+    with os.scandir(directory) as it:
+        for entry in it:
+            st = entry.stat()
+            entries.append((entry.name, st.st_size, st.st_mtime_ns))
+    return tuple(sorted(entries))
+
+
+def _reason(exc: Exception) -> str:
+    """The refusal reason of what the loader raised."""
+    if isinstance(exc, ModelLoadError):
+        return exc.reason
+    if isinstance(exc, FileNotFoundError):
+        return MISSING_FILE
+    if isinstance(exc, OSError):
+        return UNREADABLE
+    return BAD_MANIFEST  # a ValueError from a manifest value the schema let through
 
 
 class ModelCatalog:
@@ -91,14 +139,16 @@ class ModelCatalog:
         default_model: str | None = None,
         prefer_cuda: bool = True,
         loader: Callable[..., LoadedModel] = load_model,
+        metrics: ServingMetrics | None = None,
     ) -> None:
         self.root = Path(root)
         self.default_model = default_model
         self.prefer_cuda = prefer_cuda
         self._load = loader
+        self._metrics = metrics
         self._snapshot = CatalogSnapshot()
-        self._failed: dict[Key, tuple[tuple[int, int], str]] = {}
-        self._fingerprints: dict[Key, tuple[int, int]] = {}
+        self._refused: dict[Key, tuple[Fingerprint, Refusal]] = {}
+        self._fingerprints: dict[Key, Fingerprint] = {}
         self._listeners: list[Callable[[CatalogSnapshot], None]] = []
         self._refresh_lock = threading.Lock()
         self._stop = threading.Event()
@@ -110,14 +160,14 @@ class ModelCatalog:
 
     @property
     def failures(self) -> dict[Key, str]:
-        """Versions refused at their current files, with the reason (for logs and tests)."""
-        return {k: reason for k, (_, reason) in self._failed.items()}
+        """Versions refused at their current files, with the message (for logs and tests)."""
+        return {key: refusal.message for key, refusal in self._snapshot.refused.items()}
 
     def on_change(self, callback: Callable[[CatalogSnapshot], None]) -> None:
         self._listeners.append(callback)
 
     def refresh(self) -> bool:
-        """Scan the registry once; returns whether the snapshot changed."""
+        """Scan the registry once; returns whether the loaded set or the defaults changed."""
         with self._refresh_lock:
             return self._refresh()
 
@@ -131,40 +181,30 @@ class ModelCatalog:
         models = dict(old.models)
         changed = False
         for key in on_disk:
-            name, version = key
-            directory = self.root / name / version
-            try:
-                fingerprint = _fingerprint(directory)
-            except OSError:
-                continue
-            if key in models and self._fingerprints.get(key) == fingerprint:
-                continue
-            failed = self._failed.get(key)
-            if failed is not None and failed[0] == fingerprint:
-                continue
-            try:
-                model = self._load(
-                    directory, prefer_cuda=self.prefer_cuda, name=name, version=version
-                )
-            except (ModelLoadError, OSError, ValueError) as exc:
-                reason = str(exc)
-                self._failed[key] = (fingerprint, reason)
-                log.error("model registry: refused %s/%s: %s", name, version, reason)
-                continue
-            self._failed.pop(key, None)
-            self._fingerprints[key] = fingerprint
-            models[key] = model
-            changed = True
+            loaded = self._scan_version(key)
+            if loaded is not None:
+                models[key] = loaded
+                changed = True
         for key in set(models) - set(on_disk):
             log.info("model registry: %s/%s left the registry; unloaded", *key)
             del models[key]
             self._fingerprints.pop(key, None)
             changed = True
+        for key in set(self._refused) - set(on_disk):
+            log.info("model registry: refused %s/%s left the registry", *key)
+            del self._refused[key]
+        refused = {key: refusal for key, (_, refusal) in sorted(self._refused.items())}
+        if self._metrics is not None:
+            self._metrics.set_refused_versions(r.reason for r in refused.values())
         defaults = self._defaults(models)
         default_name = self._default_name(defaults)
         if not changed and defaults == dict(old.defaults) and default_name == old.default_name:
+            if refused != dict(old.refused):
+                self._snapshot = CatalogSnapshot(
+                    old.models, old.defaults, old.default_name, refused
+                )
             return False
-        snapshot = CatalogSnapshot(models, defaults, default_name)
+        snapshot = CatalogSnapshot(models, defaults, default_name, refused)
         self._snapshot = snapshot  # the atomic swap
         for key, version in defaults.items():
             if old.defaults.get(key) != version:
@@ -175,6 +215,51 @@ class ModelCatalog:
             except Exception:
                 log.exception("model registry: a change listener failed")
         return True
+
+    def _scan_version(self, key: Key) -> LoadedModel | None:
+        """Load the version when its files changed since it was last loaded or refused.
+
+        Returns the newly loaded model, or None (unchanged, or refused: then remembered with its
+        fingerprint, logged and counted when the refusal is new, not on every scan).
+        """
+        name, version = key
+        directory = self.root / name / version
+        try:
+            fingerprint = _fingerprint(directory)
+        except OSError:
+            return None  # moving under our feet: the next scan sees where it landed
+        if self._fingerprints.get(key) == fingerprint:
+            if self._refused.pop(key, None) is not None:
+                log.info("model registry: %s/%s has the files it loaded again", *key)
+            return None
+        previous = self._refused.get(key)
+        if previous is not None and previous[0] == fingerprint:
+            return None
+        try:
+            model = self._load(directory, prefer_cuda=self.prefer_cuda, name=name, version=version)
+        except (ModelLoadError, OSError, ValueError) as exc:
+            refusal = Refusal(_reason(exc), str(exc))
+            self._refused[key] = (fingerprint, refusal)
+            serving = " (it keeps serving its earlier files)" if key in self._fingerprints else ""
+            if previous is None or previous[1] != refusal:
+                log.error(
+                    "model registry: refused %s/%s [%s]%s: %s",
+                    name,
+                    version,
+                    refusal.reason,
+                    serving,
+                    refusal.message,
+                )
+                if self._metrics is not None:
+                    self._metrics.observe_refusal(refusal.reason)
+            else:
+                log.info("model registry: %s/%s changed, still refused the same way", *key)
+            return None
+        if previous is not None:
+            log.info("model registry: %s/%s loaded after its files changed (healed)", *key)
+        self._refused.pop(key, None)
+        self._fingerprints[key] = fingerprint
+        return model
 
     def _defaults(self, models: Mapping[Key, LoadedModel]) -> dict[str, str]:
         by_name: dict[str, list[str]] = {}

@@ -4,6 +4,13 @@ Meant for trading services and notebooks: this module itself needs grpcio, grpci
 and numpy only (no onnxruntime, no torch). Every call sends the
 bearer token as metadata when one is given, and every gRPC failure surfaces as
 ``AllocatorError`` carrying the status code and the server's message (which names the bad field).
+``serving.aio_client`` has the same client for asyncio.
+
+Calls the server refuses for now (UNAVAILABLE: draining, recording or Redis down;
+RESOURCE_EXHAUSTED: at its concurrency limit) are retried by the channel itself, with
+exponential backoff, as the service config of ``RetryPolicy`` tells gRPC. A retry resends the
+very same message, so an allocation keeps its request id: the server answers it once (its
+idempotency cache) and records it once. The call's timeout covers every attempt together.
 
 Example::
 
@@ -15,6 +22,8 @@ Example::
 
 from __future__ import annotations
 
+import json
+import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -29,17 +38,129 @@ from numpy.typing import ArrayLike, NDArray
 from allocator.serving.proto import SERVICE_NAME, allocator_pb2, allocator_pb2_grpc
 
 __all__ = [
+    "DEFAULT_RETRY",
     "Allocation",
     "AllocationRequest",
     "AllocatorClient",
     "AllocatorError",
     "ModelInfo",
+    "ModelRefusal",
+    "RetryPolicy",
+    "batch_request",
+    "bearer_metadata",
+    "channel_credentials",
+    "channel_options",
 ]
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Batch answers for thousands of portfolios exceed gRPC's 4 MiB default."""
 
 Float64Array = NDArray[np.float64]
+MAX_GRPC_ATTEMPTS = 5
+"""gRPC caps a retry policy's ``maxAttempts`` at 5 (a larger value is silently lowered)."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Which failures the channel retries, and how it backs off (gRPC's ``retryPolicy``).
+
+    Attempt ``n`` (from 2) waits a random time up to
+    ``min(initial_backoff * backoff_multiplier ** (n - 2), max_backoff)`` seconds. Only codes
+    that mean "not now" belong here: the server did not decide the call, so resending it is safe.
+    Retries are throttled per channel (``retryThrottling``): when most recent calls failed, the
+    channel stops retrying rather than multiply the load on a server that is already refusing.
+    """
+
+    max_attempts: int = 4
+    initial_backoff: float = 0.1
+    max_backoff: float = 2.0
+    backoff_multiplier: float = 2.0
+    codes: tuple[str, ...] = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.max_attempts <= MAX_GRPC_ATTEMPTS:
+            raise ValueError(
+                f"max_attempts must be between 2 and {MAX_GRPC_ATTEMPTS} (gRPC's cap), "
+                f"got {self.max_attempts}"
+            )
+        for name in ("initial_backoff", "max_backoff", "backoff_multiplier"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if self.max_backoff < self.initial_backoff:
+            raise ValueError(
+                f"max_backoff ({self.max_backoff}) is below initial_backoff "
+                f"({self.initial_backoff})"
+            )
+        if not self.codes:
+            raise ValueError("codes must name at least one status code")
+        for code in self.codes:
+            if code not in grpc.StatusCode.__members__ or code == "OK":
+                raise ValueError(f"codes: {code!r} is not a gRPC status code name to retry")
+
+    def service_config(self) -> str:
+        """The channel's service config (JSON) applying this policy to the Allocator service."""
+        policy = {
+            "maxAttempts": self.max_attempts,
+            "initialBackoff": _duration(self.initial_backoff),
+            "maxBackoff": _duration(self.max_backoff),
+            "backoffMultiplier": self.backoff_multiplier,
+            "retryableStatusCodes": list(self.codes),
+        }
+        return json.dumps(
+            {
+                "methodConfig": [{"name": [{"service": SERVICE_NAME}], "retryPolicy": policy}],
+                "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1},
+            }
+        )
+
+
+DEFAULT_RETRY = RetryPolicy()
+"""Up to 4 attempts, backing off 0.1 s, 0.2 s, 0.4 s (at most 2 s), on UNAVAILABLE and
+RESOURCE_EXHAUSTED."""
+
+
+def _duration(seconds: float) -> str:
+    """A protobuf Duration in JSON (``"0.1s"``), as the service config wants it."""
+    return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
+
+
+def channel_options(
+    retry: RetryPolicy | None, extra: Sequence[tuple[str, Any]] = ()
+) -> list[tuple[str, Any]]:
+    """Channel options of both clients: message limits, the retry policy (None: no retries),
+    then ``extra`` (which may override any of them)."""
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+    ]
+    if retry is None:
+        options.append(("grpc.enable_retries", 0))
+    else:
+        options += [("grpc.enable_retries", 1), ("grpc.service_config", retry.service_config())]
+    return [*options, *extra]
+
+
+def channel_credentials(
+    root_certificates: bytes | None,
+    private_key: bytes | None,
+    certificate_chain: bytes | None,
+) -> grpc.ChannelCredentials | None:
+    """TLS credentials when any of the three is given (None: plaintext)."""
+    if (private_key is None) != (certificate_chain is None):
+        raise ValueError("mTLS needs both private_key and certificate_chain")
+    if root_certificates is None and private_key is None:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=root_certificates,
+        private_key=private_key,
+        certificate_chain=certificate_chain,
+    )
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The call metadata carrying the bearer token (none without a token)."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 class AllocatorError(Exception):
@@ -129,6 +250,24 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class ModelRefusal:
+    """A version whose files the server refused, as ``ListModels`` describes it.
+
+    ``reason`` is one of ``missing_file``, ``checksum_mismatch``, ``bad_manifest``,
+    ``unsupported_format``, ``bad_graph``, ``unreadable``; ``message`` names the file.
+    """
+
+    name: str
+    version: str
+    reason: str
+    message: str
+
+    @classmethod
+    def from_proto(cls, message: allocator_pb2.ModelRefusal) -> ModelRefusal:
+        return cls(message.name, message.version, message.reason, message.message)
+
+
+@dataclass(frozen=True)
 class AllocationRequest:
     """One portfolio's request for ``allocate_batch`` (a dict with these keys works too)."""
 
@@ -166,12 +305,24 @@ class AllocationRequest:
         return message
 
 
+def batch_request(
+    requests: Iterable[AllocationRequest | Mapping[str, Any]],
+) -> allocator_pb2.AllocateBatchRequest:
+    """The wire message of a batch (each item an ``AllocationRequest`` or a dict of its fields)."""
+    items = [
+        r.to_proto() if isinstance(r, AllocationRequest) else AllocationRequest(**r).to_proto()
+        for r in requests
+    ]
+    return allocator_pb2.AllocateBatchRequest(requests=items)
+
+
 class AllocatorClient:
     """A channel to one allocation server; use it as a context manager to close the channel.
 
     TLS is used when any of ``root_certificates`` (PEM bytes; ``None`` with a client key means
     the system roots), ``private_key`` and ``certificate_chain`` is given; the last two together
-    are the client's certificate for mTLS. ``options`` are extra gRPC channel options, e.g.
+    are the client's certificate for mTLS. ``retry`` is the channel's retry policy (``None``:
+    every failure surfaces at once). ``options`` are extra gRPC channel options, e.g.
     ``("grpc.ssl_target_name_override", "allocator.internal")``.
     """
 
@@ -184,29 +335,18 @@ class AllocatorClient:
         private_key: bytes | None = None,
         certificate_chain: bytes | None = None,
         timeout: float = 5.0,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        if (private_key is None) != (certificate_chain is None):
-            raise ValueError("mTLS needs both private_key and certificate_chain")
+        credentials = channel_credentials(root_certificates, private_key, certificate_chain)
         self.target = target
         self.timeout = timeout
-        self._metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ()
-        )
-        channel_options = [
-            ("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
-            *options,
-        ]
-        if root_certificates is None and private_key is None:
-            self._channel = grpc.insecure_channel(target, options=channel_options)
+        self._metadata = bearer_metadata(token)
+        channel_opts = channel_options(retry, options)
+        if credentials is None:
+            self._channel = grpc.insecure_channel(target, options=channel_opts)
         else:
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=root_certificates,
-                private_key=private_key,
-                certificate_chain=certificate_chain,
-            )
-            self._channel = grpc.secure_channel(target, credentials, options=channel_options)
+            self._channel = grpc.secure_channel(target, credentials, options=channel_opts)
         self._stub = allocator_pb2_grpc.AllocatorStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -262,17 +402,19 @@ class AllocatorClient:
         timeout: float | None = None,
     ) -> list[Allocation]:
         """Weights for many portfolios in one call, in request order; all or nothing."""
-        items = [
-            r.to_proto() if isinstance(r, AllocationRequest) else AllocationRequest(**r).to_proto()
-            for r in requests
-        ]
-        batch = allocator_pb2.AllocateBatchRequest(requests=items)
+        batch = batch_request(requests)
         response = self._call(self._stub.AllocateBatch, batch, timeout)
         return [Allocation.from_proto(r) for r in response.responses]
 
     def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
+        """The loaded versions, sorted by name then version."""
         response = self._call(self._stub.ListModels, allocator_pb2.ListModelsRequest(), timeout)
         return [ModelInfo.from_proto(m) for m in response.models]
+
+    def refused_models(self, *, timeout: float | None = None) -> list[ModelRefusal]:
+        """The versions whose files the server refused as they are now, with why."""
+        response = self._call(self._stub.ListModels, allocator_pb2.ListModelsRequest(), timeout)
+        return [ModelRefusal.from_proto(m) for m in response.refused]
 
     def reset_portfolio(self, portfolio_id: str, *, timeout: float | None = None) -> bool:
         """Forget the portfolio's smoothing state; True when the server had any."""

@@ -36,7 +36,13 @@ from allocator.artifacts.manifest import (
     verify_checksums,
 )
 from allocator.portfolio import AnchorSpec, AssetFeatureSpec, check_tilt_strength
-from allocator.registry.errors import ModelLoadError, ModelNotFoundError
+from allocator.registry.errors import (
+    BAD_MANIFEST,
+    CHECKSUM_MISMATCH,
+    UNSUPPORTED_FORMAT,
+    ModelLoadError,
+    ModelNotFoundError,
+)
 from allocator.registry.layout import (
     ICM_FILE,
     ICM_OUTPUT,
@@ -94,12 +100,14 @@ class SetPolicy:
         fs = manifest.feature_spec
         if fs.kind != ASSET_FEATURES:
             raise ModelLoadError(
-                f"shared policy with feature set {fs.kind!r}; serving knows {ASSET_FEATURES!r}"
+                f"shared policy with feature set {fs.kind!r}; serving knows {ASSET_FEATURES!r}",
+                UNSUPPORTED_FORMAT,
             )
         if manifest.action_mapping != TILT_MAPPING or manifest.tilt is None:
             raise ModelLoadError(
                 f"shared policy with action mapping {manifest.action_mapping!r}; serving "
-                f"knows {TILT_MAPPING!r} with its tilt settings"
+                f"knows {TILT_MAPPING!r} with its tilt settings",
+                UNSUPPORTED_FORMAT,
             )
         try:
             return cls(
@@ -109,7 +117,7 @@ class SetPolicy:
                 max_assets=manifest.served_asset_limit,
             )
         except ValueError as exc:
-            raise ModelLoadError(f"unusable shared-policy settings: {exc}") from exc
+            raise ModelLoadError(f"unusable shared-policy settings: {exc}", BAD_MANIFEST) from exc
 
 
 @dataclass(frozen=True)
@@ -248,35 +256,44 @@ def _check_listing(directory: Path, manifest: Manifest) -> None:
     manifest_path = directory / MANIFEST_FILE
     for name in manifest.files:
         if Path(name).name != name or name in {"", ".", ".."}:
-            raise ModelLoadError(f"{manifest_path}: file entry {name!r} is not a plain file name")
+            raise ModelLoadError(
+                f"{manifest_path}: file entry {name!r} is not a plain file name", BAD_MANIFEST
+            )
     if MODEL_FILE not in manifest.files:
         listed = ", ".join(sorted(manifest.files)) or "nothing"
         raise ModelLoadError(
             f"{directory / MODEL_FILE}: not an exported model: {manifest_path} lists {listed} "
-            f"but no {MODEL_FILE} (a training run? export it with `allocator export`)"
+            f"but no {MODEL_FILE} (a training run? export it with `allocator export`)",
+            UNSUPPORTED_FORMAT,
         )
     for name in sorted(manifest.files):
         if Path(name).suffix.lower() not in ALLOWED_SUFFIXES:
             raise ModelLoadError(
                 f"{directory / name}: not an exported model file (serving reads only ONNX and "
-                "JSON, never pickles)"
+                "JSON, never pickles)",
+                UNSUPPORTED_FORMAT,
             )
     for path in sorted(directory.iterdir()):
         if path.suffix.lower() in PICKLE_SUFFIXES:
             raise ModelLoadError(
                 f"{path}: pickle-type file in an exported model directory; refusing to serve "
-                "from it (serving reads only ONNX and JSON)"
+                "from it (serving reads only ONNX and JSON)",
+                UNSUPPORTED_FORMAT,
             )
     icm = directory / ICM_FILE
     if ICM_FILE not in manifest.files and icm.exists():
-        raise ModelLoadError(f"{icm}: present but not listed in {manifest_path}: unverified")
+        raise ModelLoadError(
+            f"{icm}: present but not listed in {manifest_path}: unverified", UNSUPPORTED_FORMAT
+        )
 
 
 def _read_verified(path: Path, expected_sha256: str) -> bytes:
     """The file's bytes, hashed again as read so the session gets exactly what was verified."""
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != expected_sha256:
-        raise ModelLoadError(f"{path}: sha256 changed while loading (altered during load?)")
+        raise ModelLoadError(
+            f"{path}: sha256 changed while loading (altered during load?)", CHECKSUM_MISMATCH
+        )
     return data
 
 
@@ -312,7 +329,7 @@ def _set_policy(directory: Path, manifest: Manifest) -> SetPolicy | None:
     try:
         return SetPolicy.from_manifest(manifest)
     except ModelLoadError as exc:
-        raise ModelLoadError(f"{directory / MANIFEST_FILE}: {exc}") from exc
+        raise ModelLoadError(f"{directory / MANIFEST_FILE}: {exc}", exc.reason) from exc
 
 
 def load_model(
@@ -332,12 +349,12 @@ def load_model(
     try:
         manifest = read_manifest(d)
     except ManifestError as exc:
-        raise ModelLoadError(str(exc)) from exc
+        raise ModelLoadError(str(exc), exc.reason) from exc
     _check_listing(d, manifest)
     try:
         verify_checksums(d, manifest)
     except ManifestError as exc:
-        raise ModelLoadError(str(exc)) from exc
+        raise ModelLoadError(str(exc), exc.reason) from exc
 
     obs_dim = _obs_dim(manifest)
     n_slots = manifest.feature_spec.max_assets + 1

@@ -22,14 +22,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
-from pydantic import Field, model_validator
 
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.metrics.serving import ServingMetrics
@@ -38,6 +36,7 @@ from allocator.recording.records import ModelRecord, RecordError
 from allocator.recording.settings import database_url
 from allocator.registry.errors import ModelNotFoundError
 from allocator.serving.catalog import CatalogSnapshot, ModelCatalog
+from allocator.serving.config import ServerConfig
 from allocator.serving.loader import LoadedModel
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
@@ -51,7 +50,6 @@ from allocator.serving.state import (
 )
 from allocator.serving.step import DeadlineExceededError, DecisionStep
 from allocator.serving.validation import InvalidRequest
-from allocator.typed_config import StrictModel
 
 __all__ = ["AllocationServer", "AllocatorServicer", "ServerConfig", "build_server"]
 
@@ -61,47 +59,6 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Allocator"].full_name
 _DRAIN_QUIET_SECONDS = 0.1
 """The drain ends once no call came for this long: the clients have moved on."""
 T = TypeVar("T")
-
-
-class ServerConfig(StrictModel):
-    """Everything ``allocator serve`` takes; the factory and tests build it directly."""
-
-    registry: Path = Field(description="model registry directory (REGISTRY/NAME/VERSION)")
-    host: str = Field("127.0.0.1", description="address to bind ([::] for every interface)")
-    port: int = Field(50051, ge=0, le=65535, description="gRPC port (0: any free port)")
-    metrics_port: int | None = Field(
-        9464, ge=0, le=65535, description="Prometheus /metrics port (None: not exposed)"
-    )
-    database_url: str | None = Field(
-        None, description="trade database (None: DATABASE_URL, else sqlite:///allocator.db)"
-    )
-    record: bool = Field(True, description="record every decision (off only for experiments)")
-    spool_dir: Path = Field(Path("spool"), description="the recorder's durable spool")
-    spool_quota_bytes: int = Field(1 << 30, ge=1, description="spool size that closes the door")
-    redis_url: str | None = Field(None, description="share smoothing state through Redis")
-    auth_token_file: Path | None = Field(None, description="require this bearer token")
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_client_ca: Path | None = Field(None, description="require client certificates (mTLS)")
-    latency_budget_ms: float = Field(10.0, gt=0, description="P95 budget: metrics and alerts")
-    max_concurrent_rpcs: int = Field(64, ge=1, description="beyond it: RESOURCE_EXHAUSTED")
-    workers: int = Field(8, ge=1, description="handler threads")
-    reload_interval: float = Field(2.0, gt=0, description="seconds between registry scans")
-    default_model: str | None = Field(None, description="model answering unpinned requests")
-    prefer_cuda: bool = Field(True, description="use onnxruntime's CUDA provider if it loads")
-    idempotency_cache: int = Field(100_000, ge=0, description="answers kept for retries")
-    grace_seconds: float = Field(10.0, ge=0, description="SIGTERM: time for in-flight calls")
-    drain_seconds: float = Field(
-        2.0, ge=0, description="SIGTERM: at most this long, new calls get UNAVAILABLE first"
-    )
-
-    @model_validator(mode="after")
-    def _check_tls(self) -> ServerConfig:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("--tls-cert and --tls-key go together")
-        if self.tls_client_ca is not None and self.tls_cert is None:
-            raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
-        return self
 
 
 class _Refusal(Exception):  # noqa: N818  (control flow, never leaves this module)
@@ -263,6 +220,12 @@ def _list_models(snapshot: CatalogSnapshot) -> pb.ListModelsResponse:
                 ),
             )
         )
+    for (name, version), refusal in sorted(snapshot.refused.items()):
+        out.refused.append(
+            pb.ModelRefusal(
+                name=name, version=version, reason=refusal.reason, message=refusal.message
+            )
+        )
     return out
 
 
@@ -366,7 +329,10 @@ def build_server(
     metrics_registry = metrics_registry if metrics_registry is not None else CollectorRegistry()
     metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3)
     registry = ModelCatalog(
-        config.registry, default_model=config.default_model, prefer_cuda=config.prefer_cuda
+        config.registry,
+        default_model=config.default_model,
+        prefer_cuda=config.prefer_cuda,
+        metrics=metrics,
     )
     recorder = _open_recorder(config, metrics_registry)
     _load_models(registry, config, metrics, recorder)
@@ -456,6 +422,14 @@ def _grpc_server(
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 64 << 20),
             ("grpc.so_reuseport", 0),
+            # A client keeps one HTTP/2 connection for as long as it lives, so replicas added
+            # later (the HPA) would only ever see new clients: closing connections after a
+            # while (GOAWAY; clients reconnect, through the balancer) spreads them again.
+            ("grpc.max_connection_age_ms", max(1, round(config.max_connection_age_seconds * 1000))),
+            (
+                "grpc.max_connection_age_grace_ms",
+                round(config.max_connection_age_grace_seconds * 1000),
+            ),
         ],
     )
     pb_grpc.add_AllocatorServicer_to_server(servicer, server)

@@ -92,10 +92,24 @@ class ModelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., algorithm: _Optional[str] = ..., max_assets: _Optional[int] = ..., window: _Optional[int] = ..., beta: _Optional[float] = ..., has_icm: _Optional[bool] = ..., provider: _Optional[str] = ..., is_default: _Optional[bool] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
-    __slots__ = ("models",)
+    __slots__ = ("models", "refused")
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
-    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+    refused: _containers.RepeatedCompositeFieldContainer[ModelRefusal]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., refused: _Optional[_Iterable[_Union[ModelRefusal, _Mapping]]] = ...) -> None: ...
+
+class ModelRefusal(_message.Message):
+    __slots__ = ("name", "version", "reason", "message")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    reason: str
+    message: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ResetPortfolioRequest(_message.Message):
     __slots__ = ("portfolio_id",)

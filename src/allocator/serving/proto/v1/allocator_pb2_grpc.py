@@ -82,7 +82,8 @@ class AllocatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListModels(self, request, context):
-        """The loaded models and versions, with the shapes a request must match.
+        """The loaded models and versions, with the shapes a request must match, and the versions
+        whose files the server refused (with why).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,65 @@
+"""What ``allocator serve`` takes: one strict settings model, read by the server factory.
+
+Kept apart from the server so the settings (and the generated configuration reference in
+docs/operations.md) read on their own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from allocator.typed_config import StrictModel
+
+__all__ = ["ServerConfig"]
+
+
+class ServerConfig(StrictModel):
+    """Everything ``allocator serve`` takes; the factory and tests build it directly."""
+
+    registry: Path = Field(description="model registry directory (REGISTRY/NAME/VERSION)")
+    host: str = Field("127.0.0.1", description="address to bind ([::] for every interface)")
+    port: int = Field(50051, ge=0, le=65535, description="gRPC port (0: any free port)")
+    metrics_port: int | None = Field(
+        9464, ge=0, le=65535, description="Prometheus /metrics port (None: not exposed)"
+    )
+    database_url: str | None = Field(
+        None, description="trade database (None: DATABASE_URL, else sqlite:///allocator.db)"
+    )
+    record: bool = Field(True, description="record every decision (off only for experiments)")
+    spool_dir: Path = Field(Path("spool"), description="the recorder's durable spool")
+    spool_quota_bytes: int = Field(1 << 30, ge=1, description="spool size that closes the door")
+    redis_url: str | None = Field(None, description="share smoothing state through Redis")
+    auth_token_file: Path | None = Field(None, description="require this bearer token")
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = Field(None, description="require client certificates (mTLS)")
+    latency_budget_ms: float = Field(10.0, gt=0, description="P95 budget: metrics and alerts")
+    max_concurrent_rpcs: int = Field(64, ge=1, description="beyond it: RESOURCE_EXHAUSTED")
+    workers: int = Field(8, ge=1, description="handler threads")
+    reload_interval: float = Field(2.0, gt=0, description="seconds between registry scans")
+    default_model: str | None = Field(None, description="model answering unpinned requests")
+    prefer_cuda: bool = Field(True, description="use onnxruntime's CUDA provider if it loads")
+    idempotency_cache: int = Field(100_000, ge=0, description="answers kept for retries")
+    grace_seconds: float = Field(10.0, ge=0, description="SIGTERM: time for in-flight calls")
+    drain_seconds: float = Field(
+        2.0, ge=0, description="SIGTERM: at most this long, new calls get UNAVAILABLE first"
+    )
+    max_connection_age_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="close each client connection (GOAWAY) after about this long, so clients "
+        "reconnect and new replicas get their share",
+    )
+    max_connection_age_grace_seconds: float = Field(
+        30.0, ge=0, description="calls in flight on a closing connection get this long to finish"
+    )
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> ServerConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
+        return self
