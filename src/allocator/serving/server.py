@@ -50,7 +50,7 @@ from allocator.serving.state import (
     StateStore,
 )
 from allocator.serving.step import DeadlineExceededError, DecisionStep
-from allocator.serving.validation import InvalidRequest
+from allocator.serving.validation import InvalidRequest, validate_reset
 from allocator.typed_config import StrictModel
 
 __all__ = ["AllocationServer", "AllocatorServicer", "ServerConfig", "build_server"]
@@ -222,9 +222,8 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         self, request: pb.ResetPortfolioRequest, context: grpc.ServicerContext
     ) -> pb.ResetPortfolioResponse:
         def handle() -> pb.ResetPortfolioResponse:
-            if not request.portfolio_id:
-                raise InvalidRequest("portfolio_id", "is required (a non-empty string)")
-            return pb.ResetPortfolioResponse(existed=self.store.reset(request.portfolio_id))
+            portfolio_id = validate_reset(request)
+            return pb.ResetPortfolioResponse(existed=self.store.reset(portfolio_id))
 
         return self._call("ResetPortfolio", context, handle)
 
