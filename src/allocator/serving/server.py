@@ -9,10 +9,11 @@ then store the new state. If the recorder refuses the record (its spool is full)
 does not advance and the client gets UNAVAILABLE: no decision is acted on that was not
 recorded.
 
-Failure modes map to status codes a client can act on: INVALID_ARGUMENT (names the field),
-NOT_FOUND (unknown model pin), UNAUTHENTICATED, RESOURCE_EXHAUSTED (over the concurrency
-limit, refused at once by grpc), DEADLINE_EXCEEDED, UNAVAILABLE (recording or Redis down).
-Only a bug gives INTERNAL; the server stays SERVING through all of them.
+Failure modes map to status codes a client can act on: INVALID_ARGUMENT (names the field, or
+the method whose request bytes do not decode: ``serving.decoding``), NOT_FOUND (unknown model
+pin), UNAUTHENTICATED, RESOURCE_EXHAUSTED (over the concurrency limit, refused at once by grpc),
+DEADLINE_EXCEEDED, UNAVAILABLE (recording or Redis down). Nothing a client sends gives INTERNAL:
+only a bug does; the server stays SERVING through all of them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from allocator.recording.records import ModelRecord, RecordError
 from allocator.recording.settings import database_url
 from allocator.registry.errors import ModelNotFoundError
 from allocator.serving.catalog import CatalogSnapshot, ModelCatalog
+from allocator.serving.decoding import DecodeGuardInterceptor
 from allocator.serving.loader import LoadedModel
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
@@ -447,6 +449,13 @@ def _grpc_server(
             metrics.observe_request(method, grpc.StatusCode.UNAUTHENTICATED, 0.0)
 
         interceptors.append(TokenAuthInterceptor(read_tokens(config.auth_token_file), denied))
+
+    def undecodable(method: str, seconds: float) -> None:
+        service, _, name = method.rpartition("/")
+        if service == f"/{SERVICE_NAME}":  # the metrics count the allocation service's calls
+            metrics.observe_request(name, grpc.StatusCode.INVALID_ARGUMENT, seconds)
+
+    interceptors.append(DecodeGuardInterceptor(undecodable))  # after the token check
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="allocator"),
         interceptors=interceptors,
