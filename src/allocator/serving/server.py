@@ -85,7 +85,7 @@ class ServerConfig(StrictModel):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = Field(None, description="require client certificates (mTLS)")
-    latency_budget_ms: float = Field(10.0, gt=0, description="P95 budget: metrics and alerts")
+    latency_budget_ms: float = Field(10.0, gt=0, description="P95 budget per decision (alerts)")
     max_concurrent_rpcs: int = Field(64, ge=1, description="beyond it: RESOURCE_EXHAUSTED")
     workers: int = Field(8, ge=1, description="handler threads")
     reload_interval: float = Field(2.0, gt=0, description="seconds between registry scans")
@@ -143,8 +143,15 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
 
     # --- plumbing ------------------------------------------------------------------------
 
-    def _call(self, method: str, context: grpc.ServicerContext, handler: Callable[[], T]) -> T:
-        """Run ``handler``, map refusals to status codes, and time the call by outcome."""
+    def _call(
+        self,
+        method: str,
+        context: grpc.ServicerContext,
+        handler: Callable[[], T],
+        decisions: int = 1,
+    ) -> T:
+        """Run ``handler``, map refusals to status codes, and time the call by outcome (per
+        decision: ``decisions`` is a batch's size)."""
         start = time.perf_counter()
         self.last_call = time.monotonic()
         code = grpc.StatusCode.OK
@@ -174,7 +181,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                 log.exception("%s failed", method)
                 code, message = grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
         finally:
-            self.metrics.observe_request(method, code, time.perf_counter() - start)
+            self.metrics.observe_request(method, code, time.perf_counter() - start, decisions)
         context.abort(code, message)
         raise AssertionError("unreachable: context.abort raises")
 
@@ -210,7 +217,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             )
             return pb.AllocateBatchResponse(responses=[a.response for a in answers])
 
-        return self._call("AllocateBatch", context, handle)
+        return self._call("AllocateBatch", context, handle, len(request.requests))
 
     def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.ServicerContext
