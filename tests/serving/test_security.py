@@ -118,3 +118,19 @@ def test_anything_else_is_refused(server: AllocationServer, header: str) -> None
 )
 def test_bearer_token_parsing(header: object, token: str | None) -> None:
     assert bearer_token(header) == token
+
+
+def test_the_token_is_checked_before_the_bytes_are_read(server: AllocationServer) -> None:
+    """A call without a valid token is refused whatever it carries, even bytes that are not a
+    message; with one, those bytes are INVALID_ARGUMENT like anywhere else."""
+    method = "/allocator.v1.Allocator/Allocate"
+    with grpc.insecure_channel(server.target) as channel:
+        call = channel.unary_unary(method)  # raw bytes in and out
+        for metadata, code in [
+            ((), grpc.StatusCode.UNAUTHENTICATED),
+            ((("authorization", "Bearer wrong"),), grpc.StatusCode.UNAUTHENTICATED),
+            ((("authorization", "bearer new-secret"),), grpc.StatusCode.INVALID_ARGUMENT),
+        ]:
+            with pytest.raises(grpc.RpcError) as info:
+                call(b"\xff", metadata=metadata, timeout=10)
+            assert info.value.code() is code, info.value.details()
