@@ -171,6 +171,28 @@ def test_over_budget_counts_only_requests_above_the_budget(registry):
     assert get("allocator_serving_latency_budget_seconds") == BUDGET
 
 
+def test_a_batch_is_held_to_the_budget_per_decision(registry):
+    """The budget is a decision's: a batch of n decisions is within it up to n budgets."""
+    serving = ServingMetrics(registry, BUDGET)
+    serving.observe_request("AllocateBatch", "OK", 90 * BUDGET, decisions=100)  # 0.9 each
+    serving.observe_request("AllocateBatch", "OK", 3 * BUDGET, decisions=2)  # 1.5 each: over
+    serving.observe_request("AllocateBatch", "INVALID_ARGUMENT", 0.5 * BUDGET, decisions=0)
+    serving.observe_request("Allocate", "OK", 3 * BUDGET)  # one decision: over
+
+    get = registry.get_sample_value
+    assert get("allocator_serving_over_budget_total", {"grpc_method": "AllocateBatch"}) == 1.0
+    assert get("allocator_serving_over_budget_total", {"grpc_method": "Allocate"}) == 1.0
+    ok = {"grpc_method": "AllocateBatch", "grpc_code": "OK"}
+    assert get("allocator_serving_requests_total", ok) == 2.0  # calls, not decisions
+    assert get("allocator_serving_request_latency_seconds_sum", ok) == pytest.approx(2.4 * BUDGET)
+    within = get(
+        "allocator_serving_request_latency_seconds_bucket", {**ok, "le": floatToGoString(BUDGET)}
+    )
+    assert within == 1.0  # the identity over_budget = count - bucket{budget} holds for batches
+    refused = {"grpc_method": "AllocateBatch", "grpc_code": "INVALID_ARGUMENT"}
+    assert get("allocator_serving_request_latency_seconds_sum", refused) == 0.5 * BUDGET
+
+
 def test_status_codes_are_recorded_by_name(registry):
     serving = ServingMetrics(registry, BUDGET)
     serving.observe_request("Allocate", StatusCode.UNAVAILABLE, 1e-3)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator.portfolio import CASH_ID
+from allocator.portfolio import CASH_ID, is_cash_id
 from allocator.serving.proto import allocator_pb2 as pb
 from allocator.serving.validation import (
     InvalidRequest,
@@ -19,6 +19,7 @@ from allocator.serving.validation import (
     model_pin,
     validate_batch,
     validate_request,
+    validate_reset,
 )
 
 SHAPE = ModelShape(max_assets=4, window=5)
@@ -160,12 +161,43 @@ def test_duplicate_asset_is_named() -> None:
     assert "asset_ids[0]" in error.message
 
 
-def test_cash_is_reserved() -> None:
+@pytest.mark.parametrize("cash", [CASH_ID, "cash", "Cash", "cAsH", "CA\u017fH"])
+def test_cash_is_reserved_in_any_case(cash: str) -> None:
     request = make_request(3)
-    request.asset_ids[1] = CASH_ID
+    request.asset_ids[1] = cash
     error = refused(request)
     assert error.field == "asset_ids[1]"
     assert "reserved" in error.message
+    assert repr(cash) in error.message
+
+
+@pytest.mark.parametrize(
+    "ids", [("CA", "SH", "X"), ("cashier", "B"), ("CASH1", "xCASH"), ("CASH ", "C A S H")]
+)
+def test_ids_that_only_contain_cash_are_assets(ids: tuple[str, ...]) -> None:
+    """The cheap test flags them (``CASH`` in the joined ids); the search clears them."""
+    request = make_request(len(ids))
+    request.asset_ids[:] = ids
+    assert validate_request(request, SHAPE).asset_ids == ids
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [("", "required"), ("a\x00b", "NUL"), ("x" * 201, "201 characters"), ("y" * 10_000, "10000")],
+)
+def test_reset_refuses_the_ids_allocate_refuses(value: str, words: str) -> None:
+    with pytest.raises(InvalidRequest) as reset:
+        validate_reset(pb.ResetPortfolioRequest(portfolio_id=value))
+    allocate = refused(make_request(portfolio_id=value))
+    assert reset.value.field == allocate.field == "portfolio_id"
+    assert reset.value.message == allocate.message
+    assert words in reset.value.message
+
+
+def test_reset_takes_what_allocate_takes() -> None:
+    for value in ("p" * 200, "fund-1", "üñí €"):
+        assert validate_reset(pb.ResetPortfolioRequest(portfolio_id=value)) == value
+        assert validate_request(make_request(portfolio_id=value), SHAPE).portfolio_id == value
 
 
 @pytest.mark.parametrize(
@@ -443,7 +475,9 @@ def valid_requests(draw: st.DrawFn) -> tuple[pb.AllocateRequest, ModelShape]:
     n = draw(st.integers(1, max_assets))
     ids = draw(
         st.lists(
-            st.text(min_size=1, max_size=12).filter(lambda s: "\x00" not in s and s != CASH_ID),
+            st.text(min_size=1, max_size=12).filter(
+                lambda s: "\x00" not in s and not is_cash_id(s)
+            ),
             min_size=n,
             max_size=n,
             unique=True,
@@ -513,7 +547,7 @@ def test_corrupted_requests_raise_invalid_request_only(
     elif mutation == "dup_asset":
         request.asset_ids[position % n] = request.asset_ids[(position + 1) % n]
     elif mutation == "cash":
-        request.asset_ids[position % n] = CASH_ID
+        request.asset_ids[position % n] = (CASH_ID, "cash", "Cash")[position % 3]
     elif mutation == "weights_len":
         request.current_weights.extend([0.0] * (1 + position % 3))
     else:

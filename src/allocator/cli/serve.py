@@ -31,7 +31,9 @@ from allocator.cli.options import database_url_option, fail
 @click.option("--tls-cert", default=None, help="server certificate (PEM)")
 @click.option("--tls-key", default=None, help="server private key (PEM)")
 @click.option("--tls-client-ca", default=None, help="require client certificates (mTLS)")
-@click.option("--latency-budget-ms", default=10.0, show_default=True, help="P95 budget")
+@click.option(
+    "--latency-budget-ms", default=10.0, show_default=True, help="P95 budget per decision"
+)
 @click.option("--max-concurrent-rpcs", default=64, show_default=True)
 @click.option("--workers", default=8, show_default=True, help="handler threads")
 @click.option("--model", "default_model", default=None, help="model answering unpinned calls")

@@ -38,9 +38,12 @@ def _code_name(code: str | Enum) -> str:
 class ServingMetrics:
     """What the allocation server exposes: latency against its budget, outcomes, decisions.
 
-    ``latency_budget_seconds`` is the configured P95 budget: the latency histogram has a bucket
-    exactly at it, and ``allocator_serving_over_budget_total`` counts requests strictly above it
-    (so ``over_budget == count - bucket{le=budget}`` per method). ``grpc_method`` is the short
+    ``latency_budget_seconds`` is the configured P95 budget of one decision: the latency
+    histogram has a bucket exactly at it, and ``allocator_serving_over_budget_total`` counts
+    requests strictly above it (so ``over_budget == count - bucket{le=budget}`` per method). A
+    call carrying several decisions (``AllocateBatch``) is observed per decision, its time
+    divided by their number: a batch of n decisions is within budget when it takes at most n
+    budgets, and the same alert serves both methods. ``grpc_method`` is the short
     gRPC method name (``Allocate``); ``grpc_code`` a ``grpc.StatusCode`` name (``OK``,
     ``UNAVAILABLE``).
     """
@@ -50,7 +53,8 @@ class ServingMetrics:
         self.latency_buckets = latency_buckets(self.latency_budget_seconds)
         self.request_latency = Histogram(
             "allocator_serving_request_latency_seconds",
-            "Server-side latency of a gRPC request, by method and status code name.",
+            "Server-side latency of a gRPC request per decision it carries (a batch call's time "
+            "divided by its decisions), by method and status code name.",
             ["grpc_method", "grpc_code"],
             buckets=self.latency_buckets,
             registry=registry,
@@ -63,7 +67,7 @@ class ServingMetrics:
         )
         self.over_budget = Counter(
             "allocator_serving_over_budget_total",
-            "Requests slower than the configured latency budget, by method.",
+            "Requests slower than the configured latency budget per decision, by method.",
             ["grpc_method"],
             registry=registry,
         )
@@ -155,12 +159,19 @@ class ServingMetrics:
             )
         return reason
 
-    def observe_request(self, method: str, code: str | Enum, seconds: float) -> None:
-        """One finished request: latency and count by method and code, and over-budget."""
+    def observe_request(
+        self, method: str, code: str | Enum, seconds: float, decisions: int = 1
+    ) -> None:
+        """One finished request of ``decisions`` decisions (a batch's size; 1 otherwise): its
+        count by method and code, and its time per decision against the budget.
+
+        The budget is a decision's: a whole batch compared with it would always be over.
+        """
         code_name = _code_name(code)
-        self.request_latency.labels(method, code_name).observe(seconds)
+        per_decision = seconds / max(decisions, 1)
+        self.request_latency.labels(method, code_name).observe(per_decision)
         self.requests.labels(method, code_name).inc()
-        if seconds > self.latency_budget_seconds:
+        if per_decision > self.latency_budget_seconds:
             self.over_budget.labels(method).inc()
 
     def observe_decision(

@@ -18,7 +18,14 @@ from allocator.portfolio.features import (
     rolling_asset_features,
     standardize,
 )
-from allocator.portfolio.ids import CASH_ID, MAX_ID_LENGTH, MAX_VERSION_LENGTH, IdError, check_id
+from allocator.portfolio.ids import (
+    CASH_ID,
+    MAX_ID_LENGTH,
+    MAX_VERSION_LENGTH,
+    IdError,
+    check_id,
+    is_cash_id,
+)
 from allocator.portfolio.observation import (
     FeatureSpec,
     NormalizationStats,
@@ -75,6 +82,7 @@ __all__ = [
     "ema_smooth",
     "fit_feature_normalization",
     "fit_normalization",
+    "is_cash_id",
     "is_distribution",
     "live_mask",
     "log_returns",

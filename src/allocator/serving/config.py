@@ -35,7 +35,7 @@ class ServerConfig(StrictModel):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = Field(None, description="require client certificates (mTLS)")
-    latency_budget_ms: float = Field(10.0, gt=0, description="P95 budget: metrics and alerts")
+    latency_budget_ms: float = Field(10.0, gt=0, description="P95 budget per decision (alerts)")
     max_concurrent_rpcs: int = Field(64, ge=1, description="beyond it: RESOURCE_EXHAUSTED")
     workers: int = Field(8, ge=1, description="handler threads")
     reload_interval: float = Field(2.0, gt=0, description="seconds between registry scans")

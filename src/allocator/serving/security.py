@@ -16,7 +16,13 @@ from typing import Any
 
 import grpc
 
-__all__ = ["OPEN_SERVICES", "TokenAuthInterceptor", "read_tokens", "server_credentials"]
+__all__ = [
+    "OPEN_SERVICES",
+    "TokenAuthInterceptor",
+    "bearer_token",
+    "read_tokens",
+    "server_credentials",
+]
 
 OPEN_SERVICES = (
     "/grpc.health.v1.Health/",
@@ -45,6 +51,20 @@ def read_tokens(path: str | Path) -> tuple[str, ...]:
     return tokens
 
 
+def bearer_token(header: object) -> str | None:
+    """The token of an ``authorization`` value ``Bearer <token>``, else ``None``.
+
+    The scheme is matched without case (``bearer``, ``BEARER``), as HTTP authentication schemes
+    are (RFC 9110, section 11.1), and spaces around the token are ignored: clients differ in both,
+    and a token file's lines are stripped, so no accepted token begins or ends with a space.
+    """
+    if not isinstance(header, str):
+        return None
+    scheme, _, token = header.partition(" ")
+    token = token.strip(" ")
+    return token if scheme.lower() == "bearer" and token else None
+
+
 def _digest(value: str | bytes) -> bytes:
     data = value.encode() if isinstance(value, str) else value
     return hashlib.sha256(data).digest()
@@ -58,7 +78,8 @@ def _deny(message: str) -> grpc.RpcMethodHandler:
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):
-    """Requires ``authorization: Bearer <token>`` on every call except ``OPEN_SERVICES``.
+    """Requires ``authorization: Bearer <token>`` on every call except ``OPEN_SERVICES`` (the
+    scheme in any case, ``bearer_token``).
 
     ``on_denied`` is told the method of each refused call (for the request metrics).
     """
@@ -87,10 +108,11 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
             if key == "authorization":
                 header = value
                 break
-        if header is None or not isinstance(header, str) or not header.startswith("Bearer "):
+        token = bearer_token(header)
+        if token is None:
             self._denied(method)
             return self._missing
-        given = _digest(header[len("Bearer ") :])
+        given = _digest(token)
         # Compare with every accepted token, no early exit: the time says nothing about which.
         matches = [hmac.compare_digest(given, expected) for expected in self._expected]
         if not any(matches):

@@ -9,10 +9,11 @@ then store the new state. If the recorder refuses the record (its spool is full)
 does not advance and the client gets UNAVAILABLE: no decision is acted on that was not
 recorded.
 
-Failure modes map to status codes a client can act on: INVALID_ARGUMENT (names the field),
-NOT_FOUND (unknown model pin), UNAUTHENTICATED, RESOURCE_EXHAUSTED (over the concurrency
-limit, refused at once by grpc), DEADLINE_EXCEEDED, UNAVAILABLE (recording or Redis down).
-Only a bug gives INTERNAL; the server stays SERVING through all of them.
+Failure modes map to status codes a client can act on: INVALID_ARGUMENT (names the field, or
+the method whose request bytes do not decode: ``serving.decoding``), NOT_FOUND (unknown model
+pin), UNAUTHENTICATED, RESOURCE_EXHAUSTED (over the concurrency limit, refused at once by grpc),
+DEADLINE_EXCEEDED, UNAVAILABLE (recording or Redis down). Nothing a client sends gives INTERNAL:
+only a bug does; the server stays SERVING through all of them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from allocator.recording.settings import database_url
 from allocator.registry.errors import ModelNotFoundError
 from allocator.serving.catalog import CatalogSnapshot, ModelCatalog
 from allocator.serving.config import ServerConfig
+from allocator.serving.decoding import DecodeGuardInterceptor
 from allocator.serving.loader import LoadedModel
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
@@ -49,7 +51,7 @@ from allocator.serving.state import (
     StateStore,
 )
 from allocator.serving.step import DeadlineExceededError, DecisionStep
-from allocator.serving.validation import InvalidRequest
+from allocator.serving.validation import InvalidRequest, validate_reset
 
 __all__ = ["AllocationServer", "AllocatorServicer", "ServerConfig", "build_server"]
 
@@ -98,8 +100,15 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
 
     # --- plumbing ------------------------------------------------------------------------
 
-    def _call(self, method: str, context: grpc.ServicerContext, handler: Callable[[], T]) -> T:
-        """Run ``handler``, map refusals to status codes, and time the call by outcome."""
+    def _call(
+        self,
+        method: str,
+        context: grpc.ServicerContext,
+        handler: Callable[[], T],
+        decisions: int = 1,
+    ) -> T:
+        """Run ``handler``, map refusals to status codes, and time the call by outcome (per
+        decision: ``decisions`` is a batch's size)."""
         start = time.perf_counter()
         self.last_call = time.monotonic()
         code = grpc.StatusCode.OK
@@ -129,7 +138,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                 log.exception("%s failed", method)
                 code, message = grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
         finally:
-            self.metrics.observe_request(method, code, time.perf_counter() - start)
+            self.metrics.observe_request(method, code, time.perf_counter() - start, decisions)
         context.abort(code, message)
         raise AssertionError("unreachable: context.abort raises")
 
@@ -165,7 +174,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             )
             return pb.AllocateBatchResponse(responses=[a.response for a in answers])
 
-        return self._call("AllocateBatch", context, handle)
+        return self._call("AllocateBatch", context, handle, len(request.requests))
 
     def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.ServicerContext
@@ -179,9 +188,8 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         self, request: pb.ResetPortfolioRequest, context: grpc.ServicerContext
     ) -> pb.ResetPortfolioResponse:
         def handle() -> pb.ResetPortfolioResponse:
-            if not request.portfolio_id:
-                raise InvalidRequest("portfolio_id", "is required (a non-empty string)")
-            return pb.ResetPortfolioResponse(existed=self.store.reset(request.portfolio_id))
+            portfolio_id = validate_reset(request)
+            return pb.ResetPortfolioResponse(existed=self.store.reset(portfolio_id))
 
         return self._call("ResetPortfolio", context, handle)
 
@@ -414,6 +422,13 @@ def _grpc_server(
             metrics.observe_request(method, grpc.StatusCode.UNAUTHENTICATED, 0.0)
 
         interceptors.append(TokenAuthInterceptor(read_tokens(config.auth_token_file), denied))
+
+    def undecodable(method: str, seconds: float) -> None:
+        service, _, name = method.rpartition("/")
+        if service == f"/{SERVICE_NAME}":  # the metrics count the allocation service's calls
+            metrics.observe_request(name, grpc.StatusCode.INVALID_ARGUMENT, seconds)
+
+    interceptors.append(DecodeGuardInterceptor(undecodable))  # after the token check
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="allocator"),
         interceptors=interceptors,

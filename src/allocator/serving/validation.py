@@ -25,6 +25,7 @@ from allocator.portfolio import (
     MAX_VERSION_LENGTH,
     WEIGHT_SUM_TOLERANCE,
     check_id,
+    is_cash_id,
 )
 from allocator.serving.proto import allocator_pb2 as pb
 
@@ -34,11 +35,16 @@ __all__ = [
     "ShapeResolver",
     "ValidRequest",
     "model_pin",
+    "required_id",
     "validate_batch",
     "validate_request",
+    "validate_reset",
 ]
 
 Float64Array = NDArray[np.float64]
+
+_CASH_FOLDED = CASH_ID.casefold()
+"""What the cheap test for a reserved asset id looks for in the folded, joined ids."""
 
 # The ufuncs' reduce, bound once: a little cheaper per call than the ndarray methods.
 _min = np.minimum.reduce
@@ -100,6 +106,13 @@ class ValidRequest:
         return len(self.asset_ids)
 
 
+def required_id(value: str, field: str) -> str:
+    """A portfolio or request id, checked by the one rule every RPC applies (non-empty, at most
+    ``MAX_ID_LENGTH`` characters, no NUL): the same id cannot be refused by one method and
+    accepted by another."""
+    return check_id(value, field, error=InvalidRequest)
+
+
 def _optional_id(value: str, field: str, max_length: int) -> str | None:
     return check_id(value, field, max_length, error=InvalidRequest) if value else None
 
@@ -130,7 +143,7 @@ def _check_asset_ids(ids: Sequence[str], shape: ModelShape) -> tuple[str, ...]:
     if (
         len(unique) != n
         or "" in unique
-        or CASH_ID in unique
+        or _CASH_FOLDED in joined.casefold()  # also flags ("CA", "SH"): the search tells
         or "\x00" in joined
         or (len(joined) > MAX_ID_LENGTH and max(map(len, assets)) > MAX_ID_LENGTH)
     ):
@@ -139,17 +152,19 @@ def _check_asset_ids(ids: Sequence[str], shape: ModelShape) -> tuple[str, ...]:
 
 
 def _explain_asset_ids(assets: tuple[str, ...]) -> None:
-    """Raise for the first bad asset id (only called once one is known to be bad)."""
+    """Raise for the first bad asset id, if any: the cheap test above may flag good ids too
+    (``CASH`` across two neighbours), so finding none here means they are fine."""
     first: dict[str, int] = {}
     for i, asset in enumerate(assets):
         field = f"asset_ids[{i}]"
         check_id(asset, field, error=InvalidRequest)
-        if asset == CASH_ID:
-            raise InvalidRequest(field, f"{CASH_ID!r} is reserved for the cash slot")
+        if is_cash_id(asset):
+            raise InvalidRequest(
+                field, f"{asset!r}: {CASH_ID!r} is reserved for the cash slot, in any case"
+            )
         j = first.setdefault(asset, i)
         if j != i:
             raise InvalidRequest(field, f"duplicate asset id {asset!r} (also asset_ids[{j}])")
-    raise AssertionError("unreachable: asset ids were flagged but none is bad")  # pragma: no cover
 
 
 def _check_prices(
@@ -234,8 +249,8 @@ def validate_request(
         raise InvalidRequest(
             "request", "empty request: portfolio_id, request_id, asset_ids and prices are required"
         )
-    portfolio_id = check_id(request.portfolio_id, "portfolio_id", error=InvalidRequest)
-    request_id = check_id(request.request_id, "request_id", error=InvalidRequest)
+    portfolio_id = required_id(request.portfolio_id, "portfolio_id")
+    request_id = required_id(request.request_id, "request_id")
     name, version = model_pin(request) if pin is None else pin
     assets = _check_asset_ids(request.asset_ids, shape)
     prices = _check_prices(request, assets, shape.window)
@@ -249,6 +264,12 @@ def validate_request(
         model_name=name,
         model_version=version,
     )
+
+
+def validate_reset(request: pb.ResetPortfolioRequest) -> str:
+    """The portfolio id of a reset, by the rule ``Allocate`` applies to it: an id no allocation
+    can create is refused, not looked up."""
+    return required_id(request.portfolio_id, "portfolio_id")
 
 
 def validate_batch(batch: pb.AllocateBatchRequest, shape_for: ShapeResolver) -> list[ValidRequest]:

@@ -111,6 +111,16 @@ class Conn:
         except grpc.RpcError as error:
             return error.code(), error.details() or "", None
 
+    def call_raw(self, method: str, data: bytes, timeout: float = 10.0) -> tuple[Any, str, Any]:
+        """(code, details, response bytes or None) of a unary call of ``method`` (a full name,
+        ``/allocator.v1.Allocator/Allocate``) whose request is ``data`` as it is: bytes that
+        need not be a message at all."""
+        call = self.channel.unary_unary(method)  # no (de)serializers: bytes in, bytes out
+        try:
+            return OK, "", call(data, timeout=timeout)
+        except grpc.RpcError as error:
+            return error.code(), error.details() or "", None
+
     def allocate(self, request: pb.AllocateRequest) -> pb.AllocateResponse:
         code, details, response = self.call("Allocate", request)
         assert code is OK, f"{code.name}: {details}"

@@ -51,6 +51,8 @@ BAD_INPUT: list[tuple[str, str, Callable[[], Any], grpc.StatusCode, str]] = [
      lambda: bad(assets=(), prices=np.empty((0, PER_ASSET))), INVALID, "asset_ids"),
     ("empty-asset-id", "Allocate", lambda: bad(assets=("A", "", "C")), INVALID, "asset_ids[1]"),
     ("cash-as-asset", "Allocate", lambda: bad(assets=("CASH", "B")), INVALID, "asset_ids[0]"),
+    ("lower-cash-as-asset", "Allocate", lambda: bad(assets=("A", "cash")), INVALID, "asset_ids[1]"),
+    ("title-cash-as-asset", "Allocate", lambda: bad(assets=("Cash",)), INVALID, "asset_ids[0]"),
     ("weights-sum-not-one", "Allocate",
      lambda: bad(current=[0.5, 0.2, 0.2, 0.2]), INVALID, "current_weights"),
     ("negative-weight", "Allocate",
@@ -96,6 +98,10 @@ BAD_INPUT: list[tuple[str, str, Callable[[], Any], grpc.StatusCode, str]] = [
      lambda: batch_of(bad(), bad(model="ghost")), NOT_FOUND, "requests[1].model"),
     ("reset-no-portfolio", "ResetPortfolio", lambda: pb.ResetPortfolioRequest(), INVALID,
      "portfolio_id"),
+    ("reset-nul-in-portfolio-id", "ResetPortfolio",
+     lambda: pb.ResetPortfolioRequest(portfolio_id="a\x00b"), INVALID, "portfolio_id"),
+    ("reset-id-too-long", "ResetPortfolio",
+     lambda: pb.ResetPortfolioRequest(portfolio_id="x" * 10_000), INVALID, "portfolio_id"),
 ]  # fmt: skip
 
 

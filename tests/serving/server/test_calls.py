@@ -7,6 +7,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import pytest
 
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from tests.serving.server.helpers import (
@@ -187,6 +188,29 @@ def test_reset_portfolio(shared: Conn) -> None:
     np.testing.assert_array_equal(weights(restarted), weights(restarted, "raw"))
     assert not restarted.HasField("icm_reward")
     assert shared.state(pid).steps == 1
+
+
+def test_turnover_is_measured_from_cash_then_from_the_last_smoothed_weights(shared: Conn) -> None:
+    """What the proto promises: a portfolio without state (new, or reset) is taken to hold
+    cash, so its first turnover is the risky share bought; later ones start from the previous
+    smoothed weights unless the request sends its own."""
+    pid = "turnover"
+
+    def turnover_from(base: np.ndarray, response: pb.AllocateResponse) -> float:
+        return float(np.abs(weights(response)[1:] - base[1:]).sum())
+
+    cash = np.array([1.0, 0.0, 0.0, 0.0])
+    first = shared.allocate(make_request(pid, seed=10))
+    assert first.turnover == pytest.approx(1.0 - weights(first)[0], abs=1e-12)
+    assert first.turnover == pytest.approx(turnover_from(cash, first), abs=1e-12)
+    second = shared.allocate(make_request(pid, seed=11))
+    assert second.turnover == pytest.approx(turnover_from(weights(first), second), abs=1e-12)
+    sent = np.array([0.1, 0.2, 0.3, 0.4])
+    third = shared.allocate(make_request(pid, seed=12, current=sent))
+    assert third.turnover == pytest.approx(turnover_from(sent, third), abs=1e-12)
+    shared.call("ResetPortfolio", pb.ResetPortfolioRequest(portfolio_id=pid))
+    again = shared.allocate(make_request(pid, seed=13))
+    assert again.turnover == pytest.approx(1.0 - weights(again)[0], abs=1e-12)
 
 
 def test_list_models(shared: Conn) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import time
 import urllib.request
 from concurrent import futures
 from pathlib import Path
@@ -21,6 +22,7 @@ from allocator.portfolio import renormalize
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from tests.serving.server.helpers import (
     BETA,
+    OK,
     WAIT,
     Conn,
     batch_of,
@@ -177,6 +179,24 @@ def test_metrics_endpoint(shared: Conn) -> None:
         value("allocator_serving_requests_total", grpc_method="Allocate", grpc_code="INTERNAL")
         == 0.0
     )
+
+
+def test_a_batch_is_timed_per_decision(shared: Conn) -> None:
+    """The latency budget is a decision's, so a batch call is observed per decision: its
+    server-side time over its size, at most the client's round trip over the size."""
+    n = 40
+    labels = {"grpc_method": "AllocateBatch", "grpc_code": "OK"}
+    name = "allocator_serving_request_latency_seconds"
+    before = shared.counter(f"{name}_sum", **labels), shared.counter(f"{name}_count", **labels)
+    batch = batch_of(*(make_request(f"per-decision-{i}", seed=i) for i in range(n)))
+    start = time.perf_counter()
+    code, details, response = shared.call("AllocateBatch", batch)
+    elapsed = time.perf_counter() - start
+    assert code is OK, details
+    assert len(response.responses) == n
+    assert shared.counter(f"{name}_count", **labels) == before[1] + 1
+    per_decision = shared.counter(f"{name}_sum", **labels) - before[0]
+    assert 0.0 < per_decision * n <= elapsed
 
 
 # --- the renormalization the server promises (a cheap cross-check of the weights it sends) ------
