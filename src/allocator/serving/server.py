@@ -41,6 +41,7 @@ from allocator.serving.catalog import CatalogSnapshot, ModelCatalog
 from allocator.serving.loader import LoadedModel
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
+from allocator.serving.restore import restore_states
 from allocator.serving.security import TokenAuthInterceptor, read_tokens, server_credentials
 from allocator.serving.state import (
     MemoryStateStore,
@@ -374,10 +375,14 @@ def build_server(
         config.registry, default_model=config.default_model, prefer_cuda=config.prefer_cuda
     )
     recorder = _open_recorder(config, metrics_registry)
-    _load_models(registry, config, metrics, recorder)
     store: StateStore = (
         RedisStateStore(config.redis_url) if config.redis_url else MemoryStateStore()
     )
+    if recorder is not None and isinstance(store, MemoryStateStore):
+        # Before the recorder starts: its writer replays (and deletes) the spool being read.
+        restored = restore_states(recorder.sink.url, recorder.spool, store)
+        log.info("restored %d portfolio states from the recorded decisions", restored)
+    _load_models(registry, config, metrics, recorder)
     servicer = AllocatorServicer(registry, store, metrics, recorder, config.idempotency_cache)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     server = _grpc_server(config, metrics, servicer, health_servicer)

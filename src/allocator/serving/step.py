@@ -199,8 +199,10 @@ class DecisionStep:
             if self.recorder is not None and todo:
                 self.recorder.submit_many(
                     [
-                        _record(model, requests[i], out, decided_at, latency)
-                        for i, (out, _) in zip(todo, results, strict=True)
+                        _record(
+                            model, requests[i], out, state, fingerprints[i], decided_at, latency
+                        )
+                        for i, (out, state) in zip(todo, results, strict=True)
                     ]
                 )
             for i, (out, state) in zip(todo, results, strict=True):
@@ -242,9 +244,13 @@ def _record(
     model: LoadedModel,
     request: ValidRequest,
     out: DecisionOutput,
+    state: PortfolioState,
+    fingerprint: bytes,
     decided_at: dt.datetime,
     latency: float,
 ) -> DecisionRecord:
+    """The decision's row; with the new slot layout and the request's fingerprint, so a restarted
+    server can rebuild the portfolio's state and last answer from it (``serving.restore``)."""
     return DecisionRecord.from_validated(
         request_id=request.request_id,
         portfolio_id=request.portfolio_id,
@@ -258,6 +264,8 @@ def _record(
         turnover=out.turnover,
         icm_reward=out.icm_reward,
         latency_seconds=latency,
+        slots=state.slots,
+        fingerprint=fingerprint.hex(),
     )
 
 
