@@ -9,7 +9,7 @@ the load generator as another, both on 127.0.0.1. Phases, each ``--duration`` se
   from the scheduled send time (so a stall is not hidden by the generator waiting on it);
 - the batch call: ``AllocateBatch`` of ``--batch-size`` portfolios in a loop, decisions/s.
 
-Every call uses a new request id (the server's idempotency cache would otherwise answer).
+Every call uses a new request id (a reused one would be answered from the portfolio's state).
 At the end the server is stopped with SIGTERM and the decisions table is counted: it must
 hold every decision answered OK. Prints JSON.
 

@@ -58,12 +58,14 @@ def _utc(t: dt.datetime) -> dt.datetime:
 
 
 def latest_decisions(database_url: str) -> dict[str, Latest]:
-    """The latest recorded decision of every portfolio (by ``decided_at``, then row id)."""
+    """The latest recorded decision of every portfolio (by ``decided_at``, then row id), without
+    its current weights (not needed to continue, and JSON decoding dominates the time)."""
     d = Decision.__table__
     m = ModelVersion.__table__
     order = (d.c.decided_at.desc(), d.c.id.desc())
+    needed = [c for c in d.c if c.name != "current_weights"]  # the one vector restore ignores
     ranked = sa.select(
-        d,
+        *needed,
         sa.func.row_number().over(partition_by=d.c.portfolio_id, order_by=order).label("rank"),
         sa.func.count().over(partition_by=d.c.portfolio_id).label("n"),
     ).subquery()
@@ -83,7 +85,7 @@ def latest_decisions(database_url: str) -> dict[str, Latest]:
         engine.dispose()
     out: dict[str, Latest] = {}
     for row in rows:
-        current, slots = row["current_weights"], row["slots"]
+        slots = row["slots"]
         record = DecisionRecord(
             request_id=row["request_id"],
             portfolio_id=row["portfolio_id"],
@@ -95,7 +97,6 @@ def latest_decisions(database_url: str) -> dict[str, Latest]:
             smoothed_weights=tuple(row["smoothed_weights"]),
             turnover=row["turnover"],
             latency_seconds=row["latency_seconds"],
-            current_weights=None if current is None else tuple(current),
             icm_reward=row["icm_reward"],
             slots=None if slots is None else tuple(slots),
             fingerprint=row["request_fingerprint"],
