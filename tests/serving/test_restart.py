@@ -13,6 +13,7 @@ the slot layout to restore differs from the last request's asset order.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -25,7 +26,9 @@ import sqlalchemy as sa
 from allocator.recording.migrations import upgrade
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
+from allocator.serving.restore import restore_states
 from allocator.serving.server import AllocationServer, ServerConfig, build_server
+from allocator.serving.state import MemoryStateStore
 from tests.postgres import reset_schema
 from tests.recording.proxy import TcpProxy
 from tests.serving.load import ServeProcess, wait_until
@@ -181,6 +184,34 @@ def test_a_restart_continues_every_portfolio_where_it_stopped(
     assert retried == before[-len(PORTFOLIOS) :]
     assert_continues(after, reference[CUT:])
     assert count_rows(database) == len(REQUESTS)
+
+
+def test_rows_without_a_slot_layout_and_an_unreadable_database_start_again(
+    tiny_registry: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row recorded before the slot layout was (NULL) cannot be continued exactly: that
+    portfolio starts again, the others are restored. A database that cannot be read is logged
+    and nothing is restored from it; neither stops the server."""
+    url = sqlite_url(tmp_path)
+    first = start(tiny_registry, tmp_path, url)
+    try:
+        answer_all(first.target, REQUESTS[: 2 * len(PORTFOLIOS)])
+    finally:
+        first.stop()
+    with sqlite3.connect(tmp_path / "trades.db") as db:
+        db.execute("UPDATE decisions SET slots = NULL WHERE portfolio_id = 'r-1'")
+    store = MemoryStateStore()
+    with caplog.at_level(logging.WARNING, "allocator.serving"):
+        assert restore_states(url, None, store) == 2
+    with store.locked(PORTFOLIOS) as session:
+        assert [s is not None for s in session.get()] == [True, False, True]
+    assert "1 portfolio(s) recorded without a slot layout" in caplog.text
+
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, "allocator.serving"):
+        missing = f"sqlite:///{tmp_path / 'no-such-dir' / 'trades.db'}"
+        assert restore_states(missing, None, MemoryStateStore()) == 0
+    assert "cannot read the recorded decisions" in caplog.text
 
 
 def test_decisions_still_in_the_spool_are_restored_too(
