@@ -15,10 +15,10 @@ Phases, each ``--duration`` seconds:
   waiting on it).
 
 ``comparison`` gives, per compared phase and database, the medians over rounds and their
-ratios to the bare server's (P50, P95, rate). Every call uses a new request id (a retry would
-be answered from the first answer). At the end every server is stopped with SIGTERM and each
-database's decisions table is counted: it must hold every decision answered OK (``recording``).
-Prints JSON.
+ratios to the bare server's (P50, P95, rate). Every call uses a new request id (a reused one
+would be answered from the portfolio's state). At the end every server is stopped with SIGTERM
+and each database's decisions table is counted: it must hold every decision answered OK
+(``recording``). Prints JSON.
 
 The model: ``--registry`` if given, else a TD3 policy of the demo config's size (20 assets,
 window 30, [128, 128]) trained for a few hundred steps and exported, which costs as much per

@@ -35,6 +35,10 @@ def make_decision(i: int, assets: int = 20) -> DecisionRecord:
         latency_seconds=float(rng.uniform(1e-4, 2e-3)),
         current_weights=current,
         icm_reward=None if i % 4 == 0 else float(rng.normal()),
+        # A slot layout with a free slot, and a fingerprint, on most records (not all: rows
+        # recorded before the columns existed have neither).
+        slots=None if i % 5 == 0 else (*ids[:0:-1], ""),
+        fingerprint=None if i % 5 == 0 else f"{i:032x}",
     )
 
 
@@ -53,4 +57,6 @@ def row_of(decision: DecisionRecord) -> dict[str, Any]:
         "turnover": decision.turnover,
         "icm_reward": decision.icm_reward,
         "latency_seconds": decision.latency_seconds,
+        "slots": None if decision.slots is None else list(decision.slots),
+        "request_fingerprint": decision.fingerprint,
     }

@@ -73,6 +73,8 @@ def read_rows(url: str) -> list[dict[str, Any]]:
                         "turnover": r.turnover,
                         "icm_reward": r.icm_reward,
                         "latency_seconds": r.latency_seconds,
+                        "slots": r.slots,
+                        "request_fingerprint": r.request_fingerprint,
                     }
                 )
             return out

@@ -55,6 +55,18 @@ def test_records_hold_plain_values_and_survive_the_spool_form() -> None:
     assert all(type(w) is float for w in record.raw_weights)
     assert DecisionRecord.from_json(record.to_json()) == record
     assert record.decided_at.utcoffset() == dt.timedelta(0)
+    assert record.slots is not None
+    # A record spooled by an older server (12 fields, no slots or fingerprint) still reads.
+    old = DecisionRecord.from_json(record.to_json()[:12])
+    assert (old.slots, old.fingerprint) == (None, None)
+    assert old.smoothed_weights == record.smoothed_weights
+
+
+def test_slots_must_hold_the_assets() -> None:
+    with pytest.raises(RecordError, match="slots"):
+        DecisionRecord.create(**fields(slots=("B", "")))
+    made = DecisionRecord.create(**fields(slots=("", "A"), fingerprint="ab" * 16))
+    assert made.slots == ("", "A")
 
 
 def test_the_fast_path_builds_the_same_record_and_still_refuses_nan() -> None:
@@ -76,6 +88,8 @@ def test_the_fast_path_builds_the_same_record_and_still_refuses_nan() -> None:
         turnover=made.turnover,
         latency_seconds=made.latency_seconds,
         icm_reward=made.icm_reward,
+        slots=made.slots,
+        fingerprint=made.fingerprint,
         **arrays,
     )
     assert fast == made

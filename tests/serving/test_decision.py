@@ -6,6 +6,8 @@ test graphs' numpy references, never from the code under test.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -20,6 +22,7 @@ from allocator.serving.decision import (
     decide,
     decide_batch,
 )
+from allocator.serving.portfolio_state import LastAnswer
 from tests.serving import Spec, policy_weights, reference_policy
 from tests.serving.conftest import TINY, reference_icm, request_for, write_tiny_model
 
@@ -266,6 +269,26 @@ def test_states_round_trip_through_bytes(tiny_model: LoadedModel) -> None:
     )
     assert len(big.to_bytes()) < 3200
     assert PortfolioState.from_bytes(big.to_bytes()) == big
+
+
+def test_the_last_answer_travels_in_the_bytes_and_format_1_still_reads() -> None:
+    """The last answer round-trips (its request id among the strings, the response raw); a
+    format-1 state, written by an older server, still reads, with no last answer."""
+    last = LastAnswer("req-Ä-1", bytes(range(16)), b"\x00\x01response\xff")
+    s = PortfolioState(
+        ModelKey("m", "v", 3), ("a", "b"), np.array([0.2, 0.3, 0.5]), None, None, 4, last
+    )
+    back = PortfolioState.from_bytes(s.to_bytes())
+    assert back == s
+    assert back.last == last
+    assert back != dataclasses.replace(s, last=None)
+    with pytest.raises(StateDecodeError):  # cut inside the response
+        PortfolioState.from_bytes(s.to_bytes()[:40])
+    # Format 1: the same header with 4 bytes of padding where the response length is now.
+    old = dataclasses.replace(s, last=None).to_bytes()
+    v1 = old[:2] + bytes([1]) + old[3:]
+    assert PortfolioState.from_bytes(v1) == dataclasses.replace(s, last=None)
+    assert PortfolioState.from_bytes(v1).last is None
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,10 @@ two interpreters racing for one portfolio.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -81,7 +83,9 @@ def _worker(conn: Connection, model_dir: str, url: str, prefix: str) -> None:
                 conn.send("ready")
                 conn.recv()  # go
                 for k in range(arg):
-                    decide_in(store, model, [history_input(k % 3, pid)])
+                    request = history_input(k % 3, pid)  # a fresh id: not a retry
+                    request = dataclasses.replace(request, request_id=f"{pid}-{os.getpid()}-{k}")
+                    decide_in(store, model, [request])
                 conn.send("done")
     finally:
         store.close()
@@ -241,16 +245,21 @@ def test_threads_hammering_one_portfolio_never_lose_an_update(
     n_threads, per_thread = 4, 40
     errors: list[BaseException] = []
 
-    def run(s: StateStore) -> None:
+    def run(s: StateStore, thread: int) -> None:
         try:
             for k in range(per_thread):
-                decide_in(
-                    s, tiny_model, [history_input(k % 3, "hot"), history_input(k % 3, "cold")]
-                )
+                # Distinct request ids: the same id again would be a retry, answered unstepped.
+                requests = [
+                    dataclasses.replace(history_input(k % 3, pid), request_id=f"{pid}-{thread}-{k}")
+                    for pid in ("hot", "cold")
+                ]
+                decide_in(s, tiny_model, requests)
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(stores[i % len(stores)],)) for i in range(4)]
+    threads = [
+        threading.Thread(target=run, args=(stores[i % len(stores)], i)) for i in range(n_threads)
+    ]
     for t in threads:
         t.start()
     for t in threads:

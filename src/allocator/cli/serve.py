@@ -40,7 +40,12 @@ from allocator.cli.options import database_url_option, fail
 @click.option("--reload-interval", default=2.0, show_default=True, help="registry scan period")
 @click.option("--cpu", is_flag=True, help="never try onnxruntime's CUDA provider")
 @click.option("--spool-quota-bytes", type=int, default=None, help="spool size that refuses calls")
-@click.option("--idempotency-cache", type=int, default=None, help="answers kept for retries")
+@click.option(
+    "--idempotency-cache",
+    type=int,
+    default=None,
+    help="request ids remembered to refuse a reused one (answers live in the state)",
+)
 @click.option("--grace-seconds", type=float, default=None, help="SIGTERM: time for calls")
 @click.option("--drain-seconds", type=float, default=None, help="SIGTERM: wait for quiet")
 @click.option(

@@ -24,6 +24,8 @@ __all__ = ["DecisionRecord", "ModelRecord", "RecordError"]
 
 MAX_ALGORITHM_LENGTH = 50
 """Algorithm names are ``VARCHAR(50)`` in the schema."""
+MAX_FINGERPRINT_LENGTH = 64
+"""Request fingerprints are ``VARCHAR(64)`` in the schema."""
 
 
 class RecordError(ValueError):
@@ -100,6 +102,11 @@ class DecisionRecord:
     ``allocator.portfolio.CASH_ID``. ``request_id`` is the client's idempotency key: the
     database keeps the first record of a request id.
     ``decided_at`` must be timezone-aware (stored as UTC; SQLite keeps no zone).
+
+    ``slots`` (the portfolio's slot layout after the decision: ``slots[k]`` is the asset in slot
+    ``k + 1``, ``""`` when free) and ``fingerprint`` (hex digest of the request's inputs) let a
+    restarted server rebuild the portfolio's smoothing state and its last answer from this row;
+    ``None`` in records written before they existed.
     """
 
     request_id: str
@@ -114,6 +121,8 @@ class DecisionRecord:
     latency_seconds: float
     current_weights: tuple[float, ...] | None = None
     icm_reward: float | None = None
+    slots: tuple[str, ...] | None = None
+    fingerprint: str | None = None
 
     @classmethod
     def create(
@@ -131,6 +140,8 @@ class DecisionRecord:
         latency_seconds: float,
         current_weights: ArrayLike | None = None,
         icm_reward: float | None = None,
+        slots: Sequence[str] | None = None,
+        fingerprint: str | None = None,
     ) -> DecisionRecord:
         """Validate and normalize every field (numpy arrays become tuples of floats)."""
         if not isinstance(decided_at, dt.datetime) or decided_at.utcoffset() is None:
@@ -143,6 +154,14 @@ class DecisionRecord:
         if len(set(ids)) != len(ids):
             raise RecordError("asset_ids must be unique")
         n = len(ids)
+        if slots is not None:
+            slots = tuple(slots)
+            if not set(ids[1:]) <= set(slots) or not all(isinstance(a, str) for a in slots):
+                raise RecordError("slots must name every asset of asset_ids (cash aside)")
+        if fingerprint is not None and not (
+            isinstance(fingerprint, str) and 0 < len(fingerprint) <= MAX_FINGERPRINT_LENGTH
+        ):
+            raise RecordError(f"fingerprint must be a hex string, got {fingerprint!r}")
         return cls(
             request_id=_record_id(request_id, "request_id"),
             portfolio_id=_record_id(portfolio_id, "portfolio_id"),
@@ -160,6 +179,8 @@ class DecisionRecord:
                 else _check_vector(current_weights, "current_weights", n)
             ),
             icm_reward=None if icm_reward is None else _check_float(icm_reward, "icm_reward"),
+            slots=slots,
+            fingerprint=fingerprint,
         )
 
     @classmethod
@@ -178,6 +199,8 @@ class DecisionRecord:
         latency_seconds: float,
         current_weights: np.ndarray | None = None,
         icm_reward: float | None = None,
+        slots: tuple[str, ...] | None = None,
+        fingerprint: str | None = None,
     ) -> DecisionRecord:
         """The server's fast path: ids and ``decided_at`` were validated upstream (request
         validation, a UTC clock), so only the computed numbers are checked, one reduction
@@ -216,6 +239,8 @@ class DecisionRecord:
             float(latency_seconds),
             None if current is None else tuple(current),
             None if icm_reward is None else float(icm_reward),
+            slots,
+            fingerprint,
         )
 
     @property
@@ -237,12 +262,16 @@ class DecisionRecord:
             self.latency_seconds,
             None if self.current_weights is None else list(self.current_weights),
             self.icm_reward,
+            None if self.slots is None else list(self.slots),
+            self.fingerprint,
         ]
 
     @classmethod
     def from_json(cls, row: Sequence[Any]) -> DecisionRecord:
-        """Inverse of ``to_json``; floats round-trip exactly through JSON's ``repr`` form."""
-        (rid, pid, at, name, version, ids, raw, smoothed, turnover, latency, cur, icm) = row
+        """Inverse of ``to_json``; floats round-trip exactly through JSON's ``repr`` form.
+        A row spooled before ``slots`` and ``fingerprint`` existed (12 fields) reads too."""
+        (rid, pid, at, name, version, ids, raw, smoothed, turnover, latency, cur, icm) = row[:12]
+        slots, fingerprint = row[12:14] if len(row) >= 14 else (None, None)
         return cls(
             request_id=rid,
             portfolio_id=pid,
@@ -256,4 +285,6 @@ class DecisionRecord:
             latency_seconds=latency,
             current_weights=None if cur is None else tuple(cur),
             icm_reward=icm,
+            slots=None if slots is None else tuple(slots),
+            fingerprint=fingerprint,
         )

@@ -88,6 +88,10 @@ class Decision(Base):
     ``asset_ids`` and the weight arrays are parallel: position ``i`` of every array belongs to
     ``asset_ids[i]`` (the recorder writes cash as an explicit id when it records cash).
     ``request_id`` is the client's idempotency key: a retried request records once.
+    ``slots`` (the portfolio's slot layout after the decision) and ``request_fingerprint`` (a
+    digest of the request's inputs) are what a restarted server needs, beyond the weights, to
+    continue the portfolio's smoothing and answer a retry of this request; NULL on rows
+    recorded before they existed.
     """
 
     __tablename__ = "decisions"
@@ -109,6 +113,8 @@ class Decision(Base):
     turnover: Mapped[float] = mapped_column(Float)
     icm_reward: Mapped[float | None] = mapped_column(Float, nullable=True)
     latency_seconds: Mapped[float] = mapped_column(Float)
+    slots: Mapped[list[str] | None] = mapped_column(JsonType, nullable=True)
+    request_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class TrainingRun(Base):

@@ -46,6 +46,8 @@ DECISION_COLUMNS = (
     "turnover",
     "icm_reward",
     "latency_seconds",
+    "slots",
+    "request_fingerprint",
 )
 
 
@@ -62,6 +64,8 @@ STAGE_TYPES = (
     "float8",
     "float8",
     "float8",
+    "text[]",
+    "text",
 )
 # Arrays travel as binary float8[] and become JSONB inside Postgres: the float-to-text work
 # (Postgres prints the shortest exact form) runs in the server process, on the other core,
@@ -70,7 +74,8 @@ INSERT_FROM_STAGE = (
     "INSERT INTO decisions (" + ", ".join(DECISION_COLUMNS) + ") "
     "SELECT request_id, portfolio_id, decided_at, model_version_id, to_jsonb(asset_ids), "
     "to_jsonb(raw_weights), to_jsonb(smoothed_weights), to_jsonb(current_weights), turnover, "
-    "icm_reward, latency_seconds FROM decisions_stage ON CONFLICT (request_id) DO NOTHING"
+    "icm_reward, latency_seconds, to_jsonb(slots), request_fingerprint FROM decisions_stage "
+    "ON CONFLICT (request_id) DO NOTHING"
 )
 
 
@@ -164,7 +169,8 @@ class PostgresSink:
                     "request_id text, portfolio_id text, decided_at timestamptz, "
                     "model_version_id bigint, asset_ids text[], raw_weights float8[], "
                     "smoothed_weights float8[], current_weights float8[], turnover float8, "
-                    "icm_reward float8, latency_seconds float8) ON COMMIT DELETE ROWS"
+                    "icm_reward float8, latency_seconds float8, slots text[], "
+                    "request_fingerprint text) ON COMMIT DELETE ROWS"
                 )
             conn.commit()
         except psycopg.OperationalError as exc:
@@ -231,6 +237,8 @@ class PostgresSink:
                                     d.turnover,
                                     d.icm_reward,
                                     d.latency_seconds,
+                                    None if d.slots is None else list(d.slots),
+                                    d.fingerprint,
                                 )
                             )
                     cur.execute(INSERT_FROM_STAGE)
@@ -353,7 +361,7 @@ class SqliteSink:
                 before = conn.total_changes
                 conn.executemany(
                     "INSERT INTO decisions (" + ", ".join(DECISION_COLUMNS) + ") VALUES "
-                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING",
+                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING",
                     [
                         (
                             d.request_id,
@@ -367,6 +375,8 @@ class SqliteSink:
                             d.turnover,
                             d.icm_reward,
                             d.latency_seconds,
+                            None if d.slots is None else _dumps(d.slots),
+                            d.fingerprint,
                         )
                         for d in decisions
                     ],

@@ -41,7 +41,12 @@ class ServerConfig(StrictModel):
     reload_interval: float = Field(2.0, gt=0, description="seconds between registry scans")
     default_model: str | None = Field(None, description="model answering unpinned requests")
     prefer_cuda: bool = Field(True, description="use onnxruntime's CUDA provider if it loads")
-    idempotency_cache: int = Field(100_000, ge=0, description="answers kept for retries")
+    idempotency_cache: int = Field(
+        10_000,
+        ge=0,
+        description="request ids remembered (no answers) to refuse a reused or superseded id; "
+        "a retry of a portfolio's latest request is answered from its state regardless",
+    )
     grace_seconds: float = Field(10.0, ge=0, description="SIGTERM: time for in-flight calls")
     drain_seconds: float = Field(
         2.0, ge=0, description="SIGTERM: at most this long, new calls get UNAVAILABLE first"

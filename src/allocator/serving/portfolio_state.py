@@ -5,6 +5,10 @@ has exactly ``max_assets`` slots; a shared policy's portfolios keep at least the
 and grow past them when a request carries more assets, so ``n_slots`` is the state's own width.
 The byte form is what the Redis store keeps, on the request path: a struct header and raw
 array bytes, no JSON or base64.
+
+A state also carries the portfolio's last answer (``LastAnswer``: its request id, a digest of
+its inputs and the serialized response), so a retry is answered from wherever the state lives,
+under the same lock: another replica, or the same one after a restart.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["ModelKey", "PortfolioState", "StateDecodeError"]
+__all__ = ["LastAnswer", "ModelKey", "PortfolioState", "StateDecodeError"]
 
 Float64Array = NDArray[np.float64]
 Float32Array = NDArray[np.float32]
@@ -38,15 +42,34 @@ class ModelKey(NamedTuple):
     n_slots: int
 
 
+class LastAnswer(NamedTuple):
+    """A portfolio's last answer: what a retry of ``request_id`` gets back.
+
+    ``fingerprint`` is ``request_fingerprint`` of the request's inputs (a stable digest, the
+    same in every process); ``response`` the serialized ``AllocateResponse``.
+    """
+
+    request_id: str
+    fingerprint: bytes
+    response: bytes
+
+
+FINGERPRINT_BYTES = 16
+"""Size of a request fingerprint (blake2b digest)."""
+
 # Layout of ``PortfolioState.to_bytes``: a fixed 24-byte header (magic, format, flags, slot count,
-# string count, observation width, steps), then the arrays (8-aligned first, so ``frombuffer``
-# views are aligned), then the strings' lengths in characters and the strings (name, version,
-# slot assets) as one UTF-8 text, decoded in one call.
+# string count, observation width, steps, response length), then the arrays (8-aligned first, so
+# ``frombuffer`` views are aligned), then the last answer's fingerprint and response bytes, then
+# the strings' lengths in characters and the strings (name, version, slot assets, and the last
+# request id) as one UTF-8 text, decoded in one call. Format 1 (no last answer; the response
+# length was padding) is still read.
 _MAGIC = b"AS"
-_FORMAT = 1
-_HEADER = struct.Struct("<2sBBHHIQ4x")
+_FORMAT = 2
+_FORMATS = (1, 2)
+_HEADER = struct.Struct("<2sBBHHIQI")
 _HAS_OBSERVATION = 1
 _HAS_ACTION = 2
+_HAS_LAST = 4
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -57,7 +80,8 @@ class PortfolioState:
     weights per slot (``n_slots``); ``observation`` and ``action`` the previous decision's raw
     observation and policy action (the ICM's inputs; ``None`` before the first decision and
     under a model without ICM, which keeps such states ~10x smaller); ``steps`` the decisions
-    made since the state started.
+    made since the state started; ``last`` the answer to the portfolio's latest request
+    (``None`` for a state that has none, such as one written by an older server).
     """
 
     model: ModelKey
@@ -66,6 +90,7 @@ class PortfolioState:
     observation: Float32Array | None
     action: Float32Array | None
     steps: int
+    last: LastAnswer | None = None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PortfolioState):
@@ -74,6 +99,7 @@ class PortfolioState:
             self.model == other.model
             and self.slots == other.slots
             and self.steps == other.steps
+            and self.last == other.last
             and np.array_equal(self.smoothed, other.smoothed)
             and _same_optional(self.observation, other.observation)
             and _same_optional(self.action, other.action)
@@ -86,14 +112,27 @@ class PortfolioState:
 
         On the request path, so no JSON or base64: about 3 kB for 20 assets and a window of 30.
         """
+        last = self.last
         strings = (self.model.name, self.model.version, *self.slots)
-        flags = (_HAS_OBSERVATION if self.observation is not None else 0) | (
-            _HAS_ACTION if self.action is not None else 0
+        if last is not None:
+            strings = (*strings, last.request_id)
+        flags = (
+            (_HAS_OBSERVATION if self.observation is not None else 0)
+            | (_HAS_ACTION if self.action is not None else 0)
+            | (_HAS_LAST if last is not None else 0)
         )
         obs_len = 0 if self.observation is None else int(self.observation.size)
+        response_len = 0 if last is None else len(last.response)
         parts = [
             _HEADER.pack(
-                _MAGIC, _FORMAT, flags, self.model.n_slots, len(strings), obs_len, self.steps
+                _MAGIC,
+                _FORMAT,
+                flags,
+                self.model.n_slots,
+                len(strings),
+                obs_len,
+                self.steps,
+                response_len,
             ),
             np.ascontiguousarray(self.smoothed, dtype="<f8").tobytes(),
         ]
@@ -101,6 +140,11 @@ class PortfolioState:
             parts.append(np.ascontiguousarray(self.observation, dtype="<f4").tobytes())
         if self.action is not None:
             parts.append(np.ascontiguousarray(self.action, dtype="<f4").tobytes())
+        if last is not None:
+            if len(last.fingerprint) != FINGERPRINT_BYTES:
+                raise ValueError(f"a fingerprint has {FINGERPRINT_BYTES} bytes")
+            parts.append(last.fingerprint)
+            parts.append(last.response)
         parts.append(struct.pack(f"<{len(strings)}I", *map(len, strings)))  # in characters
         parts.append("".join(strings).encode())
         return b"".join(parts)
@@ -119,10 +163,12 @@ class PortfolioState:
     def _decode(cls, view: memoryview) -> PortfolioState:
         if len(view) < _HEADER.size:
             raise StateDecodeError(f"portfolio state of {len(view)} bytes is too short")
-        magic, fmt, flags, n_slots, n_strings, obs_len, steps = _HEADER.unpack_from(view)
-        if magic != _MAGIC or fmt != _FORMAT:
+        header = _HEADER.unpack_from(view)
+        magic, fmt, flags, n_slots, n_strings, obs_len, steps, response_len = header
+        if magic != _MAGIC or fmt not in _FORMATS:
             raise StateDecodeError(f"not a portfolio state (magic {magic!r}, format {fmt})")
-        if n_slots < 2 or n_strings != n_slots + 1:
+        has_last = fmt >= 2 and bool(flags & _HAS_LAST)
+        if n_slots < 2 or n_strings != n_slots + 1 + has_last:
             raise StateDecodeError(f"inconsistent slot count {n_slots} / {n_strings} strings")
         at = _HEADER.size
         smoothed = np.frombuffer(view, "<f8", n_slots, at)
@@ -135,6 +181,14 @@ class PortfolioState:
         if flags & _HAS_ACTION:
             action = np.frombuffer(view, "<f4", n_slots, at)
             at += 4 * n_slots
+        last_bytes = None
+        if has_last:
+            end = at + FINGERPRINT_BYTES + response_len
+            if end > len(view):
+                raise StateDecodeError("portfolio state shorter than its last answer")
+            split = at + FINGERPRINT_BYTES
+            last_bytes = (bytes(view[at:split]), bytes(view[split:end]))
+            at = end
         lengths = struct.unpack_from(f"<{n_strings}I", view, at)
         text = str(view[at + 4 * n_strings :], "utf-8")  # one decode, then slices
         if sum(lengths) != len(text):
@@ -144,6 +198,9 @@ class PortfolioState:
         for n in lengths:
             strings.append(text[at : at + n])
             at += n
+        last = None
+        if last_bytes is not None:
+            last = LastAnswer(strings.pop(), *last_bytes)
         return cls(
             model=ModelKey(strings[0], strings[1], n_slots),
             slots=tuple(strings[2:]),
@@ -151,6 +208,7 @@ class PortfolioState:
             observation=observation,
             action=action,
             steps=steps,
+            last=last,
         )
 
 

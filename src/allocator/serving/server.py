@@ -42,6 +42,7 @@ from allocator.serving.decoding import DecodeGuardInterceptor
 from allocator.serving.loader import LoadedModel
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
+from allocator.serving.restore import restore_states
 from allocator.serving.security import TokenAuthInterceptor, read_tokens, server_credentials
 from allocator.serving.state import (
     MemoryStateStore,
@@ -88,13 +89,13 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         store: StateStore,
         metrics: ServingMetrics,
         recorder: Recorder | None,
-        idempotency_cache: int = 100_000,
+        recent_requests: int = 10_000,
     ) -> None:
         self.registry = registry
         self.store = store
         self.metrics = metrics
         self.recorder = recorder
-        self.step = DecisionStep(store, recorder, metrics, idempotency_cache)
+        self.step = DecisionStep(store, recorder, metrics, recent_requests)
         self.draining = threading.Event()
         self.last_call = 0.0  # time.monotonic() of the latest call, for the drain
 
@@ -343,10 +344,14 @@ def build_server(
         metrics=metrics,
     )
     recorder = _open_recorder(config, metrics_registry)
-    _load_models(registry, config, metrics, recorder)
     store: StateStore = (
         RedisStateStore(config.redis_url) if config.redis_url else MemoryStateStore()
     )
+    if recorder is not None and isinstance(store, MemoryStateStore):
+        # Before the recorder starts: its writer replays (and deletes) the spool being read.
+        restored = restore_states(recorder.sink.url, recorder.spool, store)
+        log.info("restored %d portfolio states from the recorded decisions", restored)
+    _load_models(registry, config, metrics, recorder)
     servicer = AllocatorServicer(registry, store, metrics, recorder, config.idempotency_cache)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     server = _grpc_server(config, metrics, servicer, health_servicer)

@@ -13,9 +13,11 @@ What the order guarantees:
 * The recorder accepts the records before the states advance. If it refuses them (its spool is
   full) the states stay as they were and ``RecorderRefusedError`` reaches the caller: no
   decision is acted on that was not recorded.
-* A retried request (same ``request_id`` and inputs) gets its first answer back from the
-  idempotency cache, checked before locking and again under the locks, so a duplicate that was
-  in flight while this call waited gets that answer, not a second smoothing step.
+* A retried request (same ``request_id`` and inputs) gets its first answer back, with no second
+  step and no second record: a portfolio's state carries the answer to its latest request
+  (``PortfolioState.last``), read under the portfolio's lock, so a duplicate that was in flight
+  while this call waited, or a retry on another replica or after a restart, gets that answer.
+  Only the latest answer is kept; see ``serving.idempotency`` for older ids.
 * A call whose deadline passed while it waited for the locks decides nothing
   (``DeadlineExceededError``).
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -34,8 +36,9 @@ from allocator.recording.recorder import Recorder
 from allocator.recording.records import DecisionRecord
 from allocator.registry.errors import ModelNotFoundError
 from allocator.serving.decision import DecisionOutput, decide_batch
-from allocator.serving.idempotency import IdempotencyCache
+from allocator.serving.idempotency import RecentRequests, check_last, request_fingerprint
 from allocator.serving.loader import LoadedModel
+from allocator.serving.portfolio_state import LastAnswer, PortfolioState
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.state import StateStore
 from allocator.serving.validation import (
@@ -68,7 +71,7 @@ class DeadlineExceededError(Exception):
 @dataclass(frozen=True, slots=True)
 class Answer:
     """One request, as validated, and its answer; ``output`` (the decision with the current
-    weights it used) is ``None`` when a retry got its cached answer."""
+    weights it used) is ``None`` when a retry got its stored answer."""
 
     request: ValidRequest
     response: pb.AllocateResponse
@@ -84,10 +87,12 @@ def model_shape(model: LoadedModel) -> ModelShape:
 
 
 class DecisionStep:
-    """Decide, record and store, for one state store, recorder and answers cache.
+    """Decide, record and store, for one state store and recorder.
 
     ``recorder`` ``None`` records nothing (replays, experiments); ``metrics`` ``None`` observes
-    nothing; ``idempotency_cache`` is how many answers are kept for retries (0: none).
+    nothing; ``recent_requests`` is how many request ids this process remembers to refuse a
+    reused or superseded id (``serving.idempotency.RecentRequests``; 0: none). Retries of a
+    portfolio's latest request are answered from its state whatever this is.
     """
 
     def __init__(
@@ -95,12 +100,12 @@ class DecisionStep:
         store: StateStore,
         recorder: Recorder | None = None,
         metrics: ServingMetrics | None = None,
-        idempotency_cache: int = 0,
+        recent_requests: int = 0,
     ) -> None:
         self.store = store
         self.recorder = recorder
         self.metrics = metrics
-        self.answers = IdempotencyCache(idempotency_cache)
+        self.recent = RecentRequests(recent_requests)
 
     def allocate(
         self,
@@ -119,9 +124,6 @@ class DecisionStep:
             exc.add_note("model")
             raise
         valid = validate_request(request, model_shape(model), pin=pin)
-        cached = self.answers.get(valid)
-        if cached is not None:
-            return Answer(valid, cached, None)
         (answer,) = self.decide_and_record(
             model, [valid], started=started, time_remaining=time_remaining
         )
@@ -149,10 +151,6 @@ class DecisionStep:
         groups: dict[tuple[str, str], list[int]] = {}
         by_key: dict[tuple[str, str], LoadedModel] = {}
         for i, r in enumerate(valid):
-            cached = self.answers.get(r)
-            if cached is not None:
-                answers[i] = Answer(r, cached, None)
-                continue
             model = models[(r.model_name, r.model_version)]
             key = (model.name, model.version)
             by_key[key] = model
@@ -180,38 +178,42 @@ class DecisionStep:
 
         ``requests`` were validated against ``model``'s shape and name each portfolio once
         (``validate_batch`` refuses repeats: two steps of one portfolio in one call would have
-        no defined order).
+        no defined order). A retry of a portfolio's latest request gets the stored answer.
         """
         started = time.perf_counter() if started is None else started
         ids = [r.portfolio_id for r in requests]
+        fingerprints = [request_fingerprint(r) for r in requests]
         with self.store.locked(ids) as session:
             if time_remaining is not None:
                 remaining = time_remaining()
                 if remaining is not None and remaining <= 0:
                     raise DeadlineExceededError("deadline exceeded before deciding")
             states = session.get()
-            answers: list[Answer | None] = []
-            for r in requests:
-                cached = self.answers.get(r)
-                answers.append(None if cached is None else Answer(r, cached, None))
+            answers = self._stored_answers(requests, fingerprints, states)
             todo = [i for i, answer in enumerate(answers) if answer is None]
+            if not todo:
+                return answers  # type: ignore[return-value]  # all retries, nothing to store
             results = decide_batch(model, [requests[i] for i in todo], [states[i] for i in todo])
             decided_at = dt.datetime.now(dt.UTC)
             latency = time.perf_counter() - started
             if self.recorder is not None and todo:
                 self.recorder.submit_many(
                     [
-                        _record(model, requests[i], out, decided_at, latency)
-                        for i, (out, _) in zip(todo, results, strict=True)
+                        _record(
+                            model, requests[i], out, state, fingerprints[i], decided_at, latency
+                        )
+                        for i, (out, state) in zip(todo, results, strict=True)
                     ]
                 )
-            for i, (_, state) in zip(todo, results, strict=True):
-                states[i] = state
+            for i, (out, state) in zip(todo, results, strict=True):
+                r = requests[i]
+                response = _response(model, r, out)
+                last = LastAnswer(r.request_id, fingerprints[i], response.SerializeToString())
+                states[i] = replace(state, last=last)
+                answers[i] = Answer(r, response, out)
             session.put(states)
-            for i, (out, _) in zip(todo, results, strict=True):
-                response = _response(model, requests[i], out)
-                self.answers.put(requests[i], response)
-                answers[i] = Answer(requests[i], response, out)
+        for i in todo:
+            self.recent.put(requests[i], fingerprints[i])
         if self.metrics is not None:
             for out, _ in results:
                 self.metrics.observe_decision(
@@ -219,14 +221,36 @@ class DecisionStep:
                 )
         return answers  # type: ignore[return-value]  # every None was decided above
 
+    def _stored_answers(
+        self,
+        requests: Sequence[ValidRequest],
+        fingerprints: Sequence[bytes],
+        states: Sequence[PortfolioState | None],
+    ) -> list[Answer | None]:
+        """Per request, the stored answer when it retries its portfolio's latest request, else
+        None (to decide); a reused or superseded id raises ``InvalidRequest``."""
+        answers: list[Answer | None] = []
+        for r, fingerprint, state in zip(requests, fingerprints, states, strict=True):
+            stored = check_last(r, fingerprint, None if state is None else state.last)
+            if stored is None:
+                self.recent.check(r, fingerprint)
+                answers.append(None)
+            else:
+                answers.append(Answer(r, pb.AllocateResponse.FromString(stored), None))
+        return answers
+
 
 def _record(
     model: LoadedModel,
     request: ValidRequest,
     out: DecisionOutput,
+    state: PortfolioState,
+    fingerprint: bytes,
     decided_at: dt.datetime,
     latency: float,
 ) -> DecisionRecord:
+    """The decision's row; with the new slot layout and the request's fingerprint, so a restarted
+    server can rebuild the portfolio's state and last answer from it (``serving.restore``)."""
     return DecisionRecord.from_validated(
         request_id=request.request_id,
         portfolio_id=request.portfolio_id,
@@ -240,6 +264,8 @@ def _record(
         turnover=out.turnover,
         icm_reward=out.icm_reward,
         latency_seconds=latency,
+        slots=state.slots,
+        fingerprint=fingerprint.hex(),
     )
 
 

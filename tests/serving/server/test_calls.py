@@ -137,7 +137,14 @@ def test_retried_request_is_answered_once(shared: Conn) -> None:
         assert code is INVALID
         assert details.startswith("request_id: ")
         assert "other inputs" in details
+    # The first request again, unchanged, after a later one: its answer is no longer kept (only
+    # the latest is), and deciding it again would step twice, so it is refused.
+    code, details, _ = shared.call("Allocate", first)
+    assert code is INVALID
+    assert "no longer the latest" in details
+    assert shared.allocate(make_request("retry", seed=2, request_id="retry-2")) == nxt
     assert shared.state("retry").steps == 2
+    assert shared.state("retry").last.request_id == "retry-2"
 
 
 def test_batch_retry_and_mixed_batch(shared: Conn) -> None:

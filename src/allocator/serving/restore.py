@@ -1,0 +1,195 @@
+"""Rebuild portfolio states from the recorded decisions, so a restart is invisible to clients.
+
+With the in-memory store a restarted server would start every portfolio again (its first
+smoothed weights equal to its raw ones: a jump). But each decision row holds what the next
+decision needs: the smoothed weights, the slot layout (``decisions.slots``), the model, and
+the answer itself with its request's fingerprint. At start, before the recorder replays its
+spool, the server reads the latest row per portfolio (one query with a window function, on
+SQLite and Postgres alike), lets any later record still in the spool (not yet in the
+database) take its place, and puts the rebuilt states into the store.
+
+Restored per portfolio: the slots, the smoothed weights (exactly: the recorded floats are the
+served ones), the model that made them, the number of recorded decisions as ``steps``, and the
+last answer, so a retry of the latest request is answered again and not decided twice. Not
+restored: the ICM's previous observation and action (the request's prices are not recorded),
+so the first decision after a restart carries no ICM reward, as after a universe change.
+Rows recorded before ``slots`` existed, and decisions accepted but not yet durable when a
+process was killed, cannot be restored: those portfolios start again. A portfolio reset
+(``ResetPortfolio``) is not recorded, so a restart brings its last recorded state back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+from allocator.portfolio import CASH_ID
+from allocator.recording.records import DecisionRecord
+from allocator.recording.schema import Decision, ModelVersion
+from allocator.recording.spool import Spool
+from allocator.serving.portfolio_state import LastAnswer, ModelKey, PortfolioState
+from allocator.serving.proto.v1 import allocator_pb2 as pb
+from allocator.serving.state import StateStore
+
+__all__ = ["Latest", "latest_decisions", "restore_states", "state_from_record"]
+
+log = logging.getLogger("allocator.serving")
+
+_CHUNK = 1_000
+"""Portfolios put into the store per locked session."""
+
+
+@dataclass(frozen=True, slots=True)
+class Latest:
+    """A portfolio's latest decision and how many it has recorded."""
+
+    record: DecisionRecord
+    count: int
+
+
+def _utc(t: dt.datetime) -> dt.datetime:
+    return t.replace(tzinfo=dt.UTC) if t.utcoffset() is None else t.astimezone(dt.UTC)
+
+
+def latest_decisions(database_url: str) -> dict[str, Latest]:
+    """The latest recorded decision of every portfolio (by ``decided_at``, then row id), without
+    its current weights (not needed to continue, and JSON decoding dominates the time)."""
+    d = Decision.__table__
+    m = ModelVersion.__table__
+    order = (d.c.decided_at.desc(), d.c.id.desc())
+    needed = [c for c in d.c if c.name != "current_weights"]  # the one vector restore ignores
+    ranked = sa.select(
+        *needed,
+        sa.func.row_number().over(partition_by=d.c.portfolio_id, order_by=order).label("rank"),
+        sa.func.count().over(partition_by=d.c.portfolio_id).label("n"),
+    ).subquery()
+    query = (
+        sa.select(ranked, m.c.name, m.c.version)
+        .join(m, m.c.id == ranked.c.model_version_id)
+        .where(ranked.c.rank == 1)
+    )
+    url = sa.make_url(database_url)
+    if url.get_backend_name() == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")  # the driver the recorder uses
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(query).mappings().all()
+    finally:
+        engine.dispose()
+    out: dict[str, Latest] = {}
+    for row in rows:
+        slots = row["slots"]
+        record = DecisionRecord(
+            request_id=row["request_id"],
+            portfolio_id=row["portfolio_id"],
+            decided_at=_utc(row["decided_at"]),
+            model_name=row["name"],
+            model_version=row["version"],
+            asset_ids=tuple(row["asset_ids"]),
+            raw_weights=tuple(row["raw_weights"]),
+            smoothed_weights=tuple(row["smoothed_weights"]),
+            turnover=row["turnover"],
+            latency_seconds=row["latency_seconds"],
+            icm_reward=row["icm_reward"],
+            slots=None if slots is None else tuple(slots),
+            fingerprint=row["request_fingerprint"],
+        )
+        out[record.portfolio_id] = Latest(record, int(row["n"]))
+    return out
+
+
+def spooled_decisions(spool: Spool) -> Iterator[DecisionRecord]:
+    """The decisions still in the spool, oldest segment first (some may be in the database
+    too: a segment replayed just before a crash; the later-wins merge absorbs them)."""
+    for segment in spool.segments():
+        for frame in spool.read(segment):
+            for row in frame.get("d", ()):
+                yield DecisionRecord.from_json(row)
+
+
+def merge_spooled(latest: dict[str, Latest], spooled: Iterable[DecisionRecord]) -> None:
+    """Let a spooled record that is later than a portfolio's latest row take its place."""
+    for record in spooled:
+        known = latest.get(record.portfolio_id)
+        if known is None:
+            latest[record.portfolio_id] = Latest(record, 1)
+        elif record.request_id == known.record.request_id:
+            continue
+        elif _utc(record.decided_at) >= known.record.decided_at:
+            latest[record.portfolio_id] = Latest(record, known.count + 1)
+
+
+def response_of(record: DecisionRecord) -> pb.AllocateResponse:
+    """The answer the record was given as (the server's ``_response``, from the row)."""
+    response = pb.AllocateResponse(
+        request_id=record.request_id,
+        portfolio_id=record.portfolio_id,
+        asset_ids=record.asset_ids,
+        raw_weights=record.raw_weights,
+        smoothed_weights=record.smoothed_weights,
+        model=pb.ModelRef(name=record.model_name, version=record.model_version),
+        turnover=record.turnover,
+    )
+    if record.icm_reward is not None:
+        response.icm_reward = record.icm_reward
+    return response
+
+
+def state_from_record(record: DecisionRecord, steps: int) -> PortfolioState | None:
+    """The state the decision left its portfolio in; None when the record has no slots."""
+    if record.slots is None or record.asset_ids[:1] != (CASH_ID,):
+        return None
+    weight = dict(zip(record.asset_ids, record.smoothed_weights, strict=True))
+    smoothed = np.array(
+        [weight[CASH_ID]] + [weight.get(a, 0.0) if a else 0.0 for a in record.slots]
+    )
+    smoothed.setflags(write=False)
+    last = None
+    if record.fingerprint is not None:
+        response = response_of(record).SerializeToString()
+        last = LastAnswer(record.request_id, bytes.fromhex(record.fingerprint), response)
+    return PortfolioState(
+        model=ModelKey(record.model_name, record.model_version, len(record.slots) + 1),
+        slots=record.slots,
+        smoothed=smoothed,
+        observation=None,
+        action=None,
+        steps=steps,
+        last=last,
+    )
+
+
+def restore_states(database_url: str, spool: Spool | None, store: StateStore) -> int:
+    """Put every portfolio's latest recorded state into ``store``; the number restored.
+
+    Call it before the recorder starts (its writer replays and deletes spool segments). A
+    database that cannot be read is logged as an error and only the spool is restored: the
+    server still starts (as it does to spool through an outage), its other portfolios anew.
+    """
+    try:
+        latest = latest_decisions(database_url)
+    except sa.exc.DBAPIError as exc:
+        log.error("cannot read the recorded decisions, portfolios start again: %s", exc)
+        latest = {}
+    if spool is not None:
+        merge_spooled(latest, spooled_decisions(spool))
+    states = {pid: state_from_record(x.record, x.count) for pid, x in latest.items()}
+    ready = {pid: s for pid, s in states.items() if s is not None}
+    if len(ready) < len(states):
+        log.warning(
+            "%d portfolio(s) recorded without a slot layout start again",
+            len(states) - len(ready),
+        )
+    ids: Sequence[str] = sorted(ready)
+    for at in range(0, len(ids), _CHUNK):
+        chunk = ids[at : at + _CHUNK]
+        with store.locked(chunk) as session:
+            session.put([ready[pid] for pid in chunk])
+    return len(ready)
