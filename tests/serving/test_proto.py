@@ -153,7 +153,7 @@ def test_numeric_wire_types() -> None:
         ),
         ("AllocateBatchRequest", {"requests": (1, True)}),
         ("AllocateBatchResponse", {"responses": (1, True)}),
-        ("AllocateStreamRequest", {"sequence": (1, False), "requests": (2, True)}),
+        ("AllocateStreamRequest", {"sequence": (1, False), "batch": (2, False)}),
         (
             "AllocateStreamResponse",
             {"sequence": (1, False), "responses": (2, True), "error": (3, False)},

@@ -325,9 +325,9 @@ def stream_request(
     sequence: int, requests: Iterable[AllocationRequest | Mapping[str, Any]]
 ) -> allocator_pb2.AllocateStreamRequest:
     """One ``AllocateStream`` message: a batch and the number its answer will echo."""
-    return allocator_pb2.AllocateStreamRequest(
-        sequence=sequence, requests=batch_request(requests).requests
-    )
+    message = allocator_pb2.AllocateStreamRequest(sequence=sequence)
+    message.batch.requests.extend(batch_request(requests).requests)
+    return message
 
 
 @dataclass(frozen=True)

@@ -188,10 +188,10 @@ class AllocationStreams:
         if isinstance(item, Undecodable):
             self.metrics.observe_request(METHOD, grpc.StatusCode.INVALID_ARGUMENT, 0.0)
             return _error(0, grpc.StatusCode.INVALID_ARGUMENT, item.message)
-        decisions = len(item.requests)
+        decisions = len(item.batch.requests)
         try:
             answers = self.step.allocate_batch(
-                pb.AllocateBatchRequest(requests=item.requests),
+                item.batch,
                 self.resolver(),
                 started=start,
                 time_remaining=context.time_remaining,
@@ -202,9 +202,8 @@ class AllocationStreams:
                 log.exception("%s failed", METHOD)
             self.metrics.observe_request(METHOD, code, time.perf_counter() - start, decisions)
             return _error(item.sequence, code, message)
-        response = pb.AllocateStreamResponse(
-            sequence=item.sequence, responses=[a.response for a in answers]
-        )
+        response = pb.AllocateStreamResponse(sequence=item.sequence)
+        response.responses.extend(a.response for a in answers)
         self.metrics.observe_request(
             METHOD, grpc.StatusCode.OK, time.perf_counter() - start, decisions
         )

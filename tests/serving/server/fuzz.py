@@ -143,9 +143,8 @@ class Fuzzer:
 
     def _stream_message(self) -> bytes:
         ids = self.rng.sample(PORTFOLIOS, self.rng.randint(1, 3))
-        message = pb.AllocateStreamRequest(
-            sequence=self.rng.randrange(1 << 64), requests=[self.allocate_request(p) for p in ids]
-        )
+        batch = pb.AllocateBatchRequest(requests=[self.allocate_request(p) for p in ids])
+        message = pb.AllocateStreamRequest(sequence=self.rng.randrange(1 << 64), batch=batch)
         return message.SerializeToString()
 
     def _health(self) -> bytes:
@@ -208,7 +207,7 @@ class Fuzzer:
             )
             if method in (BATCH, STREAM):
                 request = self.allocate_request().SerializeToString()
-                return length_delimited(1 if method == BATCH else 2, request + inner)
+                return _in_batch(method, request + inner)
             return inner
         if method == REFLECTION:
             return length_delimited(self.rng.choice([1, 4, 7]), payload)
@@ -244,6 +243,11 @@ class Fuzzer:
             values.append(struct.unpack("<d", self.rng.randbytes(8))[0])  # any bit pattern
         packed = length_delimited(self.rng.choice([4, 5]), struct.pack(f"<{len(values)}d", *values))
         if method in (BATCH, STREAM):
-            request = self.allocate_request().SerializeToString() + packed
-            return data + length_delimited(1 if method == BATCH else 2, request)
+            return data + _in_batch(method, self.allocate_request().SerializeToString() + packed)
         return data + packed
+
+
+def _in_batch(method: str, request: bytes) -> bytes:
+    """``request`` (an AllocateRequest's bytes) as one item of the method's batch."""
+    item = length_delimited(1, request)  # AllocateBatchRequest.requests
+    return item if method == BATCH else length_delimited(2, item)  # AllocateStreamRequest.batch

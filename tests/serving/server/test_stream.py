@@ -39,7 +39,8 @@ STREAM = f"/{SERVICE_NAME}/AllocateStream"
 
 
 def _message(sequence: int, *requests: pb.AllocateRequest) -> pb.AllocateStreamRequest:
-    return pb.AllocateStreamRequest(sequence=sequence, requests=list(requests))
+    batch = pb.AllocateBatchRequest(requests=list(requests))
+    return pb.AllocateStreamRequest(sequence=sequence, batch=batch)
 
 
 def _stream(conn: Conn, messages: list[pb.AllocateStreamRequest], **kwargs: object) -> list:
@@ -82,7 +83,9 @@ def test_the_answers_of_allocate_in_request_order(shared: Conn) -> None:
     assert [r.sequence for r in replies] == [100, 99, 98]  # echoed, in request order
     for reply, message in zip(replies, messages, strict=True):
         assert not reply.HasField("error")
-        assert [r.request_id for r in reply.responses] == [r.request_id for r in message.requests]
+        assert [r.request_id for r in reply.responses] == [
+            r.request_id for r in message.batch.requests
+        ]
         streamed.extend(reply.responses)
     for a, b in zip(unary, streamed, strict=True):
         _same_decision(a, b)
@@ -111,7 +114,7 @@ def test_a_bad_message_gets_its_own_error_and_the_stream_goes_on(shared: Conn) -
         _message(1, make_request(pid, seed=1)).SerializeToString(),
         _message(2, make_request(f"{pid}-x"), bad_price).SerializeToString(),
         b"\xff\xff\xff",  # not a message at all
-        length_delimited(2, length_delimited(1, BAD_UTF8[0])),  # a portfolio id not UTF-8
+        length_delimited(2, length_delimited(1, length_delimited(1, BAD_UTF8[0]))),  # an id
         _message(5, make_request(f"{pid}-p", model="nosuch")).SerializeToString(),
         _message(6).SerializeToString(),  # no request
         _message(7, make_request(pid, seed=7)).SerializeToString(),

@@ -66,12 +66,12 @@ class AllocateBatchResponse(_message.Message):
     def __init__(self, responses: _Optional[_Iterable[_Union[AllocateResponse, _Mapping]]] = ...) -> None: ...
 
 class AllocateStreamRequest(_message.Message):
-    __slots__ = ("sequence", "requests")
+    __slots__ = ("sequence", "batch")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
-    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     sequence: int
-    requests: _containers.RepeatedCompositeFieldContainer[AllocateRequest]
-    def __init__(self, sequence: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[AllocateRequest, _Mapping]]] = ...) -> None: ...
+    batch: AllocateBatchRequest
+    def __init__(self, sequence: _Optional[int] = ..., batch: _Optional[_Union[AllocateBatchRequest, _Mapping]] = ...) -> None: ...
 
 class AllocateStreamResponse(_message.Message):
     __slots__ = ("sequence", "responses", "error")
