@@ -75,8 +75,8 @@ class _Inbox:
                 if draining.is_set() and self._drain_left is None:
                     self._drain_left = len(self._items)  # what had arrived: answer it
                 if self._drain_left is not None:
-                    if self._drain_left == 0:
-                        return _DRAINED
+                    if self._drain_left == 0:  # all answered; more to come unless it ended
+                        return _END if self._ended and not self._items else _DRAINED
                     self._drain_left -= 1
                 if self._items:
                     item = self._items.popleft()

@@ -248,3 +248,36 @@ def test_a_drain_answers_what_arrived_then_ends_open_streams(
         conn.channel.close()
     assert not stopper.is_alive()
     assert server.servicer.streams.open_streams == 0
+
+
+def test_a_drain_mid_stream_leaves_no_decision_unanswered(
+    tiny_registry: Path, tmp_path: Path
+) -> None:
+    """Stopped while messages wait: what was decided was answered (and recorded), in order;
+    the rest decided nothing and can be resent on a new stream."""
+    server = start_server(tmp_path, tiny_registry, drain_seconds=5.0)
+    conn = connect(server)
+    outbox: queue.Queue[pb.AllocateStreamRequest | None] = queue.Queue()
+    for k in range(1, 41):
+        outbox.put(_message(k, make_request(f"busy{k}", seed=k, request_id=f"busy-{k}")))
+    stream = conn.stub.AllocateStream(iter(outbox.get, None), timeout=60)
+    answered = [next(stream)]  # under way
+    stopper = threading.Thread(target=server.stop)
+    stopper.start()
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            answered.extend(stream)
+        assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+    finally:
+        outbox.put(None)
+        stopper.join(WAIT)
+        conn.channel.close()
+    assert not stopper.is_alive()
+    assert [r.sequence for r in answered] == list(range(1, len(answered) + 1))
+    assert all(len(r.responses) == 1 for r in answered)
+    db = sqlite3.connect(tmp_path / "trades.db")
+    try:
+        recorded = sorted(r[0] for r in db.execute("SELECT request_id FROM decisions"))
+    finally:
+        db.close()
+    assert recorded == sorted(f"busy-{r.sequence}" for r in answered)
