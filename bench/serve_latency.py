@@ -12,7 +12,9 @@ Phases, each ``--duration`` seconds:
   the batch call (``AllocateBatch`` of ``--batch-size`` portfolios in a loop);
 - Allocator's own: an open-loop sweep (calls issued at fixed rates whatever the answers do,
   latency measured from the scheduled send time, so a stall is not hidden by the generator
-  waiting on it).
+  waiting on it), and the streaming call (one ``AllocateStream`` whose messages each carry
+  ``--stream-size`` portfolios, ``--in-flight`` messages sent ahead of their answers; its
+  latency is a message's, from its send to its answer).
 
 ``comparison`` gives, per compared phase and database, the medians over rounds and their
 ratios to the bare server's (P50, P95, rate). Every call uses a new request id (a reused one
@@ -216,6 +218,9 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
             **percentiles(latencies),
         }
 
+    if kind == "stream":
+        return _stream_phase(stub, phase, templates)
+
     # batch
     size = phase["batch_size"]
     i = 0
@@ -241,6 +246,52 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
         "phase": f"batch_{size}",
         "batch_size": size,
         "calls": i,
+        "decisions_per_s": round(decisions / elapsed, 1),
+        "codes": codes,
+        **percentiles(latencies),
+    }
+
+
+def _stream_phase(stub: Any, phase: dict[str, Any], templates: list[Any]) -> dict[str, Any]:
+    """One ``AllocateStream`` call for ``duration`` seconds, ``in_flight`` messages ahead."""
+    import grpc
+
+    from allocator.serving.proto.v1 import allocator_pb2 as pb
+
+    size, depth, tag = phase["batch_size"], phase["in_flight"], phase["tag"]
+    names = {code.value[0]: code.name for code in grpc.StatusCode}
+    slots = threading.Semaphore(depth)
+    sent_at: dict[int, float] = {}
+    codes: dict[str, int] = {}
+    latencies: list[float] = []
+    end = time.perf_counter() + phase["duration"]
+
+    def messages() -> Any:
+        i = 0
+        while slots.acquire() and time.perf_counter() < end:
+            message = pb.AllocateStreamRequest(sequence=i)
+            for k in range(size):
+                item = message.batch.requests.add()
+                item.CopyFrom(templates[k % len(templates)])
+                item.request_id = f"{tag}-{i}-{k}"
+            sent_at[i] = time.perf_counter()
+            yield message
+            i += 1
+
+    decisions = 0
+    start = time.perf_counter()
+    for reply in stub.AllocateStream(messages(), timeout=phase["duration"] + 60):
+        latencies.append(time.perf_counter() - sent_at.pop(reply.sequence))
+        code = names[reply.error.code] if reply.HasField("error") else "OK"
+        codes[code] = codes.get(code, 0) + 1
+        decisions += len(reply.responses)
+        slots.release()
+    elapsed = time.perf_counter() - start
+    return {
+        "phase": f"stream_{size}",
+        "batch_size": size,
+        "in_flight": depth,
+        "calls": len(latencies),
         "decisions_per_s": round(decisions / elapsed, 1),
         "codes": codes,
         **percentiles(latencies),
@@ -279,9 +330,10 @@ def _phases(
     args: argparse.Namespace, shared: bool, max_assets: int, window: int
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(phases run against every server, round by round, for the ratios; phases run against
-    Allocator's servers only). A flat model: closed loops at its full width are compared, the
-    open-loop sweep and the batch call are Allocator's own. A shared model: closed loops at
-    each requested asset count, each with portfolios of its own, all compared."""
+    Allocator's servers only). A flat model: closed loops at its full width and the batch call
+    are compared, the open-loop sweep and the stream are Allocator's own. A shared model:
+    closed loops at each requested asset count, each with portfolios of its own, all
+    compared."""
     base = {"duration": args.duration, "portfolios": args.portfolios, "window": window}
     if shared:
         compared = [
@@ -303,6 +355,8 @@ def _phases(
     ]
     compared.append({"kind": "batch", "batch_size": args.batch_size, **common})
     own = [{"kind": "open", "rate": int(r), **common} for r in args.rates.split(",") if r]
+    stream = {"batch_size": args.stream_size or args.batch_size, "in_flight": args.in_flight}
+    own.append({"kind": "stream", **stream, **common})
     return compared, own
 
 
@@ -392,6 +446,10 @@ def main() -> None:
     parser.add_argument("--concurrency", default=None, help="default 1,8,32 (shared: 1)")
     parser.add_argument("--rates", default="500,1000,2000,2500,3000")
     parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument(
+        "--stream-size", type=int, default=None, help="portfolios per stream message (batch size)"
+    )
+    parser.add_argument("--in-flight", type=int, default=4, help="stream messages sent ahead")
     parser.add_argument("--portfolios", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=16, help="server handler threads")
     parser.add_argument("--budget-ms", type=float, default=10.0)

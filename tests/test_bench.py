@@ -83,10 +83,15 @@ def test_serve_latency_prints_its_figures_and_records_every_decision():
     assert runs == {(s, p, r) for s in servers for p in compared for r in (0, 1)} | {
         ("sqlite", "open_200", 0),
         ("postgresql", "open_200", 0),
+        ("sqlite", "stream_16", 0),
+        ("postgresql", "stream_16", 0),
     }
     for p in figures["phases"]:
         assert set(p["codes"]) == {"OK"}, p
         assert p["p99_ms"] >= p["p95_ms"] >= p["p50_ms"] > 0
+        if p["phase"] == "stream_16":
+            assert p["decisions_per_s"] > 0
+            assert p["in_flight"] == 4
     ratios = {(c["phase"], c["database"]): c for c in figures["comparison"]}
     assert set(ratios) == {(p, d) for p in compared for d in servers[1:]}
     for c in ratios.values():  # each ratio is the medians' ratio it claims to be

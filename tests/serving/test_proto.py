@@ -83,12 +83,18 @@ def test_service_name_and_methods() -> None:
     assert methods == {
         "Allocate": ("AllocateRequest", "AllocateResponse"),
         "AllocateBatch": ("AllocateBatchRequest", "AllocateBatchResponse"),
+        "AllocateStream": ("AllocateStreamRequest", "AllocateStreamResponse"),
         "ListModels": ("ListModelsRequest", "ListModelsResponse"),
         "ResetPortfolio": ("ResetPortfolioRequest", "ResetPortfolioResponse"),
     }
     for name in methods:
         assert hasattr(allocator_pb2_grpc.AllocatorStub, "__init__")
         assert hasattr(allocator_pb2_grpc.AllocatorServicer, name)
+    streaming = {m.name for m in service.methods if m.client_streaming or m.server_streaming}
+    assert streaming == {"AllocateStream"}
+    stream = service.methods_by_name["AllocateStream"]
+    assert stream.client_streaming
+    assert stream.server_streaming
 
 
 def _fields(message: str) -> dict[str, tuple[int, bool]]:
@@ -147,6 +153,12 @@ def test_numeric_wire_types() -> None:
         ),
         ("AllocateBatchRequest", {"requests": (1, True)}),
         ("AllocateBatchResponse", {"responses": (1, True)}),
+        ("AllocateStreamRequest", {"sequence": (1, False), "batch": (2, False)}),
+        (
+            "AllocateStreamResponse",
+            {"sequence": (1, False), "responses": (2, True), "error": (3, False)},
+        ),
+        ("StreamError", {"code": (1, False), "message": (2, False)}),
         ("ListModelsRequest", {}),
         (
             "ModelInfo",

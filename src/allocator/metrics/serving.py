@@ -41,9 +41,10 @@ class ServingMetrics:
     ``latency_budget_seconds`` is the configured P95 budget of one decision: the latency
     histogram has a bucket exactly at it, and ``allocator_serving_over_budget_total`` counts
     requests strictly above it (so ``over_budget == count - bucket{le=budget}`` per method). A
-    call carrying several decisions (``AllocateBatch``) is observed per decision, its time
-    divided by their number: a batch of n decisions is within budget when it takes at most n
-    budgets, and the same alert serves both methods. ``grpc_method`` is the short
+    call carrying several decisions (``AllocateBatch``, and each message of ``AllocateStream``,
+    observed as its own request) is observed per decision, its time divided by their number: a
+    batch of n decisions is within budget when it takes at most n budgets, and the same alert
+    serves every method. ``grpc_method`` is the short
     gRPC method name (``Allocate``); ``grpc_code`` a ``grpc.StatusCode`` name (``OK``,
     ``UNAVAILABLE``).
     """
@@ -100,7 +101,7 @@ class ServingMetrics:
         )
         self.batch_size = Histogram(
             "allocator_serving_batch_size",
-            "Portfolios per batch allocation call.",
+            "Portfolios per batch allocation call (or stream message).",
             buckets=BATCH_SIZE_BUCKETS,
             registry=registry,
         )
@@ -200,7 +201,7 @@ class ServingMetrics:
             self.icm_reward.observe(float(icm_reward))
 
     def observe_batch(self, size: int) -> None:
-        """One batch allocation call of ``size`` portfolios."""
+        """One batch allocation call (or ``AllocateStream`` message) of ``size`` portfolios."""
         self.batch_size.observe(size)
 
     def set_model(self, name: str, version: str, algorithm: str) -> None:

@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -31,10 +31,12 @@ from allocator.serving.client import (
     ModelInfo,
     ModelRefusal,
     RetryPolicy,
+    StreamAnswer,
     batch_request,
     bearer_metadata,
     channel_credentials,
     channel_options,
+    stream_request,
 )
 from allocator.serving.proto import SERVICE_NAME, allocator_pb2, allocator_pb2_grpc
 
@@ -125,6 +127,36 @@ class AsyncAllocatorClient:
         """Weights for many portfolios in one call, in request order; all or nothing."""
         response = await self._call(self._stub.AllocateBatch, batch_request(requests), timeout)
         return [Allocation.from_proto(r) for r in response.responses]
+
+    async def allocate_stream(
+        self,
+        batches: AsyncIterable[Iterable[AllocationRequest | Mapping[str, Any]]]
+        | Iterable[Iterable[AllocationRequest | Mapping[str, Any]]],
+        *,
+        timeout: float | None = None,
+    ) -> AsyncIterator[StreamAnswer]:
+        """``AllocatorClient.allocate_stream``, awaited: batches from an (async) iterable,
+        answers in order as they come."""
+
+        async def messages() -> AsyncIterator[Any]:
+            sequence = 0
+            if isinstance(batches, AsyncIterable):
+                async for batch in batches:
+                    sequence += 1
+                    yield stream_request(sequence, batch)
+            else:
+                for batch in batches:
+                    sequence += 1
+                    yield stream_request(sequence, batch)
+
+        call = self._stub.AllocateStream(messages(), timeout=timeout, metadata=self._metadata)
+        try:
+            async for response in call:
+                yield StreamAnswer.from_proto(response)
+        except grpc.RpcError as error:
+            raise AllocatorError.from_rpc_error(error) from None
+        finally:
+            call.cancel()
 
     async def _list(self, timeout: float | None) -> allocator_pb2.ListModelsResponse:
         request = allocator_pb2.ListModelsRequest()

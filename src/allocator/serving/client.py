@@ -9,8 +9,8 @@ bearer token as metadata when one is given, and every gRPC failure surfaces as
 Calls the server refuses for now (UNAVAILABLE: draining, recording or Redis down;
 RESOURCE_EXHAUSTED: at its concurrency limit) are retried by the channel itself, with
 exponential backoff, as the service config of ``RetryPolicy`` tells gRPC. A retry resends the
-very same message, so an allocation keeps its request id: the server answers it once (its
-idempotency cache) and records it once. The call's timeout covers every attempt together.
+very same message, so an allocation keeps its request id: the server answers it once (from
+the portfolio's state) and records it once. The call's timeout covers every attempt together.
 
 Example::
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -46,10 +46,12 @@ __all__ = [
     "ModelInfo",
     "ModelRefusal",
     "RetryPolicy",
+    "StreamAnswer",
     "batch_request",
     "bearer_metadata",
     "channel_credentials",
     "channel_options",
+    "stream_request",
 ]
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -177,6 +179,9 @@ class AllocatorError(Exception):
         code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
         details = error.details() if hasattr(error, "details") else str(error)
         return cls(code or grpc.StatusCode.UNKNOWN, details or "")
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 @dataclass(frozen=True)
@@ -316,6 +321,34 @@ def batch_request(
     return allocator_pb2.AllocateBatchRequest(requests=items)
 
 
+def stream_request(
+    sequence: int, requests: Iterable[AllocationRequest | Mapping[str, Any]]
+) -> allocator_pb2.AllocateStreamRequest:
+    """One ``AllocateStream`` message: a batch and the number its answer will echo."""
+    message = allocator_pb2.AllocateStreamRequest(sequence=sequence)
+    message.batch.requests.extend(batch_request(requests).requests)
+    return message
+
+
+@dataclass(frozen=True)
+class StreamAnswer:
+    """The answer to one stream message: its allocations (request order), or its ``error``."""
+
+    sequence: int
+    allocations: list[Allocation]
+    error: AllocatorError | None
+    """Why the message decided nothing (the stream went on): a status a unary call would get."""
+
+    @classmethod
+    def from_proto(cls, message: allocator_pb2.AllocateStreamResponse) -> StreamAnswer:
+        error = None
+        if message.HasField("error"):
+            code = _CODES.get(message.error.code, grpc.StatusCode.UNKNOWN)
+            error = AllocatorError(code, message.error.message)
+        allocations = [Allocation.from_proto(r) for r in message.responses]
+        return cls(message.sequence, allocations, error)
+
+
 class AllocatorClient:
     """A channel to one allocation server; use it as a context manager to close the channel.
 
@@ -405,6 +438,26 @@ class AllocatorClient:
         batch = batch_request(requests)
         response = self._call(self._stub.AllocateBatch, batch, timeout)
         return [Allocation.from_proto(r) for r in response.responses]
+
+    def allocate_stream(
+        self,
+        batches: Iterable[Iterable[AllocationRequest | Mapping[str, Any]]],
+        *,
+        timeout: float | None = None,
+    ) -> Iterator[StreamAnswer]:
+        """One ``AllocateStream`` call: each batch (a bar's portfolios) is sent as it is drawn,
+        numbered from 1, and answered in order; a bad one gets its ``error``, the rest go on.
+        ``timeout`` covers the whole stream. An early end (a drain) raises ``AllocatorError``:
+        resend the unanswered batches, same request ids, on a new stream."""
+        messages = (stream_request(i, b) for i, b in enumerate(batches, start=1))
+        call = self._stub.AllocateStream(messages, timeout=timeout, metadata=self._metadata)
+        try:
+            for response in call:
+                yield StreamAnswer.from_proto(response)
+        except grpc.RpcError as error:
+            raise AllocatorError.from_rpc_error(error) from None
+        finally:
+            call.cancel()  # a no-op once the call is over; stops it when the caller left early
 
     def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
         """The loaded versions, sorted by name then version."""

@@ -12,6 +12,12 @@ method's own deserializer. A failure aborts the call with INVALID_ARGUMENT, ``re
 naming the method and the message type; it is reported to ``on_undecodable`` (the server counts
 it in its request metrics) and logged as one line, without a traceback. The servicers see
 decoded messages exactly as before, and the generated code stays as ``make proto`` writes it.
+
+Inside a client stream each message is framed on its own, so one undecodable message need not
+end the call: for the methods named ``per_message`` (``AllocateStream``) the handler's request
+iterator yields an ``Undecodable`` in that message's place, and the handler answers it with
+an error reply of its own while the stream goes on. Other streaming methods (reflection) end
+with INVALID_ARGUMENT as unary calls do.
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
 
-__all__ = ["DecodeGuardInterceptor", "UndecodableHandler"]
+__all__ = ["DecodeGuardInterceptor", "Undecodable", "UndecodableHandler"]
 
 log = logging.getLogger("allocator.serving")
 
@@ -35,16 +42,33 @@ seconds spent on it."""
 Deserializer = Callable[[bytes], Any]
 
 
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A stream message that did not decode, in its place in the stream (``per_message``).
+
+    ``message`` is what a unary call would have been refused with, ``request: ...``.
+    """
+
+    message: str
+
+
 class DecodeGuardInterceptor(grpc.ServerInterceptor):
     """Decode requests inside the call, refusing undecodable bytes with INVALID_ARGUMENT.
 
     It must come after interceptors that refuse calls without reading them (the token check),
     so a call without a token is UNAUTHENTICATED whatever its bytes. A method's guarded handler
-    is built once and reused while the service keeps the same handler.
+    is built once and reused while the service keeps the same handler. ``per_message``: full
+    names of client-streaming methods whose handlers take ``Undecodable`` items (they count
+    them; ``on_undecodable`` is not told).
     """
 
-    def __init__(self, on_undecodable: UndecodableHandler | None = None) -> None:
+    def __init__(
+        self,
+        on_undecodable: UndecodableHandler | None = None,
+        per_message: Collection[str] = (),
+    ) -> None:
         self._on_undecodable = on_undecodable
+        self._per_message = frozenset(per_message)
         self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
         self._lock = threading.Lock()
 
@@ -96,6 +120,16 @@ class DecodeGuardInterceptor(grpc.ServerInterceptor):
             for raw in raws:
                 yield decode(raw, context)
 
+        def tolerant(raws: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
+            for raw in raws:
+                try:
+                    yield deserialize(raw)
+                except Exception as exc:  # as in decode: the client's bytes
+                    yield Undecodable(_refusal(method, type_name, raw, exc))
+
+        if method in self._per_message:
+            requests = tolerant
+
         if handler.response_streaming:
             stream_stream = handler.stream_stream
             return grpc.stream_stream_rpc_method_handler(
@@ -117,18 +151,21 @@ class DecodeGuardInterceptor(grpc.ServerInterceptor):
         context: grpc.ServicerContext,
         start: float,
     ) -> NoReturn:
-        reason = _reason(exc)
-        log.warning(
-            "%s: refused %d bytes, not a valid %s (%s)", method, len(raw), type_name, reason
-        )
+        message = _refusal(method, type_name, raw, exc)
         if self._on_undecodable is not None:
             self._on_undecodable(method, time.perf_counter() - start)
-        context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"request: the {len(raw)} bytes sent to {method} are not a valid {type_name} "
-            f"message ({reason})",
-        )
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         raise AssertionError("unreachable: context.abort raises")
+
+
+def _refusal(method: str, type_name: str, raw: bytes, exc: Exception) -> str:
+    """The client's message for undecodable bytes, logged as one line (no traceback)."""
+    reason = _reason(exc)
+    log.warning("%s: refused %d bytes, not a valid %s (%s)", method, len(raw), type_name, reason)
+    return (
+        f"request: the {len(raw)} bytes sent to {method} are not a valid {type_name} "
+        f"message ({reason})"
+    )
 
 
 def _type_name(deserialize: Deserializer) -> str:

@@ -70,11 +70,23 @@ def _digest(value: str | bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def _deny(message: str) -> grpc.RpcMethodHandler:
+Kind = tuple[bool, bool]
+"""A method's (request_streaming, response_streaming)."""
+
+
+def _deny(message: str) -> dict[Kind, grpc.RpcMethodHandler]:
+    """Handlers refusing a call UNAUTHENTICATED, one per kind of method: a client-streaming
+    call is refused at once, without waiting for (or reading) a message."""
+
     def abort(request: Any, context: grpc.ServicerContext) -> Any:
         context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    return grpc.unary_unary_rpc_method_handler(abort)
+    return {
+        (False, False): grpc.unary_unary_rpc_method_handler(abort),
+        (False, True): grpc.unary_stream_rpc_method_handler(abort),
+        (True, False): grpc.stream_unary_rpc_method_handler(abort),
+        (True, True): grpc.stream_stream_rpc_method_handler(abort),
+    }
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):
@@ -110,19 +122,28 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
                 break
         token = bearer_token(header)
         if token is None:
-            self._denied(method)
-            return self._missing
+            return self._denied(method, self._missing, continuation, handler_call_details)
         given = _digest(token)
         # Compare with every accepted token, no early exit: the time says nothing about which.
         matches = [hmac.compare_digest(given, expected) for expected in self._expected]
         if not any(matches):
-            self._denied(method)
-            return self._wrong
+            return self._denied(method, self._wrong, continuation, handler_call_details)
         return continuation(handler_call_details)
 
-    def _denied(self, method: str) -> None:
+    def _denied(
+        self,
+        method: str,
+        deny: dict[Kind, grpc.RpcMethodHandler],
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        """The refusal of the method's kind (unary for a method the server does not have)."""
         if self._on_denied is not None:
             self._on_denied(method.rsplit("/", 1)[-1])
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return deny[(False, False)]
+        return deny[(bool(handler.request_streaming), bool(handler.response_streaming))]
 
 
 def server_credentials(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -32,8 +32,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.metrics.serving import ServingMetrics
-from allocator.recording.recorder import Recorder, RecorderRefusedError
-from allocator.recording.records import ModelRecord, RecordError
+from allocator.recording.recorder import Recorder
+from allocator.recording.records import ModelRecord
 from allocator.recording.settings import database_url
 from allocator.registry.errors import ModelNotFoundError
 from allocator.serving.catalog import CatalogSnapshot, ModelCatalog
@@ -44,15 +44,12 @@ from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 from allocator.serving.restore import restore_states
 from allocator.serving.security import TokenAuthInterceptor, read_tokens, server_credentials
-from allocator.serving.state import (
-    MemoryStateStore,
-    RedisStateStore,
-    StateLockLostError,
-    StateLockTimeoutError,
-    StateStore,
-)
-from allocator.serving.step import DeadlineExceededError, DecisionStep
-from allocator.serving.validation import InvalidRequest, validate_reset
+from allocator.serving.state import MemoryStateStore, RedisStateStore, StateStore
+from allocator.serving.status import error_status
+from allocator.serving.step import DecisionStep
+from allocator.serving.stream import METHOD as STREAM_METHOD
+from allocator.serving.stream import AllocationStreams
+from allocator.serving.validation import validate_reset
 
 __all__ = ["AllocationServer", "AllocatorServicer", "ServerConfig", "build_server"]
 
@@ -98,6 +95,12 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         self.step = DecisionStep(store, recorder, metrics, recent_requests)
         self.draining = threading.Event()
         self.last_call = 0.0  # time.monotonic() of the latest call, for the drain
+        self.streams = AllocationStreams(
+            self.step, lambda: self.registry.snapshot.resolve, metrics, self.draining, self._touch
+        )
+
+    def _touch(self) -> None:
+        self.last_call = time.monotonic()
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -120,24 +123,10 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             return handler()
         except _Refusal as exc:
             code, message = exc.code, exc.message
-        except InvalidRequest as exc:
-            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
-        except DeadlineExceededError as exc:
-            code, message = grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
-        except RecordError as exc:
-            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
-        except ModelNotFoundError as exc:
-            code, message = grpc.StatusCode.NOT_FOUND, _naming_field(exc)
-        except RecorderRefusedError as exc:
-            code, message = grpc.StatusCode.UNAVAILABLE, f"decision not recorded, retry: {exc}"
-        except (StateLockTimeoutError, StateLockLostError) as exc:
-            code, message = grpc.StatusCode.UNAVAILABLE, f"portfolio busy, retry: {exc}"
         except Exception as exc:
-            if _is_redis_error(exc):
-                code, message = grpc.StatusCode.UNAVAILABLE, f"state store unavailable: {exc}"
-            else:
+            code, message = error_status(exc)
+            if code is grpc.StatusCode.INTERNAL:
                 log.exception("%s failed", method)
-                code, message = grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
         finally:
             self.metrics.observe_request(method, code, time.perf_counter() - start, decisions)
         context.abort(code, message)
@@ -177,6 +166,11 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
 
         return self._call("AllocateBatch", context, handle, len(request.requests))
 
+    def AllocateStream(  # noqa: N802
+        self, request_iterator: Iterator[pb.AllocateStreamRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.AllocateStreamResponse]:
+        return self.streams.serve(request_iterator, context)
+
     def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.ServicerContext
     ) -> pb.ListModelsResponse:
@@ -193,21 +187,6 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             return pb.ResetPortfolioResponse(existed=self.store.reset(portfolio_id))
 
         return self._call("ResetPortfolio", context, handle)
-
-
-def _naming_field(exc: Exception) -> str:
-    """``field: message``, the field from the note a validator attached (``requests[2].model``),
-    so an unknown pin in a batch says which item named it."""
-    notes = getattr(exc, "__notes__", None)
-    return f"{notes[-1]}: {exc}" if notes else str(exc)
-
-
-def _is_redis_error(exc: Exception) -> bool:
-    try:
-        import redis
-    except ImportError:  # pragma: no cover - redis is a serve dependency
-        return False
-    return isinstance(exc, redis.RedisError)
 
 
 def _list_models(snapshot: CatalogSnapshot) -> pb.ListModelsResponse:
@@ -320,6 +299,7 @@ class AllocationServer:
         grpc/grpc#41785), which clients do not retry; UNAVAILABLE they retry elsewhere.
         """
         self.servicer.draining.set()
+        self.servicer.streams.wake()  # idle streams end now, busy ones after their messages
         deadline = time.monotonic() + self.config.drain_seconds
         while (now := time.monotonic()) < deadline:
             quiet = now - self.servicer.last_call
@@ -433,7 +413,8 @@ def _grpc_server(
         if service == f"/{SERVICE_NAME}":  # the metrics count the allocation service's calls
             metrics.observe_request(name, grpc.StatusCode.INVALID_ARGUMENT, seconds)
 
-    interceptors.append(DecodeGuardInterceptor(undecodable))  # after the token check
+    per_message = (f"/{SERVICE_NAME}/{STREAM_METHOD}",)  # a bad message gets its own reply
+    interceptors.append(DecodeGuardInterceptor(undecodable, per_message))  # after the token
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="allocator"),
         interceptors=interceptors,

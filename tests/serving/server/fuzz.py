@@ -27,6 +27,8 @@ from tests.serving.server.wire import BAD_UTF8, length_delimited, tag, varint
 
 ALLOCATE = f"/{SERVICE_NAME}/Allocate"
 BATCH = f"/{SERVICE_NAME}/AllocateBatch"
+STREAM = f"/{SERVICE_NAME}/AllocateStream"
+"""Its cases are single messages of a stream (``Fuzzer.cases(n, (STREAM,))``)."""
 LIST_MODELS = f"/{SERVICE_NAME}/ListModels"
 RESET = f"/{SERVICE_NAME}/ResetPortfolio"
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
@@ -70,6 +72,7 @@ class Fuzzer:
         self._valid: dict[str, Callable[[], bytes]] = {
             ALLOCATE: lambda: self.allocate_request().SerializeToString(),
             BATCH: self._batch,
+            STREAM: self._stream_message,
             LIST_MODELS: lambda: b"",
             RESET: lambda: pb.ResetPortfolioRequest(
                 portfolio_id=self.rng.choice(PORTFOLIOS)
@@ -138,6 +141,12 @@ class Fuzzer:
         batch = pb.AllocateBatchRequest(requests=[self.allocate_request(p) for p in ids])
         return batch.SerializeToString()
 
+    def _stream_message(self) -> bytes:
+        ids = self.rng.sample(PORTFOLIOS, self.rng.randint(1, 3))
+        batch = pb.AllocateBatchRequest(requests=[self.allocate_request(p) for p in ids])
+        message = pb.AllocateStreamRequest(sequence=self.rng.randrange(1 << 64), batch=batch)
+        return message.SerializeToString()
+
     def _health(self) -> bytes:
         service = self.rng.choice(["", SERVICE_NAME, "no.such.Service"])
         return health_pb2.HealthCheckRequest(service=service).SerializeToString()
@@ -188,7 +197,7 @@ class Fuzzer:
 
     def _string_field(self, method: str, payload: bytes) -> bytes:
         """``payload`` as one of the method's string fields, nested where the field is."""
-        if method in (ALLOCATE, BATCH):
+        if method in (ALLOCATE, BATCH, STREAM):
             where = self.rng.choice(["portfolio_id", "request_id", "asset", "model.name"])
             field = {"portfolio_id": 1, "request_id": 2, "asset": 3}.get(where)
             inner = (
@@ -196,9 +205,9 @@ class Fuzzer:
                 if field is None
                 else length_delimited(field, payload)
             )
-            if method == BATCH:
+            if method in (BATCH, STREAM):
                 request = self.allocate_request().SerializeToString()
-                return length_delimited(1, request + inner)
+                return _in_batch(method, request + inner)
             return inner
         if method == REFLECTION:
             return length_delimited(self.rng.choice([1, 4, 7]), payload)
@@ -233,6 +242,12 @@ class Fuzzer:
         if self.rng.random() < 0.3:
             values.append(struct.unpack("<d", self.rng.randbytes(8))[0])  # any bit pattern
         packed = length_delimited(self.rng.choice([4, 5]), struct.pack(f"<{len(values)}d", *values))
-        if method == BATCH:
-            return data + length_delimited(1, self.allocate_request().SerializeToString() + packed)
+        if method in (BATCH, STREAM):
+            return data + _in_batch(method, self.allocate_request().SerializeToString() + packed)
         return data + packed
+
+
+def _in_batch(method: str, request: bytes) -> bytes:
+    """``request`` (an AllocateRequest's bytes) as one item of the method's batch."""
+    item = length_delimited(1, request)  # AllocateBatchRequest.requests
+    return item if method == BATCH else length_delimited(2, item)  # AllocateStreamRequest.batch

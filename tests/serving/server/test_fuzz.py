@@ -1,5 +1,6 @@
 """Fuzzing the running server with 10,000 generated requests over every unary method, raw
-bytes included, and a few hundred over the streaming ones (health's Watch, reflection).
+bytes included, a few hundred over health's Watch and reflection, and streams of generated
+AllocateStream messages, where every message gets its own reply and the stream goes on.
 
 Whatever a client sends, the answer is a status it can act on: never UNKNOWN or INTERNAL.
 Every call of the allocation service is counted in the request metrics, nothing is logged with
@@ -16,10 +17,12 @@ import grpc
 import pytest
 
 from allocator.serving.proto import SERVICE_NAME
+from allocator.serving.proto.v1 import allocator_pb2 as pb
 from tests.serving.server.fuzz import (
     HEALTH_CHECK,
     HEALTH_WATCH,
     REFLECTION,
+    STREAM,
     UNARY,
     Case,
     Fuzzer,
@@ -29,6 +32,8 @@ from tests.serving.server.helpers import INVALID, NOT_FOUND, OK, Conn, make_requ
 N_UNARY = 10_000
 N_STREAM = 150
 """Cases per streaming method."""
+N_STREAMS = 60
+"""AllocateStream calls, each of 1 to 12 generated messages."""
 IN_FLIGHT = 16
 """Calls kept in flight, well below the server's concurrency limit (64): none is refused."""
 NEVER = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
@@ -169,3 +174,49 @@ def test_generated_requests_on_the_streaming_methods(
     _assert_no_traceback(caplog)
     _assert_still_serving(shared)
     assert shared.health_status(SERVICE_NAME) == "SERVING"
+
+
+def _sequence(data: bytes) -> int:
+    """The sequence a reply to ``data`` must carry: its own, or 0 when it does not decode."""
+    try:
+        return pb.AllocateStreamRequest.FromString(data).sequence
+    except Exception:  # the decoding guard's rule: whatever the parser raises
+        return 0
+
+
+def test_generated_messages_on_allocate_stream(
+    shared: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    fuzzer = Fuzzer(seed=19)
+    call = shared.channel.stream_stream(
+        STREAM, response_deserializer=pb.AllocateStreamResponse.FromString
+    )
+    before = _calls_counted(shared)["AllocateStream"]
+    sent = 0
+    replies: list[tuple[Case, pb.AllocateStreamResponse]] = []
+    with caplog.at_level(logging.WARNING):
+        for _ in range(N_STREAMS):
+            cases = list(fuzzer.cases(fuzzer.rng.randint(1, 12), (STREAM,)))
+            sent += len(cases)
+            answered = list(call(iter([c.data for c in cases]), timeout=60))  # ends OK
+            assert len(answered) == len(cases)
+            replies.extend(zip(cases, answered, strict=True))
+    for case, reply in replies:
+        assert reply.sequence == _sequence(case.data), case.how
+        if reply.HasField("error"):
+            assert not reply.responses
+            assert reply.error.code in {INVALID.value[0], NOT_FOUND.value[0]}, reply.error
+            assert reply.error.message, case.how
+        else:
+            assert reply.responses, case.how
+    errors = [reply.error.message for _, reply in replies if reply.HasField("error")]
+    undecodable = sum(m.startswith("request: the ") for m in errors)
+    assert undecodable > 20, undecodable
+    assert len(errors) - undecodable > 20, errors[:5]
+    assert len(replies) - len(errors) > 50
+    assert _calls_counted(shared)["AllocateStream"] - before == sent
+    for code in ("INTERNAL", "UNKNOWN"):
+        labels = {"grpc_method": "AllocateStream", "grpc_code": code}
+        assert shared.counter("allocator_serving_requests_total", **labels) == 0
+    _assert_no_traceback(caplog)
+    _assert_still_serving(shared)

@@ -27,7 +27,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61llocator/v1/allocator.proto\x12\x0c\x61llocator.v1\")\n\x08ModelRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\x9e\x01\n\x0f\x41llocateRequest\x12\x14\n\x0cportfolio_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\tasset_ids\x18\x03 \x03(\t\x12\x0e\n\x06prices\x18\x04 \x03(\x01\x12\x17\n\x0f\x63urrent_weights\x18\x05 \x03(\x01\x12%\n\x05model\x18\x06 \x01(\x0b\x32\x16.allocator.v1.ModelRef\"\xdf\x01\n\x10\x41llocateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0cportfolio_id\x18\x02 \x01(\t\x12\x11\n\tasset_ids\x18\x03 \x03(\t\x12\x13\n\x0braw_weights\x18\x04 \x03(\x01\x12\x18\n\x10smoothed_weights\x18\x05 \x03(\x01\x12%\n\x05model\x18\x06 \x01(\x0b\x32\x16.allocator.v1.ModelRef\x12\x17\n\nicm_reward\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08turnover\x18\x08 \x01(\x01\x42\r\n\x0b_icm_reward\"G\n\x14\x41llocateBatchRequest\x12/\n\x08requests\x18\x01 \x03(\x0b\x32\x1d.allocator.v1.AllocateRequest\"J\n\x15\x41llocateBatchResponse\x12\x31\n\tresponses\x18\x01 \x03(\x0b\x32\x1e.allocator.v1.AllocateResponse\"\x13\n\x11ListModelsRequest\"\xa6\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x11\n\talgorithm\x18\x03 \x01(\t\x12\x12\n\nmax_assets\x18\x04 \x01(\x05\x12\x0e\n\x06window\x18\x05 \x01(\x05\x12\x0c\n\x04\x62\x65ta\x18\x06 \x01(\x01\x12\x0f\n\x07has_icm\x18\x07 \x01(\x08\x12\x10\n\x08provider\x18\x08 \x01(\t\x12\x12\n\nis_default\x18\t \x01(\x08\"j\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.allocator.v1.ModelInfo\x12+\n\x07refused\x18\x02 \x03(\x0b\x32\x1a.allocator.v1.ModelRefusal\"N\n\x0cModelRefusal\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"-\n\x15ResetPortfolioRequest\x12\x14\n\x0cportfolio_id\x18\x01 \x01(\t\")\n\x16ResetPortfolioResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\x32\xde\x02\n\tAllocator\x12I\n\x08\x41llocate\x12\x1d.allocator.v1.AllocateRequest\x1a\x1e.allocator.v1.AllocateResponse\x12X\n\rAllocateBatch\x12\".allocator.v1.AllocateBatchRequest\x1a#.allocator.v1.AllocateBatchResponse\x12O\n\nListModels\x12\x1f.allocator.v1.ListModelsRequest\x1a .allocator.v1.ListModelsResponse\x12[\n\x0eResetPortfolio\x12#.allocator.v1.ResetPortfolioRequest\x1a$.allocator.v1.ResetPortfolioResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61llocator/v1/allocator.proto\x12\x0c\x61llocator.v1\")\n\x08ModelRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\x9e\x01\n\x0f\x41llocateRequest\x12\x14\n\x0cportfolio_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\tasset_ids\x18\x03 \x03(\t\x12\x0e\n\x06prices\x18\x04 \x03(\x01\x12\x17\n\x0f\x63urrent_weights\x18\x05 \x03(\x01\x12%\n\x05model\x18\x06 \x01(\x0b\x32\x16.allocator.v1.ModelRef\"\xdf\x01\n\x10\x41llocateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0cportfolio_id\x18\x02 \x01(\t\x12\x11\n\tasset_ids\x18\x03 \x03(\t\x12\x13\n\x0braw_weights\x18\x04 \x03(\x01\x12\x18\n\x10smoothed_weights\x18\x05 \x03(\x01\x12%\n\x05model\x18\x06 \x01(\x0b\x32\x16.allocator.v1.ModelRef\x12\x17\n\nicm_reward\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08turnover\x18\x08 \x01(\x01\x42\r\n\x0b_icm_reward\"G\n\x14\x41llocateBatchRequest\x12/\n\x08requests\x18\x01 \x03(\x0b\x32\x1d.allocator.v1.AllocateRequest\"J\n\x15\x41llocateBatchResponse\x12\x31\n\tresponses\x18\x01 \x03(\x0b\x32\x1e.allocator.v1.AllocateResponse\"\\\n\x15\x41llocateStreamRequest\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x31\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\".allocator.v1.AllocateBatchRequest\"\x87\x01\n\x16\x41llocateStreamResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x31\n\tresponses\x18\x02 \x03(\x0b\x32\x1e.allocator.v1.AllocateResponse\x12(\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x19.allocator.v1.StreamError\",\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x13\n\x11ListModelsRequest\"\xa6\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x11\n\talgorithm\x18\x03 \x01(\t\x12\x12\n\nmax_assets\x18\x04 \x01(\x05\x12\x0e\n\x06window\x18\x05 \x01(\x05\x12\x0c\n\x04\x62\x65ta\x18\x06 \x01(\x01\x12\x0f\n\x07has_icm\x18\x07 \x01(\x08\x12\x10\n\x08provider\x18\x08 \x01(\t\x12\x12\n\nis_default\x18\t \x01(\x08\"j\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.allocator.v1.ModelInfo\x12+\n\x07refused\x18\x02 \x03(\x0b\x32\x1a.allocator.v1.ModelRefusal\"N\n\x0cModelRefusal\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"-\n\x15ResetPortfolioRequest\x12\x14\n\x0cportfolio_id\x18\x01 \x01(\t\")\n\x16ResetPortfolioResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\x32\xbf\x03\n\tAllocator\x12I\n\x08\x41llocate\x12\x1d.allocator.v1.AllocateRequest\x1a\x1e.allocator.v1.AllocateResponse\x12X\n\rAllocateBatch\x12\".allocator.v1.AllocateBatchRequest\x1a#.allocator.v1.AllocateBatchResponse\x12_\n\x0e\x41llocateStream\x12#.allocator.v1.AllocateStreamRequest\x1a$.allocator.v1.AllocateStreamResponse(\x01\x30\x01\x12O\n\nListModels\x12\x1f.allocator.v1.ListModelsRequest\x1a .allocator.v1.ListModelsResponse\x12[\n\x0eResetPortfolio\x12#.allocator.v1.ResetPortfolioRequest\x1a$.allocator.v1.ResetPortfolioResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,18 +44,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ALLOCATEBATCHREQUEST']._serialized_end=547
   _globals['_ALLOCATEBATCHRESPONSE']._serialized_start=549
   _globals['_ALLOCATEBATCHRESPONSE']._serialized_end=623
-  _globals['_LISTMODELSREQUEST']._serialized_start=625
-  _globals['_LISTMODELSREQUEST']._serialized_end=644
-  _globals['_MODELINFO']._serialized_start=647
-  _globals['_MODELINFO']._serialized_end=813
-  _globals['_LISTMODELSRESPONSE']._serialized_start=815
-  _globals['_LISTMODELSRESPONSE']._serialized_end=921
-  _globals['_MODELREFUSAL']._serialized_start=923
-  _globals['_MODELREFUSAL']._serialized_end=1001
-  _globals['_RESETPORTFOLIOREQUEST']._serialized_start=1003
-  _globals['_RESETPORTFOLIOREQUEST']._serialized_end=1048
-  _globals['_RESETPORTFOLIORESPONSE']._serialized_start=1050
-  _globals['_RESETPORTFOLIORESPONSE']._serialized_end=1091
-  _globals['_ALLOCATOR']._serialized_start=1094
-  _globals['_ALLOCATOR']._serialized_end=1444
+  _globals['_ALLOCATESTREAMREQUEST']._serialized_start=625
+  _globals['_ALLOCATESTREAMREQUEST']._serialized_end=717
+  _globals['_ALLOCATESTREAMRESPONSE']._serialized_start=720
+  _globals['_ALLOCATESTREAMRESPONSE']._serialized_end=855
+  _globals['_STREAMERROR']._serialized_start=857
+  _globals['_STREAMERROR']._serialized_end=901
+  _globals['_LISTMODELSREQUEST']._serialized_start=903
+  _globals['_LISTMODELSREQUEST']._serialized_end=922
+  _globals['_MODELINFO']._serialized_start=925
+  _globals['_MODELINFO']._serialized_end=1091
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1093
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1199
+  _globals['_MODELREFUSAL']._serialized_start=1201
+  _globals['_MODELREFUSAL']._serialized_end=1279
+  _globals['_RESETPORTFOLIOREQUEST']._serialized_start=1281
+  _globals['_RESETPORTFOLIOREQUEST']._serialized_end=1326
+  _globals['_RESETPORTFOLIORESPONSE']._serialized_start=1328
+  _globals['_RESETPORTFOLIORESPONSE']._serialized_end=1369
+  _globals['_ALLOCATOR']._serialized_start=1372
+  _globals['_ALLOCATOR']._serialized_end=1819
 # @@protoc_insertion_point(module_scope)

@@ -65,6 +65,32 @@ class AllocateBatchResponse(_message.Message):
     responses: _containers.RepeatedCompositeFieldContainer[AllocateResponse]
     def __init__(self, responses: _Optional[_Iterable[_Union[AllocateResponse, _Mapping]]] = ...) -> None: ...
 
+class AllocateStreamRequest(_message.Message):
+    __slots__ = ("sequence", "batch")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    batch: AllocateBatchRequest
+    def __init__(self, sequence: _Optional[int] = ..., batch: _Optional[_Union[AllocateBatchRequest, _Mapping]] = ...) -> None: ...
+
+class AllocateStreamResponse(_message.Message):
+    __slots__ = ("sequence", "responses", "error")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    responses: _containers.RepeatedCompositeFieldContainer[AllocateResponse]
+    error: StreamError
+    def __init__(self, sequence: _Optional[int] = ..., responses: _Optional[_Iterable[_Union[AllocateResponse, _Mapping]]] = ..., error: _Optional[_Union[StreamError, _Mapping]] = ...) -> None: ...
+
+class StreamError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class ListModelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

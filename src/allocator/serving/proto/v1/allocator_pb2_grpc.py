@@ -48,6 +48,11 @@ class AllocatorStub:
                 request_serializer=allocator_dot_v1_dot_allocator__pb2.AllocateBatchRequest.SerializeToString,
                 response_deserializer=allocator_dot_v1_dot_allocator__pb2.AllocateBatchResponse.FromString,
                 _registered_method=True)
+        self.AllocateStream = channel.stream_stream(
+                '/allocator.v1.Allocator/AllocateStream',
+                request_serializer=allocator_dot_v1_dot_allocator__pb2.AllocateStreamRequest.SerializeToString,
+                response_deserializer=allocator_dot_v1_dot_allocator__pb2.AllocateStreamResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/allocator.v1.Allocator/ListModels',
                 request_serializer=allocator_dot_v1_dot_allocator__pb2.ListModelsRequest.SerializeToString,
@@ -81,6 +86,26 @@ class AllocatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AllocateStream(self, request_iterator, context):
+        """Many allocations over one long-lived call, for clients that ask every bar for many
+        portfolios: each AllocateStreamRequest is one batch (one or many portfolios, AllocateBatch's
+        rules: validated all or nothing, distinct ids within a message) and gets exactly one
+        AllocateStreamResponse, in the order the requests were sent, echoing its sequence. A
+        message the server cannot answer (a bad field, an unknown pin, bytes that are not an
+        AllocateStreamRequest, recording unavailable) gets a response carrying an error instead of
+        weights, and the stream goes on: later messages are answered. Idempotency holds within and
+        across streams: a request_id already answered gets its first answer again.
+
+        The stream itself ends with a status only when the call cannot go on: UNAUTHENTICATED
+        (before any message is read), UNAVAILABLE when the server drains (after the messages it
+        had received are answered: resend the unanswered ones, same request_ids, on a new stream),
+        DEADLINE_EXCEEDED or CANCELLED from the client. An open stream counts as one call against
+        the server's concurrency limit and holds one of its handler threads while it is open.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListModels(self, request, context):
         """The loaded models and versions, with the shapes a request must match, and the versions
         whose files the server refused (with why).
@@ -108,6 +133,11 @@ def add_AllocatorServicer_to_server(servicer, server):
                     servicer.AllocateBatch,
                     request_deserializer=allocator_dot_v1_dot_allocator__pb2.AllocateBatchRequest.FromString,
                     response_serializer=allocator_dot_v1_dot_allocator__pb2.AllocateBatchResponse.SerializeToString,
+            ),
+            'AllocateStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AllocateStream,
+                    request_deserializer=allocator_dot_v1_dot_allocator__pb2.AllocateStreamRequest.FromString,
+                    response_serializer=allocator_dot_v1_dot_allocator__pb2.AllocateStreamResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -175,6 +205,33 @@ class Allocator:
             '/allocator.v1.Allocator/AllocateBatch',
             allocator_dot_v1_dot_allocator__pb2.AllocateBatchRequest.SerializeToString,
             allocator_dot_v1_dot_allocator__pb2.AllocateBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AllocateStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/allocator.v1.Allocator/AllocateStream',
+            allocator_dot_v1_dot_allocator__pb2.AllocateStreamRequest.SerializeToString,
+            allocator_dot_v1_dot_allocator__pb2.AllocateStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,51 @@
+"""Which gRPC status a failed decision gets, and the message the client reads.
+
+One mapping for every method: a unary call aborts with it, and a stream message that decided
+nothing carries it in its error reply while the stream goes on (``serving.stream``).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from allocator.recording.recorder import RecorderRefusedError
+from allocator.recording.records import RecordError
+from allocator.registry.errors import ModelNotFoundError
+from allocator.serving.state import StateLockLostError, StateLockTimeoutError
+from allocator.serving.step import DeadlineExceededError
+from allocator.serving.validation import InvalidRequest
+
+__all__ = ["error_status"]
+
+
+def error_status(exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """``(code, message)`` for what a decision raised; ``INTERNAL`` means a bug in the server
+    (the caller logs it with its traceback), never something a client sent."""
+    if isinstance(exc, InvalidRequest | RecordError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, DeadlineExceededError):
+        return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
+    if isinstance(exc, ModelNotFoundError):
+        return grpc.StatusCode.NOT_FOUND, _naming_field(exc)
+    if isinstance(exc, RecorderRefusedError):
+        return grpc.StatusCode.UNAVAILABLE, f"decision not recorded, retry: {exc}"
+    if isinstance(exc, StateLockTimeoutError | StateLockLostError):
+        return grpc.StatusCode.UNAVAILABLE, f"portfolio busy, retry: {exc}"
+    if _is_redis_error(exc):
+        return grpc.StatusCode.UNAVAILABLE, f"state store unavailable: {exc}"
+    return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
+
+
+def _naming_field(exc: Exception) -> str:
+    """``field: message``, the field from the note a validator attached (``requests[2].model``),
+    so an unknown pin in a batch says which item named it."""
+    notes = getattr(exc, "__notes__", None)
+    return f"{notes[-1]}: {exc}" if notes else str(exc)
+
+
+def _is_redis_error(exc: Exception) -> bool:
+    try:
+        import redis
+    except ImportError:  # pragma: no cover - redis is a serve dependency
+        return False
+    return isinstance(exc, redis.RedisError)
