@@ -100,10 +100,14 @@ def test_retries_within_and_across_streams_step_once(shared: Conn) -> None:
     assert [len(r.responses) for r in replies] == [1, 1, 1]
     assert replies[1].responses[0] == replies[0].responses[0]  # the same answer again
     assert shared.state(pid).steps == 2
-    again = _stream(shared, [_message(1, second), _message(2, first)])  # a new stream
+    # A new stream: the portfolio's latest request is answered again; the first one, superseded
+    # by the second, can no longer be (only the latest answer is kept): its own error reply.
+    again = _stream(shared, [_message(1, second), _message(2, first), _message(3, second)])
     assert again[0].responses[0] == replies[2].responses[0]
-    assert again[1].responses[0] == replies[0].responses[0]
-    assert shared.allocate(first) == replies[0].responses[0]  # and through Allocate
+    assert again[1].error.code == INVALID.value[0]
+    assert "request_id" in again[1].error.message
+    assert again[2].responses[0] == replies[2].responses[0]  # the stream went on
+    assert shared.allocate(second) == replies[2].responses[0]  # and through Allocate
     assert shared.state(pid).steps == 2
 
 
@@ -153,7 +157,7 @@ def test_every_streamed_decision_is_recorded_and_counted(
             )
             for k in range(1, 7)
         ]
-        retry = _message(99, make_request("rec0", seed=1, request_id="r1-0"))  # answered again
+        retry = _message(99, make_request("rec0", seed=3, request_id="r3-0"))  # answered again
         broken = _message(100, make_request("rec9", model="nosuch"))
         replies = _stream(conn, [*bars[:3], retry, broken, *bars[3:]])
         ok = sum(len(r.responses) for r in replies if not r.HasField("error"))
