@@ -1,47 +1,26 @@
 """Durable acknowledgement: a ticket completes only once its records are committed or fsync'd.
 
-The sink is the project's real SQLite sink; a small subclass only holds a write until the test
-releases it (or fails it as an outage would), so the test can look at the moment in between.
+The sink is the project's real SQLite sink; a small subclass (``GatedSink``) only holds a write
+until the test releases it (or fails it as an outage would), to look at the moment in between.
 """
 
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from allocator.recording.migrations import upgrade
 from allocator.recording.recorder import Recorder
-from allocator.recording.records import DecisionRecord, ModelRecord
-from allocator.recording.sinks import SinkUnavailableError, SqliteSink
 from allocator.recording.tickets import NotDurableError
 from tests.recording.decisions import MODEL, make_decision
+from tests.recording.gated_sink import GatedSink, rows
 
 FAST = {"batch_size": 200, "flush_interval": 0.005, "retry_interval": (0.02, 0.1)}
-
-
-class GatedSink(SqliteSink):
-    """A real SQLite sink whose decision writes wait for ``gate`` and fail while ``down``."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
-        self.gate = threading.Event()
-        self.gate.set()
-        self.down = False
-        self.writes: list[int] = []
-
-    def write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:
-        if decisions:
-            assert self.gate.wait(30), "the test never released the write"
-            if self.down:
-                raise SinkUnavailableError("the test took the database down")
-            self.writes.append(len(decisions))
-        return super().write(models, decisions)
 
 
 @pytest.fixture
@@ -49,11 +28,6 @@ def sqlite_url(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'trade.db'}"
     upgrade(url)
     return url
-
-
-def rows(url: str) -> int:
-    with sqlite3.connect(url.removeprefix("sqlite:///")) as db:
-        return int(db.execute("SELECT count(*) FROM decisions").fetchone()[0])
 
 
 def waiter(

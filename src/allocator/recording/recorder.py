@@ -224,7 +224,7 @@ class Recorder:
                     raise NotDurableError("the recorder's writer stopped")
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise NotDurableError("the decision was not durable before the deadline")
+                    raise NotDurableError("not durable before the deadline", timed_out=True)
                 self._cond.wait(0.1 if remaining is None else min(remaining, 0.1))
 
     def _refusal(self, n: int) -> str | None:

@@ -29,8 +29,13 @@ class NotDurableError(RecorderRefusedError):
     """Accepted but not durable in time (deadline, or neither database nor spool writable).
 
     The caller must not answer OK. The record may still be written later; a retry under the
-    same request id is safe, the database keeps one row per request id.
+    same request id is safe, the database keeps one row per request id. ``timed_out``: the
+    caller's deadline passed (rather than the writer being stuck).
     """
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True)
