@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from allocator.recording.migrations import upgrade
-from allocator.recording.recorder import Recorder
+from allocator.recording.recorder import Recorder, RecorderRefusedError
 from allocator.recording.tickets import NotDurableError
 from tests.recording.decisions import MODEL, make_decision
 from tests.recording.gated_sink import GatedSink, rows
@@ -132,6 +132,8 @@ def test_a_wait_fails_at_its_deadline_and_while_nothing_can_be_made_durable(
         with pytest.raises(NotDurableError, match="neither"):
             recorder.wait_durable(ticket, 20)
         assert time.monotonic() - began < 5, "a stalled writer should fail the wait at once"
+        with pytest.raises(RecorderRefusedError, match="neither"):  # nothing more is taken in
+            recorder.submit(make_decision(4))
         spool.mkdir()  # the disk is back: the record held in memory is spooled after all
         assert recorder.flush(10)
         recorder.wait_durable(ticket, 1)

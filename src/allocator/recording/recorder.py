@@ -230,6 +230,8 @@ class Recorder:
     def _refusal(self, n: int) -> str | None:
         if self._closing:
             return "the recorder is closed"
+        if self._stalled and self.ack == "durable":  # it could only hold them in memory
+            return "neither the database nor the spool takes records"
         if len(self._queue) + n > self.queue_size:
             return f"the recorder queue is full ({self.queue_size} records)"
         if self._spool_bytes >= self.spool_quota_bytes:
@@ -319,8 +321,6 @@ class Recorder:
                 self._set_stalled(True)
                 time.sleep(self._retry_min)
                 continue
-            if self._stalled:
-                self._set_stalled(False)
             pending = None
 
     def _set_stalled(self, stalled: bool) -> None:
@@ -486,6 +486,7 @@ class Recorder:
 
     def _done(self, n: int) -> None:
         with self._cond:
+            self._stalled = False
             self._durable += n
             self._cond.notify_all()
 
