@@ -7,8 +7,8 @@ Redis when replicas share portfolios), read its state, decide (``decision.decide
 observation, ONNX, mask-and-renormalize, EMA, ICM), hand the record to the recorder, wait until
 it is durable (``--ack durable``, the default; ``--ack queued`` answers once it is queued), and
 only then store the new state. If the recorder refuses the record (its spool is full) or cannot
-make it durable in time, the state does not advance and the client gets UNAVAILABLE: no
-decision is acted on that was not recorded.
+make it durable, the state does not advance and the client gets UNAVAILABLE (DEADLINE_EXCEEDED
+when the call's deadline passed first): no decision is acted on that was not recorded.
 
 Failure modes map to status codes a client can act on: INVALID_ARGUMENT (names the field),
 NOT_FOUND (unknown model pin), UNAUTHENTICATED, RESOURCE_EXHAUSTED (over the concurrency
