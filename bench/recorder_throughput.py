@@ -4,7 +4,13 @@ Creates its own database on the Postgres at ``--postgres`` (dropped afterwards),
 then submits ``--decisions`` pre-built records as fast as the recorder accepts them and times
 from the first submit until every row is committed (``flush``). Records are built before the
 clock starts: the figure is the recorder's (queue, batching, COPY, commit), not record creation.
-Prints JSON. Run: ``.venv/bin/python bench/recorder_throughput.py``.
+
+Then, unless ``--ack-seconds 0``, what an acknowledgement costs the caller: for Postgres and a
+SQLite file, each ``ack`` mode and each ``--ack-concurrency``, threads that each submit one
+decision and wait for its ticket (``wait_durable``), in a loop, as the server's handlers do;
+P50/P95 of submit-to-acknowledged and decisions/s. Without the server's other work, so this is
+the recorder's share of a call's latency. Prints JSON.
+Run: ``.venv/bin/python bench/recorder_throughput.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import os
 import platform
 import secrets
 import tempfile
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import psycopg
@@ -27,7 +35,7 @@ from allocator.recording.recorder import Recorder
 from allocator.recording.records import DecisionRecord, ModelRecord
 
 
-def make_records(n: int, assets: int, seed: int = 0) -> list[DecisionRecord]:
+def make_records(n: int, assets: int, seed: int = 0, prefix: str = "bench") -> list[DecisionRecord]:
     """``n`` decisions over cash + ``assets`` assets with random weights (distributions)."""
     rng = np.random.default_rng(seed)
     ids = (CASH_ID, *(f"A{i:03d}" for i in range(assets)))
@@ -36,7 +44,7 @@ def make_records(n: int, assets: int, seed: int = 0) -> list[DecisionRecord]:
     start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     return [
         DecisionRecord.create(
-            request_id=f"bench-{i}",
+            request_id=f"{prefix}-{i}",
             portfolio_id=f"p{i % 1000}",
             decided_at=start + dt.timedelta(microseconds=i),
             model_name="bench",
@@ -52,6 +60,40 @@ def make_records(n: int, assets: int, seed: int = 0) -> list[DecisionRecord]:
     ]
 
 
+def ack_latency(
+    url: str, spool: Path, ack: str, concurrency: int, seconds: float, records: list[DecisionRecord]
+) -> dict[str, float | int | str]:
+    """``concurrency`` threads, each submitting one decision and waiting for its ticket."""
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    with Recorder(url, spool, ack=ack) as recorder:
+        recorder.register_model(ModelRecord("bench", "1", "td3"))
+        stop = time.perf_counter() + seconds
+
+        def caller(k: int) -> None:
+            for record in records[k::concurrency]:
+                start = time.perf_counter()
+                recorder.wait_durable(recorder.submit(record), 10)
+                latencies[k].append(time.perf_counter() - start)
+                if start > stop:
+                    return
+
+        threads = [threading.Thread(target=caller, args=(k,)) for k in range(concurrency)]
+        began = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - began
+    ms = np.array([x for lat in latencies for x in lat]) * 1000
+    return {
+        "ack": ack,
+        "concurrency": concurrency,
+        "p50_ms": round(float(np.percentile(ms, 50)), 3),
+        "p95_ms": round(float(np.percentile(ms, 95)), 3),
+        "decisions_per_s": round(len(ms) / elapsed, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres")
@@ -59,6 +101,8 @@ def main() -> None:
     parser.add_argument("--assets", type=int, default=20, help="risky assets (cash added)")
     parser.add_argument("--batch-size", type=int, default=5_000)
     parser.add_argument("--chunk", type=int, default=512, help="records per submit_many call")
+    parser.add_argument("--ack-seconds", type=float, default=3.0, help="per ack phase; 0: none")
+    parser.add_argument("--ack-concurrency", default="1,8", help="caller threads, one phase each")
     args = parser.parse_args()
 
     name = f"allocator_bench_{secrets.token_hex(4)}"
@@ -87,6 +131,29 @@ def main() -> None:
             recorder.close()
         with psycopg.connect(url.replace("+psycopg", "")) as conn:
             rows = conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
+        acks = []
+        if args.ack_seconds > 0:
+            with tempfile.TemporaryDirectory() as tmp:
+                sqlite_url = f"sqlite:///{Path(tmp) / 'acks.db'}"
+                upgrade(sqlite_url)
+                for backend, target in (("postgresql", url), ("sqlite", sqlite_url)):
+                    for ack in ("durable", "queued"):
+                        for c in (int(c) for c in args.ack_concurrency.split(",")):
+                            fresh = make_records(
+                                (5_000 if ack == "durable" else 2_000) * c,
+                                args.assets,
+                                len(acks) + 1,
+                                f"ack{len(acks)}",
+                            )
+                            phase = ack_latency(
+                                target,
+                                Path(tmp) / f"spool-{len(acks)}",
+                                ack,
+                                c,
+                                args.ack_seconds,
+                                fresh,
+                            )
+                            acks.append({"backend": backend, **phase})
     finally:
         with psycopg.connect(args.postgres, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -105,6 +172,7 @@ def main() -> None:
                 "submit_seconds": round(submitted, 3),
                 "decisions_per_s": round(rows / elapsed, 1),
                 "goal_decisions_per_s": 25_000,
+                "acknowledgement": acks,
                 "machine": machine,
             },
             indent=2,

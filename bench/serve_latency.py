@@ -16,6 +16,10 @@ Phases, each ``--duration`` seconds:
   ``--stream-size`` portfolios, ``--in-flight`` messages sent ahead of their answers; its
   latency is a message's, from its send to its answer).
 
+``--acks durable,queued`` runs one ``allocator serve`` per database and acknowledgement mode
+(``--ack``; each on its own database and spool), named ``DATABASE-ACK``, so the cost of
+answering only once a decision is durable shows beside the queued answer in one sitting.
+
 ``comparison`` gives, per compared phase and database, the medians over rounds and their
 ratios to the bare server's (P50, P95, rate). Every call uses a new request id (a reused one
 would be answered from the portfolio's state). At the end every server is stopped with SIGTERM
@@ -438,6 +442,14 @@ def main() -> None:
         default="sqlite,postgresql",
         help="one Allocator server recording to each (comma-separated: sqlite, postgresql)",
     )
+    parser.add_argument(
+        "--acks",
+        default="durable",
+        help="one server per database and --ack mode (comma-separated: durable, queued)",
+    )
+    parser.add_argument(
+        "--group-commit-ms", type=float, default=None, help="the servers' commit window"
+    )
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase")
     parser.add_argument(
@@ -458,6 +470,11 @@ def main() -> None:
     unknown = sorted(set(databases) - {"sqlite", "postgresql"})
     if unknown or not databases:
         parser.error(f"--databases: unknown {unknown}; choose from sqlite, postgresql")
+    acks = [a for a in args.acks.split(",") if a]
+    if not acks or set(acks) - {"durable", "queued"}:
+        parser.error(f"--acks {args.acks}: choose from durable, queued")
+    # One server per (database, ack); named by the database alone in the default run.
+    ack_of = {db if acks == ["durable"] else f"{db}-{ack}": ack for db in databases for ack in acks}
 
     import psycopg
 
@@ -481,16 +498,20 @@ def main() -> None:
         args.concurrency = "1" if shared else "1,8,32"
     if shared and max(int(n) for n in args.assets.split(",")) > manifest.served_asset_limit:
         parser.error(f"--assets {args.assets}: the model serves {manifest.served_asset_limit}")
-    pg_db = f"allocator_bench_{secrets.token_hex(4)}"
+    token = secrets.token_hex(4)
     urls: dict[str, str] = {}
-    if "sqlite" in databases:
-        urls["sqlite"] = f"sqlite:///{tmp / 'decisions.db'}"
-    if "postgresql" in databases:
+    pg_dbs: dict[str, str] = {}
+    info = psycopg.conninfo.conninfo_to_dict(args.postgres)
+    user, host = info.get("user", "postgres"), info.get("host", "127.0.0.1")
+    for server in ack_of:
+        if server.startswith("sqlite"):
+            urls[server] = f"sqlite:///{tmp / f'decisions-{server}.db'}"
+            continue
+        pg_dbs[server] = f"allocator_bench_{token}_{len(pg_dbs)}"
         with psycopg.connect(args.postgres, autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{pg_db}"')
-        info = psycopg.conninfo.conninfo_to_dict(args.postgres)
-        user, host = info.get("user", "postgres"), info.get("host", "127.0.0.1")
-        urls["postgresql"] = f"postgresql+psycopg://{user}@{host}:{info.get('port', 5432)}/{pg_db}"
+            admin.execute(f'CREATE DATABASE "{pg_dbs[server]}"')
+        port = info.get("port", 5432)
+        urls[server] = f"postgresql+psycopg://{user}@{host}:{port}/{pg_dbs[server]}"
     results: list[dict[str, Any]] = []
     rows: dict[str, int] = {}
     served: Any = None
@@ -510,6 +531,7 @@ def main() -> None:
                 str(args.threads),
             ],
         )
+        window = args.group_commit_ms
         for db, url in urls.items():
             servers.start(
                 db,
@@ -517,6 +539,8 @@ def main() -> None:
                     *(sys.executable, "-m", "allocator.cli", "serve"),
                     *("--registry", str(registry), "--metrics-port", "0"),
                     *("--database-url", url, "--spool-dir", str(tmp / f"spool-{db}"), "--cpu"),
+                    *("--ack", ack_of[db]),
+                    *(() if window is None else ("--group-commit-ms", str(window))),
                     *("--latency-budget-ms", str(args.budget_ms)),
                     *("--max-concurrent-rpcs", "512", "--workers", str(args.threads)),
                 ],
@@ -525,7 +549,7 @@ def main() -> None:
             for server, target in servers.targets.items():
                 _wait_serving(target, servers.processes[server])
             setup = time.perf_counter() - setup
-            with AllocatorClient(servers.targets[databases[0]], timeout=10) as client:
+            with AllocatorClient(servers.targets[next(iter(urls))], timeout=10) as client:
                 served = next(m for m in client.list_models() if m.name == name)
             compared, own = _phases(args, shared, served.max_assets, served.window)
             ctx = mp.get_context("spawn")
@@ -548,22 +572,24 @@ def main() -> None:
                         for server in servers.targets:
                             run(server, phase, round_)
                 for phase in own:
-                    for db in databases:
+                    for db in urls:
                         run(db, phase, 0)
         finally:
             exit_codes = servers.stop()
-        if "sqlite" in urls:
-            with sqlite3.connect(tmp / "decisions.db") as conn:
-                rows["sqlite"] = conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
-        if "postgresql" in urls:
-            with psycopg.connect(urls["postgresql"].replace("+psycopg", "")) as conn:
-                rows["postgresql"] = conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
+        for db, url in urls.items():
+            count = "SELECT count(*) FROM decisions"
+            if db in pg_dbs:
+                with psycopg.connect(url.replace("+psycopg", "")) as conn:
+                    rows[db] = conn.execute(count).fetchone()[0]
+            else:
+                with sqlite3.connect(tmp / f"decisions-{db}.db") as conn:
+                    rows[db] = conn.execute(count).fetchone()[0]
     finally:
-        if "postgresql" in urls:
+        for pg_db in pg_dbs.values():
             with psycopg.connect(args.postgres, autocommit=True) as admin:
                 admin.execute(f'DROP DATABASE IF EXISTS "{pg_db}" WITH (FORCE)')
     recording = {}
-    for db in databases:
+    for db in urls:
         ok = sum(
             r["codes"].get("OK", 0) * r.get("batch_size", 1) for r in results if r["server"] == db
         )
@@ -589,7 +615,7 @@ def main() -> None:
             {
                 "benchmark": "serve_latency",
                 "model": model,
-                "comparison": _summary(results, databases),
+                "comparison": _summary(results, list(urls)),
                 "recording": recording,
                 "phases": results,
                 "bare_server_exit_code": exit_codes.get(BARE),

@@ -40,7 +40,10 @@ def test_env_throughput_prints_its_figures():
 
 def test_recorder_throughput_prints_its_figures():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "recorder_throughput.py"), "--decisions", "3000"],
+        [
+            *(sys.executable, str(ROOT / "bench" / "recorder_throughput.py")),
+            *("--decisions", "3000", "--ack-seconds", "0.3", "--ack-concurrency", "1,2"),
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -48,6 +51,13 @@ def test_recorder_throughput_prints_its_figures():
     )
     figures = json.loads(out.stdout)
     assert figures["rows_in_table"] == 3000
+    phases = {(p["backend"], p["ack"], p["concurrency"]) for p in figures["acknowledgement"]}
+    assert phases == {
+        (b, a, c) for b in ("postgresql", "sqlite") for a in ("durable", "queued") for c in (1, 2)
+    }
+    for p in figures["acknowledgement"]:
+        assert p["p95_ms"] >= p["p50_ms"] > 0
+        assert p["decisions_per_s"] > 0
     assert figures["weights_per_vector"] == 21
     assert figures["decisions_per_s"] > 0
 

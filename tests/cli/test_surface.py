@@ -109,6 +109,8 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("reload_interval", ("--reload-interval",)),
         ("cpu", ("--cpu",)),
         ("spool_quota_bytes", ("--spool-quota-bytes",)),
+        ("ack", ("--ack",)),
+        ("group_commit_ms", ("--group-commit-ms",)),
         ("idempotency_cache", ("--idempotency-cache",)),
         ("grace_seconds", ("--grace-seconds",)),
         ("drain_seconds", ("--drain-seconds",)),

@@ -25,7 +25,7 @@ from allocator.metrics.recorder import RecorderMetrics
 from allocator.recording.migrations import upgrade
 from allocator.recording.recorder import Recorder, RecorderRefusedError
 from allocator.recording.schema import Decision, ModelVersion
-from allocator.recording.sinks import SchemaMissingError
+from allocator.recording.sinks import SMALL_BATCH, SchemaMissingError
 from tests.recording.decisions import MODEL, make_decision, row_of
 from tests.recording.proxy import TcpProxy
 
@@ -105,6 +105,16 @@ def test_ten_thousand_decisions_round_trip_exactly(migrated_url: str, tmp_path: 
         assert (model.name, model.version, model.algorithm) == ("test-model", "1", "td3")
         assert model.manifest == {"schema_version": 2}
     engine.dispose()
+
+
+def test_small_batches_round_trip_exactly(migrated_url: str, tmp_path: Path) -> None:
+    """Batches of at most ``SMALL_BATCH`` take the sinks' other path (multi-row VALUES)."""
+    decisions = [make_decision(i) for i in range(3 * SMALL_BATCH)]
+    with Recorder(migrated_url, tmp_path / "spool", **FAST) as recorder:
+        recorder.register_model(MODEL)
+        for i in range(0, len(decisions), SMALL_BATCH // 2):
+            recorder.wait_durable(recorder.submit_many(decisions[i : i + SMALL_BATCH // 2]), 10)
+    assert read_rows(migrated_url) == [row_of(d) for d in decisions]
 
 
 def test_a_request_id_is_recorded_once(migrated_url: str, tmp_path: Path) -> None:

@@ -41,6 +41,16 @@ from allocator.cli.options import database_url_option, fail
 @click.option("--cpu", is_flag=True, help="never try onnxruntime's CUDA provider")
 @click.option("--spool-quota-bytes", type=int, default=None, help="spool size that refuses calls")
 @click.option(
+    "--ack",
+    type=click.Choice(["durable", "queued"]),
+    default=None,
+    help="OK once the decision is durable (default), or once queued: faster, but a crash "
+    "loses the last ~20 ms of answered decisions",
+)
+@click.option(
+    "--group-commit-ms", type=float, default=None, help="durable acks: commit window (default 1)"
+)
+@click.option(
     "--idempotency-cache",
     type=int,
     default=None,

@@ -1,11 +1,11 @@
 """The durable decision recorder: off the request path, batched, spooled through outages.
 
-``submit`` only appends to a bounded in-memory queue (a few microseconds on the request path).
-One writer thread takes batches off it and writes them to the database (see ``sinks``). When
-the database is unreachable, the batch goes to the fsync'd local ``Spool`` instead, and the
-spool is replayed, oldest first, before anything newer once the database answers again.
-``flush`` waits until everything submitted so far is durable (committed or fsync'd to the
-spool); ``close`` drains the queue the same way before it returns.
+``submit`` appends to a bounded in-memory queue and returns a ticket, which ``wait_durable``
+waits on (see ``tickets``). One writer thread takes batches off the queue and writes them to
+the database (see ``sinks``). When the database is unreachable, the batch goes to the fsync'd
+local ``Spool`` instead, and the spool is replayed, oldest first, before anything newer once
+the database answers again. ``flush`` waits until everything submitted so far is durable
+(committed or fsync'd to the spool); ``close`` drains the queue the same way before it returns.
 
 Admission policy (never a silent drop): a record is refused at the door, with
 ``RecorderRefusedError`` and ``allocator_recorder_rejected_total``, when the queue is full or the
@@ -19,12 +19,10 @@ outage) is kept in the spool's ``quarantine`` file and counted, not dropped.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -37,34 +35,17 @@ from allocator.recording.sinks import (
     SinkUnavailableError,
     make_sink,
 )
-from allocator.recording.spool import Spool, SpoolError, encode_frame
+from allocator.recording.spool import Spool, SpoolError
+from allocator.recording.tickets import (
+    ACK_MODES,
+    NotDurableError,
+    RecorderRefusedError,
+    RecorderStats,
+)
 
-__all__ = ["Recorder", "RecorderRefusedError", "RecorderStats"]
+__all__ = ["ACK_MODES", "NotDurableError", "Recorder", "RecorderRefusedError", "RecorderStats"]
 
 log = logging.getLogger(__name__)
-
-QUARANTINE_FILE = "quarantine.frames"
-
-
-class RecorderRefusedError(RuntimeError):
-    """The recorder did not accept a record (queue full, spool quota, closed); nothing of it
-    was kept, so the caller must not act as if it were recorded."""
-
-
-@dataclass(frozen=True)
-class RecorderStats:
-    """Counters since start, for logs and tests (the same figures as the metrics)."""
-
-    submitted: int
-    durable: int
-    written: int
-    spooled_records: int
-    spool_bytes: int
-    replayed: int
-    rejected: int
-    quarantined: int
-    queue_depth: int
-    database_up: bool
 
 
 _Item = ModelRecord | DecisionRecord
@@ -74,8 +55,9 @@ class Recorder:
     """Record decisions into ``database_url`` through a spool in ``spool_dir``.
 
     ``batch_size`` bounds one write; ``flush_interval`` is how long the writer waits to fill a
-    batch (the added recording delay under light load). ``retry_interval`` is the first and
-    the longest wait between attempts to reach a database that is down (doubling between).
+    batch with ``ack="queued"`` (and how often an idle writer looks at the spool); ``ack`` and
+    ``commit_window``: see ``tickets``. ``retry_interval`` is the first and the longest wait
+    between attempts to reach a database that is down (doubling between).
     """
 
     def __init__(
@@ -90,15 +72,21 @@ class Recorder:
         spool_quota_bytes: int = 1 << 30,
         retry_interval: tuple[float, float] = (0.05, 2.0),
         sink: Sink | None = None,
+        ack: str = "durable",
+        commit_window: float = 0.001,
     ) -> None:
         if queue_size < 1 or batch_size < 1:
             raise ValueError("queue_size and batch_size must be >= 1")
+        if ack not in ACK_MODES:
+            raise ValueError(f"ack must be one of {ACK_MODES}, not {ack!r}")
         self.sink = sink if sink is not None else make_sink(database_url)
         self.spool = Spool(spool_dir)
         self.metrics = metrics
         self.queue_size = queue_size
         self.batch_size = batch_size
         self.flush_interval = flush_interval
+        self.ack = ack
+        self.commit_window = commit_window
         self.spool_quota_bytes = spool_quota_bytes
         self._retry_min, self._retry_max = retry_interval
         self._queue: deque[_Item] = deque()
@@ -113,6 +101,7 @@ class Recorder:
         self._quarantined = 0
         self._closing = False
         self._closed = False
+        self._stalled = False  # the pending batch reached neither the database nor the spool
         self._db_up = False
         self._next_attempt = 0.0
         self._backoff = self._retry_min
@@ -188,12 +177,16 @@ class Recorder:
                 self._queue.append(model)
                 self._cond.notify()
 
-    def submit(self, decision: DecisionRecord) -> None:
+    def submit(self, decision: DecisionRecord) -> int:
         """Queue one decision; raises ``RecorderRefusedError`` if it cannot be kept."""
-        self.submit_many((decision,))
+        return self.submit_many((decision,))
 
-    def submit_many(self, decisions: Sequence[DecisionRecord]) -> None:
-        """Queue decisions all-or-nothing (a batch call is recorded whole or refused whole)."""
+    def submit_many(self, decisions: Sequence[DecisionRecord]) -> int:
+        """Queue decisions all-or-nothing (a batch call is recorded whole or refused whole).
+
+        Returns the ticket for ``wait_durable``: records are made durable in queue order, so
+        the count submitted so far says when these are.
+        """
         n = len(decisions)
         with self._cond:
             reason = self._refusal(n)
@@ -210,14 +203,35 @@ class Recorder:
                 if self.metrics is not None:
                     self.metrics.rejected.inc(n)
                 raise RecorderRefusedError(reason)
+            idle = not self._queue
             self._queue.extend(decisions)
             self._submitted += n
-            if len(self._queue) >= self.batch_size:
+            if len(self._queue) >= self.batch_size or (idle and self.ack == "durable"):
                 self._cond.notify()
+            return self._submitted
+
+    def wait_durable(self, ticket: int, timeout: float | None = None) -> None:
+        """Return once the decisions up to ``ticket`` are durable (at once with ``queued``);
+        ``NotDurableError`` after ``timeout``, or at once while nothing can be made durable."""
+        if self.ack == "queued":
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._durable < ticket:
+                if self._stalled:
+                    raise NotDurableError("neither the database nor the spool takes records")
+                if not self._thread.is_alive() and self._thread.ident is not None:
+                    raise NotDurableError("the recorder's writer stopped")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise NotDurableError("not durable before the deadline", timed_out=True)
+                self._cond.wait(0.1 if remaining is None else min(remaining, 0.1))
 
     def _refusal(self, n: int) -> str | None:
         if self._closing:
             return "the recorder is closed"
+        if self._stalled and self.ack == "durable":  # it could only hold them in memory
+            return "neither the database nor the spool takes records"
         if len(self._queue) + n > self.queue_size:
             return f"the recorder queue is full ({self.queue_size} records)"
         if self._spool_bytes >= self.spool_quota_bytes:
@@ -262,7 +276,17 @@ class Recorder:
     def _take(self) -> tuple[list[ModelRecord], list[DecisionRecord]] | None:
         """The next batch, or None once closing with nothing left."""
         with self._cond:
-            deadline = time.monotonic() + self.flush_interval
+            window = self.flush_interval
+            if self.ack == "durable":
+                # Sleep until a record arrives, then give concurrent ones a window to join.
+                idle_until = time.monotonic() + self.flush_interval
+                while not self._queue and not self._closing:
+                    remaining = idle_until - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                window = self.commit_window if self._queue else 0.0
+            deadline = time.monotonic() + window
             while len(self._queue) < self.batch_size and not self._closing:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -293,10 +317,16 @@ class Recorder:
             models, decisions = pending
             if (models or decisions) and not self._persist(models, decisions):
                 # Neither the database nor the disk took it: keep it (the door stays shut by
-                # the refusal checks) and try again shortly.
+                # the refusal checks), fail the callers waiting on it, and try again shortly.
+                self._set_stalled(True)
                 time.sleep(self._retry_min)
                 continue
             pending = None
+
+    def _set_stalled(self, stalled: bool) -> None:
+        with self._cond:
+            self._stalled = stalled
+            self._cond.notify_all()
 
     def _attempt_due(self) -> bool:
         return self._db_up or time.monotonic() >= self._next_attempt
@@ -396,18 +426,8 @@ class Recorder:
     def _quarantine(
         self, models: list[ModelRecord], decisions: list[DecisionRecord], error: Exception
     ) -> None:
-        path = self.spool.directory / QUARANTINE_FILE
-        frame = encode_frame(
-            {
-                "m": [m.to_json() for m in models],
-                "d": [d.to_json() for d in decisions],
-                "error": f"{type(error).__name__}: {error}",
-            }
-        )
-        with path.open("ab") as f:
-            f.write(frame)
-            f.flush()
-            os.fsync(f.fileno())
+        payload = {"m": [m.to_json() for m in models], "d": [d.to_json() for d in decisions]}
+        path = self.spool.quarantine({**payload, "error": f"{type(error).__name__}: {error}"})
         with self._cond:
             self._quarantined += len(decisions)
         log.error("recorder: quarantined %d records in %s: %s", len(decisions), path, error)
@@ -466,6 +486,7 @@ class Recorder:
 
     def _done(self, n: int) -> None:
         with self._cond:
+            self._stalled = False
             self._durable += n
             self._cond.notify_all()
 

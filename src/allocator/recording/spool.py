@@ -26,12 +26,13 @@ from typing import Any
 
 from allocator.artifacts.files import fsync_path
 
-__all__ = ["FRAME_HEADER", "Segment", "Spool", "SpoolError"]
+__all__ = ["FRAME_HEADER", "QUARANTINE_FILE", "Segment", "Spool", "SpoolError"]
 
 log = logging.getLogger(__name__)
 
 FRAME_HEADER = struct.Struct("<II")
 SEGMENT_SUFFIX = ".spool"
+QUARANTINE_FILE = "quarantine.frames"
 CORRUPT_SUFFIX = ".corrupt"
 MAX_FRAME_BYTES = 1 << 30
 
@@ -197,6 +198,15 @@ class Spool:
         self._current = path.open("ab")
         fsync_path(self.directory)
         self._segments.append(Segment(path, 0, 0))
+
+    def quarantine(self, payload: dict[str, Any]) -> Path:
+        """Keep records the database refused, fsync'd, in ``QUARANTINE_FILE`` (never replayed)."""
+        path = self.directory / QUARANTINE_FILE
+        with path.open("ab") as f:
+            f.write(encode_frame(payload))
+            f.flush()
+            os.fsync(f.fileno())
+        return path
 
     # --- replaying -----------------------------------------------------------------------
 

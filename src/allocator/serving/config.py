@@ -7,6 +7,7 @@ docs/operations.md) read on their own.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -30,6 +31,15 @@ class ServerConfig(StrictModel):
     record: bool = Field(True, description="record every decision (off only for experiments)")
     spool_dir: Path = Field(Path("spool"), description="the recorder's durable spool")
     spool_quota_bytes: int = Field(1 << 30, ge=1, description="spool size that closes the door")
+    ack: Literal["durable", "queued"] = Field(
+        "durable",
+        description="when OK is answered: once the decision is committed or fsync'd to the spool "
+        "(durable), or once it is queued in memory (queued: faster; a crash loses the last "
+        "~20 ms of answered decisions)",
+    )
+    group_commit_ms: float = Field(
+        1.0, ge=0, le=100, description="durable acks: decisions arriving this close share a commit"
+    )
     redis_url: str | None = Field(None, description="share smoothing state through Redis")
     auth_token_file: Path | None = Field(None, description="require this bearer token")
     tls_cert: Path | None = None

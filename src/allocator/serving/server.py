@@ -4,10 +4,11 @@ One request, step by step (``serving.step.DecisionStep``, the path the replay ru
 resolve the model (its pin, else the default from the registry's current snapshot), validate
 the request against that model's shape, then, holding the portfolio's lock (in memory, or in
 Redis when replicas share portfolios), read its state, decide (``decision.decide_batch``:
-observation, ONNX, mask-and-renormalize, EMA, ICM), hand the record to the recorder, and only
-then store the new state. If the recorder refuses the record (its spool is full), the state
-does not advance and the client gets UNAVAILABLE: no decision is acted on that was not
-recorded.
+observation, ONNX, mask-and-renormalize, EMA, ICM), hand the record to the recorder, wait until
+it is durable (``--ack durable``, the default; ``--ack queued`` answers once it is queued), and
+only then store the new state. If the recorder refuses the record (its spool is full) or cannot
+make it durable, the state does not advance and the client gets UNAVAILABLE (DEADLINE_EXCEEDED
+when the call's deadline passed first): no decision is acted on that was not recorded.
 
 Failure modes map to status codes a client can act on: INVALID_ARGUMENT (names the field, or
 the method whose request bytes do not decode: ``serving.decoding``), NOT_FOUND (unknown model
@@ -358,6 +359,8 @@ def _open_recorder(config: ServerConfig, metrics_registry: CollectorRegistry) ->
         config.spool_dir,
         metrics=RecorderMetrics(metrics_registry),
         spool_quota_bytes=config.spool_quota_bytes,
+        ack=config.ack,
+        commit_window=config.group_commit_ms / 1000,
     )
 
 

@@ -13,6 +13,16 @@ What the order guarantees:
 * The recorder accepts the records before the states advance. If it refuses them (its spool is
   full) the states stay as they were and ``RecorderRefusedError`` reaches the caller: no
   decision is acted on that was not recorded.
+* With durable acknowledgement (the recorder's default) the step then waits, still under the
+  locks and before the states (with their last answers) are written, until the records are
+  committed or fsync'd (``Recorder.wait_durable``, bounded by the caller's deadline). Waiting
+  here, not after the locks, is the point: no retry or later request can see an advanced state
+  or a stored answer whose record a crash could still lose. If the wait fails
+  (``DeadlineExceededError``, or ``NotDurableError`` when the writer can keep nothing) nothing
+  advances, but the record may still land later. A retry of that request id then decides
+  again from the same state and inputs, so it answers what was recorded (the database keeps
+  the first row of a request id); only if another request advanced the portfolio in between
+  (or another model answers it) does the answer differ from that row.
 * A retried request (same ``request_id`` and inputs) gets its first answer back, with no second
   step and no second record: a portfolio's state carries the answer to its latest request
   (``PortfolioState.last``), read under the portfolio's lock, so a duplicate that was in flight
@@ -34,6 +44,7 @@ import numpy as np
 from allocator.metrics.serving import ServingMetrics
 from allocator.recording.recorder import Recorder
 from allocator.recording.records import DecisionRecord
+from allocator.recording.tickets import NotDurableError
 from allocator.registry.errors import ModelNotFoundError
 from allocator.serving.decision import DecisionOutput, decide_batch
 from allocator.serving.idempotency import RecentRequests, check_last, request_fingerprint
@@ -65,7 +76,8 @@ TimeRemaining = Callable[[], float | None]
 
 
 class DeadlineExceededError(Exception):
-    """The caller's deadline passed before deciding; nothing was decided or stored."""
+    """The caller's deadline passed before deciding, or before the decision was durable; no
+    state was stored either way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +209,7 @@ class DecisionStep:
             decided_at = dt.datetime.now(dt.UTC)
             latency = time.perf_counter() - started
             if self.recorder is not None and todo:
-                self.recorder.submit_many(
+                ticket = self.recorder.submit_many(
                     [
                         _record(
                             model, requests[i], out, state, fingerprints[i], decided_at, latency
@@ -205,6 +217,12 @@ class DecisionStep:
                         for i, (out, state) in zip(todo, results, strict=True)
                     ]
                 )
+                try:
+                    self.recorder.wait_durable(ticket, _seconds_left(time_remaining))
+                except NotDurableError as exc:
+                    if exc.timed_out:
+                        raise DeadlineExceededError("deadline exceeded before recording") from exc
+                    raise
             for i, (out, state) in zip(todo, results, strict=True):
                 r = requests[i]
                 response = _response(model, r, out)
@@ -238,6 +256,11 @@ class DecisionStep:
             else:
                 answers.append(Answer(r, pb.AllocateResponse.FromString(stored), None))
         return answers
+
+
+def _seconds_left(time_remaining: TimeRemaining | None) -> float | None:
+    """How long the recorder may take to acknowledge: the caller's deadline, if any."""
+    return None if time_remaining is None else time_remaining()
 
 
 def _record(

@@ -1,0 +1,111 @@
+"""The decision step with durable acknowledgement: nothing advances before the record is durable.
+
+A real recorder on a real SQLite database, whose sink a test holds (``GatedSink``) to look at
+the step while a decision is decided but not yet committed.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from allocator.recording.migrations import upgrade
+from allocator.recording.recorder import Recorder
+from allocator.recording.records import ModelRecord
+from allocator.serving import LoadedModel
+from allocator.serving.proto.v1 import allocator_pb2 as pb
+from allocator.serving.state import MemoryStateStore
+from allocator.serving.step import Answer, DeadlineExceededError, DecisionStep
+from tests.recording.gated_sink import GatedSink
+from tests.serving.conftest import TINY, allocate_request
+
+
+@pytest.fixture
+def gated(tmp_path: Path, tiny_model: LoadedModel) -> Iterator[tuple[Recorder, GatedSink, str]]:
+    url = f"sqlite:///{tmp_path / 'trade.db'}"
+    upgrade(url)
+    sink = GatedSink(url)
+    recorder = Recorder(url, tmp_path / "spool", sink=sink, flush_interval=0.005).start()
+    m = tiny_model
+    manifest = m.manifest.model_dump(mode="json")
+    recorder.register_model(
+        ModelRecord(m.name, m.version, m.manifest.algorithm, manifest, dict(m.manifest.files))
+    )
+    try:
+        yield recorder, sink, url
+    finally:
+        sink.gate.set()
+        recorder.close(10)
+
+
+def request(request_id: str) -> pb.AllocateRequest:
+    rng = np.random.default_rng(7)
+    prices = 50.0 * np.exp(np.cumsum(rng.normal(0, 0.02, (3, TINY.window + 1)), axis=1))
+    return allocate_request(("A", "B", "C"), prices, portfolio_id="p", request_id=request_id)
+
+
+def steps(store: MemoryStateStore) -> int:
+    with store.locked(["p"]) as session:
+        state = session.get()[0]
+    return 0 if state is None else state.steps
+
+
+def recorded_weights(url: str, request_id: str) -> list[float]:
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as db:
+        (weights,) = db.execute(
+            "SELECT smoothed_weights FROM decisions WHERE request_id = ?", (request_id,)
+        ).fetchone()
+    return list(json.loads(weights))
+
+
+def test_a_decision_not_durable_by_the_deadline_advances_nothing(
+    gated: tuple[Recorder, GatedSink, str], tiny_model: LoadedModel
+) -> None:
+    recorder, sink, url = gated
+    store = MemoryStateStore()
+    step = DecisionStep(store, recorder, recent_requests=100)
+    sink.gate.clear()
+    with pytest.raises(DeadlineExceededError, match="recording"):
+        step.allocate(request("r1"), lambda *_: tiny_model, time_remaining=lambda: 0.1)
+    assert steps(store) == 0
+    sink.gate.set()
+    assert recorder.flush(10)  # the record landed after all: the call was not answered OK
+    retry = step.allocate(request("r1"), lambda *_: tiny_model)
+    assert retry.output is not None, "decided again, not served from a cache"
+    assert steps(store) == 1
+    # Same state and inputs: the retry answers what the database kept for that request id.
+    np.testing.assert_allclose(retry.response.smoothed_weights, recorded_weights(url, "r1"))
+
+
+def test_a_retry_in_flight_waits_for_the_first_call_to_be_durable(
+    gated: tuple[Recorder, GatedSink, str], tiny_model: LoadedModel
+) -> None:
+    recorder, sink, _ = gated
+    store = MemoryStateStore()
+    step = DecisionStep(store, recorder, recent_requests=100)
+    sink.gate.clear()
+    answers: dict[str, Answer] = {}
+
+    def call(name: str) -> None:
+        answers[name] = step.allocate(request("r2"), lambda *_: tiny_model)
+
+    first = threading.Thread(target=call, args=("first",))
+    first.start()
+    first.join(0.2)
+    retry = threading.Thread(target=call, args=("retry",))
+    retry.start()
+    retry.join(0.3)
+    assert not answers, "an answer was given before its decision was committed"
+    sink.gate.set()
+    first.join(10)
+    retry.join(10)
+    assert answers["first"].output is not None
+    assert answers["retry"].output is None  # the first call's answer, from the portfolio's state
+    assert answers["retry"].response == answers["first"].response
+    assert steps(store) == 1
