@@ -158,3 +158,30 @@ def test_serve_latency_times_a_shared_model_below_and_above_its_training_slots()
     recording = figures["recording"]["postgresql"]
     assert recording["recorded_rows"] == recording["ok_decisions"] > 0
     assert recording["server_exit_code"] == 0
+
+
+@pytest.mark.slow
+def test_serve_soak_samples_memory_and_latency_by_minute():
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "serve_soak.py"),
+            *("--minutes", "1", "--rate", "40", "--portfolios", "20"),
+            *("--sample-seconds", "2", "--warmup-minutes", "0.25"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    figures = json.loads(out.stdout)
+    (minute,) = figures["minutes"]
+    assert minute["codes"] == {"OK": 2400}
+    assert minute["p99_ms"] >= minute["p95_ms"] >= minute["p50_ms"] > 0
+    assert len(figures["rss_samples"]) >= 25  # every 2 s for a minute, and one at the end
+    assert all(s["rss_mb"] > 10 for s in figures["rss_samples"])
+    growth = figures["rss_growth_after_warmup"]
+    assert growth["from_s"] >= 15
+    assert growth["rss_end_mb"] == figures["rss_samples"][-1]["rss_mb"]
+    assert figures["recorded_rows"] == figures["ok_decisions"] == 2400
+    assert figures["server_exit_code"] == 0
