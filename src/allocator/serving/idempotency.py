@@ -31,13 +31,11 @@ from allocator.serving.validation import InvalidRequest, ValidRequest
 __all__ = ["RecentRequests", "check_last", "request_fingerprint"]
 
 
-def _text(parts: list[bytes], value: str | None) -> None:
+def _optional(value: str | None) -> bytes:
     if value is None:
-        parts.append(b"\xff\xff\xff\xff")
-    else:
-        data = value.encode()
-        parts.append(struct.pack("<I", len(data)))
-        parts.append(data)
+        return b"\xff\xff\xff\xff"
+    data = value.encode()
+    return struct.pack("<I", len(data)) + data
 
 
 def request_fingerprint(r: ValidRequest) -> bytes:
@@ -45,19 +43,24 @@ def request_fingerprint(r: ValidRequest) -> bytes:
 
     Not only the id decides a retry: an answer for other assets, returned under a reused id,
     would be applied to the wrong assets. blake2b rather than ``hash()``, which differs from
-    process to process, so a replica or a restarted server computes the same digest.
+    process to process, so a replica or a restarted server computes the same digest. Every
+    variable-length part is length-prefixed, so no two inputs share an encoding; the asset ids
+    are packed in one call (this runs once per decision on the request path).
     """
-    parts: list[bytes] = [struct.pack("<I", len(r.asset_ids))]
-    for asset in r.asset_ids:
-        _text(parts, asset)
-    parts.append(np.ascontiguousarray(r.prices, dtype="<f8").tobytes())
+    ids = [asset.encode() for asset in r.asset_ids]
+    n = len(ids)
+    parts = [
+        struct.pack(f"<I{n}I", n, *map(len, ids)),
+        b"".join(ids),
+        np.ascontiguousarray(r.prices, dtype="<f8").tobytes(),
+    ]
     if r.current_weights is None:
         parts.append(b"\x00")
     else:
         parts.append(b"\x01")
         parts.append(np.ascontiguousarray(r.current_weights, dtype="<f8").tobytes())
-    _text(parts, r.model_name)
-    _text(parts, r.model_version)
+    parts.append(_optional(r.model_name))
+    parts.append(_optional(r.model_version))
     return hashlib.blake2b(b"".join(parts), digest_size=FINGERPRINT_BYTES).digest()
 
 
