@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -17,43 +16,10 @@ from allocator.serving.validation import (
     ModelShape,
     ValidRequest,
     model_pin,
-    validate_batch,
     validate_request,
     validate_reset,
 )
-
-SHAPE = ModelShape(max_assets=4, window=5)
-
-
-def _prices(n: int, window: int = SHAPE.window, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return 100.0 * np.exp(rng.normal(0.0, 0.01, size=(n, window + 1)).cumsum(axis=1))
-
-
-def make_request(
-    n: int = 3,
-    *,
-    portfolio_id: str = "fund-1",
-    request_id: str = "req-1",
-    weights: bool = True,
-    seed: int = 0,
-) -> pb.AllocateRequest:
-    request = pb.AllocateRequest(
-        portfolio_id=portfolio_id,
-        request_id=request_id,
-        asset_ids=[f"A{i}" for i in range(n)],
-        prices=_prices(n, seed=seed).ravel().tolist(),
-    )
-    if weights:
-        request.current_weights.extend([1.0 / (n + 1)] * (n + 1))
-    return request
-
-
-def refused(request: pb.AllocateRequest, shape: ModelShape = SHAPE) -> InvalidRequest:
-    with pytest.raises(InvalidRequest) as info:
-        validate_request(request, shape)
-    return info.value
-
+from tests.serving.requests import SHAPE, _prices, make_request, refused
 
 # --- the happy path -------------------------------------------------------------------------
 
@@ -299,170 +265,6 @@ def test_invalid_request_is_a_value_error_and_nests() -> None:
     nested = error.within("requests[2]")
     assert nested.field == "requests[2].prices"
     assert str(nested) == "requests[2].prices: bad"
-
-
-# --- batches ----------------------------------------------------------------------------------
-
-
-def _batch(*requests: pb.AllocateRequest) -> pb.AllocateBatchRequest:
-    return pb.AllocateBatchRequest(requests=list(requests))
-
-
-def _fixed(shape: ModelShape = SHAPE) -> Callable[[str | None, str | None], ModelShape]:
-    return lambda name, version: shape
-
-
-def test_batch_validates_every_request_in_order() -> None:
-    batch = _batch(
-        *(make_request(1 + i % 4, portfolio_id=f"p{i}", request_id=f"r{i}") for i in range(6))
-    )
-    valid = validate_batch(batch, _fixed())
-    assert [v.portfolio_id for v in valid] == [f"p{i}" for i in range(6)]
-    assert [v.n_assets for v in valid] == [1, 2, 3, 4, 1, 2]
-
-
-def test_empty_batch() -> None:
-    with pytest.raises(InvalidRequest) as info:
-        validate_batch(pb.AllocateBatchRequest(), _fixed())
-    assert info.value.field == "requests"
-    assert "empty batch" in info.value.message
-
-
-def test_batch_error_names_the_request() -> None:
-    bad = make_request(portfolio_id="p2", request_id="r2")
-    bad.prices[0] = math.nan
-    batch = _batch(
-        make_request(portfolio_id="p0", request_id="r0"),
-        make_request(portfolio_id="p1", request_id="r1"),
-        bad,
-    )
-    with pytest.raises(InvalidRequest) as info:
-        validate_batch(batch, _fixed())
-    assert info.value.field == "requests[2].prices"
-    assert str(info.value).startswith("requests[2].prices: prices[0] = nan")
-
-
-@pytest.mark.parametrize(
-    ("field", "other"), [("request_id", "portfolio_id"), ("portfolio_id", "request_id")]
-)
-def test_batch_duplicates_are_named(field: str, other: str) -> None:
-    requests = [make_request(portfolio_id=f"p{i}", request_id=f"r{i}") for i in range(3)]
-    setattr(requests[2], field, getattr(requests[0], field))
-    with pytest.raises(InvalidRequest) as info:
-        validate_batch(_batch(*requests), _fixed())
-    assert info.value.field == f"requests[2].{field}"
-    assert f"duplicate {field}" in info.value.message
-    assert f"requests[0].{field}" in info.value.message
-
-
-def _prices_for(n: int, seed: int, window: int = SHAPE.window) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return 50.0 * np.exp(np.cumsum(rng.normal(0.0, 0.02, (n, window + 1)), axis=1))
-
-
-@pytest.mark.parametrize(
-    ("ids", "prices", "current", "field", "match"),
-    [
-        ((), np.zeros((0, 6)), None, "asset_ids", "at least one"),
-        (tuple("ABCDE"), _prices_for(5, 0), None, "asset_ids", "at most 4 \\(max_assets\\)"),
-        (("A", "A"), _prices_for(2, 0), None, "asset_ids[1]", "duplicate asset id 'A'"),
-        (("A", ""), _prices_for(2, 0), None, "asset_ids[1]", "required"),
-        (("CASH",), _prices_for(1, 0), None, "asset_ids[0]", "reserved"),
-        (("A",), _prices_for(1, 0, window=7), None, "prices", "expected 6 values"),
-        (("A", "B"), _prices_for(1, 0), None, "prices", "expected 12 values"),
-        (
-            ("A", "B"),
-            np.where(np.eye(2, 6) > 0, np.nan, 1.0),
-            None,
-            "prices",
-            "asset 'A'.*must be finite and > 0",
-        ),
-        (
-            ("A", "B"),
-            np.r_[np.ones((1, 6)), -np.ones((1, 6))],
-            None,
-            "prices",
-            "asset 'B'.*must be finite and > 0",
-        ),
-        (("A",), _prices_for(1, 0), [1.0], "current_weights", "expected 2 values"),
-        (("A",), _prices_for(1, 0), [0.7, 0.7], "current_weights", "sum to"),
-        (("A",), _prices_for(1, 0), [1.5, -0.5], "current_weights", ">= 0"),
-        (("A",), _prices_for(1, 0), [math.nan, 1.0], "current_weights", "finite"),
-    ],
-)
-def test_bad_arrays_are_refused_at_the_edge_naming_the_item_and_field(
-    ids: tuple[str, ...], prices: np.ndarray, current: list[float] | None, field: str, match: str
-) -> None:
-    """What the decision step once re-checked is refused here, before anything is decided: the
-    step trusts a ``ValidRequest``. In a batch the error names the item (``requests[1]``)."""
-    good = pb.AllocateRequest(
-        portfolio_id="good", request_id="g", asset_ids=["OK"], prices=_prices_for(1, 99).ravel()
-    )
-    bad = pb.AllocateRequest(
-        portfolio_id="bad", request_id="b", asset_ids=list(ids), prices=prices.ravel().tolist()
-    )
-    if current is not None:
-        bad.current_weights.extend(current)
-    with pytest.raises(InvalidRequest, match=match) as info:
-        validate_batch(_batch(good, bad), _fixed())
-    assert info.value.field == f"requests[1].{field}"
-    assert str(info.value).startswith(f"requests[1].{field}: ")
-
-
-@pytest.mark.parametrize(
-    "build",
-    [
-        lambda: pb.AllocateRequest(asset_ids=["A"], prices=["x"] * 6),
-        lambda: pb.AllocateRequest(asset_ids=[1], prices=[1.0] * 6),
-    ],
-    ids=["prices-not-numbers", "asset-id-not-a-string"],
-)
-def test_values_of_the_wrong_type_cannot_be_sent(build: Callable[[], object]) -> None:
-    """Non-numeric prices or non-string ids never reach validation: the message refuses them."""
-    with pytest.raises(TypeError):
-        build()
-
-
-def test_batch_resolves_each_pin_once_with_its_own_shape() -> None:
-    calls: list[tuple[str | None, str | None]] = []
-    shapes = {None: ModelShape(4, 5), "wide": ModelShape(2, 9)}
-
-    def shape_for(name: str | None, version: str | None) -> ModelShape:
-        calls.append((name, version))
-        return shapes[name]
-
-    requests = []
-    for i in range(5):
-        if i % 2:
-            request = pb.AllocateRequest(
-                portfolio_id=f"p{i}",
-                request_id=f"r{i}",
-                asset_ids=["X", "Y"],
-                prices=_prices(2, window=9).ravel().tolist(),
-            )
-            request.model.name = "wide"
-        else:
-            request = make_request(3, portfolio_id=f"p{i}", request_id=f"r{i}")
-        requests.append(request)
-    valid = validate_batch(_batch(*requests), shape_for)
-    assert calls == [(None, None), ("wide", None)]
-    assert [v.prices.shape for v in valid] == [(3, 6), (2, 10), (3, 6), (2, 10), (3, 6)]
-
-
-def test_batch_resolver_errors_propagate_with_the_index() -> None:
-    class UnknownModelError(LookupError):
-        pass
-
-    def shape_for(name: str | None, version: str | None) -> ModelShape:
-        if name == "ghost":
-            raise UnknownModelError(f"no model {name}")
-        return SHAPE
-
-    second = make_request(portfolio_id="p1", request_id="r1")
-    second.model.name = "ghost"
-    with pytest.raises(UnknownModelError) as info:
-        validate_batch(_batch(make_request(), second), shape_for)
-    assert "requests[1].model" in getattr(info.value, "__notes__", [])
 
 
 # --- properties: valid input passes, any corruption is an InvalidRequest ---------------------
