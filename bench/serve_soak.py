@@ -30,10 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_latency import _requests, _wait_serving, build_registry, free_port
+from load import make_requests, percentiles
+from serve_latency import _wait_serving, build_registry, free_port
 
 
 def rss_bytes(pid: int) -> int:
@@ -45,16 +44,7 @@ def rss_bytes(pid: int) -> int:
 
 
 def _summary(latencies: list[float], codes: dict[str, int]) -> dict[str, Any]:
-    if not latencies:
-        return {"calls": 0, "codes": codes}
-    p50, p95, p99 = np.percentile(np.asarray(latencies) * 1e3, [50, 95, 99])
-    return {
-        "calls": len(latencies),
-        "codes": codes,
-        "p50_ms": round(float(p50), 3),
-        "p95_ms": round(float(p95), 3),
-        "p99_ms": round(float(p99), 3),
-    }
+    return {"calls": len(latencies), "codes": codes, **percentiles(latencies)}
 
 
 def soak(
@@ -68,7 +58,7 @@ def soak(
 
     channel = grpc.insecure_channel(target)
     stub = pb_grpc.AllocatorStub(channel)
-    templates = _requests(args.portfolios, assets, window, prefix="soak")
+    templates = make_requests(args.portfolios, assets, window, prefix="soak")
     minutes = int(args.minutes)
     lock = threading.Lock()
     per_minute: list[tuple[list[float], dict[str, int]]] = [([], {}) for _ in range(minutes)]

@@ -1,0 +1,219 @@
+"""The load generator of the serving benches: requests, and one phase of load against a target.
+
+Runs in its own process (``bench/serve_latency.py`` hands each phase to a one-process pool), so
+the server under test and the generator do not share a GIL. Every call uses the stubs generated
+from ``proto/``, as any client would.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+
+def percentiles(latencies: list[float]) -> dict[str, float]:
+    if not latencies:
+        return {"p50_ms": float("nan"), "p95_ms": float("nan"), "p99_ms": float("nan")}
+    p50, p95, p99 = np.percentile(np.asarray(latencies) * 1e3, [50, 95, 99])
+    return {"p50_ms": round(p50, 3), "p95_ms": round(p95, 3), "p99_ms": round(p99, 3)}
+
+
+def make_requests(
+    n_portfolios: int, assets: int, window: int, seed: int = 0, prefix: str = "bench"
+) -> list[Any]:
+    from allocator.serving.proto.v1 import allocator_pb2 as pb
+
+    rng = np.random.default_rng(seed)
+    ids = [f"A{i:02d}" for i in range(assets)]
+    out = []
+    for p in range(n_portfolios):
+        prices = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, (assets, window + 1)), axis=1))
+        out.append(
+            pb.AllocateRequest(
+                portfolio_id=f"{prefix}-{p}", asset_ids=ids, prices=prices.ravel().tolist()
+            )
+        )
+    return out
+
+
+def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
+    """One phase of load against ``target``; returns latencies summarised and counts."""
+    import grpc
+
+    from allocator.serving.proto.v1 import allocator_pb2 as pb
+    from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
+
+    options = [
+        ("grpc.max_send_message_length", 64 << 20),
+        ("grpc.max_receive_message_length", 64 << 20),
+    ]
+    channel = grpc.insecure_channel(target, options=options)
+    stub = pb_grpc.AllocatorStub(channel)
+    kind, duration, tag = phase["kind"], phase["duration"], phase["tag"]
+    prefix = phase.get("prefix", "bench")  # its own portfolios when the asset count differs
+    templates = make_requests(phase["portfolios"], phase["assets"], phase["window"], prefix=prefix)
+    codes: dict[str, int] = {}
+    lock = threading.Lock()
+    latencies: list[float] = []
+
+    def count(code: str) -> None:
+        with lock:
+            codes[code] = codes.get(code, 0) + 1
+
+    if kind == "closed":
+
+        def worker(w: int) -> None:
+            local: list[float] = []
+            i = 0
+            end = time.perf_counter() + duration
+            while time.perf_counter() < end:
+                request = pb.AllocateRequest()
+                request.CopyFrom(templates[(w * 7919 + i) % len(templates)])
+                request.request_id = f"{tag}-{w}-{i}"
+                t0 = time.perf_counter()
+                try:
+                    stub.Allocate(request, timeout=5)
+                    count("OK")
+                except grpc.RpcError as exc:
+                    count(exc.code().name)
+                local.append(time.perf_counter() - t0)
+                i += 1
+            with lock:
+                latencies.extend(local)
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(phase["concurrency"])]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - start
+        calls = len(latencies)
+        return {
+            "phase": f"closed_c{phase['concurrency']}{phase.get('suffix', '')}",
+            "concurrency": phase["concurrency"],
+            "calls": calls,
+            "req_per_s": round(calls / elapsed, 1),
+            "codes": codes,
+            **percentiles(latencies),
+        }
+
+    if kind == "open":
+        rate = phase["rate"]
+        n = int(rate * duration)
+        done = threading.Semaphore(0)
+        start = time.perf_counter() + 0.05
+
+        def finished(scheduled: float, future: Any) -> None:
+            latency = time.perf_counter() - scheduled
+            code = future.code()
+            count(code.name if code is not None else "OK")
+            with lock:
+                latencies.append(latency)
+            done.release()
+
+        for i in range(n):
+            scheduled = start + i / rate
+            delay = scheduled - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            request = pb.AllocateRequest()
+            request.CopyFrom(templates[i % len(templates)])
+            request.request_id = f"{tag}-{i}"
+            future = stub.Allocate.future(request, timeout=5)
+            future.add_done_callback(lambda f, s=scheduled: finished(s, f))
+        issued_for = time.perf_counter() - start
+        for _ in range(n):
+            done.acquire(timeout=10)
+        elapsed = time.perf_counter() - start
+        return {
+            "phase": f"open_{rate}",
+            "target_req_per_s": rate,
+            "issued_req_per_s": round(n / issued_for, 1),
+            "achieved_req_per_s": round(codes.get("OK", 0) / elapsed, 1),
+            "calls": n,
+            "codes": codes,
+            **percentiles(latencies),
+        }
+
+    if kind == "stream":
+        return _stream_phase(stub, phase, templates)
+
+    # batch
+    size = phase["batch_size"]
+    i = 0
+    decisions = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < duration:
+        batch = pb.AllocateBatchRequest()
+        for k in range(size):
+            item = batch.requests.add()
+            item.CopyFrom(templates[k % len(templates)])
+            item.request_id = f"{tag}-{i}-{k}"
+        t0 = time.perf_counter()
+        try:
+            stub.AllocateBatch(batch, timeout=30)
+            count("OK")
+            decisions += size
+        except grpc.RpcError as exc:
+            count(exc.code().name)
+        latencies.append(time.perf_counter() - t0)
+        i += 1
+    elapsed = time.perf_counter() - start
+    return {
+        "phase": f"batch_{size}",
+        "batch_size": size,
+        "calls": i,
+        "decisions_per_s": round(decisions / elapsed, 1),
+        "codes": codes,
+        **percentiles(latencies),
+    }
+
+
+def _stream_phase(stub: Any, phase: dict[str, Any], templates: list[Any]) -> dict[str, Any]:
+    """One ``AllocateStream`` call for ``duration`` seconds, ``in_flight`` messages ahead."""
+    import grpc
+
+    from allocator.serving.proto.v1 import allocator_pb2 as pb
+
+    size, depth, tag = phase["batch_size"], phase["in_flight"], phase["tag"]
+    names = {code.value[0]: code.name for code in grpc.StatusCode}
+    slots = threading.Semaphore(depth)
+    sent_at: dict[int, float] = {}
+    codes: dict[str, int] = {}
+    latencies: list[float] = []
+    end = time.perf_counter() + phase["duration"]
+
+    def messages() -> Any:
+        i = 0
+        while slots.acquire() and time.perf_counter() < end:
+            message = pb.AllocateStreamRequest(sequence=i)
+            for k in range(size):
+                item = message.batch.requests.add()
+                item.CopyFrom(templates[k % len(templates)])
+                item.request_id = f"{tag}-{i}-{k}"
+            sent_at[i] = time.perf_counter()
+            yield message
+            i += 1
+
+    decisions = 0
+    start = time.perf_counter()
+    for reply in stub.AllocateStream(messages(), timeout=phase["duration"] + 60):
+        latencies.append(time.perf_counter() - sent_at.pop(reply.sequence))
+        code = names[reply.error.code] if reply.HasField("error") else "OK"
+        codes[code] = codes.get(code, 0) + 1
+        decisions += len(reply.responses)
+        slots.release()
+    elapsed = time.perf_counter() - start
+    return {
+        "phase": f"stream_{size}",
+        "batch_size": size,
+        "in_flight": depth,
+        "calls": len(latencies),
+        "decisions_per_s": round(decisions / elapsed, 1),
+        "codes": codes,
+        **percentiles(latencies),
+    }
