@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "record=false",
                     f"registry={root / name / 'models'}",
                     f"executor={executor}",
-                    f"ray_workers={args.workers}",
+                    f"workers={args.workers}",
                     "torch_threads=1",
                     *args.overrides,
                 ],

@@ -68,9 +68,10 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
 @config_option("walk-forward YAML (see configs/walk_forward.yaml); required to run", required=False)
 @click.option(
     "--executor",
-    type=click.Choice(["local", "ray"]),
+    type=click.Choice(["local", "processes", "ray"]),
     default=None,
-    help="run windows in this process or as Ray tasks (default: the config's)",
+    help="run windows in this process, in worker processes (workers=N) or as Ray tasks "
+    "(default: the config's)",
 )
 @click.option("--ray-address", default=None, help="join this Ray cluster (implies --executor ray)")
 @overrides_option(

@@ -278,12 +278,15 @@ def test_a_failing_window_closes_the_run_with_its_error(tmp_path: Path) -> None:
     assert rows(url, "SELECT * FROM walk_forward_windows") == []
 
 
-@pytest.mark.slow
-def test_ray_executor_gives_the_local_results(local_run: LocalRun, tmp_path: Path) -> None:
-    """Each window a Ray task on a local Ray with 2 workers: identical figures and weights."""
-    config = tiny(tmp_path, "record=false", "executor=ray", "ray_workers=2")
+@pytest.mark.parametrize("executor", ["processes", pytest.param("ray", marks=pytest.mark.slow)])
+def test_parallel_executors_give_the_local_results(
+    local_run: LocalRun, tmp_path: Path, executor: str
+) -> None:
+    """Each window in a worker process or a Ray task, 2 at a time: identical figures and
+    weights to the windows run one after another in this process."""
+    config = tiny(tmp_path, "record=false", f"executor={executor}", "workers=2")
     ray_result = run_walk_forward(config, progress=False)
-    assert ray_result.summary["executor"] == "ray"
+    assert ray_result.summary["executor"] == executor
     assert ray_result.run_id is None
     for a, b in zip(local_run.result.windows, ray_result.windows, strict=True):
         assert a.window == b.window

@@ -23,6 +23,7 @@ from sqlalchemy.pool import NullPool
 
 from allocator.cli import main
 from allocator.trainer.jobs.walk_forward.config import (
+    WalkForwardConfig,
     WalkForwardError,
     load_walk_forward_config,
 )
@@ -315,7 +316,7 @@ def test_only_how_windows_run_may_change_on_a_resume() -> None:
         **run,
         "executor": "ray",
         "ray_address": "10.0.0.1:6379",
-        "ray_workers": 3,
+        "workers": 3,
         "retries": 4,
         "retry_exceptions": True,
         "progress_every": 7,
@@ -411,19 +412,24 @@ def test_the_watcher_shows_only_this_sessions_running_windows(tmp_path: Path) ->
     assert watcher.line() == "w01 40%"
 
 
-# --- Ray retries ----------------------------------------------------------------------------
+# --- retries of a killed worker (process pool and Ray) -----------------------------------
 
 
-@pytest.mark.slow
-def test_ray_reruns_a_window_whose_worker_was_killed(
-    tmp_path: Path, clean: WalkForwardResult
+@pytest.mark.parametrize("executor", ["processes", pytest.param("ray", marks=pytest.mark.slow)])
+def test_a_window_whose_worker_was_killed_is_rerun(
+    tmp_path: Path, clean: WalkForwardResult, executor: str
 ) -> None:
-    """One Ray worker; window 1's worker is SIGKILLed mid-training (its pid read from the
-    window's progress file): Ray reruns the window (retries=1) from a clean start and the run
+    """One worker; window 0's worker is SIGKILLed mid-training (its pid read from the window's
+    progress file): the executor reruns the window (retries=1) from a clean start and the run
     ends with the clean run's figures."""
     out = tmp_path / "run"
     config = tiny(
-        tmp_path, "record=false", "executor=ray", "ray_workers=1", "retries=1", "progress_every=20"
+        tmp_path,
+        "record=false",
+        f"executor={executor}",
+        "workers=1",
+        "retries=1",
+        "progress_every=20",
     )
     killed: list[dict[str, Any]] = []
 
@@ -446,3 +452,11 @@ def test_ray_reruns_a_window_whose_worker_was_killed(
     assert rerun["pid"] != killed[0]["pid"]
     assert rerun["steps"] == TOTAL
     assert_same_figures(result, clean)
+
+
+def test_a_run_recorded_with_ray_workers_still_loads() -> None:
+    """``ray_workers`` became ``workers`` when the process pool came: old runs still resume."""
+    run = load_walk_forward_config(TINY).model_dump(mode="json")
+    run.pop("workers")
+    old = WalkForwardConfig.model_validate({**run, "ray_workers": 3})
+    assert old.workers == 3

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from allocator.trainer.jobs.evaluation import DEFAULT_BASELINES, BaselineFit
 from allocator.trainer.market.windows import WindowSpec
@@ -83,6 +83,16 @@ class StatisticsSettings(StrictModel):
 class WalkForwardConfig(StrictModel):
     """A walk-forward run: the trainer config, the windows, and how to evaluate and record."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """Runs recorded before ``workers`` named it ``ray_workers``: they still resume."""
+        if isinstance(data, dict) and "ray_workers" in data:
+            data = dict(data)
+            old = data.pop("ray_workers")
+            data.setdefault("workers", old)
+        return data
+
     name: str = Field("walk_forward", pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int | None = Field(None, description="window k trains with seed + k (None: trainer's)")
     trainer: TrainConfig = TrainConfig()
@@ -101,19 +111,22 @@ class WalkForwardConfig(StrictModel):
     database_url: str | None = Field(None, description="None: $DATABASE_URL, else SQLite")
     pushgateway_url: str | None = None
     job_name: str = Field("allocator_walk_forward", min_length=1)
-    executor: Literal["local", "ray"] = "local"
+    executor: Literal["local", "processes", "ray"] = "local"
     ray_address: str | None = Field(None, description="None: start a local Ray")
-    ray_workers: int | None = Field(None, ge=1, description="CPUs of a local Ray (None: all)")
+    workers: int | None = Field(
+        None, ge=1, description="windows at once: processes, or a local Ray's CPUs (None: all)"
+    )
     torch_threads: int = Field(1, ge=1, description="torch threads per window, both executors")
     retries: int = Field(
         1,
         ge=0,
-        description="Ray: times a window is rerun when its worker process dies (killed, out "
-        "of memory, node lost); an exception raised by the window is retried only with "
-        "retry_exceptions",
+        description="processes and Ray: times a window is rerun when its worker process dies "
+        "(killed, out of memory, node lost); an exception raised by the window is retried "
+        "only with retry_exceptions",
     )
     retry_exceptions: bool = Field(
-        False, description="Ray: also rerun (up to retries times) a window that raised"
+        False,
+        description="processes and Ray: also rerun (up to retries times) a window that raised",
     )
     progress_every: int = Field(
         1000, ge=1, description="training steps between writes of a window's progress file"

@@ -1,19 +1,26 @@
-"""Where the windows run: one after another in this process, or as Ray tasks.
+"""Where the windows run: one after another in this process, in a pool of worker processes on
+this machine, or as Ray tasks (this machine or a cluster).
 
-Both executors yield ``WindowResult``s as windows finish; a window is a pure function of its
-job, so which executor ran it changes the order and the wall time, never the figures.
+Every executor yields ``WindowResult``s as windows finish; a window is a pure function of its
+job, so which executor ran it changes the order and the wall time, never the figures. The
+process pool needs nothing beyond the standard library, so a many-core machine without Ray
+(or one where Ray is too heavy to install) still runs its windows side by side.
 
 Failures: locally, a window that raises fails the run (the windows already finished stay kept,
-and ``--resume`` continues from them). Under Ray a window whose worker process dies (killed,
-out of memory, node lost) is rerun up to ``retries`` times (Ray's ``max_retries``); an
-exception raised inside the window is a bug or bad data and fails the run at once unless
-``retry_exceptions`` is set (Ray's ``retry_exceptions``, then also up to ``retries`` times). A
-rerun window starts clean (``window.train_export_evaluate``).
+and ``--resume`` continues from them). With processes or Ray a window whose worker process
+dies (killed, out of memory, node lost) is rerun up to ``retries`` times (Ray's
+``max_retries``); an exception raised inside the window is a bug or bad data and fails the run
+at once unless ``retry_exceptions`` is set (then also up to ``retries`` times). A rerun window
+starts clean (``window.train_export_evaluate``).
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 
 from allocator.trainer.jobs.walk_forward.config import WalkForwardError
 from allocator.trainer.jobs.walk_forward.results import WindowResult
@@ -24,6 +31,76 @@ def run_local(jobs: Sequence[WindowJob]) -> Iterator[WindowResult]:
     """Windows one after another in this process."""
     for job in jobs:
         yield run_window(job)
+
+
+def run_processes(
+    jobs: Sequence[WindowJob],
+    workers: int | None = None,
+    retries: int = 1,
+    retry_exceptions: bool = False,
+) -> Iterator[WindowResult]:
+    """Each window in one of ``workers`` spawned processes (None: one per CPU), yielded as it
+    finishes, rerun as the module says.
+
+    Spawned, not forked: the parent may hold torch threads and open files that a fork would
+    copy mid-state. A dead worker breaks the whole pool (the standard library cannot say which
+    window it ran), so every window that was in flight is charged one attempt and resubmitted
+    to a fresh pool.
+    """
+    size = max(1, min(len(jobs), workers or os.cpu_count() or 1))
+    attempts = [0] * len(jobs)
+    todo = list(range(len(jobs)))
+    while todo:
+        pool = ProcessPoolExecutor(
+            max_workers=size, mp_context=multiprocessing.get_context("spawn")
+        )
+        finished = False
+        try:
+            pending: dict[Future[WindowResult], int] = {}
+            for i in todo:
+                attempts[i] += 1
+                pending[pool.submit(run_window, jobs[i])] = i
+            todo = []
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i = pending.pop(future)
+                    try:
+                        result = future.result()
+                    except BrokenProcessPool as exc:
+                        if attempts[i] > retries:
+                            raise WalkForwardError(
+                                f"window {jobs[i].window.label}: a worker process died "
+                                f"{attempts[i]} time(s) while it ran (config retries: "
+                                f"{retries}): {exc}"
+                            ) from exc
+                        todo.append(i)
+                        continue
+                    except Exception:
+                        if not retry_exceptions or attempts[i] > retries:
+                            raise
+                        attempts[i] += 1
+                        pending[pool.submit(run_window, jobs[i])] = i
+                        continue
+                    yield result
+            finished = True
+        finally:
+            _close(pool, finished)
+
+
+def _close(pool: ProcessPoolExecutor, finished: bool) -> None:
+    """Shut the pool; a run that failed or was abandoned must not wait for windows it will
+    never use, so their processes are ended rather than awaited."""
+    if finished:
+        pool.shutdown(wait=True)
+        return
+    processes = list(getattr(pool, "_processes", {}).values())  # no public handle before 3.14
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=10)
 
 
 def run_ray(

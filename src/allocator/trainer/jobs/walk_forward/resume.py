@@ -52,6 +52,7 @@ RESUME_FREE = frozenset(
     {
         "executor",
         "ray_address",
+        "workers",
         "ray_workers",
         "retries",
         "retry_exceptions",

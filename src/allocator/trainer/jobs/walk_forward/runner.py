@@ -25,7 +25,11 @@ from tqdm.auto import tqdm
 from allocator.metrics.jobs import JobMetrics, JobPush
 from allocator.recording.settings import database_url as default_database_url
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
-from allocator.trainer.jobs.walk_forward.executors import run_local, run_ray
+from allocator.trainer.jobs.walk_forward.executors import (
+    run_local,
+    run_processes,
+    run_ray,
+)
 from allocator.trainer.jobs.walk_forward.persist import write_window_result
 from allocator.trainer.jobs.walk_forward.progress import (
     DONE,
@@ -112,8 +116,10 @@ def window_stream(config: WalkForwardConfig, jobs: Sequence[WindowJob]) -> Itera
     """The configured executor's results, in the order the windows finish."""
     if config.executor == "ray":
         return run_ray(
-            jobs, config.ray_address, config.ray_workers, config.retries, config.retry_exceptions
+            jobs, config.ray_address, config.workers, config.retries, config.retry_exceptions
         )
+    if config.executor == "processes":
+        return run_processes(jobs, config.workers, config.retries, config.retry_exceptions)
     return run_local(jobs)
 
 
