@@ -5,9 +5,10 @@ everything the model and the smoothing state will touch is checked here first. P
 numpy and the generated messages (no torch, no server state): the server resolves model pins to
 a ``ModelShape`` and maps ``InvalidRequest`` to a status.
 
-The batch call carries up to tens of thousands of decisions a second, so the happy path is a
-few vectorised reductions per request; the slow, per-element search for the culprit only runs
-once something is known to be wrong.
+The batch call carries up to tens of thousands of decisions a second, so a batch's numbers are
+converted one array per group of requests of equal length and checked by a few whole-array
+reductions; the request-by-request check, and the per-element search for the culprit, only
+run once something is known to be wrong.
 """
 
 from __future__ import annotations
