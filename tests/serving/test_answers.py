@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 from google.protobuf.internal.encoder import _VarintBytes  # protobuf's own varint
 
+from allocator.serving import LoadedModel
 from allocator.serving.answers import AnswerEncoder, framed, parse, varint, weight_bytes
 from allocator.serving.proto.v1 import allocator_pb2 as pb
-from allocator.serving.step import Answer, batch_response, stream_response
+from allocator.serving.state import MemoryStateStore
+from allocator.serving.step import Answer, DecisionStep, batch_response, stream_response
+from tests.serving.conftest import allocate_request
 
 
 def _message(
@@ -91,3 +94,48 @@ def test_no_reward_no_field() -> None:
     answer = parse(encoder.encode("r", "p", ("CASH",), data, data, 0.0, None))
     assert not answer.HasField("icm_reward")
     assert answer.turnover == 0.0
+
+
+def test_the_steps_answers_are_the_messages_built_from_its_decisions(
+    tiny_model: LoadedModel,
+) -> None:
+    """Through ``DecisionStep``: every answer's bytes are the message the old code built from
+    the decision (rewards present from the second step on), and a retry gets the same bytes."""
+    step = DecisionStep(MemoryStateStore())
+    rng = np.random.default_rng(5)
+
+    def batch(round_: int) -> pb.AllocateBatchRequest:
+        return pb.AllocateBatchRequest(
+            requests=[
+                allocate_request(
+                    [f"A{j}" for j in range(1 + i % 4)],
+                    100.0 + rng.random((1 + i % 4, tiny_model.prices_per_asset)),
+                    rng.dirichlet(np.ones(2 + i % 4)) if i % 2 else None,
+                    portfolio_id=f"p{i}",
+                    request_id=f"r{round_}-{i}",
+                )
+                for i in range(6)
+            ]
+        )
+
+    for round_ in range(2):
+        request = batch(round_)
+        answers = step.allocate_batch(request, lambda name, version: tiny_model)
+        for answer in answers:
+            out = answer.output
+            assert out is not None
+            want = _message(
+                answer.request.request_id,
+                answer.request.portfolio_id,
+                out.asset_ids,
+                out.raw_weights,
+                out.smoothed_weights,
+                out.turnover,
+                out.icm_reward,
+                (tiny_model.name, tiny_model.version),
+            )
+            assert answer.data == want.SerializeToString()
+        assert (answers[1].output.icm_reward is not None) == (round_ == 1)  # type: ignore[union-attr]
+        retried = step.allocate_batch(request, lambda name, version: tiny_model)
+        assert [a.data for a in retried] == [a.data for a in answers]
+        assert all(a.output is None for a in retried)
