@@ -8,9 +8,18 @@ from google.protobuf.internal.encoder import _VarintBytes  # protobuf's own vari
 
 from allocator.serving import LoadedModel
 from allocator.serving.answers import AnswerEncoder, framed, parse, varint, weight_bytes
+from allocator.serving.decision import decide_many
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.state import MemoryStateStore
-from allocator.serving.step import Answer, DecisionStep, batch_response, stream_response
+from allocator.serving.step import (
+    Answer,
+    DecisionStep,
+    _gaps,
+    batch_response,
+    model_shape,
+    stream_response,
+)
+from allocator.serving.validation import validate_request
 from tests.serving.conftest import allocate_request
 
 
@@ -139,3 +148,23 @@ def test_the_steps_answers_are_the_messages_built_from_its_decisions(
         retried = step.allocate_batch(request, lambda name, version: tiny_model)
         assert [a.data for a in retried] == [a.data for a in answers]
         assert all(a.output is None for a in retried)
+
+
+def test_decision_gaps_leave_out_a_narrower_rows_padding(tiny_model: LoadedModel) -> None:
+    """``_gaps`` per batch equals the L1 gap of each decision's own vectors."""
+    rng = np.random.default_rng(9)
+    requests = [
+        validate_request(
+            allocate_request(
+                [f"A{j}" for j in range(n)],
+                100.0 + rng.random((n, tiny_model.prices_per_asset)),
+                portfolio_id=f"p{n}",
+                request_id=f"r{n}",
+            ),
+            model_shape(tiny_model),
+        )
+        for n in (1, 4, 2)
+    ]
+    decided = decide_many(tiny_model, requests, [None, None, None])
+    want = [float(np.abs(o.raw_weights - o.smoothed_weights).sum()) for o in decided.outputs]
+    assert _gaps(decided) == pytest.approx(want, abs=1e-15)
