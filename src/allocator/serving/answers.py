@@ -12,6 +12,7 @@ message back when a caller wants one.
 
 from __future__ import annotations
 
+import math
 import struct
 import sys
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from numpy.typing import NDArray
 
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 
-__all__ = ["AnswerEncoder", "framed", "parse", "string_field", "varint"]
+__all__ = ["AnswerEncoder", "framed", "parse", "string_field", "varint", "weight_bytes"]
 
 _DOUBLE = struct.Struct("<d")
 _LITTLE = sys.byteorder == "little"
@@ -109,7 +110,7 @@ class AnswerEncoder:
         ]
         if icm_reward is not None:
             parts.append(_ICM + _DOUBLE.pack(icm_reward))
-        if turnover != 0.0 or str(turnover)[0] == "-":  # proto3 omits +0.0 only
+        if turnover != 0.0 or math.copysign(1.0, turnover) < 0.0:  # proto3 omits +0.0 only
             parts.append(_TURNOVER + _DOUBLE.pack(turnover))
         return b"".join(parts)
 
