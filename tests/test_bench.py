@@ -62,6 +62,28 @@ def test_recorder_throughput_prints_its_figures():
     assert figures["decisions_per_s"] > 0
 
 
+def test_request_path_profile_prints_both_trees_figures():
+    """This tree beside a baseline (here this very ``src``: the loader is what is tested)."""
+    out = subprocess.run(
+        [
+            *(sys.executable, str(ROOT / "bench" / "request_path_profile.py")),
+            *("--batch", "8", "--rounds", "1", "--repeat", "1", "--single-rounds", "3"),
+            *("--top", "3", "--baseline", str(ROOT / "src")),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    figures = json.loads(out.stdout)
+    for tree in ("this", "baseline"):
+        for phase in ("batch", "single", "single_small"):
+            result = figures[tree][phase]
+            assert result["us_per_decision"] > 0
+            assert len(result["top"]) == 3
+    assert figures["batch_size"] == 8
+
+
 @pytest.mark.slow
 def test_serve_latency_prints_its_figures_and_records_every_decision():
     out = subprocess.run(

@@ -236,6 +236,18 @@ def test_observe_decision_skips_non_finite_values_and_rejects_mismatched_shapes(
         serving.observe_decision([0.5, 0.5], [1.0], 0.0)
 
 
+def test_observe_decisions_is_observe_decision_for_a_batch(registry):
+    other = CollectorRegistry()
+    one, many = ServingMetrics(other, BUDGET), ServingMetrics(registry, BUDGET)
+    one.observe_decision([0.1, 0.5, 0.4], [0.2, 0.4, 0.4], 0.3, 1.5)
+    one.observe_decision([0.0, 1.0], [1.0, 0.0], 2.0, None)
+    many.observe_decisions([0.2, 2.0, math.nan], [0.3, 2.0, math.inf], [1.5, None, math.nan])
+    for name in ("smoothing_gap", "turnover_ratio", "icm_reward"):
+        for suffix in ("count", "sum"):
+            sample = f"allocator_serving_{name}_{suffix}"
+            assert registry.get_sample_value(sample) == other.get_sample_value(sample)
+
+
 def series(registry: CollectorRegistry, sample_name: str) -> list[dict[str, str]]:
     return [s.labels for f in registry.collect() for s in f.samples if s.name == sample_name]
 

@@ -106,3 +106,62 @@ def test_the_fast_path_builds_the_same_record_and_still_refuses_nan() -> None:
             latency_seconds=0.0,
             **arrays,
         )
+
+
+def _batch_of(made: list[DecisionRecord]) -> dict[str, Any]:
+    """``batch_from_validated``'s arguments for these records: their vectors as padded rows."""
+    import numpy as np
+
+    width = max(len(d.asset_ids) for d in made)
+
+    def matrix(rows: list[tuple[float, ...] | None]) -> np.ndarray:
+        m = np.zeros((len(rows), width))
+        for i, row in enumerate(rows):
+            if row is not None:
+                m[i, : len(row)] = row
+        return m
+
+    return {
+        "request_ids": [d.request_id for d in made],
+        "portfolio_ids": [d.portfolio_id for d in made],
+        "decided_at": made[0].decided_at,
+        "model_name": made[0].model_name,
+        "model_version": made[0].model_version,
+        "asset_ids": [d.asset_ids for d in made],
+        "raw_weights": matrix([d.raw_weights for d in made]),
+        "smoothed_weights": matrix([d.smoothed_weights for d in made]),
+        "current_weights": matrix([d.current_weights for d in made]),
+        "sent": [d.current_weights is not None for d in made],
+        "sizes": [len(d.asset_ids) for d in made],
+        "turnovers": [d.turnover for d in made],
+        "icm_rewards": [d.icm_reward for d in made],
+        "latency_seconds": made[0].latency_seconds,
+        "slots": [d.slots for d in made],
+        "fingerprints": [d.fingerprint for d in made],
+    }
+
+
+def test_a_batch_of_records_from_arrays_equals_the_records_one_by_one() -> None:
+    made = [make_decision(i) for i in range(12)]
+    for d in made[1:]:  # one decision time and latency per batch
+        object.__setattr__(d, "decided_at", made[0].decided_at)
+        object.__setattr__(d, "latency_seconds", made[0].latency_seconds)
+    records = DecisionRecord.batch_from_validated(**_batch_of(made))
+    assert records == made
+    assert all(type(w) is float for r in records for w in r.raw_weights)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda b: b["smoothed_weights"].__setitem__((2, 1), math.nan), "smoothed_weights"),
+        (lambda b: b["turnovers"].__setitem__(3, -0.5), "turnover"),
+        (lambda b: b["icm_rewards"].__setitem__(1, math.inf), "icm_reward"),
+    ],
+)
+def test_a_bad_value_in_a_batch_is_named(change: Any, field: str) -> None:
+    made = [make_decision(i) for i in range(6)]
+    batch = _batch_of(made)
+    change(batch)
+    with pytest.raises(RecordError, match=field):
+        DecisionRecord.batch_from_validated(**batch)

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from allocator.serving.proto import allocator_pb2 as pb
-from allocator.serving.validation import InvalidRequest, ModelShape, validate_batch
+from allocator.serving.validation import (
+    InvalidRequest,
+    ModelShape,
+    ValidRequest,
+    validate_batch,
+    validate_request,
+)
 from tests.serving.requests import SHAPE, _prices, make_request
 
 # --- batches ----------------------------------------------------------------------------------
@@ -174,3 +180,91 @@ def test_batch_resolver_errors_propagate_with_the_index() -> None:
     with pytest.raises(UnknownModelError) as info:
         validate_batch(_batch(make_request(), second), shape_for)
     assert "requests[1].model" in getattr(info.value, "__notes__", [])
+
+
+# --- the whole-batch check agrees with the request-by-request one ---------------------------
+
+
+def _each(batch: pb.AllocateBatchRequest, shape: ModelShape = SHAPE) -> list[ValidRequest]:
+    """What validating each request alone gives (the reference for the whole-batch check)."""
+    return [validate_request(r, shape) for r in batch.requests]
+
+
+def test_whole_batch_check_gives_what_each_request_alone_gives() -> None:
+    requests = [
+        make_request(1 + i % 4, portfolio_id=f"p{i}", request_id=f"r{i}", weights=i % 3 > 0, seed=i)
+        for i in range(40)
+    ]
+    batch = _batch(*requests)
+    valid = validate_batch(batch, _fixed())
+    for got, want in zip(valid, _each(batch), strict=True):
+        assert (got.portfolio_id, got.request_id, got.asset_ids) == (
+            want.portfolio_id,
+            want.request_id,
+            want.asset_ids,
+        )
+        assert np.array_equal(got.prices, want.prices)
+        assert got.prices.shape == want.prices.shape
+        assert not got.prices.flags.writeable
+        if want.current_weights is None:
+            assert got.current_weights is None
+        else:
+            assert got.current_weights is not None
+            assert not got.current_weights.flags.writeable
+            assert np.array_equal(got.current_weights, want.current_weights)
+
+
+def test_weights_at_the_tolerance_are_judged_as_alone() -> None:
+    """Rows are summed as a single request's weights are, so a sum just inside (or outside) the
+    tolerance gets the same verdict in a batch as alone."""
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        requests = []
+        for i in range(5):
+            request = make_request(3, portfolio_id=f"p{i}", request_id=f"r{i}", weights=False)
+            w = rng.dirichlet(np.ones(4)) * (
+                1.0 + rng.choice([-1, 1]) * rng.uniform(0.9e-6, 1.1e-6)
+            )
+            request.current_weights.extend(w.tolist())
+            requests.append(request)
+        batch = _batch(*requests)
+        try:
+            alone: object = _each(batch)
+        except InvalidRequest as exc:
+            alone = exc.field
+        try:
+            together: object = validate_batch(batch, _fixed())
+        except InvalidRequest as exc:
+            together = exc.field.split(".", 1)[1]
+        assert isinstance(alone, str) == isinstance(together, str), trial
+        if isinstance(alone, str):
+            assert alone == together
+
+
+def test_the_first_bad_field_is_named_whatever_comes_after() -> None:
+    """A bad price in requests[0] is named before a bad asset id in requests[1]."""
+    bad_price = make_request(2, portfolio_id="p0", request_id="r0")
+    bad_price.prices[3] = -1.0
+    bad_id = make_request(2, portfolio_id="p1", request_id="r1")
+    bad_id.asset_ids[1] = "cash"
+    with pytest.raises(InvalidRequest) as info:
+        validate_batch(_batch(bad_price, bad_id), _fixed())
+    assert info.value.field == "requests[0].prices"
+    assert "prices[3] = -1.0" in info.value.message
+
+
+def test_mixed_widths_and_models_in_one_batch() -> None:
+    small, large = ModelShape(max_assets=4, window=5), ModelShape(max_assets=6, window=2)
+
+    def shape_for(name: str | None, version: str | None) -> ModelShape:
+        return large if name == "large" else small
+
+    requests = [make_request(1 + i % 4, portfolio_id=f"p{i}", request_id=f"r{i}") for i in range(4)]
+    other = pb.AllocateRequest(
+        portfolio_id="q", request_id="rq", asset_ids=["X", "Y"], prices=_prices(2, 2).ravel()
+    )
+    other.model.name = "large"
+    valid = validate_batch(_batch(*requests, other), shape_for)
+    assert [v.prices.shape for v in valid] == [(1, 6), (2, 6), (3, 6), (4, 6), (2, 3)]
+    assert valid[-1].model_name == "large"
+    assert valid[-1].current_weights is None

@@ -243,6 +243,83 @@ class DecisionRecord:
             fingerprint,
         )
 
+    @classmethod
+    def batch_from_validated(
+        cls,
+        *,
+        request_ids: Sequence[str],
+        portfolio_ids: Sequence[str],
+        decided_at: dt.datetime,
+        model_name: str,
+        model_version: str,
+        asset_ids: Sequence[tuple[str, ...]],
+        raw_weights: np.ndarray,
+        smoothed_weights: np.ndarray,
+        current_weights: np.ndarray,
+        sent: Sequence[bool],
+        sizes: Sequence[int],
+        turnovers: Sequence[float],
+        icm_rewards: Sequence[float | None],
+        latency_seconds: float,
+        slots: Sequence[tuple[str, ...]],
+        fingerprints: Sequence[str],
+    ) -> list[DecisionRecord]:
+        """``from_validated`` for a batch whose weight vectors are the rows of 2-D arrays
+        (row i's first ``sizes[i]`` entries; ``current_weights`` row i only where ``sent[i]``):
+        one finiteness test and one conversion to floats per array, not per decision. Anything
+        the bulk test flags is checked (and named) record by record."""
+        matrices = (raw_weights, smoothed_weights, current_weights)
+        finite = all(math.isfinite(float(np.add.reduce(m, None))) for m in matrices)
+        icm_ok = all(x is None or math.isfinite(x) for x in icm_rewards)
+        if not (
+            finite
+            and icm_ok
+            and min(turnovers) >= 0.0
+            and math.isfinite(sum(turnovers))
+            and math.isfinite(latency_seconds)
+            and latency_seconds >= 0.0
+        ):
+            return [
+                cls.from_validated(
+                    request_id=request_ids[i],
+                    portfolio_id=portfolio_ids[i],
+                    decided_at=decided_at,
+                    model_name=model_name,
+                    model_version=model_version,
+                    asset_ids=asset_ids[i],
+                    raw_weights=raw_weights[i, :n],
+                    smoothed_weights=smoothed_weights[i, :n],
+                    turnover=turnovers[i],
+                    latency_seconds=latency_seconds,
+                    current_weights=current_weights[i, :n] if sent[i] else None,
+                    icm_reward=icm_rewards[i],
+                    slots=slots[i],
+                    fingerprint=fingerprints[i],
+                )
+                for i, n in enumerate(sizes)
+            ]
+        raw, smoothed, current = (m.tolist() for m in matrices)
+        latency = float(latency_seconds)
+        return [
+            cls(
+                request_ids[i],
+                portfolio_ids[i],
+                decided_at,
+                model_name,
+                model_version,
+                asset_ids[i],
+                tuple(raw[i][:n]),
+                tuple(smoothed[i][:n]),
+                turnovers[i],
+                latency,
+                tuple(current[i][:n]) if sent[i] else None,
+                icm_rewards[i],
+                slots[i],
+                fingerprints[i],
+            )
+            for i, n in enumerate(sizes)
+        ]
+
     @property
     def model_key(self) -> tuple[str, str]:
         return (self.model_name, self.model_version)

@@ -50,7 +50,7 @@ server, the replay, the jobs' evaluations) reaches it through ``serving.step``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,13 +58,16 @@ from numpy.typing import NDArray
 
 from allocator.portfolio import (
     CASH_ID,
+    SMALL_SLOTS,
     FeatureSpec,
     anchor_weights,
     assemble_observation,
     asset_features,
     build_raw_observation,
     ema_smooth,
+    ema_smooth_small,
     renormalize,
+    renormalize_small,
     tilt_weights,
 )
 from allocator.serving.loader import LoadedModel, SetPolicy
@@ -74,11 +77,13 @@ from allocator.serving.validation import ValidRequest
 
 __all__ = [
     "DecisionOutput",
+    "Decisions",
     "ModelKey",
     "PortfolioState",
     "StateDecodeError",
     "decide",
     "decide_batch",
+    "decide_many",
 ]
 
 Float64Array = NDArray[np.float64]
@@ -117,7 +122,9 @@ def _flat_policy(model: LoadedModel, rows: SlotBatch) -> _PolicyOutput:
     spec = FeatureSpec(max_assets=fs.max_assets, window=fs.window, clip=fs.clip)
     observations = build_raw_observation(rows.prices, rows.current, rows.mask, spec)
     action, weights = model.run(observations, rows.mask.astype(np.float32))
-    raw = renormalize(weights.astype(np.float64), rows.mask)
+    raw = _one_small(weights, rows, renormalize_small)
+    if raw is None:
+        raw = renormalize(weights.astype(np.float64), rows.mask)
     return _PolicyOutput(raw, action, observations, np.ones(len(raw), dtype=bool))
 
 
@@ -142,12 +149,28 @@ def _shared_policy(model: LoadedModel, policy: SetPolicy, rows: SlotBatch) -> _P
     return _PolicyOutput(raw, action, observations, icm_ready)
 
 
+def _one_small(
+    weights: NDArray[np.floating],
+    rows: SlotBatch,
+    small: Callable[[list[float], list[bool]], list[float] | None],
+) -> Float64Array | None:
+    """A single portfolio of a few slots post-processed as Python floats (``small``: the numpy-free
+    twin of a ``portfolio`` function, the same floats), else None for the numpy version."""
+    if len(weights) != 1 or weights.shape[1] > SMALL_SLOTS:
+        return None
+    out = small(weights[0].tolist(), rows.mask[0].tolist())
+    return None if out is None else np.array([out])
+
+
 def _smooth(rows: SlotBatch, raw: Float64Array, beta: float) -> Float64Array:
     """The executed weights: EMA from the previous smoothed weights; a new portfolio's are
     its raw weights (``ema_smooth`` without a previous)."""
     has_previous = rows.has_previous
     if has_previous.all():
-        return ema_smooth(rows.previous, raw, rows.mask, beta)
+        small = _one_small(
+            raw, rows, lambda w, live: ema_smooth_small(rows.previous[0].tolist(), w, live, beta)
+        )
+        return small if small is not None else ema_smooth(rows.previous, raw, rows.mask, beta)
     smoothed = np.empty_like(raw)
     new_rows = ~has_previous
     smoothed[new_rows] = ema_smooth(None, raw[new_rows], rows.mask[new_rows], beta)
@@ -180,26 +203,19 @@ def _icm_rewards(
     return icm
 
 
-def _new_state(
-    model: LoadedModel,
-    rows: SlotBatch,
-    decided: _PolicyOutput,
-    smoothed: Float64Array,
-    i: int,
-    steps: int,
-) -> PortfolioState:
-    """Row i's next state: its own slots (a shared row may be narrower than the batch), and
-    the ICM's inputs when the model has an ICM that can read this row."""
-    width = int(rows.widths[i])
-    icm = model.icm_session is not None and bool(decided.icm_ready[i])
-    return PortfolioState(
-        model=ModelKey(model.name, model.version, width),
-        slots=rows.slot_assets[i],
-        smoothed=smoothed[i, :width],
-        observation=decided.observations[i] if icm else None,
-        action=decided.action[i, :width] if icm else None,
-        steps=steps,
-    )
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    """A batch's answers per row (``outputs``, ``states``) and as whole arrays, for whoever
+    encodes them in bulk: ``raw``, ``smoothed`` and ``current`` in request order, cash first,
+    row i's first ``sizes[i]`` entries being its own (the rest repeat cash: padding);
+    read-only, the outputs' vectors are row views of them."""
+
+    outputs: list[DecisionOutput]
+    states: list[PortfolioState]
+    raw: Float64Array
+    smoothed: Float64Array
+    current: Float64Array
+    sizes: list[int]
 
 
 def decide_batch(
@@ -213,11 +229,22 @@ def decide_batch(
     ``serving.step`` persists the new states under the portfolios' locks. The requests were
     checked against this model's shape by ``serving.validation``; nothing is checked again.
     """
+    decided = decide_many(model, requests, states)
+    return list(zip(decided.outputs, decided.states, strict=True))
+
+
+def decide_many(
+    model: LoadedModel,
+    requests: Sequence[ValidRequest],
+    states: Sequence[PortfolioState | None],
+) -> Decisions:
+    """``decide_batch``, with the batch's arrays kept whole (``Decisions``)."""
     batch = len(requests)
     if len(states) != batch:
         raise ValueError(f"{batch} requests but {len(states)} states")
     if batch == 0:
-        return []
+        empty = np.zeros((0, 1))
+        return Decisions([], [], empty, empty, empty, [])
     rows = lay_out(model, requests, states)
     policy = model.set_policy
     decided = _flat_policy(model, rows) if policy is None else _shared_policy(model, policy, rows)
@@ -235,22 +262,40 @@ def decide_batch(
     for a in (raw_req, smoothed_req, current_req):
         a.setflags(write=False)
     turnovers = turnover.tolist()
+    sizes = (rows.sizes + 1).tolist()
+    continued = rows.has_previous.tolist()
+    widths = rows.widths.tolist()
+    with_icm = decided.icm_ready.tolist() if model.icm_session is not None else [False] * batch
+    name, version = model.name, model.version
 
-    out: list[tuple[DecisionOutput, PortfolioState]] = []
+    outputs: list[DecisionOutput] = []
+    new_states: list[PortfolioState] = []
     for i, request in enumerate(requests):
-        n1 = int(rows.sizes[i]) + 1
+        n1 = sizes[i]
         previous = states[i]
-        steps = previous.steps + 1 if previous is not None and rows.has_previous[i] else 1
-        answer = DecisionOutput(
-            asset_ids=(CASH_ID, *request.asset_ids),
-            raw_weights=raw_req[i, :n1],
-            smoothed_weights=smoothed_req[i, :n1],
-            current_weights=current_req[i, :n1],
-            turnover=turnovers[i],
-            icm_reward=icm[i],
+        width = widths[i]
+        outputs.append(
+            DecisionOutput(
+                (CASH_ID, *request.asset_ids),
+                raw_req[i, :n1],
+                smoothed_req[i, :n1],
+                current_req[i, :n1],
+                turnovers[i],
+                icm[i],
+            )
         )
-        out.append((answer, _new_state(model, rows, decided, smoothed, i, steps)))
-    return out
+        icm_inputs = with_icm[i]
+        new_states.append(
+            PortfolioState(
+                ModelKey(name, version, width),
+                rows.slot_assets[i],
+                smoothed[i, :width],
+                decided.observations[i] if icm_inputs else None,
+                decided.action[i, :width] if icm_inputs else None,
+                previous.steps + 1 if previous is not None and continued[i] else 1,
+            )
+        )
+    return Decisions(outputs, new_states, raw_req, smoothed_req, current_req, sizes)
 
 
 def decide(

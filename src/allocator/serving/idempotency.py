@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from allocator.serving.portfolio_state import FINGERPRINT_BYTES, LastAnswer
 from allocator.serving.validation import InvalidRequest, ValidRequest
 
-__all__ = ["RecentRequests", "check_last", "request_fingerprint"]
+__all__ = ["RecentRequests", "check_last", "request_fingerprint", "request_fingerprints"]
+
+_LITTLE = sys.byteorder == "little"
 
 
 def _optional(value: str | None) -> bytes:
@@ -38,30 +43,54 @@ def _optional(value: str | None) -> bytes:
     return struct.pack("<I", len(data)) + data
 
 
+def _ids_part(asset_ids: tuple[str, ...]) -> bytes:
+    ids = [asset.encode() for asset in asset_ids]
+    n = len(ids)
+    return struct.pack(f"<I{n}I", n, *map(len, ids)) + b"".join(ids)
+
+
+def _float64_le(values: NDArray[np.float64]) -> bytes | memoryview:
+    """The array's little-endian float64 bytes, without a copy when it already is that."""
+    if _LITTLE and values.dtype == np.float64 and values.flags.c_contiguous:
+        return values.data
+    return np.ascontiguousarray(values, dtype="<f8").tobytes()
+
+
 def request_fingerprint(r: ValidRequest) -> bytes:
     """A stable digest of a request's inputs (assets, prices, current weights, model pin).
 
     Not only the id decides a retry: an answer for other assets, returned under a reused id,
     would be applied to the wrong assets. blake2b rather than ``hash()``, which differs from
     process to process, so a replica or a restarted server computes the same digest. Every
-    variable-length part is length-prefixed, so no two inputs share an encoding; the asset ids
-    are packed in one call (this runs once per decision on the request path).
+    variable-length part is length-prefixed, so no two inputs share an encoding.
     """
-    ids = [asset.encode() for asset in r.asset_ids]
-    n = len(ids)
-    parts = [
-        struct.pack(f"<I{n}I", n, *map(len, ids)),
-        b"".join(ids),
-        np.ascontiguousarray(r.prices, dtype="<f8").tobytes(),
-    ]
-    if r.current_weights is None:
-        parts.append(b"\x00")
-    else:
-        parts.append(b"\x01")
-        parts.append(np.ascontiguousarray(r.current_weights, dtype="<f8").tobytes())
-    parts.append(_optional(r.model_name))
-    parts.append(_optional(r.model_version))
-    return hashlib.blake2b(b"".join(parts), digest_size=FINGERPRINT_BYTES).digest()
+    return request_fingerprints((r,))[0]
+
+
+def request_fingerprints(requests: Sequence[ValidRequest]) -> list[bytes]:
+    """``request_fingerprint`` of each request; the encoding of an asset list or a model pin
+    shared by many requests of a batch is made once, and the arrays are hashed in place."""
+    ids_parts: dict[tuple[str, ...], bytes] = {}
+    pin_parts: dict[tuple[str | None, str | None], bytes] = {}
+    out: list[bytes] = []
+    for r in requests:
+        ids = ids_parts.get(r.asset_ids)
+        if ids is None:
+            ids = ids_parts[r.asset_ids] = _ids_part(r.asset_ids)
+        pin_key = (r.model_name, r.model_version)
+        pin = pin_parts.get(pin_key)
+        if pin is None:
+            pin = pin_parts[pin_key] = _optional(r.model_name) + _optional(r.model_version)
+        digest = hashlib.blake2b(ids, digest_size=FINGERPRINT_BYTES)
+        digest.update(_float64_le(r.prices))
+        if r.current_weights is None:
+            digest.update(b"\x00")
+        else:
+            digest.update(b"\x01")
+            digest.update(_float64_le(r.current_weights))
+        digest.update(pin)
+        out.append(digest.digest())
+    return out
 
 
 def _reused(r: ValidRequest) -> InvalidRequest:

@@ -107,6 +107,13 @@ class PortfolioState:
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking arrays: never a dict key
 
+    def with_last(self, last: LastAnswer) -> PortfolioState:
+        """This state carrying ``last``; the constructor directly, once per decision on the
+        request path (``dataclasses.replace`` costs several times more)."""
+        return PortfolioState(
+            self.model, self.slots, self.smoothed, self.observation, self.action, self.steps, last
+        )
+
     def to_bytes(self) -> bytes:
         """Compact binary form for Redis: a struct header, raw array bytes, then the ids.
 

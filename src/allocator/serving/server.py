@@ -47,7 +47,7 @@ from allocator.serving.restore import restore_states
 from allocator.serving.security import TokenAuthInterceptor, read_tokens, server_credentials
 from allocator.serving.state import MemoryStateStore, RedisStateStore, StateStore
 from allocator.serving.status import error_status
-from allocator.serving.step import DecisionStep
+from allocator.serving.step import DecisionStep, batch_response
 from allocator.serving.stream import METHOD as STREAM_METHOD
 from allocator.serving.stream import AllocationStreams
 from allocator.serving.validation import validate_reset
@@ -163,7 +163,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
                 started=start,
                 time_remaining=context.time_remaining,
             )
-            return pb.AllocateBatchResponse(responses=[a.response for a in answers])
+            return batch_response(answers)
 
         return self._call("AllocateBatch", context, handle, len(request.requests))
 

@@ -35,9 +35,10 @@ What the order guarantees:
 from __future__ import annotations
 
 import datetime as dt
+import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,8 +47,9 @@ from allocator.recording.recorder import Recorder
 from allocator.recording.records import DecisionRecord
 from allocator.recording.tickets import NotDurableError
 from allocator.registry.errors import ModelNotFoundError
-from allocator.serving.decision import DecisionOutput, decide_batch
-from allocator.serving.idempotency import RecentRequests, check_last, request_fingerprint
+from allocator.serving.answers import AnswerEncoder, framed, weight_bytes
+from allocator.serving.decision import DecisionOutput, Decisions, decide_many
+from allocator.serving.idempotency import RecentRequests, check_last, request_fingerprints
 from allocator.serving.loader import LoadedModel
 from allocator.serving.portfolio_state import LastAnswer, PortfolioState
 from allocator.serving.proto.v1 import allocator_pb2 as pb
@@ -66,7 +68,9 @@ __all__ = [
     "DecisionStep",
     "ModelResolver",
     "TimeRemaining",
+    "batch_response",
     "model_shape",
+    "stream_response",
 ]
 
 ModelResolver = Callable[[str | None, str | None], LoadedModel]
@@ -82,12 +86,31 @@ class DeadlineExceededError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """One request, as validated, and its answer; ``output`` (the decision with the current
-    weights it used) is ``None`` when a retry got its stored answer."""
+    """One request, as validated, and its answer: ``data`` is the serialized
+    ``AllocateResponse`` (encoded once, ``serving.answers``: the bytes stored for a retry are
+    the bytes sent); ``output`` (the decision with the current weights it used) is ``None``
+    when a retry got its stored answer."""
 
     request: ValidRequest
-    response: pb.AllocateResponse
+    data: bytes
     output: DecisionOutput | None
+
+    @property
+    def response(self) -> pb.AllocateResponse:
+        """The answer as a message (parsed from ``data`` on each access)."""
+        return pb.AllocateResponse.FromString(self.data)
+
+
+def batch_response(answers: Sequence[Answer]) -> pb.AllocateBatchResponse:
+    """The batch call's response, parsed from the answers' bytes in one call."""
+    return pb.AllocateBatchResponse.FromString(framed(1, [a.data for a in answers]))
+
+
+def stream_response(sequence: int, answers: Sequence[Answer]) -> pb.AllocateStreamResponse:
+    """A stream message's response, parsed from the answers' bytes in one call."""
+    response = pb.AllocateStreamResponse(sequence=sequence)
+    response.MergeFromString(framed(2, [a.data for a in answers]))
+    return response
 
 
 def model_shape(model: LoadedModel) -> ModelShape:
@@ -118,6 +141,7 @@ class DecisionStep:
         self.recorder = recorder
         self.metrics = metrics
         self.recent = RecentRequests(recent_requests)
+        self._encoders: dict[tuple[str, str], AnswerEncoder] = {}
 
     def allocate(
         self,
@@ -194,7 +218,7 @@ class DecisionStep:
         """
         started = time.perf_counter() if started is None else started
         ids = [r.portfolio_id for r in requests]
-        fingerprints = [request_fingerprint(r) for r in requests]
+        fingerprints = request_fingerprints(requests)
         with self.store.locked(ids) as session:
             if time_remaining is not None:
                 remaining = time_remaining()
@@ -205,17 +229,15 @@ class DecisionStep:
             todo = [i for i, answer in enumerate(answers) if answer is None]
             if not todo:
                 return answers  # type: ignore[return-value]  # all retries, nothing to store
-            results = decide_batch(model, [requests[i] for i in todo], [states[i] for i in todo])
+            if len(todo) < len(requests):
+                requests = [requests[i] for i in todo]
+                fingerprints = [fingerprints[i] for i in todo]
+            decided = decide_many(model, requests, [states[i] for i in todo])
             decided_at = dt.datetime.now(dt.UTC)
             latency = time.perf_counter() - started
-            if self.recorder is not None and todo:
+            if self.recorder is not None:
                 ticket = self.recorder.submit_many(
-                    [
-                        _record(
-                            model, requests[i], out, state, fingerprints[i], decided_at, latency
-                        )
-                        for i, (out, state) in zip(todo, results, strict=True)
-                    ]
+                    _records(model, requests, decided, fingerprints, decided_at, latency)
                 )
                 try:
                     self.recorder.wait_durable(ticket, _seconds_left(time_remaining))
@@ -223,21 +245,52 @@ class DecisionStep:
                     if exc.timed_out:
                         raise DeadlineExceededError("deadline exceeded before recording") from exc
                     raise
-            for i, (out, state) in zip(todo, results, strict=True):
-                r = requests[i]
-                response = _response(model, r, out)
-                last = LastAnswer(r.request_id, fingerprints[i], response.SerializeToString())
-                states[i] = replace(state, last=last)
-                answers[i] = Answer(r, response, out)
+            data = self._encode(model, requests, decided)
+            for k, i in enumerate(todo):
+                r = requests[k]
+                last = LastAnswer(r.request_id, fingerprints[k], data[k])
+                states[i] = decided.states[k].with_last(last)
+                answers[i] = Answer(r, data[k], decided.outputs[k])
             session.put(states)
-        for i in todo:
-            self.recent.put(requests[i], fingerprints[i])
+        for r, fingerprint in zip(requests, fingerprints, strict=True):
+            self.recent.put(r, fingerprint)
         if self.metrics is not None:
-            for out, _ in results:
-                self.metrics.observe_decision(
-                    out.raw_weights, out.smoothed_weights, out.turnover, out.icm_reward
-                )
+            self.metrics.observe_decisions(
+                _gaps(decided),
+                [o.turnover for o in decided.outputs],
+                [o.icm_reward for o in decided.outputs],
+            )
         return answers  # type: ignore[return-value]  # every None was decided above
+
+    def _encode(
+        self, model: LoadedModel, requests: Sequence[ValidRequest], decided: Decisions
+    ) -> list[bytes]:
+        """Every answer's bytes: the weights' bytes taken once per batch, the model reference
+        and the asset lists encoded once per model and universe."""
+        key = (model.name, model.version)
+        encoder = self._encoders.get(key)
+        if encoder is None:
+            encoder = self._encoders[key] = AnswerEncoder(*key)
+        raw, stride = weight_bytes(decided.raw)
+        smoothed, _ = weight_bytes(decided.smoothed)
+        out: list[bytes] = []
+        at = 0
+        for r, o, n in zip(requests, decided.outputs, decided.sizes, strict=True):
+            end = at + 8 * n
+            icm = o.icm_reward
+            out.append(
+                encoder.encode(
+                    r.request_id,
+                    r.portfolio_id,
+                    o.asset_ids,
+                    raw[at:end],
+                    smoothed[at:end],
+                    o.turnover,
+                    icm if icm is not None and math.isfinite(icm) else None,
+                )
+            )
+            at += stride
+        return out
 
     def _stored_answers(
         self,
@@ -254,7 +307,7 @@ class DecisionStep:
                 self.recent.check(r, fingerprint)
                 answers.append(None)
             else:
-                answers.append(Answer(r, pb.AllocateResponse.FromString(stored), None))
+                answers.append(Answer(r, stored, None))
         return answers
 
 
@@ -263,45 +316,41 @@ def _seconds_left(time_remaining: TimeRemaining | None) -> float | None:
     return None if time_remaining is None else time_remaining()
 
 
-def _record(
+def _records(
     model: LoadedModel,
-    request: ValidRequest,
-    out: DecisionOutput,
-    state: PortfolioState,
-    fingerprint: bytes,
+    requests: Sequence[ValidRequest],
+    decided: Decisions,
+    fingerprints: Sequence[bytes],
     decided_at: dt.datetime,
     latency: float,
-) -> DecisionRecord:
-    """The decision's row; with the new slot layout and the request's fingerprint, so a restarted
-    server can rebuild the portfolio's state and last answer from it (``serving.restore``)."""
-    return DecisionRecord.from_validated(
-        request_id=request.request_id,
-        portfolio_id=request.portfolio_id,
+) -> list[DecisionRecord]:
+    """The decisions' rows; with the new slot layouts and the requests' fingerprints, so a
+    restarted server can rebuild each portfolio's state and last answer from its row
+    (``serving.restore``). The recorded current weights are the ones the request sent."""
+    return DecisionRecord.batch_from_validated(
+        request_ids=[r.request_id for r in requests],
+        portfolio_ids=[r.portfolio_id for r in requests],
         decided_at=decided_at,
         model_name=model.name,
         model_version=model.version,
-        asset_ids=out.asset_ids,
-        raw_weights=out.raw_weights,
-        smoothed_weights=out.smoothed_weights,
-        current_weights=request.current_weights,
-        turnover=out.turnover,
-        icm_reward=out.icm_reward,
+        asset_ids=[o.asset_ids for o in decided.outputs],
+        raw_weights=decided.raw,
+        smoothed_weights=decided.smoothed,
+        current_weights=decided.current,
+        sent=[r.current_weights is not None for r in requests],
+        sizes=decided.sizes,
+        turnovers=[o.turnover for o in decided.outputs],
+        icm_rewards=[o.icm_reward for o in decided.outputs],
         latency_seconds=latency,
-        slots=state.slots,
-        fingerprint=fingerprint.hex(),
+        slots=[s.slots for s in decided.states],
+        fingerprints=[f.hex() for f in fingerprints],
     )
 
 
-def _response(model: LoadedModel, r: ValidRequest, out: DecisionOutput) -> pb.AllocateResponse:
-    response = pb.AllocateResponse(
-        request_id=r.request_id,
-        portfolio_id=r.portfolio_id,
-        asset_ids=out.asset_ids,
-        raw_weights=out.raw_weights.tolist(),
-        smoothed_weights=out.smoothed_weights.tolist(),
-        model=pb.ModelRef(name=model.name, version=model.version),
-        turnover=out.turnover,
-    )
-    if out.icm_reward is not None and np.isfinite(out.icm_reward):
-        response.icm_reward = out.icm_reward
-    return response
+def _gaps(decided: Decisions) -> list[float]:
+    """Each decision's raw-vs-smoothed L1 gap (cash included), on the batch's arrays at once."""
+    diff = np.abs(decided.raw - decided.smoothed)
+    width = diff.shape[1]
+    if min(decided.sizes) < width:  # rows narrower than the batch: their padding is not theirs
+        diff[np.arange(width) >= np.asarray(decided.sizes)[:, None]] = 0.0
+    return np.add.reduce(diff, axis=1).tolist()

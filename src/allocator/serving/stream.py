@@ -30,7 +30,7 @@ from allocator.metrics.serving import ServingMetrics
 from allocator.serving.decoding import Undecodable
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.status import error_status
-from allocator.serving.step import DecisionStep, ModelResolver
+from allocator.serving.step import DecisionStep, ModelResolver, stream_response
 
 __all__ = ["METHOD", "READ_AHEAD", "AllocationStreams"]
 
@@ -202,8 +202,7 @@ class AllocationStreams:
                 log.exception("%s failed", METHOD)
             self.metrics.observe_request(METHOD, code, time.perf_counter() - start, decisions)
             return _error(item.sequence, code, message)
-        response = pb.AllocateStreamResponse(sequence=item.sequence)
-        response.responses.extend(a.response for a in answers)
+        response = stream_response(item.sequence, answers)
         self.metrics.observe_request(
             METHOD, grpc.StatusCode.OK, time.perf_counter() - start, decisions
         )
