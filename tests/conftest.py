@@ -6,8 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from tests.postgres import temporary_database
+
+# Property tests check behaviour, never speed: Hypothesis's per-example wall-clock deadline
+# (200 ms) fails them on a loaded 2-core CI machine for reasons that have nothing to do with
+# the property. Speed is measured by the benchmarks in bench/.
+settings.register_profile("allocator", deadline=None)
+settings.load_profile("allocator")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
