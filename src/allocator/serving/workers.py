@@ -163,6 +163,9 @@ class Supervisor:
 
         Raises ``RuntimeError`` naming the worker (its own error is on stderr above)."""
         self._warn_stranded_spools()
+        log.info(
+            "starting %d workers; their metrics files in %s", self.config.workers, self._metrics_dir
+        )
         self.workers = [self._spawn(k) for k in range(self.config.workers)]
         deadline = time.monotonic() + timeout
         while not all(w.ready for w in self.workers):
