@@ -116,8 +116,10 @@ def tag(redis_url: str) -> Iterator[str]:
 def test_more_than_one_worker_needs_redis(tiny_registry: Path, tmp_path: Path) -> None:
     """Workers answer any portfolio: without a shared store the smoothing would fork."""
     result = subprocess.run(
-        [sys.executable, "-m", "allocator.cli", "serve", "--registry", str(tiny_registry)]
-        + ["--workers", "2", "--no-record", "--cpu"],
+        [
+            *(sys.executable, "-m", "allocator.cli", "serve", "--registry", str(tiny_registry)),
+            *("--workers", "2", "--no-record", "--cpu"),
+        ],
         cwd=tmp_path,
         env=os.environ,
         capture_output=True,
@@ -145,7 +147,8 @@ def test_one_metrics_endpoint_sums_both_workers(
     samples = server.scrape()
     assert server.stop() == 0, server.process.stderr
 
-    assert len(per_worker) == 2 and all(n > 0 for n in per_worker.values()), per_worker
+    assert len(per_worker) == 2, per_worker
+    assert all(n > 0 for n in per_worker.values()), per_worker
     assert sum(per_worker.values()) == 120
     assert samples[REQUESTS] == 120  # one endpoint, both workers summed
     info = [k for k in samples if k.startswith("allocator_serving_model_info{")]
@@ -192,7 +195,8 @@ def test_a_killed_worker_is_started_again_and_calls_go_on(
 
     assert restarted == 1
     assert f"(pid {victim}) exited with code -9; starting it again" in server.process.stderr
-    assert victim not in serving and len(serving) == 2  # the dead worker's series went
+    assert victim not in serving  # the dead worker's series went
+    assert len(serving) == 2
     answered = set()
     for loader in loaders:
         assert loader.error is None, loader.error
@@ -212,8 +216,10 @@ def test_reload_under_load_reaches_every_worker(
     write_tiny_model(model_dir / "1")
     url, db_path = sqlite_database(tmp_path)
     server = Workers(
-        ["--registry", str(registry), "--redis-url", redis_url, "--reload-interval", "0.2"]
-        + ["--database-url", url, "--spool-dir", str(tmp_path / "spool"), "--cpu"],
+        [
+            *("--registry", str(registry), "--redis-url", redis_url, "--reload-interval", "0.2"),
+            *("--database-url", url, "--spool-dir", str(tmp_path / "spool"), "--cpu"),
+        ],
         tmp_path,
     )
     started.append(server)
@@ -259,7 +265,8 @@ def test_reload_under_load_reaches_every_worker(
             loader.join(30)
     assert server.stop() == 0, server.process.stderr
 
-    assert set(versions.values()) == {"1"} and len(versions) == 2
+    assert set(versions.values()) == {"1"}
+    assert len(versions) == 2
     for loader in loaders:
         assert loader.error is None, loader.error
         failed = [o for o in loader.outcomes if not o.ok]
