@@ -120,7 +120,7 @@ def _validation_message(error: Any) -> str:
 
 def _supervise(config: Any) -> None:
     """``--workers N`` > 1: the supervisor (``serving.workers``) until SIGTERM/SIGINT."""
-    from allocator.serving.workers import Supervisor
+    from allocator.serving.workers import Supervisor  # with the server's imports: when run
 
     supervisor = Supervisor(config)
     for sig in (signal.SIGTERM, signal.SIGINT):

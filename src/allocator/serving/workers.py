@@ -316,6 +316,8 @@ def worker_main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _: stopping.append(signum))
 
+    # heavy (grpc, onnxruntime, sqlalchemy): imported once the signal handlers are set, so a
+    # SIGTERM that arrives during the seconds of imports drains the worker instead of killing it
     from allocator.recording.sinks import SchemaMissingError
     from allocator.registry.errors import ModelLoadError
     from allocator.serving.server import build_server
