@@ -50,7 +50,11 @@ INDEX_ENV = "ALLOCATOR_WORKER_INDEX"
 PARENT_ENV = "ALLOCATOR_WORKER_PARENT"
 READY = b"ready\n"
 RESTART_DELAY_SECONDS = 1.0
-"""A worker that dies is started again after this long (a crash loop costs little CPU)."""
+"""A worker that dies is started again after this long, doubled (up to ``MAX_RESTART_DELAY``)
+for each death in a row within ``STABLE_SECONDS`` of its start: a crash loop (Redis down at
+start, say) costs little CPU and log."""
+MAX_RESTART_DELAY_SECONDS = 30.0
+STABLE_SECONDS = 30.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -110,6 +114,7 @@ class _Worker:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
         )
+        self.started = time.monotonic()
         self.ready = False
 
     def read_ready(self) -> bool:
@@ -145,6 +150,7 @@ class Supervisor:
         self.metrics_port: int | None = None
         self._metrics_http: object | None = None
         self.workers: list[_Worker] = []
+        self._quick_deaths: dict[int, int] = {}  # worker index -> deaths in a row soon after start
         # A flag, not a threading.Event: the signal handler sets it while the main thread may
         # hold the Event's lock in wait(), and that lock is not reentrant (a deadlock).
         self._stopping = False
@@ -216,7 +222,8 @@ class Supervisor:
                 log.info("worker %d (pid %d) serving", worker.index, worker.proc.pid)
 
     def run(self) -> None:
-        """Until ``stop()``: restart any worker that exits (after a short pause)."""
+        """Until ``stop()``: restart any worker that exits (after a pause, longer when it keeps
+        dying)."""
         while not self._stopping:
             for k, worker in enumerate(self.workers):
                 code = worker.proc.poll()
@@ -229,7 +236,11 @@ class Supervisor:
                     code,
                 )
                 self._forget(worker)
-                if self._sleep(RESTART_DELAY_SECONDS):
+                quick = time.monotonic() - worker.started < STABLE_SECONDS
+                deaths = self._quick_deaths.get(worker.index, 0) + 1 if quick else 1
+                self._quick_deaths[worker.index] = deaths
+                delay = min(MAX_RESTART_DELAY_SECONDS, RESTART_DELAY_SECONDS * 2 ** (deaths - 1))
+                if self._sleep(delay):
                     break
                 self.workers[k] = self._spawn(worker.index)
                 self.restarts.inc()
@@ -308,6 +319,10 @@ def worker_main() -> int:
     SIGTERM/SIGINT, drain. Exits 2 when the server cannot be built (the reason on stderr)."""
     index = int(os.environ[INDEX_ENV])
     _die_with_parent(int(os.environ[PARENT_ENV]))
+    # stdout is the readiness pipe, read once: keep it aside and send anything else printed to
+    # stderr, so that no library's output fills a pipe nobody reads any more.
+    ready_fd = os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s %(levelname)s %(name)s[worker {index}]: %(message)s",
@@ -329,7 +344,8 @@ def worker_main() -> int:
         print(f"Error: worker {index}: {exc}", file=sys.stderr, flush=True)
         return 2
     server.start()
-    os.write(sys.stdout.fileno(), READY)
+    os.write(ready_fd, READY)
+    os.close(ready_fd)
     while not stopping:
         time.sleep(0.05)
     server.stop()
