@@ -281,3 +281,47 @@ def test_reload_under_load_reaches_every_worker(
     assert recorded(db_path) == answers
     assert registered_models(db_path) == {("tiny", "1"), ("tiny", "2")}
     assert len(answers) == sum(len(x.outcomes) for x in loaders)
+
+
+def test_the_reserved_port_admits_only_reuseport_sockets() -> None:
+    """The supervisor's socket keeps the port: workers (SO_REUSEPORT) bind it, others cannot,
+    and as it never listens it takes no connection itself."""
+    import socket
+
+    from allocator.serving.workers import reserve_port
+
+    port, reserved = reserve_port("127.0.0.1", 0)
+    try:
+        assert port > 0
+        with socket.socket() as plain, pytest.raises(OSError, match="in use"):
+            plain.bind(("127.0.0.1", port))
+        with socket.socket() as refused, pytest.raises(ConnectionRefusedError):
+            refused.connect(("127.0.0.1", port))
+        with socket.socket() as worker:
+            worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            worker.bind(("127.0.0.1", port))
+            worker.listen()
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                accepted, _ = worker.accept()
+                accepted.close()
+    finally:
+        for sock in reserved:
+            sock.close()
+
+
+def test_each_worker_gets_its_own_spool_and_no_metrics_port(tmp_path: Path) -> None:
+    """Worker 0 keeps --spool-dir (a switch from one process strands nothing), K > 0 a
+    directory of its own; the supervisor alone serves /metrics."""
+    from allocator.serving.config import ServerConfig
+    from allocator.serving.workers import worker_config
+
+    config = ServerConfig(
+        registry=tmp_path, spool_dir=tmp_path / "spool", workers=3, redis_url="redis://x"
+    )
+    configs = [worker_config(config, k, 5000) for k in range(3)]
+    assert [c.spool_dir for c in configs] == [
+        tmp_path / "spool",
+        tmp_path / "spool" / "worker-1",
+        tmp_path / "spool" / "worker-2",
+    ]
+    assert {(c.port, c.metrics_port, c.workers) for c in configs} == {(5000, None, 1)}
