@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from allocator.serving.config import ServerConfig
 
@@ -56,6 +57,22 @@ start, say) costs little CPU and log."""
 MAX_RESTART_DELAY_SECONDS = 30.0
 STABLE_SECONDS = 30.0
 _PR_SET_PDEATHSIG = 1
+METRICS_DIR_PREFIX = "allocator-metrics-"
+"""The workers' metric files live in ``TMPDIR/allocator-metrics-<supervisor pid>-<random>``."""
+
+
+def _sweep_metrics_dirs() -> None:
+    """Remove the metric directories of supervisors that are gone (a SIGKILL leaves one)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{METRICS_DIR_PREFIX}*-*"):
+        pid = path.name.removeprefix(METRICS_DIR_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or path.stat().st_uid != os.getuid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            continue
 
 
 def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
@@ -138,7 +155,8 @@ class Supervisor:
 
         self.config = config
         self.port, self._reserved = reserve_port(config.host, config.port)
-        self._metrics_dir = tempfile.mkdtemp(prefix="allocator-metrics-")
+        _sweep_metrics_dirs()
+        self._metrics_dir = tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-")
         self._env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
         self.metrics_registry = CollectorRegistry()
         MultiProcessCollector(self.metrics_registry, path=self._metrics_dir)
