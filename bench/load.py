@@ -49,9 +49,15 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
     options = [
         ("grpc.max_send_message_length", 64 << 20),
         ("grpc.max_receive_message_length", 64 << 20),
+        # a connection per channel (grpc shares one between channels of equal arguments by
+        # default): a server of several processes spreads connections, not calls
+        ("grpc.use_local_subchannel_pool", 1),
     ]
-    channel = grpc.insecure_channel(target, options=options)
-    stub = pb_grpc.AllocatorStub(channel)
+    channels = [
+        grpc.insecure_channel(target, options=options) for _ in range(phase.get("channels", 1))
+    ]
+    stubs = [pb_grpc.AllocatorStub(channel) for channel in channels]
+    stub = stubs[0]
     kind, duration, tag = phase["kind"], phase["duration"], phase["tag"]
     prefix = phase.get("prefix", "bench")  # its own portfolios when the asset count differs
     templates = make_requests(phase["portfolios"], phase["assets"], phase["window"], prefix=prefix)
@@ -75,7 +81,7 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
                 request.request_id = f"{tag}-{w}-{i}"
                 t0 = time.perf_counter()
                 try:
-                    stub.Allocate(request, timeout=5)
+                    stubs[w % len(stubs)].Allocate(request, timeout=5)
                     count("OK")
                 except grpc.RpcError as exc:
                     count(exc.code().name)
@@ -95,6 +101,7 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
         return {
             "phase": f"closed_c{phase['concurrency']}{phase.get('suffix', '')}",
             "concurrency": phase["concurrency"],
+            "channels": len(stubs),
             "calls": calls,
             "req_per_s": round(calls / elapsed, 1),
             "codes": codes,
@@ -123,7 +130,7 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
             request = pb.AllocateRequest()
             request.CopyFrom(templates[i % len(templates)])
             request.request_id = f"{tag}-{i}"
-            future = stub.Allocate.future(request, timeout=5)
+            future = stubs[i % len(stubs)].Allocate.future(request, timeout=5)
             future.add_done_callback(lambda f, s=scheduled: finished(s, f))
         issued_for = time.perf_counter() - start
         for _ in range(n):
@@ -132,6 +139,7 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
         return {
             "phase": f"open_{rate}",
             "target_req_per_s": rate,
+            "channels": len(stubs),
             "issued_req_per_s": round(n / issued_for, 1),
             "achieved_req_per_s": round(codes.get("OK", 0) / elapsed, 1),
             "calls": n,

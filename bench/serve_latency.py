@@ -20,6 +20,13 @@ Phases, each ``--duration`` seconds:
 (``--ack``; each on its own database and spool), named ``DATABASE-ACK``, so the cost of
 answering only once a decision is durable shows beside the queued answer in one sitting.
 
+``--workers-list 1,2`` runs one ``allocator serve`` per database, ack mode and ``--workers``
+count (named ``DATABASE-wN``, or ``DATABASE-ACK-wN``), all keeping smoothing state in Redis
+(``--redis-url``; several workers need a shared store, and the one-process server uses it too so
+that the figures compare), beside the same bare server. ``--channels`` opens that many
+connections per load phase (calls spread over them): the kernel spreads a multi-process
+server's connections, not its calls, so one connection would reach one worker.
+
 ``comparison`` gives, per compared phase and database, the medians over rounds and their
 ratios to the bare server's (P50, P95, rate). Every call uses a new request id (a reused one
 would be answered from the portfolio's state). At the end every server is stopped with SIGTERM
@@ -130,7 +137,12 @@ def _phases(
     are compared, the open-loop sweep and the stream are Allocator's own. A shared model:
     closed loops at each requested asset count, each with portfolios of its own, all
     compared."""
-    base = {"duration": args.duration, "portfolios": args.portfolios, "window": window}
+    base = {
+        "duration": args.duration,
+        "portfolios": args.portfolios,
+        "window": window,
+        "channels": args.channels,
+    }
     if shared:
         compared = [
             {
@@ -256,6 +268,13 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=4, help="stream messages sent ahead")
     parser.add_argument("--portfolios", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=16, help="server handler threads")
+    parser.add_argument(
+        "--workers-list",
+        default="1",
+        help="one Allocator server per --workers count (comma-separated; e.g. 1,2)",
+    )
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--channels", type=int, default=1, help="connections per load phase")
     parser.add_argument("--budget-ms", type=float, default=10.0)
     args = parser.parse_args()
     databases = [d for d in args.databases.split(",") if d]
@@ -265,8 +284,19 @@ def main() -> None:
     acks = [a for a in args.acks.split(",") if a]
     if not acks or set(acks) - {"durable", "queued"}:
         parser.error(f"--acks {args.acks}: choose from durable, queued")
-    # One server per (database, ack); named by the database alone in the default run.
-    ack_of = {db if acks == ["durable"] else f"{db}-{ack}": ack for db in databases for ack in acks}
+    workers_list = [int(n) for n in args.workers_list.split(",") if n]
+    if not workers_list or min(workers_list) < 1:
+        parser.error(f"--workers-list {args.workers_list}: counts >= 1")
+    # One server per (database, ack, workers); named by the database alone in the default run.
+    ack_of: dict[str, str] = {}
+    workers_of: dict[str, int] = {}
+    for db in databases:
+        for ack in acks:
+            for n in workers_list:
+                name = db if acks == ["durable"] else f"{db}-{ack}"
+                name += "" if workers_list == [1] else f"-w{n}"
+                ack_of[name], workers_of[name] = ack, n
+    shared_state = () if workers_list == [1] else ("--redis-url", args.redis_url)
 
     import psycopg
 
@@ -334,7 +364,8 @@ def main() -> None:
                     *("--ack", ack_of[db]),
                     *(() if window is None else ("--group-commit-ms", str(window))),
                     *("--latency-budget-ms", str(args.budget_ms)),
-                    *("--max-concurrent-rpcs", "512", "--workers", str(args.threads)),
+                    *("--max-concurrent-rpcs", "512", "--threads", str(args.threads)),
+                    *("--workers", str(workers_of[db]), *shared_state),
                 ],
             )
         try:
@@ -390,6 +421,7 @@ def main() -> None:
             "recorded_rows": rows.get(db, -1),
             "complete": rows.get(db, -1) == ok,
             "server_exit_code": exit_codes.get(db),
+            "workers": workers_of[db],
         }
     model: dict[str, Any] = {"max_assets": spec.max_assets, "window": spec.window}
     if shared:

@@ -104,6 +104,7 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("tls_client_ca", ("--tls-client-ca",)),
         ("latency_budget_ms", ("--latency-budget-ms",)),
         ("max_concurrent_rpcs", ("--max-concurrent-rpcs",)),
+        ("threads", ("--threads",)),
         ("workers", ("--workers",)),
         ("default_model", ("--model",)),
         ("reload_interval", ("--reload-interval",)),

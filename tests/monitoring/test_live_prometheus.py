@@ -80,7 +80,7 @@ def start_server(registry: Path, tmp: Path, **overrides: Any) -> AllocationServe
         metrics_port=0,
         spool_dir=tmp / "spool",
         prefer_cuda=False,
-        workers=4,
+        threads=4,
         reload_interval=60.0,
         grace_seconds=1.0,
         drain_seconds=0.2,

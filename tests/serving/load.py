@@ -161,7 +161,12 @@ class LoadThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            with AllocatorClient(self.target, timeout=self.timeout, retry=self.retry) as client:
+            # A connection of its own, as a separate client process has (grpc shares one between
+            # channels of equal arguments): ``--workers`` spreads connections, not calls.
+            own_connection = [("grpc.use_local_subchannel_pool", 1)]
+            with AllocatorClient(
+                self.target, timeout=self.timeout, retry=self.retry, options=own_connection
+            ) as client:
                 start = time.monotonic()
                 failures = 0
                 i = 0

@@ -106,9 +106,11 @@ def rows(url: str) -> dict[str, list[float]]:
         engine.dispose()
 
 
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "workers-2"])
 @pytest.mark.parametrize("kill", [False, True], ids=["retry", "sigkill-before-retry"])
 def test_every_request_retried_on_the_other_replica_steps_and_records_once(
     kill: bool,
+    workers: int,
     tiny_registry: Path,
     redis_url: str,
     database: str,
@@ -128,6 +130,7 @@ def test_every_request_retried_on_the_other_replica_steps_and_records_once(
         "--metrics-port",
         "0",
         "--cpu",
+        *("--workers", str(workers)),  # 2: a SIGKILLed supervisor takes its workers with it
     ]
     a = Replica(args, tmp_path / "a")
     b = Replica(args, tmp_path / "b")

@@ -11,6 +11,7 @@ until the restarted server replays them.
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from sqlalchemy.pool import NullPool
 from allocator.recording.migrations import upgrade
 from tests.postgres import reset_schema
 from tests.recording.proxy import TcpProxy
-from tests.serving.conftest import TINY, write_tiny_model
+from tests.serving.conftest import TINY, delete_prefixed, write_tiny_model
 from tests.serving.load import LoadThread, ServeProcess, wait_until
 
 KILLS = 3
@@ -67,14 +68,18 @@ def serve(args: list[str], cwd: Path, processes: list[ServeProcess]) -> tuple[Se
 
 
 def load_then_kill(
-    target: str, server: ServeProcess, round_: int, before_kill: Callable[[], None] | None = None
+    target: str,
+    server: ServeProcess,
+    round_: int,
+    before_kill: Callable[[], None] | None = None,
+    tag: str = "",
 ) -> set[str]:
     """Closed-loop clients (no retries: each call's first answer counts) until enough calls
     were answered, then SIGKILL while calls are in flight; the ids answered OK."""
     loaders = [
         LoadThread(
             target,
-            f"kill{round_}-{k}",
+            f"{tag}kill{round_}-{k}",
             window=TINY.window,
             max_failures=3,
             seed=k,
@@ -114,12 +119,13 @@ def kill_and_restart(
     processes: list[ServeProcess],
     before_kill: dict[int, Callable[[], None]] | None = None,
     after_kill: dict[int, Callable[[], None]] | None = None,
+    tag: str = "",
 ) -> set[str]:
     """``KILLS`` rounds of load and SIGKILL, then a restart that is stopped with SIGTERM."""
     answered: set[str] = set()
     for round_ in range(KILLS):
         server, target = serve(args, cwd, processes)
-        answered |= load_then_kill(target, server, round_, (before_kill or {}).get(round_))
+        answered |= load_then_kill(target, server, round_, (before_kill or {}).get(round_), tag)
         if after_kill and round_ in after_kill:
             after_kill[round_]()
     server, _ = serve(args, cwd, processes)  # replays the spool, if anything is in it
@@ -135,7 +141,8 @@ def assert_recorded_exactly_once(answered: set[str], rows: list[str], spool: Pat
     assert not missing, f"{len(missing)} answered OK but not recorded: {missing[:10]}"
     duplicated = {rid: n for rid, n in counts.items() if n > 1}
     assert not duplicated, duplicated
-    assert not list(spool.glob("*.spool")), "the spool was not replayed"
+    # worker K > 0 of ``--workers`` spools in spool/worker-K: every one was replayed
+    assert not list(spool.rglob("*.spool")), "the spool was not replayed"
 
 
 def test_sigkill_under_load_loses_no_decision_answered_ok(
@@ -155,10 +162,35 @@ def test_sigkill_under_load_loses_no_decision_answered_ok(
     assert_recorded_exactly_once(answered, sqlite_rows(db_path)(), spool)
 
 
+@pytest.fixture
+def kill_tag(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Portfolio ids of one test; with workers (Redis state) their keys go afterwards."""
+    tag = f"k{secrets.token_hex(4)}-"
+    yield tag
+    if request.node.callspec.params.get("workers", 1) > 1:
+        import redis
+
+        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+        try:
+            delete_prefixed(client, f"allocator:state:{tag}", f"lock:allocator:state:{tag}")
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "workers-2"])
 def test_sigkill_during_a_postgres_outage_loses_no_decision_answered_ok(
-    tmp_path: Path, serve_processes: list[ServeProcess], postgres_url: str
+    workers: int,
+    kill_tag: str,
+    tmp_path: Path,
+    serve_processes: list[ServeProcess],
+    postgres_url: str,
+    request: pytest.FixtureRequest,
 ) -> None:
-    """Round 1 is killed with the database cut off: its answers are only in the spool."""
+    """Round 1 is killed with the database cut off: its answers are only in the spool.
+
+    With ``--workers 2`` the SIGKILL goes to the supervisor and the kernel takes both workers
+    with it; each worker spools in its own directory and replays it when it starts again.
+    """
     reset_schema(postgres_url)
     upgrade(postgres_url)
     registry = tmp_path / "registry"
@@ -171,12 +203,19 @@ def test_sigkill_during_a_postgres_outage_loses_no_decision_answered_ok(
             *("--registry", str(registry), "--database-url", url, "--spool-dir", str(spool)),
             *("--metrics-port", "0", "--cpu"),
         ]
+        if workers > 1:
+            args += ["--workers", str(workers), "--redis-url", request.getfixturevalue("redis_url")]
 
         def cut() -> None:
             proxy.cut()
-            wait_until(lambda: any(spool.glob("*.spool")), 30, "the server to spool")
+            wait_until(lambda: any(spool.rglob("*.spool")), 30, "the server to spool")
 
         answered = kill_and_restart(
-            args, tmp_path, serve_processes, before_kill={1: cut}, after_kill={1: proxy.restore}
+            args,
+            tmp_path,
+            serve_processes,
+            before_kill={1: cut},
+            after_kill={1: proxy.restore},
+            tag=kill_tag,
         )
     assert_recorded_exactly_once(answered, postgres_rows(postgres_url)(), spool)

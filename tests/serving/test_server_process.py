@@ -192,24 +192,47 @@ def serve_processes() -> Iterator[list[ServeProcess]]:
         process.kill()
 
 
+@pytest.fixture
+def term_tag(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Portfolio ids of one SIGTERM test; with workers (Redis state) their keys go afterwards."""
+    tag = f"term-{secrets.token_hex(4)}"
+    yield tag
+    if request.node.callspec.params.get("workers", 1) > 1:
+        import redis
+
+        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+        try:
+            delete_prefixed(client, f"allocator:state:{tag}", f"lock:allocator:state:{tag}")
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "workers-2"])
 def test_sigterm_under_load_answers_and_records_every_accepted_call(
-    tmp_path: Path, serve_processes: list[ServeProcess]
+    workers: int,
+    term_tag: str,
+    tmp_path: Path,
+    serve_processes: list[ServeProcess],
+    request: pytest.FixtureRequest,
 ) -> None:
-    """Drain: NOT_SERVING, in-flight calls finish, later calls UNAVAILABLE, all OKs recorded."""
+    """Drain: NOT_SERVING, in-flight calls finish, later calls UNAVAILABLE, all OKs recorded.
+
+    With ``--workers 2`` every worker drains (each client's connection is to one of them) and
+    records into the same database; the supervisor exits 0 once both did.
+    """
     registry = tmp_path / "registry"
     write_tiny_model(registry / "tiny" / "1")
     url, db_path = sqlite_database(tmp_path)
+    shared = (
+        ["--workers", str(workers), "--redis-url", request.getfixturevalue("redis_url")]
+        if workers > 1
+        else []
+    )
     server = ServeProcess(
         [
-            "--registry",
-            str(registry),
-            "--database-url",
-            url,
-            "--spool-dir",
-            str(tmp_path / "spool"),
-            "--metrics-port",
-            "0",
-            "--cpu",
+            *("--registry", str(registry), "--database-url", url),
+            *("--spool-dir", str(tmp_path / "spool"), "--metrics-port", "0", "--cpu"),
+            *shared,
         ],
         cwd=tmp_path,
     )
@@ -224,12 +247,20 @@ def test_sigterm_under_load_answers_and_records_every_accepted_call(
     # would carry its refused calls past the drain to the closed port (with replicas behind a
     # balancer, to another replica).
     loaders = [
-        LoadThread(target, f"term-{k}", window=TINY.window, max_failures=3, seed=k, retry=None)
+        LoadThread(
+            target, f"{term_tag}-{k}", window=TINY.window, max_failures=3, seed=k, retry=None
+        )
         for k in range(3)
     ]
     loaders.append(
         LoadThread(
-            target, "term-batch", window=TINY.window, batch=64, max_failures=3, seed=9, retry=None
+            target,
+            f"{term_tag}-batch",
+            window=TINY.window,
+            batch=64,
+            max_failures=3,
+            seed=9,
+            retry=None,
         )
     )
     for loader in loaders:
@@ -253,6 +284,8 @@ def test_sigterm_under_load_answers_and_records_every_accepted_call(
     assert code == 0, server.stderr
     assert "draining" in server.stderr
     assert "allocation server stopped" in server.stderr
+    for k in range(workers if workers > 1 else 0):
+        assert f"[worker {k}]: allocation server stopped" in server.stderr
     assert not re.search(r"\b(ERROR|Traceback)\b", server.stderr), server.stderr
     # The health watch saw the flip before the port closed.
     assert watch.statuses == ["SERVING", "NOT_SERVING"], (watch.statuses, watch.end)
@@ -396,7 +429,9 @@ def test_two_in_process_servers_sharing_redis_match_one_server(
     assert_same_sequence(got, reference)
 
 
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "workers-2"])
 def test_two_server_processes_sharing_redis_match_one_server(
+    workers: int,
     replica_registry: Path,
     redis_url: str,
     shared_portfolio: str,
@@ -404,7 +439,8 @@ def test_two_server_processes_sharing_redis_match_one_server(
     serve_processes: list[ServeProcess],
     tmp_path: Path,
 ) -> None:
-    """``allocator serve`` x 2, one Redis: A, B, A, B, ... equals one server's sequence."""
+    """``allocator serve`` x 2, one Redis: A, B, A, B, ... equals one server's sequence (with
+    ``--workers 2``, four processes behind two ports)."""
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         serve_processes.append(
@@ -418,6 +454,7 @@ def test_two_server_processes_sharing_redis_match_one_server(
                     "--metrics-port",
                     "0",
                     "--cpu",
+                    *("--workers", str(workers)),
                 ],
                 cwd=tmp_path / name,
             )

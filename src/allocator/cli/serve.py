@@ -35,7 +35,13 @@ from allocator.cli.options import database_url_option, fail
     "--latency-budget-ms", default=10.0, show_default=True, help="P95 budget per decision"
 )
 @click.option("--max-concurrent-rpcs", default=64, show_default=True)
-@click.option("--workers", default=8, show_default=True, help="handler threads")
+@click.option("--threads", default=8, show_default=True, help="handler threads per process")
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    help="server processes sharing the port (Linux); more than 1 needs --redis-url",
+)
 @click.option("--model", "default_model", default=None, help="model answering unpinned calls")
 @click.option("--reload-interval", default=2.0, show_default=True, help="registry scan period")
 @click.option("--cpu", is_flag=True, help="never try onnxruntime's CUDA provider")
@@ -86,9 +92,12 @@ def serve(**options: Any) -> None:
     options["prefer_cuda"] = not options.pop("cpu")
     try:
         config = ServerConfig(**{k: v for k, v in options.items() if v is not None})
+        if config.workers > 1:
+            _supervise(config)
+            return
         server = build_server(config)
     except ValidationError as exc:
-        fail("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+        fail("; ".join(_validation_message(e) for e in exc.errors()))
     except (ModelLoadError, SchemaMissingError, ValueError, OSError) as exc:
         fail(str(exc))
     stop = threading.Event()
@@ -99,3 +108,36 @@ def serve(**options: Any) -> None:
     stop.wait()
     click.echo("draining: health NOT_SERVING, finishing calls, flushing the recorder", err=True)
     server.stop()
+
+
+def _validation_message(error: Any) -> str:
+    """``--field: message``; a check across fields names its flags in its own message."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if not error["loc"]:
+        return message
+    return f"--{'-'.join(map(str, error['loc']))}: {message}"
+
+
+def _supervise(config: Any) -> None:
+    """``--workers N`` > 1: the supervisor (``serving.workers``) until SIGTERM/SIGINT."""
+    from allocator.serving.workers import Supervisor  # with the server's imports: when run
+
+    supervisor = Supervisor(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: supervisor.stop())
+    try:
+        supervisor.start()
+    except RuntimeError as exc:
+        fail(str(exc))
+    click.echo(
+        f"serving on {supervisor.target} (metrics on port {supervisor.metrics_port}), "
+        f"{config.workers} workers",
+        err=True,
+    )
+    supervisor.run()
+    click.echo(
+        "draining: every worker NOT_SERVING, finishing calls, flushing its recorder", err=True
+    )
+    if not supervisor.drain():
+        fail("a worker did not drain cleanly (see above)")
+    click.echo("allocation server stopped", err=True)

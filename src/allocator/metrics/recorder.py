@@ -23,7 +23,8 @@ class RecorderMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         # Plain gauges and counters: one (name, help[, labels]) row each, created alike.
         self.queue_depth, self.spooled_records, self.spool_bytes = (
-            Gauge(name, documentation, registry=registry)
+            # livesum: under ``--workers N`` the server's figure is its workers' sum
+            Gauge(name, documentation, registry=registry, multiprocess_mode="livesum")
             for name, documentation in (
                 (
                     "allocator_recorder_queue_depth",

@@ -76,6 +76,7 @@ class ServingMetrics:
             "allocator_serving_latency_budget_seconds",
             "The configured P95 latency budget, for dashboards and alert rules.",
             registry=registry,
+            multiprocess_mode="livemax",  # ``--workers N``: one figure, not one per process
         )
         self.latency_budget.set(self.latency_budget_seconds)
         self.smoothing_gap = Histogram(
@@ -135,6 +136,7 @@ class ServingMetrics:
             "progress shows here for seconds; a bad deploy stays).",
             ["reason"],
             registry=registry,
+            multiprocess_mode="livemax",  # every worker scans the same registry
         )
         for reason in REFUSAL_REASONS:  # every series exists from the start: rate() sees the first
             self.model_refused.labels(reason)

@@ -47,7 +47,13 @@ class ServerConfig(StrictModel):
     tls_client_ca: Path | None = Field(None, description="require client certificates (mTLS)")
     latency_budget_ms: float = Field(10.0, gt=0, description="P95 budget per decision (alerts)")
     max_concurrent_rpcs: int = Field(64, ge=1, description="beyond it: RESOURCE_EXHAUSTED")
-    workers: int = Field(8, ge=1, description="handler threads")
+    threads: int = Field(8, ge=1, description="handler threads per process")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="server processes sharing the port (SO_REUSEPORT, Linux); more than 1 "
+        "needs --redis-url, for smoothing state every process sees",
+    )
     reload_interval: float = Field(2.0, gt=0, description="seconds between registry scans")
     default_model: str | None = Field(None, description="model answering unpinned requests")
     prefer_cuda: bool = Field(True, description="use onnxruntime's CUDA provider if it loads")
@@ -77,4 +83,13 @@ class ServerConfig(StrictModel):
             raise ValueError("--tls-cert and --tls-key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
+        return self
+
+    @model_validator(mode="after")
+    def _check_workers(self) -> ServerConfig:
+        if self.workers > 1 and self.redis_url is None:
+            raise ValueError(
+                f"--workers {self.workers} needs --redis-url: each worker process answers any "
+                "portfolio, so the smoothing state must live in a store they share"
+            )
         return self

@@ -313,9 +313,16 @@ class AllocationServer:
 
 
 def build_server(
-    config: ServerConfig, metrics_registry: CollectorRegistry | None = None
+    config: ServerConfig,
+    metrics_registry: CollectorRegistry | None = None,
+    *,
+    reuse_port: bool = False,
 ) -> AllocationServer:
-    """Load the registry, open the recorder and state store, and bind (not start) the server."""
+    """Load the registry, open the recorder and state store, and bind (not start) the server.
+
+    ``reuse_port`` binds with SO_REUSEPORT, for worker processes sharing one port
+    (``serving.workers``); off, a second server on a taken port fails to bind instead.
+    """
     metrics_registry = metrics_registry if metrics_registry is not None else CollectorRegistry()
     metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3)
     registry = ModelCatalog(
@@ -335,7 +342,7 @@ def build_server(
     _load_models(registry, config, metrics, recorder)
     servicer = AllocatorServicer(registry, store, metrics, recorder, config.idempotency_cache)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
-    server = _grpc_server(config, metrics, servicer, health_servicer)
+    server = _grpc_server(config, metrics, servicer, health_servicer, reuse_port)
     port = _bind(config, server)
     return AllocationServer(
         config,
@@ -401,6 +408,7 @@ def _grpc_server(
     metrics: ServingMetrics,
     servicer: AllocatorServicer,
     health_servicer: health.HealthServicer,
+    reuse_port: bool = False,
 ) -> grpc.Server:
     """The gRPC server with the allocator, health and reflection services (auth if asked)."""
     interceptors: list[grpc.ServerInterceptor] = []
@@ -419,13 +427,13 @@ def _grpc_server(
     per_message = (f"/{SERVICE_NAME}/{STREAM_METHOD}",)  # a bad message gets its own reply
     interceptors.append(DecodeGuardInterceptor(undecodable, per_message))  # after the token
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="allocator"),
+        futures.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="allocator"),
         interceptors=interceptors,
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         options=[
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 64 << 20),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
             # A client keeps one HTTP/2 connection for as long as it lives, so replicas added
             # later (the HPA) would only ever see new clients: closing connections after a
             # while (GOAWAY; clients reconnect, through the balancer) spreads them again.

@@ -73,7 +73,7 @@ def test_expired_call_decides_nothing(shared: Conn) -> None:
 def test_over_the_concurrency_limit_is_resource_exhausted(
     tiny_registry: Path, tmp_path: Path
 ) -> None:
-    server = start_server(tmp_path, tiny_registry, max_concurrent_rpcs=1, workers=4, record=False)
+    server = start_server(tmp_path, tiny_registry, max_concurrent_rpcs=1, threads=4, record=False)
     conn = connect(server)
     stripes = 4096  # MemoryStateStore's default: the probe must not wait on the held stripe
     held = "held"
