@@ -187,6 +187,22 @@ def redis_url() -> str:
 
 
 @pytest.fixture
+def portfolio_tag(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A random prefix for one test's portfolio ids; a test parametrized with ``workers`` > 1
+    keeps their state in Redis, whose state and lock keys are deleted afterwards."""
+    tag = f"t{secrets.token_hex(4)}"
+    yield tag
+    if request.node.callspec.params.get("workers", 1) > 1:
+        import redis
+
+        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+        try:
+            delete_prefixed(client, f"allocator:state:{tag}", f"lock:allocator:state:{tag}")
+        finally:
+            client.close()
+
+
+@pytest.fixture
 def redis_prefix(redis_url: str) -> Iterator[str]:
     """A random key prefix for one test; its state and lock keys are deleted afterwards."""
     import redis

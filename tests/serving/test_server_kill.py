@@ -11,7 +11,6 @@ until the restarted server replays them.
 
 from __future__ import annotations
 
-import secrets
 import sqlite3
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ from sqlalchemy.pool import NullPool
 from allocator.recording.migrations import upgrade
 from tests.postgres import reset_schema
 from tests.recording.proxy import TcpProxy
-from tests.serving.conftest import TINY, delete_prefixed, write_tiny_model
+from tests.serving.conftest import TINY, write_tiny_model
 from tests.serving.load import LoadThread, ServeProcess, wait_until
 
 KILLS = 3
@@ -162,25 +161,10 @@ def test_sigkill_under_load_loses_no_decision_answered_ok(
     assert_recorded_exactly_once(answered, sqlite_rows(db_path)(), spool)
 
 
-@pytest.fixture
-def kill_tag(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Portfolio ids of one test; with workers (Redis state) their keys go afterwards."""
-    tag = f"k{secrets.token_hex(4)}-"
-    yield tag
-    if request.node.callspec.params.get("workers", 1) > 1:
-        import redis
-
-        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
-        try:
-            delete_prefixed(client, f"allocator:state:{tag}", f"lock:allocator:state:{tag}")
-        finally:
-            client.close()
-
-
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "workers-2"])
 def test_sigkill_during_a_postgres_outage_loses_no_decision_answered_ok(
     workers: int,
-    kill_tag: str,
+    portfolio_tag: str,
     tmp_path: Path,
     serve_processes: list[ServeProcess],
     postgres_url: str,
@@ -216,6 +200,6 @@ def test_sigkill_during_a_postgres_outage_loses_no_decision_answered_ok(
             serve_processes,
             before_kill={1: cut},
             after_kill={1: proxy.restore},
-            tag=kill_tag,
+            tag=f"{portfolio_tag}-",
         )
     assert_recorded_exactly_once(answered, postgres_rows(postgres_url)(), spool)

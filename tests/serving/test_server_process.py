@@ -192,25 +192,10 @@ def serve_processes() -> Iterator[list[ServeProcess]]:
         process.kill()
 
 
-@pytest.fixture
-def term_tag(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Portfolio ids of one SIGTERM test; with workers (Redis state) their keys go afterwards."""
-    tag = f"term-{secrets.token_hex(4)}"
-    yield tag
-    if request.node.callspec.params.get("workers", 1) > 1:
-        import redis
-
-        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
-        try:
-            delete_prefixed(client, f"allocator:state:{tag}", f"lock:allocator:state:{tag}")
-        finally:
-            client.close()
-
-
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "workers-2"])
 def test_sigterm_under_load_answers_and_records_every_accepted_call(
     workers: int,
-    term_tag: str,
+    portfolio_tag: str,
     tmp_path: Path,
     serve_processes: list[ServeProcess],
     request: pytest.FixtureRequest,
@@ -248,14 +233,14 @@ def test_sigterm_under_load_answers_and_records_every_accepted_call(
     # balancer, to another replica).
     loaders = [
         LoadThread(
-            target, f"{term_tag}-{k}", window=TINY.window, max_failures=3, seed=k, retry=None
+            target, f"{portfolio_tag}-{k}", window=TINY.window, max_failures=3, seed=k, retry=None
         )
         for k in range(3)
     ]
     loaders.append(
         LoadThread(
             target,
-            f"{term_tag}-batch",
+            f"{portfolio_tag}-batch",
             window=TINY.window,
             batch=64,
             max_failures=3,
