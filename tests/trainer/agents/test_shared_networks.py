@@ -18,7 +18,11 @@ from stable_baselines3.common.distributions import SquashedDiagGaussianDistribut
 from allocator.trainer.agents.icm import ICMSettings
 from allocator.trainer.agents.regularizer import SmoothMode, SmoothnessSettings
 from allocator.trainer.agents.sac import SmoothSAC
-from allocator.trainer.agents.shared_networks import ObservationLayout, masked_mean_max
+from allocator.trainer.agents.shared_networks import (
+    ObservationLayout,
+    masked_mean_max,
+    slot_order_sums,
+)
 from allocator.trainer.agents.shared_policies import (
     SharedCritic,
     SharedSACActor,
@@ -139,6 +143,39 @@ def test_permuting_assets_permutes_actions_and_keeps_q(kind: str, seed: int, cen
     assert len(q) == 2
     for one, one_p in zip(q, q_p, strict=True):
         torch.testing.assert_close(one_p, one, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_slot_order_sums_agree_to_rounding_and_end_with_their_block(kind: str) -> None:
+    """Gradient steps sum in slot order (no sort); the answer moves by rounding only, and the
+    sorted, bit-exact sums are back once the block ends, even when it ends by an error."""
+    policy = make_policy(kind, seed=4, center=True)
+    features, weights, mask = random_parts(16, seed=4)
+    obs = flat(features, weights, mask)
+    actions = torch.rand(16, M + 1, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    fast: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = []
+
+    def fail_inside() -> None:
+        with slot_order_sums():
+            fast.append((actor_action(policy, obs), policy.critic(obs, actions)))
+            raise RuntimeError("inside")
+
+    with torch.no_grad():
+        exact_action, exact_q = actor_action(policy, obs), policy.critic(obs, actions)
+        with pytest.raises(RuntimeError, match="inside"):
+            fail_inside()
+        after_action, after_q = actor_action(policy, obs), policy.critic(obs, actions)
+    fast_action, fast_q = fast[0]
+    torch.testing.assert_close(fast_action, exact_action, rtol=1e-5, atol=1e-6)
+    for fast, exact, after in zip(fast_q, exact_q, after_q, strict=True):
+        torch.testing.assert_close(fast, exact, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(after, exact, rtol=0, atol=0)
+    torch.testing.assert_close(after_action, exact_action, rtol=0, atol=0)
+    h = torch.randn(8, M, 5, generator=torch.Generator().manual_seed(5))
+    live = torch.ones(8, M, dtype=torch.bool)
+    with slot_order_sums():
+        pooled = masked_mean_max(h, live)
+    torch.testing.assert_close(pooled[:, :5], h.sum(dim=1) / M, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("kind", sorted(POLICIES))

@@ -9,6 +9,7 @@ from stable_baselines3.common.type_aliases import Schedule
 
 from allocator.trainer.agents.icm import ICMSettings
 from allocator.trainer.agents.off_policy import SmoothOffPolicy
+from allocator.trainer.agents.shared_networks import slot_order_sums
 
 
 class SmoothSAC(SmoothOffPolicy, SAC):
@@ -32,6 +33,8 @@ class SmoothSAC(SmoothOffPolicy, SAC):
         super().__init__(policy, env, learning_rate=actor_learning_rate, **kwargs)
 
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
-        """SB3's SAC updates, then the ICM's figures of this call logged beside SAC's."""
-        super().train(gradient_steps, batch_size)
+        """SB3's SAC updates (pooled sums in slot order: no gradient step needs their bits),
+        then the ICM's figures of this call logged beside SAC's."""
+        with slot_order_sums():
+            super().train(gradient_steps, batch_size)
         self._log_curiosity()

@@ -17,7 +17,9 @@ which the tests hold:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -97,6 +99,32 @@ def small_init(layer: nn.Linear, scale: float = HEAD_INIT) -> nn.Linear:
     return layer
 
 
+_EXACT_SUMS: ContextVar[bool] = ContextVar("allocator_exact_pooled_sums", default=True)
+
+
+@contextmanager
+def slot_order_sums() -> Iterator[None]:
+    """Pooled sums in slot order inside this block, instead of sorted first.
+
+    Sorting makes a permutation of the assets give the same bits, which the exported graph and
+    every inference path keep; it also costs a few ms per batch (a third of a TD3 gradient
+    step on CPU). Gradient steps do not need the bits (slot order changes a sum by a rounding
+    error), so the trainers' ``train`` runs here.
+    """
+    token = _EXACT_SUMS.set(False)
+    try:
+        yield
+    finally:
+        _EXACT_SUMS.reset(token)
+
+
+def order_free_sum(x: th.Tensor, dim: int) -> th.Tensor:
+    """Sum over ``dim``, sorted first (same bits for any order) unless in ``slot_order_sums``."""
+    if _EXACT_SUMS.get():
+        x = th.sort(x, dim=dim).values
+    return x.sum(dim=dim)
+
+
 def live_assets(mask: th.Tensor) -> th.Tensor:
     """Which asset slots (1..N, cash excluded) are live: bool (B, N)."""
     return mask[:, 1:] > LIVE_THRESHOLD
@@ -112,13 +140,13 @@ def masked_mean_max(h: th.Tensor, live: th.Tensor) -> th.Tensor:
     """``[mean, max]`` of ``h`` (B, N, H) over live rows, (B, 2H); zeros when none is live.
 
     ``where`` rather than multiplying by the mask: ``0 * NaN`` would let a masked row through.
-    The sum runs over the values sorted along the asset axis: float addition is not
-    associative, and summing in slot order would make the context (and every action) depend on
-    the assets' order by a few ulps; sorted, a permutation gives the same bits.
+    The sum runs over the values sorted along the asset axis (``order_free_sum``): float
+    addition is not associative, and summing in slot order would make the context (and every
+    action) depend on the assets' order by a few ulps; sorted, a permutation gives the same bits.
     """
     m = live.unsqueeze(-1)
     count = m.sum(dim=1).clamp(min=1).to(h.dtype)
-    mean = th.sort(th.where(m, h, th.zeros_like(h)), dim=1).values.sum(dim=1) / count
+    mean = order_free_sum(th.where(m, h, th.zeros_like(h)), dim=1) / count
     top = h.masked_fill(~m, float("-inf")).amax(dim=1)
     top = th.where(live.any(dim=1, keepdim=True), top, th.zeros_like(top))
     return th.cat([mean, top], dim=-1)
@@ -129,7 +157,7 @@ def centered(scores: th.Tensor, live: th.Tensor) -> th.Tensor:
     ``masked_mean_max``, so a permutation gives the same bits); masked entries are left as
     they are (the caller zeroes them)."""
     count = live.sum(dim=1, keepdim=True).clamp(min=1).to(scores.dtype)
-    total = th.sort(th.where(live, scores, th.zeros_like(scores)), dim=1).values.sum(dim=1)
+    total = order_free_sum(th.where(live, scores, th.zeros_like(scores)), dim=1)
     return scores - total.unsqueeze(1) / count
 
 

@@ -24,6 +24,7 @@ from allocator.trainer.agents.regularizer import (
     SmoothnessSettings,
     actions_and_change,
 )
+from allocator.trainer.agents.shared_networks import slot_order_sums
 
 
 def critic_loss(
@@ -109,13 +110,14 @@ class SmoothTD3(SmoothOffPolicy, TD3):
         self._update_learning_rate([self.actor.optimizer, self.critic.optimizer])
         # Figures stay tensors until the end so a GPU is not synced on every step.
         logs: dict[str, list[th.Tensor]] = {k: [] for k in TRAIN_FIGURES}
-        for _ in range(gradient_steps):
-            self._n_updates += 1
-            batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)  # type: ignore[union-attr]
-            self._critic_step(batch, self._td3_target(batch), logs)
-            if self._n_updates % self.policy_delay == 0:
-                self._actor_step(batch, logs)
-                self._update_targets()
+        with slot_order_sums():
+            for _ in range(gradient_steps):
+                self._n_updates += 1
+                batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)  # type: ignore[union-attr]
+                self._critic_step(batch, self._td3_target(batch), logs)
+                if self._n_updates % self.policy_delay == 0:
+                    self._actor_step(batch, logs)
+                    self._update_targets()
         self._record(logs)
 
     def _td3_target(self, batch: ReplayBufferSamples) -> th.Tensor:
