@@ -238,6 +238,33 @@ def test_config_reads_a_trainer_path_and_overrides_reach_into_it(tmp_path: Path)
     assert (direct.trainer.name, direct.holdout_cost_bps) == ("nightly", 5.0)
 
 
+def test_trainer_changes_merge_into_the_trainer_file_before_set(tmp_path: Path) -> None:
+    trainer = "name: nightly\ntotal_timesteps: 1000\nenv: {cost_bps: 5, window: 30}\n"
+    (tmp_path / "trainer.yaml").write_text(trainer)
+    (tmp_path / "retrain.yaml").write_text(
+        f"trainer: {tmp_path / 'trainer.yaml'}\nregistry: {tmp_path / 'models'}\n"
+        "trainer_changes: {total_timesteps: 2000, env: {window: 20}}\n"
+    )
+    config = load_retrain_config(tmp_path / "retrain.yaml")
+    assert (config.trainer.total_timesteps, config.trainer.name) == (2000, "nightly")
+    # merged key by key: env.cost_bps survives the change to env.window
+    assert (config.trainer.env.window, config.trainer.env.cost_bps) == (20, 5)
+    later = load_retrain_config(tmp_path / "retrain.yaml", ["trainer.total_timesteps=50"])
+    assert later.trainer.total_timesteps == 50
+    (tmp_path / "bad.yaml").write_text(
+        f"trainer: {tmp_path / 'trainer.yaml'}\nregistry: {tmp_path / 'models'}\n"
+        "trainer_changes: [total_timesteps=2000]\n"
+    )
+    with pytest.raises(ConfigError, match=r"bad.yaml: trainer_changes must be a mapping"):
+        load_retrain_config(tmp_path / "bad.yaml")
+    (tmp_path / "typo.yaml").write_text(
+        f"trainer: {tmp_path / 'trainer.yaml'}\nregistry: {tmp_path / 'models'}\n"
+        "trainer_changes: {env: {windw: 20}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"trainer.env.windw"):
+        load_retrain_config(tmp_path / "typo.yaml")
+
+
 def test_config_errors_name_the_file_and_the_dotted_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"retrain_tiny.yaml: invalid configuration") as info:
         load_retrain_config(

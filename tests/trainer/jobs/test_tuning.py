@@ -16,6 +16,8 @@ from allocator.cli import main
 from allocator.trainer.jobs.tuning.config import TuneConfig, load_tune_config
 from allocator.trainer.jobs.tuning.runner import TuneResult, run_tuning
 from allocator.trainer.jobs.tuning.space import tuned_config
+from allocator.trainer.jobs.walk_forward.config import load_walk_forward_config
+from allocator.trainer.jobs.walk_forward.window import plan
 from allocator.trainer.training.config import load_config
 from allocator.typed_config import ConfigError
 from tests.markets import write_sp500_slice
@@ -246,6 +248,26 @@ def test_the_shipped_tuning_config_checks_against_its_trainer() -> None:
     assert {p.key for p in space.params} == set(config.space)
     shared = next(p for p in space.params if p.key == "shared.hidden")
     assert shared.spec.choices == [32, 64, 128]
+
+
+def test_the_walk_forward_tuning_config_sees_nothing_after_the_first_training_span(
+    tmp_path: Path,
+) -> None:
+    """Its trainer is the shared demo with the walk-forward's changes, cut before 2010."""
+    config = load_tune_config(CONFIGS / "tune_walk_forward.yaml")
+    walk_forward = load_walk_forward_config(
+        CONFIGS / "walk_forward.yaml", [f"registry={tmp_path / 'models'}"]
+    )
+    first_test = plan(walk_forward, tmp_path / "out", "L")[0].window.test_start
+    trainer = config.trainer
+    assert trainer.data.train_end < first_test
+    assert (trainer.selection.enabled, trainer.env.action.anchor.kind) == (
+        True,
+        "inverse_volatility",
+    )
+    assert trainer.policy == load_config(CONFIGS / "td3_shared_demo.yaml").policy
+    anchor = next(p for p in config.search_space().params if p.key == "env.action.anchor.kind")
+    assert "equal" in anchor.spec.choices
 
 
 @pytest.mark.slow

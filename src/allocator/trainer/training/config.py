@@ -200,8 +200,10 @@ def load_job_tree(
 
     ``trainer`` is a trainer YAML path or an inline mapping. ``--set trainer=other.yaml``
     swaps the file first; a path is then inlined (read from the working directory, else next
-    to the job config) so ``--set trainer.total_timesteps=1000`` works either way. Returns the
-    tree and the trainer file it inlined, if any.
+    to the job config) so ``--set trainer.total_timesteps=1000`` works either way. A
+    ``trainer_changes`` mapping is merged into the trainer next, key by key, so a job file can
+    say "that trainer, with these differences" instead of copying it; ``--set`` comes last.
+    Returns the tree and the trainer file it inlined, if any.
     """
     tree, source = load_tree(path, None, what)
     overrides = list(overrides or [])
@@ -215,8 +217,23 @@ def load_job_tree(
         if found is None:
             raise ConfigError(f"{source}: trainer config {trainer!r} not found")
         tree["trainer"] = read_yaml(found, "trainer config")
+    changes = tree.pop("trainer_changes", None)
+    if changes is not None:
+        if not isinstance(changes, dict):
+            raise ConfigError(f"{source}: trainer_changes must be a mapping of trainer keys")
+        tree["trainer"] = merged(tree.get("trainer") or {}, changes)
     tree = apply_overrides(tree, [o for o in overrides if o not in swaps], source)
     return tree, None if found is None else str(found)
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` merged in: mappings key by key, any other value replaced."""
+    out = dict(base)
+    for key, value in changes.items():
+        old = out.get(key)
+        both = isinstance(old, dict) and isinstance(value, dict)
+        out[key] = merged(old, value) if both else value
+    return out
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
