@@ -193,6 +193,12 @@ class TrainConfig(StrictModel):
         return data
 
 
+TRAINER_HELP = (
+    "trainer config: a YAML path or inline settings; a job file's trainer_changes (a mapping) "
+    "is merged into it, key by key, before --set"
+)
+
+
 def load_job_tree(
     path: str | Path | None, overrides: Sequence[str] | None, what: str
 ) -> tuple[dict[str, Any], str | None]:

@@ -14,7 +14,13 @@ from pydantic import Field, field_validator
 
 from allocator.registry.naming import NAME_PATTERN
 from allocator.trainer.jobs.retrain.gates import GateSettings
-from allocator.trainer.training.config import UNION_TAGS, TrainConfig, load_config, load_job_tree
+from allocator.trainer.training.config import (
+    TRAINER_HELP,
+    UNION_TAGS,
+    TrainConfig,
+    load_config,
+    load_job_tree,
+)
 from allocator.typed_config import StrictModel, validate
 
 
@@ -25,7 +31,7 @@ class RetrainError(RuntimeError):
 class RetrainConfig(StrictModel):
     """One retraining job: what to train, on which spans, where it goes, how it is judged."""
 
-    trainer: TrainConfig = Field(description="trainer config: a YAML path or inline settings")
+    trainer: TrainConfig = Field(description=TRAINER_HELP)
     registry: Path = Field(description="model registry the server follows")
     model_name: str = Field("allocator", pattern=NAME_PATTERN, description="registry name")
     train_days: int = Field(1260, ge=2, description="trading days trained on")

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from allocator.trainer.jobs.tuning.space import ParamSpec, SearchSpace, check_space
-from allocator.trainer.training.config import UNION_TAGS, TrainConfig, load_job_tree
+from allocator.trainer.training.config import TRAINER_HELP, UNION_TAGS, TrainConfig, load_job_tree
 from allocator.typed_config import StrictModel, validate
 
 TAGS = UNION_TAGS | {"median", "halving", "threshold"}
@@ -82,7 +82,7 @@ class TuneConfig(StrictModel):
     """
 
     name: str = Field("tune", pattern=r"^[A-Za-z0-9_.-]+$", description="study name")
-    trainer: TrainConfig = TrainConfig()
+    trainer: TrainConfig = Field(TrainConfig(), description=TRAINER_HELP)
     trainer_source: str | None = Field(None, description="file the trainer config came from")
     space: dict[str, ParamSpec] = Field(
         min_length=1, description="dotted trainer key -> range {low, high, log, step} or choices"

@@ -17,7 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from allocator.trainer.jobs.evaluation import DEFAULT_BASELINES, BaselineFit
 from allocator.trainer.market.windows import WindowSpec
 from allocator.trainer.sim.baselines import BaselineName
-from allocator.trainer.training.config import UNION_TAGS, TrainConfig, load_job_tree
+from allocator.trainer.training.config import TRAINER_HELP, UNION_TAGS, TrainConfig, load_job_tree
 from allocator.typed_config import StrictModel, validate
 
 EQUAL_WEIGHT = BaselineName.EQUAL_WEIGHT.value
@@ -95,7 +95,7 @@ class WalkForwardConfig(StrictModel):
 
     name: str = Field("walk_forward", pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int | None = Field(None, description="window k trains with seed + k (None: trainer's)")
-    trainer: TrainConfig = TrainConfig()
+    trainer: TrainConfig = Field(TrainConfig(), description=TRAINER_HELP)
     trainer_source: str | None = Field(None, description="file the trainer config came from")
     windows: WindowSpec
     cost_bps: float = Field(10.0, ge=0, lt=5_000, description="costs of every test backtest")
