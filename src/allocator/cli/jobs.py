@@ -16,12 +16,14 @@ from pathlib import Path
 import click
 
 from allocator.cli.options import (
+    Stopped,
     config_option,
     config_options,
     fail,
     json_option,
     overrides_option,
     shown_url,
+    sigterm_stops,
 )
 
 
@@ -353,7 +355,8 @@ def tune(
     """Search trainer settings with Optuna, scoring each trial on the inner span only.
 
     No trial reads a price after the trainer's data.train_end. Exit 0 when a trial completed
-    (best.yaml written), 2 on a bad config or data, 1 when no trial completed.
+    (best.yaml written), 2 on a bad config or data, 1 when no trial completed; SIGTERM (143)
+    or Ctrl-C (130) stop it with the finished trials summarized.
     """
     # heavy (optuna, torch): imported when the command runs, keeps --help instant
     import optuna
@@ -371,9 +374,17 @@ def tune(
         fail(str(exc))
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says it shorter
     try:
-        result = run_tuning(config, out_dir=out, progress=progress)
+        with sigterm_stops():
+            result = run_tuning(config, out_dir=out, progress=progress)
     except (ConfigError, DataError) as exc:
         fail(str(exc))
+    except KeyboardInterrupt as exc:  # the study's files were written on the way out
+        click.echo(
+            "error: tuning stopped; trials.csv, tune.json and (when a trial completed) best.yaml"
+            " cover the trials that finished, the running ones are marked FAIL",
+            err=True,
+        )
+        sys.exit(exc.exit_code if isinstance(exc, Stopped) else 130)
     except (TuneError, OSError) as exc:
         click.echo(f"error: tuning failed: {exc}", err=True)
         sys.exit(1)

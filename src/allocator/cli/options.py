@@ -6,8 +6,11 @@ command that takes it.
 
 from __future__ import annotations
 
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import NoReturn, TypeVar
 
 import click
@@ -19,6 +22,32 @@ def fail(message: str) -> NoReturn:
     """Print a clear error and exit with status 2 (bad input), without a traceback."""
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM arrived: unwinds like Ctrl-C, so a job's cleanup runs for either."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+@contextmanager
+def sigterm_stops() -> Iterator[None]:
+    """Inside, SIGTERM raises ``Stopped`` in the main thread, as SIGINT raises
+    KeyboardInterrupt: the default action would end the process before any ``finally`` ran.
+
+    ``kill``, a scheduler's timeout and a Kubernetes eviction send SIGTERM, and a job started
+    with ``nohup ... &`` ignores SIGINT altogether, so without this a batch job stopped that way
+    leaves no summary of the work it finished.
+    """
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Stopped(f"stopped by signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def config_option(help_text: str, *, required: bool) -> Callable[[F], F]:

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -283,3 +287,36 @@ def test_trials_fan_out_on_ray_with_the_local_values(study: TuneResult, tmp_path
         {k: r[k] for k in keys} for r in local_rows
     ]
     assert (result.out_dir / "best.yaml").is_file()
+
+
+def test_sigterm_stops_a_study_and_keeps_the_finished_trials(prices: Path, tmp_path: Path) -> None:
+    """``kill`` (or an eviction) mid-study: the finished trial is summarized and best, the
+    running one is failed, nothing is left RUNNING in the journal, and the exit is 143."""
+    path = tune_file(tmp_path, prices, n_trials=50)
+    out = tmp_path / "out"
+    trainer = [a for o in TRAINER for a in ("--set", f"trainer.{o}")]
+    command = [sys.executable, "-m", "allocator.cli", "tune", "--config", str(path)]
+    proc = subprocess.Popen(
+        [*command, "--out", str(out), "--no-progress", *trainer],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while not (out / "trials" / "trial-0001").exists():  # trial 0 told, trial 1 training
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "trial 1 never started"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, output
+    assert "tuning stopped" in output
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert rows[0]["state"] == "COMPLETE"
+    assert {r["state"] for r in rows[1:]} == {"FAIL"}
+    assert "Stopped" in rows[-1]["error"]
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    assert best["algorithm"]["batch_size"] == int(rows[0]["params.algorithm.batch_size"])
+    summary = json.loads((out / "tune.json").read_text())
+    assert summary["best"]["number"] == 0
+    assert "RUNNING" not in summary["states"]
