@@ -107,7 +107,7 @@ def slot_order_sums() -> Iterator[None]:
     """Pooled sums in slot order inside this block, instead of sorted first.
 
     Sorting makes a permutation of the assets give the same bits, which the exported graph and
-    every inference path keep; it also costs a few ms per batch (a third of a TD3 gradient
+    every inference path keep; it also costs a few ms per batch (about a quarter of a TD3 gradient
     step on CPU). Gradient steps do not need the bits (slot order changes a sum by a rounding
     error), so the trainers' ``train`` runs here.
     """
