@@ -2,7 +2,8 @@
 
 One module per metric set: ``serving`` (the allocation server), ``recorder`` (the decision
 recorder), ``jobs`` (walk-forward and retraining runs), with their buckets in ``buckets``, the
-info-metric collector in ``info`` and the Pushgateway client in ``pushgateway``.
+info-metric collector in ``info``, the Pushgateway client in ``pushgateway`` and the
+supervisor's reader of its workers' files in ``multiprocess``.
 
 Names follow ``allocator_<subsystem>_<name>_<unit>`` with base units (``_seconds``, ``_bytes``)
 and counters ending in ``_total``. Nothing here is a module-level global: each class creates its

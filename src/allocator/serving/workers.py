@@ -16,7 +16,7 @@ the smoothing state must live in Redis (``ServerConfig`` refuses ``--workers`` >
 Metrics use prometheus-client's multiprocess mode: the workers write their values to files in
 a directory of the supervisor's (``PROMETHEUS_MULTIPROC_DIR``, set before they import
 prometheus_client), and the supervisor alone serves ``--metrics-port``, summing counters and
-histograms over workers (``MultiProcessCollector``). A worker that dies is marked dead there
+histograms over workers (``metrics.multiprocess``). A worker that dies is marked dead there
 (its live gauges go) and started again; ``allocator_serving_worker_restarts_total`` counts it.
 SIGTERM or SIGINT to the supervisor is forwarded to every worker, each drains as a single
 server does (health NOT_SERVING, in-flight calls finish, recorder flushed) and the supervisor
@@ -151,7 +151,8 @@ class Supervisor:
 
     def __init__(self, config: ServerConfig) -> None:
         from prometheus_client import CollectorRegistry, Counter
-        from prometheus_client.multiprocess import MultiProcessCollector
+
+        from allocator.metrics.multiprocess import WorkerFilesCollector
 
         self.config = config
         self.port, self._reserved = reserve_port(config.host, config.port)
@@ -159,7 +160,7 @@ class Supervisor:
         self._metrics_dir = tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-")
         self._env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
         self.metrics_registry = CollectorRegistry()
-        MultiProcessCollector(self.metrics_registry, path=self._metrics_dir)
+        WorkerFilesCollector(self.metrics_registry, path=self._metrics_dir)
         self.restarts = Counter(
             "allocator_serving_worker_restarts_total",
             "Worker processes of this server started again after they died unexpectedly.",
