@@ -18,6 +18,7 @@ from allocator.trainer.market.data import load_dataset
 from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run import TrainingRun, train
 from allocator.trainer.training.run_dir import FEATURE_NORMALIZATION_FILE
+from allocator.trainer.training.selection import split_training_span
 from allocator.typed_config import ConfigError
 from tests.trainer.tiny import TINY_TRAINING
 
@@ -32,10 +33,14 @@ def shared_run(tmp_path_factory: pytest.TempPathFactory) -> TrainingRun:
 
 
 def test_the_shared_demo_config_says_what_it_changes() -> None:
+    """The default recipe: td3_demo.yaml's TD3 with the representation, an inverse-volatility
+    anchor and inner-span selection, and nothing else changed."""
     cfg = load_config(ROOT / "configs" / "td3_shared_demo.yaml")
     assert cfg.policy == "shared"
     assert cfg.env.features == "asset_v1"
     assert cfg.env.action.mapping == "tilt"
+    assert cfg.env.action.anchor.kind == "inverse_volatility"
+    assert cfg.selection.enabled
     demo = load_config(ROOT / "configs" / "td3_demo.yaml")
     assert cfg.algorithm == demo.algorithm
     assert cfg.noise == demo.noise
@@ -72,9 +77,16 @@ def test_shared_td3_run_builds_the_shared_networks(shared_run: TrainingRun) -> N
 def test_feature_normalization_is_fitted_on_the_training_span_and_saved(
     shared_run: TrainingRun,
 ) -> None:
+    """The part the model learns from: with selection on (the shipped recipe), the training
+    span up to the purge before its inner span, which the statistics must not see either."""
     cfg = shared_run.config
+    assert cfg.selection.enabled
     train_data = load_dataset("sp500").between(cfg.data.train_start, cfg.data.train_end)
-    expected = fit_feature_normalization(train_data.prices, cfg.env.asset_feature_spec)
+    fit_end = split_training_span(train_data, cfg.selection, cfg.env).fit_end
+    assert fit_end < train_data.dates[-1].date()
+    fit = train_data.between(None, fit_end)
+    expected = fit_feature_normalization(fit.prices, cfg.env.asset_feature_spec)
+    assert expected != fit_feature_normalization(train_data.prices, cfg.env.asset_feature_spec)
     assert shared_run.feature_norm == expected
     saved = json.loads((shared_run.run_dir / FEATURE_NORMALIZATION_FILE).read_text())
     assert FeatureNormalization.from_dict(saved) == expected
