@@ -4,7 +4,8 @@ Each reads a job YAML (``--config``, adjusted by ``--set``) and exit 0 when the 
 result, 2 on a bad config or data, 1 when it could not finish. ``allocator walk-forward
 --resume RUN_DIR`` finishes a walk-forward run that was killed, ``allocator walk-forward status
 RUN_DIR`` shows how far one is, and ``allocator walk-forward stats RUN_DIR`` computes the
-intervals and tests of a finished one. The jobs (torch, sqlalchemy, onnxruntime, arch) are
+intervals and tests of a finished one. SIGTERM stops a walk-forward or a study as Ctrl-C does
+(exit 143): what finished is kept and said. The jobs (torch, sqlalchemy, onnxruntime, arch) are
 imported inside the commands, so ``allocator --help`` stays instant.
 """
 
@@ -177,23 +178,28 @@ def run_walk_forward_command(
         run_dir = run_directory(config, out, label)
     else:
         run_dir = Path(resume_dir)
+    resume_hint = (
+        f"finished windows are kept: `allocator walk-forward --resume {run_dir}` continues the run"
+    )
     try:
-        if resume_dir is None:
-            assert config is not None
-            result = run_walk_forward(config, out_dir=run_dir, label=label, progress=progress)
-        else:
-            rest = overrides if config is None else ()
-            result = resume_walk_forward(run_dir, config, rest, progress=progress)
+        with sigterm_stops():
+            if resume_dir is None:
+                assert config is not None
+                result = run_walk_forward(config, out_dir=run_dir, label=label, progress=progress)
+            else:
+                rest = overrides if config is None else ()
+                result = resume_walk_forward(run_dir, config, rest, progress=progress)
     except (ConfigError, DataError, WindowError, ResumeError) as exc:
         fail(str(exc))
+    except KeyboardInterrupt as exc:  # the running windows' processes were ended on the way out
+        click.echo(f"error: walk-forward stopped ({exc or 'interrupted'})", err=True)
+        if (run_dir / STATE_FILE).is_file():
+            click.echo(resume_hint, err=True)
+        sys.exit(exc.exit_code if isinstance(exc, Stopped) else 130)
     except (WalkForwardError, ExportError, ModelLoadError, ManifestError, OSError) as exc:
         click.echo(f"error: walk-forward failed: {exc}", err=True)
         if (run_dir / STATE_FILE).is_file():
-            click.echo(
-                f"finished windows are kept: `allocator walk-forward --resume {run_dir}` "
-                "continues the run",
-                err=True,
-            )
+            click.echo(resume_hint, err=True)
         sys.exit(1)
     config = result.config
     click.echo(f"{len(result.windows)} windows in {result.seconds:.1f} s ({config.executor})")

@@ -269,6 +269,51 @@ def test_a_killed_run_resumes_from_its_finished_windows(
     assert as_json(again["summary"])["resumed"][0]["previous"] is None
 
 
+def test_a_run_stopped_by_sigterm_ends_its_worker_and_resumes(
+    tmp_path: Path, clean: WalkForwardResult
+) -> None:
+    """SIGTERM (a scheduler's stop; ``nohup`` jobs ignore Ctrl-C) while window 2 trains in a
+    worker process: the command exits 143 naming ``--resume``, ends the worker, closes the run's
+    row, status says the run was stopped, and --resume ends with the clean run's figures."""
+    url = migrated_sqlite(tmp_path)
+    out, registry = tmp_path / "run", tmp_path / "models"
+    command = [sys.executable, "-m", "allocator.cli", "walk-forward", "--config", str(TINY),
+               "--set", f"registry={registry}", "--set", f"database_url={url}",
+               "--set", "progress_every=20", "--set", "executor=processes",
+               "--set", "workers=1", "--out", str(out), "--no-progress"]  # fmt: skip
+    with (tmp_path / "stderr.txt").open("wb") as stderr:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            at = wait_for_training(out / "runs" / "w01", proc, limit=240)  # the parent stopped
+            os.kill(proc.pid, signal.SIGTERM)
+            os.kill(proc.pid, signal.SIGCONT)
+            code = proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    err = (tmp_path / "stderr.txt").read_text()
+    assert code == 128 + signal.SIGTERM, err
+    assert "walk-forward stopped (stopped by signal SIGTERM)" in err
+    assert f"--resume {out}" in err
+    worker = int(at["pid"])
+    assert worker != proc.pid  # window 2 trained in a worker process, which is gone
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{worker}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{worker}").exists()
+    assert read_state(out).sessions[-1]["outcome"] == "stopped"
+    (run,) = rows(url, "SELECT * FROM walk_forward_runs")
+    assert run["finished"] is not None
+    assert "SIGTERM" in as_json(run["summary"])["error"]
+
+    status = CliRunner().invoke(main, ["walk-forward", "status", str(out)])
+    assert status.exit_code == 0, status.output
+    assert "the run was stopped" in status.output
+    assert f"--resume {out}" in status.output
+    assert_same_figures(resume(out, progress=False), clean)
+
+
 # --- refusals --------------------------------------------------------------------------------
 
 

@@ -226,7 +226,8 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
         done = {r.window.label for r in results}
         with contextlib.suppress(OSError):  # the run's own error is the one to report
             mark_failed([j for j in todo if j.window.label not in done], error)
-            session.ended("failed", error)
+            # Ctrl-C, or SIGTERM where the caller turned it into one (the CLI does)
+            session.ended("stopped" if isinstance(exc, KeyboardInterrupt) else "failed", error)
         pusher.failed(time.perf_counter() - session.started)
         raise
     results.sort(key=lambda r: r.window.index)

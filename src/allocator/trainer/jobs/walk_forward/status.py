@@ -104,6 +104,8 @@ def session_line(state: RunState, run_dir: str | Path, finished: bool) -> str | 
     resume = f"`allocator walk-forward --resume {run_dir}` continues it"
     if last.get("outcome") == "failed":
         return f"the run failed ({ago(last.get('ended'))}): {last.get('error', '?')}; {resume}"
+    if last.get("outcome") == "stopped":
+        return f"the run was stopped ({ago(last.get('ended'))}); {resume}"
     if finished or last.get("outcome") == "finished":
         return None
     return f"if no process runs it any more, {resume}"
