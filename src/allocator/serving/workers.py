@@ -152,6 +152,7 @@ class Supervisor:
     def __init__(self, config: ServerConfig) -> None:
         from prometheus_client import CollectorRegistry, Counter
 
+        # Only a supervisor reads the workers' files: imported with prometheus_client, here.
         from allocator.metrics.multiprocess import WorkerFilesCollector
 
         self.config = config
