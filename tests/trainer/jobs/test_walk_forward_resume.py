@@ -1,10 +1,10 @@
 """A walk-forward that survives its process: ``--resume`` keeps finished windows (no
-retraining), reruns the rest and ends with a clean run's figures; per-window progress files;
-``allocator walk-forward status``; configs that would compute something else are refused."""
+retraining), reruns the rest and ends with a clean run's figures, after a failure, a kill or
+SIGTERM; ``allocator walk-forward status``; configs that would compute something else are
+refused. The progress files' own tests are in ``test_walk_forward_progress``."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import signal
@@ -30,9 +30,6 @@ from allocator.trainer.jobs.walk_forward.config import (
 from allocator.trainer.jobs.walk_forward.persist import read_window_result, window_file
 from allocator.trainer.jobs.walk_forward.progress import (
     PROGRESS_FILE,
-    ProgressWatcher,
-    describe,
-    inner_score,
     read_progress,
     write_progress,
 )
@@ -42,7 +39,7 @@ from allocator.trainer.jobs.walk_forward.resume import resume_walk_forward as re
 from allocator.trainer.jobs.walk_forward.returns import read_returns
 from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
 from allocator.trainer.jobs.walk_forward.state import STATE_FILE, read_state
-from allocator.trainer.training.run_dir import MODEL_FILE, SELECTION_FILE
+from allocator.trainer.training.run_dir import MODEL_FILE
 from tests.trainer.jobs.helpers import (
     TINY,
     as_json,
@@ -409,52 +406,6 @@ def test_a_window_file_reads_back_exactly(clean: WalkForwardResult) -> None:
     path.write_text(damaged)
     with pytest.raises(WalkForwardError, match="not a readable window result"):
         read_window_result(path)
-
-
-# --- progress ---------------------------------------------------------------------------------
-
-
-def test_progress_shows_steps_reward_and_the_inner_score(tmp_path: Path) -> None:
-    write_progress(tmp_path, "w03", "training", steps=1200, total=5000, reward=-0.0123)
-    progress = read_progress(tmp_path)
-    assert progress is not None
-    assert describe(progress) == "1,200/5,000 steps (24%), reward -0.0123"
-    (tmp_path / SELECTION_FILE).write_text(
-        json.dumps(
-            {
-                "metric": "sharpe",
-                "best_score": 1.5,
-                "evaluations": [{"step": 500, "score": 1.5}, {"step": 1000, "score": 0.25}],
-            }
-        )
-    )
-    score = inner_score(tmp_path)
-    assert score == {
-        "inner_metric": "sharpe",
-        "inner_score": 0.25,
-        "inner_step": 1000,
-        "best_inner_score": 1.5,
-    }
-    write_progress(tmp_path, "w03", "training", steps=1300, **score)
-    again = read_progress(tmp_path)
-    assert again is not None
-    assert again["started"] == progress["started"]
-    assert describe(again) == "1,300/5,000 steps (26%), reward -0.0123, inner sharpe +0.25"
-    (tmp_path / PROGRESS_FILE).write_text("{half a fi")
-    assert read_progress(tmp_path) is None
-
-
-def test_the_watcher_shows_only_this_sessions_running_windows(tmp_path: Path) -> None:
-    old, new = tmp_path / "w00", tmp_path / "w01"
-    write_progress(old, "w00", "training", steps=10, total=100)
-    stale = read_progress(old)
-    assert stale is not None
-    stale["updated"] = "2000-01-01T00:00:00+00:00"  # left by a killed session
-    (old / PROGRESS_FILE).write_text(json.dumps(stale))
-    write_progress(new, "w01", "training", steps=40, total=100)
-    since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
-    watcher = ProgressWatcher(lambda: [("w00", str(old)), ("w01", str(new))], print, since=since)
-    assert watcher.line() == "w01 40%"
 
 
 # --- retries of a killed worker (process pool and Ray) -----------------------------------
