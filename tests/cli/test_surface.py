@@ -144,6 +144,7 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("run_dir", ("run_dir",)),
         ("configurations_tried", ("--configurations-tried",)),
         ("trials_sharpe_variance", ("--trials-sharpe-variance",)),
+        ("baselines", ("--baseline",)),
         ("json_path", ("--json",)),
     ],
     "walk-forward status": [("run_dir", ("run_dir",))],

@@ -43,7 +43,7 @@ def demo(out: str, start: str, end: str, cost_bps: float, do_train: bool, config
     # heavy (pandas, matplotlib): imported when the command runs, keeps --help instant
     from allocator.trainer.market.data import load_sp500
     from allocator.trainer.sim.backtest import run_backtest
-    from allocator.trainer.sim.baselines import BaselineName
+    from allocator.trainer.sim.baselines import NEEDS_RECIPE, BaselineName
     from allocator.trainer.sim.performance import format_table
     from allocator.trainer.sim.plots import plot_allocations, plot_performance
 
@@ -53,7 +53,7 @@ def demo(out: str, start: str, end: str, cost_bps: float, do_train: bool, config
         f"{cost_bps:g} bps costs"
     )
     results = {}
-    for name in BaselineName:
+    for name in (b for b in BaselineName if b not in NEEDS_RECIPE):
         click.echo(f"  running {name.value} ...")
         results[name.value] = run_backtest(name.value, md, start, end, cost_bps=cost_bps)
     table = {name: r.metrics() for name, r in results.items()}
@@ -102,14 +102,20 @@ def _train_and_export(out_dir: Path, config_path: str) -> None:
     click.echo(f"validation {config.data.validation_start} .. {config.data.validation_end}:")
     click.echo(format_table(run.summary["validation"]))
     agent = run.validation[config.algorithm.name]
-    excess = json.loads((run.run_dir / "validation.json").read_text())[
-        "excess_sharpe_vs_equal_weight"
-    ]
+    validation = json.loads((run.run_dir / "validation.json").read_text())
+    excess = validation["excess_sharpe_vs_equal_weight"]
     click.echo(
         f"excess Sharpe over equal weight: {excess['estimate']:+.2f} "
         f"[{excess['low']:+.2f}, {excess['high']:+.2f}] ({excess['level']:.0%} stationary "
         f"bootstrap over {excess['days']} days; an interval that holds 0 is no evidence either way)"
     )
+    over_anchor = validation.get("excess_sharpe_vs_anchor")
+    if over_anchor:
+        click.echo(
+            f"excess Sharpe over its anchor (the portfolio a zero tilt holds): "
+            f"{over_anchor['estimate']:+.2f} [{over_anchor['low']:+.2f}, "
+            f"{over_anchor['high']:+.2f}]: what the learned tilt adds"
+        )
     click.echo("")
     click.echo(format_allocation(agent.allocation_summary()))
     saturation = json.loads((run.run_dir / "action_saturation.json").read_text())

@@ -252,26 +252,35 @@ def walk_forward_status(run_dir: str) -> None:
     help="annualized variance of those configurations' Sharpe ratios (default: the run's, "
     "else a zero-Sharpe span's sampling variance)",
 )
+@click.option(
+    "--baseline",
+    "baselines",
+    multiple=True,
+    help="also judge the run against this baseline, backtested now on each window's test "
+    "span (repeatable; e.g. anchor: a tilt recipe's zero action)",
+)
 @json_option
 def walk_forward_stats(
     run_dir: str,
     configurations_tried: int | None,
     trials_sharpe_variance: float | None,
+    baselines: tuple[str, ...],
     json_path: str | None,
 ) -> None:
     """Intervals and tests of a finished walk-forward run in RUN_DIR.
 
     Reads RUN_DIR/returns.csv; a run made before that file existed is replayed instead (each
     window's exported model through the serving path, and the baselines, on its test span).
-    Nothing is written into RUN_DIR. Exit 2 when RUN_DIR is not a finished run, 1 when a
-    window cannot be replayed.
+    A --baseline the run did not record is backtested on the same assets and costs and joined
+    to them. Nothing is written into RUN_DIR. Exit 2 when RUN_DIR is not a finished run or a
+    baseline is unknown, 1 when a window cannot be replayed.
     """
     # heavy (pandas, arch, onnxruntime): imported when the command runs, keeps --help instant
     from allocator.artifacts.files import write_json
     from allocator.registry.errors import ModelLoadError
     from allocator.trainer.jobs.json_safe import json_safe
     from allocator.trainer.jobs.walk_forward.config import StatisticsSettings, WalkForwardError
-    from allocator.trainer.jobs.walk_forward.rebuild import load_returns
+    from allocator.trainer.jobs.walk_forward.rebuild import load_returns, with_baselines
     from allocator.trainer.jobs.walk_forward.report import format_statistics
     from allocator.trainer.jobs.walk_forward.returns import read_summary
     from allocator.trainer.jobs.walk_forward.significance import run_statistics
@@ -290,7 +299,10 @@ def walk_forward_stats(
     tried = configurations_tried or int(summary.get("configurations_tried", 1))
     try:
         frame, source = load_returns(run_dir)
-    except (ConfigError, DataError) as exc:
+        if baselines:
+            frame = with_baselines(run_dir, frame, baselines)
+            source += f", with {', '.join(baselines)} backtested now"
+    except (ConfigError, DataError, ValueError) as exc:
         fail(str(exc))
     except (WalkForwardError, ModelLoadError, OSError) as exc:
         click.echo(f"error: cannot rebuild the daily returns of {run_dir}: {exc}", err=True)

@@ -74,6 +74,7 @@ def test_the_shipped_config_plans_the_issue_walk_forward(tmp_path: Path) -> None
     assert config.trainer.env.action.anchor.kind == "inverse_volatility"
     assert config.cost_bps == 10
     assert config.configurations_tried == 6
+    assert config.baselines == ["equal-weight", "buy-and-hold", "min-variance", "hrp", "anchor"]
     jobs = plan(config, tmp_path / "out", "L")
     assert [j.window.test_start.year for j in jobs] == list(range(2010, 2023))
     for k, job in enumerate(jobs):
@@ -88,8 +89,10 @@ def test_the_shipped_config_plans_the_issue_walk_forward(tmp_path: Path) -> None
         assert Path(job.run_dir).is_relative_to(tmp_path / "out")
     # The trainer swaps and its keys are overridable like any other key.
     sac = load_walk_forward_config(
-        FULL, ["trainer=sac_icm.yaml", "trainer.total_timesteps=500", "seed=7"]
-    )
+        FULL,
+        ["trainer=sac_icm.yaml", "trainer.total_timesteps=500", "seed=7",
+         "baselines=[equal-weight,buy-and-hold,min-variance,hrp]"],
+    )  # fmt: skip
     assert sac.trainer.algorithm.name == "sac"
     assert sac.trainer.icm.enabled
     assert sac.trainer.total_timesteps == 500
@@ -103,6 +106,7 @@ def test_the_shipped_config_plans_the_issue_walk_forward(tmp_path: Path) -> None
         ("trainer.algorithm.gamma=2", "trainer.algorithm.gamma"),
         ("baselines=[equal-weight,magic]", "unknown baseline"),
         ("baselines=[hrp]", "equal-weight is required"),
+        ("trainer=td3.yaml", r"drop it \(--set 'baselines=\[equal-weight,buy-and-hold,"),
         ("executor=spark", "executor"),
         ("trainer=nowhere.yaml", "trainer config 'nowhere.yaml' not found"),
         ("windows.freq=fortnightly", "not a pandas offset alias"),

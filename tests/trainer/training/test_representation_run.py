@@ -114,3 +114,21 @@ def test_shared_sac_with_curiosity_trains_on_asset_features(tmp_path: Path) -> N
     assert isinstance(run.model.policy, SharedSACPolicy)
     assert (run.run_dir / "icm.pt").is_file()
     assert np.isfinite(run.summary["validation"]["sac"]["sharpe"])
+
+
+def test_validation_judges_the_tilt_against_its_anchor(shared_run: TrainingRun) -> None:
+    """The anchor is backtested beside equal weight and HRP, on the agent's assets and days,
+    and validation.json says what the tilt adds to it, with an interval."""
+    agent, anchor = shared_run.validation["td3"], shared_run.validation["anchor"]
+    assert anchor.settings["assets"] == agent.settings["assets"]
+    assert list(anchor.returns.index) == list(agent.returns.index)
+    weights = anchor.raw_weights
+    assert weights["cash"].to_numpy() == pytest.approx(0.05)  # the recipe's cash_share
+    assert not np.allclose(weights.iloc[:, 1:].to_numpy(), weights.iloc[0, 1:].to_numpy())
+    payload = json.loads((shared_run.run_dir / "validation.json").read_text())
+    assert set(payload["metrics"]) == {"td3", "equal-weight", "hrp", "anchor"}
+    over = payload["excess_sharpe_vs_anchor"]
+    assert over["estimate"] == pytest.approx(
+        payload["metrics"]["td3"]["sharpe"] - payload["metrics"]["anchor"]["sharpe"], abs=1e-9
+    )
+    assert over["low"] <= over["estimate"] <= over["high"]

@@ -25,11 +25,12 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from allocator.portfolio import AnchorSpec
 from allocator.serving.loader import LoadedModel, load_model
 from allocator.serving.replay import replay
 from allocator.trainer.market.data import DataError, DateLike, MarketData
 from allocator.trainer.sim.backtest import BacktestResult, default_assets, run_backtest
-from allocator.trainer.sim.baselines import DecisionContext, make_baseline
+from allocator.trainer.sim.baselines import BaselineName, DecisionContext, make_baseline
 
 DEFAULT_BASELINES: tuple[str, ...] = ("equal-weight", "buy-and-hold", "min-variance", "hrp")
 FITTED_BASELINES: frozenset[str] = frozenset({"min-variance", "hrp"})
@@ -256,6 +257,7 @@ def evaluate_baselines(
     window: int = 30,
     rebalance_every: int = 21,
     lookback: int = 252,
+    anchor: AnchorSpec | None = None,
 ) -> dict[str, BacktestResult]:
     """Backtest baselines over ``[start, end]`` with the same costs and assets as the model.
 
@@ -264,6 +266,7 @@ def evaluate_baselines(
     ``rebalance_every`` days; with ``fit="trailing"``, refitted every ``rebalance_every`` days on
     the ``lookback`` days before the decision. Neither ever uses a price after its decision.
     ``window`` only sets how many closes must precede ``start`` (use the model's window).
+    ``anchor`` is the tilt recipe's anchor, which the ``anchor`` baseline holds (daily).
     """
     names_ = list(assets) if assets is not None else evaluation_assets(data, start, end, window)
     if fit == "train" and any(n in FITTED_BASELINES for n in names):
@@ -282,6 +285,8 @@ def evaluate_baselines(
             policy = ConstantMix(name, weights, rebalance_every=rebalance_every)
         elif name in FITTED_BASELINES:
             policy = make_baseline(name, lookback=lookback, rebalance_every=rebalance_every)
+        elif name == BaselineName.ANCHOR:
+            policy = make_baseline(name, spec=anchor)
         else:
             policy = make_baseline(name)
         result = run_backtest(

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from allocator.portfolio import action_to_weights
+from allocator.portfolio import AnchorSpec, action_to_weights, anchor_weights
 
 
 @dataclass(frozen=True)
@@ -199,6 +199,35 @@ class TopKMomentum:
         return ctx.slot_weights(w)
 
 
+class Anchor:
+    """The portfolio a tilt policy holds at a zero action, recomputed and traded to every day.
+
+    A tilt policy starts from its anchor, so "it beats equal weight" may be the anchor's merit,
+    not the learning's: beside such a policy this baseline asks whether the tilt adds anything.
+    Its weights come from the very function the environment and the server use
+    (``portfolio.anchor_weights``) on the trailing closes, so only the tilt differs.
+    """
+
+    name = "anchor"
+
+    def __init__(self, spec: AnchorSpec | None = None) -> None:
+        if spec is None:
+            raise ValueError(
+                "the anchor baseline holds a tilt recipe's anchor: give its AnchorSpec "
+                "(a walk-forward takes the trainer's env.action.anchor)"
+            )
+        self.spec = spec
+
+    def __repr__(self) -> str:
+        return f"Anchor({self.spec.to_dict()})"
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        window = ctx.prices[-self.spec.prices_per_asset :].T  # (assets, closes)
+        live = np.ones(len(ctx.assets) + 1, dtype=bool)
+        w = anchor_weights(window, live, self.spec)
+        return ctx.slot_weights(w[1:], cash=float(w[0]))
+
+
 class BaselineName(StrEnum):
     EQUAL_WEIGHT = "equal-weight"
     BUY_AND_HOLD = "buy-and-hold"
@@ -206,6 +235,11 @@ class BaselineName(StrEnum):
     MIN_VARIANCE = "min-variance"
     HRP = "hrp"
     MOMENTUM = "momentum"
+    ANCHOR = "anchor"
+
+
+NEEDS_RECIPE: frozenset[BaselineName] = frozenset({BaselineName.ANCHOR})
+"""Baselines defined by a trained recipe (its anchor): they cannot run from a name alone."""
 
 
 def make_baseline(name: str | BaselineName, **kwargs: Any) -> Policy:
@@ -222,5 +256,6 @@ def make_baseline(name: str | BaselineName, **kwargs: Any) -> Policy:
         BaselineName.MIN_VARIANCE: MinVariance,
         BaselineName.HRP: HRP,
         BaselineName.MOMENTUM: TopKMomentum,
+        BaselineName.ANCHOR: Anchor,
     }
     return classes[key](**kwargs)

@@ -15,9 +15,11 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from allocator.portfolio import FeatureNormalization, NormalizationStats
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import BacktestResult, default_assets, run_backtest
-from allocator.trainer.sim.baselines import ActionPolicy
+from allocator.trainer.sim.baselines import ActionPolicy, Anchor, BaselineName
 from allocator.trainer.statistics.sharpe import ExcessSharpe, excess_sharpe_interval
 from allocator.trainer.training.config import TrainConfig
+
+ANCHOR = BaselineName.ANCHOR.value
 
 
 def backtest_model(
@@ -69,10 +71,12 @@ def validate_policy(
     stats: NormalizationStats,
     feature_norm: FeatureNormalization | None = None,
 ) -> tuple[dict[str, BacktestResult], np.ndarray]:
-    """Backtest the deterministic policy, equal weight and HRP on the validation period.
+    """Backtest the deterministic policy, equal weight and HRP on the validation period, and a
+    tilt policy's anchor (``anchor``).
 
     Equal weight is the bar a policy must clear net of costs; HRP (skfolio, refitted every 21
-    days on trailing prices) is the strongest simple baseline in the walk-forward runs.
+    days on trailing prices) is the strongest simple baseline in the walk-forward runs; the
+    anchor is what a tilt policy holds at a zero action, so beating it is what the learning adds.
     """
     d = config.data
     span = (d.validation_start, d.validation_end)
@@ -87,18 +91,29 @@ def validate_policy(
     }
     equal = run_backtest("equal-weight", window=config.env.window, **common)
     hrp = run_backtest("hrp", **common)
-    return {agent.name: agent, "equal-weight": equal, "hrp": hrp}, actions
+    out = {agent.name: agent, "equal-weight": equal, "hrp": hrp}
+    if config.env.action.mapping == "tilt":
+        anchor = Anchor(config.env.action.anchor.spec)
+        out[ANCHOR] = run_backtest(anchor, window=config.env.window, **common)
+    return out, actions
 
 
-def excess_over_equal_weight(
-    validation: dict[str, BacktestResult], agent_name: str, seed: int
+def excess_over(
+    validation: dict[str, BacktestResult], agent_name: str, benchmark: str, seed: int
 ) -> ExcessSharpe:
-    """The agent's excess Sharpe over equal weight on the validation days, with its interval.
+    """The agent's excess Sharpe over ``benchmark`` on the validation days, with its interval.
 
     One span of a few years puts a Sharpe within about half a unit of its truth, so the
     difference is reported with a stationary-bootstrap interval rather than as a bare number.
     """
     days = pd.concat(
-        [validation[agent_name].returns, validation["equal-weight"].returns], axis=1, join="inner"
+        [validation[agent_name].returns, validation[benchmark].returns], axis=1, join="inner"
     )
     return excess_sharpe_interval(days.iloc[:, 0], days.iloc[:, 1], seed=seed)
+
+
+def excess_over_equal_weight(
+    validation: dict[str, BacktestResult], agent_name: str, seed: int
+) -> ExcessSharpe:
+    """The agent's excess Sharpe over equal weight, the bar it must clear net of costs."""
+    return excess_over(validation, agent_name, "equal-weight", seed)

@@ -57,7 +57,12 @@ from allocator.trainer.training.config import (
     load_config,
 )
 from allocator.trainer.training.inputs import TrainingData, make_env, prepare_data
-from allocator.trainer.training.policy_eval import excess_over_equal_weight, validate_policy
+from allocator.trainer.training.policy_eval import (
+    ANCHOR,
+    excess_over,
+    excess_over_equal_weight,
+    validate_policy,
+)
 from allocator.trainer.training.run_dir import (
     BEST_ICM_FILE,
     BEST_MODEL_FILE,
@@ -425,6 +430,15 @@ def write_validation(
             "excess_sharpe_vs_equal_weight": excess_over_equal_weight(
                 validation, config.algorithm.name, config.seed
             ).to_dict(),
+            **(
+                {
+                    "excess_sharpe_vs_anchor": excess_over(
+                        validation, config.algorithm.name, ANCHOR, config.seed
+                    ).to_dict()
+                }
+                if ANCHOR in validation
+                else {}
+            ),
             "allocation": agent.allocation_summary(),
         },
     )

@@ -22,6 +22,8 @@ from allocator.typed_config import StrictModel, validate
 
 EQUAL_WEIGHT = BaselineName.EQUAL_WEIGHT.value
 """The reference baseline: excess Sharpe and the regime of a window are measured against it."""
+ANCHOR = BaselineName.ANCHOR.value
+"""A tilt recipe's own anchor: the excess Sharpe over it is what the learned tilt adds."""
 
 REGIMES = ("bull", "bear", "sideways")
 
@@ -149,6 +151,17 @@ class WalkForwardConfig(StrictModel):
         if EQUAL_WEIGHT not in names:
             raise ValueError("equal-weight is required: excess Sharpe and regimes use it")
         return list(dict.fromkeys(names))
+
+    @model_validator(mode="after")
+    def _anchor_needs_tilt(self) -> WalkForwardConfig:
+        if ANCHOR in self.baselines and self.trainer.env.action.mapping != "tilt":
+            rest = ",".join(b for b in self.baselines if b != ANCHOR)
+            raise ValueError(
+                "baseline 'anchor' holds the trainer's tilt anchor, but trainer.env.action."
+                f"mapping is {self.trainer.env.action.mapping!r}: drop it (--set "
+                f"'baselines=[{rest}]') or use mapping: tilt"
+            )
+        return self
 
 
 def load_walk_forward_config(

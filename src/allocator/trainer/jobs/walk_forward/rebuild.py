@@ -5,25 +5,41 @@ very function the window used (``window.evaluate_test_span``: the ONNX graph rep
 the serving path, the baselines on the same assets and costs), from what ``summary.json`` and
 the window's training run directory (its resolved ``config.yaml``) record. It only reads the
 run directory: the rebuilt frame is returned, never written there.
+
+``with_baselines`` answers a question asked after a run: how it fares against a baseline it
+did not run with (``allocator walk-forward stats --baseline anchor``). Each window's test span
+is backtested for that baseline alone, on the assets and costs the window's model was judged
+on, and joined to the recorded returns, which are left as they are.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from allocator.serving.loader import load_model
+from allocator.trainer.jobs.evaluation import evaluation_assets
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
 from allocator.trainer.jobs.walk_forward.results import policy_returns
 from allocator.trainer.jobs.walk_forward.returns import (
+    DATE,
     RETURNS_FILE,
     SUMMARY_FILE,
+    WINDOW,
     labelled,
     read_returns,
     read_summary,
 )
-from allocator.trainer.jobs.walk_forward.window import WindowJob, evaluate_test_span
+from allocator.trainer.jobs.walk_forward.window import (
+    WindowJob,
+    evaluate_test_span,
+    universe,
+    window_baselines,
+)
 from allocator.trainer.market.windows import Window
 from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run_dir import CONFIG_FILE
@@ -91,3 +107,42 @@ def rebuilt_job(run: Path, summary: dict[str, Any], entry: dict[str, Any]) -> Wi
         ),
         torch_threads=1,
     )
+
+
+def with_baselines(run_dir: str | Path, frame: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
+    """``frame`` (the run's daily returns) with a column for each of ``names`` it lacks,
+    backtested on every window's test span with the assets and costs its model was judged on.
+
+    The new columns must cover exactly the recorded days: a day missing on either side means
+    the span was not rebuilt as the run saw it, and that is an error, not a silent gap.
+    """
+    missing = [n for n in dict.fromkeys(names) if n not in frame.columns]
+    if not missing:
+        return frame
+    run = Path(run_dir)
+    summary = read_summary(run)
+    parts = []
+    for entry in summary["windows"]:
+        job = replace(rebuilt_job(run, summary, entry), baselines=tuple(missing))
+        registry_dir = Path(summary["registry"]) / summary["model_name"] / entry["version"]
+        model = load_model(located(entry.get("version_dir", ""), registry_dir), prefer_cuda=False)
+        data = universe(job.trainer)
+        w = job.window
+        assets = evaluation_assets(
+            data, w.test_start, w.test_end, job.trainer.env.window, model.max_assets
+        )
+        results = window_baselines(job, data, assets)
+        parts.append(labelled(pd.DataFrame({n: results[n].returns for n in missing}), w.label))
+    added = pd.concat(parts, ignore_index=True)
+    keys = [DATE, WINDOW]
+    check = frame[keys].merge(added[keys], how="outer", indicator=True, validate="one_to_one")
+    unmatched = check[check["_merge"] != "both"]
+    if len(unmatched):
+        first = unmatched.iloc[0]
+        side = "recorded only" if first["_merge"] == "left_only" else "rebuilt only"
+        raise WalkForwardError(
+            f"{run}: {', '.join(missing)} rebuilt on other days than the run recorded "
+            f"({len(unmatched)} day(s), first {first[DATE]:%Y-%m-%d} in {first[WINDOW]}, "
+            f"{side}); the data or the run's config changed since"
+        )
+    return frame.merge(added, on=keys, how="left", validate="one_to_one")

@@ -205,10 +205,26 @@ def statistics_notes(stats: dict[str, Any]) -> list[str]:
         + ("the sampling variance of a zero-Sharpe span" if variance is None else f"{variance:g}")
         + " (Bailey and Lopez de Prado, 2014).",
     ]
+    notes += anchor_notes(stats)
     for span in [*stats["windows"], stats[POOLED]]:
         if "error" in span:
             notes.append(f"{span['window']}: no statistics: {span['error']}")
     return notes
+
+
+def anchor_notes(stats: dict[str, Any]) -> list[str]:
+    """What the learned tilt adds over its own anchor, when the run backtested the anchor."""
+    pooled = stats[POOLED].get("excess_sharpe_over_anchor")
+    if pooled is None:
+        return []
+    spans = [s["excess_sharpe_over_anchor"] for s in stats["windows"] if "error" not in s]
+    beats = sum(1 for s in spans if s["estimate"] > 0)
+    return [
+        f"Over the anchor (the portfolio the tilt policy holds at a zero action): pooled "
+        f"excess Sharpe {_fmt(pooled['estimate'])} [{_fmt(pooled['low'])}, "
+        f"{_fmt(pooled['high'])}] (anchor {_fmt(pooled['benchmark_sharpe'])}); the agent "
+        f"beats it in {beats} of {len(spans)} windows."
+    ]
 
 
 STATISTICS_HEADER = ("window", "days", "agent Sharpe", "EW Sharpe", "excess [lo, hi]", "SPA p")

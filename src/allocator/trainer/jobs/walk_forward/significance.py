@@ -6,7 +6,9 @@ Per test window and pooled over all of them (the windows' days concatenated in t
   days resampled, so the common market noise cancels as it does in the point estimate);
 - Hansen's SPA of the model against every baseline: the largest consistent p-value over the
   baselines, small when the model beats each of them;
-- the deflated Sharpe of the model's returns given ``configurations_tried``.
+- the deflated Sharpe of the model's returns given ``configurations_tried``;
+- with an ``anchor`` column (a tilt recipe's zero action), the excess Sharpe over it, same
+  bootstrap: what the learned tilt adds to the portfolio it starts from.
 
 The input is the ``returns.csv`` frame (``returns``), so a run's statistics are recomputed
 from that file alone, with the seeds they were drawn with. A window too short for a statistic
@@ -19,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from allocator.trainer.jobs.walk_forward.config import EQUAL_WEIGHT, StatisticsSettings
+from allocator.trainer.jobs.walk_forward.config import ANCHOR, EQUAL_WEIGHT, StatisticsSettings
 from allocator.trainer.jobs.walk_forward.results import AGENT
 from allocator.trainer.jobs.walk_forward.returns import DATE, WINDOW
 from allocator.trainer.statistics.deflated import deflated_sharpe_of_returns
@@ -63,14 +65,30 @@ def span_statistics(
         deflated = deflated_sharpe_of_returns(
             agent, configurations_tried, settings.trials_sharpe_variance
         )
+        over_anchor = (
+            excess_sharpe_interval(
+                agent,
+                frame[ANCHOR].to_numpy(dtype=float),
+                level=settings.level,
+                reps=settings.reps,
+                block=settings.block_size,
+                seed=settings.seed,
+                method=settings.interval,
+            ).to_dict()
+            if ANCHOR in frame
+            else None
+        )
     except ValueError as exc:
         return {**row, "error": str(exc)}
-    return {
+    out = {
         **row,
         "excess_sharpe": excess.to_dict(),
         "spa": spa.to_dict(),
         "deflated_sharpe": deflated.to_dict(),
     }
+    if over_anchor is not None:
+        out["excess_sharpe_over_anchor"] = over_anchor
+    return out
 
 
 def run_statistics(
