@@ -68,6 +68,12 @@ class ActionSettings(StrictModel):
     k: float = Field(1.0, gt=0, le=MAX_TILT_STRENGTH, description="tilt strength (tilt only)")
     anchor: AnchorSettings = AnchorSettings()
 
+    @property
+    def tilt_anchor(self) -> AnchorSpec | None:
+        """The portfolio a zero action holds under the tilt mapping (None for affine, whose
+        zero action is no portfolio anyone would pick): the ``anchor`` baseline's."""
+        return self.anchor.spec if self.mapping == "tilt" else None
+
 
 def price_windows(prices: NDArray[np.float64], n_prices: int) -> NDArray[np.float64]:
     """``(T, N)`` closes -> ``(T - n_prices + 1, N, n_prices)`` trailing windows (a view)."""

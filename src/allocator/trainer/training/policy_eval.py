@@ -92,9 +92,9 @@ def validate_policy(
     equal = run_backtest("equal-weight", window=config.env.window, **common)
     hrp = run_backtest("hrp", **common)
     out = {agent.name: agent, "equal-weight": equal, "hrp": hrp}
-    if config.env.action.mapping == "tilt":
-        anchor = Anchor(config.env.action.anchor.spec)
-        out[ANCHOR] = run_backtest(anchor, window=config.env.window, **common)
+    spec = config.env.action.tilt_anchor
+    if spec is not None:
+        out[ANCHOR] = run_backtest(Anchor(spec), window=config.env.window, **common)
     return out, actions
 
 

@@ -154,7 +154,7 @@ class WalkForwardConfig(StrictModel):
 
     @model_validator(mode="after")
     def _anchor_needs_tilt(self) -> WalkForwardConfig:
-        if ANCHOR in self.baselines and self.trainer.env.action.mapping != "tilt":
+        if ANCHOR in self.baselines and self.trainer.env.action.tilt_anchor is None:
             rest = ",".join(b for b in self.baselines if b != ANCHOR)
             raise ValueError(
                 "baseline 'anchor' holds the trainer's tilt anchor, but trainer.env.action."

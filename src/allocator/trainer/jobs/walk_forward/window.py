@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 
-from allocator.portfolio import AnchorSpec
 from allocator.serving.loader import LoadedModel, load_model
 from allocator.trainer.export.run import export_run
 from allocator.trainer.jobs.evaluation import (
@@ -241,14 +240,8 @@ def window_baselines(
         train_end=w.train_end,
         window=job.trainer.env.window,
         rebalance_every=job.rebalance_every,
-        anchor=recipe_anchor(job.trainer),
+        anchor=job.trainer.env.action.tilt_anchor,
     )
-
-
-def recipe_anchor(trainer: TrainConfig) -> AnchorSpec | None:
-    """The anchor a tilt recipe's zero action holds (None for the affine mapping)."""
-    action = trainer.env.action
-    return action.anchor.spec if action.mapping == "tilt" else None
 
 
 def window_icm_statistics(
