@@ -25,7 +25,7 @@ from allocator.trainer.jobs.walk_forward.config import ANCHOR, EQUAL_WEIGHT, Sta
 from allocator.trainer.jobs.walk_forward.results import AGENT
 from allocator.trainer.jobs.walk_forward.returns import DATE, WINDOW
 from allocator.trainer.statistics.deflated import deflated_sharpe_of_returns
-from allocator.trainer.statistics.sharpe import excess_sharpe_interval
+from allocator.trainer.statistics.sharpe import ExcessSharpe, excess_sharpe_interval
 from allocator.trainer.statistics.spa import policy_superiority
 
 POOLED = "pooled"
@@ -45,16 +45,20 @@ def span_statistics(
     """The three statistics of one span of days (a window, or all windows pooled)."""
     agent = frame[AGENT].to_numpy(dtype=float)
     row: dict[str, Any] = {"window": label, "days": int(agent.size)}
-    try:
-        excess = excess_sharpe_interval(
+
+    def excess_over(benchmark: str) -> ExcessSharpe:
+        return excess_sharpe_interval(
             agent,
-            frame[EQUAL_WEIGHT].to_numpy(dtype=float),
+            frame[benchmark].to_numpy(dtype=float),
             level=settings.level,
             reps=settings.reps,
             block=settings.block_size,
             seed=settings.seed,
             method=settings.interval,
         )
+
+    try:
+        excess = excess_over(EQUAL_WEIGHT)
         spa = policy_superiority(
             agent,
             {name: frame[name].to_numpy(dtype=float) for name in baseline_columns(frame)},
@@ -65,19 +69,7 @@ def span_statistics(
         deflated = deflated_sharpe_of_returns(
             agent, configurations_tried, settings.trials_sharpe_variance
         )
-        over_anchor = (
-            excess_sharpe_interval(
-                agent,
-                frame[ANCHOR].to_numpy(dtype=float),
-                level=settings.level,
-                reps=settings.reps,
-                block=settings.block_size,
-                seed=settings.seed,
-                method=settings.interval,
-            ).to_dict()
-            if ANCHOR in frame
-            else None
-        )
+        over_anchor = excess_over(ANCHOR) if ANCHOR in frame else None
     except ValueError as exc:
         return {**row, "error": str(exc)}
     out = {
@@ -87,7 +79,7 @@ def span_statistics(
         "deflated_sharpe": deflated.to_dict(),
     }
     if over_anchor is not None:
-        out["excess_sharpe_over_anchor"] = over_anchor
+        out["excess_sharpe_over_anchor"] = over_anchor.to_dict()
     return out
 
 
