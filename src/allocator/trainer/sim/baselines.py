@@ -238,6 +238,9 @@ class BaselineName(StrEnum):
     ANCHOR = "anchor"
 
 
+ANCHOR = BaselineName.ANCHOR.value
+"""A tilt recipe's own anchor: the excess Sharpe over it is what the learned tilt adds."""
+
 NEEDS_RECIPE: frozenset[BaselineName] = frozenset({BaselineName.ANCHOR})
 """Baselines defined by a trained recipe (its anchor): they cannot run from a name alone."""
 

@@ -15,11 +15,9 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from allocator.portfolio import FeatureNormalization, NormalizationStats
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import BacktestResult, default_assets, run_backtest
-from allocator.trainer.sim.baselines import ActionPolicy, Anchor, BaselineName
+from allocator.trainer.sim.baselines import ANCHOR, ActionPolicy, Anchor
 from allocator.trainer.statistics.sharpe import ExcessSharpe, excess_sharpe_interval
 from allocator.trainer.training.config import TrainConfig
-
-ANCHOR = BaselineName.ANCHOR.value
 
 
 def backtest_model(

@@ -35,6 +35,7 @@ from allocator.trainer.agents.shared_policies import SharedSACPolicy, SharedTD3P
 from allocator.trainer.agents.td3 import SmoothTD3
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import BacktestResult
+from allocator.trainer.sim.baselines import ANCHOR
 from allocator.trainer.sim.plots import plot_allocations, plot_performance, plot_training_curves
 from allocator.trainer.training.audit import action_saturation, state_scale_summary
 from allocator.trainer.training.callbacks import StopAtStep, TurnoverCallback
@@ -58,7 +59,6 @@ from allocator.trainer.training.config import (
 )
 from allocator.trainer.training.inputs import TrainingData, make_env, prepare_data
 from allocator.trainer.training.policy_eval import (
-    ANCHOR,
     excess_over,
     excess_over_equal_weight,
     validate_policy,
@@ -421,27 +421,20 @@ def write_validation(
     agent = validation[config.algorithm.name]
     write_audits(run_dir, config, data.fit, data.stats, agent, actions)
     metrics = {name: res.metrics() for name, res in validation.items()}
-    write_json(
-        run_dir / VALIDATION_FILE,
-        {
-            "period": [config.data.validation_start, config.data.validation_end],
-            "assets": agent.settings["assets"],
-            "metrics": metrics,
-            "excess_sharpe_vs_equal_weight": excess_over_equal_weight(
-                validation, config.algorithm.name, config.seed
-            ).to_dict(),
-            **(
-                {
-                    "excess_sharpe_vs_anchor": excess_over(
-                        validation, config.algorithm.name, ANCHOR, config.seed
-                    ).to_dict()
-                }
-                if ANCHOR in validation
-                else {}
-            ),
-            "allocation": agent.allocation_summary(),
-        },
-    )
+    payload: dict[str, Any] = {
+        "period": [config.data.validation_start, config.data.validation_end],
+        "assets": agent.settings["assets"],
+        "metrics": metrics,
+        "excess_sharpe_vs_equal_weight": excess_over_equal_weight(
+            validation, config.algorithm.name, config.seed
+        ).to_dict(),
+    }
+    if ANCHOR in validation:
+        payload["excess_sharpe_vs_anchor"] = excess_over(
+            validation, config.algorithm.name, ANCHOR, config.seed
+        ).to_dict()
+    payload["allocation"] = agent.allocation_summary()
+    write_json(run_dir / VALIDATION_FILE, payload)
     plot_performance(validation, run_dir / "validation.png")
     plot_allocations(agent, run_dir / "validation_allocations.png")
     return metrics

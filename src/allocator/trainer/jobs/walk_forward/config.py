@@ -16,14 +16,12 @@ from pydantic import Field, field_validator, model_validator
 
 from allocator.trainer.jobs.evaluation import DEFAULT_BASELINES, BaselineFit
 from allocator.trainer.market.windows import WindowSpec
-from allocator.trainer.sim.baselines import BaselineName
+from allocator.trainer.sim.baselines import ANCHOR, BaselineName
 from allocator.trainer.training.config import TRAINER_HELP, UNION_TAGS, TrainConfig, load_job_tree
 from allocator.typed_config import StrictModel, validate
 
 EQUAL_WEIGHT = BaselineName.EQUAL_WEIGHT.value
 """The reference baseline: excess Sharpe and the regime of a window are measured against it."""
-ANCHOR = BaselineName.ANCHOR.value
-"""A tilt recipe's own anchor: the excess Sharpe over it is what the learned tilt adds."""
 
 REGIMES = ("bull", "bear", "sideways")
 

@@ -21,9 +21,10 @@ from typing import Any
 
 import pandas as pd
 
-from allocator.trainer.jobs.walk_forward.config import ANCHOR, EQUAL_WEIGHT, StatisticsSettings
+from allocator.trainer.jobs.walk_forward.config import EQUAL_WEIGHT, StatisticsSettings
 from allocator.trainer.jobs.walk_forward.results import AGENT
 from allocator.trainer.jobs.walk_forward.returns import DATE, WINDOW
+from allocator.trainer.sim.baselines import ANCHOR
 from allocator.trainer.statistics.deflated import deflated_sharpe_of_returns
 from allocator.trainer.statistics.sharpe import ExcessSharpe, excess_sharpe_interval
 from allocator.trainer.statistics.spa import policy_superiority
