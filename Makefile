@@ -30,11 +30,14 @@ venv: $(BIN)/allocator
 demo: venv
 	$(BIN)/allocator demo --out runs/demo
 
-## test: lint, then the test suite (slow learning tests too when CI=true)
+## test: lint, then the test suite (slow learning tests too when CI=true). --dist loadgroup
+## hands out one test at a time to whichever worker is free, so the minutes-long learning tests
+## do not queue up behind each other on one worker; tests sharing an expensive module fixture
+## carry one xdist_group mark and run together.
 test: venv
 	$(BIN)/ruff check src tests bench scripts deploy
 	$(BIN)/ruff format --check src tests bench scripts deploy
-	$(BIN)/python -m pytest -n 2 $(if $(filter true,$(CI)),--run-slow,) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup $(if $(filter true,$(CI)),--run-slow,) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check src tests bench scripts deploy

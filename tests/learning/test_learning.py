@@ -16,7 +16,8 @@ from allocator.trainer.training.run import TrainingRun, train
 from tests.learning.yardsticks import regime_switch_lag
 from tests.markets import drift_market, rotating_market, rotating_schedule, write_market
 
-pytestmark = pytest.mark.slow
+# Minutes each on one core; the limit is several times what they take (see pyproject).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 PERIODS = [
     "data.train_start=2000-01-01",
