@@ -30,14 +30,14 @@ venv: $(BIN)/allocator
 demo: venv
 	$(BIN)/allocator demo --out runs/demo
 
-## test: lint, then the test suite (slow learning tests too when CI=true). --dist loadgroup
-## hands out one test at a time to whichever worker is free, so the minutes-long learning tests
-## do not queue up behind each other on one worker; tests sharing an expensive module fixture
-## carry one xdist_group mark and run together.
+## test: lint, then the test suite (slow learning tests too when CI=true). --dist loadfile hands
+## whole modules (a module fixture is built once) to whichever worker is free, in collection
+## order; with --run-slow the slow modules come first (tests/conftest.py), so the minutes-long
+## learning modules spread over both workers instead of queueing on one.
 test: venv
 	$(BIN)/ruff check src tests bench scripts deploy
 	$(BIN)/ruff format --check src tests bench scripts deploy
-	$(BIN)/python -m pytest -n 2 --dist loadgroup $(if $(filter true,$(CI)),--run-slow,) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(if $(filter true,$(CI)),--run-slow,) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check src tests bench scripts deploy

@@ -23,11 +23,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--run-slow"):
+        _longest_first(items)
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow (CI does)")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Modules holding a slow test first, each module's tests kept together and in order.
+
+    ``make test`` hands whole modules to whichever worker is free (``--dist loadfile``, in
+    collection order): the minutes-long learning modules start at once, one per worker, and the
+    short modules fill in around them, rather than one of them starting last and running alone.
+    """
+    slow_modules = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_modules)
 
 
 @pytest.fixture(scope="session")

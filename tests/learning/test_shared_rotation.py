@@ -1,0 +1,98 @@
+"""Learning tests of the shared policy on the rotating market (the leading asset changes every
+20 days, noise larger than the drift, 10 bps costs), against the flat MLP and the best top-k
+momentum rule chosen on the training span.
+
+One module-scoped fixture trains both policies at three seeds (about 15 minutes on one core)
+and the tests judge the runs: a module of its own, so that ``make test`` (``--dist loadfile``)
+hands it to one worker while the other learning modules go to the other. Slow: skipped by
+default, run by CI with --run-slow.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from allocator.trainer.market.data import load_dataset
+from allocator.trainer.training.run import TrainingRun
+from tests.learning.test_shared_policy import _both, _figures, _metrics
+from tests.learning.yardsticks import held_out_momentum
+from tests.markets import rotating_market, write_market
+
+# About 15 minutes on one core for the fixture; the limit is well above that.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+
+ROTATING_SEEDS = (0, 1, 2)
+"""One seed is not a judge here: on 2026-11-26 at seed 0 the two policies tied (held-out
+Sharpe 6.15 shared, 6.19 MLP) while at seeds 1 and 2 the MLP reached 5.33 and 0.58 and the
+shared policy 6.37 and 6.57. A change that only moves rounding (the pooled sums' order) moved
+seed 0's shared figure from 6.44 to 6.15, so the tests below judge the median over seeds."""
+
+
+@pytest.fixture(scope="module")
+def rotating(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[TrainingRun]]]:
+    """The rotating market with 10 bps costs, the MLP after 40,000 steps and the shared
+    policy after 20,000 (both with the adaptive regularizer), at each of ``ROTATING_SEEDS``:
+    trained once, judged twice."""
+    tmp_path = tmp_path_factory.mktemp("rotating")
+    path = write_market(rotating_market(period=20), tmp_path / "rotating.csv")
+    extra = [
+        "env.beta=0.0",
+        "env.cost_bps=10",
+        "algorithm.smoothness.mode=adaptive",
+        "algorithm.smoothness.lam=1",
+        "algorithm.smoothness.budget=0.05",
+    ]
+    runs: dict[str, list[TrainingRun]] = {"mlp": [], "shared": []}
+    for seed in ROTATING_SEEDS:
+        pair = _both(
+            tmp_path / f"seed{seed}",
+            path,
+            {"mlp": 40_000, "shared": 20_000},
+            [*extra, f"seed={seed}"],
+        )
+        for name, run in pair.items():
+            runs[name].append(run)
+    return path, runs
+
+
+def _median_sharpe(runs: list[TrainingRun]) -> float:
+    return float(np.median([_figures(run)["sharpe"] for run in runs]))
+
+
+def test_shared_tilt_beats_the_mlp_on_the_rotating_market_at_half_the_steps(rotating):
+    """Over three seeds, the shared policy after 20,000 steps has a higher median held-out
+    Sharpe than the MLP after 40,000."""
+    _, runs = rotating
+    table = {name: [_figures(run) for run in seeds] for name, seeds in runs.items()}
+    print(json.dumps(table, indent=2))
+    assert _median_sharpe(runs["shared"]) > _median_sharpe(runs["mlp"]), table
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="known shortfall: at 20,000 steps the shared policy's median held-out Sharpe over "
+    "seeds 0-2 (6.37 on 2026-11-26; 6.45 on 2026-11-27, seed 1 never learning: 0.77) trails the "
+    "best top-k momentum rule chosen on the training span (6.61); neither the three seeds' "
+    "action-averaged ensemble (6.43) nor 40,000 steps (seed 0: 6.09) closed it (RESULTS.md)",
+)
+def test_shared_tilt_beats_the_best_momentum_rule_chosen_on_the_training_span(rotating):
+    """Net of the same costs on the same held-out days, the shared policy's median over seeds
+    beats the best top-k momentum rule (k 1 or 2, lookback 5 to 40 days) whose k and lookback
+    were chosen on the training span, never on the held-out days: the bar a rotation-follower
+    must clear."""
+    path, runs = rotating
+    shared = runs["shared"]
+    table: dict = {"shared": [_figures(run) for run in shared]}
+    choice, momentum = held_out_momentum(shared[0], load_dataset(str(path)))
+    table["momentum"] = _metrics(momentum) | {
+        "rule": repr(choice.rule),
+        "training_span_sharpe": choice.sharpe,
+        "training_span_candidates": choice.scores,
+    }
+    print(json.dumps(table, indent=2))
+    assert _median_sharpe(shared) > table["momentum"]["sharpe"], table
