@@ -108,6 +108,11 @@ class EnvConfig(StrictModel):
             raise ValueError(f"horizons must be non-empty and >= 1, got {self.horizons}")
         if len(set(self.horizons)) != len(self.horizons):
             raise ValueError(f"horizons must be distinct, got {self.horizons}")
+        if self.reward.relative_to == "anchor" and self.action.mapping != "tilt":
+            raise ValueError(
+                "reward.relative_to=anchor needs action.mapping=tilt: the affine mapping has no "
+                f"anchor (got mapping {self.action.mapping!r})"
+            )
         return self
 
     @property
@@ -204,6 +209,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self._cost_rate = self.config.cost_bps / 1e4
         self._beta = self.config.beta
         self.reward_fn = RewardFunction(self.config.reward)
+        self._relative = self.reward_fn.relative
         self.history = EpisodeHistory(self.n_slots, capacity=1)
         self._t0 = 0
         self._length = 0
@@ -436,7 +442,10 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.drifted = grown / gross
         self.executed = s
         self._k += 1
-        self.history.record(self.nav, s, self._slot_prices[j + 1], cost, turnover)
+        benchmark = 0.0
+        if self._relative and self._anchors is not None:
+            benchmark = float(np.add.reduce(self._anchors[j] * self._growth[j])) - 1.0
+        self.history.record(self.nav, s, self._slot_prices[j + 1], cost, turnover, benchmark)
         reward = self.reward_fn(self.history)
         terminated = self.nav <= 1e-9 * self.config.initial_value
         truncated = self._k >= self._length and not terminated

@@ -28,6 +28,7 @@ class EpisodeHistory:
         self.returns = np.zeros(capacity)  # net one-step portfolio return
         self.costs = np.zeros(capacity)  # costs paid, in currency
         self.turnover = np.zeros(capacity)  # traded value / NAV before trading
+        self.benchmark = np.zeros(capacity)  # the anchor's one-step gross return (0 if unused)
         self.mask = np.zeros(n_slots, dtype=bool)
         self.steps = 0
 
@@ -51,6 +52,7 @@ class EpisodeHistory:
         prices: NDArray[np.float64],
         cost: float,
         turnover: float,
+        benchmark: float = 0.0,
     ) -> None:
         k = self.steps
         if k >= self.capacity:
@@ -61,6 +63,7 @@ class EpisodeHistory:
         self.returns[k] = nav / self.nav[k] - 1.0
         self.costs[k] = cost
         self.turnover[k] = turnover
+        self.benchmark[k] = benchmark
         self.steps = k + 1
 
     def remap(

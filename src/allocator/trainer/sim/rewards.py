@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from enum import StrEnum
+from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -79,6 +80,10 @@ class RewardConfig(StrictModel):
     sortino: SortinoSettings = SortinoSettings()
     shapley: ShapleySettings = ShapleySettings()
     penalties: PenaltySettings = PenaltySettings()
+    relative_to: Literal["none", "anchor"] = Field(
+        "none",
+        description="'anchor' (tilt mapping only): subtract the anchor's one-step return",
+    )
 
 
 # --- maths -------------------------------------------------------------------------------
@@ -286,6 +291,10 @@ class RewardFunction:
             RewardKind.SHAPLEY: lambda: ShapleyReward(config.shapley),
         }
         self.reward = builders[config.kind]()
+        # The anchor's return does not depend on the action (the anchor is set from trailing
+        # prices), so subtracting it leaves the best action where it was while it takes the
+        # market's common move out of every reward: a control variate for the critic's target.
+        self.relative = config.relative_to == "anchor"
         p = config.penalties
         self.penalties: list[Callable[[EpisodeHistory], float]] = []
         if p.turnover:
@@ -302,6 +311,8 @@ class RewardFunction:
 
     def __call__(self, h: EpisodeHistory) -> float:
         r = self.reward(h)
+        if self.relative:
+            r -= float(h.benchmark[h.steps - 1])
         for penalty in self.penalties:
             r -= penalty(h)
         return r * self.scale
