@@ -23,7 +23,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--run-slow"):
-        _longest_first(items)
+        _slow_modules_first(items)
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow (CI does)")
     for item in items:
@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def _longest_first(items: list[pytest.Item]) -> None:
+def _slow_modules_first(items: list[pytest.Item]) -> None:
     """Modules holding a slow test first, each module's tests kept together and in order.
 
     ``make test`` hands whole modules to whichever worker is free (``--dist loadfile``, in

@@ -33,6 +33,11 @@ from allocator.serving.client import (
 )
 from allocator.serving.proto import SERVICE_NAME
 
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+"""Channel options for a connection of the client's own, as a separate process has: grpc shares
+one connection between channels of equal arguments (its global subchannel pool), even with a
+channel that is still closing, and ``--workers`` spreads connections, not calls."""
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -161,11 +166,8 @@ class LoadThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            # A connection of its own, as a separate client process has (grpc shares one between
-            # channels of equal arguments): ``--workers`` spreads connections, not calls.
-            own_connection = [("grpc.use_local_subchannel_pool", 1)]
             with AllocatorClient(
-                self.target, timeout=self.timeout, retry=self.retry, options=own_connection
+                self.target, timeout=self.timeout, retry=self.retry, options=OWN_CONNECTION
             ) as client:
                 start = time.monotonic()
                 failures = 0

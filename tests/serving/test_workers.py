@@ -28,7 +28,13 @@ from allocator.registry.errors import CHECKSUM_MISMATCH
 from allocator.registry.pointer import write_production_pointer
 from allocator.serving.client import AllocatorClient
 from tests.serving.conftest import TINY, delete_prefixed, write_tiny_model
-from tests.serving.load import LoadThread, ServeProcess, price_path, wait_until
+from tests.serving.load import (
+    OWN_CONNECTION,
+    LoadThread,
+    ServeProcess,
+    price_path,
+    wait_until,
+)
 from tests.serving.test_server_process import (
     recorded,
     registered_models,
@@ -137,14 +143,11 @@ def test_one_metrics_endpoint_sums_both_workers(
     args = ["--registry", str(tiny_registry), "--model", "tiny", "--redis-url", redis_url]
     server = Workers([*args, "--no-record", "--cpu"], tmp_path)
     started.append(server)
-    # The kernel spreads connections, not calls: 24 clients, a connection each. grpc shares
-    # one connection between channels of equal arguments (its global subchannel pool): a
-    # channel opened while the last one's connection is still closing would reuse it, and on a
-    # loaded machine all 120 calls once reached one worker. Hence a pool per channel.
-    own_connection = [("grpc.use_local_subchannel_pool", 1)]
+    # The kernel spreads connections, not calls: 24 clients, a connection each (without
+    # OWN_CONNECTION, on a loaded machine, all 120 calls once reached one worker).
     path = price_path(3, TINY.window + 1, seed=3)
     for k in range(24):
-        with AllocatorClient(server.target, options=own_connection) as client:
+        with AllocatorClient(server.target, options=OWN_CONNECTION) as client:
             for i in range(5):
                 client.allocate(f"{tag}-{k}", ["A", "B", "C"], path, request_id=f"{tag}-{k}-{i}")
     per_worker = server.requests_per_worker()
