@@ -21,6 +21,7 @@ from allocator.cli.options import (
     config_option,
     config_options,
     fail,
+    graceful_stop,
     json_option,
     overrides_option,
     shown_url,
@@ -39,7 +40,9 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     """Train on the latest window; promote the candidate only if every gate passes.
 
     Exit 0 when a decision was made (promoted or not), 2 on a bad config or data, 1 when the
-    job could not reach a decision (database, registry, export).
+    job could not reach a decision (database, registry, export). SIGTERM or Ctrl-C while it
+    trains ends it after that step with no decision (143 or 130); later, the decision
+    finishes first. A second signal stops it at once.
     """
     # heavy (torch, onnxruntime, sqlalchemy): imported when the command runs, keeps --help instant
     from allocator.artifacts.manifest import ManifestError
@@ -48,6 +51,7 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     from allocator.trainer.jobs.retrain.config import RetrainError, load_retrain_config
     from allocator.trainer.jobs.retrain.runner import retrain as run_retrain
     from allocator.trainer.market.data import DataError
+    from allocator.trainer.training.checkpointing import TrainingStoppedError
     from allocator.trainer.training.config import ConfigError
 
     try:
@@ -55,9 +59,18 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     except ConfigError as exc:
         fail(str(exc))
     try:
-        decision = run_retrain(config, as_of, echo=click.echo)
+        with graceful_stop(
+            "stopping after this training step, with no decision (again: at once)"
+        ) as ask:
+            decision = run_retrain(config, as_of, echo=click.echo, stop=ask.event)
     except (ConfigError, DataError) as exc:
         fail(str(exc))
+    except TrainingStoppedError as exc:
+        click.echo(f"error: retraining stopped at step {exc.step}, production unchanged", err=True)
+        sys.exit(ask.exit_code)
+    except KeyboardInterrupt as exc:  # a second signal
+        click.echo(f"error: retraining stopped at once ({exc or 'interrupted'})", err=True)
+        sys.exit(exc.exit_code if isinstance(exc, Stopped) else 130)
     except (RetrainError, ExportError, ModelLoadError, ManifestError, OSError) as exc:
         click.echo(f"error: retraining failed, production unchanged: {exc}", err=True)
         sys.exit(1)

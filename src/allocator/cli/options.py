@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -48,6 +49,49 @@ def sigterm_stops() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class StopRequest:
+    """A stop asked for by SIGTERM or SIGINT, honoured where the job can stop cleanly."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number, what a shell reports for a job the signal ended."""
+        return 128 + (self.signum or signal.SIGINT)
+
+
+@contextmanager
+def graceful_stop(message: str) -> Iterator[StopRequest]:
+    """Inside, the first SIGTERM or SIGINT only sets the yielded request (and prints
+    ``message``); the job stops at its next safe point. A second one stops at once, as
+    ``sigterm_stops`` does.
+
+    A training run stopped mid-step would lose everything since its last periodic checkpoint;
+    stopped between steps it can write one and continue later. A scheduler sends SIGTERM and
+    waits its grace period before SIGKILL: one step takes milliseconds.
+    """
+    request = StopRequest()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        if request.event.is_set():
+            name = signal.Signals(signum).name
+            if signum == signal.SIGTERM:
+                raise Stopped(f"stopped by a second {name}")
+            raise KeyboardInterrupt(f"stopped by a second {name}")
+        request.signum = signum
+        request.event.set()
+        click.echo(f"{signal.Signals(signum).name}: {message}", err=True)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield request
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def config_option(help_text: str, *, required: bool) -> Callable[[F], F]:

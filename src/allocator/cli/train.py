@@ -1,16 +1,20 @@
 """``allocator train``: one TD3 or SAC training run, or the rest of one that was interrupted.
 
+SIGTERM or Ctrl-C stops the run after the current step with a checkpoint there (exit 143 or
+130), which ``--resume`` continues; a second signal stops it at once.
+
 The trainer (torch, stable-baselines3) is imported inside the command, so ``allocator --help``
 stays instant.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 
-from allocator.cli.options import config_options, fail
+from allocator.cli.options import Stopped, config_options, fail, graceful_stop
 
 
 @click.command()
@@ -42,6 +46,7 @@ def train(
     # heavy (torch): imported when the command runs, so `allocator --help` stays instant
     from allocator.trainer.market.data import DataError
     from allocator.trainer.sim.performance import format_table
+    from allocator.trainer.training.checkpointing import TrainingStoppedError
     from allocator.trainer.training.config import ConfigError, load_config
     from allocator.trainer.training.run import resume as resume_training
     from allocator.trainer.training.run import train as run_training
@@ -50,18 +55,26 @@ def train(
     if resume_dir is not None and run_dir is not None:
         fail("--resume continues the run in its own directory; drop --run-dir")
     try:
-        if resume_dir is None:
-            config = load_config(config_path, list(overrides))
-            run = run_training(config, Path(run_dir) if run_dir else None)
-        else:
-            given = None
-            if config_path is not None or overrides:
-                base = config_path or Path(resume_dir) / CONFIG_FILE
-                given = load_config(base, list(overrides))
-            run = resume_training(Path(resume_dir), given)
-            config = run.config
+        with graceful_stop("stopping after this step, with a checkpoint (again: at once)") as ask:
+            if resume_dir is None:
+                config = load_config(config_path, list(overrides))
+                run = run_training(config, Path(run_dir) if run_dir else None, stop=ask.event)
+            else:
+                given = None
+                if config_path is not None or overrides:
+                    base = config_path or Path(resume_dir) / CONFIG_FILE
+                    given = load_config(base, list(overrides))
+                run = resume_training(Path(resume_dir), given, stop=ask.event)
+                config = run.config
     except (ConfigError, DataError) as exc:
         fail(str(exc))
+    except TrainingStoppedError as exc:
+        click.echo(f"stopped at step {exc.step}: checkpoint {exc.checkpoint}", err=True)
+        click.echo(f"continue with `allocator train --resume {exc.run_dir}`", err=True)
+        sys.exit(ask.exit_code)
+    except KeyboardInterrupt as exc:  # a second signal: no checkpoint beyond the periodic ones
+        click.echo(f"error: training stopped at once ({exc or 'interrupted'})", err=True)
+        sys.exit(exc.exit_code if isinstance(exc, Stopped) else 130)
     summary = run.summary
     click.echo(f"run: {run.run_dir}")
     if "resumed_from" in summary:

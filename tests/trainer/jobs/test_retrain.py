@@ -28,6 +28,7 @@ from allocator.registry.pointer import PRODUCTION_FILE, read_production_pointer
 from allocator.registry.versions import CANDIDATES_DIR
 from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError, load_retrain_config
 from allocator.trainer.jobs.retrain.runner import retrain
+from allocator.trainer.training.checkpointing import TrainingStoppedError
 from tests.trainer.jobs.helpers import CONFIGS, free_address, migrated_sqlite, remigrate
 
 TINY_CONFIG = CONFIGS / "retrain_tiny.yaml"
@@ -257,6 +258,17 @@ def test_an_unmigrated_database_stops_the_job_before_training(tmp_path: Path) ->
         retrain(tiny(tmp_path, url))
     assert not (tmp_path / "runs").exists()
     assert not (tmp_path / "models").exists()
+
+
+def test_a_stop_asked_for_while_it_trains_ends_the_job_with_no_decision(tmp_path: Path) -> None:
+    url = migrated_sqlite(tmp_path)
+    stop = threading.Event()
+    stop.set()  # a SIGTERM before the first step: the job stops after it
+    with pytest.raises(TrainingStoppedError) as stopped:
+        retrain(tiny(tmp_path, url), stop=stop)
+    assert stopped.value.step == 1
+    assert promotions(url) == []
+    assert not (tmp_path / "models").exists()  # nothing exported, no pointer
 
 
 def test_a_promotion_the_database_refuses_is_undone(tmp_path: Path) -> None:

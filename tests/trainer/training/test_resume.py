@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,14 +16,19 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
+from stable_baselines3.common.callbacks import BaseCallback
 
 from allocator.cli import main
 from allocator.trainer.agents.icm import IntrinsicCuriosity
 from allocator.trainer.agents.noise import annealed_sigma
 from allocator.trainer.agents.td3 import SmoothTD3
-from allocator.trainer.training.checkpointing import latest_checkpoint, resume_config
+from allocator.trainer.training.checkpointing import (
+    TrainingStoppedError,
+    latest_checkpoint,
+    resume_config,
+)
 from allocator.trainer.training.config import TrainConfig, load_config
-from allocator.trainer.training.run import TrainingSession, resume
+from allocator.trainer.training.run import TrainingSession, resume, train
 from allocator.typed_config import ConfigError
 from tests.trainer.tiny import TINY_TRAINING
 
@@ -196,3 +202,61 @@ def test_a_killed_training_process_resumes_from_its_last_checkpoint(tmp_path: Pa
     assert run.summary["timesteps"] == 3000
     assert run.summary["resumed_from"] == [done]
     assert run.summary["replay_buffer_size"] == 3000
+
+
+class AskToStopAt(BaseCallback):
+    """Sets ``event`` during step ``step``, as a signal handler would."""
+
+    def __init__(self, event: threading.Event, step: int) -> None:
+        super().__init__()
+        self.event, self.step = event, step
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self.step:
+            self.event.set()
+        return True
+
+
+def test_a_requested_stop_ends_at_a_checkpoint_of_that_step_which_resumes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    stop = threading.Event()
+    cfg = load_config(None, TD3)  # periodic checkpoints every 100 steps
+    with pytest.raises(TrainingStoppedError) as stopped:
+        train(cfg, run_dir, callbacks=[AskToStopAt(stop, 150)], stop=stop)
+    assert stopped.value.step == 150
+    checkpoint = latest_checkpoint(run_dir)
+    assert checkpoint.path == stopped.value.checkpoint
+    assert checkpoint.num_timesteps == 150  # its own, not the periodic one at 100
+    assert [e["step"] for e in checkpoint.state["selection"]["evaluations"]] == [100]
+    assert not (run_dir / "run.json").exists()  # not finished, so resumable
+
+    run = resume(run_dir)
+    assert run.summary["timesteps"] == 300
+    assert run.summary["resumed_from"] == [150]
+
+
+def test_sigterm_stops_the_train_command_at_a_checkpoint_it_can_resume(tmp_path: Path) -> None:
+    """A real SIGTERM to ``allocator train`` (a scheduler's stop, a pod eviction): exit 143,
+    the step and the resume command on stderr, and a checkpoint of that step although the run
+    writes no periodic ones."""
+    run_dir = tmp_path / "run"
+    overrides = [*SHORT, "checkpoint_every=0", "total_timesteps=1000000"]
+    command = [sys.executable, "-m", "allocator.cli", "train", "--run-dir", str(run_dir)]
+    for item in overrides:
+        command += ["--set", item]
+    proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    progress = run_dir / "progress.csv"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if progress.exists() and len(progress.read_text().splitlines()) > 1:
+            break  # an episode was logged: it is learning
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    checkpoint = latest_checkpoint(run_dir)
+    assert 0 < checkpoint.num_timesteps < 1_000_000
+    assert f"stopped at step {checkpoint.num_timesteps}" in stderr
+    assert f"allocator train --resume {run_dir}" in stderr
+    session = TrainingSession.resume(run_dir)
+    assert session.model.num_timesteps == checkpoint.num_timesteps

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 import numpy as np
@@ -42,3 +43,18 @@ class StopAtStep(BaseCallback):
 
     def _on_step(self) -> bool:
         return self.num_timesteps < self.step
+
+
+class StopWhenAsked(BaseCallback):
+    """Ends ``learn`` after the step during which ``event`` was set (a SIGTERM, a Ctrl-C).
+
+    Between two steps the model, its replay buffer and the schedules agree, so the run can be
+    checkpointed there and resumed; a signal acted on mid-step would lose that.
+    """
+
+    def __init__(self, event: threading.Event) -> None:
+        super().__init__()
+        self.event = event
+
+    def _on_step(self) -> bool:
+        return not self.event.is_set()

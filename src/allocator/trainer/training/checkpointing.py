@@ -62,6 +62,14 @@ RESUME_FREE_KEYS = frozenset(
 """Keys a resumed run may change: where and how visibly it runs, never what it learns."""
 
 
+class TrainingStoppedError(Exception):
+    """Training was asked to stop (a signal) and did, at a checkpoint it wrote on the way out."""
+
+    def __init__(self, run_dir: Path, step: int, checkpoint: Path) -> None:
+        super().__init__(f"training stopped at step {step}; checkpoint {checkpoint}")
+        self.run_dir, self.step, self.checkpoint = Path(run_dir), step, checkpoint
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A complete checkpoint directory and its ``state.json``."""

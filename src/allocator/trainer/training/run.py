@@ -10,6 +10,7 @@ with ``checkpoint_every`` a crashed run resumes from its last checkpoint (``chec
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,15 +39,17 @@ from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.baselines import ANCHOR
 from allocator.trainer.sim.plots import plot_allocations, plot_performance, plot_training_curves
 from allocator.trainer.training.audit import action_saturation, state_scale_summary
-from allocator.trainer.training.callbacks import StopAtStep, TurnoverCallback
+from allocator.trainer.training.callbacks import StopAtStep, StopWhenAsked, TurnoverCallback
 from allocator.trainer.training.checkpointing import (
     CheckpointCallback,
+    TrainingStoppedError,
     keep_progress_before,
     latest_checkpoint,
     merge_progress,
     restore_best,
     restore_model,
     resume_config,
+    write_checkpoint,
 )
 from allocator.trainer.training.config import (
     LearningRate,
@@ -302,14 +305,20 @@ class TrainingSession:
             "selection": self.selection.state.to_dict() if self.selection else None,
         }
 
-    def learn(self, until: int | None = None) -> None:
-        """Train to ``total_timesteps`` (or to step ``until``), continuing the step count."""
+    def learn(self, until: int | None = None, stop: threading.Event | None = None) -> None:
+        """Train to ``total_timesteps`` (or to step ``until``), continuing the step count.
+
+        When ``stop`` is set while it learns, it returns after that step with a checkpoint
+        written there and raises ``TrainingStoppedError``: the run continues with ``resume``.
+        """
         model = self.model
         if self.finished:
             return
         callbacks = list(self.callbacks)
         if until is not None:
             callbacks.append(StopAtStep(until))
+        if stop is not None:
+            callbacks.append(StopWhenAsked(stop))
         first = model.num_timesteps
         self._learning_since = time.perf_counter()
         model.learn(
@@ -328,6 +337,9 @@ class TrainingSession:
         self.train_seconds += seconds
         self.session_seconds += seconds
         self.session_steps += model.num_timesteps - first
+        if stop is not None and stop.is_set() and not self.finished:
+            checkpoint = write_checkpoint(self.run_dir, model, self.checkpoint_state())
+            raise TrainingStoppedError(self.run_dir, int(model.num_timesteps), checkpoint)
 
     def _keep_models(self) -> BaseAlgorithm:
         """Save the model(s); with selection, ``model.zip`` is the best and is what returns."""
@@ -441,20 +453,26 @@ def write_validation(
 
 
 def train(
-    config: TrainConfig, run_dir: Path | None = None, callbacks: Sequence[BaseCallback] = ()
+    config: TrainConfig,
+    run_dir: Path | None = None,
+    callbacks: Sequence[BaseCallback] = (),
+    stop: threading.Event | None = None,
 ) -> TrainingRun:
     """Train, save and audit one run; returns where it went and what it measured.
 
     ``callbacks`` join the run's own (a caller watching the steps: walk-forward progress).
+    ``stop`` set while it learns ends the run at a checkpoint (``TrainingStoppedError``).
     """
     session = TrainingSession.start(config, run_dir)
     session.callbacks.extend(callbacks)
-    session.learn()
+    session.learn(stop=stop)
     return session.finish()
 
 
-def resume(run_dir: Path, config: TrainConfig | None = None) -> TrainingRun:
+def resume(
+    run_dir: Path, config: TrainConfig | None = None, stop: threading.Event | None = None
+) -> TrainingRun:
     """Continue a run that did not finish from its last checkpoint, to ``total_timesteps``."""
     session = TrainingSession.resume(run_dir, config)
-    session.learn()
+    session.learn(stop=stop)
     return session.finish()

@@ -8,6 +8,7 @@ on the decision without undoing it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -185,11 +186,13 @@ def retrain(
     as_of: DateLike | None = None,
     *,
     echo: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> RetrainDecision:
     """Run the job once (see the package docstring); returns the decision, promoted or not.
 
     Raises ``RetrainError``, ``DataError``, ``ConfigError`` or ``ExportError`` when no
-    decision could be reached; the pointer is then untouched.
+    decision could be reached, and ``TrainingStoppedError`` when ``stop`` was set while it
+    trained; the pointer is then untouched. Set later, ``stop`` lets the decision finish.
     """
     say = echo or (lambda line: log.info("%s", line))
     started = time.perf_counter()
@@ -198,7 +201,7 @@ def retrain(
     try:
         plan = plan_retrain(config, as_of)
         say(plan.describe(name))
-        run = train(trainer_for(config, plan.spans))
+        run = train(trainer_for(config, plan.spans), stop=stop)
         say(f"trained: {run.run_dir} ({run.summary['train_seconds']} s)")
         candidate_dir = export_run(
             run.run_dir, registry / CANDIDATES_DIR, name=name, version=plan.version
