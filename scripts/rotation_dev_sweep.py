@@ -6,8 +6,10 @@ held-out days of ``rotating_market(seed=0)``. Choosing a recipe by its figure th
 on the test. This script trains candidate recipes on other draws of the same generator (market
 seeds 1, 2, ...: the same drift, noise and 20-day regimes, other schedules and noise) and
 scores each run against the best top-k momentum rule chosen on that draw's training span,
-exactly as the test does. The rule that picks the winner is fixed here, before any run: the
-highest mean over draws of (policy held-out Sharpe - momentum held-out Sharpe).
+exactly as the test does. The rule that picks the winner was fixed here before any run: the
+highest mean over draws of (policy held-out Sharpe - momentum held-out Sharpe). The four
+centred candidates were added after the first four had run (RESULTS.md says why); both sets
+ran on the development draws only.
 
 Usage (from the repository root; prints one JSON document):
   python scripts/rotation_dev_sweep.py --workers 16 --draws 1 2 3 4 > runs/sweep.json

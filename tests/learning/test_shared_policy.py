@@ -24,8 +24,8 @@ from tests.learning.test_learning import config
 from tests.learning.yardsticks import held_out_anchor
 from tests.markets import drift_market, write_market
 
-# Up to about 10 minutes a test on one core here, and CI's machine has run about 2.3x slower:
-# the limit leaves room for that and still stops a hang inside CI's 90 minutes.
+# Up to about 10 minutes a test on one core here (CI ran about as fast on 2026-11-27): the
+# limit leaves a wide margin and still stops a hang inside CI's 90 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 SHARED = [

@@ -22,8 +22,8 @@ from tests.learning.test_shared_policy import _both, _figures, _metrics
 from tests.learning.yardsticks import held_out_momentum
 from tests.markets import rotating_market, write_market
 
-# The fixture takes about 16-18 minutes on one core here, so about 40 on CI's slower machine:
-# the limit leaves room for that and still stops a hang inside CI's 90 minutes.
+# The fixture takes about 16-18 minutes on one core of the idle dev machine (38 beside other
+# jobs): the limit leaves room for that and still stops a hang inside CI's 90 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
