@@ -11,8 +11,17 @@ highest mean over draws of (policy held-out Sharpe - momentum held-out Sharpe). 
 centred candidates were added after the first four had run (RESULTS.md says why); both sets
 ran on the development draws only.
 
+With ``--seeds``, each draw trains every listed seed (as the test's fixture trains seeds 0, 1
+and 2) and the job also scores the members' median and their ensemble (the served ensemble's
+rule: the members' actions averaged), so a seed ensemble is judged on the same runs. The rule
+for that comparison, fixed before its first run (2026-11-27): the test judges the ensemble of
+its seeds instead of their median only if the ensemble's mean excess over the draws is the
+higher of the two.
+
 Usage (from the repository root; prints one JSON document):
   python scripts/rotation_dev_sweep.py --workers 16 --draws 1 2 3 4 > runs/sweep.json
+  python scripts/rotation_dev_sweep.py --workers 2 --draws 1 2 3 4 --seeds 0 1 2 \
+      --candidates center+relative > runs/ensemble.json
 """
 
 from __future__ import annotations
@@ -31,13 +40,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.learning.test_learning import config
+from tests.learning.test_rotation_draws import FRESH_DRAWS
 from tests.learning.test_shared_policy import SHARED
 from tests.learning.test_shared_rotation import ROTATION
 from tests.learning.yardsticks import held_out_momentum
 from tests.markets import rotating_market, write_market
 
 from allocator.trainer.market.data import load_dataset
-from allocator.trainer.training.run import train
+from allocator.trainer.training.policy_eval import backtest_model
+from allocator.trainer.training.run import TrainingRun, train
+
+TEST_DRAWS = {0, *FRESH_DRAWS}
+"""The learning tests' markets: ``test_shared_rotation`` (0) and ``test_rotation_draws``."""
 
 BASE = [*ROTATION, *SHARED]
 """The shared policy's settings in the test's ``rotating`` fixture, before its own recipe."""
@@ -61,28 +75,58 @@ CANDIDATES: dict[str, list[str]] = {
 """Every candidate trains 20,000 steps, the test's budget: the CI time of the test is fixed."""
 
 
-def _one(candidate: str, draw: int, steps: int, device: str) -> dict[str, Any]:
-    """Train one candidate on one draw (training seed = draw) and judge it as the test does."""
+class _Ensemble:
+    """The members' deterministic actions averaged: what an exported seed ensemble serves."""
+
+    def __init__(self, runs: list[TrainingRun]) -> None:
+        self.models = [run.model for run in runs]
+
+    def predict(self, obs: np.ndarray, deterministic: bool = True) -> tuple[np.ndarray, None]:
+        actions = [m.predict(obs, deterministic=deterministic)[0] for m in self.models]
+        return np.mean(actions, axis=0), None
+
+
+def _one(
+    candidate: str, draw: int, steps: int, device: str, seeds: list[int] | None
+) -> dict[str, Any]:
+    """Train one candidate on one draw (training seed = draw, or each of ``seeds``) and judge
+    it as the test does."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         path = write_market(rotating_market(period=20, seed=draw), Path(tmp) / "market.csv")
-        overrides = [*BASE, *CANDIDATES[candidate], f"seed={draw}", f"device={device}"]
-        run = train(config(path, steps, overrides), Path(tmp) / "run")
-        policy = run.validation["td3"].metrics()
-        choice, momentum = held_out_momentum(run, load_dataset(str(path)))
-    return {
-        "candidate": candidate,
-        "draw": draw,
-        "sharpe": policy["sharpe"],
-        "turnover": policy["turnover"],
-        "momentum_sharpe": momentum.metrics()["sharpe"],
-        "momentum_rule": repr(choice.rule),
-        "excess": policy["sharpe"] - momentum.metrics()["sharpe"],
-        "steps_trained": int(run.summary["timesteps"]),
-        "chosen_step": run.summary.get("selection", {}).get("chosen_step"),
-        "steps_per_second": run.summary["steps_per_second"],
-        "seconds": time.perf_counter() - started,
-    }
+        data = load_dataset(str(path))
+        runs = []
+        for seed in seeds if seeds is not None else [draw]:
+            overrides = [*BASE, *CANDIDATES[candidate], f"seed={seed}", f"device={device}"]
+            runs.append(train(config(path, steps, overrides), Path(tmp) / f"run{seed}"))
+        choice, momentum = held_out_momentum(runs[0], data)
+        bar = momentum.metrics()["sharpe"]
+        members = [run.validation["td3"].metrics() for run in runs]
+        out: dict[str, Any] = {
+            "candidate": candidate,
+            "draw": draw,
+            "sharpe": float(np.median([m["sharpe"] for m in members])),
+            "turnover": float(np.median([m["turnover"] for m in members])),
+            "momentum_sharpe": bar,
+            "momentum_rule": repr(choice.rule),
+            "steps_trained": int(runs[0].summary["timesteps"]),
+            "chosen_step": runs[0].summary.get("selection", {}).get("chosen_step"),
+            "steps_per_second": float(np.mean([r.summary["steps_per_second"] for r in runs])),
+        }
+        out["excess"] = out["sharpe"] - bar
+        if seeds is not None:
+            out["seeds"] = list(seeds)
+            out["member_sharpes"] = [m["sharpe"] for m in members]
+            cfg = runs[0].config
+            span = (cfg.data.validation_start, cfg.data.validation_end)
+            ensemble, _ = backtest_model(
+                _Ensemble(runs), cfg, data, span, runs[0].stats, runs[0].feature_norm
+            )  # type: ignore[arg-type]
+            figures = ensemble.metrics()
+            out["ensemble_sharpe"] = figures["sharpe"]
+            out["ensemble_turnover"] = figures["turnover"]
+            out["ensemble_excess"] = figures["sharpe"] - bar
+    return out | {"seconds": time.perf_counter() - started}
 
 
 def main() -> None:
@@ -92,15 +136,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", help="training seeds per draw (default: seed = draw)"
+    )
     args = parser.parse_args()
-    if 0 in args.draws:
-        parser.error("draw 0 is the test's market: choosing on it would tune on the test")
+    tested = sorted(set(args.draws) & TEST_DRAWS)
+    if tested:
+        parser.error(
+            f"draws {tested} are the tests' markets: choosing on them would tune on the test"
+        )
     unknown = set(args.candidates) - set(CANDIDATES)
     if unknown:
         parser.error(f"unknown candidates {sorted(unknown)}; known: {sorted(CANDIDATES)}")
     jobs = [(c, d) for c in args.candidates for d in args.draws]
     with ProcessPoolExecutor(args.workers) as pool:
-        futures = [pool.submit(_one, c, d, args.steps, args.device) for c, d in jobs]
+        futures = [pool.submit(_one, c, d, args.steps, args.device, args.seeds) for c, d in jobs]
         runs = []
         for future in as_completed(futures):
             runs.append(future.result())
@@ -110,6 +160,15 @@ def main() -> None:
             "mean_excess": float(np.mean([r["excess"] for r in runs if r["candidate"] == c])),
             "median_sharpe": float(np.median([r["sharpe"] for r in runs if r["candidate"] == c])),
         }
+        | (
+            {
+                "mean_ensemble_excess": float(
+                    np.mean([r["ensemble_excess"] for r in runs if r["candidate"] == c])
+                )
+            }
+            if args.seeds
+            else {}
+        )
         for c in args.candidates
     }
     chosen = max(summary, key=lambda c: summary[c]["mean_excess"])

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.learning.yardsticks import regime_switch_lag, switch_lags
+from allocator.trainer.sim.baselines import TopKMomentum
+from tests.learning.yardsticks import RotationFilter, regime_switch_lag, switch_lags
 from tests.markets import rotating_market, rotating_schedule
 
 
@@ -71,3 +72,34 @@ def test_a_repeated_leader_is_no_change_and_gaps_are_errors():
         regime_switch_lag(book(["A"] * 11), pd.Series("A", index=DAYS))
     with pytest.raises(ValueError, match="no leader for the day after"):
         switch_lags(book(["A"] * 11), LEADER.iloc[:-1])
+
+
+def test_rotation_filter_names_the_leader_more_often_than_momentum():
+    """The Bayes filter of the market's own model is the ceiling the rotating-market tests are
+    read against: at each close its most probable leader is the true one on more days than the
+    best momentum rule's pick, and on most days."""
+    frame, leader = rotating_market(period=20), rotating_schedule(period=20)
+    prices, truth = frame.to_numpy(), leader.to_numpy()
+    rule, bayes = TopKMomentum(lookback=10, k=1), RotationFilter()
+    days = range(40, len(frame))
+    picks = {
+        "filter": [frame.columns[np.argmax(bayes.update(prices[: t + 1]))] for t in days],
+        "momentum": [frame.columns[rule.chosen(prices[: t + 1])[0]] for t in days],
+    }
+    hits = {name: float(np.mean(np.array(p) == truth[40:])) for name, p in picks.items()}
+    assert hits["filter"] > hits["momentum"], hits
+    assert hits["filter"] > 0.8, hits
+
+
+def test_rotation_filter_starts_again_on_a_new_backtest_and_holds_its_posterior():
+    frame = rotating_market(n_days=200, period=20)
+    prices = frame.to_numpy()
+    bayes = RotationFilter(book="posterior")
+    first = bayes.update(prices[:150]).copy()
+    assert first.sum() == pytest.approx(1.0)
+    assert first.max() > 0.5
+    # A shorter history is a new backtest: the posterior restarts, so it equals a fresh filter's.
+    again = bayes.update(prices[:100]).copy()
+    np.testing.assert_allclose(again, RotationFilter(book="posterior").update(prices[:100]))
+    with pytest.raises(ValueError, match="book"):
+        RotationFilter(book="top2")

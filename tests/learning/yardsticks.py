@@ -7,6 +7,7 @@ All of them reuse a finished ``TrainingRun``: cheap backtests and bookkeeping, n
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -14,8 +15,9 @@ from numpy.typing import NDArray
 
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import BacktestResult, run_backtest
-from allocator.trainer.sim.baselines import DecisionContext
+from allocator.trainer.sim.baselines import DecisionContext, Policy
 from allocator.trainer.sim.rule_selection import MomentumChoice, select_momentum
+from allocator.trainer.training.config import TrainConfig
 from allocator.trainer.training.run import TrainingRun
 
 
@@ -99,33 +101,105 @@ def held_out_momentum(
     lookbacks: tuple[int, ...] = (5, 10, 20, 40),
     ks: tuple[int, ...] = (1, 2),
 ) -> tuple[MomentumChoice, BacktestResult]:
-    """The best top-k momentum rule, chosen on the run's training span, on its held-out days.
+    """The best top-k momentum rule, chosen on the run's training span, on its held-out days."""
+    assets = run.validation[run.config.algorithm.name].settings["assets"]
+    return momentum_for(run.config, data, assets, lookbacks, ks)
+
+
+def momentum_for(
+    config: TrainConfig,
+    data: MarketData,
+    assets: Sequence[str],
+    lookbacks: tuple[int, ...] = (5, 10, 20, 40),
+    ks: tuple[int, ...] = (1, 2),
+) -> tuple[MomentumChoice, BacktestResult]:
+    """The best top-k momentum rule chosen on ``config``'s training span, on its held-out days.
 
     The selection span ends at ``train_end`` and starts at ``train_start`` or, when fewer than
     ``max(lookbacks)`` closes precede it, at the first date with that many: the held-out days
     never take part in the choice.
     """
-    cfg, env = run.config, run.config.env
-    assets = run.validation[cfg.algorithm.name].settings["assets"]
-    start = max(pd.Timestamp(cfg.data.train_start), data.dates[max(lookbacks)])
+    start = max(pd.Timestamp(config.data.train_start), data.dates[max(lookbacks)])
     choice = select_momentum(
         data,
         start,
-        cfg.data.train_end,
+        config.data.train_end,
         lookbacks=lookbacks,
         ks=ks,
-        cost_bps=env.cost_bps,
-        beta=env.beta,
-        assets=assets,
+        cost_bps=config.env.cost_bps,
+        beta=config.env.beta,
+        assets=list(assets),
     )
-    result = run_backtest(
-        choice.rule,
+    return choice, held_out_rule(config, data, assets, choice.rule)
+
+
+def held_out_rule(
+    config: TrainConfig, data: MarketData, assets: Sequence[str], rule: Policy
+) -> BacktestResult:
+    """A weights rule on ``config``'s held-out days, with its costs and smoothing."""
+    env = config.env
+    return run_backtest(
+        rule,
         data,
-        start=cfg.data.validation_start,
-        end=cfg.data.validation_end,
-        assets=assets,
+        start=config.data.validation_start,
+        end=config.data.validation_end,
+        assets=list(assets),
         cost_bps=env.cost_bps,
         beta=env.beta,
         window=env.window,
     )
-    return choice, result
+
+
+class RotationFilter:
+    """The Bayes filter of ``rotating_market``'s own model: a ceiling, not a baseline.
+
+    It knows what no policy is told: the drift, the noise, how often the leader is redrawn and
+    that the draw is uniform. Per day it updates the posterior over which asset leads (a hidden
+    Markov model: at each close a new draw with probability ``1 / period``, Gaussian returns
+    around the leader's and the others' drifts). It does not know the calendar of the draws,
+    which no policy sees either. ``book="leader"`` holds the most probable leader, fully
+    invested, as top-1 momentum does; ``book="posterior"`` holds each asset at its probability.
+    What it scores on held-out days bounds what any learner of this market can hope for.
+    """
+
+    def __init__(
+        self,
+        n_assets: int = 4,
+        period: int = 20,
+        drift: float = 0.004,
+        vol: float = 0.006,
+        book: str = "leader",
+    ) -> None:
+        if book not in ("leader", "posterior"):
+            raise ValueError(f"book must be 'leader' or 'posterior', got {book!r}")
+        self.name = f"rotation-filter-{book}"
+        self.book = book
+        self.means = np.full((n_assets, n_assets), -drift / (n_assets - 1))
+        np.fill_diagonal(self.means, drift)
+        redraw = 1.0 / period
+        self.transition = np.full((n_assets, n_assets), redraw / n_assets)
+        self.transition += np.eye(n_assets) * (1.0 - redraw)
+        self.var = vol**2
+        self.posterior = np.full(n_assets, 1.0 / n_assets)
+        self.seen = 1  # closes already folded into the posterior
+
+    def update(self, prices: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Fold the closes not seen yet into the posterior (oldest first) and return it."""
+        if len(prices) < self.seen:  # a new backtest: start again from the first close
+            self.posterior[:] = 1.0 / self.posterior.size
+            self.seen = 1
+        returns = np.diff(np.log(prices[self.seen - 1 :]), axis=0)
+        for r in returns:
+            loglik = -((r - self.means) ** 2).sum(axis=1) / (2 * self.var)
+            joint = (self.posterior @ self.transition) * np.exp(loglik - loglik.max())
+            self.posterior = joint / joint.sum()
+        self.seen = len(prices)
+        return self.posterior
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        posterior = self.update(ctx.prices)
+        if self.book == "posterior":
+            return ctx.slot_weights(posterior)
+        held = np.zeros_like(posterior)
+        held[np.argmax(posterior)] = 1.0
+        return ctx.slot_weights(held)
