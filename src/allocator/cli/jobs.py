@@ -17,11 +17,11 @@ from pathlib import Path
 import click
 
 from allocator.cli.options import (
-    Stopped,
     config_option,
     config_options,
     fail,
     graceful_stop,
+    interrupted_exit_code,
     json_option,
     overrides_option,
     shown_url,
@@ -70,7 +70,7 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
         sys.exit(ask.exit_code)
     except KeyboardInterrupt as exc:  # a second signal
         click.echo(f"error: retraining stopped at once ({exc or 'interrupted'})", err=True)
-        sys.exit(exc.exit_code if isinstance(exc, Stopped) else 130)
+        sys.exit(interrupted_exit_code(exc))
     except (RetrainError, ExportError, ModelLoadError, ManifestError, OSError) as exc:
         click.echo(f"error: retraining failed, production unchanged: {exc}", err=True)
         sys.exit(1)
@@ -208,7 +208,7 @@ def run_walk_forward_command(
         click.echo(f"error: walk-forward stopped ({exc or 'interrupted'})", err=True)
         if (run_dir / STATE_FILE).is_file():
             click.echo(resume_hint, err=True)
-        sys.exit(exc.exit_code if isinstance(exc, Stopped) else 130)
+        sys.exit(interrupted_exit_code(exc))
     except (WalkForwardError, ExportError, ModelLoadError, ManifestError, OSError) as exc:
         click.echo(f"error: walk-forward failed: {exc}", err=True)
         if (run_dir / STATE_FILE).is_file():
@@ -415,7 +415,7 @@ def tune(
             " cover the trials that finished, the running ones are marked FAIL",
             err=True,
         )
-        sys.exit(exc.exit_code if isinstance(exc, Stopped) else 130)
+        sys.exit(interrupted_exit_code(exc))
     except (TuneError, OSError) as exc:
         click.echo(f"error: tuning failed: {exc}", err=True)
         sys.exit(1)

@@ -31,6 +31,11 @@ class Stopped(KeyboardInterrupt):
     exit_code = 128 + signal.SIGTERM
 
 
+def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
+    """What a shell reports for a job the signal ended: 143 for SIGTERM, 130 for Ctrl-C."""
+    return exc.exit_code if isinstance(exc, Stopped) else 128 + signal.SIGINT
+
+
 @contextmanager
 def sigterm_stops() -> Iterator[None]:
     """Inside, SIGTERM raises ``Stopped`` in the main thread, as SIGINT raises

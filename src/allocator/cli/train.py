@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from allocator.cli.options import Stopped, config_options, fail, graceful_stop
+from allocator.cli.options import config_options, fail, graceful_stop, interrupted_exit_code
 
 
 @click.command()
@@ -74,7 +74,7 @@ def train(
         sys.exit(ask.exit_code)
     except KeyboardInterrupt as exc:  # a second signal: no checkpoint beyond the periodic ones
         click.echo(f"error: training stopped at once ({exc or 'interrupted'})", err=True)
-        sys.exit(exc.exit_code if isinstance(exc, Stopped) else 130)
+        sys.exit(interrupted_exit_code(exc))
     summary = run.summary
     click.echo(f"run: {run.run_dir}")
     if "resumed_from" in summary:
