@@ -43,12 +43,11 @@ from tests.learning.test_learning import config
 from tests.learning.test_rotation_draws import FRESH_DRAWS
 from tests.learning.test_shared_policy import SHARED
 from tests.learning.test_shared_rotation import ROTATION
-from tests.learning.yardsticks import held_out_momentum
+from tests.learning.yardsticks import held_out_ensemble, held_out_momentum
 from tests.markets import rotating_market, write_market
 
 from allocator.trainer.market.data import load_dataset
-from allocator.trainer.training.policy_eval import backtest_model
-from allocator.trainer.training.run import TrainingRun, train
+from allocator.trainer.training.run import train
 
 TEST_DRAWS = {0, *FRESH_DRAWS}
 """The learning tests' markets: ``test_shared_rotation`` (0) and ``test_rotation_draws``."""
@@ -73,17 +72,6 @@ CANDIDATES: dict[str, list[str]] = {
     ],
 }
 """Every candidate trains 20,000 steps, the test's budget: the CI time of the test is fixed."""
-
-
-class _Ensemble:
-    """The members' deterministic actions averaged: what an exported seed ensemble serves."""
-
-    def __init__(self, runs: list[TrainingRun]) -> None:
-        self.models = [run.model for run in runs]
-
-    def predict(self, obs: np.ndarray, deterministic: bool = True) -> tuple[np.ndarray, None]:
-        actions = [m.predict(obs, deterministic=deterministic)[0] for m in self.models]
-        return np.mean(actions, axis=0), None
 
 
 def _one(
@@ -117,12 +105,7 @@ def _one(
         if seeds is not None:
             out["seeds"] = list(seeds)
             out["member_sharpes"] = [m["sharpe"] for m in members]
-            cfg = runs[0].config
-            span = (cfg.data.validation_start, cfg.data.validation_end)
-            ensemble, _ = backtest_model(
-                _Ensemble(runs), cfg, data, span, runs[0].stats, runs[0].feature_norm
-            )  # type: ignore[arg-type]
-            figures = ensemble.metrics()
+            figures = held_out_ensemble(runs, data).metrics()
             out["ensemble_sharpe"] = figures["sharpe"]
             out["ensemble_turnover"] = figures["turnover"]
             out["ensemble_excess"] = figures["sharpe"] - bar

@@ -19,7 +19,7 @@ import pytest
 from allocator.trainer.market.data import load_dataset
 from allocator.trainer.training.run import TrainingRun
 from tests.learning.test_shared_policy import _both, _figures, _metrics
-from tests.learning.yardsticks import held_out_momentum
+from tests.learning.yardsticks import held_out_ensemble, held_out_momentum
 from tests.markets import rotating_market, write_market
 
 # The fixture takes about 16-18 minutes on one core of the idle dev machine (38 beside other
@@ -86,25 +86,28 @@ def test_shared_tilt_beats_the_mlp_on_the_rotating_market_at_half_the_steps(rota
 
 @pytest.mark.xfail(
     strict=False,
-    reason="known shortfall: the shared policy's median held-out Sharpe over seeds 0-2 trails the "
-    "best top-k momentum rule chosen on the training span (6.61): 6.45 with the plain reward "
-    "(seed 1 frozen at 0.77), 6.37 relative to the anchor, and 6.22 (6.61, 6.13, 6.22) with the "
-    "recipe chosen on other draws of the generator (centred scores + relative reward, "
-    "2026-11-27); neither a 3-seed ensemble (6.43) nor 40,000 steps (6.09) closed it (RESULTS.md)",
+    reason="known shortfall: the shared policy trails the best top-k momentum rule chosen on the "
+    "training span (6.61) on this draw: median over seeds 0-2 6.45 (plain reward), 6.37 "
+    "(relative), 6.22 (centred + relative); on this draw even the Bayes filter of the market's "
+    "own model scores below the rule (6.45, scripts/rotation_ceiling.py); see RESULTS.md",
 )
 def test_shared_tilt_beats_the_best_momentum_rule_chosen_on_the_training_span(rotating):
-    """Net of the same costs on the same held-out days, the shared policy's median over seeds
-    beats the best top-k momentum rule (k 1 or 2, lookback 5 to 40 days) whose k and lookback
-    were chosen on the training span, never on the held-out days: the bar a rotation-follower
-    must clear."""
+    """Net of the same costs on the same held-out days, the ensemble of the three seeds (their
+    actions averaged, as a served seed ensemble acts) beats the best top-k momentum rule (k 1
+    or 2, lookback 5 to 40 days) whose k and lookback were chosen on the training span, never
+    on the held-out days: the bar a rotation-follower must clear. The ensemble is judged, not
+    the seeds' median, because it was the higher of the two on the development draws 1-4
+    (``scripts/rotation_dev_sweep.py --seeds 0 1 2``, the rule fixed before that run)."""
     path, runs = rotating
     shared = runs["shared"]
+    data = load_dataset(str(path))
     table: dict = {"shared": [_figures(run) for run in shared]}
-    choice, momentum = held_out_momentum(shared[0], load_dataset(str(path)))
+    table["ensemble"] = _metrics(held_out_ensemble(shared, data))
+    choice, momentum = held_out_momentum(shared[0], data)
     table["momentum"] = _metrics(momentum) | {
         "rule": repr(choice.rule),
         "training_span_sharpe": choice.sharpe,
         "training_span_candidates": choice.scores,
     }
     print(json.dumps(table, indent=2))
-    assert _median_sharpe(shared) > table["momentum"]["sharpe"], table
+    assert table["ensemble"]["sharpe"] > table["momentum"]["sharpe"], table

@@ -7,9 +7,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from allocator.trainer.market.data import load_dataset
 from allocator.trainer.sim.baselines import TopKMomentum
-from tests.learning.yardsticks import RotationFilter, regime_switch_lag, switch_lags
-from tests.markets import rotating_market, rotating_schedule
+from allocator.trainer.training.run import train
+from tests.learning.test_learning import config
+from tests.learning.test_shared_policy import SHARED
+from tests.learning.yardsticks import (
+    RotationFilter,
+    SeedEnsemble,
+    held_out_ensemble,
+    regime_switch_lag,
+    switch_lags,
+)
+from tests.markets import rotating_market, rotating_schedule, write_market
 
 
 @pytest.mark.parametrize(
@@ -103,3 +113,28 @@ def test_rotation_filter_starts_again_on_a_new_backtest_and_holds_its_posterior(
     np.testing.assert_allclose(again, RotationFilter(book="posterior").update(prices[:100]))
     with pytest.raises(ValueError, match="book"):
         RotationFilter(book="top2")
+
+
+def test_seed_ensemble_averages_its_members_and_one_member_is_the_run_itself(tmp_path):
+    """Two shared-policy runs of 600 steps (seeds 0 and 1; nothing learned, the check is the
+    plumbing): an ensemble of one reproduces that run's own held-out backtest, an ensemble of
+    both acts on the mean of their actions and trades otherwise than either."""
+    path = write_market(rotating_market(period=20), tmp_path / "rotating.csv")
+    runs = [
+        train(
+            config(path, 600, [*SHARED, "algorithm.learning_starts=100", f"seed={seed}"]),
+            tmp_path / f"s{seed}",
+        )
+        for seed in (0, 1)
+    ]
+    data = load_dataset(str(path))
+    alone = held_out_ensemble(runs[:1], data)
+    pd.testing.assert_series_equal(alone.nav, runs[0].validation["td3"].nav, check_names=False)
+    both = held_out_ensemble(runs, data)
+    for run in runs:
+        assert not np.allclose(both.nav.to_numpy(), run.validation["td3"].nav.to_numpy())
+    obs = runs[0].model.observation_space.sample()
+    members = [run.model.predict(obs, deterministic=True)[0] for run in runs]
+    np.testing.assert_allclose(SeedEnsemble(runs).predict(obs)[0], np.mean(members, axis=0))
+    with pytest.raises(ValueError, match="at least one member"):
+        SeedEnsemble([])

@@ -18,6 +18,7 @@ from allocator.trainer.sim.backtest import BacktestResult, run_backtest
 from allocator.trainer.sim.baselines import DecisionContext, Policy
 from allocator.trainer.sim.rule_selection import MomentumChoice, select_momentum
 from allocator.trainer.training.config import TrainConfig
+from allocator.trainer.training.policy_eval import backtest_model
 from allocator.trainer.training.run import TrainingRun
 
 
@@ -203,3 +204,33 @@ class RotationFilter:
         held = np.zeros_like(posterior)
         held[np.argmax(posterior)] = 1.0
         return ctx.slot_weights(held)
+
+
+class SeedEnsemble:
+    """The members' deterministic actions averaged: the rule an exported seed ensemble serves
+    (``export.ensemble``), with the ``predict`` of one SB3 model."""
+
+    def __init__(self, runs: Sequence[TrainingRun]) -> None:
+        if not runs:
+            raise ValueError("an ensemble needs at least one member")
+        self.models = [run.model for run in runs]
+
+    def predict(self, obs: np.ndarray, deterministic: bool = True) -> tuple[np.ndarray, None]:
+        actions = [m.predict(obs, deterministic=deterministic)[0] for m in self.models]
+        return np.mean(actions, axis=0), None
+
+
+def held_out_ensemble(runs: Sequence[TrainingRun], data: MarketData) -> BacktestResult:
+    """The seed ensemble of ``runs`` (same config but the seed) on their held-out days, with
+    their representation, costs and smoothing, as each member's own validation backtest."""
+    first = runs[0]
+    span = (first.config.data.validation_start, first.config.data.validation_end)
+    result, _ = backtest_model(
+        SeedEnsemble(runs),  # type: ignore[arg-type]
+        first.config,
+        data,
+        span,
+        first.stats,
+        first.feature_norm,
+    )
+    return result
