@@ -3,15 +3,16 @@
 One draw cannot judge this comparison: on the held-out days of ``rotating_market(seed=0)`` the
 Bayes filter of the market's own model (``yardsticks.RotationFilter``, which knows the drift,
 the noise and the redraw rate) scores below the momentum rule chosen on the training span
-(6.45 and 6.50 against 6.61, ``scripts/rotation_ceiling.py``), so a policy can only clear that
-bar there by luck. This module judges the same comparison over five draws of the generator
-that no run had touched when the rule below was written (2026-11-27, before any of them was
-generated): draws 5-9, the fixture's recipe and budget, training seed = draw (the development
-sweep's convention). The claim: averaged over the draws, the policy's held-out Sharpe net of
-10 bps beats that draw's best top-k momentum rule chosen on its training span.
+(6.45 and 6.50 against 6.61, ``scripts/rotation_ceiling.py``): on that draw the bar sits above
+what knowing the market's model earns. This module judges the same comparison over five draws
+of the generator that no run had touched when the rule below was written (2026-11-27, before
+any of them was generated): draws 5-9, the fixture's recipe and budget, training seed = draw
+(the development sweep's convention). The claim: averaged over the draws, the policy's held-out
+Sharpe net of 10 bps beats that draw's best top-k momentum rule chosen on its training span.
 
-About 17 minutes on one core (five 20,000-step runs): a module of its own, so that
-``--dist loadfile`` hands it to one worker. Slow: skipped by default, run by CI with --run-slow.
+About 16 minutes on one core alone (five 20,000-step runs; 29 beside other training): a module
+of its own, so that ``--dist loadfile`` hands it to one worker. Slow: skipped by default, run
+by CI with --run-slow.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from tests.learning.test_shared_rotation import ROTATION, SHARED_ROTATION
 from tests.learning.yardsticks import RotationFilter, held_out_rule, momentum_for
 from tests.markets import rotating_market, write_market
 
-# About 17 minutes on one core of the idle 2-core machine; the limit leaves a margin and still
-# stops a hang inside CI's 90 minutes.
+# About 16 minutes on one idle core (29 beside other training on 2026-11-27); the limit leaves
+# a margin and still stops a hang inside CI's 90 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 FRESH_DRAWS = (5, 6, 7, 8, 9)
