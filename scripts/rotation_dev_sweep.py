@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Choose the rotating-market recipe on development draws of the market, never on the test's.
 
-The learning test ``tests/learning/test_shared_rotation.py`` judges the shared policy on the
-held-out days of ``rotating_market(seed=0)``. Choosing a recipe by its figure there would tune
-on the test. This script trains candidate recipes on other draws of the same generator (market
-seeds 1, 2, ...: the same drift, noise and 20-day regimes, other schedules and noise) and
+The learning tests judge the shared policy on the held-out days of ``rotating_market(seed=0)``
+(``tests/learning/test_shared_rotation.py``) and of draws 5-9 (``test_rotation_draws.py``).
+Choosing a recipe by its figure there would tune on the test, so the script refuses them. It
+trains candidate recipes on other draws of the same generator (market seeds 1, 2, ...: the
+same drift, noise and 20-day regimes, other schedules and noise) and
 scores each run against the best top-k momentum rule chosen on that draw's training span,
 exactly as the test does. The rule that picks the winner was fixed here before any run: the
 highest mean over draws of (policy held-out Sharpe - momentum held-out Sharpe). The four
