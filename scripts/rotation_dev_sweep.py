@@ -71,6 +71,13 @@ CANDIDATES: dict[str, list[str]] = {
         "selection.enabled=true",
         "env.reward.relative_to=anchor",
     ],
+    # Does the smoothness regularizer cost the policy its switches here? (added 2026-11-27,
+    # after the fresh draws showed the filter's room above the rule).
+    "center+relative+no-smoothing": [
+        "shared.center_assets=true",
+        "env.reward.relative_to=anchor",
+        "algorithm.smoothness.mode=none",
+    ],
 }
 """Every candidate trains 20,000 steps, the test's budget: the CI time of the test is fixed."""
 
