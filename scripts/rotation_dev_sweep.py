@@ -78,6 +78,17 @@ CANDIDATES: dict[str, list[str]] = {
         "env.reward.relative_to=anchor",
         "algorithm.smoothness.mode=none",
     ],
+    # ... and does a tighter budget than the fixture's 0.05 cut the churn without the switch?
+    "center+relative+budget-0.02": [
+        "shared.center_assets=true",
+        "env.reward.relative_to=anchor",
+        "algorithm.smoothness.budget=0.02",
+    ],
+    "center+relative+budget-0.01": [
+        "shared.center_assets=true",
+        "env.reward.relative_to=anchor",
+        "algorithm.smoothness.budget=0.01",
+    ],
 }
 """Every candidate trains 20,000 steps, the test's budget: the CI time of the test is fixed."""
 
