@@ -6,10 +6,10 @@ rule chosen on the training span. This script scores, on the same held-out days,
 smoothing, that rule and the Bayes filter of the market's own model
 (``tests.learning.yardsticks.RotationFilter``: it knows the drift, the noise and how often the
 leader is redrawn, which no policy is told), holding its most probable leader or its posterior.
-Where the filter barely clears the rule, or does not, the bar sits at what any learner of this
-market can reach, and a policy's shortfall against it is read in that light.
+Where the filter barely clears the rule, or does not, knowing the market's model earns little
+or nothing over the bar, and a policy's shortfall against it is read in that light.
 
-Usage (from the repository root; prints one JSON document, about a minute):
+Usage (from the repository root; prints one JSON document, about 20 seconds):
   python scripts/rotation_ceiling.py --draws 0 1 2 3 4
 """
 

@@ -1,7 +1,9 @@
 """Yardsticks for the learning tests beyond Sharpe: how fast a policy follows a known regime
 change, and the simple rules a trained policy must beat on the same held-out days.
 
-All of them reuse a finished ``TrainingRun``: cheap backtests and bookkeeping, no training.
+All of them are cheap backtests and bookkeeping on a finished ``TrainingRun`` or a config, no
+training; ``RotationFilter`` is the rotating market's Bayes filter, the reference its
+momentum bar is read against.
 """
 
 from __future__ import annotations
@@ -160,7 +162,8 @@ class RotationFilter:
     around the leader's and the others' drifts). It does not know the calendar of the draws,
     which no policy sees either. ``book="leader"`` holds the most probable leader, fully
     invested, as top-1 momentum does; ``book="posterior"`` holds each asset at its probability.
-    What it scores on held-out days bounds what any learner of this market can hope for.
+    A reference, not a strict bound: it makes the best guess of the leader, not the best trade
+    net of costs, so a policy that trades less can beat it on a draw.
     """
 
     def __init__(
@@ -181,14 +184,18 @@ class RotationFilter:
         self.transition = np.full((n_assets, n_assets), redraw / n_assets)
         self.transition += np.eye(n_assets) * (1.0 - redraw)
         self.var = vol**2
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every close: a uniform posterior, as before the first return."""
+        n_assets = self.means.shape[0]
         self.posterior = np.full(n_assets, 1.0 / n_assets)
         self.seen = 1  # closes already folded into the posterior
 
     def update(self, prices: NDArray[np.float64]) -> NDArray[np.float64]:
         """Fold the closes not seen yet into the posterior (oldest first) and return it."""
-        if len(prices) < self.seen:  # a new backtest: start again from the first close
-            self.posterior[:] = 1.0 / self.posterior.size
-            self.seen = 1
+        if len(prices) < self.seen:  # a shorter history is another one: start again
+            self.reset()
         returns = np.diff(np.log(prices[self.seen - 1 :]), axis=0)
         for r in returns:
             loglik = -((r - self.means) ** 2).sum(axis=1) / (2 * self.var)
@@ -198,6 +205,8 @@ class RotationFilter:
         return self.posterior
 
     def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        if ctx.step == 0:  # a backtest's first decision: its whole history, from scratch
+            self.reset()
         posterior = self.update(ctx.prices)
         if self.book == "posterior":
             return ctx.slot_weights(posterior)
