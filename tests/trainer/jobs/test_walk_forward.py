@@ -48,6 +48,7 @@ from tests.trainer.jobs.helpers import (
 )
 
 FULL = CONFIGS / "walk_forward.yaml"
+DEV = CONFIGS / "walk_forward_dev.yaml"
 
 
 # --- fixtures ------------------------------------------------------------------------------
@@ -97,6 +98,21 @@ def test_the_shipped_config_plans_the_issue_walk_forward(tmp_path: Path) -> None
     assert sac.trainer.icm.enabled
     assert sac.trainer.total_timesteps == 500
     assert plan(sac, tmp_path / "o", "L")[2].trainer.seed == 9
+
+
+def test_the_development_config_tests_only_years_before_the_walk_forward(tmp_path: Path) -> None:
+    """The development walk-forward runs the same recipe and windows five years earlier: its
+    test years (2005-2009) and the training they need end before 2010's test year starts."""
+    dev = load_walk_forward_config(DEV, [f"registry={tmp_path / 'models'}"])
+    full = load_walk_forward_config(FULL, [f"registry={tmp_path / 'models'}"])
+    assert dev.trainer_source == full.trainer_source
+    assert dev.trainer == full.trainer
+    assert (dev.cost_bps, dev.baselines) == (full.cost_bps, full.baselines)
+    dev_jobs = plan(dev, tmp_path / "dev", "L")
+    full_jobs = plan(full, tmp_path / "full", "L")
+    assert [j.window.test_start.year for j in dev_jobs] == list(range(2005, 2010))
+    assert max(j.window.test_end for j in dev_jobs) < min(j.window.test_start for j in full_jobs)
+
 
 
 @pytest.mark.parametrize(
