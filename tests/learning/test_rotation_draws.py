@@ -3,7 +3,7 @@
 One draw cannot judge this comparison: on the held-out days of ``rotating_market(seed=0)`` the
 Bayes filter of the market's own model (``yardsticks.RotationFilter``, which knows the drift,
 the noise and the redraw rate) scores below the momentum rule chosen on the training span
-(6.45 and 6.50 against 6.61, ``scripts/rotation_ceiling.py``): on that draw the bar sits above
+(6.45 and 6.50 against 6.61, ``rotation_ceiling.py``): on that draw the bar sits above
 what knowing the market's model earns. This module judges the same comparison over five draws
 of the generator that no run had touched when the rule below was written (2026-11-27, before
 any of them was generated): draws 5-9, the fixture's recipe and budget, training seed = draw

@@ -45,7 +45,7 @@ ROTATION = (
 
 SHARED_ROTATION = ("shared.center_assets=true", "env.reward.relative_to=anchor")
 """The shared policy's recipe here, chosen on other draws of this market's generator
-(``scripts/rotation_dev_sweep.py``: draws 1-4, eight candidates, the highest mean held-out
+(``tests/learning/rotation_dev_sweep.py``: draws 1-4, eight candidates, the highest mean held-out
 Sharpe over the momentum rule), never on this draw: centred asset scores, so no seed freezes
 with every asset action at +1, and the reward measured against the anchor."""
 
@@ -89,7 +89,7 @@ def test_shared_tilt_beats_the_mlp_on_the_rotating_market_at_half_the_steps(rota
     reason="known shortfall: on this draw the best top-k momentum rule chosen on the training "
     "span scores 6.61; the seeds' ensemble 6.53 (2026-11-27, centred + relative), their median "
     "6.22; here even the Bayes filter of the market's own model scores below the rule (6.45, "
-    "scripts/rotation_ceiling.py). test_rotation_draws.py judges five fresh draws (RESULTS.md)",
+    "rotation_ceiling.py). test_rotation_draws.py judges five fresh draws (RESULTS.md)",
 )
 def test_shared_tilt_beats_the_best_momentum_rule_chosen_on_the_training_span(rotating):
     """Net of the same costs on the same held-out days, the ensemble of the three seeds (their
@@ -97,7 +97,7 @@ def test_shared_tilt_beats_the_best_momentum_rule_chosen_on_the_training_span(ro
     or 2, lookback 5 to 40 days) whose k and lookback were chosen on the training span, never
     on the held-out days: the bar a rotation-follower must clear. The ensemble is judged, not
     the seeds' median, because it was the higher of the two on the development draws 1-4
-    (``scripts/rotation_dev_sweep.py --seeds 0 1 2``, the rule fixed before that run)."""
+    (``tests/learning/rotation_dev_sweep.py --seeds 0 1 2``, the rule fixed before that run)."""
     path, runs = rotating
     shared = runs["shared"]
     data = load_dataset(str(path))

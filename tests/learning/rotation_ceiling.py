@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """How much room the rotating market leaves above its momentum bar: a ceiling, no training.
 
 The learning test asks the shared policy to beat, on held-out days, the best top-k momentum
@@ -10,7 +9,7 @@ Where the filter barely clears the rule, or does not, knowing the market's model
 or nothing over the bar, and a policy's shortfall against it is read in that light.
 
 Usage (from the repository root; prints one JSON document, about 20 seconds):
-  python scripts/rotation_ceiling.py --draws 0 1 2 3 4
+  python -m tests.learning.rotation_ceiling --draws 0 1 2 3 4
 """
 
 from __future__ import annotations
@@ -21,15 +20,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from allocator.trainer.market.data import load_dataset
 from tests.learning.test_learning import config
 from tests.learning.test_shared_policy import SHARED
 from tests.learning.test_shared_rotation import ROTATION, SHARED_ROTATION
 from tests.learning.yardsticks import RotationFilter, held_out_rule, momentum_for
 from tests.markets import rotating_market, write_market
-
-from allocator.trainer.market.data import load_dataset
 
 
 def _draw(draw: int) -> dict[str, object]:

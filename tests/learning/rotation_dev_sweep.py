@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Choose the rotating-market recipe on development draws of the market, never on the test's.
 
 The learning tests judge the shared policy on the held-out days of ``rotating_market(seed=0)``
@@ -20,8 +19,8 @@ its seeds instead of their median only if the ensemble's mean excess over the dr
 higher of the two.
 
 Usage (from the repository root; prints one JSON document):
-  python scripts/rotation_dev_sweep.py --workers 16 --draws 1 2 3 4 > runs/sweep.json
-  python scripts/rotation_dev_sweep.py --workers 2 --draws 1 2 3 4 --seeds 0 1 2 \
+  python -m tests.learning.rotation_dev_sweep --workers 16 --draws 1 2 3 4 > runs/sweep.json
+  python -m tests.learning.rotation_dev_sweep --workers 2 --draws 1 2 3 4 --seeds 0 1 2 \
       --candidates center+relative > runs/ensemble.json
 """
 
@@ -38,17 +37,14 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from allocator.trainer.market.data import load_dataset
+from allocator.trainer.training.run import train
 from tests.learning.test_learning import config
 from tests.learning.test_rotation_draws import FRESH_DRAWS
 from tests.learning.test_shared_policy import SHARED
 from tests.learning.test_shared_rotation import ROTATION
 from tests.learning.yardsticks import held_out_ensemble, held_out_momentum
 from tests.markets import rotating_market, write_market
-
-from allocator.trainer.market.data import load_dataset
-from allocator.trainer.training.run import train
 
 TEST_DRAWS = {0, *FRESH_DRAWS}
 """The learning tests' markets: ``test_shared_rotation`` (0) and ``test_rotation_draws``."""
