@@ -470,9 +470,13 @@ def train(
 
 
 def resume(
-    run_dir: Path, config: TrainConfig | None = None, stop: threading.Event | None = None
+    run_dir: Path,
+    config: TrainConfig | None = None,
+    stop: threading.Event | None = None,
+    callbacks: Sequence[BaseCallback] = (),
 ) -> TrainingRun:
     """Continue a run that did not finish from its last checkpoint, to ``total_timesteps``."""
     session = TrainingSession.resume(run_dir, config)
+    session.callbacks.extend(callbacks)
     session.learn(stop=stop)
     return session.finish()

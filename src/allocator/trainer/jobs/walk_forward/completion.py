@@ -3,7 +3,8 @@
 A window's artifacts are trusted only when whole: a training run directory whose
 ``manifest.json`` (the last file training writes) lists files that all match their sha256, and
 a registry version whose manifest does the same. Anything less is a window that was cut short,
-and it runs again from scratch.
+and it redoes what it lacks (``window``: export again, continue from a checkpoint, or train
+from scratch).
 """
 
 from __future__ import annotations

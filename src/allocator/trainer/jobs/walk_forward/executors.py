@@ -11,7 +11,8 @@ and ``--resume`` continues from them). With processes or Ray a window whose work
 dies (killed, out of memory, node lost) is rerun up to ``retries`` times (Ray's
 ``max_retries``); an exception raised inside the window is a bug or bad data and fails the run
 at once unless ``retry_exceptions`` is set (then also up to ``retries`` times). A rerun window
-starts clean (``window.train_export_evaluate``).
+starts clean, or from its last checkpoint when the trainer writes them
+(``window.train_window``).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ retraining the windows that finished.
 A window is finished when everything it produced is whole: its result file
 (``windows/w03.json``, written before its database row), its exported version in the registry
 and its training run directory (each a manifest whose checksums match). Those windows are
-taken from their files exactly as they were; the others run again from scratch (a window
-killed after its export is only judged again, see ``window``).
+taken from their files exactly as they were; the others run again, redoing only what they lack
+(a window killed after its export is only judged again, one killed while training continues
+from its last checkpoint when the trainer writes them, else starts over: see ``window``).
 
 The run keeps its identity: its label (so its version names), its directory and its run row,
 which is reopened (``finished`` back to NULL, the summary cleared until the run ends again);

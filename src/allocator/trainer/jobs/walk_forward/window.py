@@ -6,12 +6,17 @@ plan and torch runs with the job's thread count, so the local and the Ray execut
 same figures. The exported graph is judged through the serving code path
 (``evaluation.replay_exported``), never through the torch policy that was trained.
 
-A window that is run again (a Ray retry after its worker died, or ``--resume``) starts clean:
-when its training run and its exported version are both whole it is only judged again (the
-export is what counts, and it is final); otherwise its partial run directory is replaced and it
-trains from scratch. A registry version is never overwritten, so a whole version beside an
-unfinished training run is refused, naming it. While it trains, the window reports its steps
-in ``window_progress.json`` (``progress``).
+A window that is run again (a Ray retry after its worker died, or ``--resume``) redoes only
+what is missing. When its training run and its exported version are both whole it is only
+judged again (the export is what counts, and it is final); a whole training run without its
+version is exported again, not retrained. A training run cut short continues from its last
+checkpoint when the trainer writes them (``trainer.checkpoint_every > 0``: worth it for long
+budgets, where a window is hours of training), else its partial run directory is replaced and
+it trains from scratch. A continued run's random draws differ from an uninterrupted one's
+(``checkpointing``), so its figures are another draw of the same recipe; its ``run.json``
+lists the steps it resumed from. A registry version is never overwritten, so a whole version
+beside an unfinished training run is refused, naming it. While it trains, the window reports
+its steps in ``window_progress.json`` (``progress``).
 """
 
 from __future__ import annotations
@@ -53,8 +58,11 @@ from allocator.trainer.market.data import (
 )
 from allocator.trainer.market.windows import Window, make_windows
 from allocator.trainer.sim.backtest import BacktestResult
+from allocator.trainer.training.checkpointing import latest_checkpoint
 from allocator.trainer.training.config import TrainConfig
-from allocator.trainer.training.run import train
+from allocator.trainer.training.run import resume, train
+from allocator.trainer.training.run_dir import RUN_SUMMARY_FILE
+from allocator.typed_config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -176,8 +184,8 @@ def train_export_evaluate(job: WindowJob) -> WindowResult:
 
 
 def train_and_export(job: WindowJob) -> dict[str, object]:
-    """Train the window from scratch (its run directory replaced) and export it; returns the
-    training run's summary. Refused when the version already exists: versions are final."""
+    """Train the window (or finish its training) and export it; returns the training run's
+    summary. Refused when the version already exists: versions are final."""
     run_dir = Path(job.run_dir)
     if job.version_dir.exists():
         raise WalkForwardError(
@@ -185,16 +193,39 @@ def train_and_export(job: WindowJob) -> dict[str, object]:
             f"training run {run_dir} or the version is not whole): registry versions are "
             "never overwritten; remove the version to train this window again"
         )
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    write_progress(run_dir, job.window.label, STARTING)  # data and model before step 0
+    summary = finished_training(run_dir)
+    if summary is None:
+        summary = train_window(job)
+    write_progress(run_dir, job.window.label, EXPORTING)
+    export_run(run_dir, job.registry, name=job.model_name, version=job.version)
+    return summary
+
+
+def train_window(job: WindowJob) -> dict[str, object]:
+    """Train the window's run: from its last checkpoint when one is there, else from scratch
+    (whatever a cut-short run left is replaced)."""
+    run_dir = Path(job.run_dir)
     progress = ProgressCallback(
         run_dir, job.window.label, job.trainer.total_timesteps, job.progress_every
     )
-    run = train(job.trainer, run_dir, callbacks=[progress])
-    write_progress(run_dir, job.window.label, EXPORTING)
-    export_run(run.run_dir, job.registry, name=job.model_name, version=job.version)
-    return run.summary
+    step = checkpoint_step(run_dir) if job.trainer.checkpoint_every else None
+    if step is not None:
+        write_progress(run_dir, job.window.label, STARTING, resumed_from=step)
+        return resume(run_dir, job.trainer, callbacks=[progress]).summary
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    write_progress(run_dir, job.window.label, STARTING)  # data and model before step 0
+    return train(job.trainer, run_dir, callbacks=[progress]).summary
+
+
+def checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the last checkpoint of a training run that did not finish, else None."""
+    if not run_dir.is_dir() or (run_dir / RUN_SUMMARY_FILE).exists():
+        return None  # nothing there, or a run that got as far as finishing: start over
+    try:
+        return latest_checkpoint(run_dir).num_timesteps
+    except ConfigError:
+        return None
 
 
 @dataclass
