@@ -22,6 +22,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from allocator.metrics.jobs import JobMetrics
+from allocator.metrics.multiprocess import worker_restarts_counter
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.metrics.serving import ServingMetrics
 
@@ -191,6 +192,7 @@ def defined_metric_names() -> set[str]:
     ServingMetrics(registry, 0.01)
     RecorderMetrics(registry)
     JobMetrics(registry).mark_success()  # the last-success gauge exists once a run succeeded
+    worker_restarts_counter(registry)  # the supervisor's, with --workers N
     names = {"up"}
     for family in registry.collect():
         names.add(family.name)

@@ -14,8 +14,19 @@ import glob
 import os
 from collections.abc import Iterable
 
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+
+
+def worker_restarts_counter(registry: CollectorRegistry) -> Counter:
+    """The supervisor's count of workers it started again: a worker cannot count its own death,
+    so this lives in the supervisor's registry, beside the workers' summed files."""
+    return Counter(
+        "allocator_serving_worker_restarts_total",
+        "Worker processes of this server started again after they died unexpectedly.",
+        registry=registry,
+    )
 
 
 class WorkerFilesCollector(MultiProcessCollector):

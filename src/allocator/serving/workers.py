@@ -150,10 +150,10 @@ class Supervisor:
     """Starts the workers, serves their metrics, restarts the ones that die, drains them all."""
 
     def __init__(self, config: ServerConfig) -> None:
-        from prometheus_client import CollectorRegistry, Counter
+        from prometheus_client import CollectorRegistry
 
         # Only a supervisor reads the workers' files: imported with prometheus_client, here.
-        from allocator.metrics.multiprocess import WorkerFilesCollector
+        from allocator.metrics.multiprocess import WorkerFilesCollector, worker_restarts_counter
 
         self.config = config
         self.port, self._reserved = reserve_port(config.host, config.port)
@@ -162,11 +162,7 @@ class Supervisor:
         self._env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
         self.metrics_registry = CollectorRegistry()
         WorkerFilesCollector(self.metrics_registry, path=self._metrics_dir)
-        self.restarts = Counter(
-            "allocator_serving_worker_restarts_total",
-            "Worker processes of this server started again after they died unexpectedly.",
-            registry=self.metrics_registry,
-        )
+        self.restarts = worker_restarts_counter(self.metrics_registry)
         self.metrics_port: int | None = None
         self._metrics_http: object | None = None
         self.workers: list[_Worker] = []

@@ -114,7 +114,6 @@ def test_the_development_config_tests_only_years_before_the_walk_forward(tmp_pat
     assert max(j.window.test_end for j in dev_jobs) < min(j.window.test_start for j in full_jobs)
 
 
-
 @pytest.mark.parametrize(
     ("override", "message"),
     [
