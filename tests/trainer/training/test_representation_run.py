@@ -33,13 +33,13 @@ def shared_run(tmp_path_factory: pytest.TempPathFactory) -> TrainingRun:
 
 
 def test_the_shared_demo_config_says_what_it_changes() -> None:
-    """The default recipe: td3_demo.yaml's TD3 with the representation, an inverse-volatility
-    anchor and inner-span selection, and nothing else changed."""
+    """The default recipe: td3_demo.yaml's TD3 with the representation, an equal-weight anchor
+    with 5% cash and inner-span selection, and nothing else changed."""
     cfg = load_config(ROOT / "configs" / "td3_shared_demo.yaml")
     assert cfg.policy == "shared"
     assert cfg.env.features == "asset_v1"
     assert cfg.env.action.mapping == "tilt"
-    assert cfg.env.action.anchor.kind == "inverse_volatility"
+    assert (cfg.env.action.anchor.kind, cfg.env.action.anchor.cash_share) == ("equal", 0.05)
     assert cfg.selection.enabled
     demo = load_config(ROOT / "configs" / "td3_demo.yaml")
     assert cfg.algorithm == demo.algorithm
@@ -124,7 +124,8 @@ def test_validation_judges_the_tilt_against_its_anchor(shared_run: TrainingRun) 
     assert list(anchor.returns.index) == list(agent.returns.index)
     weights = anchor.raw_weights
     assert weights["cash"].to_numpy() == pytest.approx(0.05)  # the recipe's cash_share
-    assert not np.allclose(weights.iloc[:, 1:].to_numpy(), weights.iloc[0, 1:].to_numpy())
+    n_assets = weights.shape[1] - 1  # the recipe's anchor: the rest in equal parts
+    assert weights.iloc[:, 1:].to_numpy() == pytest.approx(0.95 / n_assets)
     payload = json.loads((shared_run.run_dir / "validation.json").read_text())
     assert set(payload["metrics"]) == {"td3", "equal-weight", "hrp", "anchor"}
     over = payload["excess_sharpe_vs_anchor"]
