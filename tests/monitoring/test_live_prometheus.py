@@ -36,6 +36,7 @@ from allocator.metrics.pushgateway import push
 from allocator.recording.migrations import upgrade
 from allocator.serving.client import AllocatorClient, AllocatorError
 from allocator.serving.server import AllocationServer, ServerConfig, build_server
+from tests.monitoring.crashing import KILLS, CrashingWorkers
 from tests.monitoring.files import (
     ALERTS,
     RETRAIN_JOB,
@@ -51,6 +52,7 @@ from tests.monitoring.files import (
 )
 from tests.serving import make_manifest
 from tests.serving.conftest import TINY, action_icm_model, write_tiny_model
+from tests.serving.conftest import redis_url as redis_url  # the session fixture
 from tests.serving.load import LoadThread, wait_until
 
 
@@ -266,18 +268,20 @@ def has_finite_sample(result: list[dict[str, Any]]) -> bool:
 
 @dataclass
 class Stack:
-    """Three servers (healthy, degraded, refusing) and a dead target under the shipped compose
-    scrape job, a second dead target labelled as annotation-based Kubernetes scraping labels
-    it, the jobs' figures, and a Prometheus scraping them every second with the rules loaded."""
+    """Three servers (healthy, degraded, refusing), a two-worker supervisor whose worker keeps
+    dying (crashing) and a dead target under the shipped compose scrape job, a second dead
+    target labelled as annotation-based Kubernetes scraping labels it, the jobs' figures, and a
+    Prometheus scraping them every second with the rules loaded."""
 
     api: PrometheusAPI
     instances: dict[str, str]
     jobs_how: str
     loads: list[LoadThread] = field(default_factory=list)
+    crashing: CrashingWorkers | None = None
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
+def stack(tmp_path: Path, redis_url: str) -> Iterator[Stack]:
     prometheus_bin = require("prometheus")
     healthy_registry = tmp_path / "healthy-registry"
     write_tiny_model(healthy_registry / "tiny" / "1")
@@ -310,6 +314,10 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         for server in servers.values():
             stoppers.append(lambda server=server: server.stop(grace=1.0))
         instances = {name: f"127.0.0.1:{s.metrics_port}" for name, s in servers.items()}
+        # --workers 2 under a supervisor whose worker 0 is killed each time it comes back.
+        crashing = CrashingWorkers(healthy_registry, tmp_path / "crashing", redis_url)
+        stoppers.append(crashing.stop)
+        instances["crashing"] = f"127.0.0.1:{crashing.metrics_port}"
         instances["dead"] = f"127.0.0.1:{unused_port()}"
         instances["dead-annotated"] = f"127.0.0.1:{unused_port()}"
         jobs = serve_job_metrics(tmp_path)
@@ -353,6 +361,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
             )
 
         wait_until(all_scraped, WAIT, "a first scrape of every target")
+        crashing.start_killing()
         window = TINY.window
         loads += [
             LoadThread(servers["healthy"].target, "healthy", window=window, rate=20.0),
@@ -362,7 +371,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         ]
         for load in loads:
             load.start()
-        yield Stack(api, instances, jobs.how, loads)
+        yield Stack(api, instances, jobs.how, loads, crashing)
     finally:
         for load in loads:
             load.stop()
@@ -415,6 +424,7 @@ def check_every_alert_is_active_where_it_should_be(stack: Stack) -> None:
         "AllocatorRecorderRefusing": {inst["refusing"]},
         "AllocatorModelRefused": {inst["degraded"]},
         "AllocatorRetrainingStale": {""},
+        "AllocatorServingWorkersRestarting": {inst["crashing"]},
     }
     assert set(expected) == {rule["alert"] for rule in alert_rules()}
 
@@ -434,6 +444,9 @@ def check_every_alert_is_active_where_it_should_be(stack: Stack) -> None:
         wait_until(all_active, WAIT, "every alert pending or firing")
     except AssertionError:
         raise AssertionError(f"active alerts {active()}, expected at least {expected}") from None
+    assert stack.crashing is not None
+    assert stack.crashing.error is None
+    assert len(stack.crashing.killed) == KILLS
     for rule in api.rules():
         assert rule["health"] == "ok", f"{rule['name']}: {rule.get('lastError')}"
     # Deterministic quiet cases: the healthy server records, answers and sees familiar
