@@ -16,11 +16,10 @@ import time
 from pathlib import Path
 
 from allocator.recording.migrations import upgrade
-from tests.serving.load import ServeProcess
+from tests.serving.test_workers import Workers
 
 KILLS = 3
 _SERVING = re.compile(r"worker 0 \(pid (\d+)\) serving")
-_METRICS = re.compile(r"metrics on port (\d+)")
 
 
 class CrashingWorkers:
@@ -30,17 +29,15 @@ class CrashingWorkers:
         tmp.mkdir(parents=True, exist_ok=True)
         database = f"sqlite:///{tmp / 'trades.db'}"
         upgrade(database)
-        self.process = ServeProcess(
+        self.server = Workers(
             [
-                *("--workers", "2", "--metrics-port", "0", "--cpu"),
-                *("--registry", str(registry), "--model", "tiny"),
+                *("--registry", str(registry), "--model", "tiny", "--cpu"),
                 *("--redis-url", redis_url, "--database-url", database),
                 *("--spool-dir", str(tmp / "spool")),
             ],
-            cwd=tmp,
+            tmp,
         )
-        self.process.wait_ready()
-        self.metrics_port = int(_METRICS.findall(self.process.stderr)[-1])
+        self.metrics_port = self.server.metrics_port
         self.killed: list[int] = []
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -52,7 +49,7 @@ class CrashingWorkers:
         self._thread.start()
 
     def _pids(self) -> list[int]:
-        return [int(p) for p in _SERVING.findall(self.process.stderr)]
+        return [int(p) for p in _SERVING.findall(self.server.process.stderr)]
 
     def _kill_worker_0(self) -> None:
         try:
@@ -69,5 +66,4 @@ class CrashingWorkers:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(10)
-        self.process.terminate()
-        self.process.wait(30)
+        self.server.stop()

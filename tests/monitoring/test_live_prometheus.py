@@ -276,8 +276,8 @@ class Stack:
     api: PrometheusAPI
     instances: dict[str, str]
     jobs_how: str
+    crashing: CrashingWorkers
     loads: list[LoadThread] = field(default_factory=list)
-    crashing: CrashingWorkers | None = None
 
 
 @pytest.fixture
@@ -371,7 +371,7 @@ def stack(tmp_path: Path, redis_url: str) -> Iterator[Stack]:
         ]
         for load in loads:
             load.start()
-        yield Stack(api, instances, jobs.how, loads, crashing)
+        yield Stack(api, instances, jobs.how, crashing, loads)
     finally:
         for load in loads:
             load.stop()
@@ -444,7 +444,6 @@ def check_every_alert_is_active_where_it_should_be(stack: Stack) -> None:
         wait_until(all_active, WAIT, "every alert pending or firing")
     except AssertionError:
         raise AssertionError(f"active alerts {active()}, expected at least {expected}") from None
-    assert stack.crashing is not None
     assert stack.crashing.error is None
     assert len(stack.crashing.killed) == KILLS
     for rule in api.rules():

@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from stable_baselines3.common.callbacks import BaseCallback
 
 from allocator.trainer.jobs.walk_forward.completion import exported
 from allocator.trainer.jobs.walk_forward.progress import read_progress
@@ -20,23 +19,10 @@ from allocator.trainer.training.checkpointing import TrainingStoppedError, lates
 from allocator.trainer.training.run import train
 from allocator.trainer.training.run_dir import MODEL_FILE, RUN_SUMMARY_FILE
 from tests.trainer.jobs.helpers import tiny
+from tests.trainer.training.test_resume import AskToStopAt
 
 TOTAL = 300  # trainer.total_timesteps of the tiny config
 CUT = 150  # where the first attempt is stopped, between the checkpoints at 100 and 200
-
-
-class AskToStopAt(BaseCallback):
-    """Sets ``event`` once training reaches ``step``: the trainer then stops with a checkpoint
-    there, as it does on SIGTERM."""
-
-    def __init__(self, event: threading.Event, step: int) -> None:
-        super().__init__()
-        self.event, self.step = event, step
-
-    def _on_step(self) -> bool:
-        if self.num_timesteps >= self.step:
-            self.event.set()
-        return True
 
 
 def first_window(tmp: Path, *extra: str) -> WindowJob:
@@ -74,9 +60,7 @@ def test_without_checkpoints_a_window_cut_short_trains_from_scratch(tmp_path: Pa
     """The default (``checkpoint_every: 0``): what a cut-short attempt left is replaced, and the
     window's figures are an uninterrupted run's."""
     job = first_window(tmp_path)
-    stop = threading.Event()
-    with pytest.raises(TrainingStoppedError):
-        train(job.trainer, Path(job.run_dir), callbacks=[AskToStopAt(stop, CUT)], stop=stop)
+    cut_short(job)
     result = run_window(job)
     summary = json.loads((Path(job.run_dir) / RUN_SUMMARY_FILE).read_text())
     assert "resumed_from" not in summary

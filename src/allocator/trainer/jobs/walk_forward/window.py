@@ -162,7 +162,7 @@ def train_export_evaluate(job: WindowJob) -> WindowResult:
     cfg, label = job.trainer, job.window.label
     summary = finished_training(job.run_dir)
     if summary is None or not exported(job.version_dir):
-        summary = train_and_export(job)
+        summary = train_and_export(job, summary)
     write_progress(job.run_dir, label, EVALUATING)
     test = evaluate_test_span(job, job.version_dir)
     result = WindowResult(
@@ -183,9 +183,10 @@ def train_export_evaluate(job: WindowJob) -> WindowResult:
     return result
 
 
-def train_and_export(job: WindowJob) -> dict[str, object]:
+def train_and_export(job: WindowJob, trained: dict[str, object] | None) -> dict[str, object]:
     """Train the window (or finish its training) and export it; returns the training run's
-    summary. Refused when the version already exists: versions are final."""
+    summary. ``trained`` is the summary of a run already whole (``finished_training``): only
+    exported again. Refused when the version already exists: versions are final."""
     run_dir = Path(job.run_dir)
     if job.version_dir.exists():
         raise WalkForwardError(
@@ -193,9 +194,7 @@ def train_and_export(job: WindowJob) -> dict[str, object]:
             f"training run {run_dir} or the version is not whole): registry versions are "
             "never overwritten; remove the version to train this window again"
         )
-    summary = finished_training(run_dir)
-    if summary is None:
-        summary = train_window(job)
+    summary = trained if trained is not None else train_window(job)
     write_progress(run_dir, job.window.label, EXPORTING)
     export_run(run_dir, job.registry, name=job.model_name, version=job.version)
     return summary
