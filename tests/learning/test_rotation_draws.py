@@ -18,6 +18,7 @@ by CI with --run-slow.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +40,11 @@ FRESH_DRAWS = (5, 6, 7, 8, 9)
 """Test draws: never used to choose anything (the development sweep refuses them)."""
 
 
-def _judge(tmp_path: Path, draw: int) -> dict[str, float | str]:
+def judge_draw(tmp_path: Path, draw: int, extra: Sequence[str] = ()) -> dict[str, float | str]:
+    """Train the fixture's recipe on one draw (training seed = draw) and score it, the momentum
+    rule chosen on its training span and the Bayes filter on the same held-out days."""
     path = write_market(rotating_market(period=20, seed=draw), tmp_path / f"draw{draw}.csv")
-    overrides = [*ROTATION, *SHARED, *SHARED_ROTATION, f"seed={draw}"]
+    overrides = [*ROTATION, *SHARED, *SHARED_ROTATION, f"seed={draw}", *extra]
     run = train(config(path, 20_000, overrides), tmp_path / f"run{draw}")
     data = load_dataset(str(path))
     assets = run.validation["td3"].settings["assets"]
@@ -63,7 +66,7 @@ def test_shared_tilt_beats_the_momentum_rule_on_average_over_fresh_draws(tmp_pat
     """Mean over draws 5-9 of (held-out Sharpe - that draw's momentum rule) > 0, net of the
     same costs on the same held-out days; the Bayes filter's figure is printed beside each
     draw as the ceiling it is read against."""
-    table = [_judge(tmp_path, draw) for draw in FRESH_DRAWS]
+    table = [judge_draw(tmp_path, draw) for draw in FRESH_DRAWS]
     mean_excess = float(np.mean([row["excess"] for row in table]))
     print(json.dumps({"draws": table, "mean_excess": mean_excess}, indent=2))
     assert mean_excess > 0, table

@@ -10,6 +10,7 @@ import pytest
 from allocator.trainer.market.data import load_dataset
 from allocator.trainer.sim.baselines import TopKMomentum
 from allocator.trainer.training.run import train
+from tests.learning.rotation_many_draws import interval, verdict
 from tests.learning.test_learning import config
 from tests.learning.test_shared_policy import SHARED
 from tests.learning.yardsticks import (
@@ -138,3 +139,14 @@ def test_seed_ensemble_averages_its_members_and_one_member_is_the_run_itself(tmp
     np.testing.assert_allclose(SeedEnsemble(runs).predict(obs)[0], np.mean(members, axis=0))
     with pytest.raises(ValueError, match="at least one member"):
         SeedEnsemble([])
+
+
+def test_many_draws_interval_covers_the_mean_and_reads_its_sign():
+    """The many-draws verdict is the sign of the mean-excess interval, which moves with the
+    draws: shifted up by 1 it clears zero, down by 1 it falls below."""
+    excess = [0.63, 0.76, -0.08, -0.55, -0.11, 0.2, 0.05, -0.3]
+    low, high = interval(excess)
+    assert low < np.mean(excess) < high
+    assert verdict(low, high) == "matches"
+    assert verdict(*interval([e + 1 for e in excess])) == "beats"
+    assert verdict(*interval([e - 1 for e in excess])) == "loses"

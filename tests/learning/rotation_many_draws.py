@@ -1,0 +1,102 @@
+"""The rotating-market comparison over many fresh draws, with an interval a skeptic can read.
+
+``test_rotation_draws.py`` judges the shared policy against the momentum rule over five draws
+(5-9): its mean excess (+0.13 on 2026-11-27) is about 0.6 standard errors from zero, so it
+cannot tell "beats" from "matches". This driver runs the same judgement (``judge_draw``: the
+fixture's recipe, 20,000 steps, training seed = draw, 10 bps) over sixteen draws no run had
+touched, 10-25, and puts a 95% bootstrap interval on the mean excess. Draws are independent
+markets, so the bootstrap resamples draws (``arch``'s ``IIDBootstrap``, BCa).
+
+The rule, written and committed before any of these draws was generated (2026-11-27): the
+policy *beats* the best top-k momentum rule chosen on the training span if the interval of
+the mean excess (held-out Sharpe - the rule's, net of the same costs on the same days) lies
+above zero; if it holds zero, the policy *matches* it; below zero, it *loses*. Nothing is
+chosen on these draws, so the script refuses the tests' own (0, 5-9) and the development
+draws (1-4): a figure on draws that chose the recipe would flatter it.
+
+About 3-5 minutes a draw on one core: ``--workers 16`` on a 16-core machine runs all sixteen at
+once. Usage (from the repository root; prints one JSON document):
+  python -m tests.learning.rotation_many_draws --workers 16 > runs/many_draws.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from arch.bootstrap import IIDBootstrap
+
+from tests.learning.test_rotation_draws import FRESH_DRAWS, judge_draw
+
+MANY_DRAWS = tuple(range(10, 26))
+"""The judged draws: never generated before the rule above was committed."""
+
+USED = {0, 1, 2, 3, 4, *FRESH_DRAWS}
+"""Draws that chose the recipe (1-4) or already judged it (0, 5-9)."""
+
+
+def _one(draw: int, device: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        return dict(judge_draw(Path(tmp), draw, [f"device={device}"]))
+
+
+def interval(values: list[float], seed: int = 0) -> tuple[float, float]:
+    """95% BCa bootstrap interval of the mean over independent draws (a point where every draw
+    gives the same figure: BCa has no spread to correct)."""
+    x = np.asarray(values, dtype=np.float64)
+    if np.ptp(x) == 0:
+        return float(x[0]), float(x[0])
+    boot = IIDBootstrap(x, seed=seed)
+    low, high = boot.conf_int(np.mean, reps=10_000, method="bca")[:, 0]
+    return float(low), float(high)
+
+
+def verdict(low: float, high: float) -> str:
+    """The pre-registered reading of the interval."""
+    return "beats" if low > 0 else ("loses" if high < 0 else "matches")
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    excess = [float(r["excess"]) for r in rows]
+    ceiling = [float(r["filter_sharpe"]) - float(r["momentum_sharpe"]) for r in rows]
+    low, high = interval(excess)
+    return {
+        "draws": len(rows),
+        "mean_excess": float(np.mean(excess)),
+        "interval_95": [low, high],
+        "verdict": verdict(low, high),
+        "policy_ahead": int(sum(e > 0 for e in excess)),
+        "filter_mean_excess_over_rule": float(np.mean(ceiling)),
+        "filter_interval_95": list(interval(ceiling)),
+        "policy_mean_turnover": float(np.mean([float(r["policy_turnover"]) for r in rows])),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draws", type=int, nargs="+", default=list(MANY_DRAWS))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    used = sorted(set(args.draws) & USED)
+    if used:
+        parser.error(f"draws {used} chose or already judged the recipe; judge fresh draws")
+    with ProcessPoolExecutor(args.workers) as pool:
+        futures = [pool.submit(_one, d, args.device) for d in args.draws]
+        rows = []
+        for future in as_completed(futures):
+            rows.append(future.result())
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress, one per draw
+    rows.sort(key=lambda r: int(r["draw"]))
+    json.dump({"rows": rows, "summary": summarize(rows)}, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
