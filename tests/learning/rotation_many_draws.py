@@ -14,9 +14,20 @@ above zero; if it holds zero, the policy *matches* it; below zero, it *loses*. N
 chosen on these draws, so the script refuses the tests' own (0, 5-9) and the development
 draws (1-4): a figure on draws that chose the recipe would flatter it.
 
-About 3-5 minutes a draw on one core: ``--workers 16`` on a 16-core machine runs all sixteen at
+Result (2026-11-27, RESULTS.md): the policy **loses**, mean excess -0.40 [-0.68, -0.09], ahead
+on 5 of 16 draws; the Bayes filter of the market's own model only matches the rule there.
+
+``--choose-among`` adds a first stage, written and committed before it ran (2026-11-27): each
+candidate (the fixture's recipe plus the named overrides, ``CANDIDATES``) is judged on the
+development draws 1-4 alone, the one with the highest mean excess wins (the fixture's recipe,
+``control``, is a candidate, so "no change" can win), and only the winner is then judged on the
+fresh draws, by the rule above. The stage-one figures choose; the stage-two figures measure.
+
+About 3-5 minutes a draw on one core: ``--workers 16`` on a 16-core machine runs sixteen at
 once. Usage (from the repository root; prints one JSON document):
   python -m tests.learning.rotation_many_draws --workers 16 > runs/many_draws.json
+  python -m tests.learning.rotation_many_draws --workers 16 --draws $(seq 26 41) \
+      --choose-among control gamma-0.9 ema-0.3 short-horizons > runs/chosen.json
 """
 
 from __future__ import annotations
@@ -37,13 +48,47 @@ from tests.learning.test_rotation_draws import FRESH_DRAWS, judge_draw
 MANY_DRAWS = tuple(range(10, 26))
 """The judged draws: never generated before the rule above was committed."""
 
-USED = {0, 1, 2, 3, 4, *FRESH_DRAWS}
-"""Draws that chose the recipe (1-4) or already judged it (0, 5-9)."""
+DEVELOPMENT_DRAWS = (1, 2, 3, 4)
+"""Where the first stage chooses (``rotation_dev_sweep.py`` chose the fixture's recipe there)."""
+
+USED = {0, *DEVELOPMENT_DRAWS, *FRESH_DRAWS, *MANY_DRAWS}
+"""Draws that chose the recipe (1-4) or already judged it (0, 5-9, 10-25)."""
+
+CANDIDATES: dict[str, list[str]] = {
+    "control": [],
+    # A longer critic horizon: with gamma 0.5 a switch's value is judged over about two days.
+    "gamma-0.9": ["algorithm.gamma=0.9"],
+    # Served EMA smoothing: the policy trades 0.26/day against the rule's 0.13-0.19.
+    "ema-0.3": ["env.beta=0.3"],
+    # Shorter return sums: a new leader shows in a 2-day sum before a 20-day one.
+    "short-horizons": ["env.horizons=[2,5,10,20]"],
+}
+"""First-stage candidates: overrides on top of the fixture's recipe (registered 2026-11-27)."""
 
 
-def _one(draw: int, device: str) -> dict[str, Any]:
+def _one(draw: int, device: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        return dict(judge_draw(Path(tmp), draw, [f"device={device}"]))
+        return dict(judge_draw(Path(tmp), draw, [*extra, f"device={device}"]))
+
+
+def _run(pool: ProcessPoolExecutor, jobs: list[tuple[str, int]], device: str) -> list[dict]:
+    futures = {
+        pool.submit(_one, draw, device, tuple(CANDIDATES[name])): name for name, draw in jobs
+    }
+    rows = []
+    for future in as_completed(futures):
+        rows.append(future.result() | {"candidate": futures[future]})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress, one per run
+    return sorted(rows, key=lambda r: (r["candidate"], int(r["draw"])))
+
+
+def choose(rows: list[dict[str, Any]]) -> tuple[str, dict[str, float]]:
+    """The first stage's rule: the highest mean excess over the development draws."""
+    means = {
+        name: float(np.mean([float(r["excess"]) for r in rows if r["candidate"] == name]))
+        for name in dict.fromkeys(r["candidate"] for r in rows)
+    }
+    return max(means, key=lambda name: means[name]), means
 
 
 def interval(values: list[float], seed: int = 0) -> tuple[float, float]:
@@ -83,18 +128,26 @@ def main() -> None:
     parser.add_argument("--draws", type=int, nargs="+", default=list(MANY_DRAWS))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--choose-among", nargs="+", help="candidates judged first on draws 1-4 (CANDIDATES)"
+    )
     args = parser.parse_args()
     used = sorted(set(args.draws) & USED)
-    if used:
+    if used and not (args.choose_among is None and set(args.draws) <= set(MANY_DRAWS)):
         parser.error(f"draws {used} chose or already judged the recipe; judge fresh draws")
+    unknown = sorted(set(args.choose_among or []) - set(CANDIDATES))
+    if unknown:
+        parser.error(f"unknown candidates {unknown}; known: {sorted(CANDIDATES)}")
+    out: dict[str, Any] = {}
     with ProcessPoolExecutor(args.workers) as pool:
-        futures = [pool.submit(_one, d, args.device) for d in args.draws]
-        rows = []
-        for future in as_completed(futures):
-            rows.append(future.result())
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress, one per draw
-    rows.sort(key=lambda r: int(r["draw"]))
-    json.dump({"rows": rows, "summary": summarize(rows)}, sys.stdout, indent=2)
+        winner = "control"
+        if args.choose_among:
+            jobs = [(name, d) for name in args.choose_among for d in DEVELOPMENT_DRAWS]
+            stage = _run(pool, jobs, args.device)
+            winner, means = choose(stage)
+            out["choice"] = {"rows": stage, "mean_excess": means, "chosen": winner}
+        rows = _run(pool, [(winner, d) for d in args.draws], args.device)
+    json.dump(out | {"rows": rows, "summary": summarize(rows)}, sys.stdout, indent=2)
     print()
 
 
