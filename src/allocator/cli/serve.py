@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 from typing import Any
 
 import click
@@ -84,6 +83,7 @@ def serve(**options: Any) -> None:
     from allocator.recording.sinks import SchemaMissingError
     from allocator.registry.errors import ModelLoadError
     from allocator.serving.server import ServerConfig, build_server
+    from allocator.serving.stop_signals import StopSignals
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -95,14 +95,13 @@ def serve(**options: Any) -> None:
         if config.workers > 1:
             _supervise(config)
             return
+        # before the model load: a SIGTERM during it drains the server once started
+        stop = StopSignals()
         server = build_server(config)
     except ValidationError as exc:
         fail("; ".join(_validation_message(e) for e in exc.errors()))
     except (ModelLoadError, SchemaMissingError, ValueError, OSError) as exc:
         fail(str(exc))
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     server.start()
     click.echo(f"serving on {server.target} (metrics on port {server.metrics_port})", err=True)
     stop.wait()

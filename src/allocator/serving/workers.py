@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from allocator.serving.config import ServerConfig
+from allocator.serving.stop_signals import StopSignals
 
 __all__ = ["Supervisor", "reserve_port", "worker_config"]
 
@@ -343,9 +344,7 @@ def worker_main() -> int:
         level=logging.INFO,
         format=f"%(asctime)s %(levelname)s %(name)s[worker {index}]: %(message)s",
     )
-    stopping: list[int] = []  # the signals received (no lock taken in a signal handler)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _: stopping.append(signum))
+    stopping = StopSignals()
 
     # heavy (grpc, onnxruntime, sqlalchemy): imported once the signal handlers are set, so a
     # SIGTERM that arrives during the seconds of imports drains the worker instead of killing it
@@ -362,8 +361,7 @@ def worker_main() -> int:
     server.start()
     os.write(ready_fd, READY)
     os.close(ready_fd)
-    while not stopping:
-        time.sleep(0.05)
+    stopping.wait()
     server.stop()
     return 0
 
