@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from allocator.trainer.jobs.walk_forward.completion import exported
+from allocator.trainer.jobs.walk_forward.config import RegimeThresholds
+from allocator.trainer.jobs.walk_forward.persist import result_from, result_payload
 from allocator.trainer.jobs.walk_forward.progress import read_progress
+from allocator.trainer.jobs.walk_forward.summary import window_row
 from allocator.trainer.jobs.walk_forward.window import WindowJob, plan, run_window
 from allocator.trainer.training.checkpointing import TrainingStoppedError, latest_checkpoint
 from allocator.trainer.training.run import train
@@ -54,6 +57,9 @@ def test_a_window_cut_short_continues_from_its_checkpoint(tmp_path: Path) -> Non
     assert exported(job.version_dir)
     assert result.version == job.version
     assert result.agent.raw_weights.shape[0] > 0
+    # the run's summary and its window file name the continuation, not only run.json
+    assert window_row(result, RegimeThresholds())["resumed_from"] == [step]
+    assert result_from(result_payload(result)).resumed_from == [step]
 
 
 def test_without_checkpoints_a_window_cut_short_trains_from_scratch(tmp_path: Path) -> None:
@@ -64,6 +70,7 @@ def test_without_checkpoints_a_window_cut_short_trains_from_scratch(tmp_path: Pa
     result = run_window(job)
     summary = json.loads((Path(job.run_dir) / RUN_SUMMARY_FILE).read_text())
     assert "resumed_from" not in summary
+    assert window_row(result, RegimeThresholds())["resumed_from"] == []
 
     straight = run_window(first_window(tmp_path / "straight"))
     assert result.metrics() == straight.metrics()

@@ -117,6 +117,7 @@ def result_payload(result: WindowResult) -> dict[str, Any]:
         "torch_validation": result.torch_validation,
         "train_seconds": result.train_seconds,
         "seconds": result.seconds,
+        "resumed_from": result.resumed_from,
     }
 
 
@@ -138,6 +139,7 @@ def result_from(payload: dict[str, Any]) -> WindowResult:
         torch_validation=payload["torch_validation"],
         train_seconds=float(payload["train_seconds"]),
         seconds=float(payload["seconds"]),
+        resumed_from=[int(step) for step in payload.get("resumed_from", [])],
     )
 
 

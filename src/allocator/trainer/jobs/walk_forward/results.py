@@ -36,6 +36,9 @@ class WindowResult:
     torch_validation: dict[str, Any]
     train_seconds: float
     seconds: float
+    resumed_from: list[int] = field(default_factory=list)
+    """Steps its training continued from after a kill (empty: trained in one go). A continued
+    window is another draw of its recipe, so the summary names it."""
 
     def metrics(self) -> dict[str, float]:
         return self.agent.metrics()

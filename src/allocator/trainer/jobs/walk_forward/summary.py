@@ -53,6 +53,7 @@ def window_row(result: WindowResult, regimes: RegimeThresholds) -> dict[str, Any
         "equal_weight_annual_return": ew["annual_return"],
         "regime": regimes.classify(ew["annual_return"]),
         "baseline_sharpe": {n: b["sharpe"] for n, b in result.baseline_metrics().items()},
+        "resumed_from": result.resumed_from,
     }
 
 

@@ -14,7 +14,7 @@ checkpoint when the trainer writes them (``trainer.checkpoint_every > 0``: worth
 budgets, where a window is hours of training), else its partial run directory is replaced and
 it trains from scratch. A continued run's random draws differ from an uninterrupted one's
 (``checkpointing``), so its figures are another draw of the same recipe; its ``run.json``
-lists the steps it resumed from. A registry version is never overwritten, so a whole version
+and its row in the run's ``summary.json`` list the steps it resumed from. A registry version is never overwritten, so a whole version
 beside an unfinished training run is refused, naming it. While it trains, the window reports
 its steps in ``window_progress.json`` (``progress``).
 """
@@ -178,6 +178,7 @@ def train_export_evaluate(job: WindowJob) -> WindowResult:
         torch_validation=summary["validation"].get(cfg.algorithm.name, {}),
         train_seconds=float(summary["train_seconds"]),
         seconds=0.0,
+        resumed_from=[int(step) for step in summary.get("resumed_from", [])],
     )
     write_progress(job.run_dir, label, EVALUATED)
     return result
