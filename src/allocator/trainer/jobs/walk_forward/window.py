@@ -14,9 +14,9 @@ checkpoint when the trainer writes them (``trainer.checkpoint_every > 0``: worth
 budgets, where a window is hours of training), else its partial run directory is replaced and
 it trains from scratch. A continued run's random draws differ from an uninterrupted one's
 (``checkpointing``), so its figures are another draw of the same recipe; its ``run.json``
-and its row in the run's ``summary.json`` list the steps it resumed from. A registry version is never overwritten, so a whole version
-beside an unfinished training run is refused, naming it. While it trains, the window reports
-its steps in ``window_progress.json`` (``progress``).
+and its row in the run's ``summary.json`` list the steps it resumed from. A registry version
+is never overwritten, so a whole version beside an unfinished training run is refused, naming
+it. While it trains, the window reports its steps in ``window_progress.json`` (``progress``).
 """
 
 from __future__ import annotations
