@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -237,12 +238,16 @@ def test_current_weights_wrong_length(length: int) -> None:
         ([0.25, 0.25, 0.25, 0.2], "sum to 0.95"),
         ([0.25, 0.25, 0.25, 0.25 + 2e-6], "not 1"),
         ([0.0, 0.0, 0.0, 0.0], "sum to 0.0"),
+        ([0.0, 1.5, 0.0, 0.0], "sum to 1.5"),
+        ([1e308, 1e308, 0.0, 0.0], "sum to inf"),
     ],
 )
 def test_current_weights_not_a_distribution(weights: list[float], words: str) -> None:
     request = make_request(3, weights=False)
     request.current_weights.extend(weights)
-    error = refused(request)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # huge weights are refused, not overflowed on the way
+        error = refused(request)
     assert error.field == "current_weights"
     assert words in error.message
 

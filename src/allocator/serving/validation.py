@@ -208,9 +208,13 @@ def _check_current_weights(
             f"expected {expected} values (CASH first, then the {len(assets)} assets), got {got}",
         )
     weights = np.asarray(request.current_weights, dtype=np.float64)
+    # Each weight of a distribution lies in [0, 1] (NaN and inf fail it): checked before the
+    # sum, so finite but huge weights are refused without overflowing it.
+    if not (_min(weights) >= 0.0 and _max(weights) <= 1.0 + WEIGHT_SUM_TOLERANCE):
+        with np.errstate(over="ignore"):
+            _explain_current_weights(weights, float(_sum(weights)), assets)
     total = float(_sum(weights))
-    # NaN fails min >= 0; +inf (the only other non-finite left) makes the sum miss 1.
-    if not (_min(weights) >= 0.0 and abs(total - 1.0) <= WEIGHT_SUM_TOLERANCE):
+    if abs(total - 1.0) > WEIGHT_SUM_TOLERANCE:
         _explain_current_weights(weights, total, assets)
     weights.flags.writeable = False
     return weights
