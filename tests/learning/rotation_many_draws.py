@@ -23,13 +23,13 @@ development draws 1-4 alone, the one with the highest mean excess wins (the fixt
 ``control``, is a candidate, so "no change" can win), and only the winner is then judged on the
 fresh draws, by the rule above. The stage-one figures choose; the stage-two figures measure.
 Result (2026-11-27): ``control`` won on draws 1-4 and **matches** the rule on draws 26-41,
-+0.09 [-0.17, +0.34]; over the 32 draws 10-41, -0.15 [-0.36, +0.06]. A new candidate needs
-draws from 42 on.
++0.09 [-0.17, +0.34]; over the 32 draws 10-41, -0.15 [-0.36, +0.06]. Draws 42-57 then judged
+the three-seed ensemble (``rotation_ensemble.py``): a new candidate needs draws from 58 on.
 
 About 3-5 minutes a draw on one core: ``--workers 16`` on a 16-core machine runs sixteen at
 once. Usage (from the repository root; prints one JSON document):
   python -m tests.learning.rotation_many_draws --workers 16 > runs/many_draws.json
-  python -m tests.learning.rotation_many_draws --workers 16 --draws $(seq 42 57) \
+  python -m tests.learning.rotation_many_draws --workers 16 --draws $(seq 58 73) \
       --choose-among control gamma-0.9 ema-0.3 short-horizons > runs/chosen.json
 """
 
@@ -61,8 +61,11 @@ JUDGED = {*MANY_DRAWS, *CHOSEN_DRAWS}
 """Draws that judged a recipe and chose nothing: the same recipe may run there again (a
 replication), a new one may not."""
 
-USED = {0, *DEVELOPMENT_DRAWS, *FRESH_DRAWS, *JUDGED}
-"""Draws that chose the recipe (1-4) or already judged it (0, 5-9, 10-41)."""
+ENSEMBLE_DRAWS = tuple(range(42, 58))
+"""Where ``rotation_ensemble.py`` judged the three-seed ensemble chosen on 1-4 (2026-11-27)."""
+
+USED = {0, *DEVELOPMENT_DRAWS, *FRESH_DRAWS, *JUDGED, *ENSEMBLE_DRAWS}
+"""Draws that chose a recipe (1-4) or already judged one (0, 5-9, 10-57)."""
 
 CANDIDATES: dict[str, list[str]] = {
     "control": [],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -215,11 +216,18 @@ class RotationFilter:
         return ctx.slot_weights(held)
 
 
+class _Member(Protocol):
+    """A trained run just after training (``TrainingRun``) or read back (``LoadedRun``)."""
+
+    @property
+    def model(self) -> Any: ...
+
+
 class SeedEnsemble:
     """The members' deterministic actions averaged: the rule an exported seed ensemble serves
     (``export.ensemble``), with the ``predict`` of one SB3 model."""
 
-    def __init__(self, runs: Sequence[TrainingRun]) -> None:
+    def __init__(self, runs: Sequence[_Member]) -> None:
         if not runs:
             raise ValueError("an ensemble needs at least one member")
         self.models = [run.model for run in runs]
