@@ -22,6 +22,11 @@ The rule, written and committed before any of its runs (2026-11-27):
   runs (member one), so its figure on 42-57 is printed too, as a replication of the 32 draws,
   not as a second candidate.
 
+Result (2026-11-27, RESULTS.md): ``ensemble-3`` won stage one (+0.29 against +0.01) and on
+draws 42-57 it **beats** the rule, +0.32 [+0.12, +0.49], ahead of the rule on 12 of 16 draws
+and of the control run on all 16; ``control`` matches the rule, -0.00 [-0.19, +0.15]. A new
+candidate needs draws from 58 on (``rotation_many_draws.USED``).
+
 Training and judging are apart, so members can be trained wherever there are cores (``train``:
 one process per member, each member's run directory kept) and the ensembles judged where they
 were gathered (``judge``: loads the members, a few seconds a draw). Usage, from the repository
