@@ -87,6 +87,10 @@ def test_td3_demo_config_leaves_a_complete_run_directory(tmp_path):
     )
     saturation = json.loads((run_dir / "action_saturation.json").read_text())
     assert 0.0 <= saturation["near_bound_ratio"] <= 1.0
+    host = json.loads((run_dir / "run.json").read_text())["host"]
+    assert host["torch_threads"] == 1  # the run's own setting, read back from torch
+    assert host["cpu"]
+    assert host["cpu_capability"] in {"DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX"}
     # The resolved config reproduces the run's settings.
     resolved = load_config(run_dir / "config.yaml")
     assert resolved.total_timesteps == 360

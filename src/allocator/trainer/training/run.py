@@ -60,6 +60,7 @@ from allocator.trainer.training.config import (
     dump_config,
     load_config,
 )
+from allocator.trainer.training.host import host_info
 from allocator.trainer.training.inputs import TrainingData, make_env, prepare_data
 from allocator.trainer.training.policy_eval import (
     excess_over,
@@ -411,6 +412,7 @@ class TrainingSession:
             "train_seconds": round(self.train_seconds, 2),
             "steps_per_second": round(self.session_steps / max(self.session_seconds, 1e-9), 1),
             "device": str(model.device),
+            "host": host_info(),
             "smooth_lambda": float(getattr(chosen, "smooth_lambda", 0.0)),
             "replay_buffer_size": int(buffer.size()) if buffer is not None else 0,
             "validation": metrics,

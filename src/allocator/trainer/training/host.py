@@ -1,0 +1,38 @@
+"""The machine a run trained on, recorded in ``run.json``.
+
+The same config and seed can take another floating-point path on another CPU: torch picks its
+CPU kernels by instruction set (AVX2, AVX-512), and a 20,000-step trajectory amplifies the last
+bits into a different kept checkpoint. With the host on record, two runs that disagree can be
+told apart from a change in the code.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import torch as th
+
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_model(cpuinfo: Path = CPUINFO) -> str:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def host_info() -> dict[str, str | int]:
+    """What decides a CPU run's floating-point path besides the code, the config and the seed."""
+    return {
+        "cpu": cpu_model(),
+        "cpu_capability": th.backends.cpu.get_cpu_capability(),
+        "torch": th.__version__,
+        "torch_threads": th.get_num_threads(),
+    }
