@@ -89,9 +89,6 @@ def train_member(root: Path, draw: int, offset: int, device: str, steps: int = S
             if (run.run_dir / name).is_file():
                 (out / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(run.run_dir / name, out / name)
-        (out / "validation_sharpe.json").write_text(
-            json.dumps({"sharpe": run.validation["td3"].metrics()["sharpe"]})
-        )
     return out
 
 
@@ -134,11 +131,11 @@ def judge_ensemble(root: Path, draw: int) -> dict[str, Any]:
         return result
 
     control, ensemble = held_out(members[:1]), held_out(members)
-    recorded = json.loads((member_dir(root, draw, 0) / "validation_sharpe.json").read_text())
-    if not np.isclose(control.metrics()["sharpe"], recorded["sharpe"], atol=1e-9):
+    sharpes = [float(m.manifest.metrics["td3"]["sharpe"]) for m in members]  # training's own
+    if not np.isclose(control.metrics()["sharpe"], sharpes[0], atol=1e-9):
         raise RuntimeError(
             f"draw {draw}: the replayed control ({control.metrics()['sharpe']}) is not the "
-            f"run's own validation ({recorded['sharpe']}): the judge does not replay training's"
+            f"run's own validation ({sharpes[0]}): the judge does not replay training's"
         )
     assets = control.settings["assets"]
     choice, momentum = momentum_for(cfg, data, assets)
@@ -149,10 +146,7 @@ def judge_ensemble(root: Path, draw: int) -> dict[str, Any]:
         "momentum_rule": repr(choice.rule),
         "momentum_sharpe": rule,
         "filter_sharpe": ceiling.metrics()["sharpe"],
-        "member_sharpes": [
-            json.loads((member_dir(root, draw, o) / "validation_sharpe.json").read_text())["sharpe"]
-            for o in MEMBER_OFFSETS
-        ],
+        "member_sharpes": sharpes,
     }
     for name, result in (("control", control), ("ensemble-3", ensemble)):
         m = result.metrics()
