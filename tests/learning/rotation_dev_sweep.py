@@ -1,7 +1,8 @@
 """Choose the rotating-market recipe on development draws of the market, never on the test's.
 
 The learning tests judge the shared policy on the held-out days of ``rotating_market(seed=0)``
-(``tests/learning/test_shared_rotation.py``) and of draws 5-9 (``test_rotation_draws.py``).
+(``tests/learning/test_shared_rotation.py``) and of draws 5-9 (``rotation_draws.py``, a CI test
+until 2026-11-28).
 Choosing a recipe by its figure there would tune on the test, so the script refuses them. It
 trains candidate recipes on other draws of the same generator (market seeds 1, 2, ...: the
 same drift, noise and 20-day regimes, other schedules and noise) and
@@ -39,15 +40,17 @@ import numpy as np
 
 from allocator.trainer.market.data import load_dataset
 from allocator.trainer.training.run import train
+from tests.learning.rotation_draws import FRESH_DRAWS
+from tests.learning.rotation_many_draws import CI_DRAWS
 from tests.learning.test_learning import config
-from tests.learning.test_rotation_draws import FRESH_DRAWS
 from tests.learning.test_shared_policy import SHARED
 from tests.learning.test_shared_rotation import ROTATION
 from tests.learning.yardsticks import held_out_ensemble, held_out_momentum
 from tests.markets import rotating_market, write_market
 
-TEST_DRAWS = {0, *FRESH_DRAWS}
-"""The learning tests' markets: ``test_shared_rotation`` (0) and ``test_rotation_draws``."""
+TEST_DRAWS = {0, *FRESH_DRAWS, *CI_DRAWS}
+"""The learning tests' markets (``test_shared_rotation``: 0; ``test_ensemble_beats_momentum``:
+58-59, scanned for its draw) and the retired test's (``rotation_draws``: 5-9)."""
 
 BASE = [*ROTATION, *SHARED]
 """The shared policy's settings in the test's ``rotating`` fixture, before its own recipe."""

@@ -25,7 +25,8 @@ The rule, written and committed before any of its runs (2026-11-27):
 Result (2026-11-27, RESULTS.md): ``ensemble-3`` won stage one (+0.29 against +0.01) and on
 draws 42-57 it **beats** the rule, +0.32 [+0.12, +0.49], ahead of the rule on 12 of 16 draws
 and of the control run on all 16; ``control`` matches the rule, -0.00 [-0.19, +0.15]. A new
-candidate needs draws from 58 on (``rotation_many_draws.USED``).
+candidate needs draws from 60 on (``rotation_many_draws.USED``; 58-59 went to
+``test_ensemble_beats_momentum.py``).
 
 Training and judging are apart, so members can be trained wherever there are cores (``train``:
 one process per member, each member's run directory kept) and the ensembles judged where they

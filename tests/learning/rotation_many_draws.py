@@ -1,11 +1,12 @@
 """The rotating-market comparison over many fresh draws, with an interval a skeptic can read.
 
-``test_rotation_draws.py`` judges the shared policy against the momentum rule over five draws
-(5-9): its mean excess (+0.13 on 2026-11-27) is about 0.6 standard errors from zero, so it
-cannot tell "beats" from "matches". This driver runs the same judgement (``judge_draw``: the
-fixture's recipe, 20,000 steps, training seed = draw, 10 bps) over sixteen draws no run had
-touched, 10-25, and puts a 95% bootstrap interval on the mean excess. Draws are independent
-markets, so the bootstrap resamples draws (``arch``'s ``IIDBootstrap``, BCa).
+``rotation_draws.py`` (a CI test until 2026-11-28) judged the shared policy against the
+momentum rule over five draws (5-9): its mean excess (+0.13 on 2026-11-27) is about 0.6
+standard errors from zero, so it cannot tell "beats" from "matches". This driver runs the same
+judgement (``judge_draw``: the fixture's recipe, 20,000 steps, training seed = draw, 10 bps)
+over sixteen draws no run had touched, 10-25, and puts a 95% bootstrap interval on the mean
+excess. Draws are independent markets, so the bootstrap resamples draws (``arch``'s
+``IIDBootstrap``, BCa).
 
 The rule, written and committed before any of these draws was generated (2026-11-27): the
 policy *beats* the best top-k momentum rule chosen on the training span if the interval of
@@ -24,7 +25,8 @@ development draws 1-4 alone, the one with the highest mean excess wins (the fixt
 fresh draws, by the rule above. The stage-one figures choose; the stage-two figures measure.
 Result (2026-11-27): ``control`` won on draws 1-4 and **matches** the rule on draws 26-41,
 +0.09 [-0.17, +0.34]; over the 32 draws 10-41, -0.15 [-0.36, +0.06]. Draws 42-57 then judged
-the three-seed ensemble (``rotation_ensemble.py``): a new candidate needs draws from 58 on.
+the three-seed ensemble (``rotation_ensemble.py``), and 58-59 were scanned for the CI test's
+draw (``test_ensemble_beats_momentum.py``): a new candidate needs draws from 60 on.
 
 About 3-5 minutes a draw on one core: ``--workers 16`` on a 16-core machine runs sixteen at
 once. Usage (from the repository root; prints one JSON document):
@@ -46,7 +48,7 @@ from typing import Any
 import numpy as np
 from arch.bootstrap import IIDBootstrap
 
-from tests.learning.test_rotation_draws import FRESH_DRAWS, judge_draw
+from tests.learning.rotation_draws import FRESH_DRAWS, judge_draw
 
 MANY_DRAWS = tuple(range(10, 26))
 """The judged draws: never generated before the rule above was committed."""
@@ -64,8 +66,12 @@ replication), a new one may not."""
 ENSEMBLE_DRAWS = tuple(range(42, 58))
 """Where ``rotation_ensemble.py`` judged the three-seed ensemble chosen on 1-4 (2026-11-27)."""
 
-USED = {0, *DEVELOPMENT_DRAWS, *FRESH_DRAWS, *JUDGED, *ENSEMBLE_DRAWS}
-"""Draws that chose a recipe (1-4) or already judged one (0, 5-9, 10-57)."""
+CI_DRAWS = (58, 59)
+"""Scanned for ``test_ensemble_beats_momentum.py``'s draw (2026-11-28): 58 failed its market
+criterion, 59 is the test's draw."""
+
+USED = {0, *DEVELOPMENT_DRAWS, *FRESH_DRAWS, *JUDGED, *ENSEMBLE_DRAWS, *CI_DRAWS}
+"""Draws that chose a recipe (1-4) or already judged one (0, 5-9, 10-59)."""
 
 CANDIDATES: dict[str, list[str]] = {
     "control": [],

@@ -42,6 +42,7 @@ import pytest
 
 from allocator.trainer.market.data import load_dataset
 from tests.learning.rotation_ensemble import MEMBER_OFFSETS, judge_ensemble, train_member
+from tests.learning.rotation_many_draws import CI_DRAWS, USED
 from tests.learning.test_learning import config
 from tests.learning.test_shared_policy import SHARED
 from tests.learning.test_shared_rotation import ROTATION, SHARED_ROTATION
@@ -77,6 +78,15 @@ def first_clearable_draw(start: int = FIRST_UNUSED_DRAW, limit: int = 50) -> int
         if row["filter_sharpe"] > row["momentum_sharpe"]:
             return draw
     raise RuntimeError(f"no draw in {start}..{start + limit - 1} where the filter beats the rule")
+
+
+def test_the_rule_picks_a_draw_the_studies_hold_as_used() -> None:
+    """The draw is chosen by the market alone, and the studies' bookkeeping knows it: a change
+    to the generator or the yardsticks that moved it would leave a new draw unrecorded (and
+    free for a sweep to choose on) until this fails."""
+    draw = first_clearable_draw()
+    assert draw in CI_DRAWS
+    assert set(range(FIRST_UNUSED_DRAW, draw + 1)) <= USED  # the draws scanned to find it too
 
 
 @pytest.mark.slow

@@ -92,7 +92,9 @@ def test_shared_tilt_beats_the_mlp_on_the_rotating_market_at_half_the_steps(rota
     "rotation_ceiling.py). Over 32 fresh draws one seed of the recipe is at -0.15 [-0.36, "
     "+0.06] against the rule (rotation_many_draws.py): it matches the rule. Three seeds' "
     "ensemble, chosen on draws 1-4, beats it on draws 42-57, +0.32 [+0.12, +0.49] "
-    "(rotation_ensemble.py, RESULTS.md): one draw cannot show that",
+    "(rotation_ensemble.py, RESULTS.md), and on the first fresh draw where the "
+    "filter clears the rule (test_ensemble_beats_momentum.py): one draw where the filter does "
+    "not cannot show it",
 )
 def test_shared_tilt_beats_the_best_momentum_rule_chosen_on_the_training_span(rotating):
     """Net of the same costs on the same held-out days, the ensemble of the three seeds (their
