@@ -32,14 +32,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _slow_modules_first(items: list[pytest.Item]) -> None:
-    """Modules holding a slow test first, each module's tests kept together and in order.
+    """Modules holding a slow test first, longest first, each module's tests kept together and
+    in order.
 
     ``make test`` hands whole modules to whichever worker is free (``--dist loadfile``, in
     collection order): the minutes-long learning modules start at once, one per worker, and the
     short modules fill in around them, rather than one of them starting last and running alone.
+    Longest first (a module's ``CI_MINUTES``, its one-core estimate) so that the longest is
+    never the one left to start after the others: in alphabetical order the 23-minute rotating
+    module would start only when the 13-minute ensemble module had finished.
     """
     slow_modules = {item.path for item in items if "slow" in item.keywords}
-    items.sort(key=lambda item: item.path not in slow_modules)
+
+    def order(item: pytest.Item) -> tuple[bool, float]:
+        minutes = float(getattr(getattr(item, "module", None), "CI_MINUTES", 0.0))
+        return item.path not in slow_modules, -minutes
+
+    items.sort(key=order)
 
 
 @pytest.fixture(scope="session")

@@ -49,6 +49,8 @@ from tests.learning.test_shared_rotation import ROTATION, SHARED_ROTATION
 from tests.learning.yardsticks import RotationFilter, held_out_rule, momentum_for
 from tests.markets import rotating_market, write_market
 
+CI_MINUTES = 13  # one idle core, 2026-11-28: three 20,000-step runs (tests/conftest.py orders)
+
 FIRST_UNUSED_DRAW = 58
 """The first draw of the generator that no study on this market had used (2026-11-28)."""
 

@@ -1,8 +1,11 @@
-"""Learning tests of the per-asset shared policy with anchor-tilt actions, against the flat MLP.
+"""Learning tests of the per-asset shared policy with anchor-tilt actions on drifting markets.
 
-Each test trains today's flat MLP (return window, affine mapping) and the shared policy
-(per-asset feature set, tilt of an equal-weight anchor) with the same seed, and prints both
-figures. Slow (minutes): skipped by default, run by CI with --run-slow.
+Each test trains the shared policy (per-asset feature set, tilt of an equal-weight anchor) and
+judges it against the market's known answer and its anchor. Until 2026-11-28 each also trained
+the flat MLP at the same budget and only printed it (RESULTS.md keeps those figures: 52.9% and
+22.7% in the drifting asset against the shared policy's 96.2% and 95.2%); the comparison CI
+asserts is the rotating market's (``test_shared_rotation.py``). Slow (minutes): skipped by
+default, run by CI with --run-slow.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tests.markets import drift_market, write_market
 # Up to about 10 minutes a test on one core here (CI ran about as fast on 2026-11-27): the
 # limit leaves a wide margin and still stops a hang inside CI's 90 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+CI_MINUTES = 7  # one idle core, 2026-11-28: two 20,000-step runs (tests/conftest.py orders)
 
 SHARED = [
     "policy=shared",
@@ -51,6 +55,12 @@ def _both(
     return runs
 
 
+def _shared(
+    tmp_path: Path, path: Path, steps: int, extra: list[str], shared_extra: tuple[str, ...] = ()
+) -> TrainingRun:
+    return train(config(path, steps, [*extra, *SHARED, *shared_extra]), tmp_path / "shared")
+
+
 def _metrics(result: BacktestResult) -> dict[str, float]:
     return {k: result.metrics()[k] for k in ("sharpe", "turnover", "total_return")}
 
@@ -68,9 +78,9 @@ def test_shared_tilt_finds_the_drifting_asset_within_20k_steps(tmp_path):
     higher net Sharpe and total return than the anchor it tilts (equal weight, 5% cash), traded
     with the same costs and smoothing on the same held-out days."""
     path = write_market(drift_market(drift=0.004, vol=0.005), tmp_path / "drift.csv")
-    runs = _both(tmp_path, path, {"mlp": 20_000, "shared": 20_000}, ["env.beta=0.2"])
-    table = {name: _figures(run, "UP") for name, run in runs.items()}
-    anchor = held_out_anchor(runs["shared"], load_dataset(str(path)))
+    run = _shared(tmp_path, path, 20_000, ["env.beta=0.2"])
+    table = {"shared": _figures(run, "UP")}
+    anchor = held_out_anchor(run, load_dataset(str(path)))
     table["anchor"] = _metrics(anchor) | {
         "mean_weight_UP": float(anchor.executed_weights["UP"].mean()),
         "mean_weight_cash": float(anchor.executed_weights["cash"].mean()),
@@ -93,15 +103,8 @@ def test_shared_policy_trained_on_6_assets_finds_the_drifting_asset_among_12(tmp
     """
     train_path = write_market(drift_market(n_flat=5, drift=0.004, vol=0.005), tmp_path / "d6.csv")
     six = ["env.max_assets=6", "env.min_assets=6", "env.beta=0.2"]
-    runs = _both(
-        tmp_path,
-        train_path,
-        {"mlp": 20_000, "shared": 20_000},
-        six,
-        shared_extra=("shared.center_assets=true",),
-    )
-    table = {name: _figures(run, "UP") for name, run in runs.items()}
-    run = runs["shared"]
+    run = _shared(tmp_path, train_path, 20_000, six, shared_extra=("shared.center_assets=true",))
+    table = {"shared": _figures(run, "UP")}
     wide = write_market(drift_market(n_flat=11, drift=0.004, vol=0.005, seed=1), tmp_path / "w.csv")
     weights = _evaluate_on_12(run, wide)
     table["shared_on_12_assets"] = {
