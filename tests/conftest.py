@@ -39,8 +39,8 @@ def _slow_modules_first(items: list[pytest.Item]) -> None:
     collection order): the minutes-long learning modules start at once, one per worker, and the
     short modules fill in around them, rather than one of them starting last and running alone.
     Longest first (a module's ``CI_MINUTES``, its one-core estimate) so that the longest is
-    never the one left to start after the others: in alphabetical order the 23-minute rotating
-    module would start only when the 13-minute ensemble module had finished.
+    never the one left to start after the others: in alphabetical order the 18-minute rotating
+    module would start only when the 8-minute ensemble module had finished.
     """
     slow_modules = {item.path for item in items if "slow" in item.keywords}
 

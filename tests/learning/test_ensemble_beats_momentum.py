@@ -27,8 +27,9 @@ The rule, written and committed before any draw from 58 on was generated or any 
   and recorded in RESULTS.md whichever way they come out.
 
 One draw is a test, not a study: the interval over draws is ``rotation_ensemble.py``'s. About
-15 minutes on one core (three 20,000-step runs): a module of its own, so ``--dist loadfile``
-hands it to one worker. Slow: skipped by default, run by CI with --run-slow.
+8 minutes on one idle core (three 20,000-step runs; 15 on a slow day): a module of its own,
+so ``--dist loadfile`` hands it to one worker. Slow: skipped by default, run by CI with
+--run-slow.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from tests.learning.test_shared_rotation import ROTATION, SHARED_ROTATION
 from tests.learning.yardsticks import RotationFilter, held_out_rule, momentum_for
 from tests.markets import rotating_market, write_market
 
-CI_MINUTES = 13  # one idle core, 2026-11-28: three 20,000-step runs (tests/conftest.py orders)
+CI_MINUTES = 8  # one idle core, 2026-11-28: three 20,000-step runs (tests/conftest.py orders)
 
 FIRST_UNUSED_DRAW = 58
 """The first draw of the generator that no study on this market had used (2026-11-28)."""

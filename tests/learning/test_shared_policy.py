@@ -30,7 +30,7 @@ from tests.markets import drift_market, write_market
 # Up to about 10 minutes a test on one core here (CI ran about as fast on 2026-11-27): the
 # limit leaves a wide margin and still stops a hang inside CI's 90 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
-CI_MINUTES = 7  # one idle core, 2026-11-28: two 20,000-step runs (tests/conftest.py orders)
+CI_MINUTES = 5  # one idle core, 2026-11-28: two 20,000-step runs (tests/conftest.py orders)
 
 SHARED = [
     "policy=shared",

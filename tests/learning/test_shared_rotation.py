@@ -3,7 +3,7 @@ than the drift, 10 bps costs): the shared policy against the flat MLP and the be
 momentum rule chosen on the training span, and the adaptive smoothness regularizer against
 none and a large fixed lambda.
 
-One module-scoped fixture trains both policies at three seeds (about 15 minutes on one core)
+One module-scoped fixture trains both policies at three seeds (about 14 minutes on one core)
 and the tests judge the runs; the regularizer's test trains two more MLPs and reuses the
 fixture's MLP at seed 0, which is its adaptive run to the bit (the same settings, seed and
 market). A module of its own, so that ``make test`` (``--dist loadfile``) hands it to one
@@ -29,7 +29,7 @@ from tests.markets import rotating_market, rotating_schedule, write_market
 # The fixture takes about 16-18 minutes on one core of the idle dev machine (38 beside other
 # jobs): the limit leaves room for that and still stops a hang inside CI's 90 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
-CI_MINUTES = 23  # one idle core, 2026-11-28: the fixture's six runs and the two here
+CI_MINUTES = 18  # one idle core, 2026-11-28: the fixture's six runs and the two here
 
 
 ROTATING_SEEDS = (0, 1, 2)
