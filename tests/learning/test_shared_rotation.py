@@ -26,8 +26,8 @@ from tests.learning.test_shared_policy import _both, _figures, _metrics
 from tests.learning.yardsticks import held_out_ensemble, held_out_momentum, regime_switch_lag
 from tests.markets import rotating_market, rotating_schedule, write_market
 
-# The fixture takes about 16-18 minutes on one core of the idle dev machine (38 beside other
-# jobs): the limit leaves room for that and still stops a hang inside CI's 90 minutes.
+# The fixture takes about 14 minutes on one idle core (2026-11-28; 38 beside other jobs on
+# another day): the limit leaves room for that and still stops a hang inside CI's 90 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 CI_MINUTES = 18  # one idle core, 2026-11-28: the fixture's six runs and the two here
 
@@ -135,7 +135,7 @@ def test_adaptive_smoothness_is_decisive_but_calm(rotating, tmp_path):
     leader = rotating_schedule(period=20)
 
     def other(name: str, smooth: list[str]) -> TrainingRun:
-        overrides = ["env.beta=0.0", "env.cost_bps=10", *smooth]  # ROTATION's, seed 0
+        overrides = ["env.beta=0.0", "env.cost_bps=10", *smooth]  # ROTATION's; seed 0, the default
         return train(config(path, adaptive.config.total_timesteps, overrides), tmp_path / name)
 
     runs = {
