@@ -1,8 +1,8 @@
 """Choose the rotating-market recipe on development draws of the market, never on the test's.
 
 The learning tests judge the shared policy on the held-out days of ``rotating_market(seed=0)``
-(``tests/learning/test_shared_rotation.py``) and of draws 5-9 (``rotation_draws.py``, a CI test
-until 2026-11-28).
+(``tests/learning/test_shared_rotation.py``), of draw 59 (``test_ensemble_beats_momentum.py``,
+58 scanned on the way) and, until 2026-11-28, of draws 5-9 (``rotation_draws.py``).
 Choosing a recipe by its figure there would tune on the test, so the script refuses them. It
 trains candidate recipes on other draws of the same generator (market seeds 1, 2, ...: the
 same drift, noise and 20-day regimes, other schedules and noise) and

@@ -1,6 +1,6 @@
 """One run of the fixture's recipe on a fresh draw of the rotating market, scored beside that
-draw's momentum rule and Bayes filter: ``judge_draw``, which the drivers
-(``rotation_many_draws.py``, ``rotation_dev_sweep.py``) call draw by draw.
+draw's momentum rule and Bayes filter: ``judge_draw``, which ``rotation_many_draws.py`` calls
+draw by draw; ``FRESH_DRAWS``, which both sweeps refuse.
 
 Until 2026-11-28 this module was a CI test: averaged over draws 5-9 (registered before any of
 them was generated, training seed = draw), the policy's held-out Sharpe net of 10 bps had to

@@ -27,8 +27,8 @@ from tests.learning.test_learning import config
 from tests.learning.yardsticks import held_out_anchor
 from tests.markets import drift_market, write_market
 
-# Up to about 10 minutes a test on one core here (CI ran about as fast on 2026-11-27): the
-# limit leaves a wide margin and still stops a hang inside CI's 90 minutes.
+# About 2-3 minutes a test on one idle core (2026-11-28; twice that on a slow day): the limit
+# leaves a wide margin and still stops a hang inside CI's 90 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 CI_MINUTES = 5  # one idle core, 2026-11-28: two 20,000-step runs (tests/conftest.py orders)
 
