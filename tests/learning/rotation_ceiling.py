@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 from allocator.trainer.market.data import load_dataset
+from allocator.trainer.sim.backtest import BacktestResult
+from allocator.trainer.sim.rule_selection import MomentumChoice
 from tests.learning.test_learning import config
 from tests.learning.test_shared_policy import SHARED
 from tests.learning.test_shared_rotation import ROTATION, SHARED_ROTATION
@@ -28,21 +30,30 @@ from tests.learning.yardsticks import RotationFilter, held_out_rule, momentum_fo
 from tests.markets import rotating_market, write_market
 
 
-def _draw(draw: int) -> dict[str, object]:
+def bar_and_ceilings(
+    draw: int, books: tuple[str, ...] = ("leader", "posterior")
+) -> tuple[MomentumChoice, dict[str, BacktestResult]]:
+    """The momentum rule chosen on ``draw``'s training span and the Bayes filter (one result per
+    ``book``), on its held-out days with the rotating recipe's costs and smoothing: no policy."""
     with tempfile.TemporaryDirectory() as tmp:
         path = write_market(rotating_market(period=20, seed=draw), Path(tmp) / "market.csv")
         cfg = config(path, 1, [*ROTATION, *SHARED, *SHARED_ROTATION])
         data = load_dataset(str(path))
-        assets = list(data.assets)
-        choice, momentum = momentum_for(cfg, data, assets)
-        out: dict[str, object] = {"draw": draw, "momentum_rule": repr(choice.rule)}
-        results = {"momentum": momentum}
-        for book in ("leader", "posterior"):
-            results[f"filter_{book}"] = held_out_rule(cfg, data, assets, RotationFilter(book=book))
-        for name, result in results.items():
-            metrics = result.metrics()
-            out[name] = {k: round(float(metrics[k]), 4) for k in ("sharpe", "turnover")}
-        return out
+    assets = list(data.assets)
+    choice, momentum = momentum_for(cfg, data, assets)
+    results = {"momentum": momentum}
+    for book in books:
+        results[f"filter_{book}"] = held_out_rule(cfg, data, assets, RotationFilter(book=book))
+    return choice, results
+
+
+def _draw(draw: int) -> dict[str, object]:
+    choice, results = bar_and_ceilings(draw)
+    out: dict[str, object] = {"draw": draw, "momentum_rule": repr(choice.rule)}
+    for name, result in results.items():
+        metrics = result.metrics()
+        out[name] = {k: round(float(metrics[k]), 4) for k in ("sharpe", "turnover")}
+    return out
 
 
 def main() -> None:

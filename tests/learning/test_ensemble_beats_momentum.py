@@ -35,20 +35,14 @@ so ``--dist loadfile`` hands it to one worker. Slow: skipped by default, run by 
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from allocator.trainer.market.data import load_dataset
+from tests.learning.rotation_ceiling import bar_and_ceilings
 from tests.learning.rotation_ensemble import MEMBER_OFFSETS, judge_ensemble, train_member
 from tests.learning.rotation_many_draws import CI_DRAWS, USED
-from tests.learning.test_learning import config
-from tests.learning.test_shared_policy import SHARED
-from tests.learning.test_shared_rotation import ROTATION, SHARED_ROTATION
-from tests.learning.yardsticks import RotationFilter, held_out_rule, momentum_for
-from tests.markets import rotating_market, write_market
 
 CI_MINUTES = 8  # one idle core, 2026-11-28: three 20,000-step runs (tests/conftest.py orders)
 
@@ -59,18 +53,12 @@ FIRST_UNUSED_DRAW = 58
 def bar_and_ceiling(draw: int) -> dict[str, Any]:
     """The momentum rule chosen on ``draw``'s training span and the Bayes filter, both on its
     held-out days with the recipe's costs: the market's side of the test, no policy."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = write_market(rotating_market(period=20, seed=draw), Path(tmp) / "market.csv")
-        cfg = config(path, 1, [*ROTATION, *SHARED, *SHARED_ROTATION])
-        data = load_dataset(str(path))
-    assets = list(data.assets)
-    choice, momentum = momentum_for(cfg, data, assets)
-    ceiling = held_out_rule(cfg, data, assets, RotationFilter())
+    choice, results = bar_and_ceilings(draw, books=("leader",))
     return {
         "draw": draw,
         "momentum_rule": repr(choice.rule),
-        "momentum_sharpe": float(momentum.metrics()["sharpe"]),
-        "filter_sharpe": float(ceiling.metrics()["sharpe"]),
+        "momentum_sharpe": float(results["momentum"].metrics()["sharpe"]),
+        "filter_sharpe": float(results["filter_leader"].metrics()["sharpe"]),
     }
 
 
