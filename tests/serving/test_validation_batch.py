@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -105,6 +106,7 @@ def _prices_for(n: int, seed: int, window: int = SHAPE.window) -> np.ndarray:
         (("A",), _prices_for(1, 0), [0.7, 0.7], "current_weights", "sum to"),
         (("A",), _prices_for(1, 0), [1.5, -0.5], "current_weights", ">= 0"),
         (("A",), _prices_for(1, 0), [math.nan, 1.0], "current_weights", "finite"),
+        (("A",), _prices_for(1, 0), [1e308, 1e308], "current_weights", "sum to inf"),
     ],
 )
 def test_bad_arrays_are_refused_at_the_edge_naming_the_item_and_field(
@@ -120,8 +122,10 @@ def test_bad_arrays_are_refused_at_the_edge_naming_the_item_and_field(
     )
     if current is not None:
         bad.current_weights.extend(current)
-    with pytest.raises(InvalidRequest, match=match) as info:
-        validate_batch(_batch(good, bad), _fixed())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # huge weights are refused, not overflowed on the way
+        with pytest.raises(InvalidRequest, match=match) as info:
+            validate_batch(_batch(good, bad), _fixed())
     assert info.value.field == f"requests[1].{field}"
     assert str(info.value).startswith(f"requests[1].{field}: ")
 

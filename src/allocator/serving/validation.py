@@ -363,10 +363,13 @@ def _finite_positive(block: Float64Array) -> bool:
 
 
 def _distributions(block: Float64Array) -> bool:
-    """``_check_current_weights``'s test, on many rows at once: each row is summed along its
+    """``_check_current_weights``'s test, on many rows at once: every weight in [0, 1] first (so
+    finite but huge ones fail without overflowing a sum), then each row summed along its
     contiguous axis, as a single request's weights are."""
+    if not (_min(block, None) >= 0.0 and _max(block, None) <= 1.0 + WEIGHT_SUM_TOLERANCE):
+        return False
     totals = _sum(block, axis=1)
-    return bool(_min(block, None) >= 0.0 and _max(np.abs(totals - 1.0)) <= WEIGHT_SUM_TOLERANCE)
+    return bool(_max(np.abs(totals - 1.0)) <= WEIGHT_SUM_TOLERANCE)
 
 
 def _rows(
