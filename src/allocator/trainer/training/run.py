@@ -37,7 +37,6 @@ from allocator.trainer.agents.td3 import SmoothTD3
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.baselines import ANCHOR
-from allocator.trainer.sim.env import PortfolioEnv
 from allocator.trainer.sim.plots import plot_allocations, plot_performance, plot_training_curves
 from allocator.trainer.training.audit import action_saturation, state_scale_summary
 from allocator.trainer.training.callbacks import StopAtStep, StopWhenAsked, TurnoverCallback
@@ -84,12 +83,7 @@ from allocator.trainer.training.run_dir import (
     VALIDATION_FILE,
     build_manifest,
 )
-from allocator.trainer.training.saturation import (
-    PROBE_SEED_OFFSET,
-    SaturationProbe,
-    SaturationWatch,
-    WatchState,
-)
+from allocator.trainer.training.saturation import make_watch
 from allocator.trainer.training.selection import (
     SelectionCallback,
     SelectionState,
@@ -237,15 +231,7 @@ class TrainingSession:
         if isinstance(config.algorithm, TD3Settings):
             # The schedule's position is the model's own step count, so it survives a resume.
             self.callbacks.append(NoiseAnnealingCallback(config.noise, config.total_timesteps))
-        probe_env = PortfolioEnv(
-            data.fit, config.env, stats=data.stats, feature_norm=data.feature_norm
-        )
-        saved_watch = state.get("saturation_watch")
-        self.watch = SaturationWatch(
-            SaturationProbe.from_env(probe_env, config.seed + PROBE_SEED_OFFSET),
-            config.saturation_watch.every,
-            WatchState.from_dict(saved_watch) if saved_watch else None,
-        )
+        self.watch = make_watch(config, data.fit, data.stats, data.feature_norm, state)
         self.watch.init_callback(model)  # ``finish`` checks the last model without ``learn``
         self.callbacks.append(self.watch)  # before selection, which reuses a check at its step
         self.selection: SelectionCallback | None = None

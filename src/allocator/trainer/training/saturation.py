@@ -32,8 +32,11 @@ import numpy as np
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 
+from allocator.portfolio import FeatureNormalization, NormalizationStats
+from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.env import PortfolioEnv
 from allocator.trainer.training.audit import action_saturation
+from allocator.trainer.training.config import TrainConfig
 
 log = logging.getLogger("allocator.trainer")
 
@@ -225,6 +228,22 @@ class SaturationWatch(BaseCallback):
         if state.first_collapsed_step is not None:
             out["warning"] = collapse_message(state)
         return out
+
+
+def make_watch(
+    config: TrainConfig,
+    fit: MarketData,
+    stats: NormalizationStats,
+    feature_norm: FeatureNormalization | None,
+    saved: dict[str, Any],
+) -> SaturationWatch:
+    """The run's watch, its probe drawn from the prices it trains on; a resumed run's record
+    (``saved["saturation_watch"]``, from its checkpoint) carries on."""
+    env = PortfolioEnv(fit, config.env, stats=stats, feature_norm=feature_norm)
+    probe = SaturationProbe.from_env(env, config.seed + PROBE_SEED_OFFSET)
+    record = saved.get("saturation_watch")
+    state = WatchState.from_dict(record) if record else None
+    return SaturationWatch(probe, config.saturation_watch.every, state)
 
 
 def collapse_message(state: WatchState) -> str:
