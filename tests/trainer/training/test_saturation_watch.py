@@ -196,6 +196,7 @@ def test_selection_skips_a_collapsed_candidate_however_it_scores(
     assert chosen["chosen_step"] == 300
     assert chosen["collapsed_evaluations"] == 1
     assert "warning" not in chosen
+    assert "1 collapsed evaluation(s) were ineligible" in chosen["reason"]
     watch = run.summary["saturation_watch"]
     assert watch["collapsed"] is True
     assert watch["first_collapsed_step"] == 200

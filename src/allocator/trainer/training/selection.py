@@ -244,7 +244,7 @@ class SelectionCallback(BaseCallback):
                 f"({state.best_score:.4g}) of {n} evaluations on {span}"
             )
             if collapsed:
-                reason += f" not found collapsed ({collapsed} ineligible)"
+                reason += f"; {collapsed} collapsed evaluation(s) were ineligible"
         if state.stopped_early:
             reason += (
                 f"; training stopped at step {last_step}, {s.patience} evaluation(s) "
