@@ -87,6 +87,7 @@ def _train_and_export(out_dir: Path, config_path: str) -> None:
     from allocator.trainer.sim.performance import format_allocation, format_table
     from allocator.trainer.training.config import load_config
     from allocator.trainer.training.run import train as run_training
+    from allocator.trainer.training.saturation import collapse_warnings
 
     path = config_path if Path(config_path).is_file() else None
     config = load_config(path, [])
@@ -123,6 +124,8 @@ def _train_and_export(out_dir: Path, config_path: str) -> None:
         f"action saturation: {saturation['near_bound_ratio']:.1%} of live action values near "
         f"the bound, mean kappa {saturation['mean_kappa']:.2f} (action_saturation.json)"
     )
+    for line in collapse_warnings(run.summary):
+        click.echo(line)
     version_dir = export_run(run.run_dir, out_dir / "models", name="demo")
     exported = read_manifest(version_dir)
     click.echo("")

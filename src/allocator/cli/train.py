@@ -51,6 +51,7 @@ def train(
     from allocator.trainer.training.run import resume as resume_training
     from allocator.trainer.training.run import train as run_training
     from allocator.trainer.training.run_dir import CONFIG_FILE
+    from allocator.trainer.training.saturation import collapse_warnings
 
     if resume_dir is not None and run_dir is not None:
         fail("--resume continues the run in its own directory; drop --run-dir")
@@ -86,5 +87,7 @@ def train(
     )
     if "selection" in summary:
         click.echo(f"kept: {summary['selection']['reason']}")
+    for line in collapse_warnings(summary):
+        click.echo(line)
     click.echo(f"validation {config.data.validation_start} .. {config.data.validation_end}:")
     click.echo(format_table(summary["validation"]))

@@ -78,8 +78,9 @@ def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     base = [f"data.dataset={csv}", f"output_dir={root}", *SHARED]
     out = {}
-    sac = ["name=shared-sac", "shared.center_assets=true", *SAC_ICM]
-    for algo, extra in (("td3", ["name=shared-td3"]), ("sac", sac)):
+    sac = ["name=shared-sac", *SAC_ICM]  # centred: the default
+    td3 = ["name=shared-td3", "shared.center_assets=false"]
+    for algo, extra in (("td3", td3), ("sac", sac)):
         out[algo] = train(load_config(None, base + extra), root / algo).run_dir
     return out
 

@@ -182,7 +182,8 @@ class SharedActorNet(nn.Module):
     no asset's weight against another, only the book against cash, and the cash head already
     has that say: uncentred, that common shift is free to drift until every asset action sits
     at +1 (an equal-weight book with tanh's gradient gone). Centred, an asset's action says
-    how it differs from the others. Off by default: policies saved without it keep their meaning.
+    how it differs from the others. Training configs turn it on (``shared.center_assets``);
+    here it stays off by default, so a policy saved without the flag loads as it was trained.
     """
 
     def __init__(

@@ -119,9 +119,10 @@ class SharedPolicySettings(StrictModel):
 
     hidden: int = Field(64, ge=1, description="width of the per-asset encoder and heads")
     center_assets: bool = Field(
-        False,
+        True,
         description="subtract the live assets' mean score before the tanh, so no common shift "
-        "can saturate every asset action at once",
+        "can saturate every asset action at once (off: the uncentred actor, which can freeze "
+        "with every asset action at +1)",
     )
 
 
@@ -156,6 +157,17 @@ class SelectionSettings(StrictModel):
     metric: SelectionMetric = Field("sharpe", description="inner backtest figure to maximize")
 
 
+class SaturationWatchSettings(StrictModel):
+    """How often the saturation watch measures the actor (``training/saturation.py``)."""
+
+    every: int = Field(
+        1_000,
+        ge=0,
+        description="steps between two checks of the actor's saturation on the probe set "
+        "(0: only at selection evaluations and at the end)",
+    )
+
+
 class TrainConfig(StrictModel):
     """Everything one training run needs."""
 
@@ -183,6 +195,7 @@ class TrainConfig(StrictModel):
     checkpoint_every: int = Field(
         0, ge=0, description="steps between resumable checkpoints (0: none)"
     )
+    saturation_watch: SaturationWatchSettings = SaturationWatchSettings()
 
     @model_validator(mode="before")
     @classmethod
@@ -191,6 +204,26 @@ class TrainConfig(StrictModel):
         if isinstance(data, dict) and isinstance(data.get("algorithm"), dict):
             data = {**data, "algorithm": {"name": "td3", **data["algorithm"]}}
         return data
+
+    @model_validator(mode="after")
+    def _no_flat_tilt(self) -> TrainConfig:
+        """Refuse the flat MLP under the tilt mapping.
+
+        The tilt ignores a shift common to every action (cash included): all actions at +1
+        hold the anchor, as all at 0 do. The flat MLP has nothing that pins that common shift
+        (the shared actor centres its asset scores and gives cash its own head), so it can
+        drift into the corner where every action sits at +1 and tanh's gradient is gone, the
+        frozen book this trainer must not produce. No graph serves that combination either
+        (export takes a flat MLP with the affine mapping only), so it is refused, not patched.
+        """
+        if self.policy == "mlp" and self.env.action.mapping == "tilt":
+            raise ValueError(
+                "policy: mlp with env.action.mapping: tilt is refused: the tilt ignores a shift "
+                "common to every action, which the flat MLP can drift along until every action "
+                "sits at +1 (a frozen book). Use policy: shared with the tilt, or the affine "
+                "mapping with the MLP"
+            )
+        return self
 
 
 TRAINER_HELP = (

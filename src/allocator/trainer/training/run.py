@@ -83,6 +83,7 @@ from allocator.trainer.training.run_dir import (
     VALIDATION_FILE,
     build_manifest,
 )
+from allocator.trainer.training.saturation import make_watch
 from allocator.trainer.training.selection import (
     SelectionCallback,
     SelectionState,
@@ -118,7 +119,9 @@ def _policy(config: TrainConfig) -> tuple[Any, dict[str, Any]]:
     cls = SharedTD3Policy if isinstance(algo, TD3Settings) else SharedSACPolicy
     shared = config.shared
     kwargs = {"n_features": config.env.n_features, "hidden": shared.hidden}
-    if shared.center_assets:  # only when on: a run without it saves the policy as before
+    # Only when on: the policy's own default is off, so a checkpoint saved without the key
+    # (before centring existed) loads uncentred, as it was trained.
+    if shared.center_assets:
         kwargs["center_assets"] = True
     return cls, kwargs
 
@@ -228,6 +231,9 @@ class TrainingSession:
         if isinstance(config.algorithm, TD3Settings):
             # The schedule's position is the model's own step count, so it survives a resume.
             self.callbacks.append(NoiseAnnealingCallback(config.noise, config.total_timesteps))
+        self.watch = make_watch(config, data.fit, data.stats, data.feature_norm, state)
+        self.watch.init_callback(model)  # ``finish`` checks the last model without ``learn``
+        self.callbacks.append(self.watch)  # before selection, which reuses a check at its step
         self.selection: SelectionCallback | None = None
         if data.split is not None:
             scorer = inner_scorer(config, data.train, data.split, data.stats, data.feature_norm)
@@ -238,6 +244,7 @@ class TrainingSession:
                 run_dir,
                 data.split,
                 SelectionState.from_dict(saved) if saved else None,
+                watch=self.watch,
             )
             self.selection.init_callback(model)  # ``finish`` may evaluate without ``learn``
             self.callbacks.append(self.selection)
@@ -304,6 +311,7 @@ class TrainingSession:
             "replay_buffer_size": int(buffer.size()) if buffer is not None else 0,
             "smooth_lambda": float(getattr(self.model, "smooth_lambda", 0.0)),
             "selection": self.selection.state.to_dict() if self.selection else None,
+            "saturation_watch": self.watch.state.to_dict(),
         }
 
     def learn(self, until: int | None = None, stop: threading.Event | None = None) -> None:
@@ -373,6 +381,7 @@ class TrainingSession:
             and self.selection.state.last_eval_step != model.num_timesteps
         ):
             self.selection.evaluate()  # the last model gets its score too
+        self.watch.at_current_step()  # and its saturation, with or without selection
         if self.selection is not None:  # a resumed run's file may list undone evaluations
             write_json(run_dir / SELECTION_FILE, self.selection.to_dict())
         chosen = self._keep_models()
@@ -421,6 +430,7 @@ class TrainingSession:
             out["resumed_from"] = self.resumed_from
         if self.selection is not None:
             out["selection"] = self.selection.summary(int(model.num_timesteps))
+        out["saturation_watch"] = self.watch.summary()
         return out
 
 

@@ -9,6 +9,7 @@ upgrades can refuse files changed after training.
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,23 @@ def saved_feature_normalization(run_dir: Path, spec: AssetFeatureSpec) -> Featur
     return norm
 
 
+def saved_center_assets(model_zip: Path) -> bool | None:
+    """Whether the shared actor saved in ``model_zip`` centres its asset scores (None: no
+    readable model there).
+
+    The model's own ``policy_kwargs`` decide, not the config: a run whose ``config.yaml`` was
+    written before ``shared.center_assets`` existed reads today's default (on) from it, while
+    its policy was saved without the flag and so loads uncentred.
+    """
+    try:
+        with zipfile.ZipFile(model_zip) as archive:
+            data = json.loads(archive.read("data"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+    kwargs = data.get("policy_kwargs")
+    return bool(kwargs.get("center_assets", False)) if isinstance(kwargs, dict) else None
+
+
 def representation_fields(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
     """The manifest fields that say what the policy sees and what its action means.
 
@@ -89,8 +107,11 @@ def representation_fields(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
         )
     if config.policy == "shared":
         shared = config.shared
+        center = saved_center_assets(Path(run_dir) / MODEL_FILE)
         fields["policy"] = PolicyInfo(
-            kind="shared", hidden=shared.hidden, center_assets=shared.center_assets
+            kind="shared",
+            hidden=shared.hidden,
+            center_assets=shared.center_assets if center is None else center,
         )
     if env.action.mapping == "tilt":
         anchor = env.action.anchor

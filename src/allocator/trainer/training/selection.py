@@ -14,6 +14,13 @@ here the score is a backtest figure over a fixed date span, so ``SelectionCallba
 ``BaseCallback`` and keeps EvalCallback's habits: deterministic actions, ``best_model.zip``,
 scores logged and dumped at the evaluation's step. Unlike ``StopTrainingOnNoModelImprovement``
 (which stops after *more than* N stale evaluations), ``patience: N`` stops after N.
+
+A checkpoint whose actor has collapsed (``saturation.py``: nine action values in ten at the
+tanh bounds on the probe set, gradients gone) is never kept, however it scores: its evaluation
+is recorded with its saturation and counts as one without improvement. When no evaluation was
+eligible the run keeps its last model, as it does when no score is finite (there is no earlier
+model to fall back on: the first candidate is the first evaluation), and says so: a ``warning``
+in ``run.json``'s ``selection``, printed by the CLI, beside the watch's own.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from allocator.trainer.sim.env import EnvConfig
 from allocator.trainer.training.config import SelectionSettings, TrainConfig
 from allocator.trainer.training.policy_eval import backtest_model
 from allocator.trainer.training.run_dir import BEST_ICM_FILE, BEST_MODEL_FILE, SELECTION_FILE
+from allocator.trainer.training.saturation import SaturationWatch
 from allocator.typed_config import ConfigError
 
 Scorer = Callable[[BaseAlgorithm], dict[str, float]]
@@ -150,6 +158,7 @@ class SelectionCallback(BaseCallback):
         run_dir: Path,
         split: InnerSplit,
         state: SelectionState | None = None,
+        watch: SaturationWatch | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -157,6 +166,7 @@ class SelectionCallback(BaseCallback):
         self.run_dir = Path(run_dir)
         self.split = split
         self.state = state or SelectionState(metric=settings.metric)
+        self.watch = watch
 
     def _on_step(self) -> bool:
         if self.num_timesteps - self.state.last_eval_step < self.settings.eval_every:
@@ -168,8 +178,15 @@ class SelectionCallback(BaseCallback):
         state, step = self.state, int(self.model.num_timesteps)
         metrics = self.scorer(self.model)
         score = float(metrics[self.settings.metric])
-        improved = math.isfinite(score) and score > state.best_score
-        state.evaluations.append({"step": step, "score": score, "metrics": metrics})
+        evaluation: dict[str, Any] = {"step": step, "score": score, "metrics": metrics}
+        collapsed = False
+        if self.watch is not None:
+            saturation = self.watch.at_current_step()
+            collapsed = saturation.collapsed
+            evaluation["saturation"] = saturation.to_dict()
+            evaluation["collapsed"] = collapsed
+        improved = not collapsed and math.isfinite(score) and score > state.best_score
+        state.evaluations.append(evaluation)
         state.last_eval_step = step
         if improved:
             self._save_best()
@@ -207,14 +224,27 @@ class SelectionCallback(BaseCallback):
         """Which step was kept and why, for ``run.json``."""
         s, state = self.settings, self.state
         n = len(state.evaluations)
+        collapsed = sum(bool(e.get("collapsed")) for e in state.evaluations)
         span = f"{self.split.inner_start}..{self.split.inner_end}"
-        if state.best_step is None:
+        warning = None
+        if state.best_step is None and n and collapsed == n:
+            reason = (
+                f"the actor was collapsed at all {n} evaluations on {span}, so none was "
+                "eligible: kept the last model"
+            )
+            warning = f"WARNING: selection kept no checkpoint: {reason}"
+        elif state.best_step is None:
             reason = f"no finite inner {s.metric} in {n} evaluations on {span}: kept the last model"
+            if collapsed:
+                reason += f" ({collapsed} of them ineligible, the actor collapsed)"
+                warning = f"WARNING: selection kept no checkpoint: {reason}"
         else:
             reason = (
                 f"step {state.best_step} had the highest inner {s.metric} "
                 f"({state.best_score:.4g}) of {n} evaluations on {span}"
             )
+            if collapsed:
+                reason += f"; {collapsed} collapsed evaluation(s) were ineligible"
         if state.stopped_early:
             reason += (
                 f"; training stopped at step {last_step}, {s.patience} evaluation(s) "
@@ -226,9 +256,11 @@ class SelectionCallback(BaseCallback):
             "chosen_score": state.best_score if state.best_step is not None else None,
             "last_step": last_step,
             "evaluations": n,
+            "collapsed_evaluations": collapsed,
             "stopped_early": state.stopped_early,
             "inner_span": [str(self.split.inner_start), str(self.split.inner_end)],
             "fit_end": str(self.split.fit_end),
             "purge_days": self.split.purge_days,
             "reason": reason,
+            **({"warning": warning} if warning else {}),
         }

@@ -1,0 +1,271 @@
+"""The saturation watch: an actor frozen at its tanh bounds is found while it trains.
+
+A tanh actor whose outputs sit at +-1 has lost its gradient (the gate ``kappa = 1 - a^2`` is
+~0): the critic keeps learning, the policy no longer moves, and every later checkpoint is the
+same frozen book. ``audit.action_saturation`` shows it after the run, on the validation path;
+this watch measures it during the run, so the run says so when it happens (a WARNING, logger
+scalars, ``run.json``) and selection can refuse a collapsed checkpoint.
+
+What is measured: the deterministic actor's actions on a fixed probe set, ``PROBE_SIZE``
+observations of the training environment (a separate instance, seeded from the run's seed, its
+own random actions so the recorded weights vary), the same set at every check and after a
+resume. Measuring touches no random state the training draws from.
+
+The rule, one for the watch and for selection: the actor is **collapsed** when at least
+``COLLAPSE_SHARE`` (90%) of the live action values on the probe set lie within 0.05 of a bound
+(``|a| >= NEAR_BOUND``, the audit's threshold). There the gate is below 0.0975 on nine values
+in ten, so the actor's gradient is a tenth of what it was or less. A fresh actor sits near 0
+(0%); the collapse this guards against had 100%. A policy that still decides something keeps
+some dimensions or some states off the bounds, and an actor that pins a single dimension
+(always no cash, never one asset) is a choice, not a collapse: so the rule asks for the bulk of
+all live values, not one dimension. The per-dimension shares are logged beside it, for the
+stricter bar "every dimension under 20%" that a suite may hold default runs to.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
+
+from allocator.portfolio import FeatureNormalization, NormalizationStats
+from allocator.trainer.market.data import MarketData
+from allocator.trainer.sim.env import PortfolioEnv
+from allocator.trainer.training.audit import action_saturation
+from allocator.trainer.training.config import TrainConfig
+
+log = logging.getLogger("allocator.trainer")
+
+NEAR_BOUND = 0.95
+"""An action value with ``|a|`` at or above this is near the bound (as in the audit)."""
+
+COLLAPSE_SHARE = 0.9
+"""The actor is collapsed when at least this share of its live action values is near the bound."""
+
+PROBE_SIZE = 256
+"""Observations in the probe set."""
+
+PROBE_EPISODE_STEPS = 32
+"""Steps per probe episode: 8 episodes (universes, start dates) make up the probe set."""
+
+PROBE_SEED_OFFSET = 7_919
+"""Added to the run's seed for the probe environment, so its draws are not the training env's."""
+
+RULE = (
+    f"collapsed when >= {COLLAPSE_SHARE:.0%} of the deterministic actor's live action values on "
+    f"the probe set have |a| >= {NEAR_BOUND}"
+)
+
+
+def is_collapsed(near_bound_ratio: float) -> bool:
+    """The collapse rule (module docstring) on a near-bound share of live action values."""
+    return bool(near_bound_ratio >= COLLAPSE_SHARE)
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """One measurement of the actor on the probe set."""
+
+    step: int
+    near_bound_ratio: float
+    near_bound_ratio_per_dim: list[float | None]
+    mean_kappa: float
+    collapsed: bool
+
+    @property
+    def max_dim_ratio(self) -> float:
+        """The highest near-bound share of one live action dimension."""
+        return max((r for r in self.near_bound_ratio_per_dim if r is not None), default=0.0)
+
+    def describe(self) -> str:
+        return (
+            f"step {self.step}: {self.near_bound_ratio:.1%} of live action values near the bound "
+            f"(|a| >= {NEAR_BOUND}; worst dimension {self.max_dim_ratio:.1%}), "
+            f"mean kappa {self.mean_kappa:.3g}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "max_dim_ratio": self.max_dim_ratio}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Saturation:
+        return cls(**{k: v for k, v in raw.items() if k != "max_dim_ratio"})
+
+
+class SaturationProbe:
+    """A fixed batch of observations and which action slots are live in each."""
+
+    def __init__(self, observations: np.ndarray, n_slots: int) -> None:
+        self.observations = np.asarray(observations, dtype=np.float32)
+        if self.observations.ndim != 2 or self.observations.shape[0] < 2:
+            raise ValueError("a probe set needs a (>= 2, obs_dim) batch of observations")
+        # The flat observation ends with the mask (cash first); cash is always live.
+        self.live = self.observations[:, -n_slots:] > 0.5
+        self.live[:, 0] = True
+
+    @classmethod
+    def from_env(cls, env: PortfolioEnv, seed: int, size: int = PROBE_SIZE) -> SaturationProbe:
+        """``size`` observations of ``env`` under uniform random actions, in short episodes."""
+        rng = np.random.default_rng(seed)
+        shape = env.action_space.shape
+        assert shape is not None
+        observations: list[np.ndarray] = []
+        episode = 0
+        while len(observations) < size:
+            obs, _ = env.reset(seed=seed + episode)
+            episode += 1
+            for _ in range(PROBE_EPISODE_STEPS):
+                observations.append(obs)
+                obs, _, terminated, truncated, _ = env.step(rng.uniform(-1.0, 1.0, shape))
+                if terminated or truncated or len(observations) >= size:
+                    break
+        return cls(np.stack(observations), int(shape[0]))
+
+    def measure(self, model: BaseAlgorithm, step: int) -> Saturation:
+        """The deterministic actor's saturation on the probe set at ``step``."""
+        actions, _ = model.predict(self.observations, deterministic=True)
+        return self.saturation_of(np.asarray(actions), step)
+
+    def saturation_of(self, actions: np.ndarray, step: int) -> Saturation:
+        """The saturation of actions taken on the probe set (one row per observation)."""
+        audit = action_saturation(actions, NEAR_BOUND, mask=self.live)
+        ratio = float(audit["near_bound_ratio"])
+        return Saturation(
+            step=int(step),
+            near_bound_ratio=ratio,
+            near_bound_ratio_per_dim=audit["near_bound_ratio_per_dim"],
+            mean_kappa=float(audit["mean_kappa"]),
+            collapsed=is_collapsed(ratio),
+        )
+
+
+@dataclass
+class WatchState:
+    """What the watch has seen, as saved in ``run.json`` and in every resumable checkpoint."""
+
+    checks: int = 0
+    collapsed_checks: int = 0
+    first_collapsed_step: int | None = None
+    last: dict[str, Any] | None = None
+    last_check_step: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> WatchState:
+        return cls(**raw)
+
+
+class SaturationWatch(BaseCallback):
+    """Measures the actor on the probe set every ``every`` steps (0: only when asked).
+
+    Each check logs ``train/saturation_near_bound``, ``train/saturation_max_dim``,
+    ``train/saturation_mean_kappa`` and ``train/actor_collapsed`` (0 or 1). The first check
+    that finds the actor collapsed, and the first after it had recovered, log a WARNING
+    naming the step and the figures. ``init_callback`` must have run before ``check``.
+    """
+
+    def __init__(self, probe: SaturationProbe, every: int, state: WatchState | None = None) -> None:
+        super().__init__()
+        self.probe = probe
+        self.every = every
+        self.state = state or WatchState()
+
+    def _on_step(self) -> bool:
+        if self.every and self.num_timesteps - self.state.last_check_step >= self.every:
+            self.check()
+        return True
+
+    def check(self) -> Saturation:
+        """Measure the training model now; record, log and warn."""
+        figures = self.probe.measure(self.model, int(self.model.num_timesteps))
+        self.record(figures)
+        return figures
+
+    def at_current_step(self) -> Saturation:
+        """The check at the model's current step: the one already made there, else a new one."""
+        last = self.state.last
+        if last is not None and last["step"] == self.model.num_timesteps:
+            return Saturation.from_dict(last)
+        return self.check()
+
+    def record(self, figures: Saturation) -> None:
+        """Add one measurement to the record and the logs."""
+        state = self.state
+        was_collapsed = bool(state.last and state.last["collapsed"])
+        state.checks += 1
+        state.last_check_step = max(state.last_check_step, figures.step)
+        state.last = figures.to_dict()
+        if figures.collapsed:
+            state.collapsed_checks += 1
+            if state.first_collapsed_step is None:
+                state.first_collapsed_step = figures.step
+            if not was_collapsed:
+                log.warning("actor collapsed at %s (%s)", figures.describe(), RULE)
+        self.logger.record("train/saturation_near_bound", figures.near_bound_ratio)
+        self.logger.record("train/saturation_max_dim", figures.max_dim_ratio)
+        self.logger.record("train/saturation_mean_kappa", figures.mean_kappa)
+        self.logger.record("train/actor_collapsed", float(figures.collapsed))
+
+    def summary(self) -> dict[str, Any]:
+        """``run.json``'s ``saturation_watch``: the rule, the record and a warning if any."""
+        state = self.state
+        out: dict[str, Any] = {
+            "rule": RULE,
+            "near_bound": NEAR_BOUND,
+            "collapse_share": COLLAPSE_SHARE,
+            "probe_observations": int(self.probe.observations.shape[0]),
+            "every": self.every,
+            **state.to_dict(),
+            "collapsed": state.first_collapsed_step is not None,
+        }
+        out.pop("last_check_step")
+        if state.first_collapsed_step is not None:
+            out["warning"] = collapse_message(state)
+        return out
+
+
+def make_watch(
+    config: TrainConfig,
+    fit: MarketData,
+    stats: NormalizationStats,
+    feature_norm: FeatureNormalization | None,
+    saved: dict[str, Any],
+) -> SaturationWatch:
+    """The run's watch, its probe drawn from the prices it trains on; a resumed run's record
+    (``saved["saturation_watch"]``, from its checkpoint) carries on."""
+    env = PortfolioEnv(fit, config.env, stats=stats, feature_norm=feature_norm)
+    probe = SaturationProbe.from_env(env, config.seed + PROBE_SEED_OFFSET)
+    record = saved.get("saturation_watch")
+    state = WatchState.from_dict(record) if record else None
+    return SaturationWatch(probe, config.saturation_watch.every, state)
+
+
+def collapse_message(state: WatchState) -> str:
+    """The one line a run prints when its actor collapsed."""
+    last = state.last or {}
+    now = "still collapsed" if last.get("collapsed") else "recovered"
+    return (
+        f"WARNING: the actor collapsed into the saturated corner at step "
+        f"{state.first_collapsed_step} ({state.collapsed_checks} of {state.checks} checks; "
+        f"{now} at step {last.get('step')}: {last.get('near_bound_ratio', float('nan')):.1%} "
+        f"of live action values near the bound, mean kappa "
+        f"{last.get('mean_kappa', float('nan')):.3g})"
+    )
+
+
+def collapse_warnings(summary: dict[str, Any]) -> list[str]:
+    """The warning lines of a run's ``run.json`` (watch and selection), for the CLI to print."""
+    lines = []
+    watch = summary.get("saturation_watch") or {}
+    if "warning" in watch:
+        lines.append(str(watch["warning"]))
+    selection = summary.get("selection") or {}
+    if "warning" in selection:
+        lines.append(str(selection["warning"]))
+    return lines
