@@ -275,7 +275,7 @@ MARKETS: dict[str, GeneratedMarket] = {
             "rotating",
             {"period": 60, "drift": 0.002, "vol": 0.008, "irregular": True},
         ),
-        GeneratedMarket("mean_reversion", "mean_reversion", {"phi": -0.2, "vol": 0.01}),
+        GeneratedMarket("mean_reversion", "mean_reversion", {"phi": -0.3, "vol": 0.01}),
         GeneratedMarket("sectors", "sectors", {"n_sectors": 3, "per_sector": 2, "period": 40.0}),
         GeneratedMarket("entering_leaving", "listing", {"drift": 0.001, "vol": 0.01}),
         GeneratedMarket("random_walk", "random_walk", {"vol": 0.01}, signal=False),
