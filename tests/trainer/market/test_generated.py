@@ -15,6 +15,7 @@ from allocator.trainer.market.draws import (
     SP500_DEV,
     HeldOutDrawError,
     first_draws,
+    refuse_held_out,
     require_development,
     require_development_dataset,
 )
@@ -115,6 +116,9 @@ def test_development_and_held_out_draws_are_disjoint_and_refused_where_they_must
         require_development("rotating_short", [5])
     with pytest.raises(HeldOutDrawError, match=r"sp500_dev draw 2012"):
         require_development(SP500_DEV, [2009, 2012])
+    refuse_held_out("rotating_short", [1, 2, 3, 4])  # the learning tests' development draws
+    with pytest.raises(HeldOutDrawError, match="draw 1003 is a held-out draw"):
+        refuse_held_out("rotating_short", [1, 1003], "rotation_dev_sweep")
     require_development_dataset("sp500")
     with pytest.raises(HeldOutDrawError, match="draw 1500"):
         require_development_dataset("generated:drift:1500")

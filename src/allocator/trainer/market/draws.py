@@ -75,6 +75,16 @@ def require_development(kind: str, draws: Iterable[int], what: str = "this comma
         )
 
 
+def refuse_held_out(kind: str, draws: Iterable[int], what: str = "this command") -> None:
+    """Refuse the held-out draws of ``kind`` only: for a selection study that keeps its own
+    development draws outside the suite's set (the learning tests' rotating draws 1-4) but
+    must still never choose on the suite's held-out markets."""
+    sets = draw_sets(kind)
+    held = [d for d in draws if d in sets.held_out and d not in sets.development]
+    if held:
+        require_development(kind, held[:1], what)
+
+
 def require_development_dataset(dataset: str, what: str = "this command") -> None:
     """The guard for a trainer's ``data.dataset``: a ``generated:KIND:DRAW`` name must be a
     development draw; any other dataset passes."""
