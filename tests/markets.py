@@ -1,4 +1,8 @@
-"""Generated markets whose right answer is known, for learning tests."""
+"""Generated markets whose right answer is known, for learning tests.
+
+The generators live in ``allocator.trainer.market.generated`` (the market suite uses them too);
+they are re-exported here so the tests keep one place to import markets from.
+"""
 
 from __future__ import annotations
 
@@ -9,61 +13,17 @@ import numpy as np
 import pandas as pd
 
 from allocator.trainer.market.data import MarketData, from_wide, load_dataset, to_long_frame
+from allocator.trainer.market.generated import drift_market, rotating_market, rotating_schedule
 
-
-def drift_market(
-    n_days: int = 1500, n_flat: int = 3, drift: float = 0.003, vol: float = 0.006, seed: int = 0
-) -> pd.DataFrame:
-    """One asset (``UP``) with a clear positive drift among drift-less ones of equal volatility."""
-    rng = np.random.default_rng(seed)
-    dates = pd.bdate_range("2000-01-03", periods=n_days)
-    mus = np.array([drift] + [0.0] * n_flat)
-    returns = rng.normal(mus, vol, size=(n_days, mus.size))
-    names = ["UP"] + [f"FLAT{i}" for i in range(n_flat)]
-    return pd.DataFrame(100.0 * np.exp(np.cumsum(returns, axis=0)), index=dates, columns=names)
-
-
-def _leaders(rng: np.random.Generator, n_days: int, n_assets: int, period: int) -> np.ndarray:
-    """The leading asset's column per day: a random draw every ``period`` days (repeats allowed).
-
-    The first thing a market's generator draws, so ``rotating_schedule`` can replay it."""
-    return np.repeat(rng.integers(0, n_assets, size=n_days // period + 1), period)[:n_days]
-
-
-def rotating_market(
-    n_days: int = 1500,
-    n_assets: int = 4,
-    period: int = 20,
-    drift: float = 0.004,
-    vol: float = 0.006,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """The trending asset changes every ``period`` days (in a random order).
-
-    The others drift down by as much in total, so holding everything earns nothing: only
-    following the rotation pays, and only if it is not eaten by costs. The leader of day t
-    drives the return from close t - 1 to close t (``rotating_schedule`` gives it per day).
-    """
-    rng = np.random.default_rng(seed)
-    dates = pd.bdate_range("2000-01-03", periods=n_days)
-    leader = _leaders(rng, n_days, n_assets, period)
-    mus = np.full((n_days, n_assets), -drift / (n_assets - 1))
-    mus[np.arange(n_days), leader] = drift
-    returns = mus + rng.normal(0.0, vol, size=(n_days, n_assets))
-    names = [f"R{i}" for i in range(n_assets)]
-    return pd.DataFrame(100.0 * np.exp(np.cumsum(returns, axis=0)), index=dates, columns=names)
-
-
-def rotating_schedule(
-    n_days: int = 1500, n_assets: int = 4, period: int = 20, seed: int = 0
-) -> pd.Series:
-    """The leader of ``rotating_market`` with the same arguments: its asset name per date.
-
-    The value on date t names the asset whose drift drives the return realised at close t.
-    """
-    leader = _leaders(np.random.default_rng(seed), n_days, n_assets, period)
-    dates = pd.bdate_range("2000-01-03", periods=n_days)
-    return pd.Series([f"R{i}" for i in leader], index=dates, name="leader")
+__all__ = [
+    "drift_market",
+    "random_walk_market",
+    "rotating_market",
+    "rotating_schedule",
+    "tiny_model_options",
+    "write_market",
+    "write_sp500_slice",
+]
 
 
 def write_market(frame: pd.DataFrame, path: Path) -> Path:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from allocator.trainer.market.data import load_dataset
+from allocator.trainer.market.draws import HeldOutDrawError, refuse_held_out
 from allocator.trainer.training.run import train
 from tests.learning.rotation_draws import FRESH_DRAWS
 from tests.learning.rotation_many_draws import CI_DRAWS
@@ -141,6 +142,10 @@ def main() -> None:
         "--seeds", type=int, nargs="+", help="training seeds per draw (default: seed = draw)"
     )
     args = parser.parse_args()
+    try:  # rotating_market(period=20) is the suite's rotating_short: its held-out draws too
+        refuse_held_out("rotating_short", args.draws, "rotation_dev_sweep")
+    except HeldOutDrawError as exc:
+        parser.error(str(exc))
     tested = sorted(set(args.draws) & TEST_DRAWS)
     if tested:
         parser.error(

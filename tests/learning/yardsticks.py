@@ -2,8 +2,8 @@
 change, and the simple rules a trained policy must beat on the same held-out days.
 
 All of them are cheap backtests and bookkeeping on a finished ``TrainingRun`` or a config, no
-training; ``RotationFilter`` is the rotating market's Bayes filter, the reference its
-momentum bar is read against.
+training; ``RotationFilter`` (``allocator.trainer.sim.ceilings``, re-exported here) is the
+rotating market's Bayes filter, the reference its momentum bar is read against.
 """
 
 from __future__ import annotations
@@ -14,15 +14,28 @@ from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
-from numpy.typing import NDArray
 
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import BacktestResult, run_backtest
-from allocator.trainer.sim.baselines import DecisionContext, Policy
+from allocator.trainer.sim.baselines import AnchorPolicy, Policy
+from allocator.trainer.sim.ceilings import RotationFilter
 from allocator.trainer.sim.rule_selection import MomentumChoice, select_momentum
 from allocator.trainer.training.config import TrainConfig
 from allocator.trainer.training.policy_eval import backtest_model
 from allocator.trainer.training.run import TrainingRun
+
+__all__ = [
+    "AnchorPolicy",
+    "RotationFilter",
+    "SeedEnsemble",
+    "held_out_anchor",
+    "held_out_ensemble",
+    "held_out_momentum",
+    "held_out_rule",
+    "momentum_for",
+    "regime_switch_lag",
+    "switch_lags",
+]
 
 
 def switch_lags(executed_weights: pd.DataFrame, leader_per_day: pd.Series) -> list[int]:
@@ -61,17 +74,6 @@ def regime_switch_lag(executed_weights: pd.DataFrame, leader_per_day: pd.Series)
     if not lags:
         raise ValueError("no regime change between the first and the last decision")
     return float(np.mean(lags))
-
-
-class AnchorPolicy:
-    """The tilt mapping's anchor itself: a zero action maps to it bit for bit."""
-
-    name = "anchor"
-
-    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        # run_backtest always passes the environment's mapping.
-        assert ctx.to_weights is not None
-        return ctx.to_weights(np.zeros(ctx.n_slots, dtype=np.float32))
 
 
 def held_out_anchor(run: TrainingRun, data: MarketData) -> BacktestResult:
@@ -152,68 +154,6 @@ def held_out_rule(
         beta=env.beta,
         window=env.window,
     )
-
-
-class RotationFilter:
-    """The Bayes filter of ``rotating_market``'s own model: a ceiling, not a baseline.
-
-    It knows what no policy is told: the drift, the noise, how often the leader is redrawn and
-    that the draw is uniform. Per day it updates the posterior over which asset leads (a hidden
-    Markov model: at each close a new draw with probability ``1 / period``, Gaussian returns
-    around the leader's and the others' drifts). It does not know the calendar of the draws,
-    which no policy sees either. ``book="leader"`` holds the most probable leader, fully
-    invested, as top-1 momentum does; ``book="posterior"`` holds each asset at its probability.
-    A reference, not a strict bound: it makes the best guess of the leader, not the best trade
-    net of costs, so a policy that trades less can beat it on a draw.
-    """
-
-    def __init__(
-        self,
-        n_assets: int = 4,
-        period: int = 20,
-        drift: float = 0.004,
-        vol: float = 0.006,
-        book: str = "leader",
-    ) -> None:
-        if book not in ("leader", "posterior"):
-            raise ValueError(f"book must be 'leader' or 'posterior', got {book!r}")
-        self.name = f"rotation-filter-{book}"
-        self.book = book
-        self.means = np.full((n_assets, n_assets), -drift / (n_assets - 1))
-        np.fill_diagonal(self.means, drift)
-        redraw = 1.0 / period
-        self.transition = np.full((n_assets, n_assets), redraw / n_assets)
-        self.transition += np.eye(n_assets) * (1.0 - redraw)
-        self.var = vol**2
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget every close: a uniform posterior, as before the first return."""
-        n_assets = self.means.shape[0]
-        self.posterior = np.full(n_assets, 1.0 / n_assets)
-        self.seen = 1  # closes already folded into the posterior
-
-    def update(self, prices: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Fold the closes not seen yet into the posterior (oldest first) and return it."""
-        if len(prices) < self.seen:  # a shorter history is another one: start again
-            self.reset()
-        returns = np.diff(np.log(prices[self.seen - 1 :]), axis=0)
-        for r in returns:
-            loglik = -((r - self.means) ** 2).sum(axis=1) / (2 * self.var)
-            joint = (self.posterior @ self.transition) * np.exp(loglik - loglik.max())
-            self.posterior = joint / joint.sum()
-        self.seen = len(prices)
-        return self.posterior
-
-    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        if ctx.step == 0:  # a backtest's first decision: its whole history, from scratch
-            self.reset()
-        posterior = self.update(ctx.prices)
-        if self.book == "posterior":
-            return ctx.slot_weights(posterior)
-        held = np.zeros_like(posterior)
-        held[np.argmax(posterior)] = 1.0
-        return ctx.slot_weights(held)
 
 
 class _Member(Protocol):

@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 
 from allocator.portfolio import check_id
 from allocator.recording.settings import database_url
+from allocator.trainer.market.generated import market, parse_generated
 from allocator.trainer.market.store import PriceStoreError, read_price_frame, shown
 from allocator.typed_config import ConfigError
 
@@ -137,12 +138,27 @@ def load_dataset(
     as_of: DateLike | None = None,
 ) -> MarketData:
     """``'sp500'`` for the embedded data, ``'database'`` for the prices stored in the trade
-    database (``$DATABASE_URL``, else the SQLite default), else a CSV or Parquet file in long
-    format. Dates after ``as_of`` are left out (the database's default: today)."""
+    database (``$DATABASE_URL``, else the SQLite default), ``'generated:KIND:DRAW'`` for a draw
+    of a suite market (``market.generated``), else a CSV or Parquet file in long format. Dates
+    after ``as_of`` are left out (the database's default: today)."""
     if str(name_or_path) == DATABASE:
         return load_database(database_url(), as_of=as_of, min_history=min_history)
+    if (generated := load_generated(str(name_or_path))) is not None:
+        return generated if as_of is None else generated.between(None, as_of)
     data = load_sp500() if str(name_or_path) == SP500 else load_prices(name_or_path, min_history)
     return data if as_of is None else data.between(None, as_of)
+
+
+def load_generated(name: str) -> MarketData | None:
+    """The draw a ``generated:KIND:DRAW`` name means, None for any other name."""
+    try:
+        parsed = parse_generated(name)
+    except ValueError as exc:
+        raise DataError(str(exc)) from exc
+    if parsed is None:
+        return None
+    kind, draw = parsed
+    return from_wide(market(kind).generate(draw), source=name)
 
 
 def check_price_database(dataset: str, job_url: str | None) -> None:

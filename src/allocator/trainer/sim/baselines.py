@@ -199,6 +199,29 @@ class TopKMomentum:
         return ctx.slot_weights(w)
 
 
+class TopKReversal(TopKMomentum):
+    """Equal weight over the ``k`` assets with the lowest trailing ``lookback``-day return.
+
+    Short-term reversal, the simple rule of a market whose losers bounce back: the mirror of
+    ``TopKMomentum`` (same ties, same treatment of a short history; an asset without a close
+    at the start of the lookback still ranks last).
+    """
+
+    name = "reversal"
+
+    def __repr__(self) -> str:
+        return f"TopKReversal(lookback={self.lookback}, k={self.k})"
+
+    def chosen(self, prices: NDArray[np.float64]) -> NDArray[np.intp]:
+        if len(prices) < 2:
+            raise ValueError("reversal needs at least 2 closes before its first decision")
+        window = prices[-(self.lookback + 1) :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            trailing = window[-1] / window[0] - 1.0
+        trailing = np.where(np.isfinite(trailing), trailing, np.inf)
+        return np.argsort(trailing, kind="stable")[: self.k]
+
+
 class Anchor:
     """The portfolio a tilt policy holds at a zero action, recomputed and traded to every day.
 
@@ -226,6 +249,19 @@ class Anchor:
         live = np.ones(len(ctx.assets) + 1, dtype=bool)
         w = anchor_weights(window, live, self.spec)
         return ctx.slot_weights(w[1:], cash=float(w[0]))
+
+
+class AnchorPolicy:
+    """A tilt policy's zero action, mapped by the backtest's own environment: its anchor bit
+    for bit, with the same smoothing and representation as the trained policy beside it
+    (``Anchor`` recomputes the anchor from a spec instead, for runs without a tilt policy)."""
+
+    name = "anchor"
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        if ctx.to_weights is None:
+            raise ValueError("the anchor policy needs the environment's tilt mapping")
+        return ctx.to_weights(np.zeros(ctx.n_slots, dtype=np.float32))
 
 
 class BaselineName(StrEnum):

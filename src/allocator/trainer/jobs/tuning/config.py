@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from allocator.trainer.jobs.tuning.space import ParamSpec, SearchSpace, check_space
+from allocator.trainer.market.draws import require_development_dataset
 from allocator.trainer.training.config import TRAINER_HELP, UNION_TAGS, TrainConfig, load_job_tree
 from allocator.typed_config import StrictModel, validate
 
@@ -126,4 +127,6 @@ def load_tune_config(path: str | Path, overrides: Sequence[str] | None = None) -
         tree["trainer_source"] = trainer_file
     config = validate(TuneConfig, tree, str(p), "tuning configuration", tags=TAGS)
     config.search_space(str(p))
+    # A study chooses: a suite market's held-out draw may not be its data.
+    require_development_dataset(config.trainer.data.dataset, "allocator tune")
     return config

@@ -13,19 +13,31 @@ dies (killed, out of memory, node lost) is rerun up to ``retries`` times (Ray's
 at once unless ``retry_exceptions`` is set (then also up to ``retries`` times). A rerun window
 starts clean, or from its last checkpoint when the trainer writes them
 (``window.train_window``).
+
+The fan-out itself (``fan_out_processes``, ``fan_out_ray``) takes any picklable job and a
+top-level function of it, so other batch jobs made of independent runs (the market suite) use
+the same pool and retry rules instead of a copy of them.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from typing import TypeVar
 
 from allocator.trainer.jobs.walk_forward.config import WalkForwardError
 from allocator.trainer.jobs.walk_forward.results import WindowResult
 from allocator.trainer.jobs.walk_forward.window import WindowJob, run_window
+
+JobT = TypeVar("JobT")
+ResultT = TypeVar("ResultT")
+
+
+def _window_label(job: WindowJob) -> str:
+    return f"window {job.window.label}"
 
 
 def run_local(jobs: Sequence[WindowJob]) -> Iterator[WindowResult]:
@@ -40,13 +52,27 @@ def run_processes(
     retries: int = 1,
     retry_exceptions: bool = False,
 ) -> Iterator[WindowResult]:
-    """Each window in one of ``workers`` spawned processes (None: one per CPU), yielded as it
-    finishes, rerun as the module says.
+    """Each window in one of ``workers`` spawned processes (``fan_out_processes``)."""
+    yield from fan_out_processes(
+        jobs, run_window, _window_label, workers, retries, retry_exceptions
+    )
+
+
+def fan_out_processes(
+    jobs: Sequence[JobT],
+    work: Callable[[JobT], ResultT],
+    label: Callable[[JobT], str],
+    workers: int | None = None,
+    retries: int = 1,
+    retry_exceptions: bool = False,
+) -> Iterator[ResultT]:
+    """``work(job)`` for each job in one of ``workers`` spawned processes (None: one per CPU),
+    yielded as it finishes, rerun as the module says; ``label`` names a job in errors.
 
     Spawned, not forked: the parent may hold torch threads and open files that a fork would
     copy mid-state. A dead worker breaks the whole pool (the standard library cannot say which
-    window it ran), so every window that was in flight is charged one attempt and resubmitted
-    to a fresh pool.
+    job it ran), so every job that was in flight is charged one attempt and resubmitted to a
+    fresh pool.
     """
     size = max(1, min(len(jobs), workers or os.cpu_count() or 1))
     attempts = [0] * len(jobs)
@@ -57,10 +83,10 @@ def run_processes(
         )
         finished = False
         try:
-            pending: dict[Future[WindowResult], int] = {}
+            pending: dict[Future[ResultT], int] = {}
             for i in todo:
                 attempts[i] += 1
-                pending[pool.submit(run_window, jobs[i])] = i
+                pending[pool.submit(work, jobs[i])] = i
             todo = []
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -71,7 +97,7 @@ def run_processes(
                     except BrokenProcessPool as exc:
                         if attempts[i] > retries:
                             raise WalkForwardError(
-                                f"window {jobs[i].window.label}: a worker process died "
+                                f"{label(jobs[i])}: a worker process died "
                                 f"{attempts[i]} time(s) while it ran (config retries: "
                                 f"{retries}): {exc}"
                             ) from exc
@@ -81,7 +107,7 @@ def run_processes(
                         if not retry_exceptions or attempts[i] > retries:
                             raise
                         attempts[i] += 1
-                        pending[pool.submit(run_window, jobs[i])] = i
+                        pending[pool.submit(work, jobs[i])] = i
                         continue
                     yield result
             finished = True
@@ -111,7 +137,23 @@ def run_ray(
     retries: int = 1,
     retry_exceptions: bool = False,
 ) -> Iterator[WindowResult]:
-    """Each window a Ray task (1 CPU), yielded as it finishes, rerun as the module says.
+    """Each window a Ray task (``fan_out_ray``)."""
+    yield from fan_out_ray(
+        jobs, run_window, _window_label, address, workers, retries, retry_exceptions
+    )
+
+
+def fan_out_ray(
+    jobs: Sequence[JobT],
+    work: Callable[[JobT], ResultT],
+    label: Callable[[JobT], str],
+    address: str | None = None,
+    workers: int | None = None,
+    retries: int = 1,
+    retry_exceptions: bool = False,
+) -> Iterator[ResultT]:
+    """``work(job)`` for each job as a Ray task (1 CPU), yielded as it finishes, rerun as the
+    module says; ``label`` names a job in errors.
 
     Without ``address`` a local Ray is started with ``workers`` CPUs (and shut down after);
     with one, ``ray.init(address=address)`` joins that cluster. An already initialized Ray
@@ -128,7 +170,7 @@ def run_ray(
         started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=retry_exceptions)(
-            run_window
+            work
         )
         pending = {remote.remote(job): job for job in jobs}
         while pending:
@@ -138,10 +180,10 @@ def run_ray(
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayTaskError:
-                    raise  # the window's own exception (also an instance of its type)
+                    raise  # the job's own exception (also an instance of its type)
                 except ray.exceptions.RayError as exc:
                     raise WalkForwardError(
-                        f"window {job.window.label}: its Ray worker failed {retries + 1} "
+                        f"{label(job)}: its Ray worker failed {retries + 1} "
                         f"time(s) (config retries: {retries}): {exc}"
                     ) from exc
                 yield result

@@ -1,0 +1,125 @@
+"""``allocator suite run``: the market suite, the recipe on generated markets whose right answer
+is known and on the S&P 500 development years, scored beside its yardsticks.
+
+Exit 0 when every run finished (table printed, suite.json, table.md and suite.png written), 2 on
+a bad config or a draw the mode may not use, 1 when a run failed. The trainer and its jobs are
+imported inside the command, so ``allocator --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from allocator.cli.options import (
+    config_options,
+    fail,
+    interrupted_exit_code,
+    json_option,
+    sigterm_stops,
+)
+
+
+@click.group()
+def suite() -> None:
+    """The market suite: generated markets with known answers, plus the S&P 500 development
+    years (see docs/suite.md)."""
+
+
+@suite.command("run")
+@config_options(
+    "suite YAML (configs/suite.yaml: every market; configs/suite_ci.yaml: the CI gate)",
+    "override a key, e.g. --set draws=3 --set trainer.algorithm.gamma=0.9",
+    required=True,
+)
+@click.option("--recipe", default=None, help="trainer YAML to run (default: the config's trainer)")
+@click.option(
+    "--mode",
+    type=click.Choice(["development", "heldout"]),
+    default=None,
+    help="development (default): development draws, the only ones anything may be chosen on; "
+    "heldout: held-out draws, to measure a recipe fixed beforehand. Never choose a recipe, "
+    "setting or rule from heldout figures: tune and selection studies refuse those draws.",
+)
+@click.option("--draws", type=int, default=None, help="draws per generated market")
+@click.option("--markets", default=None, help="comma-separated market kinds (default: config's)")
+@click.option("--steps", type=int, default=None, help="training steps per run")
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "processes", "ray"]),
+    default=None,
+    help="run in this process, in worker processes or as Ray tasks (default: the config's)",
+)
+@click.option("--workers", type=int, default=None, help="processes or Ray CPUs at once")
+@click.option("--out", default=None, type=click.Path(file_okay=False), help="write the report here")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@json_option
+def suite_run(
+    config_path: str,
+    overrides: tuple[str, ...],
+    recipe: str | None,
+    mode: str | None,
+    draws: int | None,
+    markets: str | None,
+    steps: int | None,
+    executor: str | None,
+    workers: int | None,
+    out: str | None,
+    progress: bool,
+    json_path: str | None,
+) -> None:
+    """Train the recipe on every draw of every market and print the table over draws.
+
+    Scores, on each draw's held-out days and net of the same costs: the policy, its anchor,
+    equal weight, the best top-k momentum or reversal rule chosen on the training span, and the
+    generator's Bayes filter where it is known (the ceiling).
+    """
+    # the trainer (torch, SB3) and the suite: imported only when a suite runs
+    from allocator.trainer.jobs.suite.config import load_suite_config
+    from allocator.trainer.jobs.suite.runner import run_suite
+    from allocator.trainer.market.data import DataError
+    from allocator.typed_config import ConfigError
+
+    extra = [f"trainer={recipe}"] if recipe else []
+    extra += list(overrides)
+    for key, value in (("mode", mode), ("draws", draws), ("executor", executor)):
+        if value is not None:
+            extra.append(f"{key}={value}")
+    if workers is not None:
+        extra.append(f"workers={workers}")
+    if markets:
+        extra.append(f"markets=[{markets}]")
+    if steps is not None:
+        extra.append(f"trainer.total_timesteps={steps}")
+    try:
+        config = load_suite_config(config_path, extra)
+    except ConfigError as exc:
+        fail(str(exc))
+
+    def report(row: dict[str, Any], done: int, total: int) -> None:
+        if progress:
+            click.echo(
+                f"[{done}/{total}] {row['market']} draw {row['draw']}: policy "
+                f"{row['policy_sharpe']}, rule {row['rule_sharpe']} ({row['rule']})",
+                err=True,
+            )
+
+    try:
+        with sigterm_stops():
+            result = run_suite(config, out_dir=out, progress=report)
+    except (ConfigError, DataError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt as exc:
+        click.echo("error: suite stopped; rows.jsonl holds the runs that finished", err=True)
+        sys.exit(interrupted_exit_code(exc))
+    click.echo(f"suite ({config.mode} draws), {len(result.rows)} runs in {result.seconds:.0f} s")
+    click.echo(result.table)
+    if json_path:
+        shutil.copyfile(result.files["json"], json_path)
+        result.files["json_copy"] = Path(json_path)
+    for name, path in result.files.items():
+        click.echo(f"{name}: {path}")

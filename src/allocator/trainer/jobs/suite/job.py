@@ -1,0 +1,195 @@
+"""One suite run: train the recipe on one draw of one market and score it beside its yardsticks.
+
+A pure function of its job (the fan-out may run it in any process): it trains on the draw's
+training span, then backtests on the same held-out days, assets, costs and smoothing the
+trained policy, its anchor (the zero action), equal weight, the best simple rule chosen on the
+training span only (top-k momentum or reversal) and, where the generator is known, its ceiling.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from allocator.trainer.market.data import MarketData, load_dataset
+from allocator.trainer.market.draws import SP500_DEV
+from allocator.trainer.market.generated import GeneratedMarket, market
+from allocator.trainer.sim.backtest import BacktestResult, run_backtest
+from allocator.trainer.sim.baselines import AnchorPolicy, EqualWeight, Policy
+from allocator.trainer.sim.ceilings import ceiling_for
+from allocator.trainer.sim.rule_selection import select_simple_rule
+from allocator.trainer.training.config import UNION_TAGS, TrainConfig, merged
+from allocator.trainer.training.run import TrainingRun, train
+from allocator.typed_config import validate
+
+
+@dataclass(frozen=True)
+class SuiteJob:
+    """Everything one run needs, picklable: the market kind and draw, the resolved trainer
+    settings (spans and dataset already set), the rule grid and where to write."""
+
+    kind: str
+    draw: int
+    trainer: dict[str, Any]
+    rules: dict[str, list[int]]
+    run_dir: str
+
+    @property
+    def label(self) -> str:
+        return f"suite run {self.kind} draw {self.draw}"
+
+
+def job_label(job: SuiteJob) -> str:
+    return job.label
+
+
+def draw_settings(kind: str, draw: int) -> dict[str, Any]:
+    """The trainer keys a market's draw fixes: its dataset and its spans."""
+    if kind == SP500_DEV:  # the draw is a test year; five years of training before it
+        return {
+            "data": {
+                "dataset": "sp500",
+                "train_start": f"{draw - 5}-01-01",
+                "train_end": f"{draw - 1}-12-31",
+                "validation_start": f"{draw}-01-01",
+                "validation_end": f"{draw}-12-31",
+            }
+        }
+    m = market(kind)
+    return {
+        "data": {
+            "dataset": m.dataset(draw),
+            "train_start": m.train_start,
+            "train_end": m.train_end,
+            "validation_start": m.validation_start,
+            "validation_end": m.validation_end,
+        }
+    }
+
+
+def job_trainer(
+    recipe: dict[str, Any], kind: str, draw: int, changes: dict[str, Any], seed_per_draw: bool
+) -> dict[str, Any]:
+    """The recipe (a JSON dump of its ``TrainConfig``) with the market's changes and the draw's
+    dataset and spans; the training seed moves with the draw when ``seed_per_draw``."""
+    tree = merged(merged(recipe, changes), draw_settings(kind, draw))
+    tree["data"]["assets"] = None if kind != SP500_DEV else tree["data"].get("assets")
+    if seed_per_draw:
+        tree["seed"] = int(recipe.get("seed", 0)) + draw
+    tree["name"] = f"{kind}-{draw}"
+    tree["progress_bar"] = False
+    tree["tensorboard"] = False
+    return tree
+
+
+def run_job(job: SuiteJob) -> dict[str, Any]:
+    """Train and score one draw: the row the suite's report aggregates."""
+    config = validate(TrainConfig, job.trainer, job.label, tags=UNION_TAGS)
+    run = train(config, Path(job.run_dir))
+    data = load_dataset(config.data.dataset)
+    return score_run(run, data, job)
+
+
+def _metrics(result: BacktestResult | None) -> dict[str, float | None]:
+    if result is None:
+        return {"sharpe": None, "turnover": None}
+    m = result.metrics()
+    return {"sharpe": _finite(m["sharpe"]), "turnover": _finite(m["turnover"])}
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def held_out(run: TrainingRun, data: MarketData, policy: Policy) -> BacktestResult:
+    """``policy`` on the run's held-out days with its assets, costs, smoothing and
+    representation (the tilt mapping the anchor needs, the statistics fitted in training)."""
+    cfg, env = run.config, run.config.env
+    return run_backtest(
+        policy,
+        data,
+        start=cfg.data.validation_start,
+        end=cfg.data.validation_end,
+        assets=run.validation[cfg.algorithm.name].settings["assets"],
+        cost_bps=env.cost_bps,
+        beta=env.beta,
+        max_assets=env.max_assets,
+        stats=run.stats,
+        env_config=env,
+        feature_norm=run.feature_norm,
+    )
+
+
+def best_simple_rule(run: TrainingRun, data: MarketData, rules: dict[str, list[int]]) -> Any:
+    """The best top-k momentum or reversal rule on the run's training span only, from the
+    first date where every held-out asset has the longest lookback's closes: the held-out
+    days never take part."""
+    cfg = run.config
+    assets = run.validation[cfg.algorithm.name].settings["assets"]
+    longest = max([*rules["momentum_lookbacks"], *rules["reversal_lookbacks"]])
+    first = int(data.select(assets).first_valid().max())  # the last of them to list
+    start = max(pd.Timestamp(cfg.data.train_start), data.dates[first + longest])
+    return select_simple_rule(
+        data,
+        start,
+        cfg.data.train_end,
+        momentum_lookbacks=rules["momentum_lookbacks"],
+        reversal_lookbacks=rules["reversal_lookbacks"],
+        ks=[k for k in rules["ks"] if k <= len(assets)],
+        cost_bps=cfg.env.cost_bps,
+        beta=cfg.env.beta,
+        assets=assets,
+    )
+
+
+def saturation(run_dir: Path) -> dict[str, float | None]:
+    """Near-bound share of the policy's actions on held-out days: overall and the worst live
+    action dimension (``action_saturation.json``)."""
+    path = run_dir / "action_saturation.json"
+    if not path.is_file():
+        return {"near_bound": None, "near_bound_max_dim": None}
+    audit = json.loads(path.read_text())
+    per_dim = [x for x in audit.get("near_bound_ratio_per_dim", []) if x is not None]
+    return {
+        "near_bound": float(audit["near_bound_ratio"]),
+        "near_bound_max_dim": float(max(per_dim)) if per_dim else None,
+    }
+
+
+def score_run(run: TrainingRun, data: MarketData, job: SuiteJob) -> dict[str, Any]:
+    """The row of one run: Sharpe net of costs and turnover of the policy and its yardsticks
+    on the held-out days, the rule chosen, the gap closed and the saturation."""
+    cfg = run.config
+    policy = run.validation[cfg.algorithm.name]
+    anchor = held_out(run, data, AnchorPolicy()) if cfg.env.action.mapping == "tilt" else None
+    choice = best_simple_rule(run, data, job.rules)
+    spec: GeneratedMarket | None = None if job.kind == SP500_DEV else market(job.kind)
+    ceiling_policy = ceiling_for(spec, job.draw) if spec is not None else None
+    ceiling = held_out(run, data, ceiling_policy) if ceiling_policy is not None else None
+    row: dict[str, Any] = {
+        "market": job.kind,
+        "draw": job.draw,
+        "seed": cfg.seed,
+        "signal": spec.signal if spec is not None else False,
+        "rule": repr(choice.rule),
+        "rule_training_sharpe": _finite(choice.sharpe),
+        "run_dir": job.run_dir,
+        "train_seconds": run.summary.get("train_seconds"),
+    }
+    results = {
+        "policy": policy,
+        "anchor": anchor,
+        "equal_weight": held_out(run, data, EqualWeight()),
+        "rule": held_out(run, data, choice.rule),
+        "ceiling": ceiling,
+    }
+    for name, result in results.items():
+        for metric, value in _metrics(result).items():
+            row[f"{name}_{metric}"] = value
+    row.update(saturation(Path(job.run_dir)))
+    return row

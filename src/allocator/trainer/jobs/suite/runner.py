@@ -1,0 +1,120 @@
+"""``run_suite``: the recipe on every draw of every market, fanned out, then one report.
+
+Development mode refuses any draw outside a market's development set before anything trains
+(``market.draws.require_development``); held-out mode runs only held-out draws, to measure a
+recipe already fixed. Each run is ``job.run_job``, dispatched in this process, in worker
+processes or as Ray tasks by the walk-forward's fan-out; rows are written to ``rows.jsonl`` as
+they finish, then ``suite.json``, ``table.md`` and ``suite.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from allocator.artifacts.files import write_json
+from allocator.trainer.jobs.json_safe import json_safe
+from allocator.trainer.jobs.suite.config import SuiteConfig
+from allocator.trainer.jobs.suite.job import SuiteJob, job_label, job_trainer, run_job
+from allocator.trainer.jobs.suite.report import plot, summarize, table
+from allocator.trainer.jobs.walk_forward.executors import fan_out_processes, fan_out_ray
+from allocator.trainer.market.draws import (
+    SP500_DEV,
+    draw_sets,
+    first_draws,
+    require_development,
+)
+from allocator.typed_config import ConfigError
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    """A finished suite: its rows (one per run), the summary per market, the files written."""
+
+    rows: list[dict[str, Any]]
+    summary: dict[str, dict[str, Any]]
+    table: str
+    files: dict[str, Path]
+    seconds: float
+
+
+def market_draws(config: SuiteConfig, kind: str) -> list[int]:
+    """The draws ``kind`` runs in the config's mode, refused if the mode may not use them."""
+    heldout = config.mode == "heldout"
+    draws = config.sp500_years if kind == SP500_DEV else first_draws(kind, config.draws, heldout)
+    if not heldout:
+        require_development(kind, draws, "the suite in development mode")
+    else:
+        outside = [d for d in draws if d not in draw_sets(kind).held_out]
+        if outside:
+            raise ConfigError(f"market {kind}: draws {outside} are not held-out draws")
+    return draws
+
+
+def plan(config: SuiteConfig, out_dir: Path) -> list[SuiteJob]:
+    """Every (market, draw) run of ``config``, checked against the mode before any trains."""
+    recipe = config.trainer.model_dump(mode="json")
+    recipe["torch_threads"] = config.torch_threads
+    rules = config.rules.model_dump()
+    jobs = []
+    for kind in config.markets:
+        changes = config.market_changes.get(kind, {})
+        for draw in market_draws(config, kind):
+            trainer = job_trainer(recipe, kind, draw, changes, config.seed_per_draw)
+            run_dir = out_dir / "runs" / f"{kind}-{draw}"
+            jobs.append(SuiteJob(kind, draw, trainer, rules, str(run_dir)))
+    return jobs
+
+
+def execute(config: SuiteConfig, jobs: list[SuiteJob]) -> Iterator[dict[str, Any]]:
+    """The rows of ``jobs`` as they finish, on the configured executor."""
+    if config.executor == "local":
+        return (run_job(job) for job in jobs)
+    if config.executor == "ray":
+        return fan_out_ray(
+            jobs, run_job, job_label, config.ray_address, config.workers, config.retries
+        )
+    return fan_out_processes(jobs, run_job, job_label, config.workers, config.retries)
+
+
+def run_suite(
+    config: SuiteConfig,
+    out_dir: str | Path | None = None,
+    progress: Callable[[dict[str, Any], int, int], None] | None = None,
+) -> SuiteResult:
+    """Run the suite and write its report into ``out_dir`` (default: output_dir/name-mode)."""
+    out = Path(out_dir) if out_dir else Path(config.output_dir) / f"{config.name}-{config.mode}"
+    jobs = plan(config, out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "suite_config.json", json_safe(config.model_dump(mode="json")))
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    with (out / "rows.jsonl").open("w") as log:
+        for row in execute(config, jobs):
+            rows.append(row)
+            log.write(json.dumps(json_safe(row)) + "\n")
+            log.flush()
+            if progress is not None:
+                progress(row, len(rows), len(jobs))
+    order = {(job.kind, job.draw): i for i, job in enumerate(jobs)}
+    rows.sort(key=lambda r: order[(r["market"], r["draw"])])
+    summary = summarize(rows, config.min_gap, config.bootstrap_reps)
+    text = table(summary)
+    seconds = time.perf_counter() - started
+    files = {"json": out / "suite.json", "table": out / "table.md", "plot": out / "suite.png"}
+    document = {
+        "name": config.name,
+        "mode": config.mode,
+        "recipe": config.trainer_source or config.trainer.name,
+        "seconds": seconds,
+        "summary": summary,
+        "rows": rows,
+    }
+    write_json(files["json"], json_safe(document))
+    files["table"].write_text(text + "\n")
+    plot(summary, rows, files["plot"])
+    return SuiteResult(rows, summary, text, files, seconds)

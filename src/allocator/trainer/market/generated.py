@@ -1,0 +1,306 @@
+"""Generated markets whose right answer is known: the market suite's kinds and their generators.
+
+Each generator is a pure function of its parameters and ``seed`` (a draw number), returning a
+wide price frame (business days from ``FIRST_DAY``, one column per asset, NaN where an asset is
+not listed). A ``GeneratedMarket`` names one kind with its parameters and the spans a run
+trains and is scored on; ``load_dataset('generated:KIND:DRAW')`` loads a draw like any price
+file, so a trainer config can point at one. Pure numpy and pandas: the ceilings that know each
+generator's model live in ``sim.ceilings``, the draws a choice may use in ``market.draws``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+FIRST_DAY = "2000-01-03"
+GENERATED_PREFIX = "generated:"
+
+
+def _prices(returns: np.ndarray, names: list[str], start: str = FIRST_DAY) -> pd.DataFrame:
+    dates = pd.bdate_range(start, periods=returns.shape[0])
+    return pd.DataFrame(100.0 * np.exp(np.cumsum(returns, axis=0)), index=dates, columns=names)
+
+
+def drift_market(
+    n_days: int = 1500, n_flat: int = 3, drift: float = 0.003, vol: float = 0.006, seed: int = 0
+) -> pd.DataFrame:
+    """One asset (``UP``) with a clear positive drift among drift-less ones of equal volatility."""
+    rng = np.random.default_rng(seed)
+    mus = np.array([drift] + [0.0] * n_flat)
+    returns = rng.normal(mus, vol, size=(n_days, mus.size))
+    return _prices(returns, ["UP"] + [f"FLAT{i}" for i in range(n_flat)])
+
+
+def _leaders(rng: np.random.Generator, n_days: int, n_assets: int, period: int) -> np.ndarray:
+    """The leading asset's column per day: a random draw every ``period`` days (repeats allowed).
+
+    The first thing a market's generator draws, so ``rotating_schedule`` can replay it."""
+    return np.repeat(rng.integers(0, n_assets, size=n_days // period + 1), period)[:n_days]
+
+
+def _irregular_leaders(
+    rng: np.random.Generator, n_days: int, n_states: int, period: float
+) -> np.ndarray:
+    """A leader per day that is redrawn (uniformly, repeats allowed) at each close with
+    probability ``1 / period``: regimes of irregular, geometric lengths with mean ``period``,
+    exactly the hidden Markov model ``sim.ceilings.RotationFilter`` assumes."""
+    redraw = rng.random(n_days) < 1.0 / period
+    redraw[0] = True
+    draws = rng.integers(0, n_states, size=n_days)
+    return draws[np.maximum.accumulate(np.where(redraw, np.arange(n_days), 0))]
+
+
+def _rotating_returns(
+    rng: np.random.Generator, leader: np.ndarray, n_assets: int, drift: float, vol: float
+) -> np.ndarray:
+    n_days = leader.size
+    mus = np.full((n_days, n_assets), -drift / (n_assets - 1))
+    mus[np.arange(n_days), leader] = drift
+    return mus + rng.normal(0.0, vol, size=(n_days, n_assets))
+
+
+def rotating_market(
+    n_days: int = 1500,
+    n_assets: int = 4,
+    period: int = 20,
+    drift: float = 0.004,
+    vol: float = 0.006,
+    seed: int = 0,
+    irregular: bool = False,
+) -> pd.DataFrame:
+    """The trending asset changes every ``period`` days (in a random order), or with
+    ``irregular`` at each close with probability ``1 / period``.
+
+    The others drift down by as much in total, so holding everything earns nothing: only
+    following the rotation pays, and only if it is not eaten by costs. The leader of day t
+    drives the return from close t - 1 to close t (``rotating_schedule`` gives it per day).
+    """
+    rng = np.random.default_rng(seed)
+    if irregular:
+        leader = _irregular_leaders(rng, n_days, n_assets, period)
+    else:
+        leader = _leaders(rng, n_days, n_assets, period)
+    returns = _rotating_returns(rng, leader, n_assets, drift, vol)
+    return _prices(returns, [f"R{i}" for i in range(n_assets)])
+
+
+def rotating_schedule(
+    n_days: int = 1500, n_assets: int = 4, period: int = 20, seed: int = 0, irregular: bool = False
+) -> pd.Series:
+    """The leader of ``rotating_market`` with the same arguments: its asset name per date.
+
+    The value on date t names the asset whose drift drives the return realised at close t.
+    """
+    rng = np.random.default_rng(seed)
+    if irregular:
+        leader = _irregular_leaders(rng, n_days, n_assets, period)
+    else:
+        leader = _leaders(rng, n_days, n_assets, period)
+    dates = pd.bdate_range(FIRST_DAY, periods=n_days)
+    return pd.Series([f"R{i}" for i in leader], index=dates, name="leader")
+
+
+def _rng(seed: int, family: int) -> np.random.Generator:
+    """A family's own stream for a draw, so two families never share noise on one draw (the
+    drift and rotating families keep their plain ``seed`` streams, which tests depend on)."""
+    return np.random.default_rng([seed, family])
+
+
+def mean_reversion_market(
+    n_days: int = 1500, n_assets: int = 4, phi: float = -0.2, vol: float = 0.01, seed: int = 0
+) -> pd.DataFrame:
+    """Each asset's daily log return is AR(1) with a negative coefficient ``phi``: a day's loser
+    is expected to win back ``-phi`` of its loss the next day. No drift, equal volatility."""
+    rng = _rng(seed, 1)
+    shocks = rng.normal(0.0, vol, size=(n_days, n_assets))
+    returns = np.empty_like(shocks)
+    returns[0] = shocks[0]
+    for t in range(1, n_days):
+        returns[t] = phi * returns[t - 1] + shocks[t]
+    return _prices(returns, [f"M{i}" for i in range(n_assets)])
+
+
+def sector_names(n_sectors: int, per_sector: int) -> list[str]:
+    """The assets of ``sector_market``, sector by sector: ``S0A, S0B, ..., S1A, ...``."""
+    return [f"S{s}{chr(ord('A') + j)}" for s in range(n_sectors) for j in range(per_sector)]
+
+
+def sector_covariance(
+    n_sectors: int, per_sector: int, market_vol: float, sector_vol: float, idio_vol: float
+) -> np.ndarray:
+    """The daily return covariance of ``sector_market``: one market factor, one factor per
+    sector, independent noise per asset."""
+    n = n_sectors * per_sector
+    sector = np.repeat(np.arange(n_sectors), per_sector)
+    same = (sector[:, None] == sector[None, :]).astype(float)
+    return market_vol**2 + sector_vol**2 * same + idio_vol**2 * np.eye(n)
+
+
+def sector_market(
+    n_days: int = 1500,
+    n_sectors: int = 3,
+    per_sector: int = 2,
+    period: float = 40.0,
+    drift: float = 0.002,
+    market_vol: float = 0.006,
+    sector_vol: float = 0.006,
+    idio_vol: float = 0.006,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Correlated sectors with a rotating leader: every asset moves with the market and its
+    sector; the leading sector (redrawn at each close with probability ``1 / period``) drifts up
+    by ``drift``, the others down by as much in total, so equal weight earns nothing."""
+    rng = _rng(seed, 2)
+    leader = _irregular_leaders(rng, n_days, n_sectors, period)
+    mus = np.full((n_days, n_sectors), -drift / (n_sectors - 1))
+    mus[np.arange(n_days), leader] = drift
+    cov = sector_covariance(n_sectors, per_sector, market_vol, sector_vol, idio_vol)
+    noise = rng.multivariate_normal(np.zeros(cov.shape[0]), cov, size=n_days)
+    returns = np.repeat(mus, per_sector, axis=1) + noise
+    return _prices(returns, sector_names(n_sectors, per_sector))
+
+
+LISTINGS: tuple[tuple[int, int | None], ...] = (
+    (0, None),
+    (0, 600),
+    (0, 900),
+    (0, None),
+    (250, None),
+    (500, None),
+    (750, None),
+)
+"""(first day, last day or None) of each asset of ``listing_market``: four listed from the
+start, two delisted during the training span, three listed later; the five still listed at
+the end are the only ones alive through the default held-out span."""
+
+
+def listing_market(
+    n_days: int = 1500,
+    drift: float = 0.001,
+    vol: float = 0.01,
+    n_up: int = 3,
+    listings: tuple[tuple[int, int | None], ...] = LISTINGS,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Assets entering and leaving the universe (NaN before a listing and after a delisting);
+    ``n_up`` of them (chosen per draw, at least one still listed at the end) drift up by
+    ``drift``, the others do not. ``listing_drifters`` names them."""
+    rng = _rng(seed, 3)
+    up = _listing_up(rng, n_up, listings)
+    mus = np.where(up, drift, 0.0)
+    returns = rng.normal(mus, vol, size=(n_days, len(listings)))
+    frame = _prices(returns, [f"L{i}" for i in range(len(listings))])
+    for j, (first, last) in enumerate(listings):
+        frame.iloc[:first, j] = np.nan
+        if last is not None:
+            frame.iloc[last + 1 :, j] = np.nan
+    return frame
+
+
+def _listing_up(
+    rng: np.random.Generator, n_up: int, listings: tuple[tuple[int, int | None], ...]
+) -> np.ndarray:
+    """Which assets drift: one among those listed to the end, the rest among all the others."""
+    survivors = [j for j, (_, last) in enumerate(listings) if last is None]
+    first = int(rng.choice(survivors))
+    others = [j for j in range(len(listings)) if j != first]
+    up = np.zeros(len(listings), dtype=bool)
+    up[[first, *rng.choice(others, size=n_up - 1, replace=False).tolist()]] = True
+    return up
+
+
+def listing_drifters(
+    n_up: int = 3, listings: tuple[tuple[int, int | None], ...] = LISTINGS, seed: int = 0
+) -> list[str]:
+    """The drifting assets of ``listing_market`` with the same arguments."""
+    up = _listing_up(_rng(seed, 3), n_up, listings)
+    return [f"L{j}" for j in np.flatnonzero(up)]
+
+
+def walk_market(
+    n_days: int = 1500, n_assets: int = 4, vol: float = 0.01, seed: int = 0
+) -> pd.DataFrame:
+    """Independent driftless random walks of equal volatility: nothing to learn."""
+    rng = _rng(seed, 4)
+    return _prices(
+        rng.normal(0.0, vol, size=(n_days, n_assets)), [f"W{i}" for i in range(n_assets)]
+    )
+
+
+GENERATORS = {
+    "drift": drift_market,
+    "rotating": rotating_market,
+    "mean_reversion": mean_reversion_market,
+    "sectors": sector_market,
+    "listing": listing_market,
+    "random_walk": walk_market,
+}
+"""Generator families by name; a market kind is one family with fixed parameters."""
+
+
+@dataclass(frozen=True)
+class GeneratedMarket:
+    """One market kind of the suite: a generator with fixed parameters and the spans a run
+    trains on (``train_*``) and is scored on (``validation_*``, never seen while choosing)."""
+
+    kind: str
+    generator: str
+    params: dict[str, Any] = field(default_factory=dict)
+    train_start: str = "2000-01-01"
+    train_end: str = "2003-12-31"
+    validation_start: str = "2004-01-01"
+    validation_end: str = "2005-12-31"
+    signal: bool = True  # False: nothing is learnable, a policy should match its anchor
+
+    def generate(self, draw: int) -> pd.DataFrame:
+        """The draw's wide price frame (the draw number is the generator's seed)."""
+        return GENERATORS[self.generator](**self.params, seed=draw)
+
+    def dataset(self, draw: int) -> str:
+        """The ``data.dataset`` value that loads this draw."""
+        return f"{GENERATED_PREFIX}{self.kind}:{draw}"
+
+
+MARKETS: dict[str, GeneratedMarket] = {
+    m.kind: m
+    for m in (
+        GeneratedMarket("drift", "drift", {"n_flat": 3, "drift": 0.001, "vol": 0.01}),
+        GeneratedMarket("rotating_short", "rotating", {"period": 20, "drift": 0.004, "vol": 0.006}),
+        GeneratedMarket(
+            "rotating_long",
+            "rotating",
+            {"period": 60, "drift": 0.002, "vol": 0.008, "irregular": True},
+        ),
+        GeneratedMarket("mean_reversion", "mean_reversion", {"phi": -0.3, "vol": 0.01}),
+        GeneratedMarket("sectors", "sectors", {"n_sectors": 3, "per_sector": 2, "period": 40.0}),
+        GeneratedMarket("entering_leaving", "listing", {"drift": 0.001, "vol": 0.01}),
+        GeneratedMarket("random_walk", "random_walk", {"vol": 0.01}, signal=False),
+    )
+}
+"""The suite's generated market kinds by name."""
+
+
+def market(kind: str) -> GeneratedMarket:
+    """The generated market ``kind``, or a ``ValueError`` listing the known ones."""
+    try:
+        return MARKETS[kind]
+    except KeyError:
+        raise ValueError(
+            f"unknown generated market {kind!r}; known: {', '.join(MARKETS)}"
+        ) from None
+
+
+def parse_generated(dataset: str) -> tuple[str, int] | None:
+    """``(kind, draw)`` of a ``generated:KIND:DRAW`` dataset name, None for any other name;
+    a ``ValueError`` for a malformed one."""
+    if not dataset.startswith(GENERATED_PREFIX):
+        return None
+    kind, sep, draw = dataset[len(GENERATED_PREFIX) :].partition(":")
+    if not sep or not draw.lstrip("-").isdigit():
+        raise ValueError(f"dataset {dataset!r}: expected {GENERATED_PREFIX}KIND:DRAW")
+    market(kind)
+    return kind, int(draw)

@@ -1,0 +1,195 @@
+"""Ceilings: policies that know a generated market's own model, which no trained policy is told.
+
+Each is the Bayes decision (or filter) of one generator in ``market.generated``, given its true
+parameters: a reference a learned policy is read against, not a strict bound (it makes the best
+guess of the state, not the best trade net of costs, so a policy that trades less can beat it
+on a draw). ``ceiling_for`` picks a market kind's ceiling; a market with nothing to learn, or
+a real one, has none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from allocator.trainer.market.generated import (
+    GeneratedMarket,
+    listing_drifters,
+    sector_covariance,
+    sector_names,
+)
+from allocator.trainer.sim.baselines import DecisionContext, Policy
+
+
+class RegimeFilter:
+    """The forward filter of a hidden Markov model of regimes: at each close the regime is
+    redrawn uniformly with probability ``1 / period``, and returns are Gaussian around the
+    regime's means. Subclasses give the likelihood and the book per regime."""
+
+    name = "regime-filter"
+
+    def __init__(self, n_states: int, period: float) -> None:
+        redraw = 1.0 / period
+        self.transition = np.full((n_states, n_states), redraw / n_states)
+        self.transition += np.eye(n_states) * (1.0 - redraw)
+        self.n_states = n_states
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every close: a uniform posterior, as before the first return."""
+        self.posterior = np.full(self.n_states, 1.0 / self.n_states)
+        self.seen = 1  # closes already folded into the posterior
+
+    def loglik(self, r: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Log-likelihood of one day's log returns under each regime (up to a constant)."""
+        raise NotImplementedError
+
+    def update(self, prices: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Fold the closes not seen yet into the posterior (oldest first) and return it."""
+        if len(prices) < self.seen:  # a shorter history is another one: start again
+            self.reset()
+        returns = np.diff(np.log(prices[self.seen - 1 :]), axis=0)
+        for r in returns:
+            loglik = self.loglik(r)
+            joint = (self.posterior @ self.transition) * np.exp(loglik - loglik.max())
+            self.posterior = joint / joint.sum()
+        self.seen = len(prices)
+        return self.posterior
+
+
+class RotationFilter(RegimeFilter):
+    """The Bayes filter of ``rotating_market``'s own model: a ceiling, not a baseline.
+
+    It knows what no policy is told: the drift, the noise, how often the leader is redrawn and
+    that the draw is uniform. Per day it updates the posterior over which asset leads (a hidden
+    Markov model: at each close a new draw with probability ``1 / period``, Gaussian returns
+    around the leader's and the others' drifts). It does not know the calendar of the draws,
+    which no policy sees either. ``book="leader"`` holds the most probable leader, fully
+    invested, as top-1 momentum does; ``book="posterior"`` holds each asset at its probability.
+    """
+
+    def __init__(
+        self,
+        n_assets: int = 4,
+        period: float = 20,
+        drift: float = 0.004,
+        vol: float = 0.006,
+        book: str = "leader",
+    ) -> None:
+        if book not in ("leader", "posterior"):
+            raise ValueError(f"book must be 'leader' or 'posterior', got {book!r}")
+        self.name = f"rotation-filter-{book}"
+        self.book = book
+        self.means = np.full((n_assets, n_assets), -drift / (n_assets - 1))
+        np.fill_diagonal(self.means, drift)
+        self.var = vol**2
+        super().__init__(n_assets, period)
+
+    def loglik(self, r: NDArray[np.float64]) -> NDArray[np.float64]:
+        return -((r - self.means) ** 2).sum(axis=1) / (2 * self.var)
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        if ctx.step == 0:  # a backtest's first decision: its whole history, from scratch
+            self.reset()
+        posterior = self.update(ctx.prices)
+        if self.book == "posterior":
+            return ctx.slot_weights(posterior)
+        held = np.zeros_like(posterior)
+        held[np.argmax(posterior)] = 1.0
+        return ctx.slot_weights(held)
+
+
+class SectorFilter(RegimeFilter):
+    """The Bayes filter of ``sector_market``: the posterior over the leading sector under the
+    true factor covariance; holds the most probable leader's assets in equal weight."""
+
+    name = "sector-filter"
+
+    def __init__(
+        self,
+        n_sectors: int = 3,
+        per_sector: int = 2,
+        period: float = 40.0,
+        drift: float = 0.002,
+        market_vol: float = 0.006,
+        sector_vol: float = 0.006,
+        idio_vol: float = 0.006,
+    ) -> None:
+        means = np.full((n_sectors, n_sectors), -drift / (n_sectors - 1))
+        np.fill_diagonal(means, drift)
+        self.means = np.repeat(means, per_sector, axis=1)  # (regime, asset)
+        cov = sector_covariance(n_sectors, per_sector, market_vol, sector_vol, idio_vol)
+        self.precision = np.linalg.inv(cov)
+        self.names = sector_names(n_sectors, per_sector)
+        super().__init__(n_sectors, period)
+
+    def loglik(self, r: NDArray[np.float64]) -> NDArray[np.float64]:
+        d = r - self.means
+        return -0.5 * np.einsum("si,ij,sj->s", d, self.precision, d)
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        if ctx.step == 0:
+            self.reset()
+        columns = [self.names.index(a) for a in ctx.assets]
+        if len(columns) != len(self.names):
+            raise ValueError("the sector filter needs every asset of the market")
+        prices = np.empty_like(ctx.prices)
+        prices[:, columns] = ctx.prices
+        posterior = self.update(prices)
+        held = self.means[np.argmax(posterior)] > 0
+        return ctx.slot_weights(held[columns] / held.sum())
+
+
+class KnownDrift:
+    """Equal weight over the live assets known to drift up (all live assets when none is)."""
+
+    name = "known-drift"
+
+    def __init__(self, drifting: Sequence[str]) -> None:
+        self.drifting = set(drifting)
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        up = np.array([a in self.drifting for a in ctx.assets], dtype=np.float64)
+        if not up.any():
+            up[:] = 1.0
+        return ctx.slot_weights(up / up.sum())
+
+
+class KnownReversal:
+    """The AR(1) rule with the true coefficient: hold the asset whose expected next log return,
+    ``phi`` times its last one, is highest (``phi < 0``: yesterday's biggest loser)."""
+
+    name = "known-reversal"
+
+    def __init__(self, phi: float) -> None:
+        self.phi = phi
+
+    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        expected = self.phi * np.diff(np.log(ctx.prices[-2:]), axis=0)[0]
+        held = np.zeros(len(ctx.assets))
+        held[np.argmax(expected)] = 1.0
+        return ctx.slot_weights(held)
+
+
+def ceiling_for(market: GeneratedMarket, draw: int) -> Policy | None:
+    """The ceiling of ``market``'s draw ``draw``, None where nothing is known to be learnable."""
+    p = market.params
+    if market.generator == "drift":
+        return KnownDrift(["UP"])
+    if market.generator == "rotating":
+        return RotationFilter(
+            n_assets=p.get("n_assets", 4),
+            period=p.get("period", 20),
+            drift=p.get("drift", 0.004),
+            vol=p.get("vol", 0.006),
+        )
+    if market.generator == "sectors":
+        return SectorFilter(**p)
+    if market.generator == "mean_reversion":
+        return KnownReversal(p.get("phi", -0.2))
+    if market.generator == "listing":
+        keys = ("n_up", "listings")
+        return KnownDrift(listing_drifters(**{k: p[k] for k in keys if k in p}, seed=draw))
+    return None
