@@ -1,10 +1,10 @@
 """The ``allocator`` command line: one entry point, a subcommand per job.
 
 Each command group lives in its own module (``data``, ``backtest``, ``train``, ``checkpoint``,
-``export``, ``demo``, ``serve``, ``db``, ``jobs``); options several commands share are declared
-once in :mod:`allocator.cli.options`. Heavy libraries (pandas, torch, onnxruntime, sqlalchemy)
-are imported inside the commands that need them, so ``allocator --help`` is instant and a
-serving install without the training extras still runs the commands it has.
+``export``, ``demo``, ``serve``, ``db``, ``jobs``, ``trade``); options several commands share
+are declared once in :mod:`allocator.cli.options`. Heavy libraries (pandas, torch, onnxruntime,
+sqlalchemy) are imported inside the commands that need them, so ``allocator --help`` is instant
+and a serving install without the training extras still runs the commands it has.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import ClassVar
 import click
 
 from allocator import __version__
-from allocator.cli import backtest, checkpoint, data, db, demo, export, jobs, serve, train
+from allocator.cli import backtest, checkpoint, data, db, demo, export, jobs, serve, trade, train
 
 
 class LazyGroup(click.Group):
@@ -54,5 +54,6 @@ for command in (
     jobs.retrain,
     jobs.walk_forward,
     jobs.tune,
+    trade.trade,
 ):
     main.add_command(command)
