@@ -136,6 +136,8 @@ def run_cycle(
         account = book.load_account(session, account_name, trading=True)
         done = existing(session, account.id, bar_date)
         if done is not None:
+            stamp_decision(session, done)
+            session.commit()
             metrics.cycles.labels(account_name, "already_done").inc()
             return describe(session, done, "already done")
         later = session.scalar(
@@ -302,11 +304,17 @@ def finish(engine: Engine, cycle_id: int) -> None:
             )
         )
         cycle.status, cycle.finished = DONE, utcnow()
-        session.execute(
-            update(Decision)
-            .where(Decision.request_id == cycle.request_id)
-            .values(market_date=cycle.bar_date, prices_digest=cycle.prices_digest)
-        )
+        stamp_decision(session, cycle)
+
+
+def stamp_decision(session: Session, cycle: TradeCycle) -> None:
+    """Give the server's decision row (when it records into this database and has written it)
+    the bar it was made for and the digest of the closes it saw; a rerun stamps a late row."""
+    session.execute(
+        update(Decision)
+        .where(Decision.request_id == cycle.request_id, Decision.market_date.is_(None))
+        .values(market_date=cycle.bar_date, prices_digest=cycle.prices_digest)
+    )
 
 
 def unfinished(engine: Engine, account_id: int) -> list[int]:
@@ -367,9 +375,7 @@ def describe(session: Session, cycle: TradeCycle, outcome: str) -> CycleResult:
     filled = dict(
         session.execute(
             select(Fill.order_id, Fill.quantity).where(Fill.order_id.in_([o.id for o in orders]))
-        )
-        .tuples()
-        .all()
+        ).all()
     )
     return CycleResult(
         account=account.name,
