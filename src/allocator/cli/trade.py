@@ -33,6 +33,7 @@ def trade_engine(database_url: str | None) -> Iterator[Any]:
     # heavy (sqlalchemy): imported when a trade command runs, so `allocator --help` stays instant
     from sqlalchemy import create_engine, inspect
 
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
     from allocator.recording.settings import database_url as default_url
 
     engine = create_engine(database_url or default_url())
@@ -84,6 +85,7 @@ def account_create(
     # heavy (sqlalchemy): imported when the command runs
     from sqlalchemy.orm import Session
 
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
     from allocator.trading.book import AccountSpec, create_account
     from allocator.trading.errors import TradingError
     from allocator.trading.paper import PaperBroker
@@ -114,6 +116,7 @@ def account_resume(name: str, database_url: str | None) -> None:
     # heavy (sqlalchemy): imported when the command runs
     from sqlalchemy.orm import Session
 
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
     from allocator.trading.book import load_account, set_halt
     from allocator.trading.errors import TradingError
 
@@ -175,6 +178,7 @@ def cycle_parts(
     # heavy (sqlalchemy, grpc): imported when the command runs
     from sqlalchemy.orm import Session
 
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
     from allocator.serving.client import AllocatorClient
     from allocator.trading.book import load_account
     from allocator.trading.errors import TradingError
@@ -256,7 +260,9 @@ def run(
     # heavy (sqlalchemy, grpc): imported when the command runs
     from sqlalchemy.orm import Session
 
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
     from allocator.trading.bars import bar_dates
+    from allocator.trading.book import last_traded
     from allocator.trading.cycle import Retries, run_cycle
     from allocator.trading.errors import MissingPriceError, TradingError
 
@@ -266,6 +272,9 @@ def run(
         engine, broker, client = parts
         with Session(engine) as session:
             dates = bar_dates(session, first, last)
+            traded = last_traded(session, account_name)
+        if traded is not None:
+            dates = [d for d in dates if d >= traded]  # the last traded bar reruns as a no-op
         if not dates:
             fail("no bars in the prices table for that span: ingest prices first")
         result = None

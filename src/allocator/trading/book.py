@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from allocator.portfolio import CASH_ID, check_id, is_cash_id
-from allocator.recording.schema import Account, Fill, Order, Position
+from allocator.recording.schema import Account, Fill, Order, Position, TradeCycle
 from allocator.trading.broker import BrokerFill
 from allocator.trading.errors import AccountHaltedError, TradingError, UnknownAccountError
 from allocator.trading.sizing import BUY, SizingRules
@@ -172,3 +172,14 @@ def set_halt(session: Session, account: Account, reason: str | None) -> None:
     """Halt the account with ``reason``, or resume it with None."""
     account.halted = reason is not None
     account.halt_reason = reason
+
+
+def last_traded(session: Session, name: str) -> dt.date | None:
+    """The latest bar the account has a cycle for (None before its first)."""
+    return session.scalar(
+        select(TradeCycle.bar_date)
+        .join(Account, Account.id == TradeCycle.account_id)
+        .where(Account.name == name)
+        .order_by(TradeCycle.bar_date.desc())
+        .limit(1)
+    )
