@@ -183,7 +183,7 @@ def test_cli_db_upgrade_current_downgrade(tmp_path, monkeypatch: pytest.MonkeyPa
         return result.output
 
     assert "upgraded" in run("upgrade")
-    assert "0004 (head)" in run("current")
+    assert "0005 (head)" in run("current")
     tables = set(sa.inspect(sa.create_engine(url)).get_table_names())
     assert {"decisions", "model_versions", "walk_forward_windows", "prices"} <= tables
     run("downgrade", "base")

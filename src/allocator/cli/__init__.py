@@ -1,8 +1,8 @@
 """The ``allocator`` command line: one entry point, a subcommand per job.
 
 Each command group lives in its own module (``data``, ``backtest``, ``train``, ``checkpoint``,
-``export``, ``demo``, ``serve``, ``db``, ``jobs``, ``suite``); options several commands share
-are declared once in :mod:`allocator.cli.options`. Heavy libraries (pandas, torch, onnxruntime,
+``export``, ``demo``, ``serve``, ``db``, ``jobs``, ``suite``, ``trade``); options several
+commands share are declared once in :mod:`allocator.cli.options`. Heavy libraries (pandas, torch, onnxruntime,
 sqlalchemy) are imported inside the commands that need them, so ``allocator --help`` is instant
 and a serving install without the training extras still runs the commands it has.
 """
@@ -15,7 +15,19 @@ from typing import ClassVar
 import click
 
 from allocator import __version__
-from allocator.cli import backtest, checkpoint, data, db, demo, export, jobs, serve, suite, train
+from allocator.cli import (
+    backtest,
+    checkpoint,
+    data,
+    db,
+    demo,
+    export,
+    jobs,
+    serve,
+    suite,
+    trade,
+    train,
+)
 
 
 class LazyGroup(click.Group):
@@ -55,5 +67,6 @@ for command in (
     jobs.walk_forward,
     jobs.tune,
     suite.suite,
+    trade.trade,
 ):
     main.add_command(command)

@@ -1,4 +1,5 @@
-"""The SQL trade schema: model versions, decisions, training and walk-forward runs, prices.
+"""The SQL trade schema: model versions, decisions, training and walk-forward runs, prices,
+and the live book (accounts, cycles, orders, fills, positions, NAV, the paper broker's books).
 
 One layout for Postgres and SQLite. Per-asset vectors (asset ids, raw, smoothed and current
 weights) are parallel JSON arrays on the decision row (``JSONB`` on Postgres): one row per
@@ -115,6 +116,10 @@ class Decision(Base):
     latency_seconds: Mapped[float] = mapped_column(Float)
     slots: Mapped[list[str] | None] = mapped_column(JsonType, nullable=True)
     request_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    market_date: Mapped[dt.date | None] = mapped_column(Date, nullable=True)
+    """The bar the decision was made for; stamped by the trading cycle that asked for it."""
+    prices_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """SHA-256 of the closes the decision saw (``trading.ids.prices_digest``)."""
 
 
 class TrainingRun(Base):
@@ -224,3 +229,168 @@ class Price(Base):
     close: Mapped[float] = mapped_column(Float)
     source: Mapped[str] = mapped_column(String(1000))
     ingested_at: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+
+
+class Account(Base):
+    """A trading account: its universe, the model it asks, its sizing rules and halt state.
+
+    ``halted`` is set by a failed reconciliation and stays set until an operator clears it:
+    an account whose book disagrees with its broker must not trade on a wrong picture.
+    """
+
+    __tablename__ = "accounts"
+    __table_args__ = (
+        CheckConstraint("cost_bps >= 0", name="cost_nonnegative"),
+        CheckConstraint("lot_size >= 0", name="lot_nonnegative"),
+        CheckConstraint("min_order_value >= 0", name="min_order_nonnegative"),
+        CheckConstraint("band >= 0 AND band < 1", name="band_fraction"),
+        CheckConstraint("cash_buffer >= 0 AND cash_buffer < 1", name="buffer_fraction"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    broker: Mapped[str] = mapped_column(String(50))
+    model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    assets: Mapped[list[str]] = mapped_column(JsonType)
+    cost_bps: Mapped[float] = mapped_column(Float)
+    lot_size: Mapped[float] = mapped_column(Float)
+    min_order_value: Mapped[float] = mapped_column(Float)
+    band: Mapped[float] = mapped_column(Float)
+    cash_buffer: Mapped[float] = mapped_column(Float)
+    halted: Mapped[bool] = mapped_column(Boolean, default=False)
+    halt_reason: Mapped[str | None] = mapped_column(String(2000), nullable=True)
+    created: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+
+
+class TradeCycle(Base):
+    """One account's trading cycle for one bar: the decision it acted on and how far it got.
+
+    Written (``submitting``, with its orders) before anything is sent to the broker, marked
+    ``done`` once every order is settled: a restart finds an unfinished cycle here and finishes
+    it. ``request_id`` is the allocation request's id, the join key to ``decisions`` (the server
+    may record into another database, so it is not a foreign key).
+    """
+
+    __tablename__ = "trade_cycles"
+    __table_args__ = (UniqueConstraint("account_id", "bar_date"),)
+
+    id: Mapped[int] = mapped_column(BigIdType, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    bar_date: Mapped[dt.date] = mapped_column(Date)
+    request_id: Mapped[str] = mapped_column(String(200), unique=True)
+    status: Mapped[str] = mapped_column(String(20))
+    model_name: Mapped[str] = mapped_column(String(200))
+    model_version: Mapped[str] = mapped_column(String(100))
+    asset_ids: Mapped[list[str]] = mapped_column(JsonType)
+    current_weights: Mapped[list[float]] = mapped_column(JsonType)
+    target_weights: Mapped[list[float]] = mapped_column(JsonType)
+    closes: Mapped[dict[str, float]] = mapped_column(JsonType)
+    prices_digest: Mapped[str] = mapped_column(String(64))
+    nav_before: Mapped[float] = mapped_column(Float)
+    started: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+    finished: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
+class Order(Base):
+    """An order the cycle decided on; ``client_order_id`` is what the broker deduplicates on."""
+
+    __tablename__ = "orders"
+    __table_args__ = (
+        CheckConstraint("quantity > 0", name="quantity_positive"),
+        CheckConstraint("side IN ('buy', 'sell')", name="side_known"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIdType, primary_key=True)
+    cycle_id: Mapped[int] = mapped_column(ForeignKey("trade_cycles.id"), index=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    client_order_id: Mapped[str] = mapped_column(String(64), unique=True)
+    asset: Mapped[str] = mapped_column(String(200))
+    side: Mapped[str] = mapped_column(String(4))
+    quantity: Mapped[float] = mapped_column(Float)
+    reference_price: Mapped[float] = mapped_column(Float)
+    sequence: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str | None] = mapped_column(String(2000), nullable=True)
+
+
+class Fill(Base):
+    """One execution of an order; ``realized_pnl`` (average cost, net of its fee): P&L per fill."""
+
+    __tablename__ = "fills"
+    __table_args__ = (
+        CheckConstraint("quantity > 0", name="quantity_positive"),
+        CheckConstraint("price > 0", name="price_positive"),
+        CheckConstraint("fee >= 0", name="fee_nonnegative"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIdType, primary_key=True)
+    order_id: Mapped[int] = mapped_column(ForeignKey("orders.id"), index=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    broker_fill_id: Mapped[str] = mapped_column(String(100), unique=True)
+    asset: Mapped[str] = mapped_column(String(200))
+    side: Mapped[str] = mapped_column(String(4))
+    quantity: Mapped[float] = mapped_column(Float)
+    price: Mapped[float] = mapped_column(Float)
+    fee: Mapped[float] = mapped_column(Float)
+    realized_pnl: Mapped[float] = mapped_column(Float)
+    bar_date: Mapped[dt.date] = mapped_column(Date)
+
+
+class Position(Base):
+    """The recorded holding of one asset (``CASH`` holds the cash), from the fills."""
+
+    __tablename__ = "positions"
+    __table_args__ = (UniqueConstraint("account_id", "asset"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    asset: Mapped[str] = mapped_column(String(200))
+    quantity: Mapped[float] = mapped_column(Float)
+    cost_basis: Mapped[float] = mapped_column(Float)
+    realized_pnl: Mapped[float] = mapped_column(Float)
+
+
+class AccountNav(Base):
+    """An account's NAV at one bar's close, after that bar's trades."""
+
+    __tablename__ = "account_nav"
+    __table_args__ = (UniqueConstraint("account_id", "bar_date"),)
+
+    id: Mapped[int] = mapped_column(BigIdType, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    bar_date: Mapped[dt.date] = mapped_column(Date)
+    nav: Mapped[float] = mapped_column(Float)
+    cash: Mapped[float] = mapped_column(Float)
+    fees: Mapped[float] = mapped_column(Float)
+    traded_value: Mapped[float] = mapped_column(Float)
+
+
+class PaperOrder(Base):
+    """The paper broker's own order book, keyed by client order id (its deduplication)."""
+
+    __tablename__ = "paper_orders"
+
+    id: Mapped[int] = mapped_column(BigIdType, primary_key=True)
+    client_order_id: Mapped[str] = mapped_column(String(64), unique=True)
+    account: Mapped[str] = mapped_column(String(200), index=True)
+    asset: Mapped[str] = mapped_column(String(200))
+    side: Mapped[str] = mapped_column(String(4))
+    quantity: Mapped[float] = mapped_column(Float)
+    filled_quantity: Mapped[float] = mapped_column(Float)
+    price: Mapped[float | None] = mapped_column(Float, nullable=True)
+    fee: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str | None] = mapped_column(String(2000), nullable=True)
+    created: Mapped[dt.datetime] = mapped_column(Timestamp, default=utcnow)
+
+
+class PaperHolding(Base):
+    """The paper broker's holdings (``CASH`` included): what a real broker's API would report."""
+
+    __tablename__ = "paper_holdings"
+    __table_args__ = (UniqueConstraint("account", "asset"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account: Mapped[str] = mapped_column(String(200))
+    asset: Mapped[str] = mapped_column(String(200))
+    quantity: Mapped[float] = mapped_column(Float)

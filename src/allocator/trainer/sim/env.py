@@ -56,6 +56,7 @@ from allocator.portfolio import (
     log_returns,
     normalize_returns,
 )
+from allocator.portfolio.costs import cost_rate, trade_cost
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.history import EpisodeHistory
 from allocator.trainer.sim.representation import (
@@ -206,7 +207,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self._column = {a: j for j, a in enumerate(data.assets)}
         self._first = data.first_valid()
         self._last = data.last_valid()
-        self._cost_rate = self.config.cost_bps / 1e4
+        self._cost_rate = cost_rate(self.config.cost_bps)
         self._beta = self.config.beta
         self.reward_fn = RewardFunction(self.config.reward)
         self._relative = self.reward_fn.relative
@@ -433,7 +434,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         moved = s - self.drifted
         np.abs(moved, out=moved)
         turnover = sold + float(np.add.reduce(moved[1:]))  # cash is not traded
-        cost = self._cost_rate * turnover * self.nav
+        cost = trade_cost(self._cost_rate, turnover, self.nav)
         invested = self.nav - cost
         shares = invested * s / self._slot_prices[j]
         grown = s * self._growth[j]

@@ -1,0 +1,339 @@
+"""``allocator trade``: paper accounts, one trading cycle, a replay of bars, and the status.
+
+Every failure a cycle can meet (unknown account, stale bar, missing price, halted account,
+broker rejection, server down) exits 1 with the reason on stderr; bad options exit 2. The trade
+database is the one ``allocator db upgrade`` migrates (``--database-url``, else
+``$DATABASE_URL``, else the embedded SQLite file).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from allocator.cli.options import database_url_option, fail
+
+
+def parse_date(value: str, option: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        fail(f"{option}: {value!r} is not an ISO date (YYYY-MM-DD)")
+
+
+@contextmanager
+def trade_engine(database_url: str | None) -> Iterator[Any]:
+    # heavy (sqlalchemy): imported when a trade command runs, so `allocator --help` stays instant
+    from sqlalchemy import create_engine, inspect
+
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
+    from allocator.recording.settings import database_url as default_url
+
+    engine = create_engine(database_url or default_url())
+    try:
+        if not inspect(engine).has_table("accounts"):
+            fail(
+                "the trade database has no trading tables: run `allocator db upgrade` first "
+                f"({engine.url.render_as_string(hide_password=True)})"
+            )
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@click.group()
+def trade() -> None:
+    """Trade target weights: paper accounts, cycles per bar, positions and P&L."""
+
+
+@trade.group()
+def account() -> None:
+    """Create and resume trading accounts."""
+
+
+@account.command("create")
+@click.argument("name")
+@click.option("--assets", required=True, help="Comma-separated asset ids the account trades.")
+@click.option("--cash", type=float, required=True, help="Initial cash deposited.")
+@click.option("--model", default=None, help="Model name to ask (default: the server's).")
+@click.option("--cost-bps", type=float, default=10.0, show_default=True)
+@click.option("--lot-size", type=float, default=0.0, show_default=True, help="0: fractional.")
+@click.option("--min-order-value", type=float, default=0.0, show_default=True)
+@click.option("--band", type=float, default=0.0, show_default=True, help="No-trade band (NAV).")
+@click.option("--cash-buffer", type=float, default=0.0, show_default=True, help="Of NAV.")
+@database_url_option
+def account_create(
+    name: str,
+    assets: str,
+    cash: float,
+    model: str | None,
+    cost_bps: float,
+    lot_size: float,
+    min_order_value: float,
+    band: float,
+    cash_buffer: float,
+    database_url: str | None,
+) -> None:
+    """Create paper account NAME, funded with CASH at the paper broker and in the book."""
+    # heavy (sqlalchemy): imported when the command runs
+    from sqlalchemy.orm import Session
+
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
+    from allocator.trading.book import AccountSpec, create_account
+    from allocator.trading.errors import TradingError
+    from allocator.trading.paper import PaperBroker
+    from allocator.trading.sizing import SizingRules
+
+    try:
+        rules = SizingRules(cost_bps, lot_size, min_order_value, band, cash_buffer)
+        spec = AccountSpec(name, [a.strip() for a in assets.split(",") if a.strip()], rules, model)
+    except ValueError as exc:
+        fail(str(exc))
+    with trade_engine(database_url) as engine:
+        try:
+            with Session(engine) as session, session.begin():
+                create_account(session, spec, cash)
+                PaperBroker(engine, cost_bps).fund_in(session, name, cash)
+        except (ValueError, TradingError) as exc:
+            fail(str(exc))
+    click.echo(
+        f"created paper account {name} with {cash:,.2f} cash, assets {', '.join(spec.assets)}"
+    )
+
+
+@account.command("resume")
+@click.argument("name")
+@database_url_option
+def account_resume(name: str, database_url: str | None) -> None:
+    """Clear NAME's halt once its book and broker agree again (checked at the next cycle)."""
+    # heavy (sqlalchemy): imported when the command runs
+    from sqlalchemy.orm import Session
+
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
+    from allocator.trading.book import load_account, set_halt
+    from allocator.trading.errors import TradingError
+
+    with trade_engine(database_url) as engine:
+        try:
+            with Session(engine) as session, session.begin():
+                set_halt(session, load_account(session, name), None)
+        except TradingError as exc:
+            fail(str(exc))
+    click.echo(f"resumed account {name}")
+
+
+def cycle_options(command: Any) -> Any:
+    """What ``cycle`` and ``run`` share: the account, the server, the paper broker's knobs."""
+    for option in reversed(
+        [
+            click.option("--account", "account_name", required=True, help="Account name."),
+            click.option(
+                "--server",
+                default="localhost:50051",
+                show_default=True,
+                help="Allocation server, HOST:PORT.",
+            ),
+            click.option(
+                "--token-file",
+                type=click.Path(dir_okay=False, exists=True),
+                help="File holding the server's bearer token.",
+            ),
+            click.option(
+                "--attempts",
+                type=click.IntRange(1, 20),
+                default=3,
+                show_default=True,
+                help="Tries before a silent server is given up on.",
+            ),
+            click.option(
+                "--slippage-bps",
+                type=float,
+                default=0.0,
+                show_default=True,
+                help="Paper broker: slippage against the trader.",
+            ),
+            database_url_option,
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+@contextmanager
+def cycle_parts(
+    database_url: str | None,
+    account_name: str,
+    server: str,
+    token_file: str | None,
+    slippage_bps: float,
+) -> Iterator[tuple[Any, Any, Any]]:
+    """The engine, the account's paper broker and a client of the server."""
+    # heavy (sqlalchemy, grpc): imported when the command runs
+    from sqlalchemy.orm import Session
+
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
+    from allocator.serving.client import AllocatorClient
+    from allocator.trading.book import load_account
+    from allocator.trading.errors import TradingError
+    from allocator.trading.paper import PaperBroker
+
+    token = Path(token_file).read_text(encoding="utf-8").strip() if token_file else None
+    with trade_engine(database_url) as engine:
+        try:
+            with Session(engine) as session:
+                cost_bps = load_account(session, account_name).cost_bps
+        except TradingError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        try:
+            broker = PaperBroker(engine, cost_bps, slippage_bps=slippage_bps)
+        except ValueError as exc:
+            fail(str(exc))
+        with AllocatorClient(server, token=token) as client:
+            yield engine, broker, client
+
+
+def print_result(result: Any) -> None:
+    filled = sum(1 for o in result.orders if o["status"] != "rejected")
+    click.echo(
+        f"{result.account} {result.bar_date.isoformat()}: {result.outcome}, "
+        f"{filled}/{len(result.orders)} orders filled, NAV {result.nav_before:,.2f} -> "
+        f"{result.nav_after:,.2f} ({result.model})"
+    )
+
+
+@trade.command("cycle")
+@cycle_options
+@click.option("--date", "date_", required=True, help="The bar to trade, YYYY-MM-DD.")
+def cycle(
+    account_name: str,
+    server: str,
+    token_file: str | None,
+    attempts: int,
+    slippage_bps: float,
+    database_url: str | None,
+    date_: str,
+) -> None:
+    """Run ACCOUNT's trading cycle for the bar of DATE (once: a rerun changes nothing)."""
+    # heavy (sqlalchemy, grpc): imported when the command runs
+    from allocator.trading.cycle import Retries, run_cycle
+    from allocator.trading.errors import TradingError
+
+    bar_date = parse_date(date_, "--date")
+    with cycle_parts(database_url, account_name, server, token_file, slippage_bps) as parts:
+        engine, broker, client = parts
+        try:
+            result = run_cycle(
+                engine, broker, client, account_name, bar_date, retries=Retries(attempts=attempts)
+            )
+        except TradingError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+    print_result(result)
+
+
+@trade.command("run")
+@cycle_options
+@click.option("--start", default=None, help="First bar, YYYY-MM-DD (default: the first).")
+@click.option("--end", default=None, help="Last bar, YYYY-MM-DD (default: the latest).")
+def run(
+    account_name: str,
+    server: str,
+    token_file: str | None,
+    attempts: int,
+    slippage_bps: float,
+    database_url: str | None,
+    start: str | None,
+    end: str | None,
+) -> None:
+    """Replay every bar of the prices table from START to END through ACCOUNT's cycles.
+
+    Bars already traded are skipped by the cycle itself; bars before the model's window is
+    filled are skipped with a note."""
+    # heavy (sqlalchemy, grpc): imported when the command runs
+    from sqlalchemy.orm import Session
+
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
+    from allocator.trading.bars import bar_dates
+    from allocator.trading.book import last_traded
+    from allocator.trading.cycle import Retries, run_cycle
+    from allocator.trading.errors import MissingPriceError, TradingError
+
+    first = parse_date(start, "--start") if start else None
+    last = parse_date(end, "--end") if end else None
+    with cycle_parts(database_url, account_name, server, token_file, slippage_bps) as parts:
+        engine, broker, client = parts
+        with Session(engine) as session:
+            dates = bar_dates(session, first, last)
+            traded = last_traded(session, account_name)
+        if traded is not None:
+            dates = [d for d in dates if d >= traded]  # the last traded bar reruns as a no-op
+        if not dates:
+            fail("no bars in the prices table for that span: ingest prices first")
+        result = None
+        for bar_date in dates:
+            try:
+                result = run_cycle(
+                    engine,
+                    broker,
+                    client,
+                    account_name,
+                    bar_date,
+                    retries=Retries(attempts=attempts),
+                )
+            except MissingPriceError as exc:
+                if result is None and "closes up to" in str(exc):
+                    continue  # the model's window is not filled yet
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(1)
+            except TradingError as exc:
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(1)
+    if result is None:
+        fail("no bar in the span has the model's window of history")
+    print_result(result)
+
+
+@trade.command("status")
+@click.option("--account", "account_name", default=None, help="Only this account.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@database_url_option
+def status(account_name: str | None, as_json: bool, database_url: str | None) -> None:
+    """Accounts with their halt state, NAV, positions and P&L; exit 1 when any is halted."""
+    # heavy (sqlalchemy): imported when the command runs
+    from allocator.trading.status import account_status
+
+    with trade_engine(database_url) as engine:
+        report = account_status(engine, account_name)
+    if account_name is not None and not report:
+        fail(f"unknown account {account_name!r}")
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        for entry in report:
+            state = f"HALTED: {entry['halt_reason']}" if entry["halted"] else "active"
+            nav = "-" if entry["nav"] is None else f"{entry['nav']:,.2f}"
+            click.echo(
+                f"{entry['account']}: {state}; last bar {entry['last_bar'] or '-'}, NAV {nav}, "
+                f"cash {entry['cash']:,.2f}, fees {entry['fees']:,.2f}, "
+                f"rejected orders {entry['rejected_orders']}"
+            )
+            for p in entry["positions"]:
+                click.echo(
+                    f"  {p['asset']}: {p['quantity']:.6g} (realized {p['realized_pnl']:,.2f}"
+                    + (
+                        ""
+                        if p["unrealized_pnl"] is None
+                        else f", unrealized {p['unrealized_pnl']:,.2f}"
+                    )
+                    + ")"
+                )
+    if any(entry["halted"] for entry in report):
+        sys.exit(1)

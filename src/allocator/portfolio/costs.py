@@ -1,0 +1,27 @@
+"""The cost model the environment trains and backtests with, shared with live trading.
+
+A trade costs ``cost_bps`` basis points of its value. The environment charges it on the day's
+turnover times NAV; the paper broker charges it on each fill's value. One function for both,
+so a paper account's costs are the backtest's costs, not a copy that could drift.
+"""
+
+from __future__ import annotations
+
+MAX_COST_BPS = 5_000.0
+"""Turnover is at most 2 (sell everything, buy everything): costs stay below NAV."""
+
+
+def cost_rate(cost_bps: float) -> float:
+    """The fraction of traded value a trade costs; ``cost_bps`` must lie in [0, MAX_COST_BPS)."""
+    if not 0.0 <= cost_bps < MAX_COST_BPS:
+        raise ValueError(f"cost_bps must lie in [0, {MAX_COST_BPS:g}), got {cost_bps}")
+    return cost_bps / 1e4
+
+
+def trade_cost(rate: float, traded: float, scale: float = 1.0) -> float:
+    """The cost of trading ``traded * scale`` of value at ``rate``.
+
+    The environment passes turnover (a fraction of NAV) and NAV; a broker passes a fill's value.
+    The product is taken in that order so the environment's figures are bit for bit unchanged.
+    """
+    return rate * traded * scale

@@ -1,0 +1,96 @@
+"""``allocator trade``: create an account, trade a bar, replay bars, report status and errors."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner, Result
+from sqlalchemy import Engine, update
+from sqlalchemy.orm import Session
+
+from allocator.cli import main
+from allocator.recording.schema import PaperHolding
+from allocator.serving.server import AllocationServer
+from tests.trading.conftest import ASSETS, N_BARS, bar
+
+
+def trade(engine: Engine, *args: str) -> Result:
+    url = engine.url.render_as_string(hide_password=False)
+    return CliRunner().invoke(main, ["trade", *args, "--database-url", url])
+
+
+def test_account_cycle_run_and_status(engine: Engine, server: AllocationServer) -> None:
+    target = f"127.0.0.1:{server.port}"
+    created = trade(
+        engine,
+        "account",
+        "create",
+        "desk",
+        "--assets",
+        ",".join(ASSETS),
+        "--cash",
+        "50000",
+        "--lot-size",
+        "1",
+        "--min-order-value",
+        "100",
+    )
+    assert created.exit_code == 0, created.output
+    assert "created paper account desk" in created.output
+    again = trade(engine, "account", "create", "desk", "--assets", "AAA", "--cash", "1")
+    assert again.exit_code == 2
+    assert "account 'desk' already exists" in again.output
+
+    done = trade(
+        engine, "cycle", "--account", "desk", "--date", bar(10).isoformat(), "--server", target
+    )
+    assert done.exit_code == 0, done.output
+    assert f"desk {bar(10).isoformat()}: done" in done.output
+    rerun = trade(
+        engine, "cycle", "--account", "desk", "--date", bar(10).isoformat(), "--server", target
+    )
+    assert "already done" in rerun.output
+
+    replay = trade(engine, "run", "--account", "desk", "--server", target)
+    assert replay.exit_code == 0, replay.output
+    assert f"desk {bar(N_BARS - 1).isoformat()}: done" in replay.output
+
+    status = trade(engine, "status", "--json")
+    assert status.exit_code == 0, status.output
+    (entry,) = json.loads(status.output)
+    assert entry["last_bar"] == bar(N_BARS - 1).isoformat()
+    assert entry["halted"] is False
+    assert entry["fees"] > 0
+    assert all(p["quantity"] == int(p["quantity"]) for p in entry["positions"])  # whole lots
+
+
+def test_errors_are_named(engine: Engine, server: AllocationServer) -> None:
+    target = f"127.0.0.1:{server.port}"
+    trade(engine, "account", "create", "desk", "--assets", ",".join(ASSETS), "--cash", "1000")
+    unknown = trade(
+        engine, "cycle", "--account", "ghost", "--date", bar(10).isoformat(), "--server", target
+    )
+    assert unknown.exit_code == 1
+    assert "unknown account 'ghost'" in unknown.output
+    stale = trade(engine, "cycle", "--account", "desk", "--date", "2031-01-01", "--server", target)
+    assert stale.exit_code == 1
+    assert "no prices for 2031-01-01" in stale.output
+    bad = trade(engine, "cycle", "--account", "desk", "--date", "tomorrow", "--server", target)
+    assert bad.exit_code == 2
+    assert "--date: 'tomorrow' is not an ISO date" in bad.output
+    cash = trade(engine, "account", "create", "cashy", "--assets", "CASH", "--cash", "1")
+    assert cash.exit_code == 2
+    assert "names the cash slot" in cash.output
+
+    trade(engine, "cycle", "--account", "desk", "--date", bar(10).isoformat(), "--server", target)
+    with Session(engine) as session, session.begin():
+        session.execute(update(PaperHolding).values(quantity=PaperHolding.quantity * 2))
+    halted = trade(
+        engine, "cycle", "--account", "desk", "--date", bar(11).isoformat(), "--server", target
+    )
+    assert halted.exit_code == 1
+    assert "halted" in halted.output
+    status = trade(engine, "status")
+    assert status.exit_code == 1
+    assert "HALTED: reconciliation mismatch" in status.output
+    assert trade(engine, "account", "resume", "desk").exit_code == 0
