@@ -30,6 +30,7 @@ from allocator.trainer.agents.shared_networks import (
     SharedActorNet,
     SharedQNet,
     slot_live,
+    stacked_q,
 )
 
 SQUASH_EPS = 1e-6
@@ -137,7 +138,12 @@ class SharedSACActor(SharedActorBase):
 
 
 class SharedCritic(BaseModel):
-    """``n_critics`` independent ``SharedQNet``s behind SB3's ``ContinuousCritic`` interface."""
+    """``n_critics`` independent ``SharedQNet``s behind SB3's ``ContinuousCritic`` interface.
+
+    Each critic keeps its own module and parameters (``qf0``, ``qf1``: the saved layout), and
+    ``forward`` evaluates them together (``stacked_q``), so checkpoints and optimizer states
+    are unchanged by the batching.
+    """
 
     def __init__(
         self,
@@ -159,8 +165,8 @@ class SharedCritic(BaseModel):
             self.q_networks.append(q_net)
 
     def forward(self, obs: th.Tensor, actions: th.Tensor) -> tuple[th.Tensor, ...]:
-        parts = self.layout.split(obs)
-        return tuple(q_net(*parts, actions) for q_net in self.q_networks)
+        """Every critic's Q (B, 1), evaluated together in one batched pass (``stacked_q``)."""
+        return tuple(stacked_q(self.q_networks, *self.layout.split(obs), actions).unbind(0))
 
     def q1_forward(self, obs: th.Tensor, actions: th.Tensor) -> th.Tensor:
         """The first critic only (TD3's actor loss needs no more)."""
