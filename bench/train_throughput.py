@@ -16,7 +16,12 @@ Variants (``--variants``, comma-separated; default: the first four):
 * ``none``: ``SmoothTD3`` without the smoothness term (Huber, clipping, two learning rates),
   to separate the cost of those from the cost of the smoothness term;
 * ``shared``: ``adaptive`` with the per-asset shared policy instead of the MLP (same env);
-* ``shared_asset_v1``: ``shared`` on the per-asset feature set with the tilt mapping.
+* ``shared_asset_v1``: ``shared`` on the per-asset feature set with the tilt mapping;
+* ``recipe``: the default recipe as a training run builds it, ``configs/td3_shared_demo.yaml``
+  with its own network, batch size, noise and environment on its own training span (the fit
+  part that selection leaves), only ``learning_starts`` and ``buffer_size`` taken from here;
+* ``recipe_candidate``: ``recipe`` with the candidate default's settings (``RECIPE_CANDIDATE``:
+  centred asset scores, reward relative to the anchor, ``k = 3``, ``beta = 0``).
 
 The shared variants report ``ratio_vs_mlp``: their rate over ``adaptive``'s (same algorithm).
 
@@ -32,6 +37,7 @@ import json
 import os
 import platform
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,15 +55,50 @@ from allocator.trainer.agents.noise import NoiseSettings
 from allocator.trainer.agents.regularizer import SmoothMode, SmoothnessSettings
 from allocator.trainer.market.data import MarketData, load_sp500
 from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
-from allocator.trainer.training.config import TD3Settings, TrainConfig
+from allocator.trainer.training.config import TD3Settings, TrainConfig, load_config
+from allocator.trainer.training.inputs import make_env as make_training_env
+from allocator.trainer.training.inputs import prepare_data
 from allocator.trainer.training.run import build_model
 
-VARIANTS = ("vanilla", "fixed", "adaptive", "adaptive_icm", "none", "shared", "shared_asset_v1")
+VARIANTS = (
+    "vanilla",
+    "fixed",
+    "adaptive",
+    "adaptive_icm",
+    "none",
+    "shared",
+    "shared_asset_v1",
+    "recipe",
+    "recipe_candidate",
+)
 DEFAULT_VARIANTS = ("vanilla", "fixed", "adaptive", "adaptive_icm")
 NOISE_SIGMA = 0.2
 
 
 SHARED_ENV = EnvConfig(features="asset_v1", action={"mapping": "tilt"})
+RECIPE = Path(__file__).resolve().parents[1] / "configs" / "td3_shared_demo.yaml"
+RECIPE_CANDIDATE = (
+    "shared.center_assets=true",
+    "env.reward.relative_to=anchor",
+    "env.action.k=3",
+    "env.beta=0",
+)
+
+
+def build_recipe(name: str, args: argparse.Namespace) -> BaseAlgorithm:
+    """The default recipe's model on its own training environment, as ``train`` builds them."""
+    overrides = [
+        f"seed={args.seed}",
+        f"device={args.device}",
+        "progress_bar=false",
+        "tensorboard=false",
+        f"algorithm.learning_starts={args.learning_starts}",
+        f"algorithm.buffer_size={args.buffer_size}",
+    ]
+    if name == "recipe_candidate":
+        overrides += RECIPE_CANDIDATE
+    config = load_config(RECIPE, overrides)
+    return build_model(config, make_training_env(config, prepare_data(config)), None)
 
 
 def make_env(data: MarketData, config: EnvConfig | None = None) -> Monitor:
@@ -192,7 +233,10 @@ def main() -> None:
     data = load_sp500().between(args.train_start, args.train_end)
     models: dict[str, BaseAlgorithm] = {}
     for name in args.variants:
-        models[name] = build_variant(name, make_env(data, variant_env(name)), args)
+        if name.startswith("recipe"):
+            models[name] = build_recipe(name, args)
+        else:
+            models[name] = build_variant(name, make_env(data, variant_env(name)), args)
         models[name].learn(args.learning_starts)  # warm-up: fills the buffer, no updates yet
 
     seconds: dict[str, list[float]] = {name: [] for name in models}
@@ -210,10 +254,11 @@ def main() -> None:
             "algorithm": type(model).__name__,
             "policy": type(model.policy).__name__,
             "n_updates": int(model._n_updates),
+            "batch_size": int(model.batch_size),
         }
         if name != "vanilla" and "vanilla" in best:
             entry["ratio_vs_vanilla"] = round(best[name] / best["vanilla"], 3)
-        if name.startswith("shared") and "adaptive" in best:
+        if name.startswith(("shared", "recipe")) and "adaptive" in best:
             entry["ratio_vs_mlp"] = round(best[name] / best["adaptive"], 3)
         variants[name] = entry
 

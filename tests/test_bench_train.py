@@ -81,3 +81,29 @@ def test_train_throughput_compares_the_shared_policy_with_the_mlp():
         assert variants[name]["policy"] == "SharedTD3Policy"
         assert variants[name]["ratio_vs_mlp"] > 0
         assert variants[name]["n_updates"] == 50  # --quick: 50 timed steps after the warm-up
+
+
+def test_train_throughput_runs_the_default_recipe_and_its_candidate():
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "train_throughput.py"),
+            "--quick",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--variants",
+            "recipe,recipe_candidate",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    variants = json.loads(out.stdout)["variants"]
+    for name in ("recipe", "recipe_candidate"):
+        assert variants[name]["policy"] == "SharedTD3Policy"
+        assert variants[name]["batch_size"] == 128  # the recipe's own, not --quick's
+        assert variants[name]["steps_per_s"] > 0
+        assert variants[name]["n_updates"] == 50

@@ -7,6 +7,7 @@ Observations are random vectors of the flat layout ``[M*F asset block, M+1 weigh
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from allocator.trainer.agents.regularizer import SmoothMode, SmoothnessSettings
 from allocator.trainer.agents.sac import SmoothSAC
 from allocator.trainer.agents.shared_networks import (
     ObservationLayout,
+    SharedQNet,
     masked_mean_max,
     slot_order_sums,
 )
@@ -392,3 +394,111 @@ def test_centering_is_saved_with_the_policy_and_absent_means_off(kind: str, tmp_
     assert not old.actor.net.center_assets
     with torch.no_grad():
         assert not torch.equal(actor_action(old, obs), actor_action(policy, obs))
+
+
+# --- batched critics and the training shortcuts ---------------------------------------------
+
+
+def reference_q(q_net: SharedQNet, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """One critic evaluated alone, densely, as the plain formula reads (masked rows zeroed)."""
+    features, weights, mask = ObservationLayout(M, F).split(obs)
+    live = mask[:, 1:] > 0.5
+    rows = torch.cat([features, weights[:, 1:, None], actions[:, 1:, None]], dim=-1)
+    g = q_net.encoder(torch.where(live[..., None], rows, 0.0))
+    count = live.sum(dim=1, keepdim=True).clamp(min=1)
+    mean = torch.where(live[..., None], g, 0.0).sum(dim=1) / count
+    top = torch.where(live[..., None], g, float("-inf")).amax(dim=1)
+    n_live = torch.log1p(live.sum(dim=1, keepdim=True).float())
+    return q_net.head(torch.cat([mean, top, weights[:, :1], actions[:, :1], n_live], dim=-1))
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["exact", "slot_order"])
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_batched_critics_equal_independent_critics(kind: str, training: bool) -> None:
+    """The critics evaluated together give each critic's own Q and the same gradients (for its
+    own weights and for the actions) as evaluating it alone; NaN on masked slots stays out."""
+    policy = make_policy(kind, seed=7)
+    critic = policy.critic
+    features, weights, mask = random_parts(24, seed=7)
+    features[:, 1:][mask[:, 2:] == 0] = float("nan")
+    obs = flat(features, weights, mask)
+    actions = torch.rand(24, M + 1, generator=torch.Generator().manual_seed(7)) * 2 - 1
+    seed = torch.Generator().manual_seed(8)
+    upstream = [torch.randn(24, 1, generator=seed) for _ in critic.q_networks]
+
+    def grads(qs: list[torch.Tensor], act: torch.Tensor) -> list[torch.Tensor]:
+        loss = sum((q * u).sum() for q, u in zip(qs, upstream, strict=True))
+        return list(torch.autograd.grad(loss, [*critic.parameters(), act]))
+
+    act_a = actions.clone().requires_grad_(True)
+    act_b = actions.clone().requires_grad_(True)
+    with slot_order_sums() if training else contextlib.nullcontext():
+        batched = list(critic(obs, act_a))
+        alone = [reference_q(q, obs, act_b) for q in critic.q_networks]
+        first = critic.q1_forward(obs, actions)
+    assert len(batched) == 2
+    for b, a in zip(batched, alone, strict=True):
+        assert b.shape == (24, 1)
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(first, alone[0].detach(), rtol=1e-5, atol=1e-6)
+    for gb, ga in zip(grads(batched, act_a), grads(alone, act_b), strict=True):
+        torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+
+
+def test_critic_keeps_one_module_per_critic_in_its_saved_layout() -> None:
+    """Batching does not touch what is saved: each critic's weights stay under ``qf<i>.``, so
+    models saved before load unchanged (and so do their optimizer states)."""
+    policy = make_policy("td3", seed=3)
+    single = SharedQNet(F, HIDDEN)
+    expected = {f"qf{i}.{key}" for i in range(2) for key in single.state_dict()}
+    assert set(policy.critic.state_dict()) == expected
+    torch.manual_seed(11)
+    independent = [SharedQNet(F, HIDDEN) for _ in range(2)]
+    state = {f"qf{i}.{k}": v for i, q in enumerate(independent) for k, v in q.state_dict().items()}
+    policy.critic.load_state_dict(state)
+    features, weights, mask = random_parts(8, seed=3)
+    obs = flat(features, weights, mask)
+    actions = torch.rand(8, M + 1, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    with torch.no_grad():
+        for got, q in zip(policy.critic(obs, actions), independent, strict=True):
+            torch.testing.assert_close(got, reference_q(q, obs, actions), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(POLICIES))
+def test_live_rows_shortcut_keeps_symmetry_masking_and_gradients(kind: str) -> None:
+    """Inside ``slot_order_sums`` the networks run on live rows only: a permutation still
+    permutes actions and keeps Q (to rounding: sums run in slot order), masked slots (NaN
+    included) still change nothing, and the actor's gradients match the exact path's."""
+    policy = make_policy(kind, seed=9, center=True)
+    features, weights, mask = random_parts(32, seed=9)
+    actions = torch.rand(32, M + 1, generator=torch.Generator().manual_seed(9)) * 2 - 1
+    perm = torch.randperm(M, generator=torch.Generator().manual_seed(19))
+    obs = flat(features, weights, mask)
+    obs_p = flat(features[:, perm], permute_slots(weights, perm), permute_slots(mask, perm))
+    dead = mask == 0
+    noisy_features = features.clone()
+    noisy_features[dead[:, 1:]] = float("nan")
+    noisy = flat(noisy_features, torch.where(dead, 0.7, weights), mask)
+    with torch.no_grad(), slot_order_sums():
+        action, action_p = actor_action(policy, obs), actor_action(policy, obs_p)
+        action_n = actor_action(policy, noisy)
+        q, q_p = policy.critic(obs, actions), policy.critic(obs_p, permute_slots(actions, perm))
+        q_n = policy.critic(noisy, torch.where(dead, -0.8, actions))
+    torch.testing.assert_close(action_p, permute_slots(action, perm), rtol=1e-5, atol=1e-6)
+    assert torch.equal(action_n, action)
+    assert torch.all(action[dead] == 0)
+    for one, one_p, one_n in zip(q, q_p, q_n, strict=True):
+        torch.testing.assert_close(one_p, one, rtol=1e-5, atol=1e-6)
+        assert torch.equal(one_n, one)
+
+    def actor_grads() -> list[torch.Tensor]:
+        out = actor_action(policy, obs) if kind == "td3" else policy.actor.scores(obs)[0]
+        weights_out = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
+        return list(torch.autograd.grad((out * weights_out).sum(), policy.actor.parameters()))
+
+    exact = actor_grads()
+    with slot_order_sums():
+        fast = actor_grads()
+    for a, b in zip(fast, exact, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

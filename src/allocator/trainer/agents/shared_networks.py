@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 import torch as th
+import torch.nn.functional as F
 from gymnasium import spaces
 from torch import nn
 
@@ -104,18 +105,26 @@ _EXACT_SUMS: ContextVar[bool] = ContextVar("allocator_exact_pooled_sums", defaul
 
 @contextmanager
 def slot_order_sums() -> Iterator[None]:
-    """Pooled sums in slot order inside this block, instead of sorted first.
+    """Training arithmetic inside this block: slot-order sums and live-rows-only passes.
 
-    Sorting makes a permutation of the assets give the same bits, which the exported graph and
-    every inference path keep; it also costs a few ms per batch (about a quarter of a TD3 gradient
-    step on CPU). Gradient steps do not need the bits (slot order changes a sum by a rounding
-    error), so the trainers' ``train`` runs here.
+    Outside it every pooled sum runs over the values sorted first, so a permutation of the
+    assets gives the same bits, which the exported graph and every inference path keep. Gradient
+    steps do not need the bits, so the trainers' ``train`` runs here, where the networks take
+    shortcuts that change results by rounding only: sums in slot order (sorting costs a few ms
+    per batch), and, for ReLU networks on CPU, the per-asset layers run on the live rows alone
+    (``LiveRows``; an episode holds 2 to 20 of the 20 slots, so about half the rows are masked)
+    with the first ``rho`` layer split into its per-asset and per-portfolio halves.
     """
     token = _EXACT_SUMS.set(False)
     try:
         yield
     finally:
         _EXACT_SUMS.reset(token)
+
+
+def exact_sums() -> bool:
+    """Whether the bit-exact inference arithmetic is in force (outside ``slot_order_sums``)."""
+    return _EXACT_SUMS.get()
 
 
 def order_free_sum(x: th.Tensor, dim: int) -> th.Tensor:
@@ -136,20 +145,67 @@ def slot_live(mask: th.Tensor) -> th.Tensor:
     return th.cat([cash, live_assets(mask)], dim=1)
 
 
-def masked_mean_max(h: th.Tensor, live: th.Tensor) -> th.Tensor:
-    """``[mean, max]`` of ``h`` (B, N, H) over live rows, (B, 2H); zeros when none is live.
+def masked_mean_max(h: th.Tensor, live: th.Tensor, nonneg: bool = False) -> th.Tensor:
+    """``[mean, max]`` of ``h`` (..., B, N, H) over live rows, (..., B, 2H); zeros when none is
+    live (``live`` is (B, N); leading dims, such as a critic axis, broadcast).
 
     ``where`` rather than multiplying by the mask: ``0 * NaN`` would let a masked row through.
     The sum runs over the values sorted along the asset axis (``order_free_sum``): float
     addition is not associative, and summing in slot order would make the context (and every
     action) depend on the assets' order by a few ulps; sorted, a permutation gives the same bits.
+    ``nonneg`` says ``h`` is never negative (a ReLU's output): the max over the zeroed rows is
+    then the same value, zero when none is live, and one masking pass is saved.
     """
     m = live.unsqueeze(-1)
-    count = m.sum(dim=1).clamp(min=1).to(h.dtype)
-    mean = order_free_sum(th.where(m, h, th.zeros_like(h)), dim=1) / count
-    top = h.masked_fill(~m, float("-inf")).amax(dim=1)
-    top = th.where(live.any(dim=1, keepdim=True), top, th.zeros_like(top))
+    count = m.sum(dim=-2).clamp(min=1).to(h.dtype)
+    zeroed = th.where(m, h, 0.0)
+    mean = order_free_sum(zeroed, dim=-2) / count
+    if nonneg:
+        return th.cat([mean, zeroed.amax(dim=-2)], dim=-1)
+    top = th.where(m, h, float("-inf")).amax(dim=-2)
+    top = th.where(live.any(dim=-1, keepdim=True), top, 0.0)
     return th.cat([mean, top], dim=-1)
+
+
+def zeroed_mean_max(dense: th.Tensor, live: th.Tensor) -> th.Tensor:
+    """``masked_mean_max`` of a non-negative ``dense`` (..., B, N, H) already zero on masked
+    rows (``LiveRows.scatter``), in slot order: no masking pass is left to do."""
+    count = live.sum(dim=-1, keepdim=True).clamp(min=1).to(dense.dtype)
+    return th.cat([dense.sum(dim=-2) / count, dense.amax(dim=-2)], dim=-1)
+
+
+class LiveRows:
+    """The live asset rows of a (B, N) batch of sets, for per-asset layers that skip the rest.
+
+    The per-asset layers are most of a gradient step's arithmetic, and with 2 to 20 assets an
+    episode leaves about half the slots masked; their outputs are discarded (pooling and the
+    final scores ignore them), so computing them is waste. Masked rows are never read, so NaN
+    there stays harmless.
+    """
+
+    def __init__(self, live: th.Tensor) -> None:
+        self.shape = (int(live.shape[0]), int(live.shape[1]))
+        self.index = live.reshape(-1).nonzero().squeeze(1)
+        self.batch = th.div(self.index, self.shape[1], rounding_mode="floor")
+
+    def gather(self, x: th.Tensor) -> th.Tensor:
+        """Rows (L, K) of ``x`` (B, N, K) at the live slots."""
+        return x.reshape(-1, x.shape[-1]).index_select(0, self.index)
+
+    def scatter(self, rows: th.Tensor) -> th.Tensor:
+        """``rows`` (..., L, K) back in place, (..., B, N, K), zero on the masked slots."""
+        dense = rows.new_zeros(*rows.shape[:-2], self.shape[0] * self.shape[1], rows.shape[-1])
+        return dense.index_copy(-2, self.index, rows).unflatten(-2, self.shape)
+
+
+def live_rows_only(x: th.Tensor, activation: type[nn.Module]) -> bool:
+    """Whether a pass may run its per-asset layers on the live rows alone (``LiveRows``).
+
+    Only while training (``slot_order_sums``), only for ReLU networks (the zero-filled masked
+    rows then leave the max unchanged), and only on CPU: finding the live rows takes a host
+    sync, which a GPU pays for more than it saves on these small layers.
+    """
+    return not _EXACT_SUMS.get() and issubclass(activation, nn.ReLU) and x.device.type == "cpu"
 
 
 def centered(scores: th.Tensor, live: th.Tensor) -> th.Tensor:
@@ -157,7 +213,7 @@ def centered(scores: th.Tensor, live: th.Tensor) -> th.Tensor:
     ``masked_mean_max``, so a permutation gives the same bits); masked entries are left as
     they are (the caller zeroes them)."""
     count = live.sum(dim=1, keepdim=True).clamp(min=1).to(scores.dtype)
-    total = order_free_sum(th.where(live, scores, th.zeros_like(scores)), dim=1)
+    total = order_free_sum(th.where(live, scores, 0.0), dim=1)
     return scores - total.unsqueeze(1) / count
 
 
@@ -167,7 +223,7 @@ def asset_inputs(features: th.Tensor, per_slot: th.Tensor, live: th.Tensor) -> t
     ``per_slot`` is (B, N + 1, K) with cash first; cash is dropped here (it has no features).
     """
     rows = th.cat([features, per_slot[:, 1:]], dim=-1)
-    return th.where(live.unsqueeze(-1), rows, th.zeros_like(rows))
+    return th.where(live.unsqueeze(-1), rows, 0.0)
 
 
 class SharedActorNet(nn.Module):
@@ -203,18 +259,45 @@ class SharedActorNet(nn.Module):
         self.rho = mlp([2 * hidden, hidden, n_outputs], activation_fn, final_activation=False)
         small_init(self.rho[-1])  # type: ignore[arg-type]
         self.cash_head = small_init(nn.Linear(hidden, n_outputs))
+        self.activation_fn = activation_fn
 
     def forward(self, features: th.Tensor, weights: th.Tensor, mask: th.Tensor) -> th.Tensor:
         """Raw scores for cash and every asset slot; masked slots' rows are zero."""
         live = live_assets(mask)
-        h = self.encoder(asset_inputs(features, weights.unsqueeze(-1), live))
-        c = self.context(th.cat([masked_mean_max(h, live), weights[:, :1]], dim=-1))
-        asset = self.rho(th.cat([h, c.unsqueeze(1).expand(-1, h.shape[1], -1)], dim=-1))
+        if live_rows_only(features, self.activation_fn):
+            asset, c = self._live_assets(features, weights, live)
+        else:
+            nonneg = issubclass(self.activation_fn, nn.ReLU)
+            h = self.encoder(asset_inputs(features, weights.unsqueeze(-1), live))
+            c = self.context(th.cat([masked_mean_max(h, live, nonneg), weights[:, :1]], dim=-1))
+            asset = self.rho(th.cat([h, c.unsqueeze(1).expand(-1, h.shape[1], -1)], dim=-1))
         if self.center_assets:
             first = centered(asset[..., 0], live).unsqueeze(-1)
             asset = th.cat([first, asset[..., 1:]], dim=-1)
         scores = th.cat([self.cash_head(c).unsqueeze(1), asset], dim=1)
-        return th.where(slot_live(mask).unsqueeze(-1), scores, th.zeros_like(scores))
+        return th.where(slot_live(mask).unsqueeze(-1), scores, 0.0)
+
+    def _live_assets(
+        self, features: th.Tensor, weights: th.Tensor, live: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor]:
+        """Asset scores (B, N, n_outputs), zero on masked slots, and the context, computed on
+        the live rows only (``LiveRows``).
+
+        ``rho``'s first layer is applied in two halves, ``W_h h_i + (W_c c + b)``: the context
+        half is the same for every asset of a portfolio, so it runs once per portfolio instead
+        of once per asset, and the ``[h_i, c]`` rows are never built.
+        """
+        rows = LiveRows(live)
+        h = self.encoder(rows.gather(th.cat([features, weights[:, 1:].unsqueeze(-1)], dim=-1)))
+        c = self.context(th.cat([zeroed_mean_max(rows.scatter(h), live), weights[:, :1]], dim=-1))
+        first = self.rho[0]
+        assert isinstance(first, nn.Linear)
+        width = h.shape[-1]
+        per_portfolio = F.linear(c, first.weight[:, width:], first.bias)
+        z = F.linear(h, first.weight[:, :width]) + per_portfolio.index_select(0, rows.batch)
+        for layer in list(self.rho)[1:]:
+            z = layer(z)
+        return rows.scatter(z), c
 
 
 class SharedQNet(nn.Module):
@@ -233,14 +316,71 @@ class SharedQNet(nn.Module):
         super().__init__()
         self.encoder = mlp([n_features + 2, hidden, hidden], activation_fn, final_activation=True)
         self.head = mlp([2 * hidden + 3, hidden, 1], activation_fn, final_activation=False)
+        self.activation_fn = activation_fn
 
     def forward(
         self, features: th.Tensor, weights: th.Tensor, mask: th.Tensor, actions: th.Tensor
     ) -> th.Tensor:
         """Q (B, 1) of the actions (B, N + 1) in the state; masked slots' actions are ignored."""
-        live = live_assets(mask)
-        per_slot = th.stack([weights, actions], dim=-1)
-        g = self.encoder(asset_inputs(features, per_slot, live))
-        count = th.log1p(live.sum(dim=1, keepdim=True).to(g.dtype))
-        head_in = [masked_mean_max(g, live), weights[:, :1], actions[:, :1], count]
-        return self.head(th.cat(head_in, dim=-1))
+        return stacked_q([self], features, weights, mask, actions)[0]
+
+
+def stacked_mlp(layers: Sequence[nn.Sequential], x: th.Tensor, shared: bool) -> th.Tensor:
+    """Apply C same-shaped MLPs in one pass: (C, ..., out) from ``x`` (..., K), the same input
+    for every member (``shared``), or (C, ..., K), each member its own.
+
+    A shared input meets the first Linear layers as one matrix product with their weights side
+    by side; other layers run as one batched product over the leading member axis. Each
+    member's weights stay its own parameters (stacked on the fly, a few small copies), so the
+    result equals running the members one by one, up to rounding, gradients included.
+    """
+    n = len(layers)
+    lead = x.shape[:-1] if shared else x.shape[1:-1]
+    out = x.reshape(-1, x.shape[-1]) if shared else x.reshape(n, -1, x.shape[-1])
+    for modules in zip(*layers, strict=True):
+        first = modules[0]
+        if not isinstance(first, nn.Linear):
+            out = first(out)  # the activation: one type for every member
+            continue
+        linears: list[nn.Linear] = list(modules)  # type: ignore[arg-type]
+        if shared:
+            weight = th.cat([m.weight for m in linears])
+            bias = th.cat([m.bias for m in linears])
+            out = F.linear(out, weight, bias).unflatten(-1, (n, -1)).transpose(0, 1)
+            shared = False
+        else:
+            weight = th.stack([m.weight for m in linears]).transpose(1, 2)
+            bias = th.stack([m.bias for m in linears]).unsqueeze(1)
+            out = th.baddbmm(bias, out, weight)
+    return out.reshape(n, *lead, out.shape[-1])
+
+
+def stacked_q(
+    nets: Sequence[SharedQNet],
+    features: th.Tensor,
+    weights: th.Tensor,
+    mask: th.Tensor,
+    actions: th.Tensor,
+) -> th.Tensor:
+    """Q (C, B, 1) of every critic in ``nets`` (same sizes, own weights) in one batched pass.
+
+    The twin critics read the same asset rows; evaluated together they share the input
+    masking and pooling passes and run each layer as one product instead of one per critic,
+    which matters on small CPU networks where every operator call has a fixed cost.
+    """
+    activation = nets[0].activation_fn
+    live = live_assets(mask)
+    per_slot = th.stack([weights, actions], dim=-1)
+    if live_rows_only(features, activation):
+        rows = LiveRows(live)
+        inputs = rows.gather(th.cat([features, per_slot[:, 1:]], dim=-1))
+        g = rows.scatter(stacked_mlp([q.encoder for q in nets], inputs, shared=True))
+        pooled = zeroed_mean_max(g, live)
+    else:
+        inputs = asset_inputs(features, per_slot, live)
+        g = stacked_mlp([q.encoder for q in nets], inputs, shared=True)
+        pooled = masked_mean_max(g, live, issubclass(activation, nn.ReLU))
+    count = th.log1p(live.sum(dim=1, keepdim=True).to(pooled.dtype))
+    extra = th.cat([weights[:, :1], actions[:, :1], count], dim=-1)
+    head_in = th.cat([pooled, extra.expand(len(nets), -1, -1)], dim=-1)
+    return stacked_mlp([q.head for q in nets], head_in, shared=False)

@@ -155,15 +155,21 @@ class SmoothTD3(SmoothOffPolicy, TD3):
             )
         else:
             actions, change = self.actor(batch.observations), None
-        loss_a = -self.critic.q1_forward(batch.observations, actions).mean()
-        if change is not None:
-            mean_change = change.mean()
-            penalty = self.lam.value * mean_change
-            loss_a = loss_a + penalty
-            logs["smooth_penalty"].append(penalty.detach())
-            logs["action_change"].append(mean_change.detach())
-        self.actor.optimizer.zero_grad()
-        loss_a.backward()
+        # The critic's weight gradients from this loss would be discarded (the critic step
+        # clears them first); frozen, backward skips computing them.
+        self.critic.requires_grad_(False)
+        try:
+            loss_a = -self.critic.q1_forward(batch.observations, actions).mean()
+            if change is not None:
+                mean_change = change.mean()
+                penalty = self.lam.value * mean_change
+                loss_a = loss_a + penalty
+                logs["smooth_penalty"].append(penalty.detach())
+                logs["action_change"].append(mean_change.detach())
+            self.actor.optimizer.zero_grad()
+            loss_a.backward()
+        finally:
+            self.critic.requires_grad_(True)
         norm = clip_and_step(self.actor.optimizer, self.actor.parameters(), self.max_grad_norm)
         if norm is not None:
             logs["actor_grad_norm"].append(norm)
@@ -172,9 +178,13 @@ class SmoothTD3(SmoothOffPolicy, TD3):
             self.lam.update(float(mean_change.item()))
 
     def _update_targets(self) -> None:
-        """The target networks slowly track the online ones (batch-norm statistics copied)."""
-        polyak_update(self.critic.parameters(), self.critic_target.parameters(), self.tau)
-        polyak_update(self.actor.parameters(), self.actor_target.parameters(), self.tau)
+        """The target networks slowly track the online ones (batch-norm statistics copied):
+        ``target += tau * (online - target)`` for every parameter in one foreach call, not a
+        Python loop of two operator calls per tensor."""
+        online = [*self.critic.parameters(), *self.actor.parameters()]
+        target = [*self.critic_target.parameters(), *self.actor_target.parameters()]
+        with th.no_grad():
+            th._foreach_lerp_(target, online, self.tau)
         polyak_update(self.critic_batch_norm_stats, self.critic_batch_norm_stats_target, 1.0)
         polyak_update(self.actor_batch_norm_stats, self.actor_batch_norm_stats_target, 1.0)
 
