@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from allocator.trainer.jobs.suite.job import held_out
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import BacktestResult, run_backtest
 from allocator.trainer.sim.baselines import AnchorPolicy, Policy
@@ -85,20 +86,7 @@ def held_out_anchor(run: TrainingRun, data: MarketData) -> BacktestResult:
     env = run.config.env
     if env.action.mapping != "tilt":
         raise ValueError(f"the run maps actions with {env.action.mapping!r}: it has no anchor")
-    agent = run.validation[run.config.algorithm.name]
-    return run_backtest(
-        AnchorPolicy(),
-        data,
-        start=run.config.data.validation_start,
-        end=run.config.data.validation_end,
-        assets=agent.settings["assets"],
-        cost_bps=env.cost_bps,
-        beta=env.beta,
-        max_assets=env.max_assets,
-        stats=run.stats,
-        env_config=env,
-        feature_norm=run.feature_norm,
-    )
+    return held_out(run, data, AnchorPolicy())
 
 
 def held_out_momentum(
