@@ -51,6 +51,8 @@ EXPECTED_FAMILIES = {
     "allocator_jobs_last_success_timestamp_seconds": "gauge",
     "allocator_jobs_windows": "counter",
     "allocator_jobs_window_sharpe": "gauge",
+    "allocator_jobs_window_action_near_bound_ratio": "gauge",
+    "allocator_jobs_window_actor_collapsed": "gauge",
     "allocator_jobs_promotions": "counter",
     "allocator_jobs_duration_seconds": "histogram",
 }
@@ -333,9 +335,15 @@ def test_recorder_metrics(registry):
 
 def test_job_metrics(registry):
     _, _, jobs = populated(registry)
-    jobs.record_window("2020-01-02", -0.4)
+    collapsed = {"collapsed": True, "last": {"near_bound_ratio": 0.97}}
+    jobs.record_window("2020-01-02", -0.4, collapsed)
     jobs.record_promotion("rejected")
     get = registry.get_sample_value
+    window = {"window": "2020-01-02"}
+    assert get("allocator_jobs_window_action_near_bound_ratio", window) == 0.97
+    assert get("allocator_jobs_window_actor_collapsed", window) == 1.0
+    # a window without a watch (a run from before it, or a flat policy) sets neither
+    assert get("allocator_jobs_window_actor_collapsed", {"window": "2019-01-02"}) is None
     assert get("allocator_jobs_windows_total") == 2.0
     assert get("allocator_jobs_window_sharpe", {"window": "2019-01-02"}) == 0.9
     assert get("allocator_jobs_window_sharpe", {"window": "2020-01-02"}) == -0.4

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -44,6 +46,19 @@ class JobMetrics:
             ["window"],
             registry=registry,
         )
+        self.window_near_bound = Gauge(
+            "allocator_jobs_window_action_near_bound_ratio",
+            "Share of the window's actor's live action values at the tanh bound on its probe "
+            "set, at the last check of training.",
+            ["window"],
+            registry=registry,
+        )
+        self.window_collapsed = Gauge(
+            "allocator_jobs_window_actor_collapsed",
+            "1 when the window's actor collapsed into the saturated corner while training.",
+            ["window"],
+            registry=registry,
+        )
         self.promotions = Counter(
             "allocator_jobs_promotions_total",
             "Candidate models judged by the promotion gate, by decision.",
@@ -59,10 +74,19 @@ class JobMetrics:
             registry=registry,
         )
 
-    def record_window(self, window: str, sharpe: float) -> None:
-        """One evaluated window, named by a stable short id (its index or test start date)."""
+    def record_window(
+        self, window: str, sharpe: float, saturation: Mapping[str, Any] | None = None
+    ) -> None:
+        """One evaluated window, named by a stable short id (its index or test start date), with
+        its training run's saturation watch (``run.json``) when it has one: a collapsed actor
+        in a scheduled job shows on a dashboard, not only in a file nobody opens."""
         self.windows.inc()
         self.window_sharpe.labels(window).set(sharpe)
+        if saturation:
+            last = saturation.get("last") or {}
+            if "near_bound_ratio" in last:
+                self.window_near_bound.labels(window).set(float(last["near_bound_ratio"]))
+            self.window_collapsed.labels(window).set(float(bool(saturation.get("collapsed"))))
 
     def record_promotion(self, decision: PromotionDecision | str) -> None:
         """The promotion gate's verdict on a candidate."""

@@ -228,6 +228,11 @@ def test_window_figures_reach_the_pushgateway(local_run: LocalRun) -> None:
     for w in local_run.result.windows:
         sharpe = value("allocator_jobs_window_sharpe", window=w.window.label)
         assert sharpe == pytest.approx(w.metrics()["sharpe"])
+        watch = json.loads((Path(w.run_dir) / "run.json").read_text())["saturation_watch"]
+        near = value("allocator_jobs_window_action_near_bound_ratio", window=w.window.label)
+        assert near == pytest.approx(watch["last"]["near_bound_ratio"])
+        collapsed = value("allocator_jobs_window_actor_collapsed", window=w.window.label)
+        assert collapsed == float(watch["collapsed"])
     assert value("allocator_jobs_windows_total") == 2
     assert value("allocator_jobs_last_success_timestamp_seconds") > 0
     assert value("allocator_jobs_duration_seconds_count") == 1

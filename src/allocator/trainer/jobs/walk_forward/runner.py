@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -123,6 +124,13 @@ def window_stream(config: WalkForwardConfig, jobs: Sequence[WindowJob]) -> Itera
     return run_local(jobs)
 
 
+def record_window(metrics: JobMetrics, result: WindowResult) -> None:
+    """A window's Sharpe and its training run's saturation watch, for the job's push."""
+    run_json = Path(result.run_dir) / "run.json"
+    watch = json.loads(run_json.read_text()).get("saturation_watch") if run_json.exists() else None
+    metrics.record_window(result.window.label, result.metrics()["sharpe"], watch)
+
+
 def keep_window(
     session: WalkForwardSession, result: WindowResult, metrics: JobMetrics, done: list[WindowResult]
 ) -> dict[str, Any]:
@@ -131,7 +139,7 @@ def keep_window(
     write_window_result(session.out, result)
     if session.rows is not None:
         session.rows.add_window(result, row)
-    metrics.record_window(result.window.label, result.metrics()["sharpe"])
+    record_window(metrics, result)
     done.append(result)
     figures = {k: finite(row[k]) for k in ("sharpe", "excess_sharpe")}
     write_progress(result.run_dir, result.window.label, DONE, **figures)
@@ -213,7 +221,7 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
     pusher = JobPush(config.pushgateway_url, config.job_name, {"model": config.model_name})
     results = sorted(session.kept, key=lambda r: r.window.index)
     for kept in results:
-        pusher.metrics.record_window(kept.window.label, kept.metrics()["sharpe"])
+        record_window(pusher.metrics, kept)
     kept_labels = {r.window.label for r in results}
     todo = [j for j in session.jobs if j.window.label not in kept_labels]
     rows = session.rows
