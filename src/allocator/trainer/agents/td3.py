@@ -178,13 +178,13 @@ class SmoothTD3(SmoothOffPolicy, TD3):
             self.lam.update(float(mean_change.item()))
 
     def _update_targets(self) -> None:
-        """The target networks slowly track the online ones (batch-norm statistics copied):
-        ``target += tau * (online - target)`` for every parameter in one foreach call, not a
-        Python loop of two operator calls per tensor."""
-        online = [*self.critic.parameters(), *self.actor.parameters()]
-        target = [*self.critic_target.parameters(), *self.actor_target.parameters()]
-        with th.no_grad():
-            th._foreach_lerp_(target, online, self.tau)
+        """The target networks slowly track the online ones (batch-norm statistics copied).
+
+        SB3's ``polyak_update`` (``target * (1 - tau) + tau * online``) rather than a fused
+        lerp: a lerp rounds differently, and a seeded run's figures should not move for a saving
+        of about one percent of a step."""
+        polyak_update(self.critic.parameters(), self.critic_target.parameters(), self.tau)
+        polyak_update(self.actor.parameters(), self.actor_target.parameters(), self.tau)
         polyak_update(self.critic_batch_norm_stats, self.critic_batch_norm_stats_target, 1.0)
         polyak_update(self.actor_batch_norm_stats, self.actor_batch_norm_stats_target, 1.0)
 
