@@ -183,7 +183,8 @@ class JobTargets:
 
 
 def job_registries(now: float) -> dict[str, tuple[CollectorRegistry, dict[str, str]]]:
-    """A retraining run that last succeeded 5 days ago, and a fresh walk-forward run."""
+    """A retraining run that last succeeded 5 days ago, and a fresh walk-forward run whose
+    second window's actor collapsed."""
     retrain = CollectorRegistry()
     jobs = JobMetrics(retrain)
     jobs.record_promotion(PromotionDecision.PROMOTED)
@@ -191,8 +192,8 @@ def job_registries(now: float) -> dict[str, tuple[CollectorRegistry, dict[str, s
     jobs.mark_success(now - 5 * 86400)
     walk_forward = CollectorRegistry()
     jobs = JobMetrics(walk_forward)
-    jobs.record_window("2019-01-02", 0.8)
-    jobs.record_window("2020-01-02", -0.3)
+    jobs.record_window("2019-01-02", 0.8, {"collapsed": False, "last": {"near_bound_ratio": 0.1}})
+    jobs.record_window("2020-01-02", -0.3, {"collapsed": True, "last": {"near_bound_ratio": 0.97}})
     jobs.observe_duration(1800.0)
     jobs.mark_success(now)
     return {RETRAIN_JOB: (retrain, {"model": "tiny"}), WALK_FORWARD_JOB: (walk_forward, {})}
@@ -424,6 +425,7 @@ def check_every_alert_is_active_where_it_should_be(stack: Stack) -> None:
         "AllocatorRecorderRefusing": {inst["refusing"]},
         "AllocatorModelRefused": {inst["degraded"]},
         "AllocatorRetrainingStale": {""},
+        "AllocatorActorCollapsed": {""},
         "AllocatorServingWorkersRestarting": {inst["crashing"]},
     }
     assert set(expected) == {rule["alert"] for rule in alert_rules()}
@@ -457,3 +459,5 @@ def check_every_alert_is_active_where_it_should_be(stack: Stack) -> None:
     retrain = [a for a in api.alerts() if a["labels"]["alertname"] == "AllocatorRetrainingStale"]
     assert {a["labels"].get("job") for a in retrain} == {RETRAIN_JOB}
     assert {a["labels"].get("model") for a in retrain} == {"tiny"}
+    collapsed = [a for a in api.alerts() if a["labels"]["alertname"] == "AllocatorActorCollapsed"]
+    assert {a["labels"].get("window") for a in collapsed} == {"2020-01-02"}
