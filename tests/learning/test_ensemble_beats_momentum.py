@@ -14,8 +14,8 @@ the drift, the noise and the redraw rate) scores below the rule. Where knowing t
 not clear the bar, no learner can be asked to; the draw must be one where the bar can be
 cleared.
 
-The rule, written and committed before any draw from 58 on was generated or any member trained
-(2026-11-28):
+The rule, written and committed before any draw from 58 on was generated or any member
+trained:
 
 - **The draw** is the first d >= 58 (the first draw no study had touched,
   ``rotation_many_draws.USED``) on whose held-out days the Bayes filter scores a higher Sharpe
@@ -44,10 +44,11 @@ from tests.learning.rotation_ceiling import bar_and_ceilings
 from tests.learning.rotation_ensemble import MEMBER_OFFSETS, judge_ensemble, train_member
 from tests.learning.rotation_many_draws import CI_DRAWS, USED
 
-CI_MINUTES = 8  # one idle core, 2026-11-28: three 20,000-step runs (tests/conftest.py orders)
+CI_MINUTES = 8  # on one idle core: three 20,000-step runs (tests/conftest.py orders)
 
 FIRST_UNUSED_DRAW = 58
-"""The first draw of the generator that no study on this market had used (2026-11-28)."""
+"""The first draw of the generator that no study on this market had used when the rule was
+written."""
 
 
 def bar_and_ceiling(draw: int) -> dict[str, Any]:

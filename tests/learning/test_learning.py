@@ -16,10 +16,10 @@ from allocator.trainer.training.config import TrainConfig, load_config
 from allocator.trainer.training.run import train
 from tests.markets import drift_market, write_market
 
-# About 3 minutes on one core here (CI ran about as fast on 2026-11-27): the
-# limit leaves a wide margin and still stops a hang inside CI's 90 minutes.
+# About 3 minutes on one core here, and about as fast on CI: the limit leaves a wide margin
+# and still stops a hang inside CI's 90 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
-CI_MINUTES = 3  # one idle core, 2026-11-28 (tests/conftest.py orders slow modules by it)
+CI_MINUTES = 3  # on one idle core (tests/conftest.py orders slow modules by it)
 
 PERIODS = [
     "data.train_start=2000-01-01",

@@ -1,10 +1,10 @@
 """Learning tests of the per-asset shared policy with anchor-tilt actions on drifting markets.
 
 Each test trains the shared policy (per-asset feature set, tilt of an equal-weight anchor) and
-judges it against the market's known answer and its anchor. Until 2026-11-28 each also trained
-the flat MLP at the same budget and only printed it (RESULTS.md keeps those figures: 52.9% and
-22.7% in the drifting asset against the shared policy's 96.2% and 95.2%); the comparison CI
-asserts is the rotating market's (``test_shared_rotation.py``). Slow (minutes): skipped by
+judges it against the market's known answer and its anchor. The flat MLP is not trained
+beside it: at the same budget it put 52.9% and 22.7% in the drifting asset against the shared
+policy's 96.2% and 95.2% (RESULTS.md), and the comparison CI asserts is the rotating market's
+(``test_shared_rotation.py``). Slow (minutes): skipped by
 default, run by CI with --run-slow.
 """
 
@@ -27,10 +27,10 @@ from tests.learning.test_learning import config
 from tests.learning.yardsticks import held_out_anchor
 from tests.markets import drift_market, write_market
 
-# About 2-3 minutes a test on one idle core (2026-11-28; twice that on a slow day): the limit
+# About 2-3 minutes a test on one idle core (twice that on a busy one): the limit
 # leaves a wide margin and still stops a hang inside CI's 90 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
-CI_MINUTES = 5  # one idle core, 2026-11-28: two 20,000-step runs (tests/conftest.py orders)
+CI_MINUTES = 5  # on one idle core: two 20,000-step runs (tests/conftest.py orders)
 
 SHARED = [
     "policy=shared",
@@ -97,7 +97,7 @@ def test_shared_policy_trained_on_6_assets_finds_the_drifting_asset_among_12(tmp
 
     The actor centres its asset scores (``shared.center_assets``): uncentred, at seed 0 the
     common shift of the six asset scores ran away until every asset action sat at +1 (an
-    equal-weight book, no cash, gradients gone). Centred, measured on 2026-11-25 at seeds 0, 1
+    equal-weight book, no cash, gradients gone). Centred, measured at seeds 0, 1
     and 2 (only seed 0 is run here): the drifting asset was the largest holding among 12 on
     99.6%, 100% and 99.6% of days, with a mean weight of 0.48, 0.53 and 0.64 (1/12 = 0.08).
     """

@@ -26,14 +26,14 @@ from tests.learning.test_shared_policy import _both, _figures, _metrics
 from tests.learning.yardsticks import held_out_ensemble, held_out_momentum, regime_switch_lag
 from tests.markets import rotating_market, rotating_schedule, write_market
 
-# The fixture takes about 14 minutes on one idle core (2026-11-28; 38 beside other jobs on
-# another day): the limit leaves room for that and still stops a hang inside CI's 90 minutes.
+# The fixture takes about 14 minutes on one idle core (38 beside other jobs): the limit
+# leaves room for that and still stops a hang inside CI's 90 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
-CI_MINUTES = 18  # one idle core, 2026-11-28: the fixture's six runs and the two here
+CI_MINUTES = 18  # on one idle core: the fixture's six runs and the two here
 
 
 ROTATING_SEEDS = (0, 1, 2)
-"""One seed is not a judge here: on 2026-11-26 at seed 0 the two policies tied (held-out
+"""One seed is not a judge here: in one measurement at seed 0 the two policies tied (held-out
 Sharpe 6.15 shared, 6.19 MLP) while at seeds 1 and 2 the MLP reached 5.33 and 0.58 and the
 shared policy 6.37 and 6.57. A change that only moves rounding (the pooled sums' order) moved
 seed 0's shared figure from 6.44 to 6.15, so the tests below judge the median over seeds."""
@@ -92,7 +92,7 @@ def test_shared_tilt_beats_the_mlp_on_the_rotating_market_at_half_the_steps(rota
 @pytest.mark.xfail(
     strict=False,
     reason="known shortfall: on this draw the best top-k momentum rule chosen on the training "
-    "span scores 6.61; the seeds' ensemble 6.53 (2026-11-27, centred + relative), their median "
+    "span scores 6.61; the seeds' ensemble 6.53 (centred + relative), their median "
     "6.22; here even the Bayes filter of the market's own model scores below the rule (6.45, "
     "rotation_ceiling.py). Over 32 fresh draws one seed of the recipe is at -0.15 [-0.36, "
     "+0.06] against the rule (rotation_many_draws.py): it matches the rule. Three seeds' "

@@ -127,7 +127,8 @@ def merge_spooled(latest: dict[str, Latest], spooled: Iterable[DecisionRecord]) 
 
 
 def response_of(record: DecisionRecord) -> pb.AllocateResponse:
-    """The answer the record was given as (the server's ``_response``, from the row)."""
+    """The answer the record was given as (the message ``step.Answer.response`` holds), rebuilt
+    from the row."""
     response = pb.AllocateResponse(
         request_id=record.request_id,
         portfolio_id=record.portfolio_id,
