@@ -3,10 +3,10 @@
 The learning test the regime-switch market asks for: the leading asset changes every 20 days,
 noise is larger than the drift, and on held-out days, net of 10 bps, the policy must beat the
 best top-k momentum rule whose k and lookback were chosen on the training span. The policy is
-``rotation_ensemble``'s ``ensemble-3``, the one that study registered and judged (over draws
-42-57 it beats the rule, +0.32 [+0.12, +0.49], RESULTS.md): three runs of the fixture's recipe
-(seeds d, d + 1000, d + 2000; 20,000 steps each), their deterministic actions averaged, as
-``allocator export-ensemble`` serves them.
+``studies/rotation_ensemble.py``'s ``ensemble-3``, the one that study registered and judged
+(over draws 42-57 it beats the rule, +0.32 [+0.12, +0.49], RESULTS.md): three runs of the
+fixture's recipe (seeds d, d + 1000, d + 2000; 20,000 steps each), their deterministic actions
+averaged, as ``allocator export-ensemble`` serves them.
 
 Why not the fixture's draw 0 (``test_shared_rotation.py``, ``xfail`` there): on its held-out
 days even the Bayes filter of the market's own model (``yardsticks.RotationFilter``, which knows
@@ -18,7 +18,7 @@ The rule, written and committed before any draw from 58 on was generated or any 
 trained:
 
 - **The draw** is the first d >= 58 (the first draw no study had touched,
-  ``rotation_many_draws.USED``) on whose held-out days the Bayes filter scores a higher Sharpe
+  ``tests.learning.rotation.USED``) on whose held-out days the Bayes filter scores a higher Sharpe
   ratio, net of the recipe's costs, than the momentum rule chosen on that draw's training span.
   Only the market and the two fixed rules decide it; no policy is trained or scored to choose.
   Of draws 42-57, 14 of 16 met this criterion, and the ensemble beat the rule on 12 of those 14.
@@ -26,8 +26,8 @@ trained:
 - **The claim**: its held-out Sharpe net of costs is above the rule's. The figures are printed
   and recorded in RESULTS.md whichever way they come out.
 
-One draw is a test, not a study: the interval over draws is ``rotation_ensemble.py``'s. About
-8 minutes on one idle core (three 20,000-step runs; 15 on a slow day): a module of its own,
+One draw is a test, not a study: the interval over draws is ``studies/rotation_ensemble.py``'s.
+About 8 minutes on one idle core (three 20,000-step runs; 15 on a slow day): a module of its own,
 so ``--dist loadfile`` hands it to one worker. Slow: skipped by default, run by CI with
 --run-slow.
 """
@@ -40,9 +40,14 @@ from typing import Any
 
 import pytest
 
-from tests.learning.rotation_ceiling import bar_and_ceilings
-from tests.learning.rotation_ensemble import MEMBER_OFFSETS, judge_ensemble, train_member
-from tests.learning.rotation_many_draws import CI_DRAWS, USED
+from tests.learning.rotation import (
+    CI_DRAWS,
+    MEMBER_OFFSETS,
+    USED,
+    bar_and_ceilings,
+    judge_ensemble,
+    train_member,
+)
 
 CI_MINUTES = 8  # on one idle core: three 20,000-step runs (tests/conftest.py orders)
 

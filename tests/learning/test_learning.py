@@ -1,5 +1,5 @@
-"""Learning tests: TD3 on generated markets where the right answer is known, and the settings
-every learning test starts from (``config``).
+"""Learning tests: TD3 on generated markets where the right answer is known (the settings every
+learning test starts from are ``tests.learning.recipes.config``).
 
 Slow (minutes): skipped by default, run by CI (``make test`` with CI=true passes --run-slow).
 The adaptive regularizer's test on the rotating market lives beside the rotating fixture
@@ -8,54 +8,16 @@ The adaptive regularizer's test on the rotating market lives beside the rotating
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from allocator.trainer.training.config import TrainConfig, load_config
 from allocator.trainer.training.run import train
+from tests.learning.recipes import config
 from tests.markets import drift_market, write_market
 
 # About 3 minutes on one core here, and about as fast on CI: the limit leaves a wide margin
 # and still stops a hang inside CI's 90 minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 CI_MINUTES = 3  # on one idle core (tests/conftest.py orders slow modules by it)
-
-PERIODS = [
-    "data.train_start=2000-01-01",
-    "data.train_end=2003-12-31",
-    "data.validation_start=2004-01-01",
-    "data.validation_end=2005-12-31",
-]
-
-
-def config(path: Path, steps: int, extra: list[str]) -> TrainConfig:
-    return load_config(
-        None,
-        [
-            "name=learning",
-            f"total_timesteps={steps}",
-            "progress_bar=false",
-            "torch_threads=1",  # tests run in parallel workers
-            "tensorboard=false",
-            f"data.dataset={path}",
-            *PERIODS,
-            "env.max_assets=4",
-            "env.min_assets=4",
-            "env.window=20",
-            "env.episode_length=100",
-            "env.reward.transaction_cost.long_weight=0",
-            "env.reward.scale=100",
-            "algorithm.net_arch=[64,64]",
-            "algorithm.batch_size=64",
-            "algorithm.learning_starts=500",
-            "algorithm.gamma=0.5",
-            "algorithm.actor_learning_rate=0.001",
-            "noise.sigma=0.5",
-            "noise.final_sigma=0.1",
-            *extra,
-        ],
-    )
 
 
 def test_td3_finds_the_drifting_asset(tmp_path):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.learning.rotation_ensemble import (
+from tests.learning.rotation import (
     MEMBER_OFFSETS,
+    ensemble_draws_refused,
     judge_ensemble,
-    main,
     member_dir,
     train_member,
 )
@@ -40,9 +40,8 @@ def test_a_member_of_another_market_is_refused(tmp_path: Path) -> None:
         judge_ensemble(tmp_path, 1)
 
 
-@pytest.mark.parametrize(
-    "draws", [["10"], ["5"], ["1", "42"]], ids=["judged-before", "test-draw", "mixed"]
-)
-def test_the_study_refuses_draws_outside_its_two_sets(tmp_path: Path, draws: list[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["judge", "--out", str(tmp_path), "--draws", *draws])
+@pytest.mark.parametrize("draws", [[10], [5], [1, 42]], ids=["judged-before", "test-draw", "mixed"])
+def test_the_study_refuses_draws_outside_its_two_sets(draws: list[int]) -> None:
+    assert ensemble_draws_refused(draws) is not None
+    assert ensemble_draws_refused([1, 2, 3, 4]) is None
+    assert ensemble_draws_refused(range(42, 58)) is None

@@ -19,11 +19,11 @@ import pytest
 import torch as th
 
 from allocator.trainer.market.data import load_dataset
-from allocator.trainer.sim.backtest import BacktestResult, run_backtest
+from allocator.trainer.sim.backtest import run_backtest
 from allocator.trainer.sim.baselines import ActionPolicy
 from allocator.trainer.sim.env import EnvConfig
-from allocator.trainer.training.run import TrainingRun, train
-from tests.learning.test_learning import config
+from allocator.trainer.training.run import TrainingRun
+from tests.learning.recipes import figures, metrics, train_shared
 from tests.learning.yardsticks import held_out_anchor
 from tests.markets import drift_market, write_market
 
@@ -32,56 +32,16 @@ from tests.markets import drift_market, write_market
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 CI_MINUTES = 5  # on one idle core: two 20,000-step runs (tests/conftest.py orders)
 
-SHARED = [
-    "policy=shared",
-    "env.features=asset_v1",
-    "env.action.mapping=tilt",
-    # k = 3 lets one decision put ~97% into one of 4-12 assets: the targets below need it.
-    "env.action.k=3",
-    "env.action.anchor.kind=equal",
-]
-
-
-def _both(
-    tmp_path: Path,
-    path: Path,
-    steps: dict[str, int],
-    extra: list[str],
-    shared_extra: tuple[str, ...] = (),
-) -> dict:
-    runs = {}
-    for name, more in (("mlp", []), ("shared", [*SHARED, *shared_extra])):
-        runs[name] = train(config(path, steps[name], [*extra, *more]), tmp_path / name)
-    return runs
-
-
-def _shared(
-    tmp_path: Path, path: Path, steps: int, extra: list[str], shared_extra: tuple[str, ...] = ()
-) -> TrainingRun:
-    return train(config(path, steps, [*extra, *SHARED, *shared_extra]), tmp_path / "shared")
-
-
-def _metrics(result: BacktestResult) -> dict[str, float]:
-    return {k: result.metrics()[k] for k in ("sharpe", "turnover", "total_return")}
-
-
-def _figures(run: TrainingRun, asset: str | None = None) -> dict[str, float]:
-    result = run.validation["td3"]
-    out = _metrics(result)
-    if asset is not None:
-        out[f"mean_weight_{asset}"] = float(result.executed_weights[asset].mean())
-    return out | {"steps": run.config.total_timesteps, "policy": run.config.policy}
-
 
 def test_shared_tilt_finds_the_drifting_asset_within_20k_steps(tmp_path):
     """The drifting-asset market: >= 90% of held-out days' weight in the drifting asset, and a
     higher net Sharpe and total return than the anchor it tilts (equal weight, 5% cash), traded
     with the same costs and smoothing on the same held-out days."""
     path = write_market(drift_market(drift=0.004, vol=0.005), tmp_path / "drift.csv")
-    run = _shared(tmp_path, path, 20_000, ["env.beta=0.2"])
-    table = {"shared": _figures(run, "UP")}
+    run = train_shared(tmp_path, path, 20_000, ["env.beta=0.2"])
+    table = {"shared": figures(run, "UP")}
     anchor = held_out_anchor(run, load_dataset(str(path)))
-    table["anchor"] = _metrics(anchor) | {
+    table["anchor"] = metrics(anchor) | {
         "mean_weight_UP": float(anchor.executed_weights["UP"].mean()),
         "mean_weight_cash": float(anchor.executed_weights["cash"].mean()),
     }
@@ -103,8 +63,9 @@ def test_shared_policy_trained_on_6_assets_finds_the_drifting_asset_among_12(tmp
     """
     train_path = write_market(drift_market(n_flat=5, drift=0.004, vol=0.005), tmp_path / "d6.csv")
     six = ["env.max_assets=6", "env.min_assets=6", "env.beta=0.2"]
-    run = _shared(tmp_path, train_path, 20_000, six, shared_extra=("shared.center_assets=true",))
-    table = {"shared": _figures(run, "UP")}
+    centred = ("shared.center_assets=true",)
+    run = train_shared(tmp_path, train_path, 20_000, six, shared_extra=centred)
+    table = {"shared": figures(run, "UP")}
     wide = write_market(drift_market(n_flat=11, drift=0.004, vol=0.005, seed=1), tmp_path / "w.csv")
     weights = _evaluate_on_12(run, wide)
     table["shared_on_12_assets"] = {

@@ -21,8 +21,7 @@ import pytest
 
 from allocator.trainer.market.data import load_dataset
 from allocator.trainer.training.run import TrainingRun, train
-from tests.learning.test_learning import config
-from tests.learning.test_shared_policy import _both, _figures, _metrics
+from tests.learning.recipes import ROTATION, SHARED_ROTATION, config, figures, metrics, train_both
 from tests.learning.yardsticks import held_out_ensemble, held_out_momentum, regime_switch_lag
 from tests.markets import rotating_market, rotating_schedule, write_market
 
@@ -39,22 +38,6 @@ shared policy 6.37 and 6.57. A change that only moves rounding (the pooled sums'
 seed 0's shared figure from 6.44 to 6.15, so the tests below judge the median over seeds."""
 
 
-ROTATION = (
-    "env.beta=0.0",
-    "env.cost_bps=10",
-    "algorithm.smoothness.mode=adaptive",
-    "algorithm.smoothness.lam=1",
-    "algorithm.smoothness.budget=0.05",
-)
-"""Both policies' settings on this market: 10 bps, no EMA, the adaptive regularizer."""
-
-SHARED_ROTATION = ("shared.center_assets=true", "env.reward.relative_to=anchor")
-"""The shared policy's recipe here, chosen on other draws of this market's generator
-(``tests/learning/rotation_dev_sweep.py``: draws 1-4, eight candidates, the highest mean held-out
-Sharpe over the momentum rule), never on this draw: centred asset scores, so no seed freezes
-with every asset action at +1, and the reward measured against the anchor."""
-
-
 @pytest.fixture(scope="module")
 def rotating(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[TrainingRun]]]:
     """The rotating market with 10 bps costs, the MLP after 40,000 steps and the shared
@@ -64,7 +47,7 @@ def rotating(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     path = write_market(rotating_market(period=20), tmp_path / "rotating.csv")
     runs: dict[str, list[TrainingRun]] = {"mlp": [], "shared": []}
     for seed in ROTATING_SEEDS:
-        pair = _both(
+        pair = train_both(
             tmp_path / f"seed{seed}",
             path,
             {"mlp": 40_000, "shared": 20_000},
@@ -77,14 +60,14 @@ def rotating(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
 
 
 def _median_sharpe(runs: list[TrainingRun]) -> float:
-    return float(np.median([_figures(run)["sharpe"] for run in runs]))
+    return float(np.median([figures(run)["sharpe"] for run in runs]))
 
 
 def test_shared_tilt_beats_the_mlp_on_the_rotating_market_at_half_the_steps(rotating):
     """Over three seeds, the shared policy after 20,000 steps has a higher median held-out
     Sharpe than the MLP after 40,000."""
     _, runs = rotating
-    table = {name: [_figures(run) for run in seeds] for name, seeds in runs.items()}
+    table = {name: [figures(run) for run in seeds] for name, seeds in runs.items()}
     print(json.dumps(table, indent=2))
     assert _median_sharpe(runs["shared"]) > _median_sharpe(runs["mlp"]), table
 
@@ -94,10 +77,10 @@ def test_shared_tilt_beats_the_mlp_on_the_rotating_market_at_half_the_steps(rota
     reason="known shortfall: on this draw the best top-k momentum rule chosen on the training "
     "span scores 6.61; the seeds' ensemble 6.53 (centred + relative), their median "
     "6.22; here even the Bayes filter of the market's own model scores below the rule (6.45, "
-    "rotation_ceiling.py). Over 32 fresh draws one seed of the recipe is at -0.15 [-0.36, "
-    "+0.06] against the rule (rotation_many_draws.py): it matches the rule. Three seeds' "
+    "studies/rotation_ceiling.py). Over 32 fresh draws one seed of the recipe is at -0.15 [-0.36, "
+    "+0.06] against the rule (studies/rotation_many_draws.py): it matches the rule. Three seeds' "
     "ensemble, chosen on draws 1-4, beats it on draws 42-57, +0.32 [+0.12, +0.49] "
-    "(rotation_ensemble.py, RESULTS.md), and on the first fresh draw where the "
+    "(studies/rotation_ensemble.py, RESULTS.md), and on the first fresh draw where the "
     "filter clears the rule (test_ensemble_beats_momentum.py): one draw where the filter does "
     "not cannot show it",
 )
@@ -107,14 +90,14 @@ def test_shared_tilt_beats_the_best_momentum_rule_chosen_on_the_training_span(ro
     or 2, lookback 5 to 40 days) whose k and lookback were chosen on the training span, never
     on the held-out days: the bar a rotation-follower must clear. The ensemble is judged, not
     the seeds' median, because it was the higher of the two on the development draws 1-4
-    (``tests/learning/rotation_dev_sweep.py --seeds 0 1 2``, the rule fixed before that run)."""
+    (``studies/rotation_dev_sweep.py --seeds 0 1 2``, the rule fixed before that run)."""
     path, runs = rotating
     shared = runs["shared"]
     data = load_dataset(str(path))
-    table: dict = {"shared": [_figures(run) for run in shared]}
-    table["ensemble"] = _metrics(held_out_ensemble(shared, data))
+    table: dict = {"shared": [figures(run) for run in shared]}
+    table["ensemble"] = metrics(held_out_ensemble(shared, data))
     choice, momentum = held_out_momentum(shared[0], data)
-    table["momentum"] = _metrics(momentum) | {
+    table["momentum"] = metrics(momentum) | {
         "rule": repr(choice.rule),
         "training_span_sharpe": choice.sharpe,
         "training_span_candidates": choice.scores,

@@ -10,9 +10,8 @@ import pytest
 from allocator.trainer.market.data import load_dataset
 from allocator.trainer.sim.baselines import TopKMomentum
 from allocator.trainer.training.run import train
-from tests.learning.rotation_many_draws import interval, verdict
-from tests.learning.test_learning import config
-from tests.learning.test_shared_policy import SHARED
+from tests.learning.recipes import SHARED, config
+from tests.learning.rotation import interval, verdict
 from tests.learning.yardsticks import (
     RotationFilter,
     SeedEnsemble,

@@ -11,7 +11,8 @@ from allocator.serving.validation import InvalidRequest, ModelShape, validate_re
 SHAPE = ModelShape(max_assets=4, window=5)
 
 
-def _prices(n: int, window: int = SHAPE.window, seed: int = 0) -> np.ndarray:
+def price_rows(n: int, window: int = SHAPE.window, seed: int = 0) -> np.ndarray:
+    """Closes for ``n`` assets, ``window + 1`` each (a seeded random walk around 100)."""
     rng = np.random.default_rng(seed)
     return 100.0 * np.exp(rng.normal(0.0, 0.01, size=(n, window + 1)).cumsum(axis=1))
 
@@ -28,7 +29,7 @@ def make_request(
         portfolio_id=portfolio_id,
         request_id=request_id,
         asset_ids=[f"A{i}" for i in range(n)],
-        prices=_prices(n, seed=seed).ravel().tolist(),
+        prices=price_rows(n, seed=seed).ravel().tolist(),
     )
     if weights:
         request.current_weights.extend([1.0 / (n + 1)] * (n + 1))

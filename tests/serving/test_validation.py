@@ -20,7 +20,7 @@ from allocator.serving.validation import (
     validate_request,
     validate_reset,
 )
-from tests.serving.requests import SHAPE, _prices, make_request, refused
+from tests.serving.requests import SHAPE, make_request, price_rows, refused
 
 # --- the happy path -------------------------------------------------------------------------
 
@@ -36,7 +36,7 @@ def test_valid_request_is_typed_and_shaped() -> None:
     assert valid.n_assets == 3
     assert valid.prices.dtype == np.float64
     assert valid.prices.shape == (3, SHAPE.window + 1)
-    np.testing.assert_array_equal(valid.prices, _prices(3))  # row-major, oldest first
+    np.testing.assert_array_equal(valid.prices, price_rows(3))  # row-major, oldest first
     assert valid.current_weights is not None
     assert valid.current_weights.shape == (4,)
     assert (valid.model_name, valid.model_version) == ("alpha", None)

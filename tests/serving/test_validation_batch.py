@@ -17,7 +17,7 @@ from allocator.serving.validation import (
     validate_batch,
     validate_request,
 )
-from tests.serving.requests import SHAPE, _prices, make_request
+from tests.serving.requests import SHAPE, make_request, price_rows
 
 # --- batches ----------------------------------------------------------------------------------
 
@@ -159,7 +159,7 @@ def test_batch_resolves_each_pin_once_with_its_own_shape() -> None:
                 portfolio_id=f"p{i}",
                 request_id=f"r{i}",
                 asset_ids=["X", "Y"],
-                prices=_prices(2, window=9).ravel().tolist(),
+                prices=price_rows(2, window=9).ravel().tolist(),
             )
             request.model.name = "wide"
         else:
@@ -265,7 +265,7 @@ def test_mixed_widths_and_models_in_one_batch() -> None:
 
     requests = [make_request(1 + i % 4, portfolio_id=f"p{i}", request_id=f"r{i}") for i in range(4)]
     other = pb.AllocateRequest(
-        portfolio_id="q", request_id="rq", asset_ids=["X", "Y"], prices=_prices(2, 2).ravel()
+        portfolio_id="q", request_id="rq", asset_ids=["X", "Y"], prices=price_rows(2, 2).ravel()
     )
     other.model.name = "large"
     valid = validate_batch(_batch(*requests, other), shape_for)

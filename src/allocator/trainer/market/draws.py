@@ -8,7 +8,7 @@ every choosing command calls.
 
 Generated kinds: development draws 100-999, held-out draws 1000-1999. Draws 0-99 belong to
 neither: the rotating market's draws 0-59 already chose or judged recipes in the learning tests
-(``tests/learning/rotation_many_draws.py``), and the rest of that block stays free for those
+(``tests/learning/rotation.py``), and the rest of that block stays free for those
 tests. The S&P 500 development years (test years 2005-2009, ``configs/walk_forward_dev.yaml``)
 are one set for both modes: the real held-out years, 2010-2022, are never run by the suite.
 """

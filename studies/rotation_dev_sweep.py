@@ -1,11 +1,11 @@
 """Choose the rotating-market recipe on development draws of the market, never on the test's.
 
 The learning tests judge the shared policy on the held-out days of ``rotating_market(seed=0)``
-(``tests/learning/test_shared_rotation.py``), of draw 59 (``test_ensemble_beats_momentum.py``,
-58 scanned on the way) and, until 2026-11-28, of draws 5-9 (``rotation_draws.py``).
-Choosing a recipe by its figure there would tune on the test, so the script refuses them. It
-trains candidate recipes on other draws of the same generator (market seeds 1, 2, ...: the
-same drift, noise and 20-day regimes, other schedules and noise) and
+(``tests/learning/test_shared_rotation.py``) and of draw 59
+(``tests/learning/test_ensemble_beats_momentum.py``, 58 scanned on the way); draws 5-9 judged a
+retired five-draw test. Choosing a recipe by its figure there would tune on the test, so the
+script refuses them. It trains candidate recipes on other draws of the same generator (market
+seeds 1, 2, ...: the same drift, noise and 20-day regimes, other schedules and noise) and
 scores each run against the best top-k momentum rule chosen on that draw's training span,
 exactly as the test does. The rule that picks the winner was fixed here before any run: the
 highest mean over draws of (policy held-out Sharpe - momentum held-out Sharpe). The four
@@ -15,13 +15,13 @@ ran on the development draws only.
 With ``--seeds``, each draw trains every listed seed (as the test's fixture trains seeds 0, 1
 and 2) and the job also scores the members' median and their ensemble (the served ensemble's
 rule: the members' actions averaged), so a seed ensemble is judged on the same runs. The rule
-for that comparison, fixed before its first run (2026-11-27): the test judges the ensemble of
+for that comparison, fixed before its first run: the test judges the ensemble of
 its seeds instead of their median only if the ensemble's mean excess over the draws is the
 higher of the two.
 
 Usage (from the repository root; prints one JSON document):
-  python -m tests.learning.rotation_dev_sweep --workers 16 --draws 1 2 3 4 > runs/sweep.json
-  python -m tests.learning.rotation_dev_sweep --workers 2 --draws 1 2 3 4 --seeds 0 1 2 \
+  python -m studies.rotation_dev_sweep --workers 16 --draws 1 2 3 4 > runs/sweep.json
+  python -m studies.rotation_dev_sweep --workers 2 --draws 1 2 3 4 --seeds 0 1 2 \
       --candidates center+relative > runs/ensemble.json
 """
 
@@ -37,21 +37,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tests.learning.recipes import ROTATION, SHARED, config
+from tests.learning.rotation import TEST_DRAWS
+from tests.learning.yardsticks import held_out_ensemble, held_out_momentum
+from tests.markets import rotating_market, write_market
 
 from allocator.trainer.market.data import load_dataset
 from allocator.trainer.market.draws import HeldOutDrawError, refuse_held_out
 from allocator.trainer.training.run import train
-from tests.learning.rotation_draws import FRESH_DRAWS
-from tests.learning.rotation_many_draws import CI_DRAWS
-from tests.learning.test_learning import config
-from tests.learning.test_shared_policy import SHARED
-from tests.learning.test_shared_rotation import ROTATION
-from tests.learning.yardsticks import held_out_ensemble, held_out_momentum
-from tests.markets import rotating_market, write_market
-
-TEST_DRAWS = {0, *FRESH_DRAWS, *CI_DRAWS}
-"""The learning tests' markets (``test_shared_rotation``: 0; ``test_ensemble_beats_momentum``:
-58-59, scanned for its draw) and the retired test's (``rotation_draws``: 5-9)."""
 
 BASE = [*ROTATION, *SHARED]
 """The shared policy's settings in the test's ``rotating`` fixture, before its own recipe."""
@@ -71,8 +64,8 @@ CANDIDATES: dict[str, list[str]] = {
         "selection.enabled=true",
         "env.reward.relative_to=anchor",
     ],
-    # Does the smoothness regularizer cost the policy its switches here? (added 2026-11-27,
-    # after the fresh draws showed the filter's room above the rule).
+    # Does the smoothness regularizer cost the policy its switches here? (asked once the fresh
+    # draws showed the filter's room above the rule)
     "center+relative+no-smoothing": [
         "shared.center_assets=true",
         "env.reward.relative_to=anchor",
