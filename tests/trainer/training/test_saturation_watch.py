@@ -99,7 +99,7 @@ def test_a_model_saved_without_the_flag_loads_uncentred_and_the_manifest_says_so
 ) -> None:
     """A shared model saved before centring existed has no ``center_assets`` in its
     ``policy_kwargs``: it loads uncentred (as trained), and the manifest reads the model,
-    not the config whose missing key now means on."""
+    not the config, where a missing key means on."""
     cfg = config(market, *TINY_SHARED)
     data = prepare_data(cfg)
     model = build_model(cfg, make_env(cfg, data), None)
