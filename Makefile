@@ -35,17 +35,17 @@ demo: venv
 ## order; with --run-slow the slow modules come first (tests/conftest.py), so the minutes-long
 ## learning modules spread over both workers instead of queueing on one.
 test: venv
-	$(BIN)/ruff check src tests bench scripts deploy studies
-	$(BIN)/ruff format --check src tests bench scripts deploy studies
+	$(BIN)/ruff check src tests bench scripts deploy studies examples
+	$(BIN)/ruff format --check src tests bench scripts deploy studies examples
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(if $(filter true,$(CI)),--run-slow,) $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check src tests bench scripts deploy studies
-	$(BIN)/ruff format --check src tests bench scripts deploy studies
+	$(BIN)/ruff check src tests bench scripts deploy studies examples
+	$(BIN)/ruff format --check src tests bench scripts deploy studies examples
 
 format: venv
-	$(BIN)/ruff check --fix src tests bench scripts deploy studies
-	$(BIN)/ruff format src tests bench scripts deploy studies
+	$(BIN)/ruff check --fix src tests bench scripts deploy studies examples
+	$(BIN)/ruff format src tests bench scripts deploy studies examples
 
 bench: venv
 	$(BIN)/python bench/env_throughput.py
