@@ -42,23 +42,36 @@ END = "<!-- END config-reference -->"
 _RENAMED_NEGATIONS = {"prefer_cuda": "cpu"}
 
 
-def _models() -> list[tuple[str, type[BaseModel], str]]:
-    """(heading, model, how it is given) for every top-level settings model, in order."""
+def _models(full: bool = False) -> list[tuple[str, type[BaseModel], str]]:
+    """(heading, model, how it is given) for every top-level settings model, in order.
+
+    ``full`` (the docs site's page) adds the trainer's and the suite's configs, which
+    docs/operations.md leaves to their own files.
+    """
     from allocator.serving.server import ServerConfig
     from allocator.trainer.jobs.retrain.config import RetrainConfig
+    from allocator.trainer.jobs.suite.config import SuiteConfig
     from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
-
-    return [
-        ("allocator serve", ServerConfig, "command-line flags of `allocator serve`"),
-        ("allocator retrain", RetrainConfig, "YAML (`--config`, `--set key=value`)"),
-        ("allocator walk-forward", WalkForwardConfig, "YAML (`--config`, `--set key=value`)"),
-    ]
-
-
-def _not_expanded() -> dict[type[BaseModel], str]:
-    """Nested models documented elsewhere: named, not expanded."""
     from allocator.trainer.training.config import TrainConfig
 
+    yaml = "YAML (`--config`, `--set key=value`)"
+    models: list[tuple[str, type[BaseModel], str]] = [
+        ("allocator serve", ServerConfig, "command-line flags of `allocator serve`"),
+        ("allocator retrain", RetrainConfig, yaml),
+        ("allocator walk-forward", WalkForwardConfig, yaml),
+    ]
+    if full:
+        models.insert(0, ("allocator train", TrainConfig, yaml))
+        models.append(("allocator suite", SuiteConfig, yaml))
+    return models
+
+
+def _not_expanded(full: bool = False) -> dict[type[BaseModel], str]:
+    """Nested models documented elsewhere: named, not expanded (none on the full page)."""
+    from allocator.trainer.training.config import TrainConfig
+
+    if full:
+        return {}
     return {
         TrainConfig: "a trainer config (`configs/td3.yaml`, `allocator/trainer/training/config.py`)"
     }
@@ -113,14 +126,14 @@ def _bounds(field: FieldInfo) -> str:
     return ", ".join(parts)
 
 
-def _default(field: FieldInfo) -> str:
+def _default(field: FieldInfo, skipped: dict[type[BaseModel], str]) -> str:
     if field.is_required():
         return "**required**"
     value = field.get_default(call_default_factory=True)
     if value is PydanticUndefined:
         return "**required**"
     if isinstance(value, BaseModel):
-        return "see below" if type(value) not in _not_expanded() else "its defaults"
+        return "see below" if type(value) not in skipped else "its defaults"
     dumped = TypeAdapter(Any).dump_python(value, mode="json")
     return f"`{json.dumps(dumped)}`"
 
@@ -153,12 +166,13 @@ def _serve_flags() -> dict[str, tuple[str, str]]:
 
 
 def _table(
-    model: type[BaseModel], flags: dict[str, tuple[str, str]] | None
+    model: type[BaseModel],
+    flags: dict[str, tuple[str, str]] | None,
+    skipped: dict[type[BaseModel], str],
 ) -> tuple[list[str], list[type[BaseModel]]]:
     head = ["setting", *(["flag"] if flags is not None else []), "type", "default", "bounds"]
     lines = ["| " + " | ".join(head) + " | description |", "|" + " --- |" * (len(head) + 1)]
     nested: list[type[BaseModel]] = []
-    skipped = _not_expanded()
     for name, field in model.model_fields.items():
         type_text = f"`{_type_name(field.annotation)}`"
         for sub in _nested(field.annotation):
@@ -170,13 +184,13 @@ def _table(
         flag, flag_help = (flags or {}).get(name, ("(not a flag)", ""))
         row = [f"`{name}`", *([flag] if flags is not None else [])]
         # The model's description, else the flag's help (tls_cert has only the latter).
-        row += [type_text, _default(field), _bounds(field), field.description or flag_help]
+        row += [type_text, _default(field, skipped), _bounds(field), field.description or flag_help]
         lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
     return lines, nested
 
 
-def render() -> str:
-    """The generated section, without its markers."""
+def render(full: bool = False) -> str:
+    """The generated section, without its markers; ``full``: every config, for the docs site."""
     from allocator.serving.server import ServerConfig
 
     out = [
@@ -185,12 +199,16 @@ def render() -> str:
         "",
     ]
     done: set[type[BaseModel]] = set()
-    for heading, model, given in _models():
-        out += [f"### `{heading}`: {model.__name__}", ""]
+    skipped = _not_expanded(full)
+    for heading, model, given in _models(full):
+        # The site's page names the model's anchor: a nested reference (a walk-forward's
+        # trainer) links to #trainconfig, which GitHub's heading id would not be.
+        anchor = f" {{#{_anchor(model)}}}" if full else ""
+        out += [f"### `{heading}`: {model.__name__}{anchor}", ""]
         doc = (model.__doc__ or "").strip().splitlines()
         out += [f"{doc[0] if doc else model.__name__} Given as {given}.", ""]
         flags = _serve_flags() if model is ServerConfig else None
-        lines, queue = _table(model, flags)
+        lines, queue = _table(model, flags, skipped)
         out += [*lines, ""]
         done.add(model)
         while queue:
@@ -202,7 +220,7 @@ def render() -> str:
             out += [f"#### {sub.__name__}", ""]
             if sub_doc:
                 out += [sub_doc[0], ""]
-            lines, more = _table(sub, None)
+            lines, more = _table(sub, None, skipped)
             out += [*lines, ""]
             queue += more
     out += [
