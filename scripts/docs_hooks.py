@@ -8,6 +8,8 @@
 - ``examples/``: examples/README.md, and one page per script with its docstring and code;
 - links from a docs page to examples/README.md or a script in examples/ lead to its page on
   the site, so the same link works on the site and in a checkout;
+- a guide in docs/ that the nav does not name yet (a page added on another branch) is listed
+  at the end of "Guides", under its first heading;
 - other links from a docs page to a repository file outside docs/ (``../src/allocator/cli/``) become
   the path in code, or a link into ``repo_url`` when one is set; a link to a path that does not
   exist is left alone, so ``mkdocs build --strict`` fails on it.
@@ -19,6 +21,7 @@ import ast
 import importlib.util
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -100,7 +103,34 @@ def site_page(path: Path) -> str | None:
     return None
 
 
+def _named(nav: Any) -> Iterator[str]:
+    """Every page path the nav names."""
+    if isinstance(nav, str):
+        yield nav
+    elif isinstance(nav, dict):
+        for value in nav.values():
+            yield from _named(value)
+    elif isinstance(nav, list):
+        for item in nav:
+            yield from _named(item)
+
+
+def add_new_guides(files: Files, config: MkDocsConfig) -> None:
+    """Top-level docs pages missing from the nav, appended to its "Guides" section."""
+    named = set(_named(config.nav))
+    sections = [item for item in config.nav or [] if isinstance(item, dict)]
+    guides = next((item["Guides"] for item in sections if "Guides" in item), None)
+    if guides is None:
+        return  # no such section: mkdocs reports the pages the nav leaves out
+    for file in files.documentation_pages():
+        if "/" in file.src_uri or file.src_uri in named or file.generated_by:
+            continue
+        heading = re.search(r"^# (.+)$", file.content_string, re.M)
+        guides.append({heading.group(1) if heading else file.name: file.src_uri})
+
+
 def on_files(files: Files, config: MkDocsConfig, **_: Any) -> Files:
+    add_new_guides(files, config)
     pages = {
         "reference/cli.md": _load(ROOT / "scripts" / "cli_reference.py").render(),
         "reference/configuration.md": configuration_page(),
