@@ -173,3 +173,8 @@ def on_page_markdown(
         return text if text.strip("`") == relative.rstrip("/") else f"{text} (`{relative}`)"
 
     return LINK.sub(replace, markdown)
+
+
+def on_page_content(html: str, **_: Any) -> str:
+    """Docstrings end a paragraph before a code block with reST's ``::``: one colon on the site."""
+    return re.sub(r"(\w)::</p>", r"\1:</p>", html)
