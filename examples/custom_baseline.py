@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from allocator.trainer.market.data import load_sp500
-from allocator.trainer.sim.backtest import run_backtest
+from allocator.trainer.sim.backtest import PolicyLike, run_backtest
 from allocator.trainer.sim.baselines import DecisionContext
 from allocator.trainer.sim.performance import format_table
 
@@ -54,11 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
     data = load_sp500()
     assets = args.assets.split(",")
-    policies = [
-        InverseVolatility(lookback=args.lookback),
-        "equal-weight",
-        "hrp",
-    ]
+    # a policy object, or the name of a built-in baseline
+    policies: list[PolicyLike] = [InverseVolatility(lookback=args.lookback), "equal-weight", "hrp"]
     results = {}
     for policy in policies:
         result = run_backtest(

@@ -77,7 +77,9 @@ def _section(command: click.Command, ctx: click.Context) -> list[str]:
 def render(command: click.Command | None = None, name: str = "allocator") -> str:
     """The whole reference page: one section per command, the root first."""
     if command is None:
-        from allocator.cli import main as command
+        from allocator.cli import main
+
+        command = main
     out = [
         "# Command line",
         "",

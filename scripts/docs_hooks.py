@@ -55,7 +55,7 @@ def configuration_page() -> str:
         "overrides) and the server's options (flags of `allocator serve`).",
         "",
     ]
-    return "\n".join(head) + renderer.render(full=True)
+    return "\n".join(head) + str(renderer.render(full=True))
 
 
 def example_page(script: Path) -> str:
