@@ -6,7 +6,7 @@ verified ONNX version in a registry (``REGISTRY/NAME/1/``), the allocation serve
 registry, and ``AllocatorClient`` asks it for weights day after day for one portfolio, so the
 server's smoothing carries from one answer to the next. The server runs in this process here;
 in production it is ``allocator serve --registry REGISTRY`` and only the client part below
-runs in your service.
+runs in your service (``AllocatorClient``, or ``AsyncAllocatorClient`` under asyncio).
 
     python examples/train_serve.py --out runs/examples/train_serve
     python examples/train_serve.py --steps 3000     # a longer (still small) training run
@@ -15,12 +15,13 @@ runs in your service.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 from pathlib import Path
 
 import numpy as np
 
-from allocator import AllocatorClient
+from allocator import AllocationRequest, AllocatorClient, AsyncAllocatorClient
 from allocator.recording.migrations import upgrade
 from allocator.serving.server import ServerConfig, build_server
 from allocator.trainer.export.run import export_run
@@ -86,6 +87,23 @@ def ask(target: str, days: int) -> None:
     assert np.isclose(allocation.smoothed_weights.sum(), 1.0)
 
 
+async def ask_many(target: str) -> None:
+    """The asyncio client: several portfolios in one call (all answered, or none)."""
+    data = load_sp500().select(ASSETS)
+    async with AsyncAllocatorClient(target) as client:
+        window = (await client.list_models())[0].window
+        closes = data.prices[-(window + 1) :].T
+        requests = [
+            AllocationRequest(f"fund-{k}", ASSETS[: 2 + k], closes[: 2 + k]) for k in range(3)
+        ]
+        for allocation in await client.allocate_batch(requests):
+            weights = ", ".join(
+                f"{a} {w:.3f}"
+                for a, w in zip(allocation.asset_ids, allocation.smoothed_weights, strict=True)
+            )
+            print(f"  {allocation.portfolio_id}: {weights}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/examples/train_serve"))
@@ -107,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ).start()
     try:
         ask(server.target, args.days)
+        print("a batch for three portfolios, from the asyncio client:")
+        asyncio.run(ask_many(server.target))
     finally:
         server.stop()
     print(f"decisions recorded in {args.out / 'trades.db'}")

@@ -54,6 +54,7 @@ def test_train_serve(tmp_path: Path) -> None:
     out = run_example("train_serve.py", tmp_path, "--steps", "200", "--days", "2")
     assert (tmp_path / "models" / "example" / "1" / "model.onnx").is_file()
     assert "smoothed (execute this)" in out
+    assert "fund-2:" in out  # the asyncio client's batch
     assert (tmp_path / "trades.db").is_file()
 
 
