@@ -64,11 +64,9 @@ def example_page(script: Path) -> str:
     doc = ast.get_docstring(ast.parse(source)) or script.stem
     title, _, body = doc.partition("\n")
     lines = [f"# {title.rstrip('.')}", "", f"`examples/{script.name}`", ""]
-    for line in body.strip().splitlines():
-        # the docstring's indented command lines are a shell block on the page
-        lines.append(line)
-    lines += ["", "```python", source.rstrip(), "```", ""]
-    return _indented_commands("\n".join(lines))
+    lines += body.strip().splitlines()
+    # the docstring's indented command lines become a shell block on the page
+    return _indented_commands("\n".join(lines)) + f"\n\n```python\n{source.rstrip()}\n```\n"
 
 
 def _indented_commands(text: str) -> str:
