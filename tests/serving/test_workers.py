@@ -332,3 +332,19 @@ def test_each_worker_gets_its_own_spool_and_no_metrics_port(tmp_path: Path) -> N
         tmp_path / "spool" / "worker-2",
     ]
     assert {(c.port, c.metrics_port, c.workers) for c in configs} == {(5000, None, 1)}
+
+
+def test_two_workers_start_every_time_on_a_fresh_sqlite_database(
+    tiny_registry: Path, redis_url: str, tmp_path: Path
+) -> None:
+    # Workers opening a new SQLite file together raced for the lock that switching it to WAL
+    # takes, and one exited now and then ("database is locked"). bench/worker_starts.py runs
+    # the same start 50 times.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from worker_starts import start_once
+
+    runs = [
+        start_once(tiny_registry, "tiny", redis_url, 2, tmp_path / f"start-{k}", 120)
+        for k in range(3)
+    ]
+    assert [run["ok"] for run in runs] == [True] * 3, runs
