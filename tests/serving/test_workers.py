@@ -177,8 +177,7 @@ def test_a_killed_worker_is_started_again_and_calls_go_on(
     assert len(pids) == 2
     # Clients with the default retry policy: the call in flight on the killed worker comes
     # back UNAVAILABLE and is retried, on a new connection, by the surviving worker. A portfolio
-    # whose Redis lock the killed worker held waits for the lock to expire (10 s), as after a
-    # crashed replica: hence a deadline above that.
+    # whose Redis lock the killed worker held waits for its liveness key to lapse (0.5 s).
     loaders = [
         LoadThread(server.target, f"{tag}-{k}", window=TINY.window, seed=k, timeout=20)
         for k in range(4)
