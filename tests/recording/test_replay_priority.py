@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from allocator.recording import recorder as recorder_module
 from allocator.recording.migrations import upgrade
 from allocator.recording.recorder import Recorder
 from allocator.recording.spool import Spool
 from tests.recording.decisions import MODEL, make_decision
+from tests.recording.gated_sink import GatedSink, rows
 
 FRAMES = 150
 PER_FRAME = 100
@@ -61,3 +63,23 @@ def test_live_decisions_are_durable_within_a_slice_while_the_spool_replays(
     # ... and none waited for it: a replay slice is ~5 ms, one frame of 100 at least.
     waits.sort()
     assert waits[-1] < 0.25, waits[-5:]
+
+
+def test_a_large_spooled_frame_is_replayed_in_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recorder_module, "REPLAY_CHUNK", 100)
+    url = f"sqlite:///{tmp_path / 'trade.db'}"
+    upgrade(url)
+    spool = Spool(tmp_path / "spool")
+    decisions = [make_decision(k) for k in range(1_000)]
+    spool.append({"m": [MODEL.to_json()], "d": [d.to_json() for d in decisions]})
+    spool.close()
+    sink = GatedSink(url)
+    with Recorder(url, tmp_path / "spool", sink=sink, flush_interval=0.005) as recorder:
+        deadline = time.monotonic() + 30
+        while recorder.stats().spooled_records and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert recorder.stats().replayed == 1_000
+    assert sink.writes == [100] * 10
+    assert rows(url) == 1_000

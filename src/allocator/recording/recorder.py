@@ -29,7 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -56,8 +56,11 @@ __all__ = ["ACK_MODES", "NotDurableError", "Recorder", "RecorderRefusedError", "
 log = logging.getLogger(__name__)
 
 REPLAY_SLICE_SECONDS = 0.005
-"""The writer replays spooled frames for about this long (at least one frame) before it looks at
-the live queue again, and stops a slice early once a live record is waiting."""
+"""The writer replays spooled frames for about this long (at least one chunk) before it looks
+at the live queue again, and stops a slice early once a live record is waiting."""
+REPLAY_CHUNK = 500
+"""Decisions written per replay step: a spooled frame of a large batch (thousands of decisions)
+goes in several commits, so no single replay write holds the live queue for long."""
 
 
 _Item = ModelRecord | DecisionRecord
@@ -65,12 +68,13 @@ _Item = ModelRecord | DecisionRecord
 
 @dataclass
 class _ReplayCursor:
-    """The segment being replayed, its frames (decoded as reached), and the frame to write
-    next (kept across an outage, to write again)."""
+    """The segment being replayed, its frames (decoded as reached), and the rest of the frame
+    being written, in chunks of at most ``REPLAY_CHUNK`` decisions (a chunk an outage stopped
+    is written again: the request ids absorb what it had already written)."""
 
     segment: Segment
     frames: Iterator[dict[str, Any]]
-    frame: dict[str, Any] | None = None
+    chunks: deque[tuple[list[ModelRecord], list[DecisionRecord]]] = field(default_factory=deque)
 
 
 class Recorder:
@@ -496,33 +500,47 @@ class Recorder:
                 # once replayed, and must not take any frame it was not read with.
                 self.spool.seal(segment)
                 cursor = self._replaying = _ReplayCursor(segment, self.spool.read(segment))
-            if cursor.frame is None:
-                cursor.frame = next(cursor.frames, None)
-            if cursor.frame is None:
+            if not cursor.chunks:
+                frame = next(cursor.frames, None)
+                if frame is not None:
+                    cursor.chunks.extend(self._chunks(frame))
+            if not cursor.chunks:
                 self._replayed_segment(cursor.segment)
                 self._replaying = None
                 if time.monotonic() - began >= REPLAY_SLICE_SECONDS or self._queue:
                     return
                 continue
             try:
-                self._replay_frame(cursor.frame)
+                self._replay_chunk(*cursor.chunks[0])
             except Exception as exc:
                 log.warning("recorder: replay paused, database unreachable: %s", exc)
                 self._failed("unavailable")
                 self._mark_down()
                 return
-            cursor.frame = None
+            cursor.chunks.popleft()
             if time.monotonic() - began >= REPLAY_SLICE_SECONDS or self._queue:
                 return
 
-    def _replay_frame(self, frame: dict[str, Any]) -> None:
-        if not self._db_up:
-            self.sink.connect()
+    def _chunks(
+        self, frame: dict[str, Any]
+    ) -> list[tuple[list[ModelRecord], list[DecisionRecord]]]:
+        """A spooled frame as replay steps; each names the frame's models (upserts that cost
+        nothing once done), so any step can be written on its own after a reconnect."""
         models = [ModelRecord.from_json(m) for m in frame.get("m", ())]
         decisions = [DecisionRecord.from_json(d) for d in frame.get("d", ())]
         for model in models:
             with self._cond:
                 self._models.setdefault(model.key, model)
+        if not decisions:
+            return [(models, [])]
+        return [
+            (models, decisions[i : i + REPLAY_CHUNK])
+            for i in range(0, len(decisions), REPLAY_CHUNK)
+        ]
+
+    def _replay_chunk(self, models: list[ModelRecord], decisions: list[DecisionRecord]) -> None:
+        if not self._db_up:
+            self.sink.connect()
         try:
             self._write(models, decisions)
         except RecordRejectedError as exc:
