@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from allocator.recording import recorder as recorder_module
 from allocator.recording.migrations import upgrade
 from allocator.recording.recorder import Recorder
+from allocator.recording.records import DecisionRecord, ModelRecord
+from allocator.recording.sinks import SinkUnavailableError
 from allocator.recording.spool import Spool
 from tests.recording.decisions import MODEL, make_decision
 from tests.recording.gated_sink import GatedSink, rows
@@ -83,3 +86,41 @@ def test_a_large_spooled_frame_is_replayed_in_chunks(
         assert recorder.stats().replayed == 1_000
     assert sink.writes == [100] * 10
     assert rows(url) == 1_000
+
+
+class _DownSink(GatedSink):
+    """Every write fails while ``down``, a model's alone too."""
+
+    def write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:
+        if self.down:
+            raise SinkUnavailableError("the test took the database down")
+        return super().write(models, decisions)
+
+
+def test_a_live_decision_written_before_the_replay_brings_its_model(tmp_path: Path) -> None:
+    """A model registered during an outage is in the spool only; a live decision written to
+    the database ahead of the replay must not be refused for naming it."""
+    url = f"sqlite:///{tmp_path / 'trade.db'}"
+    upgrade(url)
+    sink = _DownSink(url)
+    sink.down = True
+    # The writer idles up to 2 s for live records, and retries the database 0.2 s after the
+    # outage: a live record arriving in between is written before the replay starts.
+    recorder = Recorder(
+        url, tmp_path / "spool", sink=sink, flush_interval=2.0, retry_interval=(0.2, 0.2)
+    ).start()
+    try:
+        recorder.register_model(MODEL)
+        recorder.wait_durable(recorder.submit_many([make_decision(k) for k in range(10)]), 10)
+        assert recorder.stats().spooled_records == 10
+        sink.down = False
+        time.sleep(0.5)
+        recorder.wait_durable(recorder.submit(make_decision(10)), 10)
+        deadline = time.monotonic() + 30
+        while recorder.stats().spooled_records and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = recorder.stats()
+    finally:
+        recorder.close(10)
+    assert stats.quarantined == 0
+    assert rows(url) == 11

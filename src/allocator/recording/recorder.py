@@ -378,7 +378,12 @@ class Recorder:
         """Write the batch, or spool it; True once it is durable one way or the other."""
         if self._attempt_due():
             try:
-                self._write(models, decisions)
+                # A model registered during the outage may be in the spool only: until the
+                # backlog is replayed, live batches bring the models they name (upserts).
+                self._write(
+                    self._self_contained(models, decisions) if len(self.spool) else models,
+                    decisions,
+                )
                 self._done(len(decisions))
                 return True
             except SinkUnavailableError as exc:
@@ -464,19 +469,24 @@ class Recorder:
             self._quarantined += len(decisions)
         log.error("recorder: quarantined %d records in %s: %s", len(decisions), path, error)
 
+    def _self_contained(
+        self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]
+    ) -> list[ModelRecord]:
+        """``models`` plus every model ``decisions`` name: a batch that registers its own."""
+        needed = {m.key: m for m in models}
+        with self._cond:
+            for key in {d.model_key for d in decisions}:
+                if key not in needed and key in self._models:
+                    needed[key] = self._models[key]
+        return list(needed.values())
+
     def _append_spool(
         self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]
     ) -> None:
         # A segment replayed later must be self-contained: it names the models its decisions
         # use, whatever the database or a restarted process knows by then.
-        keys = {d.model_key for d in decisions}
-        needed = {m.key: m for m in models}
-        with self._cond:
-            for key in keys:
-                if key not in needed and key in self._models:
-                    needed[key] = self._models[key]
         payload = {
-            "m": [m.to_json() for m in needed.values()],
+            "m": [m.to_json() for m in self._self_contained(models, decisions)],
             "d": [d.to_json() for d in decisions],
         }
         size = self.spool.append(payload)
