@@ -8,7 +8,9 @@ named ``DATABASE-ACK``), and drives them all from a pool of ``--clients`` load-g
 processes with the stubs generated from ``proto/`` (``bench/load.py``: a closed loop's threads
 and an open loop's rate are shared out over the processes, and each phase reports
 ``generator_cpu``, the cores its busiest generator process used, so a generator that was the
-bottleneck shows). Phases, each ``--duration`` seconds:
+bottleneck shows; ``server_cpu`` is the cores the server under test used, which at a light
+open-loop rate such as 150 calls/s shows whether anything in it spins). Phases, each
+``--duration`` seconds:
 
 - compared with the bare server, ``--rounds`` rounds with the servers interleaved inside each
   round (so a drift in the machine's speed hits all of them alike): closed loops at
@@ -96,6 +98,25 @@ def build_registry(directory: Path, model: str = "mlp") -> Path:
     registry = directory / "registry"
     export_run(run.run_dir, registry, name="bench", version="1", n_parity=50)
     return registry
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and every live descendant (a supervisor's
+    workers), from /proc; 0 where /proc is not there."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return total
 
 
 def free_port() -> int:
@@ -266,7 +287,7 @@ def main() -> None:
     parser.add_argument(
         "--clients", type=int, default=4, help="load-generator processes (closed and open loops)"
     )
-    parser.add_argument("--rates", default="500,1000,2000,2500,3000")
+    parser.add_argument("--rates", default="150,500,1000,2000,2500,3000")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument(
         "--stream-size", type=int, default=None, help="portfolios per stream message (batch size)"
@@ -391,7 +412,13 @@ def main() -> None:
                     k += 1
                     target = servers.targets[server]
                     parts = split_phase(phase, args.clients, time.time() + 0.2)
+                    pid = servers.processes[server].pid
+                    cpu, began = cpu_seconds(pid), time.perf_counter()
                     result = merge_parts(pool.starmap(run_phase, [(target, p) for p in parts]))
+                    # the server's cores over the phase (with the 0.2 s start, a little low)
+                    result["server_cpu"] = round(
+                        (cpu_seconds(pid) - cpu) / (time.perf_counter() - began), 2
+                    )
                     result |= {"server": server, "round": round_}
                     if shared:
                         result["assets"] = phase["assets"]

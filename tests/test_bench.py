@@ -111,6 +111,7 @@ def test_serve_latency_prints_its_figures_and_records_every_decision():
         assert set(p["codes"]) == {"OK"}, p
         assert p["p99_ms"] >= p["p95_ms"] >= p["p50_ms"] > 0
         assert p["generator_cpu"] > 0
+        assert p["server_cpu"] > 0
         assert "latencies" not in p  # merged away
         # closed loops of several threads and the open loop run in both client processes
         expected = 1 if p["phase"] in {"closed_c1", "batch_16", "stream_16"} else 2
