@@ -3,9 +3,10 @@
 ``bench/serve_latency.py`` runs this beside Allocator in the same sitting, against the same
 ``model.onnx``, so its ratios say how much of a call is Allocator's own work (validation,
 features, the anchor and tilt, EMA state, recording) and how much is gRPC and the model,
-whatever the machine. It answers ``Allocate`` and ``AllocateBatch`` from the generated stubs:
-closes to log returns, padded or cut to the graph's input width, one ``session.run``, the
-graph's weights (or its action) as the response. No validation, no state, no recording, no
+whatever the machine. It answers ``Allocate``, ``AllocateBatch`` and ``AllocateStream`` (each
+message's batch as it arrives) from the generated stubs: closes to log returns, padded or cut
+to the graph's input width, one ``session.run``, the graph's weights (or its action) as the
+response. No validation, no state, no recording, no
 metrics: a correct server cannot be faster than this on the same stack.
 
 Run: ``python bench/bare_server.py --model REGISTRY/NAME/VERSION/model.onnx --port 50051``.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,14 @@ class BareAllocator(pb_grpc.AllocatorServicer):
         self, request: pb.AllocateBatchRequest, context: grpc.ServicerContext
     ) -> pb.AllocateBatchResponse:
         return pb.AllocateBatchResponse(responses=self._answer(list(request.requests)))
+
+    def AllocateStream(  # noqa: N802
+        self, request_iterator: Iterator[pb.AllocateStreamRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.AllocateStreamResponse]:
+        for message in request_iterator:
+            yield pb.AllocateStreamResponse(
+                sequence=message.sequence, responses=self._answer(list(message.batch.requests))
+            )
 
 
 def serve(model: Path, port: int, threads: int = 16) -> None:

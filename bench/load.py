@@ -1,8 +1,12 @@
 """The load generator of the serving benches: requests, and one phase of load against a target.
 
-Runs in its own process (``bench/serve_latency.py`` hands each phase to a one-process pool), so
-the server under test and the generator do not share a GIL. Every call uses the stubs generated
-from ``proto/``, as any client would.
+Runs in processes of its own (``bench/serve_latency.py`` hands each phase to a pool of
+``--clients`` processes), so the server under test and the generator do not share a GIL, and
+the generator is not what limits a phase: the closed loops and the open-loop rate are split
+over the pool (``split_phase``) and their figures merged (``merge_parts``), and every part
+reports the CPU its process used (``generator_cpu``, cores), which says whether a generator
+process was near a core of its own. Every call uses the stubs generated from ``proto/``, as any
+client would.
 """
 
 from __future__ import annotations
@@ -39,8 +43,64 @@ def make_requests(
     return out
 
 
+def split_phase(phase: dict[str, Any], clients: int, start_at: float) -> list[dict[str, Any]]:
+    """One phase as parts for up to ``clients`` processes, all starting at ``start_at``
+    (``time.time()``): a closed loop's threads and an open loop's rate are shared out; a batch
+    or stream phase is one client's loop (its cost is the server's, per decision)."""
+    kind = phase["kind"]
+    if kind == "closed":
+        n = max(1, min(clients, phase["concurrency"]))
+        threads = list(range(phase["concurrency"]))
+        parts = [threads[k::n] for k in range(n)]
+        return [
+            {**phase, "threads": t, "part": k, "start_at": start_at} for k, t in enumerate(parts)
+        ]
+    if kind == "open":
+        n = max(1, clients)
+        return [
+            {**phase, "part": k, "parts": n, "start_at": start_at + k / (n * phase["rate"])}
+            for k in range(n)
+        ]
+    return [{**phase, "part": 0, "start_at": start_at}]
+
+
+def merge_parts(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The parts of one phase as one result: calls, codes and rates summed, percentiles over
+    every part's latencies, ``generator_cpu`` the busiest generator process's."""
+    first = results[0]
+    if len(results) == 1:
+        merged = dict(first)
+    else:
+        latencies = [x for r in results for x in r["latencies"]]
+        codes: dict[str, int] = {}
+        for r in results:
+            for code, n in r["codes"].items():
+                codes[code] = codes.get(code, 0) + n
+        merged = {**first, **percentiles(latencies), "codes": codes}
+        merged["calls"] = sum(r["calls"] for r in results)
+        for key in ("req_per_s", "achieved_req_per_s", "issued_req_per_s", "decisions_per_s"):
+            if key in first:
+                merged[key] = round(sum(r[key] for r in results), 1)
+    merged["clients"] = len(results)
+    merged["generator_cpu"] = max(r["generator_cpu"] for r in results)
+    merged.pop("latencies", None)
+    return merged
+
+
 def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
-    """One phase of load against ``target``; returns latencies summarised and counts."""
+    """One phase (or one part of it, ``split_phase``) against ``target``: latencies summarised
+    and counts, plus the raw latencies (for ``merge_parts``) and the generator's CPU use."""
+    start_at = phase.get("start_at")
+    if start_at is not None:
+        time.sleep(max(0.0, start_at - time.time()))
+    cpu = time.process_time()
+    began = time.perf_counter()
+    result = _run_phase(target, phase)
+    result["generator_cpu"] = round((time.process_time() - cpu) / (time.perf_counter() - began), 2)
+    return result
+
+
+def _run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
     import grpc
 
     from allocator.serving.proto.v1 import allocator_pb2 as pb
@@ -58,7 +118,8 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
     ]
     stubs = [pb_grpc.AllocatorStub(channel) for channel in channels]
     stub = stubs[0]
-    kind, duration, tag = phase["kind"], phase["duration"], phase["tag"]
+    kind, duration = phase["kind"], phase["duration"]
+    tag = f"{phase['tag']}-c{phase.get('part', 0)}"
     prefix = phase.get("prefix", "bench")  # its own portfolios when the asset count differs
     templates = make_requests(phase["portfolios"], phase["assets"], phase["window"], prefix=prefix)
     codes: dict[str, int] = {}
@@ -90,7 +151,8 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
             with lock:
                 latencies.extend(local)
 
-        threads = [threading.Thread(target=worker, args=(w,)) for w in range(phase["concurrency"])]
+        ids = phase.get("threads", range(phase["concurrency"]))
+        threads = [threading.Thread(target=worker, args=(w,)) for w in ids]
         start = time.perf_counter()
         for t in threads:
             t.start()
@@ -105,12 +167,15 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
             "calls": calls,
             "req_per_s": round(calls / elapsed, 1),
             "codes": codes,
+            "latencies": latencies,
             **percentiles(latencies),
         }
 
     if kind == "open":
         rate = phase["rate"]
-        n = int(rate * duration)
+        parts = phase.get("parts", 1)
+        own_rate = rate / parts  # this part's share; the parts' schedules interleave
+        n = int(own_rate * duration)
         done = threading.Semaphore(0)
         start = time.perf_counter() + 0.05
 
@@ -123,7 +188,7 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
             done.release()
 
         for i in range(n):
-            scheduled = start + i / rate
+            scheduled = start + i / own_rate
             delay = scheduled - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
@@ -144,6 +209,7 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
             "achieved_req_per_s": round(codes.get("OK", 0) / elapsed, 1),
             "calls": n,
             "codes": codes,
+            "latencies": latencies,
             **percentiles(latencies),
         }
 
@@ -177,6 +243,7 @@ def run_phase(target: str, phase: dict[str, Any]) -> dict[str, Any]:
         "calls": i,
         "decisions_per_s": round(decisions / elapsed, 1),
         "codes": codes,
+        "latencies": latencies,
         **percentiles(latencies),
     }
 
@@ -187,7 +254,8 @@ def _stream_phase(stub: Any, phase: dict[str, Any], templates: list[Any]) -> dic
 
     from allocator.serving.proto.v1 import allocator_pb2 as pb
 
-    size, depth, tag = phase["batch_size"], phase["in_flight"], phase["tag"]
+    size, depth = phase["batch_size"], phase["in_flight"]
+    tag = f"{phase['tag']}-c{phase.get('part', 0)}"
     names = {code.value[0]: code.name for code in grpc.StatusCode}
     slots = threading.Semaphore(depth)
     sent_at: dict[int, float] = {}
@@ -223,5 +291,6 @@ def _stream_phase(stub: Any, phase: dict[str, Any], templates: list[Any]) -> dic
         "calls": len(latencies),
         "decisions_per_s": round(decisions / elapsed, 1),
         "codes": codes,
+        "latencies": latencies,
         **percentiles(latencies),
     }

@@ -2,23 +2,28 @@
 
 One run starts, side by side on 127.0.0.1, ``bench/bare_server.py`` (grpcio + onnxruntime doing
 only the model call, on the same ``model.onnx``) and one ``allocator serve`` per database in
-``--databases`` (the embedded SQLite default and Postgres, each recording every decision), and
-drives them all from one load-generator process with the stubs generated from ``proto/``.
-Phases, each ``--duration`` seconds:
+``--databases`` (the embedded SQLite default and Postgres, each recording every decision) and
+acknowledgement mode in ``--acks`` (durable and queued, each on its own database and spool,
+named ``DATABASE-ACK``), and drives them all from a pool of ``--clients`` load-generator
+processes with the stubs generated from ``proto/`` (``bench/load.py``: a closed loop's threads
+and an open loop's rate are shared out over the processes, and each phase reports
+``generator_cpu``, the cores its busiest generator process used, so a generator that was the
+bottleneck shows; ``server_cpu`` is the cores the server under test used, which at a light
+open-loop rate such as 150 calls/s shows whether anything in it spins). Phases, each
+``--duration`` seconds:
 
 - compared with the bare server, ``--rounds`` rounds with the servers interleaved inside each
   round (so a drift in the machine's speed hits all of them alike): closed loops at
-  concurrency 1, 8 and 32 (threads each sending the next call when the last one returns) and
-  the batch call (``AllocateBatch`` of ``--batch-size`` portfolios in a loop);
+  concurrency 1, 8 and 64 (threads each sending the next call when the last one returns), the
+  batch call (``AllocateBatch`` of ``--batch-size`` portfolios in a loop) and the streaming
+  call (one ``AllocateStream`` whose messages each carry ``--stream-size`` portfolios,
+  ``--in-flight`` messages sent ahead of their answers; its latency is a message's, from its
+  send to its answer);
 - Allocator's own: an open-loop sweep (calls issued at fixed rates whatever the answers do,
   latency measured from the scheduled send time, so a stall is not hidden by the generator
-  waiting on it), and the streaming call (one ``AllocateStream`` whose messages each carry
-  ``--stream-size`` portfolios, ``--in-flight`` messages sent ahead of their answers; its
-  latency is a message's, from its send to its answer).
+  waiting on it).
 
-``--acks durable,queued`` runs one ``allocator serve`` per database and acknowledgement mode
-(``--ack``; each on its own database and spool), named ``DATABASE-ACK``, so the cost of
-answering only once a decision is durable shows beside the queued answer in one sitting.
+With ``--acks durable`` alone the servers are named by their database only.
 
 ``--workers-list 1,2`` runs one ``allocator serve`` per database, ack mode and ``--workers``
 count (named ``DATABASE-wN``, or ``DATABASE-ACK-wN``), all keeping smoothing state in Redis
@@ -67,7 +72,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from load import run_phase  # noqa: E402  (bench/ is not a package)
+from load import merge_parts, run_phase, split_phase  # noqa: E402  (bench/ is not a package)
 
 CONFIGS = {"mlp": "td3_demo.yaml", "shared": "td3_shared_demo.yaml"}
 """The config each ``--model`` trains: the flat MLP demo, or the shared (per-asset) demo."""
@@ -93,6 +98,25 @@ def build_registry(directory: Path, model: str = "mlp") -> Path:
     registry = directory / "registry"
     export_run(run.run_dir, registry, name="bench", version="1", n_parity=50)
     return registry
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and every live descendant (a supervisor's
+    workers), from /proc; 0 where /proc is not there."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return total
 
 
 def free_port() -> int:
@@ -133,8 +157,8 @@ def _phases(
     args: argparse.Namespace, shared: bool, max_assets: int, window: int
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(phases run against every server, round by round, for the ratios; phases run against
-    Allocator's servers only). A flat model: closed loops at its full width and the batch call
-    are compared, the open-loop sweep and the stream are Allocator's own. A shared model:
+    Allocator's servers only). A flat model: closed loops at its full width, the batch call
+    and the stream are compared, the open-loop sweep is Allocator's own. A shared model:
     closed loops at each requested asset count, each with portfolios of its own, all
     compared."""
     base = {
@@ -162,9 +186,9 @@ def _phases(
         {"kind": "closed", "concurrency": int(c), **common} for c in args.concurrency.split(",")
     ]
     compared.append({"kind": "batch", "batch_size": args.batch_size, **common})
-    own = [{"kind": "open", "rate": int(r), **common} for r in args.rates.split(",") if r]
     stream = {"batch_size": args.stream_size or args.batch_size, "in_flight": args.in_flight}
-    own.append({"kind": "stream", **stream, **common})
+    compared.append({"kind": "stream", **stream, **common})
+    own = [{"kind": "open", "rate": int(r), **common} for r in args.rates.split(",") if r]
     return compared, own
 
 
@@ -178,7 +202,7 @@ def _summary(results: list[dict[str, Any]], databases: list[str]) -> list[dict[s
             values = [r[key] for r in results if r["server"] == server and r["phase"] == phase]
             return round(float(np.median(values)), 3)
 
-        rate = "decisions_per_s" if phase.startswith("batch") else "req_per_s"
+        rate = "decisions_per_s" if phase.startswith(("batch", "stream")) else "req_per_s"
         bare = {k: median(BARE, k) for k in ("p50_ms", "p95_ms", rate)}
         for db in databases:
             ours = {k: median(db, k) for k in ("p50_ms", "p95_ms", rate)}
@@ -248,7 +272,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--acks",
-        default="durable",
+        default="durable,queued",
         help="one server per database and --ack mode (comma-separated: durable, queued)",
     )
     parser.add_argument(
@@ -259,8 +283,11 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=2, help="compared phases: rounds, servers interleaved"
     )
-    parser.add_argument("--concurrency", default=None, help="default 1,8,32 (shared: 1)")
-    parser.add_argument("--rates", default="500,1000,2000,2500,3000")
+    parser.add_argument("--concurrency", default=None, help="default 1,8,64 (shared: 1)")
+    parser.add_argument(
+        "--clients", type=int, default=4, help="load-generator processes (closed and open loops)"
+    )
+    parser.add_argument("--rates", default="150,500,1000,2000,2500,3000")
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument(
         "--stream-size", type=int, default=None, help="portfolios per stream message (batch size)"
@@ -317,7 +344,7 @@ def main() -> None:
     if args.model is not None and args.model != manifest.policy.kind:
         parser.error(f"--model {args.model}, but {registry} holds a {manifest.policy.kind} model")
     if args.concurrency is None:
-        args.concurrency = "1" if shared else "1,8,32"
+        args.concurrency = "1" if shared else "1,8,64"
     if shared and max(int(n) for n in args.assets.split(",")) > manifest.served_asset_limit:
         parser.error(f"--assets {args.assets}: the model serves {manifest.served_asset_limit}")
     token = secrets.token_hex(4)
@@ -377,13 +404,21 @@ def main() -> None:
             compared, own = _phases(args, shared, served.max_assets, served.window)
             ctx = mp.get_context("spawn")
             k = 0
-            with ctx.Pool(1) as pool:
+            with ctx.Pool(args.clients) as pool:
 
                 def run(server: str, phase: dict[str, Any], round_: int) -> None:
                     nonlocal k
                     phase = {**phase, "tag": f"p{k}"}
                     k += 1
-                    result = pool.apply(run_phase, (servers.targets[server], phase))
+                    target = servers.targets[server]
+                    parts = split_phase(phase, args.clients, time.time() + 0.2)
+                    pid = servers.processes[server].pid
+                    cpu, began = cpu_seconds(pid), time.perf_counter()
+                    result = merge_parts(pool.starmap(run_phase, [(target, p) for p in parts]))
+                    # the server's cores over the phase (with the 0.2 s start, a little low)
+                    result["server_cpu"] = round(
+                        (cpu_seconds(pid) - cpu) / (time.perf_counter() - began), 2
+                    )
                     result |= {"server": server, "round": round_}
                     if shared:
                         result["assets"] = phase["assets"]
@@ -440,6 +475,7 @@ def main() -> None:
                 "benchmark": "serve_latency",
                 "model": model,
                 "comparison": _summary(results, list(urls)),
+                "clients": args.clients,
                 "recording": recording,
                 "phases": results,
                 "bare_server_exit_code": exit_codes.get(BARE),

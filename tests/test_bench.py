@@ -88,47 +88,42 @@ def test_request_path_profile_prints_both_trees_figures():
 def test_serve_latency_prints_its_figures_and_records_every_decision():
     out = subprocess.run(
         [
-            sys.executable,
-            str(ROOT / "bench" / "serve_latency.py"),
-            "--duration",
-            "0.5",
-            "--concurrency",
-            "1,4",
-            "--rates",
-            "200",
-            "--batch-size",
-            "16",
-            "--portfolios",
-            "50",
-            "--rounds",
-            "2",
+            *(sys.executable, str(ROOT / "bench" / "serve_latency.py")),
+            *("--duration", "0.5", "--concurrency", "1,4", "--rates", "200"),
+            *("--batch-size", "16", "--portfolios", "50", "--rounds", "2", "--clients", "2"),
+            *("--acks", "durable,queued"),
         ],
         check=True,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     figures = json.loads(out.stdout)
     runs = {(p["server"], p["phase"], p["round"]) for p in figures["phases"]}
-    compared = {"closed_c1", "closed_c4", "batch_16"}
-    servers = ("bare", "sqlite", "postgresql")
+    compared = {"closed_c1", "closed_c4", "batch_16", "stream_16"}
+    ours = tuple(f"{db}-{ack}" for db in ("sqlite", "postgresql") for ack in ("durable", "queued"))
+    servers = ("bare", *ours)
     assert runs == {(s, p, r) for s in servers for p in compared for r in (0, 1)} | {
-        ("sqlite", "open_200", 0),
-        ("postgresql", "open_200", 0),
-        ("sqlite", "stream_16", 0),
-        ("postgresql", "stream_16", 0),
+        (s, "open_200", 0) for s in ours
     }
+    assert figures["clients"] == 2
     for p in figures["phases"]:
         assert set(p["codes"]) == {"OK"}, p
         assert p["p99_ms"] >= p["p95_ms"] >= p["p50_ms"] > 0
+        assert p["generator_cpu"] > 0
+        assert p["server_cpu"] > 0
+        assert "latencies" not in p  # merged away
+        # closed loops of several threads and the open loop run in both client processes
+        expected = 1 if p["phase"] in {"closed_c1", "batch_16", "stream_16"} else 2
+        assert p["clients"] == expected, p
         if p["phase"] == "stream_16":
             assert p["decisions_per_s"] > 0
             assert p["in_flight"] == 4
     ratios = {(c["phase"], c["database"]): c for c in figures["comparison"]}
-    assert set(ratios) == {(p, d) for p in compared for d in servers[1:]}
+    assert set(ratios) == {(p, d) for p in compared for d in ours}
     for c in ratios.values():  # each ratio is the medians' ratio it claims to be
         assert c["p50_ratio"] == round(c["allocator"]["p50_ms"] / c["bare"]["p50_ms"], 2)
-    for db in servers[1:]:
+    for db in ours:
         recording = figures["recording"][db]
         assert recording["ok_decisions"] > 0
         assert recording["recorded_rows"] == recording["ok_decisions"]

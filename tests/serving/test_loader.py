@@ -90,11 +90,13 @@ def test_cuda_listed_but_unusable_falls_back_to_cpu(
     real = ort.InferenceSession
     attempts: list[list[str]] = []
 
-    def session(data: bytes, providers: list[str]) -> ort.InferenceSession:
+    def session(
+        data: bytes, options: ort.SessionOptions, providers: list[str]
+    ) -> ort.InferenceSession:
         attempts.append(list(providers))
         if "CUDAExecutionProvider" in providers:
             raise RuntimeError("CUDA failure 100: no CUDA-capable device is detected")
-        return real(data, providers=providers)
+        return real(data, options, providers=providers)
 
     monkeypatch.setattr(loader_module, "cuda_usable", lambda: True)
     monkeypatch.setattr(loader_module.ort, "InferenceSession", session)
@@ -112,14 +114,26 @@ def test_cuda_not_tried_when_not_preferred(
     real = ort.InferenceSession
     seen: list[list[str]] = []
 
-    def session(data: bytes, providers: list[str]) -> ort.InferenceSession:
+    def session(
+        data: bytes, options: ort.SessionOptions, providers: list[str]
+    ) -> ort.InferenceSession:
         seen.append(list(providers))
-        return real(data, providers=providers)
+        return real(data, options, providers=providers)
 
     monkeypatch.setattr(loader_module.ort, "InferenceSession", session)
     load_model(model_dir, prefer_cuda=False)
     assert seen
     assert all(p == ["CPUExecutionProvider"] for p in seen)
+
+
+def test_sessions_do_not_spin_their_thread_pools(model_dir: Path) -> None:
+    """Spinning intra-op threads kept a core busy at light load; every session turns it off."""
+    model = load_model(model_dir, prefer_cuda=False)
+    assert model.icm_session is not None
+    for session in (model.session, model.icm_session):
+        options = session.get_session_options()
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+        assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
 
 
 def test_intrinsic_reward(model_dir: Path) -> None:

@@ -49,9 +49,11 @@ def test_a_provider_library_that_cannot_load_means_cpu_in_one_plain_line(
     asked: list[list[str]] = []
     real = ort.InferenceSession
 
-    def session(data: bytes, providers: list[str]) -> ort.InferenceSession:
+    def session(
+        data: bytes, options: ort.SessionOptions, providers: list[str]
+    ) -> ort.InferenceSession:
         asked.append(list(providers))
-        return real(data, providers=providers)
+        return real(data, options, providers=providers)
 
     monkeypatch.setattr(loader_module.ort, "InferenceSession", session)
     with caplog.at_level(logging.INFO, logger="allocator.serving"):

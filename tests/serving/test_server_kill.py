@@ -11,7 +11,9 @@ until the restarted server replays them.
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,10 +24,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from allocator.recording.migrations import upgrade
+from allocator.serving.client import AllocatorClient
 from tests.postgres import reset_schema
 from tests.recording.proxy import TcpProxy
 from tests.serving.conftest import TINY, write_tiny_model
-from tests.serving.load import LoadThread, ServeProcess, wait_until
+from tests.serving.load import OWN_CONNECTION, LoadThread, ServeProcess, price_path, wait_until
 
 KILLS = 3
 CLIENTS = 4
@@ -203,3 +206,68 @@ def test_sigkill_during_a_postgres_outage_loses_no_decision_answered_ok(
             tag=f"{portfolio_tag}-",
         )
     assert_recorded_exactly_once(answered, postgres_rows(postgres_url)(), spool)
+
+
+@pytest.fixture
+def killed_portfolio(redis_url: str) -> Iterator[str]:
+    """A portfolio id of this test only; its Redis state and lock go afterwards."""
+    import redis
+
+    portfolio = f"killed-{secrets.token_hex(4)}"
+    yield portfolio
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.delete(f"allocator:state:{portfolio}", f"lock:allocator:state:{portfolio}")
+    finally:
+        client.close()
+
+
+def test_a_portfolio_a_killed_server_held_answers_within_a_second_of_the_restart(
+    killed_portfolio: str,
+    redis_url: str,
+    tmp_path: Path,
+    serve_processes: list[ServeProcess],
+) -> None:
+    """SIGKILL while a portfolio's Redis lock is held: the restarted server decides it at once,
+    not after the lock's 10 s lifetime (the dead owner's liveness key lapses in 0.5 s)."""
+    import redis
+
+    registry = tmp_path / "registry"
+    write_tiny_model(registry / "tiny" / "1")
+    args = [
+        *("--registry", str(registry), "--redis-url", redis_url, "--no-record"),
+        *("--metrics-port", "0", "--cpu"),
+    ]
+    portfolio = killed_portfolio
+    server, target = serve(args, tmp_path, serve_processes)
+    loader = LoadThread(target, portfolio, window=TINY.window, retry=None, max_failures=3)
+    loader.start()
+    try:
+        wait_until(lambda: len(loader.ok) >= 50, 60, "50 answered calls")
+        server.proc.kill()
+        server.wait(30)
+    finally:
+        loader.stop()
+        loader.join(30)
+    client = redis.Redis.from_url(redis_url)
+    lock = f"lock:allocator:state:{portfolio}"
+    try:
+        # The kill may land between two calls; a lock as a killed server leaves it (an owner
+        # whose liveness key is gone, 10 s to live) makes the case certain.
+        client.set(lock, b"0123456789abcdef:token", px=10_000, nx=True)
+        assert client.pttl(lock) > 5_000
+    finally:
+        client.close()
+
+    server, target = serve(args, tmp_path, serve_processes)
+    prices = price_path(3, TINY.window + 1, 7)
+    with AllocatorClient(target, timeout=5, retry=None, options=OWN_CONNECTION) as allocator:
+        began = time.monotonic()
+        answer = allocator.allocate(
+            portfolio, ["A0", "A1", "A2"], prices, request_id=f"{portfolio}-after"
+        )
+        waited = time.monotonic() - began
+    assert answer.request_id == f"{portfolio}-after"
+    assert waited < 1.0
+    server.terminate()
+    assert server.wait(60) == 0, server.stderr

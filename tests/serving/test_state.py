@@ -327,6 +327,80 @@ def test_redis_expired_lock_writes_nothing(
     fast.close()
 
 
+_HOLD_AND_WAIT = """
+import sys, time
+from allocator.serving.state import RedisStateStore
+store = RedisStateStore(sys.argv[1], prefix=sys.argv[2])
+with store.locked(["p", "q"]):
+    print("locked", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_owners_locks_are_taken_within_its_liveness(
+    redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGKILL mid-decision: the portfolios are free once the owner's liveness key lapses, well
+    before the locks' own 10 s lifetime."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_AND_WAIT, redis_url, redis_prefix],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "locked\n"
+        holder.kill()
+        holder.wait(10)
+        killed = time.monotonic()
+        store = redis_store(redis_url, redis_prefix, lock_wait_seconds=5.0)
+        with caplog.at_level(logging.WARNING, logger="allocator.serving"):
+            with store.locked(["q"]) as session:
+                session.put([None])
+            waited = time.monotonic() - killed
+            with store.locked(["p"]):
+                pass
+        store.close()
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert waited < 1.0
+    assert sum("took over 1 portfolio lock" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_a_live_owner_keeps_its_locks_past_its_liveness_ttl(
+    redis_url: str, redis_prefix: str
+) -> None:
+    holder = redis_store(redis_url, redis_prefix, liveness_seconds=0.2)
+    waiter = redis_store(redis_url, redis_prefix, lock_wait_seconds=0.8)
+    with holder.locked(["p"]) as session:
+        with pytest.raises(StateLockTimeoutError), waiter.locked(["p"]):
+            pass  # the heartbeat kept the holder alive four liveness periods over
+        session.put([None])  # and its lock still fences nothing out: the write goes through
+    holder.close()
+    client = redis.Redis.from_url(redis_url)
+    assert not client.exists(holder.owner_key)  # close dropped the liveness key at once
+    client.close()
+    with waiter.locked(["p"]):
+        pass
+    waiter.close()
+
+
+def test_a_closed_owners_locks_are_free_at_once(redis_url: str, redis_prefix: str) -> None:
+    holder = redis_store(redis_url, redis_prefix)
+    waiter = redis_store(redis_url, redis_prefix, lock_wait_seconds=0.0)
+    with holder.locked(["p"]) as session:
+        holder.close()
+        with waiter.locked(["p"]):
+            pass
+        with pytest.raises(StateLockLostError):
+            session.put([None])
+    waiter.close()
+
+
 def test_redis_unreadable_state_restarts_the_portfolio(
     redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -19,6 +19,7 @@ from allocator.recording.migrations import upgrade
 from allocator.recording.recorder import Recorder
 from allocator.recording.records import ModelRecord
 from allocator.serving import LoadedModel
+from allocator.serving import step as step_module
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.state import MemoryStateStore
 from allocator.serving.step import Answer, DeadlineExceededError, DecisionStep
@@ -64,15 +65,57 @@ def recorded_weights(url: str, request_id: str) -> list[float]:
     return list(json.loads(weights))
 
 
-def test_a_decision_not_durable_by_the_deadline_advances_nothing(
+def test_a_decision_durable_after_the_deadline_is_kept_and_fetched_by_its_request_id(
     gated: tuple[Recorder, GatedSink, str], tiny_model: LoadedModel
 ) -> None:
+    """The record and the state never part: a decision recorded after the deadline advances
+    the portfolio, and a retry of its request id gets exactly what was recorded."""
     recorder, sink, url = gated
     store = MemoryStateStore()
     step = DecisionStep(store, recorder, recent_requests=100)
     sink.gate.clear()
-    with pytest.raises(DeadlineExceededError, match="recording"):
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            step.allocate(request("r1"), lambda *_: tiny_model, time_remaining=lambda: 0.1)
+        except BaseException as exc:
+            raised.append(exc)
+
+    late = threading.Thread(target=call)
+    late.start()
+    late.join(0.4)
+    assert late.is_alive(), "the step gave up on a decision the recorder still holds"
+    # Nothing advances before the record is durable (peeked at: the step holds the lock).
+    assert "p" not in store._states
+    sink.gate.set()
+    late.join(10)
+    (exc,) = raised
+    assert isinstance(exc, DeadlineExceededError)
+    assert exc.late
+    assert "retry the request_id" in str(exc)
+    assert steps(store) == 1
+    retry = step.allocate(request("r1"), lambda *_: tiny_model)
+    assert retry.output is None, "answered from the portfolio's state, not decided again"
+    np.testing.assert_allclose(retry.response.smoothed_weights, recorded_weights(url, "r1"))
+    after = step.allocate(request("r2"), lambda *_: tiny_model)
+    assert after.output is not None
+    assert steps(store) == 2  # the next decision smooths from the recorded one
+
+
+def test_a_decision_still_not_durable_well_after_the_deadline_advances_nothing(
+    gated: tuple[Recorder, GatedSink, str],
+    tiny_model: LoadedModel,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    recorder, sink, url = gated
+    monkeypatch.setattr(step_module, "LATE_DURABLE_SECONDS", 0.2)
+    store = MemoryStateStore()
+    step = DecisionStep(store, recorder, recent_requests=100)
+    sink.gate.clear()
+    with pytest.raises(DeadlineExceededError, match="recording") as raised:
         step.allocate(request("r1"), lambda *_: tiny_model, time_remaining=lambda: 0.1)
+    assert not raised.value.late
     assert steps(store) == 0
     sink.gate.set()
     assert recorder.flush(10)  # the record landed after all: the call was not answered OK

@@ -3,9 +3,15 @@
 ``submit`` appends to a bounded in-memory queue and returns a ticket, which ``wait_durable``
 waits on (see ``tickets``). One writer thread takes batches off the queue and writes them to
 the database (see ``sinks``). When the database is unreachable, the batch goes to the fsync'd
-local ``Spool`` instead, and the spool is replayed, oldest first, before anything newer once
-the database answers again. ``flush`` waits until everything submitted so far is durable
-(committed or fsync'd to the spool); ``close`` drains the queue the same way before it returns.
+local ``Spool`` instead, and once the database answers again the spool is replayed, oldest
+first, in slices of about ``REPLAY_SLICE_SECONDS`` between which live batches go first: live
+decisions are written straight to the database while the backlog drains behind them, so a
+replay of thousands of spooled decisions never holds a live acknowledgement for longer than a
+slice. A live record may so reach the database before an older spooled one; nothing depends on
+that order (``serving.restore`` orders a portfolio's rows by ``decided_at``, and a request id
+recorded twice was decided twice from the same state and inputs). ``flush`` waits until
+everything submitted so far is durable (committed or fsync'd to the spool); ``close`` drains the
+queue the same way before it returns.
 
 Admission policy (never a silent drop): a record is refused at the door, with
 ``RecorderRefusedError`` and ``allocator_recorder_rejected_total``, when the queue is full or the
@@ -22,9 +28,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.recording.records import DecisionRecord, ModelRecord
@@ -35,7 +43,7 @@ from allocator.recording.sinks import (
     SinkUnavailableError,
     make_sink,
 )
-from allocator.recording.spool import Spool, SpoolError
+from allocator.recording.spool import Segment, Spool, SpoolError
 from allocator.recording.tickets import (
     ACK_MODES,
     NotDurableError,
@@ -47,8 +55,26 @@ __all__ = ["ACK_MODES", "NotDurableError", "Recorder", "RecorderRefusedError", "
 
 log = logging.getLogger(__name__)
 
+REPLAY_SLICE_SECONDS = 0.005
+"""The writer replays spooled frames for about this long (at least one chunk) before it looks
+at the live queue again, and stops a slice early once a live record is waiting."""
+REPLAY_CHUNK = 500
+"""Decisions written per replay step: a spooled frame of a large batch (thousands of decisions)
+goes in several commits, so no single replay write holds the live queue for long."""
+
 
 _Item = ModelRecord | DecisionRecord
+
+
+@dataclass
+class _ReplayCursor:
+    """The segment being replayed, its frames (decoded as reached), and the rest of the frame
+    being written, in chunks of at most ``REPLAY_CHUNK`` decisions (a chunk an outage stopped
+    is written again: the request ids absorb what it had already written)."""
+
+    segment: Segment
+    frames: Iterator[dict[str, Any]]
+    chunks: deque[tuple[list[ModelRecord], list[DecisionRecord]]] = field(default_factory=deque)
 
 
 class Recorder:
@@ -105,6 +131,7 @@ class Recorder:
         self._db_up = False
         self._next_attempt = 0.0
         self._backoff = self._retry_min
+        self._replaying: _ReplayCursor | None = None
         self._spool_bytes = self.spool.bytes
         self._spool_records = self.spool.records
         self._thread = threading.Thread(target=self._run, name="allocator-recorder", daemon=True)
@@ -273,9 +300,12 @@ class Recorder:
 
     # --- the writer thread ---------------------------------------------------------------
 
-    def _take(self) -> tuple[list[ModelRecord], list[DecisionRecord]] | None:
-        """The next batch, or None once closing with nothing left."""
+    def _take(self, idle: bool = True) -> tuple[list[ModelRecord], list[DecisionRecord]] | None:
+        """The next batch, or None once closing with nothing left. ``idle`` False (a replay
+        has more to do): an empty batch at once when nothing is queued."""
         with self._cond:
+            if not idle and not self._queue:
+                return None if self._closing else ([], [])
             window = self.flush_interval
             if self.ack == "durable":
                 # Sleep until a record arrives, then give concurrent ones a window to join.
@@ -286,6 +316,8 @@ class Recorder:
                         break
                     self._cond.wait(remaining)
                 window = self.commit_window if self._queue else 0.0
+            if not idle:  # a replay waits: take what is queued without filling a batch
+                window = min(window, self.commit_window)
             deadline = time.monotonic() + window
             while len(self._queue) < self.batch_size and not self._closing:
                 remaining = deadline - time.monotonic()
@@ -309,9 +341,9 @@ class Recorder:
         pending: tuple[list[ModelRecord], list[DecisionRecord]] | None = None
         while True:
             if len(self.spool) and self._attempt_due():
-                self._replay()
+                self._replay_slice()
             if pending is None:
-                pending = self._take()
+                pending = self._take(idle=not (len(self.spool) and self._db_up))
                 if pending is None:  # closing, and everything accepted is durable
                     return
             models, decisions = pending
@@ -344,9 +376,14 @@ class Recorder:
 
     def _persist(self, models: list[ModelRecord], decisions: list[DecisionRecord]) -> bool:
         """Write the batch, or spool it; True once it is durable one way or the other."""
-        if not len(self.spool) and self._attempt_due():
+        if self._attempt_due():
             try:
-                self._write(models, decisions)
+                # A model registered during the outage may be in the spool only: until the
+                # backlog is replayed, live batches bring the models they name (upserts).
+                self._write(
+                    self._self_contained(models, decisions) if len(self.spool) else models,
+                    decisions,
+                )
                 self._done(len(decisions))
                 return True
             except SinkUnavailableError as exc:
@@ -432,19 +469,24 @@ class Recorder:
             self._quarantined += len(decisions)
         log.error("recorder: quarantined %d records in %s: %s", len(decisions), path, error)
 
+    def _self_contained(
+        self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]
+    ) -> list[ModelRecord]:
+        """``models`` plus every model ``decisions`` name: a batch that registers its own."""
+        needed = {m.key: m for m in models}
+        with self._cond:
+            for key in {d.model_key for d in decisions}:
+                if key not in needed and key in self._models:
+                    needed[key] = self._models[key]
+        return list(needed.values())
+
     def _append_spool(
         self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]
     ) -> None:
         # A segment replayed later must be self-contained: it names the models its decisions
         # use, whatever the database or a restarted process knows by then.
-        keys = {d.model_key for d in decisions}
-        needed = {m.key: m for m in models}
-        with self._cond:
-            for key in keys:
-                if key not in needed and key in self._models:
-                    needed[key] = self._models[key]
         payload = {
-            "m": [m.to_json() for m in needed.values()],
+            "m": [m.to_json() for m in self._self_contained(models, decisions)],
             "d": [d.to_json() for d in decisions],
         }
         size = self.spool.append(payload)
@@ -453,36 +495,77 @@ class Recorder:
             self._spool_records += len(decisions)
         self._update_spool_gauges()
 
-    def _replay(self) -> None:
-        """Replay spooled segments oldest first; stop at the first outage."""
-        for segment in self.spool.segments():
+    def _replay_slice(self) -> None:
+        """Replay spooled frames, oldest first, for about ``REPLAY_SLICE_SECONDS`` (at least
+        one frame, fewer once a live record waits); an outage pauses it where it stopped."""
+        began = time.monotonic()
+        while True:
+            cursor = self._replaying
+            if cursor is None:
+                segments = self.spool.segments()
+                if not segments:
+                    return
+                segment = segments[0]
+                # Live batches spooled from now on go to a new segment: this one is deleted
+                # once replayed, and must not take any frame it was not read with.
+                self.spool.seal(segment)
+                cursor = self._replaying = _ReplayCursor(segment, self.spool.read(segment))
+            if not cursor.chunks:
+                frame = next(cursor.frames, None)
+                if frame is not None:
+                    cursor.chunks.extend(self._chunks(frame))
+            if not cursor.chunks:
+                self._replayed_segment(cursor.segment)
+                self._replaying = None
+                if time.monotonic() - began >= REPLAY_SLICE_SECONDS or self._queue:
+                    return
+                continue
             try:
-                if not self._db_up:
-                    self.sink.connect()
-                for frame in self.spool.read(segment):
-                    models = [ModelRecord.from_json(m) for m in frame.get("m", ())]
-                    decisions = [DecisionRecord.from_json(d) for d in frame.get("d", ())]
-                    for model in models:
-                        with self._cond:
-                            self._models.setdefault(model.key, model)
-                    try:
-                        self._write(models, decisions)
-                    except RecordRejectedError as exc:
-                        self._write_one_by_one(models, decisions, exc, spool_on_outage=False)
+                self._replay_chunk(*cursor.chunks[0])
             except Exception as exc:
                 log.warning("recorder: replay paused, database unreachable: %s", exc)
                 self._failed("unavailable")
                 self._mark_down()
                 return
-            self.spool.remove(segment)
+            cursor.chunks.popleft()
+            if time.monotonic() - began >= REPLAY_SLICE_SECONDS or self._queue:
+                return
+
+    def _chunks(
+        self, frame: dict[str, Any]
+    ) -> list[tuple[list[ModelRecord], list[DecisionRecord]]]:
+        """A spooled frame as replay steps; each names the frame's models (upserts that cost
+        nothing once done), so any step can be written on its own after a reconnect."""
+        models = [ModelRecord.from_json(m) for m in frame.get("m", ())]
+        decisions = [DecisionRecord.from_json(d) for d in frame.get("d", ())]
+        for model in models:
             with self._cond:
-                self._replayed += segment.records
-                self._spool_bytes = max(0, self._spool_bytes - segment.size)
-                self._spool_records = max(0, self._spool_records - segment.records)
-            if self.metrics is not None:
-                self.metrics.replayed.inc(segment.records)
-            self._update_spool_gauges()
-            log.info("recorder: replayed %d spooled records", segment.records)
+                self._models.setdefault(model.key, model)
+        if not decisions:
+            return [(models, [])]
+        return [
+            (models, decisions[i : i + REPLAY_CHUNK])
+            for i in range(0, len(decisions), REPLAY_CHUNK)
+        ]
+
+    def _replay_chunk(self, models: list[ModelRecord], decisions: list[DecisionRecord]) -> None:
+        if not self._db_up:
+            self.sink.connect()
+        try:
+            self._write(models, decisions)
+        except RecordRejectedError as exc:
+            self._write_one_by_one(models, decisions, exc, spool_on_outage=False)
+
+    def _replayed_segment(self, segment: Segment) -> None:
+        self.spool.remove(segment)
+        with self._cond:
+            self._replayed += segment.records
+            self._spool_bytes = max(0, self._spool_bytes - segment.size)
+            self._spool_records = max(0, self._spool_records - segment.records)
+        if self.metrics is not None:
+            self.metrics.replayed.inc(segment.records)
+        self._update_spool_gauges()
+        log.info("recorder: replayed %d spooled records", segment.records)
 
     def _done(self, n: int) -> None:
         with self._cond:

@@ -17,7 +17,10 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
+import random
 import sqlite3
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -32,7 +35,9 @@ __all__ = [
     "Sink",
     "SinkUnavailableError",
     "SqliteSink",
+    "enable_wal",
     "make_sink",
+    "prepare_sqlite",
 ]
 
 DECISION_COLUMNS = (
@@ -275,6 +280,51 @@ class PostgresSink:
             self._discard()
 
 
+WAL_RETRY_SECONDS = 0.01
+
+
+def enable_wal(conn: sqlite3.Connection, timeout: float) -> None:
+    """Put the database in WAL mode, retrying ``database is locked`` for up to ``timeout``.
+
+    Switching the journal mode needs an exclusive lock, and SQLite answers a connection that
+    loses that race with SQLITE_BUSY at once, without calling the busy handler: two workers
+    opening one fresh file together would fail one of them. WAL persists in the file, so the
+    mode is read first and a database already in WAL costs no lock at all.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode").fetchone()
+            if mode is not None and str(mode[0]).lower() == "wal":
+                return
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            if mode is not None and str(mode[0]).lower() == "wal":
+                return
+            raise sqlite3.OperationalError(f"journal mode stays {mode!r}, not WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(WAL_RETRY_SECONDS * (0.5 + random.random()))
+
+
+def prepare_sqlite(url: str, timeout: float = 30.0) -> None:
+    """Switch a SQLite trade database to WAL once, before several processes open it together
+    (``serve --workers``); any other URL, or a file not there yet, is left alone."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return
+    database = parsed.database or ""
+    if not database or database == ":memory:" or not os.path.exists(database):
+        return
+    conn = sqlite3.connect(database, timeout=timeout, isolation_level=None)
+    try:
+        enable_wal(conn, timeout)
+    finally:
+        conn.close()
+
+
 def _sqlite_time(t: dt.datetime) -> str:
     """SQLAlchemy's SQLite DateTime storage format (naive UTC), so ORM reads parse it."""
     return t.astimezone(dt.UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
@@ -319,8 +369,12 @@ class SqliteSink:
                 f"{self.url} has no trade schema (no decisions table): run "
                 "`allocator db upgrade` with DATABASE_URL set to it"
             )
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            enable_wal(conn, self._timeout)
+            conn.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            raise SinkUnavailableError(f"{self.url}: {exc}") from None
         self._conn = conn
 
     def write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:

@@ -55,23 +55,33 @@ def encode_frame(payload: dict[str, Any]) -> bytes:
     return FRAME_HEADER.pack(len(body), zlib.crc32(body)) + body
 
 
-def _scan(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """Frames decoded from ``data`` and the byte offset where the good frames end."""
-    frames: list[dict[str, Any]] = []
+def _frames(data: bytes) -> Iterator[tuple[dict[str, Any], int]]:
+    """Frames decoded from ``data`` one at a time, each with the byte offset where it ends;
+    stops at the first torn or bad frame."""
     offset = 0
     while offset + FRAME_HEADER.size <= len(data):
         length, crc = FRAME_HEADER.unpack_from(data, offset)
         start = offset + FRAME_HEADER.size
         end = start + length
         if length > MAX_FRAME_BYTES or end > len(data):
-            break
+            return
         body = data[start:end]
         if zlib.crc32(body) != crc:
-            break
+            return
         try:
-            frames.append(json.loads(body))
+            frame = json.loads(body)
         except ValueError:
-            break
+            return
+        yield frame, end
+        offset = end
+
+
+def _scan(data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """Frames decoded from ``data`` and the byte offset where the good frames end."""
+    frames: list[dict[str, Any]] = []
+    offset = 0
+    for frame, end in _frames(data):
+        frames.append(frame)
         offset = end
     return frames, offset
 
@@ -211,11 +221,20 @@ class Spool:
     # --- replaying -----------------------------------------------------------------------
 
     def read(self, segment: Segment) -> Iterator[dict[str, Any]]:
-        """The frames of ``segment`` (only the bytes known to be durable)."""
+        """The frames of ``segment`` (only the bytes known to be durable), each decoded as it
+        is reached: a replay writing frame by frame does not parse the whole segment first."""
         with segment.path.open("rb") as f:
             data = f.read(segment.size)
-        frames, _ = _scan(data)
-        yield from frames
+        for frame, _ in _frames(data):
+            yield frame
+
+    def seal(self, segment: Segment) -> None:
+        """Append no more to ``segment``: the next frame opens a new segment (a segment being
+        replayed is deleted afterwards, so it must hold only the frames it was read with)."""
+        with self._lock:
+            if self._current is not None and Path(self._current.name) == segment.path:
+                self._current.close()
+                self._current = None
 
     def remove(self, segment: Segment) -> None:
         """Delete a fully replayed segment (durably)."""

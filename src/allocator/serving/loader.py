@@ -303,6 +303,23 @@ def _providers(prefer_cuda: bool) -> list[str]:
     return [CPU]
 
 
+NO_SPINNING = {
+    "session.intra_op.allow_spinning": "0",
+    "session.inter_op.allow_spinning": "0",
+}
+"""Session config entries that stop onnxruntime's pool threads busy-waiting between runs: a
+spinning intra-op thread kept a whole core busy at 150 requests/s, where a call's model run
+takes microseconds and waking a sleeping thread costs about as little."""
+
+
+def session_options() -> Any:
+    """The options every serving session gets: pool threads that sleep, not spin, when idle."""
+    options = ort.SessionOptions()
+    for key, value in NO_SPINNING.items():
+        options.add_session_config_entry(key, value)
+    return options
+
+
 def _make_session(path: Path, data: bytes, prefer_cuda: bool) -> Any:
     """An InferenceSession, CUDA first when wanted and usable here, CPU when CUDA cannot start.
 
@@ -311,13 +328,13 @@ def _make_session(path: Path, data: bytes, prefer_cuda: bool) -> Any:
     """
     providers = _providers(prefer_cuda)
     try:
-        return ort.InferenceSession(data, providers=providers)
+        return ort.InferenceSession(data, session_options(), providers=providers)
     except Exception as exc:
         if providers[0] != CUDA:
             raise ModelLoadError(f"{path}: onnxruntime cannot load it: {exc}") from exc
         logger.warning("%s: CUDA session failed (%s); retrying on CPU", path, exc)
     try:
-        return ort.InferenceSession(data, providers=[CPU])
+        return ort.InferenceSession(data, session_options(), providers=[CPU])
     except Exception as exc:
         raise ModelLoadError(f"{path}: onnxruntime cannot load it: {exc}") from exc
 

@@ -7,8 +7,10 @@ Redis when replicas share portfolios), read its state, decide (``decision.decide
 observation, ONNX, mask-and-renormalize, EMA, ICM), hand the record to the recorder, wait until
 it is durable (``--ack durable``, the default; ``--ack queued`` answers once it is queued), and
 only then store the new state. If the recorder refuses the record (its spool is full) or cannot
-make it durable, the state does not advance and the client gets UNAVAILABLE (DEADLINE_EXCEEDED
-when the call's deadline passed first): no decision is acted on that was not recorded.
+make it durable, the state does not advance and the client gets UNAVAILABLE: no decision is
+acted on that was not recorded. A record that becomes durable only after the call's deadline
+still advances the state (the client got DEADLINE_EXCEEDED and fetches that decision by
+retrying its request id), so the recorded history and the states never part.
 
 Failure modes map to status codes a client can act on: INVALID_ARGUMENT (names the field, or
 the method whose request bytes do not decode: ``serving.decoding``), NOT_FOUND (unknown model

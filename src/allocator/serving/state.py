@@ -19,10 +19,17 @@ the model (and anything already decided) on every conflict, and a batch touching
 portfolios would keep conflicting; why not redis-py's ``Lock``: one key and two round trips per
 portfolio, where a batch needs all of its portfolios in two. Acquiring all-or-nothing atomically
 means a waiting caller never holds a lock, so there is no deadlock to order around; it backs off
-and retries until ``lock_wait_seconds``. Locks expire after ``lock_ttl_seconds`` so a crashed
-replica cannot block a portfolio for ever; the token check at write time is the fence: a replica
-whose lock expired (and may have been taken by another) writes nothing and gets
-``StateLockLostError``. Keys of one call must live on one Redis node (single Redis, or Sentinel).
+and retries until ``lock_wait_seconds``.
+
+A lock names its owner: each store (one per process) has an owner id and keeps a liveness key
+``owner_prefix + id`` alive with a heartbeat thread (``liveness_seconds`` to live, refreshed four
+times as often). A lock whose owner's liveness key is gone is free to take: a replica killed
+mid-decision (SIGKILL, OOM) releases its portfolios within ``liveness_seconds``, not after the
+lock's own ``lock_ttl_seconds``, which stays as the bound for an owner that is alive but stuck.
+The token check at write time is the fence either way: a replica whose lock expired or was taken
+over (a heartbeat that fell behind) writes nothing and gets ``StateLockLostError``. The acquire
+script reads liveness keys it is not handed in ``KEYS``, so every key of a call must live on one
+Redis node (single Redis, or Sentinel; not Cluster).
 """
 
 from __future__ import annotations
@@ -178,15 +185,28 @@ class MemoryStateStore:
 
 # --- Redis -------------------------------------------------------------------------------------
 
-# KEYS = n lock keys, then n state keys; ARGV = token, lock ttl (ms), n.
-# All locks free: take them all and return {1, state_1, ..., state_n} (false = no state).
-# Any lock held: take none and return 0.
+# KEYS = n lock keys, then n state keys; ARGV = lock value (owner id ":" token), lock ttl (ms),
+# n, owner prefix, our liveness key, liveness ttl (ms). Refreshes our liveness key first (a lock
+# of ours is never without it). A lock is free when absent or when its owner's liveness key is
+# gone (the owner died). All free: take them all and return {1 + locks taken over from dead
+# owners, state_1, ..., state_n} (false = no state). Any lock held by a live owner: take none,
+# return 0.
 _ACQUIRE = """
 local n = tonumber(ARGV[3])
+redis.call('SET', ARGV[5], '1', 'PX', ARGV[6])
+local dead = 0
 for i = 1, n do
-  if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
+  local held = redis.call('GET', KEYS[i])
+  if held then
+    local owner = string.match(held, '^([^:]+):')
+    if owner and redis.call('EXISTS', ARGV[4] .. owner) == 0 then
+      dead = dead + 1
+    else
+      return 0
+    end
+  end
 end
-local out = {1}
+local out = {1 + dead}
 for i = 1, n do
   redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
   out[i + 1] = redis.call('GET', KEYS[n + i])
@@ -275,8 +295,10 @@ class RedisStateStore:
         ttl_seconds: float | None = None,
         *,
         lock_prefix: str | None = None,
+        owner_prefix: str | None = None,
         lock_ttl_seconds: float = 10.0,
         lock_wait_seconds: float = 5.0,
+        liveness_seconds: float = 0.5,
         client: Any | None = None,
     ) -> None:
         try:
@@ -284,23 +306,51 @@ class RedisStateStore:
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise ImportError("RedisStateStore needs the `redis` package") from exc
         lock_prefix = "lock:" + prefix if lock_prefix is None else lock_prefix
-        if lock_prefix.startswith(prefix) or prefix.startswith(lock_prefix):
-            raise ValueError(
-                f"state prefix {prefix!r} and lock prefix {lock_prefix!r} must not overlap"
-            )
+        owner_prefix = "owner:" + prefix if owner_prefix is None else owner_prefix
+        for a, b in ((prefix, lock_prefix), (prefix, owner_prefix), (lock_prefix, owner_prefix)):
+            if a.startswith(b) or b.startswith(a):
+                raise ValueError(f"key prefixes {a!r} and {b!r} must not overlap")
         if ttl_seconds is not None and not ttl_seconds > 0:
             raise ValueError(f"ttl_seconds must be > 0, got {ttl_seconds}")
         if not lock_ttl_seconds > 0 or not lock_wait_seconds >= 0:
             raise ValueError("lock_ttl_seconds must be > 0 and lock_wait_seconds >= 0")
+        if not liveness_seconds > 0:
+            raise ValueError(f"liveness_seconds must be > 0, got {liveness_seconds}")
         self.url = url
         self.prefix = prefix
         self.lock_prefix = lock_prefix
+        self.owner_prefix = owner_prefix
+        self.owner = os.urandom(8).hex()
         self._client = client if client is not None else redis.Redis.from_url(url)
         self._ttl_ms = 0 if ttl_seconds is None else max(1, round(ttl_seconds * 1000))
         self._lock_ttl_ms = max(1, round(lock_ttl_seconds * 1000))
+        self._liveness_ms = max(1, round(liveness_seconds * 1000))
         self._wait = lock_wait_seconds
         self._acquire_script = self._client.register_script(_ACQUIRE)
         self._release_script = self._client.register_script(_RELEASE)
+        self._closed = threading.Event()
+        self._heartbeat = threading.Thread(
+            target=self._beat,
+            args=(liveness_seconds / 4,),
+            name="allocator-state-heartbeat",
+            daemon=True,
+        )
+        self._heartbeat.start()
+
+    @property
+    def owner_key(self) -> str:
+        """This store's liveness key: while it exists, its locks are held."""
+        return self.owner_prefix + self.owner
+
+    def _beat(self, interval: float) -> None:
+        """Keep the liveness key alive until ``close``; a Redis error is retried next beat."""
+        import redis
+
+        while not self._closed.wait(interval):
+            try:
+                self._client.set(self.owner_key, b"1", px=self._liveness_ms)
+            except redis.RedisError as exc:
+                logger.debug("state store heartbeat failed: %s", exc)
 
     def state_key(self, portfolio_id: str) -> str:
         return self.prefix + portfolio_id
@@ -313,13 +363,26 @@ class RedisStateStore:
 
     def _acquire(self, ids: tuple[str, ...]) -> tuple[list[str], str, list[Any]]:
         keys = [self.lock_prefix + pid for pid in ids] + [self.prefix + pid for pid in ids]
-        token = os.urandom(12).hex()
-        args = [token, self._lock_ttl_ms, len(ids)]
+        token = f"{self.owner}:{os.urandom(12).hex()}"
+        args = [
+            token,
+            self._lock_ttl_ms,
+            len(ids),
+            self.owner_prefix,
+            self.owner_key,
+            self._liveness_ms,
+        ]
         deadline = time.monotonic() + self._wait
         delay = _BACKOFF_START
         while True:
             reply = self._acquire_script(keys=keys, args=args)
             if reply != 0:
+                if reply[0] > 1:
+                    logger.warning(
+                        "took over %d portfolio lock(s) of a state store that stopped (first %r)",
+                        reply[0] - 1,
+                        ids[0],
+                    )
                 return keys, token, reply[1:]
             if time.monotonic() >= deadline:
                 raise StateLockTimeoutError(
@@ -374,6 +437,15 @@ class RedisStateStore:
         return raw[0] is not None
 
     def close(self) -> None:
+        """Stop the heartbeat and drop the liveness key: any lock still held here is free."""
+        import redis
+
+        self._closed.set()
+        self._heartbeat.join()
+        try:
+            self._client.delete(self.owner_key)
+        except redis.RedisError as exc:
+            logger.debug("state store: liveness key not deleted (%s); it expires", exc)
         self._client.close()
 
 

@@ -17,12 +17,17 @@ What the order guarantees:
   locks and before the states (with their last answers) are written, until the records are
   committed or fsync'd (``Recorder.wait_durable``, bounded by the caller's deadline). Waiting
   here, not after the locks, is the point: no retry or later request can see an advanced state
-  or a stored answer whose record a crash could still lose. If the wait fails
-  (``DeadlineExceededError``, or ``NotDurableError`` when the writer can keep nothing) nothing
-  advances, but the record may still land later. A retry of that request id then decides
-  again from the same state and inputs, so it answers what was recorded (the database keeps
-  the first row of a request id); only if another request advanced the portfolio in between
-  (or another model answers it) does the answer differ from that row.
+  or a stored answer whose record a crash could still lose.
+* A decision that becomes durable after the caller's deadline is kept, not dropped: the step
+  goes on waiting (up to ``LATE_DURABLE_SECONDS`` more, still under the locks), then advances
+  the states with the stored answers as for any decision, and raises ``DeadlineExceededError``
+  (``late=True``). The recorded history and the states therefore never part: the client whose
+  call ended DEADLINE_EXCEEDED fetches that very decision by retrying its request id, and the
+  portfolio's next decision smooths from it. Only when the record is still not durable after
+  that wait, or the writer can keep nothing (``NotDurableError``), does nothing advance; a
+  record that lands even later is then the first row of its request id, which a retry decides
+  again from the same state and inputs (so answers alike unless another request advanced the
+  portfolio in between).
 * A retried request (same ``request_id`` and inputs) gets its first answer back, with no second
   step and no second record: a portfolio's state carries the answer to its latest request
   (``PortfolioState.last``), read under the portfolio's lock, so a duplicate that was in flight
@@ -63,6 +68,7 @@ from allocator.serving.validation import (
 )
 
 __all__ = [
+    "LATE_DURABLE_SECONDS",
     "Answer",
     "DeadlineExceededError",
     "DecisionStep",
@@ -79,9 +85,20 @@ TimeRemaining = Callable[[], float | None]
 """Seconds left before the caller's deadline (``None``: no deadline)."""
 
 
+LATE_DURABLE_SECONDS = 30.0
+"""How much longer than the caller's deadline a decision's record may take to become durable
+and still advance its portfolio (the writer's own database timeouts, then its spool, normally
+settle it within seconds)."""
+
+
 class DeadlineExceededError(Exception):
-    """The caller's deadline passed before deciding, or before the decision was durable; no
-    state was stored either way."""
+    """The caller's deadline passed: before deciding (``late`` False: nothing decided, nothing
+    stored), or before the decision was durable (``late`` True: it was recorded and stored
+    anyway, and a retry of its request id gets it)."""
+
+    def __init__(self, message: str, *, late: bool = False) -> None:
+        super().__init__(message)
+        self.late = late
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +234,7 @@ class DecisionStep:
         no defined order). A retry of a portfolio's latest request gets the stored answer.
         """
         started = time.perf_counter() if started is None else started
+        late = False
         ids = [r.portfolio_id for r in requests]
         fingerprints = request_fingerprints(requests)
         with self.store.locked(ids) as session:
@@ -239,12 +257,7 @@ class DecisionStep:
                 ticket = self.recorder.submit_many(
                     _records(model, requests, decided, fingerprints, decided_at, latency)
                 )
-                try:
-                    self.recorder.wait_durable(ticket, _seconds_left(time_remaining))
-                except NotDurableError as exc:
-                    if exc.timed_out:
-                        raise DeadlineExceededError("deadline exceeded before recording") from exc
-                    raise
+                late = self._wait_durable(ticket, time_remaining)
             data = self._encode(model, requests, decided)
             for k, i in enumerate(todo):
                 r = requests[k]
@@ -260,7 +273,32 @@ class DecisionStep:
                 [o.turnover for o in decided.outputs],
                 [o.icm_reward for o in decided.outputs],
             )
+        if late:
+            raise DeadlineExceededError(
+                "deadline exceeded before the decision was durable; it was recorded since: "
+                "retry the request_id to get it",
+                late=True,
+            )
         return answers  # type: ignore[return-value]  # every None was decided above
+
+    def _wait_durable(self, ticket: int, time_remaining: TimeRemaining | None) -> bool:
+        """Wait until the records up to ``ticket`` are durable; True when that came after the
+        caller's deadline (within ``LATE_DURABLE_SECONDS`` more). ``DeadlineExceededError``
+        when not even then, ``NotDurableError`` when the writer can keep nothing."""
+        assert self.recorder is not None
+        try:
+            self.recorder.wait_durable(ticket, _seconds_left(time_remaining))
+            return False
+        except NotDurableError as exc:
+            if not exc.timed_out:
+                raise
+        try:
+            self.recorder.wait_durable(ticket, LATE_DURABLE_SECONDS)
+        except NotDurableError as exc:
+            if exc.timed_out:
+                raise DeadlineExceededError("deadline exceeded before recording") from exc
+            raise
+        return True
 
     def _encode(
         self, model: LoadedModel, requests: Sequence[ValidRequest], decided: Decisions

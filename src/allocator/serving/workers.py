@@ -186,6 +186,7 @@ class Supervisor:
 
         Raises ``RuntimeError`` naming the worker (its own error is on stderr above)."""
         self._warn_stranded_spools()
+        self._prepare_database()
         log.info(
             "starting %d workers; their metrics files in %s", self.config.workers, self._metrics_dir
         )
@@ -213,6 +214,22 @@ class Supervisor:
             self._metrics_http = http
             self.metrics_port = http.server_port
         return self
+
+    def _prepare_database(self) -> None:
+        """Switch a SQLite trade database to WAL here, once, so the workers starting together
+        find it done instead of racing each other for the lock that switch takes."""
+        if not self.config.record:
+            return
+        import sqlite3
+
+        from allocator.recording.settings import database_url
+        from allocator.recording.sinks import prepare_sqlite
+
+        url = self.config.database_url or database_url()
+        try:
+            prepare_sqlite(url)
+        except sqlite3.Error as exc:
+            log.warning("cannot switch %s to WAL before the workers start: %s", url, exc)
 
     def _warn_stranded_spools(self) -> None:
         """Spools of workers this run does not have (an earlier, larger ``--workers``)."""
