@@ -9,7 +9,8 @@ pydantic's internal location with union and validator tags in it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import os
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -117,3 +118,28 @@ def load_tree(
     source = str(path) if path is not None else "(defaults)"
     tree = read_yaml(path, what) if path is not None else {}
     return apply_overrides(tree, list(overrides or []), source), source
+
+
+ENV_PREFIX = "ALLOCATOR_"
+"""``ALLOCATOR_<KEY>`` sets a job's top-level key; ``__`` separates nested keys, as in
+pydantic-settings (``ALLOCATOR_GATES__MAX_TURNOVER`` is ``--set gates.max_turnover=...``)."""
+
+
+def env_overrides(
+    model: type[BaseModel], environ: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """``(VARIABLE, "key.sub=value")`` for each ``ALLOCATOR_*`` variable naming a field of
+    ``model``, applied like ``--set`` (values parsed as YAML) below the command's own ``--set``.
+
+    Variables naming no field are left alone: one environment serves several commands
+    (``ALLOCATOR_PORT`` is the server's, not a job's).
+    """
+    environ = os.environ if environ is None else environ
+    found = []
+    for name, value in sorted(environ.items()):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+        if key.split(".")[0] in model.model_fields:
+            found.append((name, f"{key}={value}"))
+    return found

@@ -18,31 +18,45 @@ from allocator.cli.options import database_url_option, fail
 
 
 @click.command()
-@click.option("--registry", required=True, type=click.Path(file_okay=False), help="model registry")
-@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
-@click.option("--port", default=50051, show_default=True, help="gRPC port (0: any free port)")
-@click.option("--metrics-port", default=9464, show_default=True, help="Prometheus /metrics port")
+@click.option(
+    "--config",
+    "config_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="YAML file of settings (ServerConfig fields); flags and ALLOCATOR_* override it",
+)
+@click.option(
+    "--registry",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="model registry (required: here, $ALLOCATOR_REGISTRY or the --config file)",
+)
+@click.option("--host", default=None, help="address to bind (default 127.0.0.1)")
+@click.option("--port", type=int, default=None, help="gRPC port (default 50051; 0: any free)")
+@click.option("--metrics-port", type=int, default=None, help="Prometheus port (default 9464)")
 @database_url_option
 @click.option("--no-record", is_flag=True, help="do not record decisions (experiments only)")
-@click.option("--spool-dir", default="spool", show_default=True, help="recorder's durable spool")
+@click.option("--spool-dir", default=None, help="recorder's durable spool (default spool)")
 @click.option("--redis-url", default=None, help="share smoothing state between replicas")
 @click.option("--auth-token-file", default=None, help="require this bearer token")
 @click.option("--tls-cert", default=None, help="server certificate (PEM)")
 @click.option("--tls-key", default=None, help="server private key (PEM)")
 @click.option("--tls-client-ca", default=None, help="require client certificates (mTLS)")
 @click.option(
-    "--latency-budget-ms", default=10.0, show_default=True, help="P95 budget per decision"
+    "--latency-budget-ms", type=float, default=None, help="P95 budget per decision (default 10)"
 )
-@click.option("--max-concurrent-rpcs", default=64, show_default=True)
-@click.option("--threads", default=8, show_default=True, help="handler threads per process")
+@click.option("--max-concurrent-rpcs", type=int, default=None, help="(default 64)")
+@click.option("--threads", type=int, default=None, help="handler threads per process (default 8)")
 @click.option(
     "--workers",
-    default=1,
-    show_default=True,
-    help="server processes sharing the port (Linux); more than 1 needs --redis-url",
+    type=int,
+    default=None,
+    help="server processes sharing the port (Linux, default 1); more than 1 needs --redis-url",
 )
 @click.option("--model", "default_model", default=None, help="model answering unpinned calls")
-@click.option("--reload-interval", default=2.0, show_default=True, help="registry scan period")
+@click.option(
+    "--reload-interval", type=float, default=None, help="registry scan period (default 2 s)"
+)
 @click.option("--cpu", is_flag=True, help="never try onnxruntime's CUDA provider")
 @click.option("--spool-quota-bytes", type=int, default=None, help="spool size that refuses calls")
 @click.option(
@@ -75,31 +89,31 @@ from allocator.cli.options import database_url_option, fail
     default=None,
     help="calls on a closing connection get this long (default 30)",
 )
-def serve(**options: Any) -> None:
-    """Serve allocations over gRPC until SIGTERM/SIGINT (then drain and flush the recorder)."""
-    from pydantic import ValidationError  # what ServerConfig raises; only needed when serving
+def serve(config_file: str | None, **options: Any) -> None:
+    """Serve allocations over gRPC until SIGTERM/SIGINT (then drain and flush the recorder).
 
+    Each setting comes from its flag, else ALLOCATOR_<SETTING> (ALLOCATOR_PORT,
+    ALLOCATOR_DATABASE_URL, ...), else the --config file, else its default; the database URL
+    then falls back to $DATABASE_URL.
+    """
     # heavy (onnxruntime, grpc, sqlalchemy): imported when the command runs, keeps --help instant
     from allocator.recording.sinks import SchemaMissingError
     from allocator.registry.errors import ModelLoadError
-    from allocator.serving.server import ServerConfig, build_server
+    from allocator.serving.config import load_server_config
+    from allocator.serving.server import build_server
     from allocator.serving.stop_signals import StopSignals
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    options["record"] = not options.pop("no_record")
-    options["prefer_cuda"] = not options.pop("cpu")
     try:
-        config = ServerConfig(**{k: v for k, v in options.items() if v is not None})
+        config = load_server_config(server_flags(options), config_file, flag_names=NAMED_FLAGS)
         if config.workers > 1:
             _supervise(config)
             return
         # before the model load: a SIGTERM during it drains the server once started
         stop = StopSignals()
         server = build_server(config)
-    except ValidationError as exc:
-        fail("; ".join(_validation_message(e) for e in exc.errors()))
     except (ModelLoadError, SchemaMissingError, ValueError, OSError) as exc:
         fail(str(exc))
     server.start()
@@ -109,12 +123,19 @@ def serve(**options: Any) -> None:
     server.stop()
 
 
-def _validation_message(error: Any) -> str:
-    """``--field: message``; a check across fields names its flags in its own message."""
-    message = str(error["msg"]).removeprefix("Value error, ")
-    if not error["loc"]:
-        return message
-    return f"--{'-'.join(map(str, error['loc']))}: {message}"
+NAMED_FLAGS = {"default_model": "--model", "record": "--no-record", "prefer_cuda": "--cpu"}
+"""Settings whose flag is not ``--<setting>``: errors name the flag the user typed."""
+
+
+def server_flags(options: dict[str, Any]) -> dict[str, Any]:
+    """The ServerConfig fields given on the command line: an unset flag leaves the setting to
+    the environment, the file or the default (``--no-record``/``--cpu`` only switch off)."""
+    flags = {k: v for k, v in options.items() if v is not None and k not in ("no_record", "cpu")}
+    if options.get("no_record"):
+        flags["record"] = False
+    if options.get("cpu"):
+        flags["prefer_cuda"] = False
+    return flags
 
 
 def _supervise(config: Any) -> None:

@@ -1,19 +1,32 @@
 """What ``allocator serve`` takes: one strict settings model, read by the server factory.
 
 Kept apart from the server so the settings (and the generated configuration reference in
-docs/operations.md) read on their own.
+docs/operations.md) read on their own. ``load_server_config`` fills it from, highest first:
+the command's flags, ``ALLOCATOR_<FIELD>`` environment variables, a YAML file of fields, and
+the defaults. ``database_url`` left unset everywhere still falls back to ``DATABASE_URL``
+(``allocator.recording.settings``), so deployments that set only that keep working.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
-from allocator.typed_config import StrictModel
+from allocator.typed_config import ConfigError, StrictModel
 
-__all__ = ["ServerConfig"]
+__all__ = ["ENV_PREFIX", "ServerConfig", "ServerSettings", "load_server_config"]
+
+ENV_PREFIX = "ALLOCATOR_"
+"""Every setting of every command reads ``ALLOCATOR_<FIELD>`` (``__`` between nested keys)."""
 
 
 class ServerConfig(StrictModel):
@@ -93,3 +106,67 @@ class ServerConfig(StrictModel):
                 "portfolio, so the smoothing state must live in a store they share"
             )
         return self
+
+
+class ServerSettings(ServerConfig, BaseSettings):
+    """``ServerConfig`` as pydantic-settings sees it: where its environment variables are.
+
+    Used as the description the sources read (``load_server_config``); the server is always
+    given a plain ``ServerConfig``.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+
+def load_server_config(
+    flags: Mapping[str, Any],
+    config_file: str | Path | None = None,
+    flag_names: Mapping[str, str] | None = None,
+) -> ServerConfig:
+    """Flags (fields given on the command line) > ``ALLOCATOR_*`` > ``config_file`` > defaults.
+
+    A bad value is reported as where it came from, ``--port``, ``ALLOCATOR_PORT`` or
+    ``port (in FILE)``, with pydantic's reason; raises ``ConfigError``. ``flag_names`` maps a
+    field to its flag where they differ (``default_model``: ``--model``).
+    """
+    file_values: dict[str, Any] = {}
+    if config_file is not None:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(f"--config {path}: no such file")
+        try:
+            file_values = YamlConfigSettingsSource(ServerSettings, yaml_file=path)()
+        except Exception as exc:  # a YAML syntax error, whatever the parser raises it as
+            raise ConfigError(f"--config {path}: not a YAML mapping of settings: {exc}") from exc
+    env_values = EnvSettingsSource(ServerSettings)()
+    names = dict(flag_names or {})
+
+    origin: dict[str, str] = {}
+    for key in file_values:
+        origin[key] = f"{key} (in {config_file})"
+    for key in env_values:
+        origin[key] = f"{ENV_PREFIX}{key.upper()}"
+    for key in flags:
+        origin[key] = names.get(key, f"--{key.replace('_', '-')}")
+    merged = {**file_values, **env_values, **flags}
+    try:
+        return ServerConfig(**merged)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_describe(e, origin, names) for e in exc.errors())) from exc
+
+
+def _describe(error: Any, origin: Mapping[str, str], flag_names: Mapping[str, str]) -> str:
+    """``WHERE: reason`` for one error; a check across fields names its flags itself."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if not error["loc"]:
+        return message
+    key = str(error["loc"][0])
+    if key in origin:
+        return f"{origin[key]}: {message}"
+    flag = flag_names.get(key, f"--{key.replace('_', '-')}")
+    return f"{key}: {message} (set {flag}, {ENV_PREFIX}{key.upper()} or `{key}:` in --config)"

@@ -21,7 +21,7 @@ from allocator.trainer.training.config import (
     load_config,
     load_job_tree,
 )
-from allocator.typed_config import StrictModel, validate
+from allocator.typed_config import ConfigError, StrictModel, env_overrides, validate
 
 
 class RetrainError(RuntimeError):
@@ -70,9 +70,22 @@ def load_retrain_config(
     ``config.load_job_tree``). ``--set trainer=other.yaml`` swaps the trainer config before any
     ``--set trainer.key=value`` is applied to it. Errors name each bad key as the user wrote
     it (``trainer.algorithm.gamma``).
+
+    ``ALLOCATOR_<KEY>`` environment variables (``ALLOCATOR_REGISTRY``,
+    ``ALLOCATOR_GATES__MAX_TURNOVER``) apply between the file and ``--set``; an error they
+    cause names them.
     """
     source = str(path) if path else "(defaults)"
-    tree, trainer_file = load_job_tree(path, overrides, "retrain config")
-    if trainer_file:
-        source = f"{source} (trainer: {trainer_file})"
-    return validate(RetrainConfig, tree, source, tags=UNION_TAGS)
+    from_env = env_overrides(RetrainConfig)
+    try:
+        tree, trainer_file = load_job_tree(
+            path, [o for _, o in from_env] + list(overrides or []), "retrain config"
+        )
+        if trainer_file:
+            source = f"{source} (trainer: {trainer_file})"
+        return validate(RetrainConfig, tree, source, tags=UNION_TAGS)
+    except ConfigError as exc:
+        if not from_env:
+            raise
+        shown = ", ".join(f"{name} ({o.partition('=')[0]})" for name, o in from_env)
+        raise ConfigError(f"{exc}\n  set from the environment: {shown}") from exc
