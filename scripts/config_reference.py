@@ -196,6 +196,11 @@ def render(full: bool = False) -> str:
     out = [
         "Generated from the settings models by `scripts/config_reference.py`; defaults are",
         "shown as JSON (YAML accepts them as written). Unknown keys are refused everywhere.",
+        "A setting of `allocator serve` or of the retraining job can also be given as an",
+        "`ALLOCATOR_<SETTING>` environment variable (`ALLOCATOR_PORT`, nested keys joined by",
+        "`__`: `ALLOCATOR_GATES__MAX_TURNOVER`): flags and `--set` override it, and it",
+        "overrides the YAML file (`allocator serve --config FILE`, `allocator retrain",
+        "--config FILE`). `database_url` left unset falls back to `DATABASE_URL`.",
         "",
     ]
     done: set[type[BaseModel]] = set()

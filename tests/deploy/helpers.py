@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from unittest import mock
 
 import click
 import dockerfile
@@ -68,13 +69,18 @@ def parse_cli(argv: list[str]) -> tuple[str, dict[str, Any]]:
 REFERENCE = load_module(ROOT / "scripts/config_reference.py")
 
 
-def server_config(params: dict[str, Any]) -> ServerConfig:
-    """What ``allocator serve`` builds from its parsed flags (negated flags inverted, as
-    cli.serve does); an option that is not a ServerConfig field fails (extra="forbid")."""
+def server_config(params: dict[str, Any], env: dict[str, str] | None = None) -> ServerConfig:
+    """What ``allocator serve`` builds from its parsed flags and ``env`` (the container's
+    environment, in place of this process's ALLOCATOR_* variables), as cli.serve does; an
+    option or variable value ServerConfig refuses fails."""
+    from allocator.cli.serve import NAMED_FLAGS, server_flags
+    from allocator.serving.config import load_server_config
+
     options = dict(params)
-    for field, flag in REFERENCE.negated_flags().items():
-        options[field] = not options.pop(flag)
-    return ServerConfig(**{k: v for k, v in options.items() if v is not None})
+    config_file = options.pop("config_file", None)
+    ours = {k: v for k, v in os.environ.items() if not k.upper().startswith("ALLOCATOR_")}
+    with mock.patch.dict(os.environ, {**ours, **(env or {})}, clear=True):
+        return load_server_config(server_flags(options), config_file, flag_names=NAMED_FLAGS)
 
 
 def k8s_files() -> list[Path]:
@@ -102,12 +108,8 @@ def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
     return obj["spec"]["template"]["spec"]
 
 
-def expand_kubernetes_vars(argv: list[str], container: dict[str, Any]) -> list[str]:
-    """kubelet's ``$(NAME)`` expansion in command/args, from env and envFrom ConfigMaps.
-
-    Secret values are not known here: a ``$(NAME)`` that would need one fails the test, as
-    would one naming no variable at all (kubelet would pass it on literally).
-    """
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    """A container's environment from env literals and ConfigMaps (Secrets are not known)."""
     values: dict[str, str] = {}
     for source in container.get("envFrom", []):
         values.update(resource("ConfigMap", source["configMapRef"]["name"])["data"])
@@ -117,6 +119,16 @@ def expand_kubernetes_vars(argv: list[str], container: dict[str, Any]) -> list[s
         elif "configMapKeyRef" in env.get("valueFrom", {}):
             ref = env["valueFrom"]["configMapKeyRef"]
             values[env["name"]] = resource("ConfigMap", ref["name"])["data"][ref["key"]]
+    return values
+
+
+def expand_kubernetes_vars(argv: list[str], container: dict[str, Any]) -> list[str]:
+    """kubelet's ``$(NAME)`` expansion in command/args, from env and envFrom ConfigMaps.
+
+    Secret values are not known here: a ``$(NAME)`` that would need one fails the test, as
+    would one naming no variable at all (kubelet would pass it on literally).
+    """
+    values = container_env(container)
 
     def substitute(match: re.Match[str]) -> str:
         name = match.group(1)

@@ -91,7 +91,7 @@ def test_compose_server_command_and_wiring(compose):
     server = services["server"]
     command, params = parse_cli(service_argv(server, ["allocator", "serve"]))
     assert command == "serve"
-    config = server_config(params)
+    config = server_config(params, server["environment"])
     assert config.host == "0.0.0.0"
     published = {str(p).rsplit(":", 1)[-1] for p in server["ports"]}
     assert {str(config.port), str(config.metrics_port)} <= published
@@ -123,6 +123,8 @@ def test_compose_jobs_run_valid_configs(compose, monkeypatch):
     command, params = parse_cli(service_argv(services["retrain"], []))
     assert command == "retrain"
     assert services["retrain"]["profiles"] == ["jobs"]
+    for name, value in services["retrain"]["environment"].items():
+        monkeypatch.setenv(name, value)
     retrain = load_retrain_config(params["config_path"], list(params["overrides"]))
     mounted = {v.split(":")[1]: v.split(":")[0] for v in services["retrain"]["volumes"]}
     server_mounts = {v.split(":")[1]: v.split(":")[0] for v in services["server"]["volumes"]}
@@ -151,7 +153,8 @@ def test_prometheus_scrapes_the_compose_services_and_loads_the_rules(compose):
                 host, port = target.rsplit(":", 1)
                 assert host in services or host == "localhost", target
                 jobs[job["job_name"]] = (host, port, job.get("honor_labels", False))
-    server = server_config(parse_cli(service_argv(services["server"], ["allocator", "serve"]))[1])
+    argv = service_argv(services["server"], ["allocator", "serve"])
+    server = server_config(parse_cli(argv)[1], services["server"]["environment"])
     assert jobs["allocator-server"][:2] == ("server", str(server.metrics_port))
     assert jobs["pushgateway"][2] is True, "pushed job labels must survive the scrape"
 

@@ -22,6 +22,7 @@ from tests.deploy.helpers import (
     ROOT,
     apply_json_patch,
     container_argv,
+    container_env,
     copies,
     k8s_files,
     k8s_resources,
@@ -95,7 +96,8 @@ def test_server_deployment_probes_resources_and_wiring():
     # The command is `allocator serve` with flags it has, values ServerConfig accepts.
     command, params = parse_cli(container_argv(container))
     assert command == "serve"
-    config = server_config(params)
+    assert not any("$(" in arg for arg in container_argv(container) + container.get("args", []))
+    config = server_config(params, container_env(container))
     assert config.port == ports["grpc"]
     assert config.metrics_port == ports["metrics"]
     assert config.host == "0.0.0.0"  # probes, Service and Prometheus reach the pod's IP
@@ -115,7 +117,7 @@ def test_server_deployment_probes_resources_and_wiring():
     assert "secret" in volumes[token_mount["name"]]
 
     env = {e["name"]: e for e in container["env"]}
-    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"] == "DATABASE_URL"
+    assert env["ALLOCATOR_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"] == "DATABASE_URL"
     # Graceful stop fits: preStop pause + drain + in-flight grace + 60 s recorder flush.
     pause = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
     budget = pause + config.drain_seconds + config.grace_seconds + 60
@@ -189,12 +191,16 @@ def test_retrain_cronjob_runs_a_valid_retrain(monkeypatch, tmp_path):
         (tmp_path / name).write_text(text)
     # The trainer image's working directory is the checkout's root (configs/ relative to it).
     monkeypatch.chdir(ROOT)
+    for name, value in container_env(container).items():
+        monkeypatch.setenv(name, value)
     config = load_retrain_config(tmp_path / config_path.name, list(params["overrides"]))
     # Its prices come from the trade database the Secret names, as do its decisions.
     assert config.trainer.data.dataset == "database"
     assert config.database_url is None
     env = {e["name"]: e for e in container["env"]}
-    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "allocator-database"
+    assert env["ALLOCATOR_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == (
+        "allocator-database"
+    )
     # It is the shipped configs/retrain.yaml (trainer configs/td3.yaml) on that data.
     shipped = load_retrain_config(ROOT / "configs/retrain.yaml")
     same = {"trainer", "registry", "pushgateway_url"}
@@ -206,7 +212,7 @@ def test_retrain_cronjob_runs_a_valid_retrain(monkeypatch, tmp_path):
     assert str(config.registry) in mounts
     assert (
         config.pushgateway_url
-        == resource("ConfigMap", "allocator-config")["data"]["PUSHGATEWAY_URL"]
+        == resource("ConfigMap", "allocator-config")["data"]["ALLOCATOR_PUSHGATEWAY_URL"]
     )
     # Writes the registry the servers read: the same claim.
     server = pod_spec(resource("Deployment", "allocator-server"))
@@ -246,7 +252,7 @@ def test_tls_component_gives_a_valid_tls_server_with_exec_probes():
     for version in (OLDEST_KUBERNETES, kubernetes_validate.latest_version()):
         validate_k8s(patched, version)
     (container,) = pod_spec(patched)["containers"]
-    config = server_config(parse_cli(container_argv(container))[1])
+    config = server_config(parse_cli(container_argv(container))[1], container_env(container))
     assert config.tls_cert is not None
     assert config.tls_key is not None
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
