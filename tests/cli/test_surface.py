@@ -90,6 +90,7 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("as_of", ("--as-of",)),
     ],
     "serve": [
+        ("config_file", ("--config",)),
         ("registry", ("--registry",)),
         ("host", ("--host",)),
         ("port", ("--port",)),
