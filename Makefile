@@ -3,7 +3,7 @@
 PYTHON ?= $(firstword $(foreach v,3.11 3.12 3.13 3.14,$(shell command -v python$(v) 2>/dev/null)) python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-EXTRAS ?= train,dev,docs
+EXTRAS ?= train,ray,tune,tensorboard,dev,docs
 # Exact versions of every dependency of every extra (pip-compile): every install is held to it.
 LOCK   ?= requirements.lock
 LOCK_ARGS ?=

@@ -4,10 +4,11 @@
 #
 # Build from the repository root:
 #   docker build -f deploy/docker/train.Dockerfile -t allocator-train:0.1.0 .
-# EXTRAS adds extras beside `train` when pyproject has them (e.g. --build-arg EXTRAS=train,ray).
+# EXTRAS: the extras installed; by default every job's (Ray executors, `allocator tune`,
+# TensorBoard logs), e.g. --build-arg EXTRAS=train for a smaller image of local jobs only.
 FROM python:3.11-slim
 
-ARG EXTRAS=train
+ARG EXTRAS=train,ray,tune,tensorboard
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -89,7 +89,7 @@ def test_train_image_installs_the_pinned_cpu_torch_then_the_train_extra():
         for c in instructions("train.Dockerfile")
         if c.cmd == "ARG"
     }
-    assert args["EXTRAS"] == "EXTRAS=train"
+    assert args["EXTRAS"] == "EXTRAS=train,ray,tune,tensorboard"
     locked = ["--constraint", "requirements.lock", ".[${EXTRAS}]"]
     assert locked in installs
     assert installs.index(torch_install) < installs.index(locked)

@@ -164,6 +164,7 @@ def run_walk_forward_command(
     # heavy (torch, onnxruntime, sqlalchemy): imported when the command runs, keeps --help instant
     from allocator.artifacts.manifest import ManifestError
     from allocator.registry.errors import ModelLoadError
+    from allocator.trainer import MissingExtraError
     from allocator.trainer.export.errors import ExportError
     from allocator.trainer.jobs.walk_forward.config import (
         WalkForwardError,
@@ -202,7 +203,7 @@ def run_walk_forward_command(
             else:
                 rest = overrides if config is None else ()
                 result = resume_walk_forward(run_dir, config, rest, progress=progress)
-    except (ConfigError, DataError, WindowError, ResumeError) as exc:
+    except (ConfigError, DataError, WindowError, ResumeError, MissingExtraError) as exc:
         fail(str(exc))
     except KeyboardInterrupt as exc:  # the running windows' processes were ended on the way out
         click.echo(f"error: walk-forward stopped ({exc or 'interrupted'})", err=True)
@@ -390,8 +391,12 @@ def tune(
     or Ctrl-C (130) stop it with the finished trials summarized.
     """
     # heavy (optuna, torch): imported when the command runs, keeps --help instant
-    import optuna
+    from allocator.trainer import MissingExtraError, require_extra
 
+    try:
+        optuna = require_extra("optuna", "tune", "allocator tune")
+    except MissingExtraError as exc:
+        fail(str(exc))
     # the tuner (torch, SB3, ray) likewise: imported only when a study runs
     from allocator.trainer.jobs.tuning.config import TuneError, load_tune_config
     from allocator.trainer.jobs.tuning.runner import run_tuning
@@ -407,7 +412,7 @@ def tune(
     try:
         with sigterm_stops():
             result = run_tuning(config, out_dir=out, progress=progress)
-    except (ConfigError, DataError) as exc:
+    except (ConfigError, DataError, MissingExtraError) as exc:
         fail(str(exc))
     except KeyboardInterrupt as exc:  # the study's files were written on the way out
         click.echo(

@@ -44,6 +44,7 @@ def train(
 ) -> None:
     """Train a TD3 or SAC policy; write model, audits, logs and a validation backtest."""
     # heavy (torch): imported when the command runs, so `allocator --help` stays instant
+    from allocator.trainer import MissingExtraError
     from allocator.trainer.market.data import DataError
     from allocator.trainer.sim.performance import format_table
     from allocator.trainer.training.checkpointing import TrainingStoppedError
@@ -67,7 +68,7 @@ def train(
                     given = load_config(base, list(overrides))
                 run = resume_training(Path(resume_dir), given, stop=ask.event)
                 config = run.config
-    except (ConfigError, DataError) as exc:
+    except (ConfigError, DataError, MissingExtraError) as exc:
         fail(str(exc))
     except TrainingStoppedError as exc:
         click.echo(f"stopped at step {exc.step}: checkpoint {exc.checkpoint}", err=True)

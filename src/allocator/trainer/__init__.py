@@ -3,3 +3,26 @@ export and the scheduled jobs.
 
 Submodules are imported explicitly; importing this package pulls in neither torch nor pandas.
 """
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+
+def require_extra(module: str, extra: str, needed_for: str) -> ModuleType:
+    """``import module``, or a ``MissingExtraError`` saying ``pip install 'allocator[extra]'``.
+
+    Ray, Optuna and TensorBoard are extras of their own, so a training install does not pull
+    them unless asked for: the parts that use them import them through this when they run.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"{needed_for} needs {module}, which is not installed: pip install 'allocator[{extra}]'"
+        ) from exc

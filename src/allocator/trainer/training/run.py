@@ -30,6 +30,7 @@ from stable_baselines3.common.utils import get_device, set_random_seed
 from allocator.artifacts.files import atomic_write_with, write_json
 from allocator.artifacts.manifest import write_manifest
 from allocator.portfolio import FeatureNormalization, NormalizationStats
+from allocator.trainer import require_extra
 from allocator.trainer.agents.noise import NoiseAnnealingCallback, make_action_noise
 from allocator.trainer.agents.sac import SmoothSAC
 from allocator.trainer.agents.shared_policies import SharedSACPolicy, SharedTD3Policy
@@ -225,6 +226,8 @@ class TrainingSession:
         self.resumed_from: list[int] = list(state.get("resumed_from", []))
         self.session_steps, self.session_seconds = 0, 0.0
         self._learning_since: float | None = None
+        if config.tensorboard:  # SB3's tensorboard output: a clear error when it is missing
+            require_extra("tensorboard", "tensorboard", "tensorboard: true (false: CSV logs only)")
         formats = ["csv", "tensorboard"] if config.tensorboard else ["csv"]
         model.set_logger(configure(str(run_dir), formats))
         self.callbacks: list[BaseCallback] = [TurnoverCallback()]

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from allocator.trainer import require_extra
 from allocator.trainer.jobs.tuning.objective import TrialJob, TrialOutcome, run_trial
 
 
@@ -62,7 +63,8 @@ class RayTrials:
     """
 
     def __init__(self, address: str | None, parallel: int | None) -> None:
-        import ray  # heavy optional dependency, needed only by this executor
+        # heavy optional dependency (the `ray` extra), needed only by this executor
+        ray = require_extra("ray", "ray", "tuning on Ray (executor: ray)")
 
         self.ray = ray
         self.started = False

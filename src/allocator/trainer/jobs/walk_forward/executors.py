@@ -28,6 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
+from allocator.trainer import require_extra
 from allocator.trainer.jobs.walk_forward.config import WalkForwardError
 from allocator.trainer.jobs.walk_forward.results import WindowResult
 from allocator.trainer.jobs.walk_forward.window import WindowJob, run_window
@@ -159,7 +160,8 @@ def fan_out_ray(
     with one, ``ray.init(address=address)`` joins that cluster. An already initialized Ray
     (a caller's) is used as it is.
     """
-    import ray  # heavy optional dependency, needed only by this executor
+    # heavy optional dependency (the `ray` extra), needed only by this executor
+    ray = require_extra("ray", "ray", "walk-forward on Ray (executor: ray)")
 
     started = False
     if not ray.is_initialized():

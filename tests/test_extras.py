@@ -1,0 +1,41 @@
+"""Ray, Optuna and TensorBoard are extras of their own: each part that needs one, run
+without it, says which extra to install instead of failing with a bare ImportError."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from allocator.trainer import MissingExtraError, require_extra
+
+
+@pytest.mark.parametrize(
+    ("module", "extra"), [("ray", "ray"), ("optuna", "tune"), ("tensorboard", "tensorboard")]
+)
+def test_a_missing_extra_is_named(monkeypatch, module, extra):
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
+    with pytest.raises(MissingExtraError, match=rf"pip install 'allocator\[{extra}\]'"):
+        require_extra(module, extra, "this part")
+
+
+def test_the_ray_executors_name_the_extra(monkeypatch):
+    from allocator.trainer.jobs.tuning.executors import RayTrials
+    from allocator.trainer.jobs.walk_forward.executors import fan_out_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(MissingExtraError, match=r"allocator\[ray\]"):
+        RayTrials(None, 1)
+    with pytest.raises(MissingExtraError, match=r"allocator\[ray\]"):
+        list(fan_out_ray([1], str, str, workers=1))
+
+
+def test_tune_without_optuna_says_which_extra(monkeypatch, tmp_path):
+    from allocator.cli import main
+
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    result = CliRunner().invoke(main, ["tune", "--config", str(tmp_path / "any.yaml")])
+    assert result.exit_code == 2
+    assert "pip install 'allocator[tune]'" in result.output
+    assert "Traceback" not in result.output
