@@ -48,6 +48,34 @@ def trade_engine(database_url: str | None) -> Iterator[Any]:
         engine.dispose()
 
 
+pushgateway_option = click.option(
+    "--pushgateway-url",
+    envvar="PUSHGATEWAY_URL",
+    default=None,
+    help="Push the account's figures here at the end [env: PUSHGATEWAY_URL].",
+)
+
+
+@contextmanager
+def pushed(engine: Any, account_name: str, gateway_url: str | None) -> Iterator[Any]:
+    """The command's trading figures; at the end, failed or not, the account's book is read
+    back into them and they are pushed (a failed push is a warning, never the exit code)."""
+    # heavy (sqlalchemy): the status report reads the trade database
+    from allocator.metrics.trading import TradingPush
+    from allocator.trading.status import account_status
+
+    pusher = TradingPush(gateway_url, account_name)
+    try:
+        yield pusher.metrics
+    finally:
+        if gateway_url:
+            for entry in account_status(engine, account_name):
+                pusher.metrics.record_book(entry)
+            error = pusher.push()
+            if error:
+                click.echo(f"warning: {error}", err=True)
+
+
 @click.group()
 def trade() -> None:
     """Trade target weights: paper accounts, cycles per bar, positions and P&L."""
@@ -159,6 +187,7 @@ def cycle_options(command: Any) -> Any:
                 show_default=True,
                 help="Paper broker: slippage against the trader.",
             ),
+            pushgateway_option,
             database_url_option,
         ]
     ):
@@ -218,6 +247,7 @@ def cycle(
     token_file: str | None,
     attempts: int,
     slippage_bps: float,
+    pushgateway_url: str | None,
     database_url: str | None,
     date_: str,
 ) -> None:
@@ -229,13 +259,20 @@ def cycle(
     bar_date = parse_date(date_, "--date")
     with cycle_parts(database_url, account_name, server, token_file, slippage_bps) as parts:
         engine, broker, client = parts
-        try:
-            result = run_cycle(
-                engine, broker, client, account_name, bar_date, retries=Retries(attempts=attempts)
-            )
-        except TradingError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+        with pushed(engine, account_name, pushgateway_url) as metrics:
+            try:
+                result = run_cycle(
+                    engine,
+                    broker,
+                    client,
+                    account_name,
+                    bar_date,
+                    retries=Retries(attempts=attempts),
+                    metrics=metrics,
+                )
+            except TradingError as exc:
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(1)
     print_result(result)
 
 
@@ -249,6 +286,7 @@ def run(
     token_file: str | None,
     attempts: int,
     slippage_bps: float,
+    pushgateway_url: str | None,
     database_url: str | None,
     start: str | None,
     end: str | None,
@@ -263,8 +301,6 @@ def run(
     # allocator's trading modules import sqlalchemy too: loaded with the command only
     from allocator.trading.bars import bar_dates
     from allocator.trading.book import last_traded
-    from allocator.trading.cycle import Retries, run_cycle
-    from allocator.trading.errors import MissingPriceError, TradingError
 
     first = parse_date(start, "--start") if start else None
     last = parse_date(end, "--end") if end else None
@@ -277,28 +313,96 @@ def run(
             dates = [d for d in dates if d >= traded]  # the last traded bar reruns as a no-op
         if not dates:
             fail("no bars in the prices table for that span: ingest prices first")
-        result = None
-        for bar_date in dates:
-            try:
-                result = run_cycle(
-                    engine,
-                    broker,
-                    client,
-                    account_name,
-                    bar_date,
-                    retries=Retries(attempts=attempts),
-                )
-            except MissingPriceError as exc:
-                if result is None and "closes up to" in str(exc):
-                    continue  # the model's window is not filled yet
-                click.echo(f"error: {exc}", err=True)
-                sys.exit(1)
-            except TradingError as exc:
-                click.echo(f"error: {exc}", err=True)
-                sys.exit(1)
+        with pushed(engine, account_name, pushgateway_url) as metrics:
+            result = replay_bars(engine, broker, client, account_name, dates, attempts, metrics)
     if result is None:
         fail("no bar in the span has the model's window of history")
     print_result(result)
+
+
+def replay_bars(
+    engine: Any,
+    broker: Any,
+    client: Any,
+    account_name: str,
+    dates: list[dt.date],
+    attempts: int,
+    metrics: Any,
+) -> Any:
+    """Each bar's cycle in turn; the last result (None when no bar had the model's window)."""
+    # heavy (sqlalchemy, grpc): imported when the command runs
+    from allocator.trading.cycle import Retries, run_cycle
+    from allocator.trading.errors import MissingPriceError, TradingError
+
+    result = None
+    for bar_date in dates:
+        try:
+            result = run_cycle(
+                engine,
+                broker,
+                client,
+                account_name,
+                bar_date,
+                retries=Retries(attempts=attempts),
+                metrics=metrics,
+            )
+        except MissingPriceError as exc:
+            if result is None and "closes up to" in str(exc):
+                continue  # the model's window is not filled yet
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except TradingError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+    return result
+
+
+@trade.command("compare")
+@click.option("--account", "account_name", required=True, help="Account name.")
+@click.option(
+    "--registry",
+    required=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="The model registry the allocation server serves from.",
+)
+@click.option("--start", default=None, help="First bar, YYYY-MM-DD (default: the first traded).")
+@click.option("--end", default=None, help="Last bar, YYYY-MM-DD (default: the last traded).")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
+@pushgateway_option
+@database_url_option
+def compare(
+    account_name: str,
+    registry: str,
+    start: str | None,
+    end: str | None,
+    json_path: str | None,
+    pushgateway_url: str | None,
+    database_url: str | None,
+) -> None:
+    """ACCOUNT's live NAV beside the backtest of the same model over the same bars.
+
+    The report quantifies the difference: the NAV gap per bar, fees against the backtest's
+    costs, turnover, how far the sizing rules kept the book from the target, and how far the
+    server's answers moved. The tracking difference is pushed as
+    allocator_trading_tracking_difference."""
+    # heavy (sqlalchemy, onnxruntime): imported when the command runs
+    from allocator.artifacts.files import write_json
+    from allocator.trading.compare import compare_account
+    from allocator.trading.errors import TradingError
+
+    first = parse_date(start, "--start") if start else None
+    last = parse_date(end, "--end") if end else None
+    with trade_engine(database_url) as engine, pushed(engine, account_name, pushgateway_url) as m:
+        try:
+            report = compare_account(engine, account_name, Path(registry), first, last)
+        except TradingError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        m.record_tracking(account_name, report.tracking_difference)
+    click.echo(report.summary())
+    if json_path:
+        write_json(json_path, report.to_dict())
+        click.echo(f"wrote {json_path}")
 
 
 @trade.command("status")
