@@ -25,6 +25,7 @@ from allocator.metrics.jobs import JobMetrics
 from allocator.metrics.multiprocess import worker_restarts_counter
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.metrics.serving import ServingMetrics
+from allocator.metrics.trading import TradingMetrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MONITORING = REPO_ROOT / "monitoring"
@@ -193,6 +194,7 @@ def defined_metric_names() -> set[str]:
     RecorderMetrics(registry)
     JobMetrics(registry).mark_success()  # the last-success gauge exists once a run succeeded
     worker_restarts_counter(registry)  # the supervisor's, with --workers N
+    TradingMetrics(registry)  # pushed by `allocator trade`
     names = {"up"}
     for family in registry.collect():
         names.add(family.name)
