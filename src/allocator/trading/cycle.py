@@ -45,6 +45,7 @@ from allocator.trading.errors import (
     ServerUnavailableError,
     TradingError,
 )
+from allocator.trading.faults import checkpoint
 from allocator.trading.ids import client_order_id, prices_digest, request_id
 from allocator.trading.sizing import current_weights, size_orders
 
@@ -132,6 +133,7 @@ def run_cycle(
     for cycle_id in unfinished(engine, account_id):
         execute(engine, broker, cycle_id, metrics)
     reconcile(engine, broker, account_name, metrics)
+    checkpoint("reconciled")
     with Session(engine) as session:
         account = book.load_account(session, account_name, trading=True)
         done = existing(session, account.id, bar_date)
@@ -162,6 +164,7 @@ def run_cycle(
                 "first; rerun to see it"
             ) from None
         cycle_id = cycle.id
+    checkpoint("planned")
     execute(engine, broker, cycle_id, metrics)
     with Session(engine) as session:
         result = describe(session, session.get_one(TradeCycle, cycle_id), "done")
@@ -205,6 +208,7 @@ def plan(
             model=account.model,
         ),
     )
+    checkpoint("asked")
     target = dict(
         zip(allocation.asset_ids[1:], allocation.smoothed_weights[1:].tolist(), strict=True)
     )
@@ -273,11 +277,14 @@ def execute(engine: Engine, broker: Broker, cycle_id: int, metrics: TradingMetri
                 order.reference_price,
             )
             answer = broker.submit(request)
+            checkpoint("submitted")
             for fill in answer.fills:
                 book.apply_fill(session, order, fill, bar_date)
             order.status, order.reason = answer.status, answer.reason
+        checkpoint("settled")
         metrics.orders.labels(name, answer.status).inc()
     finish(engine, cycle_id)
+    checkpoint("finished")
 
 
 def finish(engine: Engine, cycle_id: int) -> None:
@@ -305,6 +312,7 @@ def finish(engine: Engine, cycle_id: int) -> None:
         )
         cycle.status, cycle.finished = DONE, utcnow()
         stamp_decision(session, cycle)
+        checkpoint("finishing")
 
 
 def stamp_decision(session: Session, cycle: TradeCycle) -> None:
