@@ -123,6 +123,7 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("overrides", ("--set",)),
         ("run_dir", ("--run-dir",)),
         ("resume_dir", ("--resume",)),
+        ("database_url", ("--database-url",)),
     ],
     "suite": [],
     "suite run": [
