@@ -146,6 +146,7 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("name", ("name",)),
         ("assets", ("--assets",)),
         ("cash", ("--cash",)),
+        ("broker", ("--broker",)),
         ("model", ("--model",)),
         ("cost_bps", ("--cost-bps",)),
         ("lot_size", ("--lot-size",)),

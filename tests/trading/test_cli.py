@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session
@@ -94,3 +95,19 @@ def test_errors_are_named(engine: Engine, server: AllocationServer) -> None:
     assert status.exit_code == 1
     assert "HALTED: reconciliation mismatch" in status.output
     assert trade(engine, "account", "resume", "desk").exit_code == 0
+
+
+def test_an_account_needs_its_cash_or_its_broker(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paper account without --cash, and an Alpaca account without credentials (or without
+    alpaca-py), are refused before anything is recorded."""
+    monkeypatch.delenv("ALPACA_API_KEY", raising=False)
+    monkeypatch.delenv("ALPACA_SECRET_KEY", raising=False)
+    no_cash = trade(engine, "account", "create", "desk", "--assets", "AAA")
+    assert no_cash.exit_code == 2
+    assert "a paper account needs --cash" in no_cash.output
+    alpaca = trade(engine, "account", "create", "desk", "--assets", "AAA", "--broker", "alpaca")
+    assert alpaca.exit_code == 2
+    assert "ALPACA_API_KEY" in alpaca.output or "allocator[alpaca]" in alpaca.output
+    assert trade(engine, "status", "--json").output.strip() == "[]"

@@ -89,7 +89,19 @@ def account() -> None:
 @account.command("create")
 @click.argument("name")
 @click.option("--assets", required=True, help="Comma-separated asset ids the account trades.")
-@click.option("--cash", type=float, required=True, help="Initial cash deposited.")
+@click.option(
+    "--cash",
+    type=float,
+    default=None,
+    help="Initial cash deposited (paper); an Alpaca account's cash is read from Alpaca.",
+)
+@click.option(
+    "--broker",
+    type=click.Choice(["paper", "alpaca"]),
+    default="paper",
+    show_default=True,
+    help="alpaca: Alpaca's paper endpoint, credentials in ALPACA_API_KEY/ALPACA_SECRET_KEY.",
+)
 @click.option("--model", default=None, help="Model name to ask (default: the server's).")
 @click.option("--cost-bps", type=float, default=10.0, show_default=True)
 @click.option("--lot-size", type=float, default=0.0, show_default=True, help="0: fractional.")
@@ -100,7 +112,8 @@ def account() -> None:
 def account_create(
     name: str,
     assets: str,
-    cash: float,
+    cash: float | None,
+    broker: str,
     model: str | None,
     cost_bps: float,
     lot_size: float,
@@ -109,7 +122,8 @@ def account_create(
     cash_buffer: float,
     database_url: str | None,
 ) -> None:
-    """Create paper account NAME, funded with CASH at the paper broker and in the book."""
+    """Create account NAME: a paper one funded with CASH at the paper broker and in the book, or
+    one on an empty Alpaca paper account, its cash read from Alpaca."""
     # heavy (sqlalchemy): imported when the command runs
     from sqlalchemy.orm import Session
 
@@ -121,19 +135,47 @@ def account_create(
 
     try:
         rules = SizingRules(cost_bps, lot_size, min_order_value, band, cash_buffer)
-        spec = AccountSpec(name, [a.strip() for a in assets.split(",") if a.strip()], rules, model)
+        listed = [a.strip() for a in assets.split(",") if a.strip()]
+        spec = AccountSpec(name, listed, rules, model, broker)
+        spec.check()
     except ValueError as exc:
         fail(str(exc))
+    if broker == "paper" and cash is None:
+        fail("a paper account needs --cash")
+    if broker == "alpaca":
+        cash = alpaca_cash(cash)
+    assert cash is not None
     with trade_engine(database_url) as engine:
         try:
             with Session(engine) as session, session.begin():
                 create_account(session, spec, cash)
-                PaperBroker(engine, cost_bps).fund_in(session, name, cash)
+                if broker == "paper":
+                    PaperBroker(engine, cost_bps).fund_in(session, name, cash)
         except (ValueError, TradingError) as exc:
             fail(str(exc))
     click.echo(
-        f"created paper account {name} with {cash:,.2f} cash, assets {', '.join(spec.assets)}"
+        f"created {broker} account {name} with {cash:,.2f} cash, assets {', '.join(spec.assets)}"
     )
+
+
+def alpaca_cash(given: float | None) -> float:
+    """The cash of the Alpaca account the credentials name; refuses one that holds positions
+    (the book starts from cash only) or whose cash differs from ``given``."""
+    # heavy (alpaca-py): imported only for an Alpaca account
+    from allocator.portfolio import CASH_ID
+    from allocator.trading.alpaca import AlpacaBroker
+    from allocator.trading.errors import TradingError
+
+    try:
+        held = AlpacaBroker.from_env().holdings("")
+    except TradingError as exc:
+        fail(str(exc))
+    cash = held.pop(CASH_ID, 0.0)
+    if held:
+        fail(f"the Alpaca account holds {sorted(held)}: start from an account holding only cash")
+    if given is not None and abs(given - cash) > 0.005:
+        fail(f"--cash {given:,.2f} differs from the Alpaca account's cash {cash:,.2f}")
+    return cash
 
 
 @account.command("resume")
@@ -203,7 +245,7 @@ def cycle_parts(
     token_file: str | None,
     slippage_bps: float,
 ) -> Iterator[tuple[Any, Any, Any]]:
-    """The engine, the account's paper broker and a client of the server."""
+    """The engine, the account's broker (paper or Alpaca) and a client of the server."""
     # heavy (sqlalchemy, grpc): imported when the command runs
     from sqlalchemy.orm import Session
 
@@ -217,12 +259,18 @@ def cycle_parts(
     with trade_engine(database_url) as engine:
         try:
             with Session(engine) as session:
-                cost_bps = load_account(session, account_name).cost_bps
+                account = load_account(session, account_name)
+                cost_bps, kind = account.cost_bps, account.broker
+            if kind == "alpaca":
+                # heavy (alpaca-py): imported only for an Alpaca account
+                from allocator.trading.alpaca import AlpacaBroker
+
+                broker: Any = AlpacaBroker.from_env()
+            else:
+                broker = PaperBroker(engine, cost_bps, slippage_bps=slippage_bps)
         except TradingError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
-        try:
-            broker = PaperBroker(engine, cost_bps, slippage_bps=slippage_bps)
         except ValueError as exc:
             fail(str(exc))
         with AllocatorClient(server, token=token) as client:

@@ -57,11 +57,11 @@ def train(
     """Train a TD3 or SAC policy; write model, audits, logs and a validation backtest."""
     # heavy (torch): imported when the command runs, so `allocator --help` stays instant
     from allocator.recording.schema import utcnow
+    from allocator.trainer.jobs.training_runs import check_training_table, record_training_run
     from allocator.trainer.market.data import DataError
     from allocator.trainer.sim.performance import format_table
     from allocator.trainer.training.checkpointing import TrainingStoppedError
     from allocator.trainer.training.config import ConfigError, load_config
-    from allocator.trainer.training.record import check_training_table, record_training_run
     from allocator.trainer.training.run import resume as resume_training
     from allocator.trainer.training.run import train as run_training
     from allocator.trainer.training.run_dir import CONFIG_FILE
