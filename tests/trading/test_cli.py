@@ -111,3 +111,12 @@ def test_an_account_needs_its_cash_or_its_broker(
     assert alpaca.exit_code == 2
     assert "ALPACA_API_KEY" in alpaca.output or "allocator[alpaca]" in alpaca.output
     assert trade(engine, "status", "--json").output.strip() == "[]"
+
+
+def test_a_cycle_on_the_latest_bar(engine: Engine, server: AllocationServer) -> None:
+    """What the scheduled job runs after each day's ingest: the newest bar of the prices table."""
+    trade(engine, "account", "create", "desk", "--assets", ",".join(ASSETS), "--cash", "1000")
+    target = f"127.0.0.1:{server.port}"
+    done = trade(engine, "cycle", "--account", "desk", "--date", "latest", "--server", target)
+    assert done.exit_code == 0, done.output
+    assert f"desk {bar(N_BARS - 1).isoformat()}: done" in done.output

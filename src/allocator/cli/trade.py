@@ -288,7 +288,12 @@ def print_result(result: Any) -> None:
 
 @trade.command("cycle")
 @cycle_options
-@click.option("--date", "date_", required=True, help="The bar to trade, YYYY-MM-DD.")
+@click.option(
+    "--date",
+    "date_",
+    required=True,
+    help="The bar to trade, YYYY-MM-DD, or 'latest': the latest bar of the prices table.",
+)
 def cycle(
     account_name: str,
     server: str,
@@ -301,12 +306,22 @@ def cycle(
 ) -> None:
     """Run ACCOUNT's trading cycle for the bar of DATE (once: a rerun changes nothing)."""
     # heavy (sqlalchemy, grpc): imported when the command runs
+    from sqlalchemy.orm import Session
+
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
+    from allocator.trading.bars import bar_dates
     from allocator.trading.cycle import Retries, run_cycle
     from allocator.trading.errors import TradingError
 
-    bar_date = parse_date(date_, "--date")
+    bar_date = None if date_ == "latest" else parse_date(date_, "--date")
     with cycle_parts(database_url, account_name, server, token_file, slippage_bps) as parts:
         engine, broker, client = parts
+        if bar_date is None:
+            with Session(engine) as session:
+                dates = bar_dates(session, None, None)
+            if not dates:
+                fail("the prices table is empty: ingest prices first (`allocator data ingest`)")
+            bar_date = dates[-1]
         with pushed(engine, account_name, pushgateway_url) as metrics:
             try:
                 result = run_cycle(
