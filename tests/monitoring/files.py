@@ -32,7 +32,8 @@ MONITORING = REPO_ROOT / "monitoring"
 ALERTS = MONITORING / "alerts.yml"
 ALERTS_TEST = MONITORING / "alerts_test.yml"
 DASHBOARDS = {
-    name: MONITORING / "dashboards" / f"{name}.json" for name in ("serving", "validation")
+    name: MONITORING / "dashboards" / f"{name}.json"
+    for name in ("serving", "trading", "validation")
 }
 
 SHIPPED_PROMETHEUS = REPO_ROOT / "deploy" / "prometheus" / "prometheus.yml"
