@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from click.testing import CliRunner, Result
@@ -120,3 +124,65 @@ def test_a_cycle_on_the_latest_bar(engine: Engine, server: AllocationServer) -> 
     done = trade(engine, "cycle", "--account", "desk", "--date", "latest", "--server", target)
     assert done.exit_code == 0, done.output
     assert f"desk {bar(N_BARS - 1).isoformat()}: done" in done.output
+
+
+class Gateway(BaseHTTPRequestHandler):
+    """A Pushgateway's push endpoint that keeps what it was sent."""
+
+    pushes: ClassVar[list[tuple[str, str, str]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"] or 0)).decode()
+        self.pushes.append((self.command, self.path, body))
+        self.send_response(200)
+        self.end_headers()
+
+    do_PUT = do_POST  # noqa: N815
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_cycle_and_compare_push_the_book_to_the_pushgateway(
+    engine: Engine, server: AllocationServer, tmp_path: Path
+) -> None:
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    thread = threading.Thread(target=http.serve_forever, daemon=True)
+    thread.start()
+    Gateway.pushes.clear()
+    gateway = f"http://127.0.0.1:{http.server_port}"
+    target = f"127.0.0.1:{server.port}"
+    try:
+        trade(engine, "account", "create", "desk", "--assets", ",".join(ASSETS), "--cash", "1000")
+        for k in (10, 11):
+            done = trade(
+                engine,
+                *("cycle", "--account", "desk", "--date", bar(k).isoformat()),
+                *("--server", target, "--pushgateway-url", gateway),
+            )
+            assert done.exit_code == 0, done.output
+        compared = trade(
+            engine,
+            *("compare", "--account", "desk", "--registry", str(tmp_path / "registry")),
+            *("--pushgateway-url", gateway),
+        )
+        assert compared.exit_code == 0, compared.output
+    finally:
+        http.shutdown()
+    methods = {method for method, _, _ in Gateway.pushes}
+    paths = {path for _, path, _ in Gateway.pushes}
+    assert methods == {"POST"}  # adds to the account's group: cycle and compare side by side
+    assert paths == {"/metrics/job/allocator-trade/account/desk"}
+    cycle_body, compare_body = Gateway.pushes[-2][2], Gateway.pushes[-1][2]
+    for name in (
+        "allocator_trading_nav",
+        "allocator_trading_drawdown_ratio",
+        "allocator_trading_position_value",
+        "allocator_trading_turnover_ratio",
+        "allocator_trading_fees_paid",
+        "allocator_trading_rejected_orders",
+        'allocator_trading_account_halted{account="desk"} 0.0',
+        'allocator_trading_orders_total{account="desk",status="filled"}',
+    ):
+        assert name in cycle_body, name
+    assert 'allocator_trading_tracking_difference{account="desk"}' in compare_body
