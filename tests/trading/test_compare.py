@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,14 +18,22 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
-from sqlalchemy import Engine, create_engine, select
+from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from allocator.cli import main
 from allocator.metrics.trading import TradingMetrics
 from allocator.recording.migrations import upgrade
-from allocator.recording.schema import AccountNav, Fill, Order, Position, Price, TradeCycle
+from allocator.recording.schema import (
+    AccountNav,
+    Decision,
+    Fill,
+    Order,
+    Position,
+    Price,
+    TradeCycle,
+)
 from allocator.serving.client import AllocatorClient
 from allocator.trading.book import AccountSpec, create_account
 from allocator.trading.compare import compare_account
@@ -83,6 +92,22 @@ def trade_span(
     return span
 
 
+def wait_for_decisions(engine: Engine, n: int) -> None:
+    """The server records its decisions off the request path: wait until all ``n`` are in."""
+    deadline = time.monotonic() + 30
+    while True:
+        with Session(engine) as session:
+            joined = session.scalar(
+                select(func.count())
+                .select_from(TradeCycle)
+                .join(Decision, Decision.request_id == TradeCycle.request_id)
+            )
+        if joined == n:
+            return
+        assert time.monotonic() < deadline, f"{joined} of {n} decisions recorded"
+        time.sleep(0.1)
+
+
 def test_paper_nav_tracks_the_backtest_within_a_tenth_of_a_percent(
     engine: Engine, client: AllocatorClient, tmp_path: Path
 ) -> None:
@@ -95,10 +120,12 @@ def test_paper_nav_tracks_the_backtest_within_a_tenth_of_a_percent(
     assert report.live_nav != CASH  # the model traded and the prices moved
     assert report.live_fees == pytest.approx(report.backtest_costs, rel=1e-2)
     assert report.mean_cash_gap < 1e-6
+    wait_for_decisions(engine, BARS)
     with Session(engine) as session:
         # The chain decision -> orders -> fills -> positions -> NAV, joined in SQL.
         chain = session.execute(
             select(TradeCycle.bar_date, Order.client_order_id, Fill.quantity, AccountNav.nav)
+            .join(Decision, Decision.request_id == TradeCycle.request_id)
             .join(Order, Order.cycle_id == TradeCycle.id)
             .join(Fill, Fill.order_id == Order.id)
             .join(
