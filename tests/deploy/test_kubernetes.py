@@ -296,3 +296,13 @@ def test_trade_cronjob_runs_a_cycle_on_the_latest_bar_against_the_server():
     assert container["image"] == server["image"]
     env = {e["name"]: e for e in container["env"]}
     assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "allocator-database"
+    for key in ("ALPACA_API_KEY", "ALPACA_SECRET_KEY"):  # only an Alpaca account needs them
+        assert env[key]["valueFrom"]["secretKeyRef"]["optional"] is True
+    # The server wants its bearer token: the same Secret, mounted where --token-file reads.
+    token = Path(params["token_file"])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(token.parent))
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    served = pod_spec(resource("Deployment", "allocator-server"))["volumes"]
+    assert volume["secret"]["secretName"] in {
+        v["secret"]["secretName"] for v in served if "secret" in v
+    }

@@ -186,3 +186,13 @@ def test_cycle_and_compare_push_the_book_to_the_pushgateway(
     ):
         assert name in cycle_body, name
     assert 'allocator_trading_tracking_difference{account="desk"}' in compare_body
+
+
+def test_an_unreadable_token_file_is_named(engine: Engine, tmp_path: Path) -> None:
+    trade(engine, "account", "create", "desk", "--assets", ",".join(ASSETS), "--cash", "1000")
+    missing = tmp_path / "token"
+    done = trade(
+        engine, "cycle", "--account", "desk", "--date", "latest", "--token-file", str(missing)
+    )
+    assert done.exit_code == 2
+    assert f"--token-file: cannot read {missing}" in done.output

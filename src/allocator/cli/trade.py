@@ -212,7 +212,7 @@ def cycle_options(command: Any) -> Any:
             ),
             click.option(
                 "--token-file",
-                type=click.Path(dir_okay=False, exists=True),
+                type=click.Path(dir_okay=False),
                 help="File holding the server's bearer token.",
             ),
             click.option(
@@ -255,7 +255,10 @@ def cycle_parts(
     from allocator.trading.errors import TradingError
     from allocator.trading.paper import PaperBroker
 
-    token = Path(token_file).read_text(encoding="utf-8").strip() if token_file else None
+    try:
+        token = Path(token_file).read_text(encoding="utf-8").strip() if token_file else None
+    except OSError as exc:
+        fail(f"--token-file: cannot read {token_file}: {exc.strerror or exc}")
     with trade_engine(database_url) as engine:
         try:
             with Session(engine) as session:
