@@ -127,6 +127,25 @@ def run_cycle(
 ) -> CycleResult:
     """Run ``account_name``'s cycle for ``bar_date`` once (see the module docstring)."""
     metrics = metrics or trading_metrics()
+    try:
+        return cycle_once(engine, broker, client, account_name, bar_date, retries, metrics)
+    except BrokerRejectedError:
+        raise  # the cycle completed; its rejections are counted with its orders
+    except TradingError:
+        metrics.cycles.labels(account_name, "failed").inc()
+        raise
+
+
+def cycle_once(
+    engine: Engine,
+    broker: Broker,
+    client: AllocatorClient,
+    account_name: str,
+    bar_date: dt.date,
+    retries: Retries,
+    metrics: TradingMetrics,
+) -> CycleResult:
+    """``run_cycle`` without the failure count."""
     with Session(engine) as session:
         account = book.load_account(session, account_name, trading=True)
         account_id = account.id
