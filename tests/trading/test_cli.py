@@ -66,6 +66,8 @@ def test_account_cycle_run_and_status(engine: Engine, server: AllocationServer) 
     assert entry["last_bar"] == bar(N_BARS - 1).isoformat()
     assert entry["halted"] is False
     assert entry["fees"] > 0
+    assert 0.0 <= entry["drawdown"] < 1.0
+    assert entry["turnover"] >= 0.0
     assert all(p["quantity"] == int(p["quantity"]) for p in entry["positions"])  # whole lots
 
 

@@ -490,6 +490,8 @@ def status(account_name: str | None, as_json: bool, database_url: str | None) ->
         for entry in report:
             state = f"HALTED: {entry['halt_reason']}" if entry["halted"] else "active"
             nav = "-" if entry["nav"] is None else f"{entry['nav']:,.2f}"
+            if entry["drawdown"]:
+                nav += f" ({entry['drawdown']:.2%} below its peak)"
             click.echo(
                 f"{entry['account']}: {state}; last bar {entry['last_bar'] or '-'}, NAV {nav}, "
                 f"cash {entry['cash']:,.2f}, fees {entry['fees']:,.2f}, "
