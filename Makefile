@@ -26,7 +26,7 @@ lock: venv
 
 venv: $(BIN)/allocator
 
-## demo: baselines on the embedded S&P 500 data, then train the demo config and export it (runs/demo)
+## demo: baselines on the embedded S&P 500 data, train the demo config, export, serve, paper-trade it (runs/demo)
 demo: venv
 	$(BIN)/allocator demo --out runs/demo
 
