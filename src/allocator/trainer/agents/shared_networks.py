@@ -122,11 +122,6 @@ def slot_order_sums() -> Iterator[None]:
         _EXACT_SUMS.reset(token)
 
 
-def exact_sums() -> bool:
-    """Whether the bit-exact inference arithmetic is in force (outside ``slot_order_sums``)."""
-    return _EXACT_SUMS.get()
-
-
 def order_free_sum(x: th.Tensor, dim: int) -> th.Tensor:
     """Sum over ``dim``, sorted first (same bits for any order) unless in ``slot_order_sums``."""
     if _EXACT_SUMS.get():
