@@ -52,7 +52,7 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     from allocator.trainer.jobs.retrain.runner import retrain as run_retrain
     from allocator.trainer.market.data import DataError
     from allocator.trainer.training.checkpointing import TrainingStoppedError
-    from allocator.trainer.training.config import ConfigError
+    from allocator.typed_config import ConfigError
 
     try:
         config = load_retrain_config(config_path, list(overrides))
@@ -179,7 +179,7 @@ def run_walk_forward_command(
     from allocator.trainer.jobs.walk_forward.state import STATE_FILE, ResumeError
     from allocator.trainer.market.data import DataError
     from allocator.trainer.market.windows import WindowError
-    from allocator.trainer.training.config import ConfigError
+    from allocator.typed_config import ConfigError
 
     try:
         config = load_walk_forward_config(config_path, overrides) if config_path else None
@@ -296,7 +296,7 @@ def walk_forward_stats(
     from allocator.trainer.jobs.walk_forward.returns import RETURNS_FILE, read_returns, read_summary
     from allocator.trainer.jobs.walk_forward.significance import run_statistics
     from allocator.trainer.market.data import DataError
-    from allocator.trainer.training.config import ConfigError
+    from allocator.typed_config import ConfigError
 
     try:
         summary = read_summary(run_dir)
@@ -398,7 +398,7 @@ def tune(
     from allocator.trainer.jobs.tuning.config import TuneError, load_tune_config
     from allocator.trainer.jobs.tuning.runner import run_tuning
     from allocator.trainer.market.data import DataError
-    from allocator.trainer.training.config import ConfigError
+    from allocator.typed_config import ConfigError
 
     extra = [*overrides, f"executor={executor}"] if executor else list(overrides)
     try:

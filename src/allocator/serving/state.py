@@ -314,7 +314,7 @@ class RedisStateStore:
     def _acquire(self, ids: tuple[str, ...]) -> tuple[list[str], str, list[Any]]:
         keys = [self.lock_prefix + pid for pid in ids] + [self.prefix + pid for pid in ids]
         token = os.urandom(12).hex()
-        args = [token, self._lock_ttl_ms, len(ids)]
+        args: list[str | int] = [token, self._lock_ttl_ms, len(ids)]
         deadline = time.monotonic() + self._wait
         delay = _BACKOFF_START
         while True:

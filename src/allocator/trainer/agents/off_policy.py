@@ -1,4 +1,4 @@
-"""What ``SmoothTD3`` and ``SmoothSAC`` add to SB3 alike: two learning rates, curiosity, old paths.
+"""What ``SmoothTD3`` and ``SmoothSAC`` add to SB3 alike: two learning rates and curiosity.
 
 SB3 gives an off-policy algorithm one learning rate (schedule) for every optimizer. Here the
 actor (and SAC's entropy coefficient) and the critics each follow their own schedule: critics
@@ -14,7 +14,6 @@ from stable_baselines3.common.utils import ConstantSchedule
 
 from allocator.trainer.agents.curiosity import CuriosityMixin
 from allocator.trainer.agents.icm import ICMSettings
-from allocator.trainer.agents.legacy_paths import LegacyPathsLoad
 
 
 class LearningRates:
@@ -40,8 +39,8 @@ class LearningRates:
         self.logger.record("train/critic_learning_rate", critic_lr)  # type: ignore[attr-defined]
 
 
-class SmoothOffPolicy(LegacyPathsLoad, CuriosityMixin, LearningRates):
-    """Mixin placed before SB3's TD3 or SAC: two learning rates, an optional ICM, old paths."""
+class SmoothOffPolicy(CuriosityMixin, LearningRates):
+    """Mixin placed before SB3's TD3 or SAC: two learning rates and an optional ICM."""
 
     def _init_smooth(
         self,

@@ -17,7 +17,7 @@ import datetime as dt
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -63,7 +63,7 @@ __all__ = [
     "export_ensemble_policy",
 ]
 
-COMBINE = "mean_action"
+COMBINE: Final = "mean_action"
 MEMBER_FIELDS = (
     "algorithm",
     "hyperparameters",

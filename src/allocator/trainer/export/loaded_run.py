@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +35,9 @@ __all__ = ["ActorFn", "Float32Array", "LoadedRun", "SetActorFn", "load_run"]
 
 Float32Array = NDArray[np.float32]
 ActorFn = Callable[[Float32Array], Float32Array]
-SetActorFn = Callable[[Float32Array, Float32Array, Float32Array], Float32Array]
+FloatArray = NDArray[np.floating[Any]]
+SetActorFn = Callable[[FloatArray, FloatArray, FloatArray], Float32Array]
+"""Features, weights and mask of any float width (converted to float32) -> action."""
 
 
 @dataclass
@@ -86,7 +89,7 @@ class LoadedRun:
         actor = self.model.actor  # type: ignore[attr-defined]
 
         @torch.no_grad()
-        def act(features: Float32Array, weights: Float32Array, mask: Float32Array) -> Float32Array:
+        def act(features: FloatArray, weights: FloatArray, mask: FloatArray) -> Float32Array:
             args = (np.asarray(x, dtype=np.float32) for x in (features, weights, mask))
             return actor.forward_sets(*map(torch.as_tensor, args)).numpy().astype(np.float32)
 
