@@ -51,7 +51,7 @@ bench: venv
 	$(BIN)/python bench/env_throughput.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache .hypothesis
 
 ## proto: regenerate the gRPC code in src/allocator/serving/proto/v1 from proto/ (commit the result)
 proto: venv
