@@ -19,7 +19,7 @@ import pandas as pd
 
 from allocator.serving.loader import load_model
 from allocator.trainer.jobs.evaluation import evaluation_assets
-from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
+from allocator.trainer.jobs.walk_forward.config import WalkForwardError
 from allocator.trainer.jobs.walk_forward.returns import (
     DATE,
     WINDOW,
@@ -48,8 +48,7 @@ def located(recorded: str, fallback: Path) -> Path:
 
 def rebuilt_job(run: Path, summary: dict[str, Any], entry: dict[str, Any]) -> WindowJob:
     """The ``WindowJob`` a window ran as, from ``summary.json`` and its training run's
-    resolved ``config.yaml``; what older summaries lack takes the config's default."""
-    defaults = WalkForwardConfig.model_fields
+    resolved ``config.yaml``."""
     window = Window(
         entry["index"],
         *(
@@ -67,11 +66,9 @@ def rebuilt_job(run: Path, summary: dict[str, Any], entry: dict[str, Any]) -> Wi
         model_name=summary["model_name"],
         version=entry["version"],
         cost_bps=float(summary["cost_bps"]),
-        baselines=tuple(summary.get("baselines") or entry["baselines"]),
-        baseline_fit=summary.get("baseline_fit", defaults["baseline_fit"].default),
-        rebalance_every=int(
-            summary.get("baseline_rebalance_every", defaults["baseline_rebalance_every"].default)
-        ),
+        baselines=tuple(summary["baselines"]),
+        baseline_fit=summary["baseline_fit"],
+        rebalance_every=int(summary["baseline_rebalance_every"]),
         torch_threads=1,
     )
 
