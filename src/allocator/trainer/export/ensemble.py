@@ -180,7 +180,7 @@ def export_ensemble_policy(members: Sequence[LoadedRun], path: Path) -> Path:
         for m in members:
             assert m.feature_norm is not None
             norms.append(m.feature_norm)
-        actors = [m.model.actor for m in members]  # type: ignore[attr-defined]
+        actors: list[torch.nn.Module] = [m.model.actor for m in members]
         graph = SharedEnsemblePolicyGraph(actors, norms, first.asset_spec.clip)
         return export_set_graph(graph, first, path, _metadata(members))
     flat = EnsemblePolicyGraph(
