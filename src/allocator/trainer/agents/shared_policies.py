@@ -184,6 +184,8 @@ class SharedPolicyMixin:
     normalize_images: bool
     net_args: dict[str, Any]
     critic_kwargs: dict[str, Any]
+    training: bool
+    device: th.device
 
     def _set_sizes(
         self, n_features: int, hidden: int, center_assets: bool, kwargs: dict[str, Any]
@@ -225,13 +227,13 @@ class SharedPolicyMixin:
         module each time; the shared networks have no dropout or batch norm, so a call that
         changes nothing returns at once."""
         actor, critic = self.actor, self.critic  # type: ignore[attr-defined]
-        if mode == self.training == actor.training == critic.training:  # type: ignore[attr-defined]
+        if mode == self.training == actor.training == critic.training:
             return
         super().set_training_mode(mode)  # type: ignore[misc]
 
     def make_critic(self, features_extractor: Any = None) -> SharedCritic:
         critic = SharedCritic(**self._net_kwargs(), n_critics=self.critic_kwargs["n_critics"])
-        return critic.to(self.device)  # type: ignore[attr-defined]
+        return critic.to(self.device)
 
 
 # The mixin's make_critic returns a SharedCritic: SB3 uses it through ContinuousCritic's
