@@ -61,11 +61,12 @@ def train(
     from allocator.trainer.market.data import DataError
     from allocator.trainer.sim.performance import format_table
     from allocator.trainer.training.checkpointing import TrainingStoppedError
-    from allocator.trainer.training.config import ConfigError, load_config
+    from allocator.trainer.training.config import load_config
     from allocator.trainer.training.run import resume as resume_training
     from allocator.trainer.training.run import train as run_training
     from allocator.trainer.training.run_dir import CONFIG_FILE
     from allocator.trainer.training.saturation import collapse_warnings
+    from allocator.typed_config import ConfigError
 
     if resume_dir is not None and run_dir is not None:
         fail("--resume continues the run in its own directory; drop --run-dir")
