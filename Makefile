@@ -26,7 +26,7 @@ lock: venv
 
 venv: $(BIN)/allocator
 
-## demo: baselines on the embedded S&P 500 data, then train the demo config and export it (runs/demo)
+## demo: baselines on the embedded S&P 500 data, train the demo config, export, serve, paper-trade it (runs/demo)
 demo: venv
 	$(BIN)/allocator demo --out runs/demo
 
@@ -34,14 +34,14 @@ demo: venv
 ## whole modules (a module fixture is built once) to whichever worker is free, in collection
 ## order; with --run-slow the slow modules come first (tests/conftest.py), so the minutes-long
 ## learning modules spread over both workers instead of queueing on one.
-test: venv
-	$(BIN)/ruff check src tests bench scripts deploy studies examples
-	$(BIN)/ruff format --check src tests bench scripts deploy studies examples
+test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(if $(filter true,$(CI)),--run-slow,) $(PYTEST_ARGS)
 
+## lint: ruff, then mypy over src/ ([tool.mypy] in pyproject.toml); .pre-commit-config.yaml runs the same
 lint: venv
 	$(BIN)/ruff check src tests bench scripts deploy studies examples
 	$(BIN)/ruff format --check src tests bench scripts deploy studies examples
+	$(BIN)/mypy
 
 format: venv
 	$(BIN)/ruff check --fix src tests bench scripts deploy studies examples
@@ -51,7 +51,7 @@ bench: venv
 	$(BIN)/python bench/env_throughput.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache .hypothesis
 
 ## proto: regenerate the gRPC code in src/allocator/serving/proto/v1 from proto/ (commit the result)
 proto: venv

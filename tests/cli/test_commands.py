@@ -103,6 +103,9 @@ def test_demo_runs_baselines_then_trains_and_exports(tmp_path):
     assert "mean daily turnover" in res.output
     assert "excess Sharpe over equal weight:" in res.output
     assert "action saturation:" in res.output
+    assert "paper trading demo/1 on" in res.output
+    assert "live NAV" in res.output
+    assert "backtest NAV" in res.output
     for name in (
         "metrics.json",
         "equity.png",

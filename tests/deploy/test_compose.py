@@ -228,3 +228,16 @@ def datasource_refs(node: Any) -> Iterator[Any]:
     elif isinstance(node, list):
         for value in node:
             yield from datasource_refs(value)
+
+
+def test_compose_trade_job_runs_a_cycle_against_the_server(compose):
+    services = compose["services"]
+    trade = services["trade"]
+    assert trade["profiles"] == ["jobs"]
+    command, params = parse_cli(service_argv(trade, []))
+    assert command == "trade.cycle"
+    assert params["date_"] == "latest"
+    assert params["server"].split(":")[0] in services
+    assert params["pushgateway_url"] == "http://pushgateway:9091"
+    assert trade["image"] == services["server"]["image"]  # the serving image: no torch
+    assert trade["environment"]["DATABASE_URL"] == services["server"]["environment"]["DATABASE_URL"]

@@ -280,3 +280,35 @@ def test_kustomize_builds_base_and_tls_overlay(tmp_path):
         assert len(objects) == len(k8s_resources())
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     assert any(a.startswith("--tls-cert=") for a in pod_spec(deployment)["containers"][0]["args"])
+
+
+def test_trade_cronjob_runs_a_cycle_on_the_latest_bar_against_the_server():
+    cronjob = resource("CronJob", "allocator-trade")
+    assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
+    spec = pod_spec(cronjob)
+    (container,) = spec["containers"]
+    command, params = parse_cli(container_argv(container))
+    assert command == "trade.cycle"
+    assert params["date_"] == "latest"
+    config = resource("ConfigMap", "allocator-config")["data"]
+    assert params["account_name"] == config["TRADE_ACCOUNT"]
+    assert params["pushgateway_url"] == config["ALLOCATOR_PUSHGATEWAY_URL"]
+    host, _, port = params["server"].partition(":")
+    service = resource("Service", "allocator-server")
+    assert host == service["metadata"]["name"]
+    assert int(port) in {p["port"] for p in service["spec"]["ports"]}
+    # The serving image (no torch), the trade database from the Secret.
+    server = pod_spec(resource("Deployment", "allocator-server"))["containers"][0]
+    assert container["image"] == server["image"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "allocator-database"
+    for key in ("ALPACA_API_KEY", "ALPACA_SECRET_KEY"):  # only an Alpaca account needs them
+        assert env[key]["valueFrom"]["secretKeyRef"]["optional"] is True
+    # The server wants its bearer token: the same Secret, mounted where --token-file reads.
+    token = Path(params["token_file"])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(token.parent))
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    served = pod_spec(resource("Deployment", "allocator-server"))["volumes"]
+    assert volume["secret"]["secretName"] in {
+        v["secret"]["secretName"] for v in served if "secret" in v
+    }

@@ -25,13 +25,15 @@ from allocator.metrics.jobs import JobMetrics
 from allocator.metrics.multiprocess import worker_restarts_counter
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.metrics.serving import ServingMetrics
+from allocator.metrics.trading import TradingMetrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MONITORING = REPO_ROOT / "monitoring"
 ALERTS = MONITORING / "alerts.yml"
 ALERTS_TEST = MONITORING / "alerts_test.yml"
 DASHBOARDS = {
-    name: MONITORING / "dashboards" / f"{name}.json" for name in ("serving", "validation")
+    name: MONITORING / "dashboards" / f"{name}.json"
+    for name in ("serving", "trading", "validation")
 }
 
 SHIPPED_PROMETHEUS = REPO_ROOT / "deploy" / "prometheus" / "prometheus.yml"
@@ -193,6 +195,7 @@ def defined_metric_names() -> set[str]:
     RecorderMetrics(registry)
     JobMetrics(registry).mark_success()  # the last-success gauge exists once a run succeeded
     worker_restarts_counter(registry)  # the supervisor's, with --workers N
+    TradingMetrics(registry)  # pushed by `allocator trade`
     names = {"up"}
     for family in registry.collect():
         names.add(family.name)

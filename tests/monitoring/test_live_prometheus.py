@@ -4,8 +4,9 @@ A dashboard panel whose query returns nothing, or an alert rule that can never f
 defect no linter sees. So ``promtool`` lints a running server's ``/metrics``, and a real
 Prometheus (Debian's ``prometheus``, on loopback) scrapes real servers under load, one healthy
 and two driven into every alerting condition, plus the batch jobs' figures pushed to a real
-Pushgateway: every PromQL expression of the dashboards and the rules must return data there,
-with every alert pending or firing where it should and only there.
+Pushgateway (trading accounts among them, one halted by an injected mismatch): every PromQL
+expression of the dashboards and the rules must return data there, with every alert pending or
+firing where it should and only there.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from allocator.artifacts.manifest import checksums, write_manifest
 from allocator.metrics.jobs import JobMetrics, PromotionDecision
 from allocator.metrics.pushgateway import push
+from allocator.metrics.trading import TRADE_JOB
 from allocator.recording.migrations import upgrade
 from allocator.serving.client import AllocatorClient, AllocatorError
 from allocator.serving.server import AllocationServer, ServerConfig, build_server
@@ -50,6 +52,7 @@ from tests.monitoring.files import (
     shipped_server_scrape,
     unused_port,
 )
+from tests.monitoring.trading import trading_registries
 from tests.serving import make_manifest
 from tests.serving.conftest import TINY, action_icm_model, write_tiny_model
 from tests.serving.conftest import redis_url as redis_url  # the session fixture
@@ -182,7 +185,11 @@ class JobTargets:
     stop: Callable[[], None]
 
 
-def job_registries(now: float) -> dict[str, tuple[CollectorRegistry, dict[str, str]]]:
+JobRegistries = list[tuple[str, CollectorRegistry, dict[str, str]]]
+"""``(job, registry, grouping key)`` of each push."""
+
+
+def job_registries(now: float) -> JobRegistries:
     """A retraining run that last succeeded 5 days ago, and a fresh walk-forward run whose
     second window's actor collapsed."""
     retrain = CollectorRegistry()
@@ -196,12 +203,11 @@ def job_registries(now: float) -> dict[str, tuple[CollectorRegistry, dict[str, s
     jobs.record_window("2020-01-02", -0.3, {"collapsed": True, "last": {"near_bound_ratio": 0.97}})
     jobs.observe_duration(1800.0)
     jobs.mark_success(now)
-    return {RETRAIN_JOB: (retrain, {"model": "tiny"}), WALK_FORWARD_JOB: (walk_forward, {})}
+    return [(RETRAIN_JOB, retrain, {"model": "tiny"}), (WALK_FORWARD_JOB, walk_forward, {})]
 
 
-def serve_job_metrics(tmp: Path) -> JobTargets:
+def serve_job_metrics(tmp: Path, registries: JobRegistries) -> JobTargets:
     """Push to a real Pushgateway (scraped with honor_labels) when Debian's is installed."""
-    registries = job_registries(time.time())
     binary = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
     if binary is not None:
         address = f"127.0.0.1:{unused_port()}"
@@ -209,7 +215,7 @@ def serve_job_metrics(tmp: Path) -> JobTargets:
             "pushgateway", [binary, f"--web.listen-address={address}"], tmp / "pushgateway.log"
         )
         gateway.wait_ready(f"http://{address}/-/ready")
-        for job, (registry, grouping) in registries.items():
+        for job, registry, grouping in registries:
             push(registry, f"http://{address}", job, grouping_key=grouping or None)
         config = {
             "job_name": "pushgateway",
@@ -218,12 +224,13 @@ def serve_job_metrics(tmp: Path) -> JobTargets:
         }
         return JobTargets([config], f"Pushgateway ({binary})", gateway.stop)
     servers = []
-    configs = []
-    for job, (registry, grouping) in registries.items():
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for job, registry, grouping in registries:
         http, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
         servers.append(http)
         target = {"targets": [f"127.0.0.1:{http.server_port}"], "labels": grouping}
-        configs.append({"job_name": job, "static_configs": [target]})
+        by_job.setdefault(job, []).append(target)
+    configs = [{"job_name": job, "static_configs": targets} for job, targets in by_job.items()]
 
     def stop() -> None:
         for http in servers:
@@ -321,7 +328,10 @@ def stack(tmp_path: Path, redis_url: str) -> Iterator[Stack]:
         instances["crashing"] = f"127.0.0.1:{crashing.metrics_port}"
         instances["dead"] = f"127.0.0.1:{unused_port()}"
         instances["dead-annotated"] = f"127.0.0.1:{unused_port()}"
-        jobs = serve_job_metrics(tmp_path)
+        trading = trading_registries(
+            tmp_path / "trading", servers["healthy"].target, healthy_registry
+        )
+        jobs = serve_job_metrics(tmp_path, [*job_registries(time.time()), *trading])
         stoppers.append(jobs.stop)
 
         address = f"127.0.0.1:{unused_port()}"
@@ -427,6 +437,8 @@ def check_every_alert_is_active_where_it_should_be(stack: Stack) -> None:
         "AllocatorRetrainingStale": {""},
         "AllocatorActorCollapsed": {""},
         "AllocatorServingWorkersRestarting": {inst["crashing"]},
+        "AllocatorTradingAccountHalted": {""},
+        "AllocatorTradingTrackingDifference": {""},
     }
     assert set(expected) == {rule["alert"] for rule in alert_rules()}
 
@@ -461,3 +473,10 @@ def check_every_alert_is_active_where_it_should_be(stack: Stack) -> None:
     assert {a["labels"].get("model") for a in retrain} == {"tiny"}
     collapsed = [a for a in api.alerts() if a["labels"]["alertname"] == "AllocatorActorCollapsed"]
     assert {a["labels"].get("window") for a in collapsed} == {"2020-01-02"}
+    for name, accounts in {
+        "AllocatorTradingAccountHalted": {"broken"},
+        "AllocatorTradingTrackingDifference": {"slipping"},
+    }.items():
+        fired = [a for a in api.alerts() if a["labels"]["alertname"] == name]
+        assert {a["labels"].get("account") for a in fired} == accounts, name
+        assert {a["labels"].get("job") for a in fired} == {TRADE_JOB}, name

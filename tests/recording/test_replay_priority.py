@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.recording import recorder as recorder_module
+from allocator.recording import backlog
 from allocator.recording.migrations import upgrade
 from allocator.recording.recorder import Recorder
 from allocator.recording.records import DecisionRecord, ModelRecord
@@ -71,7 +71,7 @@ def test_live_decisions_are_durable_within_a_slice_while_the_spool_replays(
 def test_a_large_spooled_frame_is_replayed_in_chunks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(recorder_module, "REPLAY_CHUNK", 100)
+    monkeypatch.setattr(backlog, "REPLAY_CHUNK", 100)
     url = f"sqlite:///{tmp_path / 'trade.db'}"
     upgrade(url)
     spool = Spool(tmp_path / "spool")

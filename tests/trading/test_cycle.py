@@ -164,6 +164,8 @@ def test_an_injected_mismatch_halts_the_account(engine: Engine, client: Allocato
     with pytest.raises(AccountHaltedError, match="reconciliation mismatch"):
         run_cycle(engine, broker, client, "acct", bar(11), metrics=metrics)
     assert counts(engine)["trade_cycles"] == 1
+    failed = {"account": "acct", "outcome": "failed"}
+    assert registry.get_sample_value("allocator_trading_cycles_total", failed) == 2.0
 
 
 def test_bad_input_is_refused_and_records_nothing(engine: Engine, client: AllocatorClient) -> None:

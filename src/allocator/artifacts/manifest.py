@@ -24,7 +24,7 @@ import datetime as dt
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -43,7 +43,7 @@ SCHEMA_VERSION = 3
 READABLE_SCHEMA_VERSIONS = (2, 3)
 """Versions ``read_manifest`` accepts: 2 is read with schema 3's defaults (what it meant)."""
 MANIFEST_FILE = "manifest.json"
-ACTION_MAPPING = "affine_renormalize_v1"
+ACTION_MAPPING: Final = "affine_renormalize_v1"
 """``portfolio.action_to_weights``: preference (a + 1) / 2, masked, renormalized, else cash."""
 TILT_MAPPING = "anchor_tilt_v1"
 """``portfolio.tilt_weights`` of the action around ``portfolio.anchor_weights`` (see ``tilt``)."""

@@ -1,15 +1,18 @@
 """``allocator demo``: the first run on a new machine, end to end on the embedded data.
 
-Baselines, then (with ``--train``) train -> export -> serve -> a tiny walk-forward. The trainer,
+Baselines, then (with ``--train``) train -> export -> serve -> a tiny walk-forward -> paper
+trading over the validation days, the live NAV printed beside the backtest's. The trainer,
 serving and plotting libraries are imported inside the functions that use them, so
 ``allocator --help`` stays instant.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -69,17 +72,19 @@ def demo(out: str, start: str, end: str, cost_bps: float, do_train: bool, config
     for path in written:
         click.echo(f"wrote {path}")
     if do_train:
-        _train_and_export(out_dir, config_path)
+        validation = _train_and_export(out_dir, config_path)
         # heavy (onnxruntime, grpc): imported only when the demo goes on to serve
         from allocator.serving.demo import serve_demo
 
         click.echo("")
         serve_demo(out_dir / "models", out_dir, md.prices, md.assets, echo=click.echo)
         _walk_forward(out_dir)
+        _paper_trade(out_dir, md, validation)
 
 
-def _train_and_export(out_dir: Path, config_path: str) -> None:
-    """Train the demo config, export it to ``out_dir/models`` and print the ONNX parity."""
+def _train_and_export(out_dir: Path, config_path: str) -> tuple[str, str]:
+    """Train the demo config, export it to ``out_dir/models`` and print the ONNX parity;
+    returns the validation span."""
     # heavy (torch, onnx): imported when the demo trains, keeps --help instant
     from allocator.artifacts.manifest import read_manifest
     from allocator.trainer.export.parity import PARITY_TOLERANCE, format_parity
@@ -133,6 +138,26 @@ def _train_and_export(out_dir: Path, config_path: str) -> None:
     parity = (exported.export or {}).get("parity", {})
     click.echo(f"ONNX vs torch, max abs difference (export fails above {PARITY_TOLERANCE:g}):")
     click.echo(format_parity(parity))
+    return str(config.data.validation_start), str(config.data.validation_end)
+
+
+def _paper_trade(out_dir: Path, md: Any, validation: tuple[str, str]) -> None:
+    """Paper-trade the exported model over the validation days; print the live NAV beside the
+    backtest's."""
+    # heavy (sqlalchemy, onnxruntime, grpc): imported when the demo trades
+    from allocator.trading.demo import paper_trade_demo
+
+    click.echo("")
+    paper_trade_demo(
+        out_dir / "models",
+        out_dir,
+        [d.date() for d in md.dates],
+        md.prices,
+        md.assets,
+        dt.date.fromisoformat(validation[0]),
+        dt.date.fromisoformat(validation[1]),
+        echo=click.echo,
+    )
 
 
 def _walk_forward(out_dir: Path) -> None:

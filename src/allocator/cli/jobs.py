@@ -52,7 +52,7 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     from allocator.trainer.jobs.retrain.runner import retrain as run_retrain
     from allocator.trainer.market.data import DataError
     from allocator.trainer.training.checkpointing import TrainingStoppedError
-    from allocator.trainer.training.config import ConfigError
+    from allocator.typed_config import ConfigError
 
     try:
         config = load_retrain_config(config_path, list(overrides))
@@ -180,7 +180,7 @@ def run_walk_forward_command(
     from allocator.trainer.jobs.walk_forward.state import STATE_FILE, ResumeError
     from allocator.trainer.market.data import DataError
     from allocator.trainer.market.windows import WindowError
-    from allocator.trainer.training.config import ConfigError
+    from allocator.typed_config import ConfigError
 
     try:
         config = load_walk_forward_config(config_path, overrides) if config_path else None
@@ -283,23 +283,21 @@ def walk_forward_stats(
 ) -> None:
     """Intervals and tests of a finished walk-forward run in RUN_DIR.
 
-    Reads RUN_DIR/returns.csv; a run made before that file existed is replayed instead (each
-    window's exported model through the serving path, and the baselines, on its test span).
-    A --baseline the run did not record is backtested on the same assets and costs and joined
-    to them. Nothing is written into RUN_DIR. Exit 2 when RUN_DIR is not a finished run or a
-    baseline is unknown, 1 when a window cannot be replayed.
+    Reads RUN_DIR/returns.csv. A --baseline the run did not record is backtested on the same
+    assets and costs and joined to them. Nothing is written into RUN_DIR. Exit 2 when RUN_DIR
+    is not a finished run or a baseline is unknown, 1 when a window cannot be replayed.
     """
     # heavy (pandas, arch, onnxruntime): imported when the command runs, keeps --help instant
     from allocator.artifacts.files import write_json
     from allocator.registry.errors import ModelLoadError
     from allocator.trainer.jobs.json_safe import json_safe
     from allocator.trainer.jobs.walk_forward.config import StatisticsSettings, WalkForwardError
-    from allocator.trainer.jobs.walk_forward.rebuild import load_returns, with_baselines
+    from allocator.trainer.jobs.walk_forward.rebuild import with_baselines
     from allocator.trainer.jobs.walk_forward.report import format_statistics
-    from allocator.trainer.jobs.walk_forward.returns import read_summary
+    from allocator.trainer.jobs.walk_forward.returns import RETURNS_FILE, read_returns, read_summary
     from allocator.trainer.jobs.walk_forward.significance import run_statistics
     from allocator.trainer.market.data import DataError
-    from allocator.trainer.training.config import ConfigError
+    from allocator.typed_config import ConfigError
 
     try:
         summary = read_summary(run_dir)
@@ -311,8 +309,12 @@ def walk_forward_stats(
     if trials_sharpe_variance is not None:
         settings = settings.model_copy(update={"trials_sharpe_variance": trials_sharpe_variance})
     tried = configurations_tried or int(summary.get("configurations_tried", 1))
+    returns_path = Path(run_dir) / RETURNS_FILE
+    if not returns_path.is_file():
+        fail(f"{run_dir} has no {RETURNS_FILE}: not a finished walk-forward run")
+    source = str(returns_path)
     try:
-        frame, source = load_returns(run_dir)
+        frame = read_returns(returns_path)
         if baselines:
             frame = with_baselines(run_dir, frame, baselines)
             source += f", with {', '.join(baselines)} backtested now"
@@ -401,7 +403,7 @@ def tune(
     from allocator.trainer.jobs.tuning.config import TuneError, load_tune_config
     from allocator.trainer.jobs.tuning.runner import run_tuning
     from allocator.trainer.market.data import DataError
-    from allocator.trainer.training.config import ConfigError
+    from allocator.typed_config import ConfigError
 
     extra = [*overrides, f"executor={executor}"] if executor else list(overrides)
     try:

@@ -48,6 +48,34 @@ def trade_engine(database_url: str | None) -> Iterator[Any]:
         engine.dispose()
 
 
+pushgateway_option = click.option(
+    "--pushgateway-url",
+    envvar=["ALLOCATOR_PUSHGATEWAY_URL", "PUSHGATEWAY_URL"],
+    default=None,
+    help="Push the account's figures at the end [env: ALLOCATOR_PUSHGATEWAY_URL, PUSHGATEWAY_URL]",
+)
+
+
+@contextmanager
+def pushed(engine: Any, account_name: str, gateway_url: str | None) -> Iterator[Any]:
+    """The command's trading figures; at the end, failed or not, the account's book is read
+    back into them and they are pushed (a failed push is a warning, never the exit code)."""
+    # heavy (sqlalchemy): the status report reads the trade database
+    from allocator.metrics.trading import TradingPush
+    from allocator.trading.status import account_status
+
+    pusher = TradingPush(gateway_url, account_name)
+    try:
+        yield pusher.metrics
+    finally:
+        if gateway_url:
+            for entry in account_status(engine, account_name):
+                pusher.metrics.record_book(entry)
+            error = pusher.push()
+            if error:
+                click.echo(f"warning: {error}", err=True)
+
+
 @click.group()
 def trade() -> None:
     """Trade target weights: paper accounts, cycles per bar, positions and P&L."""
@@ -61,7 +89,19 @@ def account() -> None:
 @account.command("create")
 @click.argument("name")
 @click.option("--assets", required=True, help="Comma-separated asset ids the account trades.")
-@click.option("--cash", type=float, required=True, help="Initial cash deposited.")
+@click.option(
+    "--cash",
+    type=float,
+    default=None,
+    help="Initial cash deposited (paper); an Alpaca account's cash is read from Alpaca.",
+)
+@click.option(
+    "--broker",
+    type=click.Choice(["paper", "alpaca"]),
+    default="paper",
+    show_default=True,
+    help="alpaca: Alpaca's paper endpoint, credentials in ALPACA_API_KEY/ALPACA_SECRET_KEY.",
+)
 @click.option("--model", default=None, help="Model name to ask (default: the server's).")
 @click.option("--cost-bps", type=float, default=10.0, show_default=True)
 @click.option("--lot-size", type=float, default=0.0, show_default=True, help="0: fractional.")
@@ -72,7 +112,8 @@ def account() -> None:
 def account_create(
     name: str,
     assets: str,
-    cash: float,
+    cash: float | None,
+    broker: str,
     model: str | None,
     cost_bps: float,
     lot_size: float,
@@ -81,7 +122,8 @@ def account_create(
     cash_buffer: float,
     database_url: str | None,
 ) -> None:
-    """Create paper account NAME, funded with CASH at the paper broker and in the book."""
+    """Create account NAME: a paper one funded with CASH at the paper broker and in the book, or
+    one on an empty Alpaca paper account, its cash read from Alpaca."""
     # heavy (sqlalchemy): imported when the command runs
     from sqlalchemy.orm import Session
 
@@ -93,19 +135,47 @@ def account_create(
 
     try:
         rules = SizingRules(cost_bps, lot_size, min_order_value, band, cash_buffer)
-        spec = AccountSpec(name, [a.strip() for a in assets.split(",") if a.strip()], rules, model)
+        listed = [a.strip() for a in assets.split(",") if a.strip()]
+        spec = AccountSpec(name, listed, rules, model, broker)
+        spec.check()
     except ValueError as exc:
         fail(str(exc))
+    if broker == "paper" and cash is None:
+        fail("a paper account needs --cash")
+    if broker == "alpaca":
+        cash = alpaca_cash(cash)
+    assert cash is not None
     with trade_engine(database_url) as engine:
         try:
             with Session(engine) as session, session.begin():
                 create_account(session, spec, cash)
-                PaperBroker(engine, cost_bps).fund_in(session, name, cash)
+                if broker == "paper":
+                    PaperBroker(engine, cost_bps).fund_in(session, name, cash)
         except (ValueError, TradingError) as exc:
             fail(str(exc))
     click.echo(
-        f"created paper account {name} with {cash:,.2f} cash, assets {', '.join(spec.assets)}"
+        f"created {broker} account {name} with {cash:,.2f} cash, assets {', '.join(spec.assets)}"
     )
+
+
+def alpaca_cash(given: float | None) -> float:
+    """The cash of the Alpaca account the credentials name; refuses one that holds positions
+    (the book starts from cash only) or whose cash differs from ``given``."""
+    # heavy (alpaca-py): imported only for an Alpaca account
+    from allocator.portfolio import CASH_ID
+    from allocator.trading.alpaca import AlpacaBroker
+    from allocator.trading.errors import TradingError
+
+    try:
+        held = AlpacaBroker.from_env().holdings("")
+    except TradingError as exc:
+        fail(str(exc))
+    cash = held.pop(CASH_ID, 0.0)
+    if held:
+        fail(f"the Alpaca account holds {sorted(held)}: start from an account holding only cash")
+    if given is not None and abs(given - cash) > 0.005:
+        fail(f"--cash {given:,.2f} differs from the Alpaca account's cash {cash:,.2f}")
+    return cash
 
 
 @account.command("resume")
@@ -142,7 +212,7 @@ def cycle_options(command: Any) -> Any:
             ),
             click.option(
                 "--token-file",
-                type=click.Path(dir_okay=False, exists=True),
+                type=click.Path(dir_okay=False),
                 help="File holding the server's bearer token.",
             ),
             click.option(
@@ -159,6 +229,7 @@ def cycle_options(command: Any) -> Any:
                 show_default=True,
                 help="Paper broker: slippage against the trader.",
             ),
+            pushgateway_option,
             database_url_option,
         ]
     ):
@@ -174,7 +245,7 @@ def cycle_parts(
     token_file: str | None,
     slippage_bps: float,
 ) -> Iterator[tuple[Any, Any, Any]]:
-    """The engine, the account's paper broker and a client of the server."""
+    """The engine, the account's broker (paper or Alpaca) and a client of the server."""
     # heavy (sqlalchemy, grpc): imported when the command runs
     from sqlalchemy.orm import Session
 
@@ -184,16 +255,25 @@ def cycle_parts(
     from allocator.trading.errors import TradingError
     from allocator.trading.paper import PaperBroker
 
-    token = Path(token_file).read_text(encoding="utf-8").strip() if token_file else None
+    try:
+        token = Path(token_file).read_text(encoding="utf-8").strip() if token_file else None
+    except OSError as exc:
+        fail(f"--token-file: cannot read {token_file}: {exc.strerror or exc}")
     with trade_engine(database_url) as engine:
         try:
             with Session(engine) as session:
-                cost_bps = load_account(session, account_name).cost_bps
+                account = load_account(session, account_name)
+                cost_bps, kind = account.cost_bps, account.broker
+            if kind == "alpaca":
+                # heavy (alpaca-py): imported only for an Alpaca account
+                from allocator.trading.alpaca import AlpacaBroker
+
+                broker: Any = AlpacaBroker.from_env()
+            else:
+                broker = PaperBroker(engine, cost_bps, slippage_bps=slippage_bps)
         except TradingError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
-        try:
-            broker = PaperBroker(engine, cost_bps, slippage_bps=slippage_bps)
         except ValueError as exc:
             fail(str(exc))
         with AllocatorClient(server, token=token) as client:
@@ -211,31 +291,54 @@ def print_result(result: Any) -> None:
 
 @trade.command("cycle")
 @cycle_options
-@click.option("--date", "date_", required=True, help="The bar to trade, YYYY-MM-DD.")
+@click.option(
+    "--date",
+    "date_",
+    required=True,
+    help="The bar to trade, YYYY-MM-DD, or 'latest': the latest bar of the prices table.",
+)
 def cycle(
     account_name: str,
     server: str,
     token_file: str | None,
     attempts: int,
     slippage_bps: float,
+    pushgateway_url: str | None,
     database_url: str | None,
     date_: str,
 ) -> None:
     """Run ACCOUNT's trading cycle for the bar of DATE (once: a rerun changes nothing)."""
     # heavy (sqlalchemy, grpc): imported when the command runs
+    from sqlalchemy.orm import Session
+
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
+    from allocator.trading.bars import bar_dates
     from allocator.trading.cycle import Retries, run_cycle
     from allocator.trading.errors import TradingError
 
-    bar_date = parse_date(date_, "--date")
+    bar_date = None if date_ == "latest" else parse_date(date_, "--date")
     with cycle_parts(database_url, account_name, server, token_file, slippage_bps) as parts:
         engine, broker, client = parts
-        try:
-            result = run_cycle(
-                engine, broker, client, account_name, bar_date, retries=Retries(attempts=attempts)
-            )
-        except TradingError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+        if bar_date is None:
+            with Session(engine) as session:
+                dates = bar_dates(session, None, None)
+            if not dates:
+                fail("the prices table is empty: ingest prices first (`allocator data ingest`)")
+            bar_date = dates[-1]
+        with pushed(engine, account_name, pushgateway_url) as metrics:
+            try:
+                result = run_cycle(
+                    engine,
+                    broker,
+                    client,
+                    account_name,
+                    bar_date,
+                    retries=Retries(attempts=attempts),
+                    metrics=metrics,
+                )
+            except TradingError as exc:
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(1)
     print_result(result)
 
 
@@ -249,6 +352,7 @@ def run(
     token_file: str | None,
     attempts: int,
     slippage_bps: float,
+    pushgateway_url: str | None,
     database_url: str | None,
     start: str | None,
     end: str | None,
@@ -263,8 +367,6 @@ def run(
     # allocator's trading modules import sqlalchemy too: loaded with the command only
     from allocator.trading.bars import bar_dates
     from allocator.trading.book import last_traded
-    from allocator.trading.cycle import Retries, run_cycle
-    from allocator.trading.errors import MissingPriceError, TradingError
 
     first = parse_date(start, "--start") if start else None
     last = parse_date(end, "--end") if end else None
@@ -277,28 +379,96 @@ def run(
             dates = [d for d in dates if d >= traded]  # the last traded bar reruns as a no-op
         if not dates:
             fail("no bars in the prices table for that span: ingest prices first")
-        result = None
-        for bar_date in dates:
-            try:
-                result = run_cycle(
-                    engine,
-                    broker,
-                    client,
-                    account_name,
-                    bar_date,
-                    retries=Retries(attempts=attempts),
-                )
-            except MissingPriceError as exc:
-                if result is None and "closes up to" in str(exc):
-                    continue  # the model's window is not filled yet
-                click.echo(f"error: {exc}", err=True)
-                sys.exit(1)
-            except TradingError as exc:
-                click.echo(f"error: {exc}", err=True)
-                sys.exit(1)
+        with pushed(engine, account_name, pushgateway_url) as metrics:
+            result = replay_bars(engine, broker, client, account_name, dates, attempts, metrics)
     if result is None:
         fail("no bar in the span has the model's window of history")
     print_result(result)
+
+
+def replay_bars(
+    engine: Any,
+    broker: Any,
+    client: Any,
+    account_name: str,
+    dates: list[dt.date],
+    attempts: int,
+    metrics: Any,
+) -> Any:
+    """Each bar's cycle in turn; the last result (None when no bar had the model's window)."""
+    # heavy (sqlalchemy, grpc): imported when the command runs
+    from allocator.trading.cycle import Retries, run_cycle
+    from allocator.trading.errors import MissingPriceError, TradingError
+
+    result = None
+    for bar_date in dates:
+        try:
+            result = run_cycle(
+                engine,
+                broker,
+                client,
+                account_name,
+                bar_date,
+                retries=Retries(attempts=attempts),
+                metrics=metrics,
+            )
+        except MissingPriceError as exc:
+            if result is None and "closes up to" in str(exc):
+                continue  # the model's window is not filled yet
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except TradingError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+    return result
+
+
+@trade.command("compare")
+@click.option("--account", "account_name", required=True, help="Account name.")
+@click.option(
+    "--registry",
+    required=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="The model registry the allocation server serves from.",
+)
+@click.option("--start", default=None, help="First bar, YYYY-MM-DD (default: the first traded).")
+@click.option("--end", default=None, help="Last bar, YYYY-MM-DD (default: the last traded).")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
+@pushgateway_option
+@database_url_option
+def compare(
+    account_name: str,
+    registry: str,
+    start: str | None,
+    end: str | None,
+    json_path: str | None,
+    pushgateway_url: str | None,
+    database_url: str | None,
+) -> None:
+    """ACCOUNT's live NAV beside the backtest of the same model over the same bars.
+
+    The report quantifies the difference: the NAV gap per bar, fees against the backtest's
+    costs, turnover, how far the sizing rules kept the book from the target, and how far the
+    server's answers moved. The tracking difference is pushed as
+    allocator_trading_tracking_difference."""
+    # heavy (sqlalchemy, onnxruntime): imported when the command runs
+    from allocator.artifacts.files import write_json
+    from allocator.trading.compare import compare_account
+    from allocator.trading.errors import TradingError
+
+    first = parse_date(start, "--start") if start else None
+    last = parse_date(end, "--end") if end else None
+    with trade_engine(database_url) as engine, pushed(engine, account_name, pushgateway_url) as m:
+        try:
+            report = compare_account(engine, account_name, Path(registry), first, last)
+        except TradingError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        m.record_tracking(account_name, report.tracking_difference)
+    click.echo(report.summary())
+    if json_path:
+        write_json(json_path, report.to_dict())
+        click.echo(f"wrote {json_path}")
 
 
 @trade.command("status")
@@ -320,6 +490,8 @@ def status(account_name: str | None, as_json: bool, database_url: str | None) ->
         for entry in report:
             state = f"HALTED: {entry['halt_reason']}" if entry["halted"] else "active"
             nav = "-" if entry["nav"] is None else f"{entry['nav']:,.2f}"
+            if entry["drawdown"]:
+                nav += f" ({entry['drawdown']:.2%} below its peak)"
             click.echo(
                 f"{entry['account']}: {state}; last bar {entry['last_bar'] or '-'}, NAV {nav}, "
                 f"cash {entry['cash']:,.2f}, fees {entry['fees']:,.2f}, "

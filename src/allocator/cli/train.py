@@ -14,7 +14,13 @@ from pathlib import Path
 
 import click
 
-from allocator.cli.options import config_options, fail, graceful_stop, interrupted_exit_code
+from allocator.cli.options import (
+    config_options,
+    fail,
+    graceful_stop,
+    interrupted_exit_code,
+    shown_url,
+)
 
 
 @click.command()
@@ -36,27 +42,39 @@ from allocator.cli.options import config_options, fail, graceful_stop, interrupt
     type=click.Path(file_okay=False, exists=True),
     help="continue this run from its last checkpoint (see checkpoint_every) to total_timesteps",
 )
+@click.option(
+    "--database-url",
+    default=None,
+    help="record the finished run in this trade database's training_runs (migrated first)",
+)
 def train(
     config_path: str | None,
     overrides: tuple[str, ...],
     run_dir: str | None,
     resume_dir: str | None,
+    database_url: str | None,
 ) -> None:
     """Train a TD3 or SAC policy; write model, audits, logs and a validation backtest."""
     # heavy (torch): imported when the command runs, so `allocator --help` stays instant
+    from allocator.recording.schema import utcnow
     from allocator.trainer import MissingExtraError
+    from allocator.trainer.jobs.training_runs import check_training_table, record_training_run
     from allocator.trainer.market.data import DataError
     from allocator.trainer.sim.performance import format_table
     from allocator.trainer.training.checkpointing import TrainingStoppedError
-    from allocator.trainer.training.config import ConfigError, load_config
+    from allocator.trainer.training.config import load_config
     from allocator.trainer.training.run import resume as resume_training
     from allocator.trainer.training.run import train as run_training
     from allocator.trainer.training.run_dir import CONFIG_FILE
     from allocator.trainer.training.saturation import collapse_warnings
+    from allocator.typed_config import ConfigError
 
     if resume_dir is not None and run_dir is not None:
         fail("--resume continues the run in its own directory; drop --run-dir")
+    started = utcnow()
     try:
+        if database_url:
+            check_training_table(database_url)
         with graceful_stop("stopping after this step, with a checkpoint (again: at once)") as ask:
             if resume_dir is None:
                 config = load_config(config_path, list(overrides))
@@ -79,6 +97,16 @@ def train(
         sys.exit(interrupted_exit_code(exc))
     summary = run.summary
     click.echo(f"run: {run.run_dir}")
+    if database_url:
+        row = record_training_run(
+            database_url,
+            run.run_dir.name,
+            str(run.run_dir),
+            config.model_dump(mode="json"),
+            summary,
+            started,
+        )
+        click.echo(f"recorded as training run {row} in {shown_url(database_url)}")
     if "resumed_from" in summary:
         click.echo(f"resumed from step {summary['resumed_from'][-1]}")
     click.echo(

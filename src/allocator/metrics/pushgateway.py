@@ -37,7 +37,8 @@ def push(
         raise ValueError("job must be a non-empty name")
     send = push_to_gateway if replace else pushadd_to_gateway
     try:
-        send(gateway_url, job=job, registry=registry, grouping_key=grouping_key, timeout=timeout)
+        group = None if grouping_key is None else dict(grouping_key)  # the client wants a dict
+        send(gateway_url, job=job, registry=registry, grouping_key=group, timeout=timeout)
     except OSError as exc:  # URLError, connection refused, timeouts, non-2xx responses
         raise PushError(
             f"could not push metrics of job {job!r} to the Pushgateway at {gateway_url}: {exc}"

@@ -1,19 +1,33 @@
-"""Figures of the trading cycle: reconciliation mismatches, halts, orders, cycles.
+"""Figures of the trading cycle: reconciliation mismatches, halts, orders, cycles, and the book.
 
-A mismatch between the broker and the recorded book halts the account; the counter is what an
-alert fires on (``allocator_trading_reconciliation_mismatches_total`` increasing), the gauge
-says which accounts stay halted until an operator resumes them.
+A mismatch between the broker and the recorded book halts the account; the halted gauge is what
+``AllocatorTradingAccountHalted`` fires on, the counter says how often it happened. A cycle is a
+batch job (a CronJob), shorter than a scrape interval, so ``allocator trade`` pushes these figures
+to a Pushgateway at its end (``TradingPush``), with the book's state read back from the trade
+database: NAV, drawdown, positions, turnover, fees, rejects, and the tracking difference against
+the backtest once ``allocator trade compare`` has measured it.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from allocator.metrics.pushgateway import PushError, push
+from allocator.portfolio import CASH_ID
+
+TRADE_JOB = "allocator-trade"
+"""The Pushgateway job the trade commands push under (grouped by account)."""
 
 
 class TradingMetrics:
     """The trading figures, registered once per registry (the process default unless given)."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.registry = registry
         self.mismatches = Counter(
             "allocator_trading_reconciliation_mismatches_total",
             "Reconciliations that found the broker's positions differ from the recorded ones.",
@@ -38,6 +52,102 @@ class TradingMetrics:
             ["account", "outcome"],
             registry=registry,
         )
+        self.nav = Gauge(
+            "allocator_trading_nav",
+            "The account's NAV at its last cycle's close, after that cycle's trades.",
+            ["account"],
+            registry=registry,
+        )
+        self.drawdown = Gauge(
+            "allocator_trading_drawdown_ratio",
+            "How far the account's NAV is below its highest recorded NAV (0: at the peak).",
+            ["account"],
+            registry=registry,
+        )
+        self.position_value = Gauge(
+            "allocator_trading_position_value",
+            "Value of each holding at the last cycle's close (cash under CASH).",
+            ["account", "asset"],
+            registry=registry,
+        )
+        self.turnover = Gauge(
+            "allocator_trading_turnover_ratio",
+            "Value traded by the last cycle over the NAV it started from.",
+            ["account"],
+            registry=registry,
+        )
+        self.fees = Gauge(
+            "allocator_trading_fees_paid",
+            "Fees the account has paid on all its fills.",
+            ["account"],
+            registry=registry,
+        )
+        self.rejected = Gauge(
+            "allocator_trading_rejected_orders",
+            "Orders of the account the broker has rejected, all cycles together.",
+            ["account"],
+            registry=registry,
+        )
+        self.tracking_difference = Gauge(
+            "allocator_trading_tracking_difference",
+            "Live NAV over the backtest's NAV of the same model over the same bars, less one "
+            "(allocator trade compare).",
+            ["account"],
+            registry=registry,
+        )
+
+    def record_book(self, entry: Mapping[str, Any]) -> None:
+        """The book of one account as ``trading.status.account_status`` reports it."""
+        account = str(entry["account"])
+        self.halted.labels(account).set(1.0 if entry["halted"] else 0.0)
+        self.fees.labels(account).set(float(entry["fees"]))
+        self.rejected.labels(account).set(float(entry["rejected_orders"]))
+        if entry.get("nav") is not None:
+            self.nav.labels(account).set(float(entry["nav"]))
+        if entry.get("drawdown") is not None:
+            self.drawdown.labels(account).set(float(entry["drawdown"]))
+        if entry.get("turnover") is not None:
+            self.turnover.labels(account).set(float(entry["turnover"]))
+        self.position_value.labels(account, CASH_ID).set(float(entry["cash"]))
+        for position in entry["positions"]:
+            if position["value"] is not None:
+                self.position_value.labels(account, position["asset"]).set(position["value"])
+
+    def record_tracking(self, account: str, difference: float) -> None:
+        """The compare command's final tracking difference (a NaN is not recorded)."""
+        if math.isfinite(difference):
+            self.tracking_difference.labels(account).set(difference)
+
+
+class TradingPush:
+    """One trade command's figures on a fresh registry, pushed under the account's group.
+
+    The push adds to the group (POST): a family pushed replaces its previous values, a family
+    not pushed (the tracking difference, when a cycle runs) keeps them, so the cycle's book and
+    the comparison's figure live side by side.
+    """
+
+    def __init__(self, gateway_url: str | None, account: str) -> None:
+        self.gateway_url = gateway_url
+        self.account = account
+        self.metrics = TradingMetrics(CollectorRegistry())
+
+    def push(self) -> str | None:
+        """Push; the error text, None when it went out (or no gateway is configured). A failed
+        push never undoes the trading it reports."""
+        if not self.gateway_url:
+            return None
+        try:
+            push(
+                self.metrics.registry,
+                self.gateway_url,
+                TRADE_JOB,
+                grouping_key={"account": self.account},
+                replace=False,
+            )
+        except PushError as exc:
+            return str(exc)
+        return None
 
 
 _DEFAULT: TradingMetrics | None = None

@@ -4,7 +4,7 @@
 waits on (see ``tickets``). One writer thread takes batches off the queue and writes them to
 the database (see ``sinks``). When the database is unreachable, the batch goes to the fsync'd
 local ``Spool`` instead, and once the database answers again the spool is replayed, oldest
-first, in slices of about ``REPLAY_SLICE_SECONDS`` between which live batches go first: live
+first, in slices (see ``backlog``) between which live batches go first: live
 decisions are written straight to the database while the backlog drains behind them, so a
 replay of thousands of spooled decisions never holds a live acknowledgement for longer than a
 slice. A live record may so reach the database before an older spooled one; nothing depends on
@@ -28,13 +28,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from allocator.metrics.recorder import RecorderMetrics
+from allocator.recording.backlog import BacklogReplay, ReplayCursor
 from allocator.recording.records import DecisionRecord, ModelRecord
 from allocator.recording.sinks import (
     RecordRejectedError,
@@ -43,7 +42,7 @@ from allocator.recording.sinks import (
     SinkUnavailableError,
     make_sink,
 )
-from allocator.recording.spool import Segment, Spool, SpoolError
+from allocator.recording.spool import Spool, SpoolError
 from allocator.recording.tickets import (
     ACK_MODES,
     NotDurableError,
@@ -55,29 +54,10 @@ __all__ = ["ACK_MODES", "NotDurableError", "Recorder", "RecorderRefusedError", "
 
 log = logging.getLogger(__name__)
 
-REPLAY_SLICE_SECONDS = 0.005
-"""The writer replays spooled frames for about this long (at least one chunk) before it looks
-at the live queue again, and stops a slice early once a live record is waiting."""
-REPLAY_CHUNK = 500
-"""Decisions written per replay step: a spooled frame of a large batch (thousands of decisions)
-goes in several commits, so no single replay write holds the live queue for long."""
-
-
 _Item = ModelRecord | DecisionRecord
 
 
-@dataclass
-class _ReplayCursor:
-    """The segment being replayed, its frames (decoded as reached), and the rest of the frame
-    being written, in chunks of at most ``REPLAY_CHUNK`` decisions (a chunk an outage stopped
-    is written again: the request ids absorb what it had already written)."""
-
-    segment: Segment
-    frames: Iterator[dict[str, Any]]
-    chunks: deque[tuple[list[ModelRecord], list[DecisionRecord]]] = field(default_factory=deque)
-
-
-class Recorder:
+class Recorder(BacklogReplay):
     """Record decisions into ``database_url`` through a spool in ``spool_dir``.
 
     ``batch_size`` bounds one write; ``flush_interval`` is how long the writer waits to fill a
@@ -131,7 +111,7 @@ class Recorder:
         self._db_up = False
         self._next_attempt = 0.0
         self._backoff = self._retry_min
-        self._replaying: _ReplayCursor | None = None
+        self._replaying: ReplayCursor | None = None
         self._spool_bytes = self.spool.bytes
         self._spool_records = self.spool.records
         self._thread = threading.Thread(target=self._run, name="allocator-recorder", daemon=True)
@@ -494,78 +474,6 @@ class Recorder:
             self._spool_bytes += size
             self._spool_records += len(decisions)
         self._update_spool_gauges()
-
-    def _replay_slice(self) -> None:
-        """Replay spooled frames, oldest first, for about ``REPLAY_SLICE_SECONDS`` (at least
-        one frame, fewer once a live record waits); an outage pauses it where it stopped."""
-        began = time.monotonic()
-        while True:
-            cursor = self._replaying
-            if cursor is None:
-                segments = self.spool.segments()
-                if not segments:
-                    return
-                segment = segments[0]
-                # Live batches spooled from now on go to a new segment: this one is deleted
-                # once replayed, and must not take any frame it was not read with.
-                self.spool.seal(segment)
-                cursor = self._replaying = _ReplayCursor(segment, self.spool.read(segment))
-            if not cursor.chunks:
-                frame = next(cursor.frames, None)
-                if frame is not None:
-                    cursor.chunks.extend(self._chunks(frame))
-            if not cursor.chunks:
-                self._replayed_segment(cursor.segment)
-                self._replaying = None
-                if time.monotonic() - began >= REPLAY_SLICE_SECONDS or self._queue:
-                    return
-                continue
-            try:
-                self._replay_chunk(*cursor.chunks[0])
-            except Exception as exc:
-                log.warning("recorder: replay paused, database unreachable: %s", exc)
-                self._failed("unavailable")
-                self._mark_down()
-                return
-            cursor.chunks.popleft()
-            if time.monotonic() - began >= REPLAY_SLICE_SECONDS or self._queue:
-                return
-
-    def _chunks(
-        self, frame: dict[str, Any]
-    ) -> list[tuple[list[ModelRecord], list[DecisionRecord]]]:
-        """A spooled frame as replay steps; each names the frame's models (upserts that cost
-        nothing once done), so any step can be written on its own after a reconnect."""
-        models = [ModelRecord.from_json(m) for m in frame.get("m", ())]
-        decisions = [DecisionRecord.from_json(d) for d in frame.get("d", ())]
-        for model in models:
-            with self._cond:
-                self._models.setdefault(model.key, model)
-        if not decisions:
-            return [(models, [])]
-        return [
-            (models, decisions[i : i + REPLAY_CHUNK])
-            for i in range(0, len(decisions), REPLAY_CHUNK)
-        ]
-
-    def _replay_chunk(self, models: list[ModelRecord], decisions: list[DecisionRecord]) -> None:
-        if not self._db_up:
-            self.sink.connect()
-        try:
-            self._write(models, decisions)
-        except RecordRejectedError as exc:
-            self._write_one_by_one(models, decisions, exc, spool_on_outage=False)
-
-    def _replayed_segment(self, segment: Segment) -> None:
-        self.spool.remove(segment)
-        with self._cond:
-            self._replayed += segment.records
-            self._spool_bytes = max(0, self._spool_bytes - segment.size)
-            self._spool_records = max(0, self._spool_records - segment.records)
-        if self.metrics is not None:
-            self.metrics.replayed.inc(segment.records)
-        self._update_spool_gauges()
-        log.info("recorder: replayed %d spooled records", segment.records)
 
     def _done(self, n: int) -> None:
         with self._cond:

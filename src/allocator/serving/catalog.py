@@ -206,9 +206,9 @@ class ModelCatalog:
             return False
         snapshot = CatalogSnapshot(models, defaults, default_name, refused)
         self._snapshot = snapshot  # the atomic swap
-        for key, version in defaults.items():
-            if old.defaults.get(key) != version:
-                log.info("model registry: %s now answers with version %s", key, version)
+        for name, version in defaults.items():
+            if old.defaults.get(name) != version:
+                log.info("model registry: %s now answers with version %s", name, version)
         for callback in self._listeners:
             try:
                 callback(snapshot)

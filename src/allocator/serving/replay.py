@@ -229,9 +229,9 @@ def replay(
     none) records every decision as the server would, request ids ``{portfolio_id}-{k}``.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model, prefer_cuda=False)
-    p, names, dates = _price_table(prices, assets, dates)
+    p, names, row_dates = _price_table(prices, assets, dates)
     window = loaded.prices_per_asset - 1  # daily returns each decision needs per asset
-    t0, t1 = _decision_rows(p.shape[0], window, dates, start, end)
+    t0, t1 = _decision_rows(p.shape[0], window, row_dates, start, end)
     rate = (loaded.manifest.cost_bps if cost_bps is None else float(cost_bps)) / 1e4
     step = DecisionStep(MemoryStateStore() if store is None else store, recorder)
 
@@ -263,7 +263,7 @@ def replay(
         nav.append(book.value)
         inputs.append(answer.request)
         outputs.append(out)
-    all_dates = list(range(t0, t1 + 1)) if dates is None else list(dates[t0 : t1 + 1])
+    all_dates = list(range(t0, t1 + 1)) if row_dates is None else list(row_dates[t0 : t1 + 1])
     return ReplayResult(
         model_name=loaded.name,
         model_version=loaded.version,

@@ -364,7 +364,7 @@ class RedisStateStore:
     def _acquire(self, ids: tuple[str, ...]) -> tuple[list[str], str, list[Any]]:
         keys = [self.lock_prefix + pid for pid in ids] + [self.prefix + pid for pid in ids]
         token = f"{self.owner}:{os.urandom(12).hex()}"
-        args = [
+        args: list[str | int] = [
             token,
             self._lock_ttl_ms,
             len(ids),

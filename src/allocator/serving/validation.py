@@ -324,9 +324,9 @@ def _valid_batch(
             per_asset = shape.window + 1
             if len(request.prices) != len(assets) * per_asset:
                 return None
-            sent = len(request.current_weights)
-            if sent:
-                if sent != len(assets) + 1:
+            n_weights = len(request.current_weights)
+            if n_weights:
+                if n_weights != len(assets) + 1:
                     return None
                 with_weights.append(len(heads))
             heads.append(

@@ -222,6 +222,7 @@ class Supervisor:
             return
         import sqlite3
 
+        # The supervisor imports the recording layer only when it records, and only here.
         from allocator.recording.settings import database_url
         from allocator.recording.sinks import prepare_sqlite
 

@@ -23,7 +23,7 @@ from allocator.trading.broker import BrokerFill
 from allocator.trading.errors import AccountHaltedError, TradingError, UnknownAccountError
 from allocator.trading.sizing import BUY, SizingRules
 
-BROKERS = ("paper",)
+BROKERS = ("paper", "alpaca")
 """The brokers an account can name (the CLI builds the one named)."""
 
 

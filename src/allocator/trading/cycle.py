@@ -45,6 +45,7 @@ from allocator.trading.errors import (
     ServerUnavailableError,
     TradingError,
 )
+from allocator.trading.faults import checkpoint
 from allocator.trading.ids import client_order_id, prices_digest, request_id
 from allocator.trading.sizing import current_weights, size_orders
 
@@ -126,12 +127,32 @@ def run_cycle(
 ) -> CycleResult:
     """Run ``account_name``'s cycle for ``bar_date`` once (see the module docstring)."""
     metrics = metrics or trading_metrics()
+    try:
+        return cycle_once(engine, broker, client, account_name, bar_date, retries, metrics)
+    except BrokerRejectedError:
+        raise  # the cycle completed; its rejections are counted with its orders
+    except TradingError:
+        metrics.cycles.labels(account_name, "failed").inc()
+        raise
+
+
+def cycle_once(
+    engine: Engine,
+    broker: Broker,
+    client: AllocatorClient,
+    account_name: str,
+    bar_date: dt.date,
+    retries: Retries,
+    metrics: TradingMetrics,
+) -> CycleResult:
+    """``run_cycle`` without the failure count."""
     with Session(engine) as session:
         account = book.load_account(session, account_name, trading=True)
         account_id = account.id
     for cycle_id in unfinished(engine, account_id):
         execute(engine, broker, cycle_id, metrics)
     reconcile(engine, broker, account_name, metrics)
+    checkpoint("reconciled")
     with Session(engine) as session:
         account = book.load_account(session, account_name, trading=True)
         done = existing(session, account.id, bar_date)
@@ -162,6 +183,7 @@ def run_cycle(
                 "first; rerun to see it"
             ) from None
         cycle_id = cycle.id
+    checkpoint("planned")
     execute(engine, broker, cycle_id, metrics)
     with Session(engine) as session:
         result = describe(session, session.get_one(TradeCycle, cycle_id), "done")
@@ -205,6 +227,7 @@ def plan(
             model=account.model,
         ),
     )
+    checkpoint("asked")
     target = dict(
         zip(allocation.asset_ids[1:], allocation.smoothed_weights[1:].tolist(), strict=True)
     )
@@ -273,11 +296,14 @@ def execute(engine: Engine, broker: Broker, cycle_id: int, metrics: TradingMetri
                 order.reference_price,
             )
             answer = broker.submit(request)
+            checkpoint("submitted")
             for fill in answer.fills:
                 book.apply_fill(session, order, fill, bar_date)
             order.status, order.reason = answer.status, answer.reason
+        checkpoint("settled")
         metrics.orders.labels(name, answer.status).inc()
     finish(engine, cycle_id)
+    checkpoint("finished")
 
 
 def finish(engine: Engine, cycle_id: int) -> None:
@@ -305,6 +331,7 @@ def finish(engine: Engine, cycle_id: int) -> None:
         )
         cycle.status, cycle.finished = DONE, utcnow()
         stamp_decision(session, cycle)
+        checkpoint("finishing")
 
 
 def stamp_decision(session: Session, cycle: TradeCycle) -> None:

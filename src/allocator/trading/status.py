@@ -1,4 +1,5 @@
-"""What ``allocator trade status`` reports: per account, halt state, NAV, positions and P&L.
+"""What ``allocator trade status`` reports: per account, halt state, NAV, drawdown, positions
+and P&L.
 
 Unrealized P&L is valued at the closes of the account's last cycle (the prices its NAV was
 struck at), so the report needs nothing but the trade database.
@@ -36,6 +37,9 @@ def one_account(session: Session, account: Account) -> dict[str, Any]:
         .where(AccountNav.account_id == account.id)
         .order_by(AccountNav.bar_date.desc())
         .limit(1)
+    )
+    peak = session.scalar(
+        select(func.max(AccountNav.nav)).where(AccountNav.account_id == account.id)
     )
     closes: dict[str, float] = last.closes if last is not None else {}
     positions = []
@@ -80,6 +84,12 @@ def one_account(session: Session, account: Account) -> dict[str, Any]:
         "last_bar": last.bar_date.isoformat() if last is not None else None,
         "last_cycle_status": last.status if last is not None else None,
         "nav": nav.nav if nav is not None else None,
+        "drawdown": 1.0 - nav.nav / peak if nav is not None and peak else None,
+        "turnover": (
+            nav.traded_value / last.nav_before
+            if nav is not None and last is not None and last.nav_before > 0
+            else None
+        ),
         "cash": cash or 0.0,
         "fees": float(fees),
         "rejected_orders": int(rejected),

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from allocator.cli import main
-from allocator.recording.schema import Promotion
+from allocator.recording.schema import Promotion, TrainingRun
 from allocator.registry.pointer import PRODUCTION_FILE, read_production_pointer
 from allocator.registry.versions import CANDIDATES_DIR
 from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError, load_retrain_config
@@ -160,6 +160,18 @@ def test_promote_reject_promote_records_each_decision_and_moves_the_pointer_only
     assert reader.seen[-1] == "20221228.2"
     assert served_versions(registry) == {"20221228", "20221228.2"}
     assert not list((registry / "tiny").glob(".production-*"))  # no temp file left behind
+
+    engine = sa.create_engine(database, poolclass=NullPool)
+    with Session(engine) as session:
+        trained = session.scalars(sa.select(TrainingRun).order_by(TrainingRun.id)).all()
+    engine.dispose()
+    # Every candidate's training run is recorded, rejected or not.
+    assert len(trained) == 3
+    for row in trained:
+        assert row.algorithm
+        assert row.finished is not None
+        assert Path(row.run_dir).name == row.name
+        assert row.metrics["validation"]
 
     rows = promotions(database)
     assert [(r["candidate_version"], r["production_version"], r["promoted"]) for r in rows] == [

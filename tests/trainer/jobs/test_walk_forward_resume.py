@@ -23,7 +23,6 @@ from sqlalchemy.pool import NullPool
 
 from allocator.cli import main
 from allocator.trainer.jobs.walk_forward.config import (
-    WalkForwardConfig,
     WalkForwardError,
     load_walk_forward_config,
 )
@@ -326,7 +325,7 @@ def test_a_resume_with_another_config_is_refused_naming_the_key(
     assert "the config differs from the run's at trainer.total_timesteps (run: 300, now: 400)" in (
         changed.output
     )
-    assert "only executor, progress_every, ray_address, ray_workers, retries," in changed.output
+    assert "only executor, progress_every, ray_address, retries," in changed.output
     other = CliRunner().invoke(
         main, ["walk-forward", "--resume", out, "--config", str(TINY), "--set", "seed=3"]
     )
@@ -448,11 +447,3 @@ def test_a_window_whose_worker_was_killed_is_rerun(
     assert rerun["pid"] != killed[0]["pid"]
     assert rerun["steps"] == TOTAL
     assert_same_figures(result, clean)
-
-
-def test_a_run_recorded_with_ray_workers_still_loads() -> None:
-    """``ray_workers`` became ``workers`` when the process pool came: old runs still resume."""
-    run = load_walk_forward_config(TINY).model_dump(mode="json")
-    run.pop("workers")
-    old = WalkForwardConfig.model_validate({**run, "ray_workers": 3})
-    assert old.workers == 3

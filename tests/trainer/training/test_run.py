@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from allocator.cli import main
+from allocator.recording.migrations import upgrade
+from allocator.recording.schema import TrainingRun as TrainingRunRow
 from allocator.trainer.training.config import load_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,8 +42,12 @@ COMMON_FILES = (
 )
 
 
-def run_cli(config: str, run_dir: Path, extra: list[str] | None = None) -> str:
+def run_cli(
+    config: str, run_dir: Path, extra: list[str] | None = None, database_url: str | None = None
+) -> str:
     args = ["train", "--config", str(ROOT / "configs" / config), "--run-dir", str(run_dir)]
+    if database_url is not None:
+        args += ["--database-url", database_url]
     for item in TINY + (extra or []):
         args += ["--set", item]
     result = CliRunner().invoke(main, args)
@@ -134,3 +142,27 @@ def test_bad_config_key_exits_2_naming_it(tmp_path):
     res = CliRunner().invoke(main, ["train", "--set", "env.betta=0.3", "--run-dir", str(tmp_path)])
     assert res.exit_code == 2
     assert "env.betta" in res.output
+
+
+def test_a_finished_run_is_recorded_in_training_runs(tmp_path):
+    url = f"sqlite:///{tmp_path / 'trade.db'}"
+    run_dir = tmp_path / "recorded"
+    refused = CliRunner().invoke(main, ["train", "--run-dir", str(run_dir), "--database-url", url])
+    assert refused.exit_code == 2
+    assert "no training_runs table" in refused.output
+    assert not run_dir.exists()  # refused before training
+    upgrade(url)
+    out = run_cli("td3_demo.yaml", run_dir, database_url=url)
+    assert "recorded as training run 1" in out
+    engine = create_engine(url)
+    with Session(engine) as session:
+        (row,) = session.scalars(select(TrainingRunRow)).all()
+    engine.dispose()
+    summary = json.loads((run_dir / "run.json").read_text())
+    assert row.name == run_dir.name
+    assert row.run_dir == str(run_dir)
+    assert row.algorithm == summary["algorithm"]
+    assert row.config["total_timesteps"] == 360
+    assert row.metrics["validation"] == summary["validation"]
+    assert row.finished is not None
+    assert row.started <= row.finished

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from stable_baselines3.common.base_class import BaseAlgorithm
-
 from allocator.trainer.agents.sac import SmoothSAC
 from allocator.trainer.agents.td3 import SmoothTD3
 
-ALGORITHMS: dict[str, type[BaseAlgorithm]] = {"td3": SmoothTD3, "sac": SmoothSAC}
+Algorithm = SmoothTD3 | SmoothSAC
+"""A trained model of either algorithm: both carry an ``actor`` and ``critic``."""
+
+ALGORITHMS: dict[str, type[Algorithm]] = {"td3": SmoothTD3, "sac": SmoothSAC}
 """Algorithm name (``TrainConfig.algorithm.name``, ``Manifest.algorithm``) -> its class."""

@@ -91,10 +91,6 @@ class CuriosityNet(nn.Module):
         self.register_buffer("reward_var", torch.ones((), dtype=torch.float64))
         self.register_buffer("reward_count", torch.zeros((), dtype=torch.float64))
 
-    def predict_action(self, obs: torch.Tensor, next_obs: torch.Tensor) -> torch.Tensor:
-        """Inverse model: the action in [-1, 1] that led from ``obs`` to ``next_obs``."""
-        return self.inverse_model(torch.cat([self.encoder(obs), self.encoder(next_obs)], dim=-1))
-
     def predict_features(self, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """Forward model: ``phi(s')`` predicted from ``phi(s)`` and the action."""
         return self.forward_model(torch.cat([features, action], dim=-1))

@@ -1,4 +1,4 @@
-"""What ``SmoothTD3`` and ``SmoothSAC`` add to SB3 alike: two learning rates, curiosity, old paths.
+"""What ``SmoothTD3`` and ``SmoothSAC`` add to SB3 alike: two learning rates and curiosity.
 
 SB3 gives an off-policy algorithm one learning rate (schedule) for every optimizer. Here the
 actor (and SAC's entropy coefficient) and the critics each follow their own schedule: critics
@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.policies import ContinuousCritic
 from stable_baselines3.common.type_aliases import Schedule
 from stable_baselines3.common.utils import ConstantSchedule
 
 from allocator.trainer.agents.curiosity import CuriosityMixin
 from allocator.trainer.agents.icm import ICMSettings
-from allocator.trainer.agents.legacy_paths import LegacyPathsLoad
 
 
 class LearningRates:
@@ -22,6 +23,10 @@ class LearningRates:
 
     actor_lr_schedule: Schedule
     critic_lr_schedule: Schedule
+    # What the SB3 algorithm it is mixed into provides.
+    _current_progress_remaining: float
+    critic: ContinuousCritic
+    logger: Logger
 
     def _set_schedules(self, actor_lr: float | Schedule, critic_lr: float | Schedule) -> None:
         self.actor_lr_schedule = actor_lr if callable(actor_lr) else ConstantSchedule(actor_lr)
@@ -29,19 +34,19 @@ class LearningRates:
 
     def _update_learning_rate(self, optimizers: Any) -> None:
         """SB3 applies one schedule to all optimizers; apply each its own."""
-        progress = self._current_progress_remaining  # type: ignore[attr-defined]
+        progress = self._current_progress_remaining
         actor_lr = self.actor_lr_schedule(progress)
         critic_lr = self.critic_lr_schedule(progress)
         for opt in optimizers if isinstance(optimizers, list) else [optimizers]:
-            lr = critic_lr if opt is self.critic.optimizer else actor_lr  # type: ignore[attr-defined]
+            lr = critic_lr if opt is self.critic.optimizer else actor_lr
             for group in opt.param_groups:
                 group["lr"] = lr
-        self.logger.record("train/actor_learning_rate", actor_lr)  # type: ignore[attr-defined]
-        self.logger.record("train/critic_learning_rate", critic_lr)  # type: ignore[attr-defined]
+        self.logger.record("train/actor_learning_rate", actor_lr)
+        self.logger.record("train/critic_learning_rate", critic_lr)
 
 
-class SmoothOffPolicy(LegacyPathsLoad, CuriosityMixin, LearningRates):
-    """Mixin placed before SB3's TD3 or SAC: two learning rates, an optional ICM, old paths."""
+class SmoothOffPolicy(CuriosityMixin, LearningRates):
+    """Mixin placed before SB3's TD3 or SAC: two learning rates and an optional ICM."""
 
     def _init_smooth(
         self,
@@ -57,6 +62,6 @@ class SmoothOffPolicy(LegacyPathsLoad, CuriosityMixin, LearningRates):
     def _setup_model(self) -> None:
         """SB3 builds every optimizer at the actor's rate: start the critic's at its own."""
         super()._setup_model()  # type: ignore[misc]
-        for group in self.critic.optimizer.param_groups:  # type: ignore[attr-defined]
+        for group in self.critic.optimizer.param_groups:
             group["lr"] = self.critic_lr_schedule(1.0)
         self._setup_curiosity()

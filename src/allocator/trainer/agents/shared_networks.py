@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 import torch as th
 import torch.nn.functional as F
@@ -45,7 +46,7 @@ class ObservationLayout:
 
     @classmethod
     def from_spaces(
-        cls, observation_space: spaces.Space, action_space: spaces.Space, n_features: int
+        cls, observation_space: spaces.Space[Any], action_space: spaces.Space[Any], n_features: int
     ) -> ObservationLayout:
         """The layout of an environment's spaces; refuses an ``n_features`` that does not fit.
 
@@ -120,11 +121,6 @@ def slot_order_sums() -> Iterator[None]:
         yield
     finally:
         _EXACT_SUMS.reset(token)
-
-
-def exact_sums() -> bool:
-    """Whether the bit-exact inference arithmetic is in force (outside ``slot_order_sums``)."""
-    return _EXACT_SUMS.get()
 
 
 def order_free_sum(x: th.Tensor, dim: int) -> th.Tensor:
@@ -342,7 +338,7 @@ def stacked_mlp(layers: Sequence[nn.Sequential], x: th.Tensor, shared: bool) -> 
         if not isinstance(first, nn.Linear):
             out = first(out)  # the activation: one type for every member
             continue
-        linears: list[nn.Linear] = list(modules)  # type: ignore[arg-type]
+        linears: list[nn.Linear] = list(modules)
         if shared:
             weight = th.cat([m.weight for m in linears])
             bias = th.cat([m.bias for m in linears])

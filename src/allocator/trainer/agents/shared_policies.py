@@ -43,7 +43,7 @@ class SharedActorBase(BasePolicy):
 
     def __init__(
         self,
-        observation_space: spaces.Space,
+        observation_space: spaces.Space[Any],
         action_space: spaces.Box,
         n_features: int,
         hidden: int = 64,
@@ -90,7 +90,7 @@ class SharedTD3Actor(SharedActorBase):
         return th.tanh(self.net(features, weights, mask)[..., 0])
 
     def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
-        return self(observation)  # type: ignore[arg-type]
+        return self(observation)
 
 
 class SharedSACActor(SharedActorBase):
@@ -134,7 +134,7 @@ class SharedSACActor(SharedActorBase):
         return th.tanh(self.net(features, weights, mask)[..., 0])
 
     def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
-        return self(observation, deterministic)  # type: ignore[arg-type]
+        return self(observation, deterministic)
 
 
 class SharedCritic(BaseModel):
@@ -147,7 +147,7 @@ class SharedCritic(BaseModel):
 
     def __init__(
         self,
-        observation_space: spaces.Space,
+        observation_space: spaces.Space[Any],
         action_space: spaces.Box,
         n_features: int,
         hidden: int = 64,
@@ -179,11 +179,13 @@ class SharedPolicyMixin:
     n_features: int
     hidden: int
     center_assets: bool
-    observation_space: spaces.Space
-    action_space: spaces.Box
+    observation_space: spaces.Space[Any]
+    action_space: spaces.Space[Any]
     normalize_images: bool
     net_args: dict[str, Any]
     critic_kwargs: dict[str, Any]
+    training: bool
+    device: th.device
 
     def _set_sizes(
         self, n_features: int, hidden: int, center_assets: bool, kwargs: dict[str, Any]
@@ -225,16 +227,18 @@ class SharedPolicyMixin:
         module each time; the shared networks have no dropout or batch norm, so a call that
         changes nothing returns at once."""
         actor, critic = self.actor, self.critic  # type: ignore[attr-defined]
-        if mode == self.training == actor.training == critic.training:  # type: ignore[attr-defined]
+        if mode == self.training == actor.training == critic.training:
             return
         super().set_training_mode(mode)  # type: ignore[misc]
 
     def make_critic(self, features_extractor: Any = None) -> SharedCritic:
         critic = SharedCritic(**self._net_kwargs(), n_critics=self.critic_kwargs["n_critics"])
-        return critic.to(self.device)  # type: ignore[attr-defined]
+        return critic.to(self.device)
 
 
-class SharedTD3Policy(SharedPolicyMixin, TD3Policy):
+# The mixin's make_critic returns a SharedCritic: SB3 uses it through ContinuousCritic's
+# interface, it is not one by class.
+class SharedTD3Policy(SharedPolicyMixin, TD3Policy):  # type: ignore[misc]
     """TD3 policy with the per-asset shared actor and twin critics (see the module docstring).
 
     :param n_features: features per asset ``F`` in the flat observation (checked against it)
@@ -244,7 +248,7 @@ class SharedTD3Policy(SharedPolicyMixin, TD3Policy):
 
     def __init__(
         self,
-        observation_space: spaces.Space,
+        observation_space: spaces.Space[Any],
         action_space: spaces.Box,
         lr_schedule: Schedule,
         n_features: int,
@@ -264,7 +268,9 @@ class SharedTD3Policy(SharedPolicyMixin, TD3Policy):
         return self._shared_constructor_parameters(super()._get_constructor_parameters())
 
 
-class SharedSACPolicy(SharedPolicyMixin, SACPolicy):
+# The mixin's make_critic returns a SharedCritic: SB3 uses it through ContinuousCritic's
+# interface, it is not one by class.
+class SharedSACPolicy(SharedPolicyMixin, SACPolicy):  # type: ignore[misc]
     """SAC policy with the per-asset shared actor and twin critics (see the module docstring).
 
     :param n_features: features per asset ``F`` in the flat observation (checked against it)
@@ -274,7 +280,7 @@ class SharedSACPolicy(SharedPolicyMixin, SACPolicy):
 
     def __init__(
         self,
-        observation_space: spaces.Space,
+        observation_space: spaces.Space[Any],
         action_space: spaces.Box,
         lr_schedule: Schedule,
         n_features: int,

@@ -56,7 +56,7 @@ def canonical_linear(x: Array, w: Array, b: Array) -> Array:
     return out
 
 
-def canonical_forward(layers: Iterable[nn.Module], x: Array) -> Array:
+def canonical_forward(layers: Iterable[nn.Module], x: NDArray[np.floating[Any]]) -> Array:
     """A float64 forward pass in which summation order cannot matter (``canonical_linear``).
 
     A widened network on an embedded observation and the original network on the original

@@ -12,6 +12,7 @@ import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch as th
@@ -31,6 +32,8 @@ from allocator.trainer.checkpoints.errors import CheckpointUpgradeError
 from allocator.trainer.checkpoints.widening import observation_embedding
 from allocator.trainer.training.run_dir import ICM_FILE, MODEL_FILE
 
+Obs = NDArray[np.float32]
+"""Probe observations, float32 as SB3 feeds them."""
 PROBE_COUNT = 64
 PROBE_SEED = 0
 MAX_PROBE_MASKS = 256
@@ -125,7 +128,7 @@ class ProbeReport:
     new_slot_max_action: float | None = None
 
 
-def _max_abs(a: Array, b: Array) -> float:
+def _max_abs(a: NDArray[np.floating[Any]], b: NDArray[np.floating[Any]]) -> float:
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
 
 
@@ -161,7 +164,7 @@ def icm_net(path: Path) -> CuriosityNet:
 
 
 def _check_icm(
-    before: Path, after: Path, obs: tuple[Array, Array], acts: tuple[Array, Array], n_act: int
+    before: Path, after: Path, obs: tuple[Obs, Obs], acts: tuple[Array, Array], n_act: int
 ) -> float:
     """Exact ICM encoder, inverse-model (old slots) and forward-model outputs, old vs widened."""
     old, new = icm_net(before), icm_net(after)
@@ -176,7 +179,7 @@ def _check_icm(
     return max(_max_abs(phi_old, phi_new), _max_abs(inv_old, inv_new), _max_abs(fwd_old, fwd_new))
 
 
-def _widened_probes(spec: FeatureSpec, max_assets: int) -> tuple[Array, Array, int]:
+def _widened_probes(spec: FeatureSpec, max_assets: int) -> tuple[Obs, Obs, int]:
     """The probe observations in the old and the widened layout, and how many masks they cover.
 
     The widened ones must be the old ones at ``observation_embedding``'s positions and zero
@@ -196,7 +199,7 @@ def _widened_probes(spec: FeatureSpec, max_assets: int) -> tuple[Array, Array, i
 
 
 def _compare_actors(
-    old: BaseAlgorithm, new: BaseAlgorithm, obs_old: Array, obs_new: Array, n_act: int
+    old: BaseAlgorithm, new: BaseAlgorithm, obs_old: Obs, obs_new: Obs, n_act: int
 ) -> tuple[float, float, Array]:
     """Canonical max |diff| of the old slots' actions (actor and TD3's target actor), largest
     |action| of a new slot, and the old actor's canonical actions."""
@@ -219,7 +222,7 @@ def _probe_actions(n: int, n_act: int, max_assets: int, old_assets: int) -> tupl
 
 
 def _compare_critics(
-    old: BaseAlgorithm, new: BaseAlgorithm, obs: tuple[Array, Array], acts: tuple[Array, Array]
+    old: BaseAlgorithm, new: BaseAlgorithm, obs: tuple[Obs, Obs], acts: tuple[Array, Array]
 ) -> float:
     """Canonical max |diff| of every Q network (critics and their targets), old vs widened."""
     critic = 0.0

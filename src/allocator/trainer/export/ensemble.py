@@ -17,7 +17,7 @@ import datetime as dt
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -63,7 +63,7 @@ __all__ = [
     "export_ensemble_policy",
 ]
 
-COMBINE = "mean_action"
+COMBINE: Final = "mean_action"
 MEMBER_FIELDS = (
     "algorithm",
     "hyperparameters",
@@ -180,7 +180,7 @@ def export_ensemble_policy(members: Sequence[LoadedRun], path: Path) -> Path:
         for m in members:
             assert m.feature_norm is not None
             norms.append(m.feature_norm)
-        actors = [m.model.actor for m in members]  # type: ignore[attr-defined]
+        actors: list[torch.nn.Module] = [m.model.actor for m in members]
         graph = SharedEnsemblePolicyGraph(actors, norms, first.asset_spec.clip)
         return export_set_graph(graph, first, path, _metadata(members))
     flat = EnsemblePolicyGraph(

@@ -36,9 +36,7 @@ from allocator.trainer.export.shared_parity import (
 )
 
 __all__ = [
-    "ensemble_actions",
     "ensemble_parity",
-    "ensemble_set_actions",
     "ensemble_set_parity",
     "measure_ensemble_parity",
 ]
@@ -55,12 +53,6 @@ def _member_flat_actions(
     return [
         m.reference_actor()(normalize_observation(observations, m.spec, m.stats)) for m in members
     ]
-
-
-def ensemble_actions(members: list[LoadedRun], observations: Float32Array) -> Float32Array:
-    """The torch reference of a flat ensemble: the mean of the members' deterministic actions
-    on raw observations, each normalized with its member's statistics."""
-    return np.mean(np.stack(_member_flat_actions(members, observations)), axis=0)
 
 
 def ensemble_parity(
@@ -94,12 +86,6 @@ def _member_set_actions(members: list[LoadedRun], obs: SetObservations) -> list[
         z = normalize_features(obs.features, m.feature_norm, m.asset_spec.clip, live)
         out.append(m.reference_sets()(z, obs.weights, live_f))
     return out
-
-
-def ensemble_set_actions(members: list[LoadedRun], obs: SetObservations) -> Float32Array:
-    """The torch reference of a shared ensemble: the mean of the members' ``forward_sets`` on
-    raw features normalized with each member's statistics."""
-    return np.mean(np.stack(_member_set_actions(members, obs)), axis=0)
 
 
 def ensemble_set_parity(

@@ -6,11 +6,11 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
-from stable_baselines3.common.base_class import BaseAlgorithm
 
 from allocator.artifacts.manifest import Manifest, ManifestError, read_manifest, verify_checksums
 from allocator.portfolio import (
@@ -19,7 +19,7 @@ from allocator.portfolio import (
     FeatureSpec,
     NormalizationStats,
 )
-from allocator.trainer.agents.algorithms import ALGORITHMS
+from allocator.trainer.agents.algorithms import ALGORITHMS, Algorithm
 from allocator.trainer.agents.icm import ICMSettings, IntrinsicCuriosity
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.graphs import DeterministicActor
@@ -34,7 +34,9 @@ __all__ = ["ActorFn", "Float32Array", "LoadedRun", "SetActorFn", "load_run"]
 
 Float32Array = NDArray[np.float32]
 ActorFn = Callable[[Float32Array], Float32Array]
-SetActorFn = Callable[[Float32Array, Float32Array, Float32Array], Float32Array]
+FloatArray = NDArray[np.floating[Any]]
+SetActorFn = Callable[[FloatArray, FloatArray, FloatArray], Float32Array]
+"""Features, weights and mask of any float width (converted to float32) -> action."""
 
 
 @dataclass
@@ -47,7 +49,7 @@ class LoadedRun:
 
     run_dir: Path
     manifest: Manifest
-    model: BaseAlgorithm
+    model: Algorithm
     spec: FeatureSpec
     stats: NormalizationStats
     icm: IntrinsicCuriosity | None
@@ -66,11 +68,11 @@ class LoadedRun:
         return self.manifest.algorithm == "sac"
 
     def deterministic_actor(self) -> DeterministicActor:
-        return DeterministicActor(self.model.actor, self.squashed_gaussian)  # type: ignore[attr-defined]
+        return DeterministicActor(self.model.actor, self.squashed_gaussian)
 
     def reference_actor(self) -> ActorFn:
         """The torch reference: SB3's own deterministic actor call on normalized observations."""
-        actor = self.model.actor  # type: ignore[attr-defined]
+        actor = self.model.actor
 
         @torch.no_grad()
         def act(obs: Float32Array) -> Float32Array:
@@ -83,17 +85,18 @@ class LoadedRun:
     def reference_sets(self) -> SetActorFn:
         """The torch reference of a shared actor on any number of assets: ``forward_sets`` on
         normalized features (B, N, F), weights and mask (B, N + 1)."""
-        actor = self.model.actor  # type: ignore[attr-defined]
+        actor = self.model.actor
 
         @torch.no_grad()
-        def act(features: Float32Array, weights: Float32Array, mask: Float32Array) -> Float32Array:
+        def act(features: FloatArray, weights: FloatArray, mask: FloatArray) -> Float32Array:
             args = (np.asarray(x, dtype=np.float32) for x in (features, weights, mask))
-            return actor.forward_sets(*map(torch.as_tensor, args)).numpy().astype(np.float32)
+            sets = actor.forward_sets(*map(torch.as_tensor, args))  # type: ignore[operator]
+            return sets.numpy().astype(np.float32)
 
         return act
 
 
-def _algorithm_class(name: str) -> type[BaseAlgorithm]:
+def _algorithm_class(name: str) -> type[Algorithm]:
     if name not in ALGORITHMS:
         raise ExportError(f"algorithm {name!r} cannot be exported (known: td3, sac)")
     return ALGORITHMS[name]
@@ -137,9 +140,9 @@ def _check_feature_normalization(run_dir: Path, manifest: Manifest) -> FeatureNo
     return info.normalization()
 
 
-def _check_policy_kind(path: Path, manifest: Manifest, model: BaseAlgorithm) -> None:
+def _check_policy_kind(path: Path, manifest: Manifest, model: Algorithm) -> None:
     """A shared manifest needs a shared actor (``forward_sets``), an mlp one a flat actor."""
-    shared = callable(getattr(model.actor, "forward_sets", None))  # type: ignore[attr-defined]
+    shared = callable(getattr(model.actor, "forward_sets", None))
     if shared != (manifest.policy.kind == "shared"):
         kind = "shared" if shared else "mlp"
         raise ExportError(

@@ -129,7 +129,7 @@ def export_shared_policy(loaded: LoadedRun, path: Path) -> Path:
     """Write a shared policy's ``model.onnx``: raw asset features (B, N, F), weights and mask
     (B, N + 1) -> action (B, N + 1), with a dynamic asset axis N."""
     assert loaded.feature_norm is not None
-    actor = loaded.model.actor  # type: ignore[attr-defined]
+    actor = loaded.model.actor
     graph = SharedPolicyGraph(actor, loaded.feature_norm, loaded.asset_spec.clip)
     return export_set_graph(graph, loaded, path, _graph_metadata(loaded, "policy"))
 

@@ -182,7 +182,9 @@ def _rollout_env(loaded: LoadedRun) -> PortfolioEnv:
     action = ActionSettings()
     if m.tilt is not None:
         a = m.tilt.anchor
-        anchor = AnchorSettings(kind=a.kind, cash_share=a.cash_share, vol_window=a.vol_window)
+        anchor = AnchorSettings.model_validate(
+            {"kind": a.kind, "cash_share": a.cash_share, "vol_window": a.vol_window}
+        )
         action = ActionSettings(mapping="tilt", k=m.tilt.k, anchor=anchor)
     spec = loaded.asset_spec
     config = EnvConfig(

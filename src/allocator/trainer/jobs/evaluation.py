@@ -93,8 +93,9 @@ def replay_exported(
     last date on/before ``end``, exactly the dates ``run_backtest`` decides on. ``assets``
     default to those priced over the whole span (capped at the model's ``max_assets``).
     """
-    loaded = model_dir if isinstance(model_dir, LoadedModel) else None
-    if loaded is None:
+    if isinstance(model_dir, LoadedModel):
+        loaded = model_dir
+    else:
         loaded = load_model(model_dir, prefer_cuda=False)  # CPU: deterministic, like the tests
     window = loaded.manifest.feature_spec.window
     names = (
@@ -281,7 +282,7 @@ def evaluate_baselines(
     for name in names:
         policy: Any
         if name in FITTED_BASELINES and fit == "train":
-            weights = fit_baseline_weights(name, data, names_, train_start, train_end)  # type: ignore[arg-type]
+            weights = fit_baseline_weights(name, data, names_, train_start, train_end)
             policy = ConstantMix(name, weights, rebalance_every=rebalance_every)
         elif name in FITTED_BASELINES:
             policy = make_baseline(name, lookback=lookback, rebalance_every=rebalance_every)

@@ -11,6 +11,7 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -28,7 +29,7 @@ DEFAULT_MIN_HISTORY = 60
 SP500 = "sp500"
 DATABASE = "database"
 """``dataset: database``: the prices ``allocator data ingest`` stored in the trade database."""
-DateLike = str | dt.date | pd.Timestamp
+DateLike: TypeAlias = str | dt.date | pd.Timestamp
 
 
 class DataError(ValueError):
@@ -94,7 +95,7 @@ class MarketData:
         if hi < lo:
             raise DataError(f"{self.source}: no dates between {start} and {end}")
         prices = self.prices[lo : hi + 1]
-        keep = np.isfinite(prices).any(axis=0)
+        keep = np.asarray(np.isfinite(prices).any(axis=0))
         return MarketData(
             prices[:, keep],
             self.dates[lo : hi + 1],
@@ -272,13 +273,13 @@ def check_rows(frame: pd.DataFrame, source: str) -> CheckedRows:
     reasons: dict[int, str] = {}
     id_problems = {a: id_problem(a) for a in df["asset"].unique()}
     for i, asset in enumerate(df["asset"]):
-        if id_problems[asset]:
-            reasons[i] = id_problems[asset]
-    for i in np.flatnonzero(df["date"].isna().to_numpy()):
-        reasons.setdefault(int(i), f"unparseable date {raw_dates.iloc[i]!r}")
-    for i in np.flatnonzero(~good_close):
+        if problem := id_problems[asset]:
+            reasons[i] = problem
+    for row in np.flatnonzero(df["date"].isna().to_numpy()).tolist():
+        reasons.setdefault(int(row), f"unparseable date {raw_dates.iloc[row]!r}")
+    for row in np.flatnonzero(~good_close).tolist():
         reasons.setdefault(
-            int(i), f"close must be a finite positive number, got {frame_value(df, i)!r}"
+            int(row), f"close must be a finite positive number, got {frame_value(df, row)!r}"
         )
     valid = df.drop(index=list(reasons))
     first = valid.index.to_series().groupby([valid["date"], valid["asset"]]).transform("min")

@@ -10,6 +10,7 @@ generator's model live in ``sim.ceilings``, the draws a choice may use in ``mark
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,7 +232,7 @@ def walk_market(
     )
 
 
-GENERATORS = {
+GENERATORS: dict[str, Callable[..., pd.DataFrame]] = {
     "drift": drift_market,
     "rotating": rotating_market,
     "mean_reversion": mean_reversion_market,

@@ -23,7 +23,7 @@ from sqlalchemy.pool import NullPool
 
 from allocator.recording.schema import Price, utcnow
 
-PRICES = Price.__table__
+PRICES = Price.metadata.tables[Price.__tablename__]
 
 
 class PriceStoreError(RuntimeError):

@@ -38,7 +38,9 @@ class DecisionContext:
     def n_slots(self) -> int:
         return int(self.mask.size)
 
-    def slot_weights(self, asset_weights: NDArray[np.float64], cash: float = 0.0) -> NDArray:
+    def slot_weights(
+        self, asset_weights: NDArray[np.float64], cash: float = 0.0
+    ) -> NDArray[np.float64]:
         """Put per-asset weights (in ``assets`` order) and a cash weight into slot layout."""
         w = np.zeros(self.n_slots)
         w[0] = cash
@@ -50,7 +52,7 @@ class DecisionContext:
 class Policy(Protocol):
     """Anything that returns target weights for a decision."""
 
-    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]: ...
+    def __call__(self, ctx: DecisionContext, /) -> NDArray[np.float64]: ...
 
 
 class ActionPolicy:
@@ -115,7 +117,9 @@ class _FittedOptimizer:
     def _estimator(self) -> Any:
         raise NotImplementedError
 
-    def fit_weights(self, prices: NDArray[np.float64], assets: tuple[str, ...]) -> NDArray:
+    def fit_weights(
+        self, prices: NDArray[np.float64], assets: tuple[str, ...]
+    ) -> NDArray[np.float64]:
         """Weights fitted on the last ``lookback`` daily returns of ``prices``."""
         window = prices[-(self.lookback + 1) :]
         returns = pd.DataFrame(window[1:] / window[:-1] - 1.0, columns=list(assets))

@@ -400,12 +400,14 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         """The tilt mapping's anchor at the next decision (None under the affine mapping)."""
         return None if self._anchors is None else self._anchors[self._k - self._row0]
 
-    def action_weights(self, action: NDArray[np.float32] | NDArray[np.float64]) -> NDArray:
+    def action_weights(
+        self, action: NDArray[np.float32] | NDArray[np.float64]
+    ) -> NDArray[np.float64]:
         """Raw target weights of ``action`` at the next decision, under the configured mapping."""
         return self._map_action(action, self.mask, self.anchor)
 
     def step(
-        self, action: NDArray[np.float32]
+        self, action: NDArray[np.float32] | NDArray[np.float64]
     ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("episode is over: call reset()")

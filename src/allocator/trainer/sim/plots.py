@@ -33,7 +33,8 @@ def _drawdown(nav: pd.Series) -> pd.Series:
 
 def _allocation_area(ax: Axes, frame: pd.DataFrame, title: str, legend: bool) -> None:
     live = frame.loc[:, (frame > 1e-12).any(axis=0)]  # skip slots never held
-    ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+    # tab20 is a ListedColormap (it has .colors); the stubs type get_cmap as the base class
+    ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # type: ignore[attr-defined]
     ax.stackplot(live.index, live.to_numpy().T, labels=list(live.columns), linewidth=0)
     ax.set_ylim(0, 1)
     ax.set_ylabel("weight")

@@ -8,6 +8,7 @@ with other draws, which is the question a recipe comparison asks.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 from arch.bootstrap import IIDBootstrap
@@ -26,7 +27,7 @@ def mean_interval(
         return None
     if np.ptp(x) == 0:
         return float(x[0]), float(x[0])
-    method = "bca" if x.size >= MIN_BCA_DRAWS else "percentile"
+    method: Literal["bca", "percentile"] = "bca" if x.size >= MIN_BCA_DRAWS else "percentile"
     boot = IIDBootstrap(x, seed=seed)
     with np.errstate(all="ignore"):
         low, high = boot.conf_int(np.mean, reps=reps, method=method, size=size)[:, 0]

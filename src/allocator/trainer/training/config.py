@@ -270,8 +270,9 @@ def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in changes.items():
         old = out.get(key)
-        both = isinstance(old, dict) and isinstance(value, dict)
-        out[key] = merged(old, value) if both else value
+        out[key] = (
+            merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+        )
     return out
 
 

@@ -345,7 +345,7 @@ class TrainingSession:
         if not self.finished:
             # Stopped by ``until``: that step's transition was never stored, so the next
             # ``learn`` starts a new episode rather than continue from a stale observation.
-            model._last_obs = None  # type: ignore[assignment]
+            model._last_obs = None
         self.train_seconds += seconds
         self.session_seconds += seconds
         self.session_steps += model.num_timesteps - first

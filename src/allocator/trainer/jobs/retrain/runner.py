@@ -16,6 +16,7 @@ from pathlib import Path
 
 from allocator.artifacts.manifest import read_manifest
 from allocator.metrics.jobs import JobPush, PromotionDecision
+from allocator.recording.schema import utcnow
 from allocator.recording.settings import database_url as default_database_url
 from allocator.registry.pointer import production_version
 from allocator.registry.versions import CANDIDATES_DIR, dated_version
@@ -30,6 +31,7 @@ from allocator.trainer.jobs.retrain.decision import RetrainDecision
 from allocator.trainer.jobs.retrain.gates import apply_gates
 from allocator.trainer.jobs.retrain.record import promotions_engine, record_and_promote
 from allocator.trainer.jobs.retrain.spans import RetrainSpans, retrain_spans
+from allocator.trainer.jobs.training_runs import record_training_run
 from allocator.trainer.market.data import (
     DateLike,
     MarketData,
@@ -197,12 +199,22 @@ def retrain(
     say = echo or (lambda line: log.info("%s", line))
     started = time.perf_counter()
     registry, name = Path(config.registry), config.model_name
-    engine = promotions_engine(config.database_url or default_database_url())  # before training
+    url = config.database_url or default_database_url()
+    engine = promotions_engine(url)  # before training
     try:
         plan = plan_retrain(config, as_of)
         say(plan.describe(name))
+        began = utcnow()
         run = train(trainer_for(config, plan.spans), stop=stop)
         say(f"trained: {run.run_dir} ({run.summary['train_seconds']} s)")
+        record_training_run(
+            url,
+            run.run_dir.name,
+            str(run.run_dir),
+            run.config.model_dump(mode="json"),
+            run.summary,
+            began,
+        )
         candidate_dir = export_run(
             run.run_dir, registry / CANDIDATES_DIR, name=name, version=plan.version
         )

@@ -66,8 +66,9 @@ def market_summary(rows: Sequence[dict[str, Any]], min_gap: float, reps: int) ->
         is not None
     ]
     means = [out["policy_sharpe"]["mean"], out["rule_sharpe"], out["ceiling_sharpe"]]
+    of_means = None if None in means else gap_closed(means[0], means[1], means[2], min_gap)
     out["gap_closed"] = {
-        "of_means": gap_closed(*means, min_gap) if None not in means else None,
+        "of_means": of_means,
         "mean_per_draw": _mean(per_draw),
         "draws_with_gap": len(per_draw),
     }

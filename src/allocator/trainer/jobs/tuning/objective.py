@@ -102,13 +102,15 @@ def run_trial(job: TrialJob) -> TrialOutcome:
     except Exception as exc:
         (job.run_dir / ERROR_FILE).write_text(traceback.format_exc())
         seconds = round(time.perf_counter() - started, 2)
-        error = f"{type(exc).__name__}: {exc}"
-        return TrialOutcome(job.number, "FAIL", None, 0, seconds, None, 0, str(job.run_dir), error)
+        failure = f"{type(exc).__name__}: {exc}"
+        return TrialOutcome(
+            job.number, "FAIL", None, 0, seconds, None, 0, str(job.run_dir), failure
+        )
     selection = json.loads((job.run_dir / SELECTION_FILE).read_text())
     best = selection["best_score"]
     value = float(best) if best is not None and math.isfinite(best) else None
     state: TrialState = "PRUNED" if pruned else "COMPLETE"
-    error = None
+    error: str | None = None
     if value is None and not pruned:
         state, error = "FAIL", f"no finite inner {selection['metric']} in any evaluation"
     return TrialOutcome(

@@ -22,6 +22,6 @@ daily net returns, ``returns.csv``), ``significance`` (intervals and tests from 
 ``summary`` (the figures over all windows), ``store`` (the database rows), ``report``
 (``summary.json``, markdown and figures), ``state`` (the run's identity, ``walk_forward.json``),
 ``runner`` (``run_walk_forward``, the driver). ``resume`` finishes a run that was killed
-(``--resume``), ``status`` shows how far a run is, and ``rebuild`` replays the daily returns of
-a run made before ``returns.csv`` existed.
+(``--resume``), ``status`` shows how far a run is, and ``rebuild`` backtests a baseline a
+finished run did not record.
 """

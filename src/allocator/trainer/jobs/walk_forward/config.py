@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -82,16 +82,6 @@ class StatisticsSettings(StrictModel):
 
 class WalkForwardConfig(StrictModel):
     """A walk-forward run: the trainer config, the windows, and how to evaluate and record."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed_keys(cls, data: Any) -> Any:
-        """Runs recorded before ``workers`` named it ``ray_workers``: they still resume."""
-        if isinstance(data, dict) and "ray_workers" in data:
-            data = dict(data)
-            old = data.pop("ray_workers")
-            data.setdefault("workers", old)
-        return data
 
     name: str = Field("walk_forward", pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int | None = Field(None, description="window k trains with seed + k (None: trainer's)")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
@@ -41,7 +41,7 @@ def _window_label(job: WindowJob) -> str:
     return f"window {job.window.label}"
 
 
-def run_local(jobs: Sequence[WindowJob]) -> Iterator[WindowResult]:
+def run_local(jobs: Sequence[WindowJob]) -> Generator[WindowResult, None, None]:
     """Windows one after another in this process."""
     for job in jobs:
         yield run_window(job)
@@ -52,7 +52,7 @@ def run_processes(
     workers: int | None = None,
     retries: int = 1,
     retry_exceptions: bool = False,
-) -> Iterator[WindowResult]:
+) -> Generator[WindowResult, None, None]:
     """Each window in one of ``workers`` spawned processes (``fan_out_processes``)."""
     yield from fan_out_processes(
         jobs, run_window, _window_label, workers, retries, retry_exceptions
@@ -66,7 +66,7 @@ def fan_out_processes(
     workers: int | None = None,
     retries: int = 1,
     retry_exceptions: bool = False,
-) -> Iterator[ResultT]:
+) -> Generator[ResultT, None, None]:
     """``work(job)`` for each job in one of ``workers`` spawned processes (None: one per CPU),
     yielded as it finishes, rerun as the module says; ``label`` names a job in errors.
 
@@ -137,7 +137,7 @@ def run_ray(
     workers: int | None = None,
     retries: int = 1,
     retry_exceptions: bool = False,
-) -> Iterator[WindowResult]:
+) -> Generator[WindowResult, None, None]:
     """Each window a Ray task (``fan_out_ray``)."""
     yield from fan_out_ray(
         jobs, run_window, _window_label, address, workers, retries, retry_exceptions
@@ -152,7 +152,7 @@ def fan_out_ray(
     workers: int | None = None,
     retries: int = 1,
     retry_exceptions: bool = False,
-) -> Iterator[ResultT]:
+) -> Generator[ResultT, None, None]:
     """``work(job)`` for each job as a Ray task (1 CPU), yielded as it finishes, rerun as the
     module says; ``label`` names a job in errors.
 

@@ -120,7 +120,7 @@ def stitched_agent(windows: list[WindowResult]) -> BacktestResult:
     def cat(frames: list[pd.DataFrame]) -> pd.DataFrame:
         return pd.concat(frames).fillna(0.0)
 
-    navs = []
+    navs: list[pd.Series] = []
     level = 1.0
     for w in windows:
         nav = w.agent.nav / w.agent.nav.iloc[0] * level

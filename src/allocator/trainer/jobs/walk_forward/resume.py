@@ -54,7 +54,6 @@ RESUME_FREE = frozenset(
         "executor",
         "ray_address",
         "workers",
-        "ray_workers",
         "retries",
         "retry_exceptions",
         "progress_every",

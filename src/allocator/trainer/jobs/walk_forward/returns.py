@@ -4,8 +4,6 @@ One row per test day of every window (in window order, so in time order), with t
 ``date``, ``window`` (``w03``), ``agent`` (the exported model) and one per baseline. The
 statistics (``significance``) read nothing else, so they can be recomputed, with other
 settings, without training or replaying anything.
-
-Runs made before this file existed kept no daily returns: ``rebuild`` replays them.
 """
 
 from __future__ import annotations

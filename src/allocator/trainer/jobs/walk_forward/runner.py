@@ -16,7 +16,7 @@ import contextlib
 import datetime as dt
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,7 +113,9 @@ class WalkForwardSession:
         write_state(self.out, self.state)
 
 
-def window_stream(config: WalkForwardConfig, jobs: Sequence[WindowJob]) -> Iterator[WindowResult]:
+def window_stream(
+    config: WalkForwardConfig, jobs: Sequence[WindowJob]
+) -> Generator[WindowResult, None, None]:
     """The configured executor's results, in the order the windows finish."""
     if config.executor == "ray":
         return run_ray(

@@ -58,7 +58,7 @@ class RunState:
     format: int = FORMAT
 
     def to_dict(self) -> dict[str, Any]:
-        return json_safe(asdict(self))  # type: ignore[no-any-return]
+        return json_safe(asdict(self))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RunState:

@@ -25,6 +25,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -184,7 +185,7 @@ def train_export_evaluate(job: WindowJob) -> WindowResult:
     return result
 
 
-def train_and_export(job: WindowJob, trained: dict[str, object] | None) -> dict[str, object]:
+def train_and_export(job: WindowJob, trained: dict[str, Any] | None) -> dict[str, Any]:
     """Train the window (or finish its training) and export it; returns the training run's
     summary. ``trained`` is the summary of a run already whole (``finished_training``): only
     exported again. Refused when the version already exists: versions are final."""

@@ -1,0 +1,150 @@
+"""Replaying the spool's backlog behind live traffic: the recorder's writer replays spooled
+frames, oldest first, in slices of about ``REPLAY_SLICE_SECONDS``, and between slices takes the
+live queue first. A slice writes chunks of at most ``REPLAY_CHUNK`` decisions, so no single
+replay write holds a live acknowledgement for long, and any chunk can be written again after a
+reconnect (the request ids absorb what it had already written)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from allocator.metrics.recorder import RecorderMetrics
+from allocator.recording.records import DecisionRecord, ModelRecord
+from allocator.recording.sinks import RecordRejectedError, Sink
+from allocator.recording.spool import Segment, Spool
+
+log = logging.getLogger("allocator.recording.recorder")
+
+REPLAY_SLICE_SECONDS = 0.005
+"""The writer replays spooled frames for about this long (at least one chunk) before it looks
+at the live queue again, and stops a slice early once a live record is waiting."""
+REPLAY_CHUNK = 500
+"""Decisions written per replay step: a spooled frame of a large batch (thousands of decisions)
+goes in several commits, so no single replay write holds the live queue for long."""
+
+
+@dataclass
+class ReplayCursor:
+    """The segment being replayed, its frames (decoded as reached), and the rest of the frame
+    being written, in chunks of at most ``REPLAY_CHUNK`` decisions (a chunk an outage stopped
+    is written again: the request ids absorb what it had already written)."""
+
+    segment: Segment
+    frames: Iterator[dict[str, Any]]
+    chunks: deque[tuple[list[ModelRecord], list[DecisionRecord]]] = field(default_factory=deque)
+
+
+class BacklogReplay:
+    """The replay half of ``Recorder``'s writer thread; the recorder owns the state below and
+    the write, failure and gauge steps it shares with live batches."""
+
+    spool: Spool
+    sink: Sink
+    metrics: RecorderMetrics | None
+    _queue: deque[Any]
+    _cond: threading.Condition
+    _models: dict[tuple[str, str], ModelRecord]
+    _replaying: ReplayCursor | None
+    _replayed: int
+    _spool_bytes: int
+    _spool_records: int
+    _db_up: bool
+
+    def _write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:
+        raise NotImplementedError
+
+    def _write_one_by_one(
+        self,
+        models: list[ModelRecord],
+        decisions: list[DecisionRecord],
+        error: Exception,
+        spool_on_outage: bool,
+    ) -> None:
+        raise NotImplementedError
+
+    def _failed(self, reason: str) -> None:
+        raise NotImplementedError
+
+    def _mark_down(self) -> None:
+        raise NotImplementedError
+
+    def _update_spool_gauges(self) -> None:
+        raise NotImplementedError
+
+    def _replay_slice(self) -> None:
+        """Replay spooled frames, oldest first, for about ``REPLAY_SLICE_SECONDS`` (at least
+        one frame, fewer once a live record waits); an outage pauses it where it stopped."""
+        began = time.monotonic()
+        while True:
+            cursor = self._replaying
+            if cursor is None:
+                segments = self.spool.segments()
+                if not segments:
+                    return
+                segment = segments[0]
+                # Live batches spooled from now on go to a new segment: this one is deleted
+                # once replayed, and must not take any frame it was not read with.
+                self.spool.seal(segment)
+                cursor = self._replaying = ReplayCursor(segment, self.spool.read(segment))
+            if not cursor.chunks:
+                frame = next(cursor.frames, None)
+                if frame is not None:
+                    cursor.chunks.extend(self._chunks(frame))
+            if not cursor.chunks:
+                self._replayed_segment(cursor.segment)
+                self._replaying = None
+                if time.monotonic() - began >= REPLAY_SLICE_SECONDS or self._queue:
+                    return
+                continue
+            try:
+                self._replay_chunk(*cursor.chunks[0])
+            except Exception as exc:
+                log.warning("recorder: replay paused, database unreachable: %s", exc)
+                self._failed("unavailable")
+                self._mark_down()
+                return
+            cursor.chunks.popleft()
+            if time.monotonic() - began >= REPLAY_SLICE_SECONDS or self._queue:
+                return
+
+    def _chunks(
+        self, frame: dict[str, Any]
+    ) -> list[tuple[list[ModelRecord], list[DecisionRecord]]]:
+        """A spooled frame as replay steps; each names the frame's models (upserts that cost
+        nothing once done), so any step can be written on its own after a reconnect."""
+        models = [ModelRecord.from_json(m) for m in frame.get("m", ())]
+        decisions = [DecisionRecord.from_json(d) for d in frame.get("d", ())]
+        for model in models:
+            with self._cond:
+                self._models.setdefault(model.key, model)
+        if not decisions:
+            return [(models, [])]
+        return [
+            (models, decisions[i : i + REPLAY_CHUNK])
+            for i in range(0, len(decisions), REPLAY_CHUNK)
+        ]
+
+    def _replay_chunk(self, models: list[ModelRecord], decisions: list[DecisionRecord]) -> None:
+        if not self._db_up:
+            self.sink.connect()
+        try:
+            self._write(models, decisions)
+        except RecordRejectedError as exc:
+            self._write_one_by_one(models, decisions, exc, spool_on_outage=False)
+
+    def _replayed_segment(self, segment: Segment) -> None:
+        self.spool.remove(segment)
+        with self._cond:
+            self._replayed += segment.records
+            self._spool_bytes = max(0, self._spool_bytes - segment.size)
+            self._spool_records = max(0, self._spool_records - segment.records)
+        if self.metrics is not None:
+            self.metrics.replayed.inc(segment.records)
+        self._update_spool_gauges()
+        log.info("recorder: replayed %d spooled records", segment.records)
