@@ -29,7 +29,8 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("assets", ("--assets",)),
         ("cost_bps", ("--cost-bps",)),
         ("beta", ("--beta",)),
-        ("json_path", ("--json",)),
+        ("as_json", ("--json",)),
+        ("json_out", ("--json-out",)),
         ("plot_path", ("--plot",)),
     ],
     "checkpoint": [],
@@ -41,14 +42,22 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     ],
     "data": [],
     "data check": [("path", ("path",)), ("min_history", ("--min-history",))],
-    "data info": [("dataset", ("--dataset",))],
+    "data info": [
+        ("dataset", ("--dataset",)),
+        ("as_json", ("--json",)),
+        ("json_out", ("--json-out",)),
+    ],
     "data ingest": [
         ("paths", ("paths",)),
         ("database_url", ("--database-url",)),
         ("keep_valid", ("--keep-valid",)),
     ],
     "db": [],
-    "db current": [("database_url", ("--database-url",))],
+    "db current": [
+        ("database_url", ("--database-url",)),
+        ("as_json", ("--json",)),
+        ("json_out", ("--json-out",)),
+    ],
     "db downgrade": [("revision", ("revision",)), ("database_url", ("--database-url",))],
     "db upgrade": [("revision", ("revision",)), ("database_url", ("--database-url",))],
     "demo": [
@@ -139,7 +148,8 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("workers", ("--workers",)),
         ("out", ("--out",)),
         ("progress", ("--no-progress", "--progress")),
-        ("json_path", ("--json",)),
+        ("as_json", ("--json",)),
+        ("json_out", ("--json-out",)),
     ],
     "trade": [],
     "trade account": [],
@@ -162,7 +172,8 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("registry", ("--registry",)),
         ("start", ("--start",)),
         ("end", ("--end",)),
-        ("json_path", ("--json",)),
+        ("as_json", ("--json",)),
+        ("json_out", ("--json-out",)),
         ("pushgateway_url", ("--pushgateway-url",)),
         ("database_url", ("--database-url",)),
     ],
@@ -213,10 +224,19 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("configurations_tried", ("--configurations-tried",)),
         ("trials_sharpe_variance", ("--trials-sharpe-variance",)),
         ("baselines", ("--baseline",)),
-        ("json_path", ("--json",)),
+        ("as_json", ("--json",)),
+        ("json_out", ("--json-out",)),
     ],
-    "walk-forward status": [("run_dir", ("run_dir",))],
-    "walk-forward seeds": [("run_dirs", ("run_dirs",)), ("json_path", ("--json",))],
+    "walk-forward status": [
+        ("run_dir", ("run_dir",)),
+        ("as_json", ("--json",)),
+        ("json_out", ("--json-out",)),
+    ],
+    "walk-forward seeds": [
+        ("run_dirs", ("run_dirs",)),
+        ("as_json", ("--json",)),
+        ("json_out", ("--json-out",)),
+    ],
 }
 
 
@@ -243,6 +263,40 @@ def test_the_commands_and_their_parameters_are_unchanged():
     for path, command in tree.items():
         params = [(p.name, tuple(sorted(p.opts + p.secondary_opts))) for p in command.params]
         assert params == EXPECTED[path], path or "allocator"
+
+
+def test_json_prints_to_stdout_everywhere():
+    """``--json`` is a flag on every command that has it (JSON on stdout); a file is
+    ``--json-out PATH``, never ``--json PATH``."""
+    tree = command_tree()
+    with_json = {
+        path: {o: p for p in command.params for o in p.opts} for path, command in tree.items()
+    }
+    with_json = {path: opts for path, opts in with_json.items() if "--json" in opts}
+    assert {"backtest", "data info", "db current", "walk-forward status"} <= with_json.keys()
+    for path, opts in with_json.items():
+        assert isinstance(opts["--json"], click.Option), path
+        assert opts["--json"].is_flag, f"{path}: --json takes no value"
+        if "--json-out" in opts:
+            assert isinstance(opts["--json-out"].type, click.Path), path
+
+
+def test_json_output_is_one_document(tmp_path):
+    import json
+
+    url = f"sqlite:///{tmp_path / 'trade.db'}"
+    result = CliRunner().invoke(main, ["db", "current", "--database-url", url, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["revisions"] == []
+    assert report["head"]
+    out = tmp_path / "info.json"
+    result = CliRunner().invoke(main, ["data", "info", "--json", "--json-out", str(out)])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert info == json.loads(out.read_text())
+    assert info["days"] > 0
+    assert info["assets"]
 
 
 def test_the_shared_config_options_read_the_same_everywhere():

@@ -177,7 +177,7 @@ def test_the_compare_command_reports_and_writes_json(
     out = tmp_path / "compare.json"
     args = ["trade", "compare", "--account", "desk", "--database-url", url]
     done = CliRunner().invoke(
-        main, [*args, "--registry", str(tmp_path / "registry"), "--json", str(out)]
+        main, [*args, "--registry", str(tmp_path / "registry"), "--json-out", str(out)]
     )
     assert done.exit_code == 0, done.output
     assert "desk (tiny/1)" in done.output

@@ -103,10 +103,14 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def json_text(payload: Any) -> str:
+    """``payload`` as indented JSON that strict readers (browsers, Grafana, jq) accept."""
+    return json.dumps(_clean(payload), indent=2, default=str)
+
+
 def write_json(path: str | Path, payload: Any) -> Path:
-    """Write ``payload`` as indented JSON that strict readers (browsers, Grafana, jq) accept,
-    creating parent folders."""
+    """Write ``payload`` as ``json_text``, creating parent folders."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_clean(payload), indent=2, default=str) + "\n")
+    out.write_text(json_text(payload) + "\n")
     return out

@@ -11,8 +11,13 @@ from typing import Any
 
 import click
 
-from allocator.artifacts.files import write_json
-from allocator.cli.options import cost_bps_option, fail, json_option, period_options
+from allocator.cli.options import (
+    cost_bps_option,
+    emit_json,
+    fail,
+    json_options,
+    period_options,
+)
 
 
 def load_policy(spec: str) -> Any:
@@ -45,7 +50,7 @@ def load_policy(spec: str) -> Any:
 @click.option("--assets", default=None, help="comma-separated asset ids (default: all)")
 @cost_bps_option
 @click.option("--beta", default=0.0, show_default=True, type=float, help="EMA smoothing")
-@json_option
+@json_options
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False))
 def backtest(
     policy_spec: str,
@@ -55,7 +60,8 @@ def backtest(
     assets: str | None,
     cost_bps: float,
     beta: float,
-    json_path: str | None,
+    as_json: bool,
+    json_out: str | None,
     plot_path: str | None,
 ) -> None:
     """Backtest a policy with the environment's mechanics; print metrics, write JSON/plot."""
@@ -72,17 +78,16 @@ def backtest(
     except (DataError, ValueError) as exc:
         fail(str(exc))
     metrics = result.metrics()
-    click.echo(
-        f"{result.name} on {md.source}, {result.nav.index[0].date()} .. "
-        f"{result.nav.index[-1].date()}, {cost_bps:g} bps"
-    )
-    click.echo(format_table({result.name: metrics}))
-    if json_path:
-        write_json(json_path, result.to_dict())
-        click.echo(f"wrote {json_path}")
+    if not as_json:
+        click.echo(
+            f"{result.name} on {md.source}, {result.nav.index[0].date()} .. "
+            f"{result.nav.index[-1].date()}, {cost_bps:g} bps"
+        )
+        click.echo(format_table({result.name: metrics}))
+    emit_json(result.to_dict(), as_json, json_out)
     if plot_path:
         # heavy (matplotlib): imported only when a plot is asked for
         from allocator.trainer.sim.plots import plot_backtest
 
         plot_backtest(result, plot_path)
-        click.echo(f"wrote {plot_path}")
+        click.echo(f"wrote {plot_path}", err=as_json)

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from allocator.cli.options import database_url_option, fail, shown_url
+from allocator.cli.options import database_url_option, emit_json, fail, json_options, shown_url
 
 
 @click.group()
@@ -24,7 +24,8 @@ def data() -> None:
     show_default=True,
     help="'sp500', 'database' ($DATABASE_URL's prices, up to today) or a CSV/Parquet path",
 )
-def data_info(dataset: str) -> None:
+@json_options
+def data_info(dataset: str, as_json: bool, json_out: str | None) -> None:
     """Summarize a dataset: calendar, assets, per-asset history and annual figures."""
     # heavy (pandas): imported when the command runs, so `allocator --help` stays instant
     from allocator.trainer.market.data import DataError, load_dataset
@@ -33,10 +34,23 @@ def data_info(dataset: str) -> None:
         md = load_dataset(dataset)
     except DataError as exc:
         fail(str(exc))
-    click.echo(f"source: {md.source}")
-    click.echo(f"dates:  {md.dates[0].date()} .. {md.dates[-1].date()} ({md.n_dates} days)")
-    click.echo(f"assets: {md.n_assets}")
-    click.echo(md.summary().to_string(float_format=lambda v: f"{v:.4f}"))
+    summary = md.summary()
+    if not as_json:
+        click.echo(f"source: {md.source}")
+        click.echo(f"dates:  {md.dates[0].date()} .. {md.dates[-1].date()} ({md.n_dates} days)")
+        click.echo(f"assets: {md.n_assets}")
+        click.echo(summary.to_string(float_format=lambda v: f"{v:.4f}"))
+    report = {
+        "source": md.source,
+        "first": md.dates[0].date().isoformat(),
+        "last": md.dates[-1].date().isoformat(),
+        "days": md.n_dates,
+        "assets": {
+            str(asset): {k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in row.items()}
+            for asset, row in summary.to_dict(orient="index").items()
+        },
+    }
+    emit_json(report, as_json, json_out)
 
 
 @data.command("check")

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from allocator.cli.options import database_url_option, fail, shown_url
+from allocator.cli.options import database_url_option, emit_json, fail, json_options, shown_url
 from allocator.recording.migrations import MigrationsNotFoundError, alembic_config
 
 
@@ -56,10 +56,33 @@ def db_downgrade(revision: str, database_url: str | None) -> None:
 
 @db.command("current")
 @database_url_option
-def db_current(database_url: str | None) -> None:
+@json_options
+def db_current(database_url: str | None, as_json: bool, json_out: str | None) -> None:
     """Print the revision the trade database is at (nothing when it has none)."""
     from alembic import command  # heavy (sqlalchemy): keeps --help instant
 
     config = bound_config(database_url)
+    if as_json or json_out:
+        emit_json(current_revisions(config), as_json, json_out)
+        if as_json:
+            return
     click.echo(f"database: {shown_url(config.attributes['url'])}")
     command.current(config)
+
+
+def current_revisions(config: Any) -> dict[str, Any]:
+    """The database's revisions (none before the first upgrade) and the migrations' head."""
+    # heavy (sqlalchemy, alembic): only when the command runs
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import create_engine
+
+    url = config.attributes["url"]
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            current = list(MigrationContext.configure(connection).get_current_heads())
+    finally:
+        engine.dispose()
+    head = ScriptDirectory.from_config(config).get_current_head()
+    return {"database": shown_url(url), "revisions": current, "head": head}

@@ -19,10 +19,11 @@ import click
 from allocator.cli.options import (
     config_option,
     config_options,
+    emit_json,
     fail,
     graceful_stop,
     interrupted_exit_code,
-    json_option,
+    json_options,
     overrides_option,
     shown_url,
     sigterm_stops,
@@ -233,7 +234,8 @@ def run_walk_forward_command(
 
 @walk_forward.command("status")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-def walk_forward_status(run_dir: str) -> None:
+@json_options
+def walk_forward_status(run_dir: str, as_json: bool, json_out: str | None) -> None:
     """How far the walk-forward run in RUN_DIR is: each window done, running (its training
     steps, last reward, inner score), stopped (its process is gone) or waiting.
 
@@ -242,10 +244,13 @@ def walk_forward_status(run_dir: str) -> None:
     """
     # heavy (pandas, torch via the window modules): imported when the command runs
     from allocator.trainer.jobs.walk_forward.config import WalkForwardError
-    from allocator.trainer.jobs.walk_forward.status import format_status
+    from allocator.trainer.jobs.walk_forward.status import format_status, status_report
 
     try:
-        click.echo(format_status(run_dir))
+        if as_json or json_out:
+            emit_json(status_report(run_dir), as_json, json_out)
+        if not as_json:
+            click.echo(format_status(run_dir))
     except WalkForwardError as exc:
         fail(str(exc))
 
@@ -273,13 +278,14 @@ def walk_forward_status(run_dir: str) -> None:
     help="also judge the run against this baseline, backtested now on each window's test "
     "span (repeatable; e.g. anchor: a tilt recipe's zero action)",
 )
-@json_option
+@json_options
 def walk_forward_stats(
     run_dir: str,
     configurations_tried: int | None,
     trials_sharpe_variance: float | None,
     baselines: tuple[str, ...],
-    json_path: str | None,
+    as_json: bool,
+    json_out: str | None,
 ) -> None:
     """Intervals and tests of a finished walk-forward run in RUN_DIR.
 
@@ -288,7 +294,6 @@ def walk_forward_stats(
     is not a finished run or a baseline is unknown, 1 when a window cannot be replayed.
     """
     # heavy (pandas, arch, onnxruntime): imported when the command runs, keeps --help instant
-    from allocator.artifacts.files import write_json
     from allocator.registry.errors import ModelLoadError
     from allocator.trainer.jobs.json_safe import json_safe
     from allocator.trainer.jobs.walk_forward.config import StatisticsSettings, WalkForwardError
@@ -324,17 +329,16 @@ def walk_forward_stats(
         click.echo(f"error: cannot rebuild the daily returns of {run_dir}: {exc}", err=True)
         sys.exit(1)
     stats = run_statistics(frame, settings, tried)
-    click.echo(f"daily returns: {source}")
-    click.echo(format_statistics(stats))
-    if json_path:
-        write_json(json_path, json_safe({"run_dir": run_dir, "returns": source, **stats}))
-        click.echo(f"json: {json_path}")
+    if not as_json:
+        click.echo(f"daily returns: {source}")
+        click.echo(format_statistics(stats))
+    emit_json(json_safe({"run_dir": run_dir, "returns": source, **stats}), as_json, json_out)
 
 
 @walk_forward.command("seeds")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@json_option
-def walk_forward_seeds(run_dirs: tuple[str, ...], json_path: str | None) -> None:
+@json_options
+def walk_forward_seeds(run_dirs: tuple[str, ...], as_json: bool, json_out: str | None) -> None:
     """Seed luck apart from period luck, from finished runs of one recipe that differ only
     in their seed (run the same config with --set seed=100, --set seed=200, ...).
 
@@ -344,7 +348,6 @@ def walk_forward_seeds(run_dirs: tuple[str, ...], json_path: str | None) -> None
     Exit 2 when the runs are not one recipe with distinct seeds.
     """
     # heavy (pandas, arch): imported when the command runs, keeps --help instant
-    from allocator.artifacts.files import write_json
     from allocator.trainer.jobs.json_safe import json_safe
     from allocator.trainer.jobs.walk_forward.config import WalkForwardError
     from allocator.trainer.jobs.walk_forward.seeds import format_seed_study, seed_study
@@ -353,10 +356,9 @@ def walk_forward_seeds(run_dirs: tuple[str, ...], json_path: str | None) -> None
         study = seed_study(run_dirs)
     except (WalkForwardError, ValueError) as exc:
         fail(str(exc))
-    click.echo(format_seed_study(study))
-    if json_path:
-        write_json(json_path, json_safe(study))
-        click.echo(f"json: {json_path}")
+    if not as_json:
+        click.echo(format_seed_study(study))
+    emit_json(json_safe(study), as_json, json_out)
 
 
 @click.command()

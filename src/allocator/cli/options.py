@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -141,14 +141,35 @@ def period_options(command: F) -> F:
 
 
 cost_bps_option = click.option("--cost-bps", default=10.0, show_default=True, type=float)
-json_option = click.option(
-    "--json",
-    "json_path",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="also write JSON here",
-)
-"""``--json PATH``: the commands that print a report also write it as JSON there."""
+
+
+def json_options(command: F) -> F:
+    """``--json``: print the report as JSON on stdout, and nothing else there (pipe it to jq);
+    ``--json-out PATH``: also write it to PATH. Every command with a report takes the pair, so
+    ``--json`` means the same everywhere (passed as ``as_json`` and ``json_out``)."""
+    command = click.option(
+        "--json-out",
+        "json_out",
+        default=None,
+        type=click.Path(dir_okay=False),
+        help="also write the report as JSON to this file",
+    )(command)
+    return click.option(
+        "--json", "as_json", is_flag=True, help="print the report as JSON on stdout, only that"
+    )(command)
+
+
+def emit_json(payload: Any, as_json: bool, json_out: str | None) -> None:
+    """What ``json_options`` asked for: ``payload`` written to ``json_out`` (said on stderr
+    under ``--json``, so stdout stays one JSON document) and printed under ``--json``."""
+    # light (json, pathlib); the artifacts layer is loaded only by a command that reports
+    from allocator.artifacts.files import json_text, write_json
+
+    if json_out:
+        write_json(json_out, payload)
+        click.echo(f"wrote {json_out}", err=as_json)
+    if as_json:
+        click.echo(json_text(payload))
 
 
 def shown_url(url: str) -> str:

@@ -8,7 +8,7 @@ imported inside the command, so ``allocator --help`` stays instant.
 
 from __future__ import annotations
 
-import shutil
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,9 +17,10 @@ import click
 
 from allocator.cli.options import (
     config_options,
+    emit_json,
     fail,
     interrupted_exit_code,
-    json_option,
+    json_options,
     sigterm_stops,
 )
 
@@ -57,7 +58,7 @@ def suite() -> None:
 @click.option("--workers", type=int, default=None, help="processes or Ray CPUs at once")
 @click.option("--out", default=None, type=click.Path(file_okay=False), help="write the report here")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-@json_option
+@json_options
 def suite_run(
     config_path: str,
     overrides: tuple[str, ...],
@@ -70,7 +71,8 @@ def suite_run(
     workers: int | None,
     out: str | None,
     progress: bool,
-    json_path: str | None,
+    as_json: bool,
+    json_out: str | None,
 ) -> None:
     """Train the recipe on every draw of every market and print the table over draws.
 
@@ -116,10 +118,11 @@ def suite_run(
     except KeyboardInterrupt as exc:
         click.echo("error: suite stopped; rows.jsonl holds the runs that finished", err=True)
         sys.exit(interrupted_exit_code(exc))
-    click.echo(f"suite ({config.mode} draws), {len(result.rows)} runs in {result.seconds:.0f} s")
-    click.echo(result.table)
-    if json_path:
-        shutil.copyfile(result.files["json"], json_path)
-        result.files["json_copy"] = Path(json_path)
+    if not as_json:
+        click.echo(
+            f"suite ({config.mode} draws), {len(result.rows)} runs in {result.seconds:.0f} s"
+        )
+        click.echo(result.table)
     for name, path in result.files.items():
-        click.echo(f"{name}: {path}")
+        click.echo(f"{name}: {path}", err=as_json)
+    emit_json(json.loads(Path(result.files["json"]).read_text()), as_json, json_out)

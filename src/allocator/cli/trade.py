@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from allocator.cli.options import database_url_option, fail
+from allocator.cli.options import database_url_option, emit_json, fail, json_options
 
 
 def parse_date(value: str, option: str) -> dt.date:
@@ -433,7 +433,7 @@ def replay_bars(
 )
 @click.option("--start", default=None, help="First bar, YYYY-MM-DD (default: the first traded).")
 @click.option("--end", default=None, help="Last bar, YYYY-MM-DD (default: the last traded).")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
+@json_options
 @pushgateway_option
 @database_url_option
 def compare(
@@ -441,7 +441,8 @@ def compare(
     registry: str,
     start: str | None,
     end: str | None,
-    json_path: str | None,
+    as_json: bool,
+    json_out: str | None,
     pushgateway_url: str | None,
     database_url: str | None,
 ) -> None:
@@ -452,7 +453,6 @@ def compare(
     server's answers moved. The tracking difference is pushed as
     allocator_trading_tracking_difference."""
     # heavy (sqlalchemy, onnxruntime): imported when the command runs
-    from allocator.artifacts.files import write_json
     from allocator.trading.compare import compare_account
     from allocator.trading.errors import TradingError
 
@@ -465,10 +465,9 @@ def compare(
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
         m.record_tracking(account_name, report.tracking_difference)
-    click.echo(report.summary())
-    if json_path:
-        write_json(json_path, report.to_dict())
-        click.echo(f"wrote {json_path}")
+    if not as_json:
+        click.echo(report.summary())
+    emit_json(report.to_dict(), as_json, json_out)
 
 
 @trade.command("status")

@@ -30,7 +30,7 @@ def test_the_suite_runs_by_one_command_and_writes_table_json_and_plot(tmp_path):
         "suite", "run", "--config", str(SUITE), "--markets", "entering_leaving,random_walk",
         "--draws", "1", "--steps", "300", "--executor", "local", "--out", str(out),
         "--set", "trainer.algorithm.learning_starts=100", "--set", "bootstrap_reps=200",
-        "--no-progress", "--json", str(tmp_path / "copy.json"),
+        "--no-progress", "--json-out", str(tmp_path / "copy.json"),
     ]  # fmt: skip
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output

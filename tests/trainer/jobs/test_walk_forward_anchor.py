@@ -73,7 +73,7 @@ def test_stats_backtests_a_missing_anchor_exactly_as_the_run_would(
     before = (copy / "returns.csv").read_bytes()
     out = CliRunner().invoke(
         main,
-        ["walk-forward", "stats", str(copy), "--baseline", "anchor", "--json",
+        ["walk-forward", "stats", str(copy), "--baseline", "anchor", "--json-out",
          str(tmp_path / "s.json")],
     )  # fmt: skip
     assert out.exit_code == 0, out.output

@@ -52,7 +52,7 @@ def test_two_real_seeds_of_the_tiny_recipe(two_seeds: list[Path], tmp_path: Path
     """The CLI on two real runs: one row per window with both seeds, the seeds' figures
     differ (training luck is real), each equals that run's own window excess Sharpe."""
     out = tmp_path / "seeds.json"
-    args = ["walk-forward", "seeds", *map(str, two_seeds), "--json", str(out)]
+    args = ["walk-forward", "seeds", *map(str, two_seeds), "--json-out", str(out)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "seed 0" in result.output

@@ -94,7 +94,7 @@ def test_stats_cli_recomputes_the_runs_statistics(local_run: LocalRun, tmp_path:
     result = local_run.result
     summary = json.loads(Path(result.files["summary"]).read_text())["summary"]
     out = CliRunner().invoke(
-        main, ["walk-forward", "stats", str(result.out_dir), "--json", str(tmp_path / "s.json")]
+        main, ["walk-forward", "stats", str(result.out_dir), "--json-out", str(tmp_path / "s.json")]
     )
     assert out.exit_code == 0, out.output
     assert f"daily returns: {result.files['returns']}" in out.output
@@ -106,7 +106,7 @@ def test_stats_cli_recomputes_the_runs_statistics(local_run: LocalRun, tmp_path:
 
     many = CliRunner().invoke(
         main,
-        ["walk-forward", "stats", str(result.out_dir), "--configurations-tried", "50", "--json",
+        ["walk-forward", "stats", str(result.out_dir), "--configurations-tried", "50", "--json-out",
          str(tmp_path / "many.json")],
     )  # fmt: skip
     assert many.exit_code == 0, many.output

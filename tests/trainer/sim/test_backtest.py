@@ -59,7 +59,7 @@ def test_equal_weight_matches_pandas_recomputation(tmp_path):
             "2019-12-31",
             "--cost-bps",
             "10",
-            "--json",
+            "--json-out",
             str(out),
         ],
     )
@@ -224,7 +224,7 @@ def test_cli_accepts_a_callable_policy(tmp_path):
                 "2019-12-31",
                 "--cost-bps",
                 "0",
-                "--json",
+                "--json-out",
                 str(out),
             ],
         )

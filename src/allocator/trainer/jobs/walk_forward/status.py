@@ -10,7 +10,7 @@ longer exists is shown as stopped, so a killed run reads as one (``--resume`` co
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,21 @@ def session_line(state: RunState, run_dir: str | Path, finished: bool) -> str | 
     if finished or last.get("outcome") == "finished":
         return None
     return f"if no process runs it any more, {resume}"
+
+
+def status_report(run_dir: str | Path) -> dict[str, Any]:
+    """What ``allocator walk-forward status --json`` prints: the text's facts, as data."""
+    state, windows, finished = run_status(run_dir)
+    return {
+        "run": state.name,
+        "run_dir": str(run_dir),
+        "run_id": state.run_id,
+        "database": state.database,
+        "finished": finished,
+        "windows": [asdict(w) for w in windows],
+        "resumed": sum(bool(s.get("resumed")) for s in state.sessions),
+        "advice": session_line(state, run_dir, finished),
+    }
 
 
 def format_status(run_dir: str | Path) -> str:
