@@ -98,7 +98,9 @@ class WalkForwardConfig(StrictModel):
     model_name: str = Field("allocator-wf", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     output_dir: str = "runs/walk_forward"
     record: bool = True
-    database_url: str | None = Field(None, description="None: $DATABASE_URL, else SQLite")
+    database_url: str | None = Field(
+        None, description="None: $ALLOCATOR_DATABASE_URL, else $DATABASE_URL, else SQLite"
+    )
     pushgateway_url: str | None = None
     job_name: str = Field("allocator_walk_forward", min_length=1)
     executor: Literal["local", "processes", "ray"] = "local"
