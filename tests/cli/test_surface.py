@@ -299,6 +299,26 @@ def test_json_output_is_one_document(tmp_path):
     assert info["assets"]
 
 
+def test_walk_forward_status_json_is_the_text_as_data(monkeypatch, tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from allocator.trainer.jobs.walk_forward import status
+
+    state = SimpleNamespace(name="wf", run_id=None, database=None, sessions=[{"resumed": True}])
+    windows = [
+        status.WindowStatus("w00", "done", None),
+        status.WindowStatus("w01", "waiting", None),
+    ]
+    monkeypatch.setattr(status, "run_status", lambda run_dir: (state, windows, False))
+    result = CliRunner().invoke(main, ["walk-forward", "status", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [w["state"] for w in report["windows"]] == ["done", "waiting"]
+    assert report["resumed"] == 1
+    assert "--resume" in report["advice"]
+
+
 def test_the_shared_config_options_read_the_same_everywhere():
     """``--config/--set`` come from one declaration: same type and metavar in every job."""
     tree = command_tree()
