@@ -143,7 +143,13 @@ def account_create(
     if broker == "paper" and cash is None:
         fail("a paper account needs --cash")
     if broker == "alpaca":
-        cash = alpaca_cash(cash)
+        # heavy (alpaca-py): imported only for an Alpaca account
+        from allocator.trading.alpaca import opening_cash
+
+        try:
+            cash = opening_cash(cash)
+        except TradingError as exc:
+            fail(str(exc))
     assert cash is not None
     with trade_engine(database_url) as engine:
         try:
@@ -156,26 +162,6 @@ def account_create(
     click.echo(
         f"created {broker} account {name} with {cash:,.2f} cash, assets {', '.join(spec.assets)}"
     )
-
-
-def alpaca_cash(given: float | None) -> float:
-    """The cash of the Alpaca account the credentials name; refuses one that holds positions
-    (the book starts from cash only) or whose cash differs from ``given``."""
-    # heavy (alpaca-py): imported only for an Alpaca account
-    from allocator.portfolio import CASH_ID
-    from allocator.trading.alpaca import AlpacaBroker
-    from allocator.trading.errors import TradingError
-
-    try:
-        held = AlpacaBroker.from_env().holdings("")
-    except TradingError as exc:
-        fail(str(exc))
-    cash = held.pop(CASH_ID, 0.0)
-    if held:
-        fail(f"the Alpaca account holds {sorted(held)}: start from an account holding only cash")
-    if given is not None and abs(given - cash) > 0.005:
-        fail(f"--cash {given:,.2f} differs from the Alpaca account's cash {cash:,.2f}")
-    return cash
 
 
 @account.command("resume")

@@ -175,3 +175,19 @@ class AlpacaBroker:
         cash = self.client.get_account().cash
         held[CASH_ID] = float(cash or 0.0)
         return {asset: quantity for asset, quantity in held.items() if quantity != 0}
+
+
+def opening_cash(given: float | None) -> float:
+    """The cash of the Alpaca account the credentials name; refuses one that holds positions
+    (the book starts from cash only) or whose cash differs from ``given``."""
+    held = AlpacaBroker.from_env().holdings("")
+    cash = held.pop(CASH_ID, 0.0)
+    if held:
+        raise TradingError(
+            f"the Alpaca account holds {sorted(held)}: start from an account holding only cash"
+        )
+    if given is not None and abs(given - cash) > 0.005:
+        raise TradingError(
+            f"--cash {given:,.2f} differs from the Alpaca account's cash {cash:,.2f}"
+        )
+    return cash

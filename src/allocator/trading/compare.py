@@ -16,6 +16,7 @@ backtest's NAV at the same close: the last cycle's own trades are not yet marked
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from allocator.portfolio import CASH_ID
-from allocator.recording.schema import AccountNav, Price, TradeCycle
+from allocator.recording.schema import Account, AccountNav, Price, TradeCycle
 from allocator.trading import book
 from allocator.trading.cycle import DONE
 from allocator.trading.errors import TradingError
@@ -102,6 +103,73 @@ def price_table(
     return table, dates
 
 
+def done_cycles(
+    session: Session, account: Account, start: dt.date | None, end: dt.date | None
+) -> list[TradeCycle]:
+    """The account's finished cycles from ``start`` to ``end``, in bar order: at least two, all
+    answered by one model (a span traded by two models has no single backtest)."""
+    account_name = account.name
+    query = (
+        select(TradeCycle)
+        .where(TradeCycle.account_id == account.id, TradeCycle.status == DONE)
+        .order_by(TradeCycle.bar_date)
+    )
+    if start is not None:
+        query = query.where(TradeCycle.bar_date >= start)
+    if end is not None:
+        query = query.where(TradeCycle.bar_date <= end)
+    cycles = list(session.scalars(query))
+    if len(cycles) < 2:
+        raise TradingError(
+            f"account {account_name!r} has {len(cycles)} finished cycle(s) in the span; "
+            "a comparison needs at least two"
+        )
+    models = sorted({f"{c.model_name}/{c.model_version}" for c in cycles})
+    if len(models) > 1:
+        raise TradingError(
+            f"account {account_name!r} traded the span with several models ({models}); "
+            "compare each model's span on its own (--start/--end)"
+        )
+    return cycles
+
+
+def require_every_bar(account_name: str, dates: list[dt.date], cycles: list[TradeCycle]) -> None:
+    """Refuse a span with a bar the account did not trade: the backtest trades every bar."""
+    first, last = cycles[0].bar_date, cycles[-1].bar_date
+    span = [d for d in dates if d >= first]
+    traded = [c.bar_date for c in cycles]
+    if span != traded:
+        missed = sorted(set(span) - set(traded))
+        raise TradingError(
+            f"account {account_name!r} has no cycle for {len(missed)} bar(s) between "
+            f"{first.isoformat()} and {last.isoformat()} (first: "
+            f"{missed[0].isoformat() if missed else '-'}); the backtest trades every bar, "
+            "so compare a span traded bar by bar"
+        )
+
+
+def execution_gaps(
+    decided: list[TradeCycle],
+    navs: dict[dt.date, AccountNav],
+    targets: list[dict[str, float]],
+    outputs: Sequence[Any],
+) -> tuple[list[float], list[float], list[float]]:
+    """Per decided cycle: the traded value over NAV, how far the cash weight after trading sat
+    from the target's, and the L1 distance between the live target and the backtest's smoothed
+    weights (the server's answers drifting from the replay's)."""
+    turnover = [navs[c.bar_date].traded_value / c.nav_before for c in decided]
+    gap = []
+    weight_gap = []
+    for k, c in enumerate(decided):
+        after = navs[c.bar_date]
+        gap.append(abs(after.cash / after.nav - targets[k].get(CASH_ID, 0.0)))
+        smoothed = outputs[k]
+        theirs = dict(zip(smoothed.asset_ids, smoothed.smoothed_weights.tolist(), strict=True))
+        keys = set(theirs) | set(targets[k])
+        weight_gap.append(sum(abs(theirs.get(a, 0.0) - targets[k].get(a, 0.0)) for a in keys))
+    return turnover, gap, weight_gap
+
+
 def compare_account(
     engine: Engine,
     account_name: str,
@@ -117,40 +185,11 @@ def compare_account(
 
     with Session(engine) as session:
         account = book.load_account(session, account_name)
-        query = (
-            select(TradeCycle)
-            .where(TradeCycle.account_id == account.id, TradeCycle.status == DONE)
-            .order_by(TradeCycle.bar_date)
-        )
-        if start is not None:
-            query = query.where(TradeCycle.bar_date >= start)
-        if end is not None:
-            query = query.where(TradeCycle.bar_date <= end)
-        cycles = list(session.scalars(query))
-        if len(cycles) < 2:
-            raise TradingError(
-                f"account {account_name!r} has {len(cycles)} finished cycle(s) in the span; "
-                "a comparison needs at least two"
-            )
-        models = sorted({f"{c.model_name}/{c.model_version}" for c in cycles})
-        if len(models) > 1:
-            raise TradingError(
-                f"account {account_name!r} traded the span with several models ({models}); "
-                "compare each model's span on its own (--start/--end)"
-            )
+        cycles = done_cycles(session, account, start, end)
         first, last = cycles[0].bar_date, cycles[-1].bar_date
         assets = list(account.assets)
         table, dates = price_table(session, assets, last)
-        span = [d for d in dates if d >= first]
-        traded = [c.bar_date for c in cycles]
-        if span != traded:
-            missed = sorted(set(span) - set(traded))
-            raise TradingError(
-                f"account {account_name!r} has no cycle for {len(missed)} bar(s) between "
-                f"{first.isoformat()} and {last.isoformat()} (first: "
-                f"{missed[0].isoformat() if missed else '-'}); the backtest trades every bar, "
-                "so compare a span traded bar by bar"
-            )
+        require_every_bar(account_name, dates, cycles)
         navs = {
             n.bar_date: n
             for n in session.scalars(
@@ -189,17 +228,8 @@ def compare_account(
         )
     ratio = live / backtest - 1.0
     decided = cycles[:-1]  # the last cycle's trades are not marked at any close of the span
+    turnover, gap, weight_gap = execution_gaps(decided, navs, targets, result.outputs)
     fees = sum(navs[c.bar_date].fees for c in decided if c.bar_date in navs)
-    turnover = [navs[c.bar_date].traded_value / c.nav_before for c in decided]
-    gap = []
-    weight_gap = []
-    for k, c in enumerate(decided):
-        after = navs[c.bar_date]
-        gap.append(abs(after.cash / after.nav - targets[k].get(CASH_ID, 0.0)))
-        smoothed = result.outputs[k]
-        theirs = dict(zip(smoothed.asset_ids, smoothed.smoothed_weights.tolist(), strict=True))
-        keys = set(theirs) | set(targets[k])
-        weight_gap.append(sum(abs(theirs.get(a, 0.0) - targets[k].get(a, 0.0)) for a in keys))
     return Comparison(
         account=account_name,
         model=f"{name}/{version}",
@@ -216,7 +246,7 @@ def compare_account(
         backtest_turnover=float(np.mean(result.turnover)),
         mean_cash_gap=float(np.mean(gap)),
         mean_weight_difference=float(np.mean(weight_gap)),
-        dates=tuple(d.isoformat() for d in traded),
+        dates=tuple(c.bar_date.isoformat() for c in cycles),
         live_path=tuple(float(v) for v in live),
         backtest_path=tuple(float(v) for v in backtest),
     )
