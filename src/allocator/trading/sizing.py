@@ -162,7 +162,10 @@ def size_orders(
 def fit_buys(buys: list[OrderIntent], available: float, rules: SizingRules) -> list[OrderIntent]:
     """Buys rounded to lots, scaled so that they and their costs fit in ``available`` cash."""
     need = sum(o.value + trade_cost(rules.rate, o.value) for o in buys)
-    factor = 1.0 if need <= available else max(available, 0.0) / need * (1 - LEVERAGE_GUARD)
+    # need == 0 (nothing of value to buy: an empty book, zero-quantity intents) fits as it is.
+    factor = (
+        1.0 if need <= max(available, 0.0) else max(available, 0.0) / need * (1 - LEVERAGE_GUARD)
+    )
     fitted = []
     for order in buys:
         quantity = round_lot(order.quantity * factor, rules.lot_size)
