@@ -148,6 +148,8 @@ def test_serve_latency_times_a_shared_model_below_and_above_its_training_slots()
             "20",
             "--databases",
             "postgresql",
+            "--acks",
+            "durable",
             "--rounds",
             "1",
         ],
