@@ -19,7 +19,22 @@ from numpy.typing import NDArray
 
 from allocator.recording.migrations import upgrade
 from allocator.serving.client import AllocatorClient
-from allocator.serving.server import ServerConfig, build_server
+from allocator.serving.server import AllocationServer, ServerConfig, build_server
+
+
+def local_server(registry: Path, out_dir: Path, db_name: str, spool: str) -> AllocationServer:
+    """A started server on an OS-chosen port, recording to a migrated SQLite file in
+    ``out_dir``: what the demo's serving and paper-trading legs each ask."""
+    url = f"sqlite:///{out_dir / db_name}"
+    upgrade(url)
+    config = ServerConfig(
+        registry=registry,
+        port=0,
+        metrics_port=None,
+        database_url=url,
+        spool_dir=out_dir / spool,
+    )
+    return build_server(config).start()
 
 
 def serve_demo(
@@ -37,17 +52,7 @@ def serve_demo(
     Returns the latency figures and counts it printed.
     """
     db = out_dir / "trades.db"
-    url = f"sqlite:///{db}"
-    upgrade(url)
-    server = build_server(
-        ServerConfig(
-            registry=registry,
-            port=0,
-            metrics_port=None,
-            database_url=url,
-            spool_dir=out_dir / "spool",
-        )
-    ).start()
+    server = local_server(registry, out_dir, db.name, "spool")
     model = server.registry.snapshot.default
     n_prices = model.prices_per_asset
     span = prices[-(steps + n_prices) :]

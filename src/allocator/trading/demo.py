@@ -20,10 +20,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from allocator.metrics.trading import TradingMetrics
-from allocator.recording.migrations import upgrade
 from allocator.recording.schema import Price
 from allocator.serving.client import AllocatorClient
-from allocator.serving.server import ServerConfig, build_server
+from allocator.serving.demo import local_server
 from allocator.trading.book import AccountSpec, create_account
 from allocator.trading.compare import Comparison, compare_account
 from allocator.trading.cycle import run_cycle
@@ -49,18 +48,8 @@ def paper_trade_demo(
     """Paper-trade the registry's default model on the bars from ``start`` to ``end``."""
     db = out_dir / "paper.db"
     db.unlink(missing_ok=True)  # a rerun of the demo starts its account afresh
-    url = f"sqlite:///{db}"
-    upgrade(url)
-    engine = create_engine(url, poolclass=NullPool)
-    server = build_server(
-        ServerConfig(
-            registry=registry,
-            port=0,
-            metrics_port=None,
-            database_url=url,
-            spool_dir=out_dir / "paper-spool",
-        )
-    ).start()
+    server = local_server(registry, out_dir, db.name, "paper-spool")
+    engine = create_engine(f"sqlite:///{db}", poolclass=NullPool)
     try:
         model = server.registry.snapshot.default
         bars = [d for d in dates if start <= d <= end]
