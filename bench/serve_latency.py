@@ -276,7 +276,7 @@ def main() -> None:
         help="one server per database and --ack mode (comma-separated: durable, queued)",
     )
     parser.add_argument(
-        "--group-commit-ms", type=float, default=None, help="the servers' commit window"
+        "--batch-window-ms", type=float, default=None, help="the servers' batch window"
     )
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase")
@@ -294,7 +294,12 @@ def main() -> None:
     )
     parser.add_argument("--in-flight", type=int, default=4, help="stream messages sent ahead")
     parser.add_argument("--portfolios", type=int, default=1000)
-    parser.add_argument("--threads", type=int, default=16, help="server handler threads")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=16,
+        help="the bare server's handler threads (the servers': state-store threads)",
+    )
     parser.add_argument(
         "--workers-list",
         default="1",
@@ -380,7 +385,7 @@ def main() -> None:
                 str(args.threads),
             ],
         )
-        window = args.group_commit_ms
+        window = args.batch_window_ms
         for db, url in urls.items():
             servers.start(
                 db,
@@ -389,7 +394,7 @@ def main() -> None:
                     *("--registry", str(registry), "--metrics-port", "0"),
                     *("--database-url", url, "--spool-dir", str(tmp / f"spool-{db}"), "--cpu"),
                     *("--ack", ack_of[db]),
-                    *(() if window is None else ("--group-commit-ms", str(window))),
+                    *(() if window is None else ("--batch-window-ms", str(window))),
                     *("--latency-budget-ms", str(args.budget_ms)),
                     *("--max-concurrent-rpcs", "512", "--threads", str(args.threads)),
                     *("--workers", str(workers_of[db]), *shared_state),

@@ -36,6 +36,7 @@ EXPECTED_FAMILIES = {
     "allocator_serving_turnover_ratio": "histogram",
     "allocator_serving_icm_reward": "histogram",
     "allocator_serving_batch_size": "histogram",
+    "allocator_serving_decided_batch_size": "histogram",
     "allocator_serving_model": "info",
     "allocator_serving_provider": "info",
     "allocator_serving_model_refused": "counter",

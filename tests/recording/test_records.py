@@ -69,43 +69,14 @@ def test_slots_must_hold_the_assets() -> None:
     assert made.slots == ("", "A")
 
 
-def test_the_fast_path_builds_the_same_record_and_still_refuses_nan() -> None:
-    import numpy as np
-
+def test_a_batch_of_one_from_arrays_is_the_record_create_builds() -> None:
     made = make_decision(9)
-    arrays = {
-        "raw_weights": np.array(made.raw_weights),
-        "smoothed_weights": np.array(made.smoothed_weights),
-        "current_weights": None if made.current_weights is None else np.array(made.current_weights),
-    }
-    fast = DecisionRecord.from_validated(
-        request_id=made.request_id,
-        portfolio_id=made.portfolio_id,
-        decided_at=made.decided_at,
-        model_name=made.model_name,
-        model_version=made.model_version,
-        asset_ids=made.asset_ids,
-        turnover=made.turnover,
-        latency_seconds=made.latency_seconds,
-        icm_reward=made.icm_reward,
-        slots=made.slots,
-        fingerprint=made.fingerprint,
-        **arrays,
-    )
-    assert fast == made
-    arrays["smoothed_weights"][1] = math.nan
-    with pytest.raises(RecordError, match="smoothed_weights"):
-        DecisionRecord.from_validated(
-            request_id="r",
-            portfolio_id="p",
-            decided_at=made.decided_at,
-            model_name="m",
-            model_version="1",
-            asset_ids=made.asset_ids,
-            turnover=0.0,
-            latency_seconds=0.0,
-            **arrays,
-        )
+    (record,) = DecisionRecord.batch_from_validated(**_batch_of([made]))
+    assert record == made
+    batch = _batch_of([made])
+    batch["raw_weights"][0, 1] = math.nan
+    with pytest.raises(RecordError, match="raw_weights"):
+        DecisionRecord.batch_from_validated(**batch)
 
 
 def _batch_of(made: list[DecisionRecord]) -> dict[str, Any]:
@@ -135,7 +106,7 @@ def _batch_of(made: list[DecisionRecord]) -> dict[str, Any]:
         "sizes": [len(d.asset_ids) for d in made],
         "turnovers": [d.turnover for d in made],
         "icm_rewards": [d.icm_reward for d in made],
-        "latency_seconds": made[0].latency_seconds,
+        "latency_seconds": [d.latency_seconds for d in made],
         "slots": [d.slots for d in made],
         "fingerprints": [d.fingerprint for d in made],
     }
@@ -143,9 +114,8 @@ def _batch_of(made: list[DecisionRecord]) -> dict[str, Any]:
 
 def test_a_batch_of_records_from_arrays_equals_the_records_one_by_one() -> None:
     made = [make_decision(i) for i in range(12)]
-    for d in made[1:]:  # one decision time and latency per batch
+    for d in made[1:]:  # one decision time per batch; a latency per decision (its own call's)
         object.__setattr__(d, "decided_at", made[0].decided_at)
-        object.__setattr__(d, "latency_seconds", made[0].latency_seconds)
     records = DecisionRecord.batch_from_validated(**_batch_of(made))
     assert records == made
     assert all(type(w) is float for r in records for w in r.raw_weights)

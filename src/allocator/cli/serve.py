@@ -46,7 +46,9 @@ from allocator.cli.options import database_url_option, fail
     "--latency-budget-ms", type=float, default=None, help="P95 budget per decision (default 10)"
 )
 @click.option("--max-concurrent-rpcs", type=int, default=None, help="(default 64)")
-@click.option("--threads", type=int, default=None, help="handler threads per process (default 8)")
+@click.option(
+    "--threads", type=int, default=None, help="state-store threads per process (default 8)"
+)
 @click.option(
     "--workers",
     type=int,
@@ -67,7 +69,13 @@ from allocator.cli.options import database_url_option, fail
     "loses the last ~20 ms of answered decisions",
 )
 @click.option(
-    "--group-commit-ms", type=float, default=None, help="durable acks: commit window (default 1)"
+    "--batch-window-ms",
+    type=float,
+    default=None,
+    help="calls arriving this close are decided and committed together (default 0.2)",
+)
+@click.option(
+    "--batch-max-decisions", type=int, default=None, help="decisions per batch (default 256)"
 )
 @click.option(
     "--idempotency-cache",

@@ -106,6 +106,13 @@ class ServingMetrics:
             buckets=BATCH_SIZE_BUCKETS,
             registry=registry,
         )
+        self.decided_batch_size = Histogram(
+            "allocator_serving_decided_batch_size",
+            "Decisions per batch the server decided at once (concurrent calls batched together: "
+            "one onnxruntime call per model, one durable commit).",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=registry,
+        )
         self.model_info = CurrentInfo(
             "allocator_serving_model",
             "The model version serving by default: 1 for the current one only.",
@@ -224,6 +231,10 @@ class ServingMetrics:
     def observe_batch(self, size: int) -> None:
         """One batch allocation call (or ``AllocateStream`` message) of ``size`` portfolios."""
         self.batch_size.observe(size)
+
+    def observe_decided_batch(self, size: int) -> None:
+        """One batch of ``size`` decisions, decided, recorded and stored together."""
+        self.decided_batch_size.observe(size)
 
     def set_model(self, name: str, version: str, algorithm: str) -> None:
         """Switch the model info to a new version; the previous label set disappears."""

@@ -37,7 +37,7 @@ from allocator.portfolio.observation import (
     normalize_observation,
     normalize_returns,
 )
-from allocator.portfolio.smoothing import ema_smooth, ema_smooth_small, validate_beta
+from allocator.portfolio.smoothing import ema_smooth, validate_beta
 from allocator.portfolio.tilt import (
     MAX_TILT_STRENGTH,
     apply_tilt,
@@ -46,14 +46,11 @@ from allocator.portfolio.tilt import (
 )
 from allocator.portfolio.weights import (
     CASH,
-    SMALL_SLOTS,
     WEIGHT_SUM_TOLERANCE,
     action_to_weights,
     is_distribution,
     live_mask,
-    pairwise_sum,
     renormalize,
-    renormalize_small,
     weights_to_action,
 )
 
@@ -63,7 +60,6 @@ __all__ = [
     "MAX_ID_LENGTH",
     "MAX_TILT_STRENGTH",
     "MAX_VERSION_LENGTH",
-    "SMALL_SLOTS",
     "WEIGHT_SUM_TOLERANCE",
     "AnchorKind",
     "AnchorSpec",
@@ -84,7 +80,6 @@ __all__ = [
     "check_tilt_strength",
     "cross_sectional_features",
     "ema_smooth",
-    "ema_smooth_small",
     "fit_feature_normalization",
     "fit_normalization",
     "is_cash_id",
@@ -96,9 +91,7 @@ __all__ = [
     "normalize_observation",
     "normalize_returns",
     "own_features",
-    "pairwise_sum",
     "renormalize",
-    "renormalize_small",
     "rolling_asset_features",
     "standardize",
     "tilt_weights",

@@ -7,6 +7,11 @@ so a paper account's costs are the backtest's costs, not a copy that could drift
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
 MAX_COST_BPS = 5_000.0
 """Turnover is at most 2 (sell everything, buy everything): costs stay below NAV."""
 
@@ -16,6 +21,14 @@ def cost_rate(cost_bps: float) -> float:
     if not 0.0 <= cost_bps < MAX_COST_BPS:
         raise ValueError(f"cost_bps must lie in [0, {MAX_COST_BPS:g}), got {cost_bps}")
     return cost_bps / 1e4
+
+
+def turnover(new: NDArray[np.float64], held: NDArray[np.float64]) -> Any:
+    """The fraction of NAV traded to move from ``held`` to ``new`` weights (slot vectors, cash
+    first): ``sum over assets |new - held|``, cash not being traded. Over the last axis: a
+    vector gives a float, a batch of rows one turnover per row. The environment charges its
+    cost on it and the server reports it, so both mean the same trade."""
+    return np.add.reduce(np.abs(new[..., 1:] - held[..., 1:]), axis=-1)
 
 
 def trade_cost(rate: float, traded: float, scale: float = 1.0) -> float:

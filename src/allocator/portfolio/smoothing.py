@@ -7,8 +7,6 @@ served with; ``beta`` is stored in each model's manifest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -18,7 +16,6 @@ from allocator.portfolio.weights import (
     live_mask,
     renormalize,
     renormalize_owned,
-    renormalize_small,
 )
 
 
@@ -52,16 +49,3 @@ def ema_smooth(
     blend += (1.0 - b) * w  # the blend is ours: renormalized in place
     check_mask_shape(blend, live)
     return renormalize_owned(blend, live)
-
-
-def ema_smooth_small(
-    previous: Sequence[float], weights: Sequence[float], live: Sequence[bool], beta: float
-) -> list[float] | None:
-    """``ema_smooth`` of one vector with a previous one, as Python floats (a few slots: see
-    ``renormalize_small``); the same floats, the blend computed as numpy computes it. None
-    where ``renormalize_small`` leaves the case to numpy."""
-    b = validate_beta(beta)
-    c = 1.0 - b
-    if len(previous) != len(weights):
-        raise ValueError(f"previous weights length {len(previous)} != weights {len(weights)}")
-    return renormalize_small([b * p + c * w for p, w in zip(previous, weights, strict=True)], live)

@@ -22,7 +22,6 @@ Degenerate inputs have defined results, never NaN:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -103,65 +102,6 @@ def renormalize_owned(v: FloatArray, live: NDArray[np.bool_]) -> FloatArray:
     v = np.divide(v, total, out=np.zeros_like(v), where=~empty)
     v[..., CASH] = np.where(empty[..., 0], 1.0, v[..., CASH])
     return v
-
-
-SMALL_SLOTS = 64
-"""Up to this many slots, one vector is renormalized faster as Python floats
-(``renormalize_small``) than through numpy's per-call overhead (measured at 5 and 21 slots)."""
-
-
-def pairwise_sum(values: Sequence[float]) -> float:
-    """The sum of ``values`` in numpy's order for a contiguous float64 vector (pairwise, eight
-    accumulators per block of up to 128): the same float as ``np.add.reduce``."""
-    return _pairwise(values, 0, len(values))
-
-
-def _pairwise(a: Sequence[float], at: int, n: int) -> float:
-    if n < 8:
-        res = -0.0
-        for i in range(at, at + n):
-            res += a[i]
-        return res
-    if n <= 128:
-        r0, r1, r2, r3, r4, r5, r6, r7 = a[at : at + 8]
-        end = at + n - n % 8
-        i = at + 8
-        while i < end:
-            r0 += a[i]
-            r1 += a[i + 1]
-            r2 += a[i + 2]
-            r3 += a[i + 3]
-            r4 += a[i + 4]
-            r5 += a[i + 5]
-            r6 += a[i + 6]
-            r7 += a[i + 7]
-            i += 8
-        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-        for j in range(i, at + n):
-            res += a[j]
-        return res
-    half = n // 2
-    half -= half % 8
-    return _pairwise(a, at, half) + _pairwise(a, at + half, n - half)
-
-
-def renormalize_small(x: Sequence[float], live: Sequence[bool]) -> list[float] | None:
-    """``renormalize`` of one vector as Python floats, for a few slots where numpy's per-call
-    overhead is most of the cost; the same floats (sorted total summed in numpy's order).
-
-    ``live`` is the mask (cash counts as live whatever it says). Returns None for the
-    degenerate cases (no positive live mass, or an infinite entry): ``renormalize`` handles
-    those, and they are rare.
-    """
-    if not x or math.inf in x:  # numpy's degenerate path, even for a masked +inf
-        return None
-    v = [xi if xi > 0.0 and keep else 0.0 for xi, keep in zip(x, live, strict=True)]
-    first = x[0]
-    v[0] = first if first > 0.0 else 0.0
-    total = pairwise_sum(sorted(v))
-    if not 0.0 < total < math.inf:
-        return None
-    return [vi / total for vi in v]
 
 
 def action_to_weights(action: ArrayLike, mask: ArrayLike) -> FloatArray:

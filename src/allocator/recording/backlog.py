@@ -148,3 +148,29 @@ class BacklogReplay:
             self.metrics.replayed.inc(segment.records)
         self._update_spool_gauges()
         log.info("recorder: replayed %d spooled records", segment.records)
+
+    def _self_contained(
+        self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]
+    ) -> list[ModelRecord]:
+        """``models`` plus every model ``decisions`` name: a batch that registers its own."""
+        needed = {m.key: m for m in models}
+        with self._cond:
+            for key in {d.model_key for d in decisions}:
+                if key not in needed and key in self._models:
+                    needed[key] = self._models[key]
+        return list(needed.values())
+
+    def _append_spool(
+        self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]
+    ) -> None:
+        # A segment replayed later must be self-contained: it names the models its decisions
+        # use, whatever the database or a restarted process knows by then.
+        payload = {
+            "m": [m.to_json() for m in self._self_contained(models, decisions)],
+            "d": [d.to_json() for d in decisions],
+        }
+        size = self.spool.append(payload)
+        with self._cond:
+            self._spool_bytes += size
+            self._spool_records += len(decisions)
+        self._update_spool_gauges()

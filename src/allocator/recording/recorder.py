@@ -24,6 +24,7 @@ outage) is kept in the spool's ``quarantine`` file and counted, not dropped.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -45,6 +46,7 @@ from allocator.recording.sinks import (
 from allocator.recording.spool import Spool, SpoolError
 from allocator.recording.tickets import (
     ACK_MODES,
+    AckFutures,
     NotDurableError,
     RecorderRefusedError,
     RecorderStats,
@@ -112,6 +114,7 @@ class Recorder(BacklogReplay):
         self._next_attempt = 0.0
         self._backoff = self._retry_min
         self._replaying: ReplayCursor | None = None
+        self._waiters = AckFutures()
         self._spool_bytes = self.spool.bytes
         self._spool_records = self.spool.records
         self._thread = threading.Thread(target=self._run, name="allocator-recorder", daemon=True)
@@ -220,19 +223,32 @@ class Recorder(BacklogReplay):
     def wait_durable(self, ticket: int, timeout: float | None = None) -> None:
         """Return once the decisions up to ``ticket`` are durable (at once with ``queued``);
         ``NotDurableError`` after ``timeout``, or at once while nothing can be made durable."""
-        if self.ack == "queued":
-            return
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._durable < ticket:
-                if self._stalled:
-                    raise NotDurableError("neither the database nor the spool takes records")
-                if not self._thread.is_alive() and self._thread.ident is not None:
-                    raise NotDurableError("the recorder's writer stopped")
+            while (error := self._ack_error(ticket)) is not False:
+                if isinstance(error, NotDurableError):
+                    raise error
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise NotDurableError("not durable before the deadline", timed_out=True)
                 self._cond.wait(0.1 if remaining is None else min(remaining, 0.1))
+
+    def durable_future(self, ticket: int) -> asyncio.Future[None]:
+        """``wait_durable`` for an event loop: a future of the running loop that the writer
+        thread completes (``tickets.AckFutures``); the caller bounds the wait."""
+        with self._cond:
+            return self._waiters.future(ticket, self._ack_error(ticket))
+
+    def _ack_error(self, ticket: int) -> NotDurableError | bool | None:
+        """False: ``ticket`` is acknowledged; None: not yet; else why it cannot be (with
+        ``_cond`` held)."""
+        if self.ack == "queued" or self._durable >= ticket:
+            return False
+        if self._stalled:
+            return NotDurableError("neither the database nor the spool takes records")
+        if not self._thread.is_alive() and self._thread.ident is not None:
+            return NotDurableError("the recorder's writer stopped")
+        return None
 
     def _refusal(self, n: int) -> str | None:
         if self._closing:
@@ -325,6 +341,8 @@ class Recorder(BacklogReplay):
             if pending is None:
                 pending = self._take(idle=not (len(self.spool) and self._db_up))
                 if pending is None:  # closing, and everything accepted is durable
+                    with self._cond:
+                        self._waiters.fail(NotDurableError("the recorder's writer stopped"))
                     return
             models, decisions = pending
             if (models or decisions) and not self._persist(models, decisions):
@@ -338,6 +356,10 @@ class Recorder(BacklogReplay):
     def _set_stalled(self, stalled: bool) -> None:
         with self._cond:
             self._stalled = stalled
+            if stalled:
+                self._waiters.fail(
+                    NotDurableError("neither the database nor the spool takes records")
+                )
             self._cond.notify_all()
 
     def _attempt_due(self) -> bool:
@@ -449,36 +471,11 @@ class Recorder(BacklogReplay):
             self._quarantined += len(decisions)
         log.error("recorder: quarantined %d records in %s: %s", len(decisions), path, error)
 
-    def _self_contained(
-        self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]
-    ) -> list[ModelRecord]:
-        """``models`` plus every model ``decisions`` name: a batch that registers its own."""
-        needed = {m.key: m for m in models}
-        with self._cond:
-            for key in {d.model_key for d in decisions}:
-                if key not in needed and key in self._models:
-                    needed[key] = self._models[key]
-        return list(needed.values())
-
-    def _append_spool(
-        self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]
-    ) -> None:
-        # A segment replayed later must be self-contained: it names the models its decisions
-        # use, whatever the database or a restarted process knows by then.
-        payload = {
-            "m": [m.to_json() for m in self._self_contained(models, decisions)],
-            "d": [d.to_json() for d in decisions],
-        }
-        size = self.spool.append(payload)
-        with self._cond:
-            self._spool_bytes += size
-            self._spool_records += len(decisions)
-        self._update_spool_gauges()
-
     def _done(self, n: int) -> None:
         with self._cond:
             self._stalled = False
             self._durable += n
+            self._waiters.settle(self._durable)
             self._cond.notify_all()
 
     def _failed(self, reason: str) -> None:

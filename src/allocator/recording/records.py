@@ -184,66 +184,6 @@ class DecisionRecord:
         )
 
     @classmethod
-    def from_validated(
-        cls,
-        *,
-        request_id: str,
-        portfolio_id: str,
-        decided_at: dt.datetime,
-        model_name: str,
-        model_version: str,
-        asset_ids: tuple[str, ...],
-        raw_weights: np.ndarray,
-        smoothed_weights: np.ndarray,
-        turnover: float,
-        latency_seconds: float,
-        current_weights: np.ndarray | None = None,
-        icm_reward: float | None = None,
-        slots: tuple[str, ...] | None = None,
-        fingerprint: str | None = None,
-    ) -> DecisionRecord:
-        """The server's fast path: ids and ``decided_at`` were validated upstream (request
-        validation, a UTC clock), so only the computed numbers are checked, one reduction
-        per vector (a sum is finite only if every term is). ``create`` checks everything."""
-        n = len(asset_ids)
-        lists: dict[str, list[float] | None] = {}
-        for name, v in (
-            ("raw_weights", raw_weights),
-            ("smoothed_weights", smoothed_weights),
-            ("current_weights", current_weights),
-        ):
-            if v is None:
-                lists[name] = None
-                continue
-            values = v.tolist() if v.ndim == 1 else None
-            # Python's sum of a short list is cheaper than a numpy reduction call.
-            if values is None or len(values) != n or not math.isfinite(sum(values)):
-                _check_vector(v, name, n)  # raises, naming what is wrong
-            lists[name] = values
-        for name, x in (("turnover", turnover), ("latency_seconds", latency_seconds)):
-            if not (math.isfinite(x) and x >= 0):
-                _check_float(x, name, 0.0)
-        if icm_reward is not None and not math.isfinite(icm_reward):
-            _check_float(icm_reward, "icm_reward")
-        current = lists["current_weights"]
-        return cls(
-            request_id,
-            portfolio_id,
-            decided_at,
-            model_name,
-            model_version,
-            asset_ids,
-            tuple(lists["raw_weights"] or ()),
-            tuple(lists["smoothed_weights"] or ()),
-            float(turnover),
-            float(latency_seconds),
-            None if current is None else tuple(current),
-            None if icm_reward is None else float(icm_reward),
-            slots,
-            fingerprint,
-        )
-
-    @classmethod
     def batch_from_validated(
         cls,
         *,
@@ -260,14 +200,16 @@ class DecisionRecord:
         sizes: Sequence[int],
         turnovers: Sequence[float],
         icm_rewards: Sequence[float | None],
-        latency_seconds: float,
+        latency_seconds: Sequence[float],
         slots: Sequence[tuple[str, ...]],
         fingerprints: Sequence[str],
     ) -> list[DecisionRecord]:
-        """``from_validated`` for a batch whose weight vectors are the rows of 2-D arrays
-        (row i's first ``sizes[i]`` entries; ``current_weights`` row i only where ``sent[i]``):
-        one finiteness test and one conversion to floats per array, not per decision. Anything
-        the bulk test flags is checked (and named) record by record."""
+        """The server's records: a batch whose weight vectors are the rows of 2-D arrays (row
+        i's first ``sizes[i]`` entries; ``current_weights`` row i only where ``sent[i]``). The
+        ids and ``decided_at`` were validated upstream (request validation, a UTC clock), so
+        only the computed numbers are checked: one finiteness test and one conversion to floats
+        per array, not per decision. Anything the bulk test flags goes through ``create``,
+        record by record, which names what is wrong."""
         matrices = (raw_weights, smoothed_weights, current_weights)
         finite = all(math.isfinite(float(np.add.reduce(m, None))) for m in matrices)
         icm_ok = all(x is None or math.isfinite(x) for x in icm_rewards)
@@ -276,11 +218,11 @@ class DecisionRecord:
             and icm_ok
             and min(turnovers) >= 0.0
             and math.isfinite(sum(turnovers))
-            and math.isfinite(latency_seconds)
-            and latency_seconds >= 0.0
+            and math.isfinite(sum(latency_seconds))
+            and min(latency_seconds) >= 0.0
         ):
             return [
-                cls.from_validated(
+                cls.create(
                     request_id=request_ids[i],
                     portfolio_id=portfolio_ids[i],
                     decided_at=decided_at,
@@ -290,7 +232,7 @@ class DecisionRecord:
                     raw_weights=raw_weights[i, :n],
                     smoothed_weights=smoothed_weights[i, :n],
                     turnover=turnovers[i],
-                    latency_seconds=latency_seconds,
+                    latency_seconds=latency_seconds[i],
                     current_weights=current_weights[i, :n] if sent[i] else None,
                     icm_reward=icm_rewards[i],
                     slots=slots[i],
@@ -299,7 +241,6 @@ class DecisionRecord:
                 for i, n in enumerate(sizes)
             ]
         raw, smoothed, current = (m.tolist() for m in matrices)
-        latency = float(latency_seconds)
         return [
             cls(
                 request_ids[i],
@@ -311,7 +252,7 @@ class DecisionRecord:
                 tuple(raw[i][:n]),
                 tuple(smoothed[i][:n]),
                 turnovers[i],
-                latency,
+                float(latency_seconds[i]),
                 tuple(current[i][:n]) if sent[i] else None,
                 icm_rewards[i],
                 slots[i],

@@ -13,9 +13,10 @@ it returns at once and the writer fills batches for ``flush_interval``: faster, 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
-__all__ = ["ACK_MODES", "NotDurableError", "RecorderRefusedError", "RecorderStats"]
+__all__ = ["ACK_MODES", "AckFutures", "NotDurableError", "RecorderRefusedError", "RecorderStats"]
 
 ACK_MODES = ("durable", "queued")
 
@@ -52,3 +53,52 @@ class RecorderStats:
     quarantined: int
     queue_depth: int
     database_up: bool
+
+
+class AckFutures:
+    """Event-loop waiters for tickets (``Recorder.durable_future``): each future is completed on
+    its own loop through ``call_soon_threadsafe`` by the writer thread, under the recorder's
+    lock, once its ticket is durable or nothing can be made durable."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+
+    def future(self, ticket: int, state: NotDurableError | bool | None) -> asyncio.Future[None]:
+        """A future of the running loop for ``ticket``, given the recorder's ``state`` of it
+        (False: acknowledged; None: not yet, so it waits here; an error: failed with it)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if state is False:
+            future.set_result(None)
+        elif isinstance(state, NotDurableError):
+            future.set_exception(state)
+        else:
+            self._waiting.append((ticket, future))
+        return future
+
+    def settle(self, durable: int) -> None:
+        """Resolve every future whose ticket is at most ``durable``."""
+        if not self._waiting:
+            return
+        keep: list[tuple[int, asyncio.Future[None]]] = []
+        for ticket, future in self._waiting:
+            if ticket <= durable:
+                future.get_loop().call_soon_threadsafe(_complete, future, None)
+            else:
+                keep.append((ticket, future))
+        self._waiting = keep
+
+    def fail(self, error: NotDurableError) -> None:
+        """Fail every waiting future with ``error``."""
+        for _, future in self._waiting:
+            future.get_loop().call_soon_threadsafe(_complete, future, error)
+        self._waiting = []
+
+
+def _complete(future: asyncio.Future[None], error: NotDurableError | None) -> None:
+    """On the future's loop: its outcome, unless its waiter gave up (cancelled) meanwhile."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -50,8 +50,15 @@ class ServerConfig(StrictModel):
         "(durable), or once it is queued in memory (queued: faster; a crash loses the last "
         "~20 ms of answered decisions)",
     )
-    group_commit_ms: float = Field(
-        1.0, ge=0, le=100, description="durable acks: decisions arriving this close share a commit"
+    batch_window_ms: float = Field(
+        0.2,
+        ge=0,
+        le=100,
+        description="decisions arriving this close share one onnxruntime call per model and one "
+        "durable commit (the batch waits this long after its first call)",
+    )
+    batch_max_decisions: int = Field(
+        256, ge=1, description="decisions that close a batch before its window ends"
     )
     redis_url: str | None = Field(None, description="share smoothing state through Redis")
     auth_token_file: Path | None = Field(None, description="require this bearer token")
@@ -60,7 +67,12 @@ class ServerConfig(StrictModel):
     tls_client_ca: Path | None = Field(None, description="require client certificates (mTLS)")
     latency_budget_ms: float = Field(10.0, gt=0, description="P95 budget per decision (alerts)")
     max_concurrent_rpcs: int = Field(64, ge=1, description="beyond it: RESOURCE_EXHAUSTED")
-    threads: int = Field(8, ge=1, description="handler threads per process")
+    threads: int = Field(
+        8,
+        ge=1,
+        description="threads per process for the state store's blocking calls (Redis, resets); "
+        "calls are answered on one event loop",
+    )
     workers: int = Field(
         1,
         ge=1,

@@ -50,7 +50,7 @@ server, the replay, the jobs' evaluations) reaches it through ``serving.step``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,18 +58,16 @@ from numpy.typing import NDArray
 
 from allocator.portfolio import (
     CASH_ID,
-    SMALL_SLOTS,
     FeatureSpec,
     anchor_weights,
     assemble_observation,
     asset_features,
     build_raw_observation,
     ema_smooth,
-    ema_smooth_small,
     renormalize,
-    renormalize_small,
     tilt_weights,
 )
+from allocator.portfolio.costs import turnover
 from allocator.serving.loader import LoadedModel, SetPolicy
 from allocator.serving.portfolio_state import ModelKey, PortfolioState, StateDecodeError
 from allocator.serving.slots import SlotBatch, lay_out
@@ -122,9 +120,7 @@ def _flat_policy(model: LoadedModel, rows: SlotBatch) -> _PolicyOutput:
     spec = FeatureSpec(max_assets=fs.max_assets, window=fs.window, clip=fs.clip)
     observations = build_raw_observation(rows.prices, rows.current, rows.mask, spec)
     action, weights = model.run(observations, rows.mask.astype(np.float32))
-    raw = _one_small(weights, rows, renormalize_small)
-    if raw is None:
-        raw = renormalize(weights.astype(np.float64), rows.mask)
+    raw = renormalize(weights.astype(np.float64), rows.mask)
     return _PolicyOutput(raw, action, observations, np.ones(len(raw), dtype=bool))
 
 
@@ -149,28 +145,12 @@ def _shared_policy(model: LoadedModel, policy: SetPolicy, rows: SlotBatch) -> _P
     return _PolicyOutput(raw, action, observations, icm_ready)
 
 
-def _one_small(
-    weights: NDArray[np.floating],
-    rows: SlotBatch,
-    small: Callable[[list[float], list[bool]], list[float] | None],
-) -> Float64Array | None:
-    """A single portfolio of a few slots post-processed as Python floats (``small``: the numpy-free
-    twin of a ``portfolio`` function, the same floats), else None for the numpy version."""
-    if len(weights) != 1 or weights.shape[1] > SMALL_SLOTS:
-        return None
-    out = small(weights[0].tolist(), rows.mask[0].tolist())
-    return None if out is None else np.array([out])
-
-
 def _smooth(rows: SlotBatch, raw: Float64Array, beta: float) -> Float64Array:
     """The executed weights: EMA from the previous smoothed weights; a new portfolio's are
     its raw weights (``ema_smooth`` without a previous)."""
     has_previous = rows.has_previous
     if has_previous.all():
-        small = _one_small(
-            raw, rows, lambda w, live: ema_smooth_small(rows.previous[0].tolist(), w, live, beta)
-        )
-        return small if small is not None else ema_smooth(rows.previous, raw, rows.mask, beta)
+        return ema_smooth(rows.previous, raw, rows.mask, beta)
     smoothed = np.empty_like(raw)
     new_rows = ~has_previous
     smoothed[new_rows] = ema_smooth(None, raw[new_rows], rows.mask[new_rows], beta)
@@ -250,7 +230,7 @@ def decide_many(
     decided = _flat_policy(model, rows) if policy is None else _shared_policy(model, policy, rows)
     raw = decided.raw
     smoothed = _smooth(rows, raw, model.manifest.beta)
-    turnover = np.abs(smoothed[:, 1:] - rows.current[:, 1:]).sum(axis=1)
+    traded = turnover(smoothed, rows.current)
     icm = _icm_rewards(model, rows, decided, batch)
 
     for a in (decided.observations, decided.action, smoothed):
@@ -261,7 +241,7 @@ def decide_many(
     ]
     for a in (raw_req, smoothed_req, current_req):
         a.setflags(write=False)
-    turnovers = turnover.tolist()
+    turnovers = traded.tolist()
     sizes = (rows.sizes + 1).tolist()
     continued = rows.has_previous.tolist()
     widths = rows.widths.tolist()

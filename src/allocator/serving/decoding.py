@@ -7,11 +7,14 @@ neither the handler nor the request metrics. Any client can send any bytes, so t
 client's error to fix, and the server must say so.
 
 ``DecodeGuardInterceptor`` hands grpcio, for every method of every service (health and
-reflection included), a handler that takes the raw bytes and decodes them itself with the
-method's own deserializer. A failure aborts the call with INVALID_ARGUMENT, ``request: ...``
+reflection included), a handler that decodes the bytes with the method's own deserializer
+inside the call. A failure aborts the call with INVALID_ARGUMENT, ``request: ...``
 naming the method and the message type; it is reported to ``on_undecodable`` (the server counts
 it in its request metrics) and logged as one line, without a traceback. The servicers see
 decoded messages exactly as before, and the generated code stays as ``make proto`` writes it.
+
+It runs on the server's event loop (``grpc.aio``): the method's deserializer is wrapped so that
+it never raises, and the handler refuses what it returned in place of a message.
 
 Inside a client stream each message is framed on its own, so one undecodable message need not
 end the call: for the methods named ``per_message`` (``AllocateStream``) the handler's request
@@ -22,14 +25,16 @@ with INVALID_ARGUMENT as unary calls do.
 
 from __future__ import annotations
 
+import inspect
 import logging
-import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
+
+from allocator.serving.security import Context, Continuation
 
 __all__ = ["DecodeGuardInterceptor", "Undecodable", "UndecodableHandler"]
 
@@ -44,15 +49,17 @@ Deserializer = Callable[[bytes], Any]
 
 @dataclass(frozen=True, slots=True)
 class Undecodable:
-    """A stream message that did not decode, in its place in the stream (``per_message``).
+    """A request (or stream message) that did not decode, in its place (``per_message``).
 
-    ``message`` is what a unary call would have been refused with, ``request: ...``.
+    ``message`` is what a unary call is refused with, ``request: ...``; ``seconds`` the time
+    spent on it.
     """
 
     message: str
+    seconds: float = 0.0
 
 
-class DecodeGuardInterceptor(grpc.ServerInterceptor):
+class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
     """Decode requests inside the call, refusing undecodable bytes with INVALID_ARGUMENT.
 
     It must come after interceptors that refuse calls without reading them (the token check),
@@ -70,14 +77,11 @@ class DecodeGuardInterceptor(grpc.ServerInterceptor):
         self._on_undecodable = on_undecodable
         self._per_message = frozenset(per_message)
         self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-        self._lock = threading.Lock()
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler  # an unknown method (UNIMPLEMENTED), or one that takes raw bytes
         method = handler_call_details.method
@@ -85,77 +89,78 @@ class DecodeGuardInterceptor(grpc.ServerInterceptor):
         if cached is not None and cached[0] is handler:
             return cached[1]
         guarded = self._guard(handler, method)
-        with self._lock:
-            self._guarded[method] = (handler, guarded)
+        self._guarded[method] = (handler, guarded)  # one event loop: no lock
         return guarded
 
     def _guard(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """The handler with a deserializer that never raises (an ``Undecodable`` in place of
+        what does not decode) and a behavior that refuses an ``Undecodable`` request."""
         deserialize: Deserializer = handler.request_deserializer
         type_name = _type_name(deserialize)
 
-        def decode(raw: bytes, context: grpc.ServicerContext) -> Any:
+        def decode(raw: bytes) -> Any:
             start = time.perf_counter()
             try:
                 return deserialize(raw)
             # Whatever the deserializer raises about these bytes (upb's DecodeError; the pure
             # Python parser's UnicodeDecodeError or struct errors) is about the client's bytes.
             except Exception as exc:
-                self._refuse(method, type_name, raw, exc, context, start)
+                message = _refusal(method, type_name, raw, exc)
+                return Undecodable(message, time.perf_counter() - start)
 
-        serialize = handler.response_serializer
-        if not handler.request_streaming:
-            if handler.response_streaming:
-                unary_stream = handler.unary_stream
-                return grpc.unary_stream_rpc_method_handler(
-                    lambda raw, context: unary_stream(decode(raw, context), context),
-                    response_serializer=serialize,
-                )
-            unary_unary = handler.unary_unary
-            return grpc.unary_unary_rpc_method_handler(
-                lambda raw, context: unary_unary(decode(raw, context), context),
-                response_serializer=serialize,
-            )
+        async def refuse(item: Undecodable, context: Context) -> None:
+            if self._on_undecodable is not None:
+                self._on_undecodable(method, item.seconds)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, item.message)
 
-        def requests(raws: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
-            for raw in raws:
-                yield decode(raw, context)
+        async def checked(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+            async for item in requests:
+                if isinstance(item, Undecodable):
+                    await refuse(item, context)
+                yield item
 
-        def tolerant(raws: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
-            for raw in raws:
-                try:
-                    yield deserialize(raw)
-                except Exception as exc:  # as in decode: the client's bytes
-                    yield Undecodable(_refusal(method, type_name, raw, exc))
+        def request_of(request: Any, context: Context) -> Any:
+            if not handler.request_streaming or method in self._per_message:
+                return request
+            return checked(request, context)
 
-        if method in self._per_message:
-            requests = tolerant
+        kind = _kind(handler)
+        behavior = getattr(handler, kind)
 
-        if handler.response_streaming:
-            stream_stream = handler.stream_stream
-            return grpc.stream_stream_rpc_method_handler(
-                lambda raws, context: stream_stream(requests(raws, context), context),
-                response_serializer=serialize,
-            )
-        stream_unary = handler.stream_unary
-        return grpc.stream_unary_rpc_method_handler(
-            lambda raws, context: stream_unary(requests(raws, context), context),
-            response_serializer=serialize,
+        async def unary(request: Any, context: Context) -> Any:
+            if isinstance(request, Undecodable):
+                await refuse(request, context)
+            return await behavior(request_of(request, context), context)
+
+        async def streamed(request: Any, context: Context) -> AsyncIterator[Any]:
+            if isinstance(request, Undecodable):
+                await refuse(request, context)
+            async for response in behavior(request_of(request, context), context):
+                yield response
+
+        async def written(request: Any, context: Context) -> None:  # responses via context.write
+            if isinstance(request, Undecodable):
+                await refuse(request, context)
+            await behavior(request_of(request, context), context)
+
+        if not handler.response_streaming:
+            wrapped: Any = unary
+        elif inspect.isasyncgenfunction(behavior):
+            wrapped = streamed
+        else:
+            wrapped = written
+        make = getattr(grpc, f"{kind}_rpc_method_handler")
+        guarded: grpc.RpcMethodHandler = make(
+            wrapped, request_deserializer=decode, response_serializer=handler.response_serializer
         )
+        return guarded
 
-    def _refuse(
-        self,
-        method: str,
-        type_name: str,
-        raw: bytes,
-        exc: Exception,
-        context: grpc.ServicerContext,
-        start: float,
-    ) -> NoReturn:
-        message = _refusal(method, type_name, raw, exc)
-        if self._on_undecodable is not None:
-            self._on_undecodable(method, time.perf_counter() - start)
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
-        raise AssertionError("unreachable: context.abort raises")
+
+def _kind(handler: grpc.RpcMethodHandler) -> str:
+    """``unary_unary``, ``unary_stream``, ``stream_unary`` or ``stream_stream``."""
+    request = "stream" if handler.request_streaming else "unary"
+    response = "stream" if handler.response_streaming else "unary"
+    return f"{request}_{response}"
 
 
 def _refusal(method: str, type_name: str, raw: bytes, exc: Exception) -> str:

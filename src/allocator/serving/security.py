@@ -1,6 +1,7 @@
 """Bearer-token authentication and TLS/mTLS credentials of the allocation server.
 
-The token check is a server interceptor, so no handler can forget it; it compares digests in
+The token check is a server interceptor (``grpc.aio``, the server's event loop), so no handler
+can forget it; it compares digests in
 constant time (``hmac.compare_digest``), so the time it takes says nothing about the token.
 Health checks and reflection stay open: Kubernetes' gRPC probes send no metadata, and neither
 service reveals or changes anything about portfolios.
@@ -10,14 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
 __all__ = [
     "OPEN_SERVICES",
+    "Context",
+    "Continuation",
     "TokenAuthInterceptor",
     "bearer_token",
     "read_tokens",
@@ -78,8 +81,8 @@ def _deny(message: str) -> dict[Kind, grpc.RpcMethodHandler]:
     """Handlers refusing a call UNAUTHENTICATED, one per kind of method: a client-streaming
     call is refused at once, without waiting for (or reading) a message."""
 
-    def abort(request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+    async def abort(request: Any, context: Context) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     return {
         (False, False): grpc.unary_unary_rpc_method_handler(abort),
@@ -89,7 +92,13 @@ def _deny(message: str) -> dict[Kind, grpc.RpcMethodHandler]:
     }
 
 
-class TokenAuthInterceptor(grpc.ServerInterceptor):
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+"""What an aio handler is given besides its request."""
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+"""The rest of an aio server's interceptor chain."""
+
+
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     """Requires ``authorization: Bearer <token>`` on every call except ``OPEN_SERVICES`` (the
     scheme in any case, ``bearer_token``).
 
@@ -107,14 +116,12 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
         self._wrong = _deny("invalid bearer token")
         self._on_denied = on_denied
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method
         if method.startswith(OPEN_SERVICES):
-            return continuation(handler_call_details)
+            return await continuation(handler_call_details)
         header = None
         for key, value in handler_call_details.invocation_metadata or ():
             if key == "authorization":
@@ -122,25 +129,25 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
                 break
         token = bearer_token(header)
         if token is None:
-            return self._denied(method, self._missing, continuation, handler_call_details)
+            return await self._denied(method, self._missing, continuation, handler_call_details)
         given = _digest(token)
         # Compare with every accepted token, no early exit: the time says nothing about which.
         matches = [hmac.compare_digest(given, expected) for expected in self._expected]
         if not any(matches):
-            return self._denied(method, self._wrong, continuation, handler_call_details)
-        return continuation(handler_call_details)
+            return await self._denied(method, self._wrong, continuation, handler_call_details)
+        return await continuation(handler_call_details)
 
-    def _denied(
+    async def _denied(
         self,
         method: str,
         deny: dict[Kind, grpc.RpcMethodHandler],
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        continuation: Continuation,
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         """The refusal of the method's kind (unary for a method the server does not have)."""
         if self._on_denied is not None:
             self._on_denied(method.rsplit("/", 1)[-1])
-        handler = continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
         if handler is None:
             return deny[(False, False)]
         return deny[(bool(handler.request_streaming), bool(handler.response_streaming))]

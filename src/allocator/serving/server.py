@@ -1,30 +1,36 @@
-"""The gRPC allocation server: validate, decide under the portfolio's lock, record, answer.
+"""The gRPC allocation server: one event loop per process (``grpc.aio`` on the thread of
+``serving.event_loop``) answers every call; decisions are made in batches under the
+portfolios' locks, recorded, then answered.
 
-One request, step by step (``serving.step.DecisionStep``, the path the replay runs too):
-resolve the model (its pin, else the default from the registry's current snapshot), validate
-the request against that model's shape, then, holding the portfolio's lock (in memory, or in
-Redis when replicas share portfolios), read its state, decide (``decision.decide_batch``:
-observation, ONNX, mask-and-renormalize, EMA, ICM), hand the record to the recorder, wait until
-it is durable (``--ack durable``, the default; ``--ack queued`` answers once it is queued), and
-only then store the new state. If the recorder refuses the record (its spool is full) or cannot
-make it durable, the state does not advance and the client gets UNAVAILABLE: no decision is
-acted on that was not recorded. A record that becomes durable only after the call's deadline
-still advances the state (the client got DEADLINE_EXCEEDED and fetches that decision by
-retrying its request id), so the recorded history and the states never part.
+One request, step by step: the handler (``serving.servicer``) resolves the model (its pin,
+else the default from the registry's current snapshot) and validates the request against that
+model's shape (``DecisionStep.unary_items``, ``batch_items``: a unary call is a batch of one),
+then hands it to the process's ``DecisionBatcher`` (``serving.batcher``). The batcher decides
+every call that arrived within ``batch_window_ms`` together, with ``serving.step``'s steps (the
+path the replay runs too): holding the portfolios' locks (in memory, or in Redis when replicas
+share portfolios), read their states, decide (``decision.decide_many``: observation, one ONNX
+call per model, mask-and-renormalize, EMA, ICM), hand the records to the recorder as one
+ticket, wait on the loop until they are durable in one commit (``--ack durable``, the default;
+``--ack queued`` answers once they are queued), and only then store the new states. If the
+recorder refuses the records (its spool is full) or cannot make them durable, no state
+advances and the calls get UNAVAILABLE: no decision is acted on that was not recorded. A record
+that becomes durable only after a call's deadline still advances the state (the client got
+DEADLINE_EXCEEDED and fetches that decision by retrying its request id), so the recorded
+history and the states never part.
 
 Failure modes map to status codes a client can act on: INVALID_ARGUMENT (names the field, or
 the method whose request bytes do not decode: ``serving.decoding``), NOT_FOUND (unknown model
-pin), UNAUTHENTICATED, RESOURCE_EXHAUSTED (over the concurrency limit, refused at once by grpc),
+pin), UNAUTHENTICATED, RESOURCE_EXHAUSTED (over the concurrency limit, refused at once),
 DEADLINE_EXCEEDED, UNAVAILABLE (recording or Redis down). Nothing a client sends gives INTERNAL:
 only a bug does; the server stays SERVING through all of them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -42,19 +48,18 @@ from allocator.registry.errors import ModelNotFoundError
 from allocator.serving.catalog import CatalogSnapshot, ModelCatalog
 from allocator.serving.config import ServerConfig
 from allocator.serving.decoding import DecodeGuardInterceptor
+from allocator.serving.event_loop import EventLoopThread
 from allocator.serving.loader import LoadedModel
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 from allocator.serving.restore import restore_states
 from allocator.serving.security import TokenAuthInterceptor, read_tokens, server_credentials
+from allocator.serving.servicer import AllocatorServicer
 from allocator.serving.state import MemoryStateStore, RedisStateStore, StateStore
-from allocator.serving.status import error_status
-from allocator.serving.step import DecisionStep, batch_response
 from allocator.serving.stream import METHOD as STREAM_METHOD
-from allocator.serving.stream import AllocationStreams
-from allocator.serving.validation import validate_reset
 
 __all__ = ["AllocationServer", "AllocatorServicer", "ServerConfig", "build_server"]
+
 
 log = logging.getLogger("allocator.serving")
 
@@ -62,15 +67,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Allocator"].full_name
 _DRAIN_QUIET_SECONDS = 0.1
 """The drain ends once no call came for this long: the clients have moved on."""
 T = TypeVar("T")
-
-
-class _Refusal(Exception):  # noqa: N818  (control flow, never leaves this module)
-    """A call refused with a status code and a message for the client (a draining server)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+Context = grpc.aio.ServicerContext[Any, Any]
 
 
 def _model_record(model: LoadedModel) -> ModelRecord:
@@ -80,162 +77,28 @@ def _model_record(model: LoadedModel) -> ModelRecord:
     )
 
 
-class AllocatorServicer(pb_grpc.AllocatorServicer):
-    """The ``allocator.v1.Allocator`` service over a registry, a state store and a recorder."""
-
-    def __init__(
-        self,
-        registry: ModelCatalog,
-        store: StateStore,
-        metrics: ServingMetrics,
-        recorder: Recorder | None,
-        recent_requests: int = 10_000,
-    ) -> None:
-        self.registry = registry
-        self.store = store
-        self.metrics = metrics
-        self.recorder = recorder
-        self.step = DecisionStep(store, recorder, metrics, recent_requests)
-        self.draining = threading.Event()
-        self.last_call = 0.0  # time.monotonic() of the latest call, for the drain
-        self.streams = AllocationStreams(
-            self.step, lambda: self.registry.snapshot.resolve, metrics, self.draining, self._touch
-        )
-
-    def _touch(self) -> None:
-        self.last_call = time.monotonic()
-
-    # --- plumbing ------------------------------------------------------------------------
-
-    def _call(
-        self,
-        method: str,
-        context: grpc.ServicerContext,
-        handler: Callable[[], T],
-        decisions: int = 1,
-    ) -> T:
-        """Run ``handler``, map refusals to status codes, and time the call by outcome (per
-        decision: ``decisions`` is a batch's size)."""
-        start = time.perf_counter()
-        self.last_call = time.monotonic()
-        code = grpc.StatusCode.OK
-        message = ""
-        try:
-            if self.draining.is_set():
-                raise _Refusal(grpc.StatusCode.UNAVAILABLE, "server shutting down, retry")
-            return handler()
-        except _Refusal as exc:
-            code, message = exc.code, exc.message
-        except Exception as exc:
-            code, message = error_status(exc)
-            if code is grpc.StatusCode.INTERNAL:
-                log.exception("%s failed", method)
-        finally:
-            self.metrics.observe_request(method, code, time.perf_counter() - start, decisions)
-        context.abort(code, message)
-        raise AssertionError("unreachable: context.abort raises")
-
-    # --- the service ---------------------------------------------------------------------
-
-    def Allocate(  # noqa: N802  (gRPC method name)
-        self, request: pb.AllocateRequest, context: grpc.ServicerContext
-    ) -> pb.AllocateResponse:
-        start = time.perf_counter()
-
-        def handle() -> pb.AllocateResponse:
-            answer = self.step.allocate(
-                request,
-                self.registry.snapshot.resolve,
-                started=start,
-                time_remaining=context.time_remaining,
-            )
-            return answer.response
-
-        return self._call("Allocate", context, handle)
-
-    def AllocateBatch(  # noqa: N802
-        self, request: pb.AllocateBatchRequest, context: grpc.ServicerContext
-    ) -> pb.AllocateBatchResponse:
-        start = time.perf_counter()
-
-        def handle() -> pb.AllocateBatchResponse:
-            answers = self.step.allocate_batch(
-                request,
-                self.registry.snapshot.resolve,
-                started=start,
-                time_remaining=context.time_remaining,
-            )
-            return batch_response(answers)
-
-        return self._call("AllocateBatch", context, handle, len(request.requests))
-
-    def AllocateStream(  # noqa: N802
-        self, request_iterator: Iterator[pb.AllocateStreamRequest], context: grpc.ServicerContext
-    ) -> Iterator[pb.AllocateStreamResponse]:
-        return self.streams.serve(request_iterator, context)
-
-    def ListModels(  # noqa: N802
-        self, request: pb.ListModelsRequest, context: grpc.ServicerContext
-    ) -> pb.ListModelsResponse:
-        def handle() -> pb.ListModelsResponse:
-            return _list_models(self.registry.snapshot)
-
-        return self._call("ListModels", context, handle)
-
-    def ResetPortfolio(  # noqa: N802
-        self, request: pb.ResetPortfolioRequest, context: grpc.ServicerContext
-    ) -> pb.ResetPortfolioResponse:
-        def handle() -> pb.ResetPortfolioResponse:
-            portfolio_id = validate_reset(request)
-            return pb.ResetPortfolioResponse(existed=self.store.reset(portfolio_id))
-
-        return self._call("ResetPortfolio", context, handle)
-
-
-def _list_models(snapshot: CatalogSnapshot) -> pb.ListModelsResponse:
-    out = pb.ListModelsResponse()
-    for (name, version), model in sorted(snapshot.models.items()):
-        manifest = model.manifest
-        out.models.append(
-            pb.ModelInfo(
-                name=name,
-                version=version,
-                algorithm=manifest.algorithm,
-                max_assets=model.max_request_assets,
-                window=model.prices_per_asset - 1,
-                beta=manifest.beta,
-                has_icm=model.icm_session is not None,
-                provider=model.provider,
-                is_default=(
-                    snapshot.default_name == name and snapshot.defaults.get(name) == version
-                ),
-            )
-        )
-    for (name, version), refusal in sorted(snapshot.refused.items()):
-        out.refused.append(
-            pb.ModelRefusal(
-                name=name, version=version, reason=refusal.reason, message=refusal.message
-            )
-        )
-    return out
-
-
 class AllocationServer:
-    """A built server: start it, read its port, stop it gracefully (what SIGTERM does)."""
+    """A built server: start it, read its port, stop it gracefully (what SIGTERM does).
+
+    Its methods are called from ordinary threads (the CLI's main thread, tests); they run what
+    belongs on the server's event loop there (``loop``).
+    """
 
     def __init__(
         self,
         config: ServerConfig,
-        server: grpc.Server,
+        loop: EventLoopThread,
+        server: grpc.aio.Server,
         port: int,
         servicer: AllocatorServicer,
-        health_servicer: health.HealthServicer,
+        health_servicer: health.aio.HealthServicer,
         registry: ModelCatalog,
         recorder: Recorder | None,
         store: StateStore,
         metrics_registry: CollectorRegistry,
     ) -> None:
         self.config = config
+        self.loop = loop
         self.server = server
         self.port = port
         self.servicer = servicer
@@ -263,31 +126,34 @@ class AllocationServer:
             )
             self._metrics_http = http
             self.metrics_port = http.server_port
-        self.server.start()
-        self._set_health(serving=self.registry.snapshot.default_name is not None)
+        self.loop.run(self._start())
         self.registry.watch(self.config.reload_interval)
         log.info("allocation server listening on %s", self.target)
         return self
 
-    def _set_health(self, serving: bool) -> None:
+    async def _start(self) -> None:
+        self.servicer.batcher.start()
+        await self.server.start()
+        await self._set_health(serving=self.registry.snapshot.default_name is not None)
+
+    async def _set_health(self, serving: bool) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if serving
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        self.health.set("", status)
-        self.health.set(SERVICE_NAME, status)
+        await self.health.set("", status)
+        await self.health.set(SERVICE_NAME, status)
 
     def stop(self, grace: float | None = None) -> None:
         """Drain: NOT_SERVING, refuse new calls, finish in-flight ones, flush the recorder."""
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self._set_health(serving=False)
         self.registry.stop()
-        self._drain()
-        done = self.server.stop(self.config.grace_seconds if grace is None else grace)
-        done.wait()
+        self.loop.run(self._stop(self.config.grace_seconds if grace is None else grace))
+        self.loop.close()
+        self.servicer.executor.shutdown()
         if self.recorder is not None and not self.recorder.close(60):
             log.error("recorder did not finish within 60 s; the spool keeps the rest")
         self.store.close()
@@ -295,23 +161,29 @@ class AllocationServer:
             self._metrics_http.shutdown()
         log.info("allocation server stopped")
 
-    def _drain(self) -> None:
+    async def _stop(self, grace: float) -> None:
+        await self._set_health(serving=False)
+        await self._drain()
+        await self.server.stop(grace)
+        await self.servicer.batcher.close()
+
+    async def _drain(self) -> None:
         """Answer new calls UNAVAILABLE until clients go quiet (or ``drain_seconds``).
 
-        grpc's shutdown cancels calls that arrived but had no handler thread yet (CANCELLED,
+        grpc's shutdown cancels calls that arrived but had no handler yet (CANCELLED,
         grpc/grpc#41785), which clients do not retry; UNAVAILABLE they retry elsewhere.
         """
-        self.servicer.draining.set()
-        self.servicer.streams.wake()  # idle streams end now, busy ones after their messages
+        self.servicer.draining = True
+        await self.servicer.streams.wake()  # idle streams end now, busy ones after their messages
         deadline = time.monotonic() + self.config.drain_seconds
         while (now := time.monotonic()) < deadline:
             quiet = now - self.servicer.last_call
             if quiet >= _DRAIN_QUIET_SECONDS:
                 return
-            time.sleep(min(_DRAIN_QUIET_SECONDS - quiet, deadline - now))
+            await asyncio.sleep(min(_DRAIN_QUIET_SECONDS - quiet, deadline - now))
 
     def wait(self) -> None:
-        self.server.wait_for_termination()
+        self.loop.run(self.server.wait_for_termination())
 
 
 def build_server(
@@ -342,12 +214,19 @@ def build_server(
         restored = restore_states(recorder.sink.url, recorder.spool, store)
         log.info("restored %d portfolio states from the recorded decisions", restored)
     _load_models(registry, config, metrics, recorder)
-    servicer = AllocatorServicer(registry, store, metrics, recorder, config.idempotency_cache)
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
-    server = _grpc_server(config, metrics, servicer, health_servicer, reuse_port)
-    port = _bind(config, server)
+    executor = futures.ThreadPoolExecutor(config.threads, thread_name_prefix="allocator-store")
+    servicer = AllocatorServicer(registry, store, metrics, recorder, config, executor)
+    loop = EventLoopThread()
+    try:
+        server, health_servicer, port = loop.run(
+            _grpc_server(config, metrics, servicer, reuse_port)
+        )
+    except BaseException:
+        loop.close()
+        raise
     return AllocationServer(
         config,
+        loop,
         server,
         port,
         servicer,
@@ -369,7 +248,7 @@ def _open_recorder(config: ServerConfig, metrics_registry: CollectorRegistry) ->
         metrics=RecorderMetrics(metrics_registry),
         spool_quota_bytes=config.spool_quota_bytes,
         ack=config.ack,
-        commit_window=config.group_commit_ms / 1000,
+        commit_window=0.0,  # a batch is one ticket: the batcher's window is the commit's
     )
 
 
@@ -405,15 +284,15 @@ def _load_models(
         )
 
 
-def _grpc_server(
+async def _grpc_server(
     config: ServerConfig,
     metrics: ServingMetrics,
     servicer: AllocatorServicer,
-    health_servicer: health.HealthServicer,
     reuse_port: bool = False,
-) -> grpc.Server:
-    """The gRPC server with the allocator, health and reflection services (auth if asked)."""
-    interceptors: list[grpc.ServerInterceptor] = []
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    """On the server's loop: the bound gRPC server with the allocator, health and reflection
+    services (auth if asked), its health servicer and its port."""
+    interceptors: list[grpc.aio.ServerInterceptor] = []
     if config.auth_token_file is not None:
 
         def denied(method: str) -> None:
@@ -428,10 +307,8 @@ def _grpc_server(
 
     per_message = (f"/{SERVICE_NAME}/{STREAM_METHOD}",)  # a bad message gets its own reply
     interceptors.append(DecodeGuardInterceptor(undecodable, per_message))  # after the token
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="allocator"),
+    server = grpc.aio.server(
         interceptors=interceptors,
-        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         options=[
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 64 << 20),
@@ -446,6 +323,7 @@ def _grpc_server(
             ),
         ],
     )
+    health_servicer = health.aio.HealthServicer()
     pb_grpc.add_AllocatorServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -456,10 +334,10 @@ def _grpc_server(
         ),
         server,
     )
-    return server
+    return server, health_servicer, _bind(config, server)
 
 
-def _bind(config: ServerConfig, server: grpc.Server) -> int:
+def _bind(config: ServerConfig, server: grpc.aio.Server) -> int:
     """Bind the configured address (TLS when a certificate is given); the bound port."""
     address = f"{config.host}:{config.port}"
     if config.tls_cert is not None and config.tls_key is not None:

@@ -10,7 +10,9 @@ session* for a set of portfolios::
         ...                               # decide_batch(...)
         session.put(new_states)           # writes, then releases the locks
 
-``serving.step.DecisionStep`` does exactly that, for the server and the replay alike.
+``serving.step.DecisionStep`` does exactly that for the replay, and ``serving.batcher`` for each
+batch the server decides (on its event loop: ``MemoryStateStore.try_locked`` takes free locks
+without waiting; anything that may wait, and every Redis call, runs on a thread).
 
 Redis design: pessimistic per-portfolio locks taken *all at once* by a Lua script that also reads
 the states (one round trip), and released by a second script that writes the new states only if
@@ -154,24 +156,45 @@ class MemoryStateStore:
     def __len__(self) -> int:
         return len(self._states)
 
-    @contextmanager
-    def locked(self, portfolio_ids: Sequence[str]) -> Iterator[StateSession]:
-        ids = _unique_ids(portfolio_ids)
+    def _stripes(self, ids: tuple[str, ...]) -> list[threading.Lock]:
         n = len(self._locks)
-        stripes = sorted({hash(pid) % n for pid in ids})
+        return [self._locks[k] for k in sorted({hash(pid) % n for pid in ids})]
+
+    def locked(self, portfolio_ids: Sequence[str]) -> AbstractContextManager[StateSession]:
+        ids = _unique_ids(portfolio_ids)
         held: list[threading.Lock] = []
         try:
-            for k in stripes:
-                lock = self._locks[k]
+            for lock in self._stripes(ids):
                 if not lock.acquire(timeout=self._wait):
                     raise StateLockTimeoutError(
                         f"portfolio state locked for more than {self._wait:g} s"
                     )
                 held.append(lock)
+        except BaseException:
+            _release(held)
+            raise
+        return self._session(ids, held)
+
+    def try_locked(
+        self, portfolio_ids: Sequence[str]
+    ) -> AbstractContextManager[StateSession] | None:
+        """``locked`` when every lock is free at once, else None (holding nothing): for an
+        event loop, which must not wait on a lock another thread holds."""
+        ids = _unique_ids(portfolio_ids)
+        held: list[threading.Lock] = []
+        for lock in self._stripes(ids):
+            if not lock.acquire(blocking=False):
+                _release(held)
+                return None
+            held.append(lock)
+        return self._session(ids, held)
+
+    @contextmanager
+    def _session(self, ids: tuple[str, ...], held: list[threading.Lock]) -> Iterator[StateSession]:
+        try:
             yield _MemorySession(self, ids)
         finally:
-            for lock in reversed(held):
-                lock.release()
+            _release(held)
 
     def reset(self, portfolio_id: str) -> bool:
         with self.locked([portfolio_id]) as session:
@@ -181,6 +204,11 @@ class MemoryStateStore:
 
     def close(self) -> None:
         self._states.clear()
+
+
+def _release(held: list[threading.Lock]) -> None:
+    for lock in reversed(held):
+        lock.release()
 
 
 # --- Redis -------------------------------------------------------------------------------------

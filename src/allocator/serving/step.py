@@ -1,11 +1,16 @@
 """The decision step: the one path from a request to its recorded, stored answer.
 
-resolve the model -> validate the request against its shape -> lock the portfolios -> read their
-states -> ``decide_batch`` -> hand the records to the recorder -> write the new states -> answer.
+resolve the model -> validate the request against its shape (``unary_items``, ``batch_items``:
+a unary call is a batch of one) -> lock the portfolios -> read their states (``prepare``:
+retries get their stored answers) -> ``decide`` (``decide_many``, one onnxruntime call per
+model; the records to the recorder as one ticket) -> wait until they are durable -> write the
+new states (``settle``) -> answer (``observe`` counts it).
 
-The gRPC server runs this for every call, and the serving-path replay (and through it the
-walk-forward and retraining evaluations) runs the very same code, with a ``MemoryStateStore``
-and no recorder: a backtest of an exported model is what the server would have answered.
+The gRPC server runs these steps on its event loop for every batch of concurrent calls
+(``serving.batcher``); ``DecisionStep.run`` runs them for one call synchronously, which the
+serving-path replay (and through it the walk-forward and retraining evaluations) uses with a
+``MemoryStateStore`` and no recorder: a backtest of an exported model is what the server would
+have answered.
 
 What the order guarantees:
 
@@ -52,9 +57,14 @@ from allocator.recording.recorder import Recorder
 from allocator.recording.records import DecisionRecord
 from allocator.recording.tickets import NotDurableError
 from allocator.registry.errors import ModelNotFoundError
-from allocator.serving.answers import AnswerEncoder, framed, weight_bytes
+from allocator.serving.answers import AnswerEncoder, framed, parse, weight_bytes
 from allocator.serving.decision import DecisionOutput, Decisions, decide_many
-from allocator.serving.idempotency import RecentRequests, check_last, request_fingerprints
+from allocator.serving.idempotency import (
+    RecentRequests,
+    check_last,
+    request_fingerprint,
+    request_fingerprints,
+)
 from allocator.serving.loader import LoadedModel
 from allocator.serving.portfolio_state import LastAnswer, PortfolioState
 from allocator.serving.proto.v1 import allocator_pb2 as pb
@@ -62,19 +72,21 @@ from allocator.serving.state import StateStore
 from allocator.serving.validation import (
     ModelShape,
     ValidRequest,
-    model_pin,
     validate_batch,
-    validate_request,
+    validate_call,
 )
 
 __all__ = [
     "LATE_DURABLE_SECONDS",
     "Answer",
     "DeadlineExceededError",
+    "Decided",
     "DecisionStep",
+    "Item",
     "ModelResolver",
     "TimeRemaining",
     "batch_response",
+    "call_deadline",
     "model_shape",
     "stream_response",
 ]
@@ -89,6 +101,12 @@ LATE_DURABLE_SECONDS = 30.0
 """How much longer than the caller's deadline a decision's record may take to become durable
 and still advance its portfolio (the writer's own database timeouts, then its spool, normally
 settle it within seconds)."""
+
+
+LATE_MESSAGE = (
+    "deadline exceeded before the decision was durable; it was recorded since: retry the "
+    "request_id to get it"
+)
 
 
 class DeadlineExceededError(Exception):
@@ -115,7 +133,29 @@ class Answer:
     @property
     def response(self) -> pb.AllocateResponse:
         """The answer as a message (parsed from ``data`` on each access)."""
-        return pb.AllocateResponse.FromString(self.data)
+        return parse(self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One request to decide: the model it resolved to, the request as validated against that
+    model, its fingerprint (``serving.idempotency``) and when its call arrived
+    (``time.perf_counter()``, for the recorded latency)."""
+
+    model: LoadedModel
+    request: ValidRequest
+    fingerprint: bytes
+    started: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """Decided items, not stored yet: per model, the items' indices and their decisions, and
+    the recorder's ticket for all of their records (``None``: nothing is recorded)."""
+
+    items: list[Item]
+    groups: list[tuple[LoadedModel, list[int], Decisions]]
+    ticket: int | None
 
 
 def batch_response(answers: Sequence[Answer]) -> pb.AllocateBatchResponse:
@@ -170,16 +210,8 @@ class DecisionStep:
     ) -> Answer:
         """One request, from the wire to its answer. ``started`` (``time.perf_counter()``
         when the call arrived) dates the recorded latency."""
-        pin = model_pin(request)
-        try:
-            model = resolve(*pin)
-        except ModelNotFoundError as exc:
-            exc.add_note("model")
-            raise
-        valid = validate_request(request, model_shape(model), pin=pin)
-        (answer,) = self.decide_and_record(
-            model, [valid], started=started, time_remaining=time_remaining
-        )
+        started = time.perf_counter() if started is None else started
+        (answer,) = self.run(self.unary_items(request, resolve, started), time_remaining)
         return answer
 
     def allocate_batch(
@@ -190,7 +222,33 @@ class DecisionStep:
         started: float | None = None,
         time_remaining: TimeRemaining | None = None,
     ) -> list[Answer]:
-        """A batch, all validated before any is decided; one locked step per model."""
+        """A batch, all validated before any is decided; one locked step for all of it."""
+        started = time.perf_counter() if started is None else started
+        return self.run(self.batch_items(batch, resolve, started), time_remaining)
+
+    def unary_items(
+        self, request: pb.AllocateRequest, resolve: ModelResolver, started: float
+    ) -> list[Item]:
+        """A unary call as a batch of one: its model resolved, the request validated."""
+        models: list[LoadedModel] = []
+
+        def shape_for(name: str | None, version: str | None) -> ModelShape:
+            try:
+                model = resolve(name, version)
+            except ModelNotFoundError as exc:
+                exc.add_note("model")
+                raise
+            models.append(model)
+            return model_shape(model)
+
+        valid = validate_call(request, shape_for)
+        return [Item(models[-1], valid, request_fingerprint(valid), started)]
+
+    def batch_items(
+        self, batch: pb.AllocateBatchRequest, resolve: ModelResolver, started: float
+    ) -> list[Item]:
+        """A batch call's items, all validated (each against its own model) before any is
+        decided: one bad item refuses the call."""
         models: dict[tuple[str | None, str | None], LoadedModel] = {}
 
         def shape_for(name: str | None, version: str | None) -> ModelShape:
@@ -200,24 +258,10 @@ class DecisionStep:
         valid = validate_batch(batch, shape_for)
         if self.metrics is not None:
             self.metrics.observe_batch(len(valid))
-        answers: list[Answer | None] = [None] * len(valid)
-        groups: dict[tuple[str, str], list[int]] = {}
-        by_key: dict[tuple[str, str], LoadedModel] = {}
-        for i, r in enumerate(valid):
-            model = models[(r.model_name, r.model_version)]
-            key = (model.name, model.version)
-            by_key[key] = model
-            groups.setdefault(key, []).append(i)
-        for key, members in groups.items():
-            decided = self.decide_and_record(
-                by_key[key],
-                [valid[i] for i in members],
-                started=started,
-                time_remaining=time_remaining,
-            )
-            for i, answer in zip(members, decided, strict=True):
-                answers[i] = answer
-        return answers  # type: ignore[return-value]  # every None was answered above
+        return [
+            Item(models[(r.model_name, r.model_version)], r, f, started)
+            for r, f in zip(valid, request_fingerprints(valid), strict=True)
+        ]
 
     def decide_and_record(
         self,
@@ -227,59 +271,106 @@ class DecisionStep:
         started: float | None = None,
         time_remaining: TimeRemaining | None = None,
     ) -> list[Answer]:
+        """``run`` for requests validated against ``model``'s shape, naming each portfolio once
+        (``validate_batch`` refuses repeats: two steps of one portfolio in one call would have
+        no defined order)."""
+        started = time.perf_counter() if started is None else started
+        fingerprints = request_fingerprints(requests)
+        items = [Item(model, r, f, started) for r, f in zip(requests, fingerprints, strict=True)]
+        return self.run(items, time_remaining)
+
+    def run(self, items: Sequence[Item], time_remaining: TimeRemaining | None) -> list[Answer]:
         """Decide for distinct portfolios under their locks; record; then store the states.
 
-        ``requests`` were validated against ``model``'s shape and name each portfolio once
-        (``validate_batch`` refuses repeats: two steps of one portfolio in one call would have
-        no defined order). A retry of a portfolio's latest request gets the stored answer.
+        A retry of a portfolio's latest request gets the stored answer. The server's batcher
+        (``serving.batcher``) runs the same steps, ``prepare``, ``decide``, ``settle`` and
+        ``observe``, on its event loop for many calls at once.
         """
-        started = time.perf_counter() if started is None else started
         late = False
-        ids = [r.portfolio_id for r in requests]
-        fingerprints = request_fingerprints(requests)
-        with self.store.locked(ids) as session:
+        with self.store.locked([item.request.portfolio_id for item in items]) as session:
             if time_remaining is not None:
                 remaining = time_remaining()
                 if remaining is not None and remaining <= 0:
                     raise DeadlineExceededError("deadline exceeded before deciding")
             states = session.get()
-            answers = self._stored_answers(requests, fingerprints, states)
+            answers = self.prepare(items, states)
             todo = [i for i, answer in enumerate(answers) if answer is None]
             if not todo:
                 return answers  # type: ignore[return-value]  # all retries, nothing to store
-            if len(todo) < len(requests):
-                requests = [requests[i] for i in todo]
-                fingerprints = [fingerprints[i] for i in todo]
-            decided = decide_many(model, requests, [states[i] for i in todo])
-            decided_at = dt.datetime.now(dt.UTC)
-            latency = time.perf_counter() - started
-            if self.recorder is not None:
-                ticket = self.recorder.submit_many(
-                    _records(model, requests, decided, fingerprints, decided_at, latency)
-                )
-                late = self._wait_durable(ticket, time_remaining)
-            data = self._encode(model, requests, decided)
-            for k, i in enumerate(todo):
-                r = requests[k]
-                last = LastAnswer(r.request_id, fingerprints[k], data[k])
-                states[i] = decided.states[k].with_last(last)
-                answers[i] = Answer(r, data[k], decided.outputs[k])
+            decided = self.decide([items[i] for i in todo], [states[i] for i in todo])
+            if decided.ticket is not None:
+                late = self._wait_durable(decided.ticket, time_remaining)
+            for i, (state, answer) in zip(todo, self.settle(decided), strict=True):
+                states[i] = state
+                answers[i] = answer
             session.put(states)
-        for r, fingerprint in zip(requests, fingerprints, strict=True):
-            self.recent.put(r, fingerprint)
-        if self.metrics is not None:
-            self.metrics.observe_decisions(
-                _gaps(decided),
-                [o.turnover for o in decided.outputs],
-                [o.icm_reward for o in decided.outputs],
-            )
+        self.observe(decided)
         if late:
-            raise DeadlineExceededError(
-                "deadline exceeded before the decision was durable; it was recorded since: "
-                "retry the request_id to get it",
-                late=True,
-            )
+            raise DeadlineExceededError(LATE_MESSAGE, late=True)
         return answers  # type: ignore[return-value]  # every None was decided above
+
+    def prepare(
+        self, items: Sequence[Item], states: Sequence[PortfolioState | None]
+    ) -> list[Answer | None]:
+        """Per item, the stored answer when it retries its portfolio's latest request, else
+        None (to decide); a reused or superseded id raises ``InvalidRequest``."""
+        answers: list[Answer | None] = []
+        for item, state in zip(items, states, strict=True):
+            r = item.request
+            stored = check_last(r, item.fingerprint, None if state is None else state.last)
+            if stored is None:
+                self.recent.check(r, item.fingerprint)
+                answers.append(None)
+            else:
+                answers.append(Answer(r, stored, None))
+        return answers
+
+    def decide(self, items: Sequence[Item], states: Sequence[PortfolioState | None]) -> Decided:
+        """Decide ``items`` (distinct portfolios; ``states`` their previous states) with one
+        onnxruntime call per model, and hand all their records to the recorder as one ticket
+        (one durable commit). Raises ``RecorderRefusedError`` when it refuses them."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault((item.model.name, item.model.version), []).append(i)
+        decided_at = dt.datetime.now(dt.UTC)
+        done: list[tuple[LoadedModel, list[int], Decisions]] = []
+        records: list[DecisionRecord] = []
+        for members in groups.values():
+            model = items[members[0]].model
+            group = [items[i] for i in members]
+            decisions = decide_many(model, [g.request for g in group], [states[i] for i in members])
+            done.append((model, members, decisions))
+            if self.recorder is not None:
+                records += _records(model, group, decisions, decided_at, time.perf_counter())
+        ticket = None if self.recorder is None else self.recorder.submit_many(records)
+        return Decided(list(items), done, ticket)
+
+    def settle(self, decided: Decided) -> list[tuple[PortfolioState, Answer]]:
+        """Each decided item's new state (carrying its answer as the portfolio's last) and
+        answer, in item order: what is stored once the records are durable."""
+        out: list[tuple[PortfolioState, Answer] | None] = [None] * len(decided.items)
+        for model, members, decisions in decided.groups:
+            data = self._encode(model, [decided.items[i].request for i in members], decisions)
+            for k, i in enumerate(members):
+                item = decided.items[i]
+                last = LastAnswer(item.request.request_id, item.fingerprint, data[k])
+                out[i] = (
+                    decisions.states[k].with_last(last),
+                    Answer(item.request, data[k], decisions.outputs[k]),
+                )
+        return out  # type: ignore[return-value]  # every member was settled above
+
+    def observe(self, decided: Decided) -> None:
+        """After the states were stored: remember the request ids, count the decisions."""
+        for item in decided.items:
+            self.recent.put(item.request, item.fingerprint)
+        if self.metrics is not None:
+            for _, _, decisions in decided.groups:
+                self.metrics.observe_decisions(
+                    _gaps(decisions),
+                    [o.turnover for o in decisions.outputs],
+                    [o.icm_reward for o in decisions.outputs],
+                )
 
     def _wait_durable(self, ticket: int, time_remaining: TimeRemaining | None) -> bool:
         """Wait until the records up to ``ticket`` are durable; True when that came after the
@@ -330,23 +421,11 @@ class DecisionStep:
             at += stride
         return out
 
-    def _stored_answers(
-        self,
-        requests: Sequence[ValidRequest],
-        fingerprints: Sequence[bytes],
-        states: Sequence[PortfolioState | None],
-    ) -> list[Answer | None]:
-        """Per request, the stored answer when it retries its portfolio's latest request, else
-        None (to decide); a reused or superseded id raises ``InvalidRequest``."""
-        answers: list[Answer | None] = []
-        for r, fingerprint, state in zip(requests, fingerprints, states, strict=True):
-            stored = check_last(r, fingerprint, None if state is None else state.last)
-            if stored is None:
-                self.recent.check(r, fingerprint)
-                answers.append(None)
-            else:
-                answers.append(Answer(r, stored, None))
-        return answers
+
+def call_deadline(time_remaining: TimeRemaining) -> float | None:
+    """A call's deadline as a ``time.monotonic()`` instant (None: it has none)."""
+    remaining = time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
 
 
 def _seconds_left(time_remaining: TimeRemaining | None) -> float | None:
@@ -356,15 +435,16 @@ def _seconds_left(time_remaining: TimeRemaining | None) -> float | None:
 
 def _records(
     model: LoadedModel,
-    requests: Sequence[ValidRequest],
+    items: Sequence[Item],
     decided: Decisions,
-    fingerprints: Sequence[bytes],
     decided_at: dt.datetime,
-    latency: float,
+    now: float,
 ) -> list[DecisionRecord]:
     """The decisions' rows; with the new slot layouts and the requests' fingerprints, so a
     restarted server can rebuild each portfolio's state and last answer from its row
-    (``serving.restore``). The recorded current weights are the ones the request sent."""
+    (``serving.restore``). The recorded current weights are the ones the request sent; each
+    row's latency runs from its own call's arrival."""
+    requests = [item.request for item in items]
     return DecisionRecord.batch_from_validated(
         request_ids=[r.request_id for r in requests],
         portfolio_ids=[r.portfolio_id for r in requests],
@@ -379,9 +459,9 @@ def _records(
         sizes=decided.sizes,
         turnovers=[o.turnover for o in decided.outputs],
         icm_rewards=[o.icm_reward for o in decided.outputs],
-        latency_seconds=latency,
+        latency_seconds=[now - item.started for item in items],
         slots=[s.slots for s in decided.states],
-        fingerprints=[f.hex() for f in fingerprints],
+        fingerprints=[item.fingerprint.hex() for item in items],
     )
 
 

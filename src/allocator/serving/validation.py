@@ -38,6 +38,7 @@ __all__ = [
     "model_pin",
     "required_id",
     "validate_batch",
+    "validate_call",
     "validate_request",
     "validate_reset",
 ]
@@ -295,6 +296,17 @@ def validate_batch(batch: pb.AllocateBatchRequest, shape_for: ShapeResolver) -> 
         raise InvalidRequest("requests", "empty batch: at least one request is required")
     valid = _valid_batch(requests, shape_for)
     return valid if valid is not None else _validate_each(requests, shape_for)
+
+
+def validate_call(request: pb.AllocateRequest, shape_for: ShapeResolver) -> ValidRequest:
+    """A unary call, checked as a batch of one (``_valid_batch``, the path every request is
+    accepted by); what that flags is checked by ``validate_request``, which names the first bad
+    field (``asset_ids[3]``). What ``shape_for`` raises for the pin propagates unchanged."""
+    valid = _valid_batch((request,), shape_for)
+    if valid is not None:
+        return valid[0]
+    pin = model_pin(request)
+    return validate_request(request, shape_for(*pin), pin=pin)
 
 
 def _valid_batch(

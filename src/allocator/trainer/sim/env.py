@@ -56,7 +56,7 @@ from allocator.portfolio import (
     log_returns,
     normalize_returns,
 )
-from allocator.portfolio.costs import cost_rate, trade_cost
+from allocator.portfolio.costs import cost_rate, trade_cost, turnover
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.history import EpisodeHistory
 from allocator.trainer.sim.representation import (
@@ -433,10 +433,8 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         j = self._k - self._row0
         s = ema_smooth(self.executed, raw, self.mask, self._beta)
         sold, self._sold = self._sold, 0.0
-        moved = s - self.drifted
-        np.abs(moved, out=moved)
-        turnover = sold + float(np.add.reduce(moved[1:]))  # cash is not traded
-        cost = trade_cost(self._cost_rate, turnover, self.nav)
+        traded = sold + float(turnover(s, self.drifted))
+        cost = trade_cost(self._cost_rate, traded, self.nav)
         invested = self.nav - cost
         shares = invested * s / self._slot_prices[j]
         grown = s * self._growth[j]
@@ -448,7 +446,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         benchmark = 0.0
         if self._relative and self._anchors is not None:
             benchmark = float(np.add.reduce(self._anchors[j] * self._growth[j])) - 1.0
-        self.history.record(self.nav, s, self._slot_prices[j + 1], cost, turnover, benchmark)
+        self.history.record(self.nav, s, self._slot_prices[j + 1], cost, traded, benchmark)
         reward = self.reward_fn(self.history)
         terminated = self.nav <= 1e-9 * self.config.initial_value
         truncated = self._k >= self._length and not terminated
@@ -458,7 +456,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             "executed_weights": s,
             "shares": shares,
             "cost": cost,
-            "turnover": turnover,
+            "turnover": traded,
             "liquidation_turnover": sold,
             "nav": self.nav,
         }

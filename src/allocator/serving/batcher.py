@@ -1,0 +1,312 @@
+"""Dynamic batching on the server's event loop: concurrent calls decided as one batch.
+
+Every decision the server makes, from a unary ``Allocate``, an ``AllocateBatch`` or a message of
+an ``AllocateStream``, is handed to the one ``DecisionBatcher`` of its process as a *call*: its
+validated items (distinct portfolios) and the future its handler awaits. The batcher takes what
+arrived within ``window`` seconds of the first waiting call (or up to ``max_size`` decisions)
+and runs ``DecisionStep``'s steps once for all of it: one lock-and-read of every portfolio, one
+``decide_many`` (one onnxruntime call) per model, one recorder ticket (one durable commit), one
+write of the states. While a batch waits for its commit, the next calls queue up and form the
+next batch, so a loaded server decides in larger batches and commits less often per decision.
+
+Batches run one after another, each stored before the next is locked. Per portfolio that keeps
+the order and the exactly-once semantics of one call at a time: a call naming a portfolio that
+an earlier call of the window already names waits for the next batch (and so does every later
+call naming one of its portfolios), where it reads the state the earlier one left, a retry
+included (its stored answer, ``PortfolioState.last``). A call's items stay together in one
+batch. What a call alone caused (a reused request id, a deadline that passed before deciding)
+fails that call only; what the batch shares (the recorder's refusal, a durable commit that did
+not come, the state store) fails every call of it, and nothing of it is stored.
+
+A blocking state store (Redis) is used through ``executor`` threads, so a lock round trip or a
+lock held by another replica never stops the loop; the in-memory store is used on the loop,
+unless a lock is held by another thread (a reset): that wait goes to the executor too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from allocator.serving.portfolio_state import PortfolioState
+from allocator.serving.state import MemoryStateStore, StateSession, StateStore
+from allocator.serving.step import (
+    LATE_DURABLE_SECONDS,
+    LATE_MESSAGE,
+    Answer,
+    DeadlineExceededError,
+    Decided,
+    DecisionStep,
+    Item,
+)
+
+__all__ = ["BatchObserver", "DecisionBatcher"]
+
+log = logging.getLogger("allocator.serving")
+
+T = TypeVar("T")
+BatchObserver = Callable[[int], None]
+"""Told the number of decisions of each batch the batcher decides (the batch-size metric)."""
+
+
+@dataclass(slots=True)
+class _Call:
+    """One call's share of a batch: its items, its deadline (``time.monotonic()``; None: none)
+    and the future its handler awaits."""
+
+    items: list[Item]
+    deadline: float | None
+    future: asyncio.Future[list[Answer]]
+    answers: list[Answer | None] = field(default_factory=list)
+
+
+class DecisionBatcher:
+    """Collects calls on the running event loop and decides them in batches (module docstring).
+
+    ``window``: seconds a batch waits for more calls after its first; ``max_size``: decisions
+    that close a batch at once. ``executor``: where the store's blocking calls run (None: on
+    the loop). ``observe``: told each batch's size.
+    """
+
+    def __init__(
+        self,
+        step: DecisionStep,
+        *,
+        window: float,
+        max_size: int,
+        executor: Executor | None = None,
+        observe: BatchObserver | None = None,
+    ) -> None:
+        if window < 0 or max_size < 1:
+            raise ValueError(f"window must be >= 0 and max_size >= 1, got {window}, {max_size}")
+        self.step = step
+        self.window = window
+        self.max_size = max_size
+        self.executor = executor
+        self.observe = observe
+        self._waiting: deque[_Call] = deque()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._busy = False  # a batch is being decided
+
+    @property
+    def waiting(self) -> int:
+        """Decisions handed in and not yet taken into a batch."""
+        return sum(len(call.items) for call in self._waiting)
+
+    def start(self) -> None:
+        """Start deciding, on the running loop."""
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="allocator-batcher")
+
+    async def close(self, timeout: float = LATE_DURABLE_SECONDS) -> None:
+        """Stop once every call handed in so far is answered (or after ``timeout``)."""
+        if self._task is None:
+            return
+        end = time.monotonic() + timeout
+        while (self._waiting or self._busy) and time.monotonic() < end:
+            await asyncio.sleep(0.001)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+
+    async def decide(self, items: list[Item], deadline: float | None) -> list[Answer]:
+        """The answers to one call's items (distinct portfolios), decided in the next batch
+        that can take them; raises what refused the call. A cancelled caller (its client went
+        away) leaves the decision alone: it is recorded and stored as any other."""
+        if self._wake is None:
+            raise RuntimeError("the batcher is not started")
+        future: asyncio.Future[list[Answer]] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieved)  # a caller that went away never reads it
+        self._waiting.append(_Call(items, deadline, future))
+        self._wake.set()
+        return await asyncio.shield(future)
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._waiting:
+                await self._fill()
+                batch = self._take()
+                self._busy = True
+                try:
+                    await self._decide(batch)
+                except Exception as exc:  # the batch's shared step failed: each call hears it
+                    for call in batch:
+                        _fail(call, exc)
+                finally:
+                    self._busy = False
+
+    async def _fill(self) -> None:
+        """Wait up to ``window`` after the first waiting call for more (sub-millisecond waits
+        yield to the loop rather than sleep: its timers are coarser than the window)."""
+        end = time.monotonic() + self.window
+        while self.waiting < self.max_size:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(0 if left < 0.002 else left - 0.001)
+
+    def _take(self) -> list[_Call]:
+        """The next batch: waiting calls in arrival order, up to ``max_size`` decisions (at
+        least one call), skipping (and keeping, in order) any call naming a portfolio that an
+        earlier call of the window names."""
+        batch: list[_Call] = []
+        taken: set[str] = set()
+        blocked: set[str] = set()
+        size = 0
+        kept: deque[_Call] = deque()
+        for call in self._waiting:
+            ids = {item.request.portfolio_id for item in call.items}
+            fits = not batch or size + len(call.items) <= self.max_size
+            if fits and ids.isdisjoint(taken) and ids.isdisjoint(blocked):
+                batch.append(call)
+                taken |= ids
+                size += len(call.items)
+            else:
+                kept.append(call)
+                blocked |= ids
+        self._waiting = kept
+        return batch
+
+    async def _decide(self, batch: list[_Call]) -> None:
+        """One batch: lock and read every portfolio, decide, record, wait, store, answer."""
+        ids = [item.request.portfolio_id for call in batch for item in call.items]
+        locked, session = await self._lock(ids)
+        stored = False
+        try:
+            decided, owners = self._prepare(batch, session.get())
+            if decided is None:
+                stored = await self._put(locked, session, None)
+                return
+            durable_at = await self._durable(decided, batch)
+            states = session.get()
+            for k, (state, answer) in enumerate(self.step.settle(decided)):
+                call, slot, index = owners[k]
+                states[index] = state
+                call.answers[slot] = answer
+            stored = await self._put(locked, session, states)
+        finally:
+            if not stored:
+                await self._blocking(locked.__exit__, None, None, None)
+        self.step.observe(decided)
+        if self.observe is not None:
+            self.observe(len(decided.items))
+        for call in batch:
+            if call.future.done():
+                continue
+            if durable_at is not None and call.deadline is not None and durable_at > call.deadline:
+                _fail(call, DeadlineExceededError(LATE_MESSAGE, late=True))
+            else:
+                _answer(call)
+
+    def _prepare(
+        self, batch: list[_Call], states: Sequence[PortfolioState | None]
+    ) -> tuple[Decided | None, list[tuple[_Call, int, int]]]:
+        """Per call: its deadline and its retries; then decide what is left of the batch.
+        A call refused here is answered at once. Returns the decided items (None: nothing to
+        decide) and, per decided item, its call, its place in the call and in ``states``."""
+        now = time.monotonic()
+        items: list[Item] = []
+        before: list[PortfolioState | None] = []
+        owners: list[tuple[_Call, int, int]] = []
+        at = 0
+        for call in batch:
+            mine = states[at : at + len(call.items)]
+            try:
+                if call.deadline is not None and call.deadline <= now:
+                    raise DeadlineExceededError("deadline exceeded before deciding")
+                call.answers = self.step.prepare(call.items, mine)
+            except Exception as exc:
+                _fail(call, exc)
+                at += len(call.items)
+                continue
+            for slot, answer in enumerate(call.answers):
+                if answer is None:
+                    items.append(call.items[slot])
+                    before.append(mine[slot])
+                    owners.append((call, slot, at + slot))
+            at += len(call.items)
+        if not items:
+            for call in batch:
+                _answer(call)
+            return None, owners
+        return self.step.decide(items, before), owners
+
+    async def _durable(self, decided: Decided, batch: list[_Call]) -> float | None:
+        """Wait for the batch's commit; when it came after a call's deadline (that call gets
+        DEADLINE_EXCEEDED, its decision stored all the same), its time, else None. The wait
+        ends ``LATE_DURABLE_SECONDS`` after the latest deadline (none without a deadline):
+        then nothing is stored and every call gets DEADLINE_EXCEEDED."""
+        recorder = self.step.recorder
+        if decided.ticket is None or recorder is None:
+            return None
+        deadlines = [c.deadline for c in batch]
+        limit = None if None in deadlines else max(d for d in deadlines if d is not None)
+        timeout = None if limit is None else limit - time.monotonic() + LATE_DURABLE_SECONDS
+        try:
+            await asyncio.wait_for(recorder.durable_future(decided.ticket), timeout)
+        except TimeoutError as exc:
+            raise DeadlineExceededError("deadline exceeded before recording") from exc
+        now = time.monotonic()
+        return (
+            now if limit is not None and now > min(d for d in deadlines if d is not None) else None
+        )
+
+    async def _lock(self, ids: list[str]) -> tuple[Any, StateSession]:
+        """The locked session of ``ids``: on the loop when the in-memory store's locks are free
+        now, else (a lock held by another thread, or Redis) waited for on the executor."""
+        store = self.step.store
+        if isinstance(store, MemoryStateStore):
+            locked = store.try_locked(ids)
+            if locked is not None:
+                return locked, locked.__enter__()
+        return await self._blocking(_enter, store, ids, offload=True)
+
+    async def _put(
+        self, locked: Any, session: StateSession, states: list[PortfolioState | None] | None
+    ) -> bool:
+        """Write ``states`` (None: write nothing) and release the locks."""
+        if states is not None:
+            await self._blocking(session.put, states)
+        await self._blocking(locked.__exit__, None, None, None)
+        return True
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any, offload: bool = False) -> T:
+        """``fn(*args)`` on the executor when the store blocks (Redis; ``offload``: a wait for
+        a lock), else here on the loop (the in-memory store's reads, writes and releases)."""
+        blocks = offload or not isinstance(self.step.store, MemoryStateStore)
+        if self.executor is None or not blocks:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+
+def _enter(store: StateStore, ids: list[str]) -> tuple[Any, StateSession]:
+    """``store.locked(ids)`` entered: the context manager and its session."""
+    locked = store.locked(ids)
+    return locked, locked.__enter__()
+
+
+def _answer(call: _Call) -> None:
+    if not call.future.done():
+        call.future.set_result(call.answers)  # type: ignore[arg-type]  # all answered
+
+
+def _fail(call: _Call, exc: BaseException) -> None:
+    if not call.future.done():
+        call.future.set_exception(exc)
+
+
+def _retrieved(future: asyncio.Future[list[Answer]]) -> None:
+    if not future.cancelled():
+        future.exception()

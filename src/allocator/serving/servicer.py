@@ -1,0 +1,237 @@
+"""The ``allocator.v1.Allocator`` service's handlers, on the server's event loop.
+
+A handler only translates between gRPC and the decision path: it resolves and validates a
+call into items (``DecisionStep.unary_items``, ``batch_items``), awaits their answers from the
+process's ``DecisionBatcher`` and maps what refused them to a status code (``serving.status``),
+timing every call by outcome. ``AllocateStream`` is ``serving.stream``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent import futures
+from typing import TypeVar
+
+import grpc
+
+from allocator.metrics.serving import ServingMetrics
+from allocator.recording.recorder import Recorder
+from allocator.serving.batcher import DecisionBatcher
+from allocator.serving.catalog import CatalogSnapshot, ModelCatalog
+from allocator.serving.config import ServerConfig
+from allocator.serving.proto.v1 import allocator_pb2 as pb
+from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
+from allocator.serving.security import Context
+from allocator.serving.state import StateStore
+from allocator.serving.status import error_status
+from allocator.serving.step import DecisionStep, batch_response, call_deadline
+from allocator.serving.stream import AllocationStreams
+from allocator.serving.validation import validate_reset
+
+__all__ = ["AllocatorServicer"]
+
+log = logging.getLogger("allocator.serving")
+
+T = TypeVar("T")
+
+
+class _Refusal(Exception):  # noqa: N818  (control flow, never leaves this module)
+    """A call refused with a status code and a message for the client (a draining server)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class AllocatorServicer(pb_grpc.AllocatorServicer):
+    """The ``allocator.v1.Allocator`` service over a registry, a state store and a recorder.
+
+    Its handlers run on the server's event loop; ``batcher`` (started on that loop by the
+    server) decides for all of them; ``executor`` runs the state store's blocking calls.
+    """
+
+    def __init__(
+        self,
+        registry: ModelCatalog,
+        store: StateStore,
+        metrics: ServingMetrics,
+        recorder: Recorder | None,
+        config: ServerConfig,
+        executor: futures.Executor,
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.metrics = metrics
+        self.recorder = recorder
+        self.executor = executor
+        self.step = DecisionStep(store, recorder, metrics, config.idempotency_cache)
+        self.batcher = DecisionBatcher(
+            self.step,
+            window=config.batch_window_ms / 1000,
+            max_size=config.batch_max_decisions,
+            executor=executor,
+            observe=metrics.observe_decided_batch,
+        )
+        self.limit = config.max_concurrent_rpcs
+        self.in_flight = 0  # calls of this service being answered (an open stream counts)
+        self.draining = False
+        self.last_call = 0.0  # time.monotonic() of the latest call, for the drain
+        self.streams = AllocationStreams(
+            self.step,
+            self.batcher,
+            lambda: self.registry.snapshot.resolve,
+            metrics,
+            lambda: self.draining,
+            self._touch,
+        )
+
+    def _touch(self) -> None:
+        self.last_call = time.monotonic()
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        context: Context,
+        handler: Callable[[], Awaitable[T]],
+        decisions: int = 1,
+    ) -> T:
+        """Run ``handler``, map refusals to status codes, and time the call by outcome (per
+        decision: ``decisions`` is a batch's size)."""
+        start = time.perf_counter()
+        self.last_call = time.monotonic()
+        code = grpc.StatusCode.OK
+        message = ""
+        try:
+            if self.draining:
+                raise _Refusal(grpc.StatusCode.UNAVAILABLE, "server shutting down, retry")
+            with self._slot():
+                return await handler()
+        except _Refusal as exc:
+            code, message = exc.code, exc.message
+        except (
+            asyncio.CancelledError
+        ):  # grpc ends the handler: its deadline passed, or the client left
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            raise
+        except Exception as exc:
+            code, message = error_status(exc)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("%s failed", method)
+        finally:
+            self.metrics.observe_request(method, code, time.perf_counter() - start, decisions)
+        await context.abort(code, message)
+        raise AssertionError("unreachable: context.abort raises")
+
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[None]:
+        """One of the ``max_concurrent_rpcs`` calls, or RESOURCE_EXHAUSTED at once. Counted
+        here, on the loop, when a call reaches its handler: exact whatever order calls arrive
+        in, and health checks and reflection are never refused."""
+        if self.in_flight >= self.limit:
+            raise _Refusal(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the server is answering its limit of {self.limit} concurrent calls; retry",
+            )
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    # --- the service ---------------------------------------------------------------------
+
+    async def Allocate(  # noqa: N802  (gRPC method name)
+        self, request: pb.AllocateRequest, context: Context
+    ) -> pb.AllocateResponse:
+        start = time.perf_counter()
+
+        async def handle() -> pb.AllocateResponse:
+            items = self.step.unary_items(request, self.registry.snapshot.resolve, start)
+            (answer,) = await self.batcher.decide(items, call_deadline(context.time_remaining))
+            return answer.response
+
+        return await self._call("Allocate", context, handle)
+
+    async def AllocateBatch(  # noqa: N802
+        self, request: pb.AllocateBatchRequest, context: Context
+    ) -> pb.AllocateBatchResponse:
+        start = time.perf_counter()
+
+        async def handle() -> pb.AllocateBatchResponse:
+            items = self.step.batch_items(request, self.registry.snapshot.resolve, start)
+            answers = await self.batcher.decide(items, call_deadline(context.time_remaining))
+            return batch_response(answers)
+
+        return await self._call("AllocateBatch", context, handle, len(request.requests))
+
+    async def AllocateStream(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.AllocateStreamRequest], context: Context
+    ) -> AsyncIterator[pb.AllocateStreamResponse]:
+        try:
+            slot = self._slot()
+            slot.__enter__()
+        except _Refusal as exc:
+            self.metrics.observe_request("AllocateStream", exc.code, 0.0)
+            await context.abort(exc.code, exc.message)
+        try:
+            async for response in self.streams.serve(request_iterator, context):
+                yield response
+        finally:
+            slot.__exit__(None, None, None)
+
+    async def ListModels(  # noqa: N802
+        self, request: pb.ListModelsRequest, context: Context
+    ) -> pb.ListModelsResponse:
+        async def handle() -> pb.ListModelsResponse:
+            return _list_models(self.registry.snapshot)
+
+        return await self._call("ListModels", context, handle)
+
+    async def ResetPortfolio(  # noqa: N802
+        self, request: pb.ResetPortfolioRequest, context: Context
+    ) -> pb.ResetPortfolioResponse:
+        async def handle() -> pb.ResetPortfolioResponse:
+            portfolio_id = validate_reset(request)
+            # On a thread: the portfolio's lock may be held by a batch waiting for its commit.
+            loop = asyncio.get_running_loop()
+            existed = await loop.run_in_executor(self.executor, self.store.reset, portfolio_id)
+            return pb.ResetPortfolioResponse(existed=existed)
+
+        return await self._call("ResetPortfolio", context, handle)
+
+
+def _list_models(snapshot: CatalogSnapshot) -> pb.ListModelsResponse:
+    out = pb.ListModelsResponse()
+    for (name, version), model in sorted(snapshot.models.items()):
+        manifest = model.manifest
+        out.models.append(
+            pb.ModelInfo(
+                name=name,
+                version=version,
+                algorithm=manifest.algorithm,
+                max_assets=model.max_request_assets,
+                window=model.prices_per_asset - 1,
+                beta=manifest.beta,
+                has_icm=model.icm_session is not None,
+                provider=model.provider,
+                is_default=(
+                    snapshot.default_name == name and snapshot.defaults.get(name) == version
+                ),
+            )
+        )
+    for (name, version), refusal in sorted(snapshot.refused.items()):
+        out.refused.append(
+            pb.ModelRefusal(
+                name=name, version=version, reason=refusal.reason, message=refusal.message
+            )
+        )
+    return out
