@@ -54,9 +54,12 @@ from allocator.serving.stream import METHOD as STREAM_METHOD
 from allocator.serving.stream import AllocationStreams
 from allocator.serving.validation import validate_reset
 
-__all__ = ["AllocationServer", "AllocatorServicer", "ServerConfig", "build_server"]
+__all__ = ["SERVICE", "AllocationServer", "AllocatorServicer", "ServerConfig", "build_server"]
 
 log = logging.getLogger("allocator.serving")
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Allocator"]
+"""The allocation service's descriptor: its name and methods label the standard gRPC metrics."""
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Allocator"].full_name
 _DRAIN_QUIET_SECONDS = 0.1
@@ -118,12 +121,16 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         decision: ``decisions`` is a batch's size)."""
         start = time.perf_counter()
         self.last_call = time.monotonic()
+        self.metrics.observe_started(method)
         code = grpc.StatusCode.OK
         message = ""
+        model = version = ""
         try:
             if self.draining.is_set():
                 raise _Refusal(grpc.StatusCode.UNAVAILABLE, "server shutting down, retry")
-            return handler()
+            result = handler()
+            model, version = _answered_by(result)
+            return result
         except _Refusal as exc:
             code, message = exc.code, exc.message
         except Exception as exc:
@@ -131,7 +138,14 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("%s failed", method)
         finally:
-            self.metrics.observe_request(method, code, time.perf_counter() - start, decisions)
+            self.metrics.observe_request(
+                method,
+                code,
+                time.perf_counter() - start,
+                decisions,
+                model=model,
+                version=version,
+            )
         context.abort(code, message)
         raise AssertionError("unreachable: context.abort raises")
 
@@ -190,6 +204,18 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             return pb.ResetPortfolioResponse(existed=self.store.reset(portfolio_id))
 
         return self._call("ResetPortfolio", context, handle)
+
+
+def _answered_by(response: object) -> tuple[str, str]:
+    """The model version that answered a call, for its metric labels: the one model of its
+    decisions, or empty when it made none (``ListModels``) or more than one answered."""
+    if isinstance(response, pb.AllocateResponse):
+        return response.model.name, response.model.version
+    if isinstance(response, pb.AllocateBatchResponse):
+        models = {(r.model.name, r.model.version) for r in response.responses}
+        if len(models) == 1:
+            return models.pop()
+    return "", ""
 
 
 def _list_models(snapshot: CatalogSnapshot) -> pb.ListModelsResponse:
@@ -326,7 +352,7 @@ def build_server(
     (``serving.workers``); off, a second server on a taken port fails to bind instead.
     """
     metrics_registry = metrics_registry if metrics_registry is not None else CollectorRegistry()
-    metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3)
+    metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3, SERVICE)
     registry = ModelCatalog(
         config.registry,
         default_model=config.default_model,
@@ -417,14 +443,15 @@ def _grpc_server(
     if config.auth_token_file is not None:
 
         def denied(method: str) -> None:
-            metrics.observe_request(method, grpc.StatusCode.UNAUTHENTICATED, 0.0)
+            if method in metrics.grpc.method_types:  # not a method of another service's
+                metrics.observe_rejected(method, grpc.StatusCode.UNAUTHENTICATED, 0.0)
 
         interceptors.append(TokenAuthInterceptor(read_tokens(config.auth_token_file), denied))
 
     def undecodable(method: str, seconds: float) -> None:
         service, _, name = method.rpartition("/")
         if service == f"/{SERVICE_NAME}":  # the metrics count the allocation service's calls
-            metrics.observe_request(name, grpc.StatusCode.INVALID_ARGUMENT, seconds)
+            metrics.observe_rejected(name, grpc.StatusCode.INVALID_ARGUMENT, seconds)
 
     per_message = (f"/{SERVICE_NAME}/{STREAM_METHOD}",)  # a bad message gets its own reply
     interceptors.append(DecodeGuardInterceptor(undecodable, per_message))  # after the token

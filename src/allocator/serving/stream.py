@@ -154,6 +154,9 @@ class AllocationStreams:
     ) -> Iterator[pb.AllocateStreamResponse]:
         """The responses of one call, in request order (``requests`` yield decoded messages,
         or ``Undecodable`` in place of one that did not decode)."""
+        start = time.perf_counter()
+        self.metrics.observe_started(METHOD)
+        code = grpc.StatusCode.CANCELLED  # unless it ends otherwise: the client went away
         inbox = _Inbox(READ_AHEAD)
         with self._lock:
             self._open.add(inbox)
@@ -165,9 +168,11 @@ class AllocationStreams:
             while True:
                 item = inbox.get(self.draining)
                 if item is _END:
+                    code = grpc.StatusCode.OK
                     return
                 if item is _DRAINED:
-                    self.metrics.observe_request(METHOD, grpc.StatusCode.UNAVAILABLE, 0.0)
+                    code = grpc.StatusCode.UNAVAILABLE
+                    self.metrics.observe_request(METHOD, code, 0.0)
                     context.abort(
                         grpc.StatusCode.UNAVAILABLE,
                         "server shutting down: every message received was answered; send the "
@@ -178,6 +183,7 @@ class AllocationStreams:
             inbox.close()
             with self._lock:
                 self._open.discard(inbox)
+            self.metrics.observe_stream_end(METHOD, code, time.perf_counter() - start)
 
     def answer(
         self, item: pb.AllocateStreamRequest | Undecodable, context: grpc.ServicerContext
