@@ -61,4 +61,5 @@ def test_train_serve(tmp_path: Path) -> None:
 def test_walk_forward(tmp_path: Path) -> None:
     out = run_example("walk_forward.py", tmp_path, "--set", "trainer.total_timesteps=200")
     assert (tmp_path / "report" / "report.md").is_file()
+    assert f"interactive: {tmp_path / 'report' / 'report.html'}" in out
     assert "goal:" in out
