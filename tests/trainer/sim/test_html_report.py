@@ -75,4 +75,7 @@ def test_extra_figures_follow_in_order(tmp_path: Path, results):
     assert "<h1>A &lt;title&gt;</h1>" in path.read_text(encoding="utf-8")
     figures = figures_in(path)
     assert list(figures) == ["performance", "allocations", "b", "a"]
+    navs = traces(figures["performance"], "y")
+    assert list(navs) == ["cash", "min-variance", "equal-weight"]  # the agent leads, in black
+    assert navs["cash"]["line"]["color"] == "black"
     assert values(figures["b"]["data"][0]["y"]).tolist() == [0.25]

@@ -6,7 +6,7 @@ against the baselines, drawdown, daily turnover, and the allocations (raw and ex
 stacked areas. Callers may append figures of their own (walk-forward adds its per-window
 statistics).
 
-plotly.js is embedded in the file (``include_plotlyjs=True``, a few MB) rather than linked
+plotly.js is embedded in the file (``include_plotlyjs=True``, about 5 MB) rather than linked
 from a CDN: a report is opened from a run directory, an archive or a CI artifact, often on a
 machine without network access, and must still draw years later.
 """
@@ -34,8 +34,8 @@ ASSET_COLORS = qualitative.Dark24
 
 
 def performance_figure(results: Mapping[str, BacktestResult]) -> go.Figure:
-    """NAV, drawdown and daily turnover of every policy, one row each on a shared date axis;
-    one legend entry per policy toggles its three curves."""
+    """NAV, drawdown and daily turnover of every policy, one row each on a shared date axis,
+    the first policy drawn bold in black; one legend entry per policy toggles its three curves."""
     fig = make_subplots(
         rows=3, cols=1, shared_xaxes=True, subplot_titles=PANELS, vertical_spacing=0.07
     )
@@ -101,14 +101,15 @@ def write_backtest_report(
     title: str | None = None,
     extra: Mapping[str, go.Figure] | None = None,
 ) -> Path:
-    """``report.html`` at ``path``: every result's curves, ``agent``'s allocations, then the
-    ``extra`` figures (id -> figure), in order."""
+    """``report.html`` at ``path``: every result's curves (``agent``'s first), ``agent``'s
+    allocations, then the ``extra`` figures (id -> figure), in order."""
     if agent not in results:
         raise ValueError(f"agent {agent!r} is not among the results ({', '.join(results)})")
     nav = results[agent].nav
     heading = title or f"{agent}: {nav.index[0].date()} .. {nav.index[-1].date()}"
+    ordered = {agent: results[agent], **{k: v for k, v in results.items() if k != agent}}
     figures = {
-        "performance": performance_figure(results),
+        "performance": performance_figure(ordered),
         "allocations": allocation_figure(results[agent]),
         **(extra or {}),
     }

@@ -73,6 +73,7 @@ def excess_sharpe_figure(summary: dict[str, Any]) -> go.Figure:
     fig.update_layout(
         title="Excess Sharpe over equal weight per test window, with its interval",
         yaxis_title="Sharpe - equal weight's",
+        barmode="overlay",  # one bar per window: each regime's trace fills its own categories
         height=450,
     )
     return fig

@@ -1,5 +1,6 @@
 """Walk-forward report: ``summary.json``, ``returns.csv`` (every window's daily net returns, see
-``returns``) and a folder with ``report.md`` and its PNG figures.
+``returns``) and a folder with ``report.md`` and its PNG figures (``html_report`` adds the
+interactive ``report.html`` beside them).
 
 The report's tables: the summary per regime, each window, the intervals and tests of
 ``significance`` (the same table ``allocator walk-forward stats`` prints), the baselines.
