@@ -98,7 +98,8 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     "--out",
     default=None,
     type=click.Path(file_okay=False),
-    help="write runs, summary.json, returns.csv and report/ here (default: output_dir/name-label)",
+    help="write runs, summary.json, returns.csv and report/ (report.md with its PNGs, and the "
+    "interactive report.html) here (default: output_dir/name-label)",
 )
 @click.option(
     "--resume",
@@ -227,6 +228,8 @@ def run_walk_forward_command(
     click.echo(f"summary: {result.files['summary']}")
     click.echo(f"returns: {result.files['returns']}")
     click.echo(f"report:  {result.files['report']}")
+    if "html" in result.files:
+        click.echo(f"html:    {result.files['html']}")
     if result.push_error:
         click.echo(f"error: {result.push_error}", err=True)
         sys.exit(1)

@@ -38,6 +38,7 @@ from allocator.trainer.agents.td3 import SmoothTD3
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.baselines import ANCHOR
+from allocator.trainer.sim.html_report import REPORT_FILE, write_backtest_report
 from allocator.trainer.sim.plots import plot_allocations, plot_performance, plot_training_curves
 from allocator.trainer.training.audit import action_saturation, state_scale_summary
 from allocator.trainer.training.callbacks import StopAtStep, StopWhenAsked, TurnoverCallback
@@ -444,7 +445,7 @@ def write_validation(
     validation: dict[str, BacktestResult],
     actions: np.ndarray,
 ) -> dict[str, Any]:
-    """validation.json, its plots and the audits of the validation path; returns the metrics."""
+    """validation.json, its PNGs and report.html, the validation path's audits; returns metrics."""
     agent = validation[config.algorithm.name]
     write_audits(run_dir, config, data.fit, data.stats, agent, actions)
     metrics = {name: res.metrics() for name, res in validation.items()}
@@ -464,6 +465,7 @@ def write_validation(
     write_json(run_dir / VALIDATION_FILE, payload)
     plot_performance(validation, run_dir / "validation.png")
     plot_allocations(agent, run_dir / "validation_allocations.png")
+    write_backtest_report(run_dir / REPORT_FILE, validation, config.algorithm.name)
     return metrics
 
 

@@ -31,6 +31,7 @@ from allocator.trainer.jobs.walk_forward.executors import (
     run_processes,
     run_ray,
 )
+from allocator.trainer.jobs.walk_forward.html_report import write_html_report
 from allocator.trainer.jobs.walk_forward.persist import write_window_result
 from allocator.trainer.jobs.walk_forward.progress import (
     DONE,
@@ -264,7 +265,11 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
         database_url=session.url,
         seconds=seconds,
     )
-    result.files = {k: str(v) for k, v in write_report(result, session.out).items()}
+    files = write_report(result, session.out)
+    html = write_html_report(result, files["report"].parent)
+    if html is not None:
+        files["html"] = html
+    result.files = {k: str(v) for k, v in files.items()}
     result.push_error = pusher.succeeded(seconds)
     session.ended("finished")
     return result
