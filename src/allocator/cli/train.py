@@ -122,4 +122,5 @@ def train(
         click.echo(line)
     click.echo(f"validation {config.data.validation_start} .. {config.data.validation_end}:")
     click.echo(format_table(summary["validation"]))
-    click.echo(f"interactive report: {run.run_dir / REPORT_FILE}")
+    if config.html_report:
+        click.echo(f"interactive report: {run.run_dir / REPORT_FILE}")

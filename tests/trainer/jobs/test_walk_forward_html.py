@@ -22,6 +22,7 @@ def test_the_run_writes_report_html_beside_report_md(local_run: LocalRun) -> Non
     assert path == result.out_dir / "report" / "report.html"
     assert Path(result.files["report"]).parent == path.parent
     check_html(path.read_text(encoding="utf-8"))
+    assert list(result.out_dir.rglob("report.html")) == [path]  # one report, not one a window
     figures = figures_in(path)
     assert list(figures) == ["performance", "allocations", "excess-sharpe", "statistics"]
 

@@ -57,7 +57,7 @@ PROGRESS_FILE = "progress.csv"
 EARLIER_PROGRESS_FILE = "progress.before-resume.csv"
 STEP_COLUMN = "time/total_timesteps"
 RESUME_FREE_KEYS = frozenset(
-    {"progress_bar", "torch_threads", "device", "tensorboard", "output_dir"}
+    {"progress_bar", "torch_threads", "device", "tensorboard", "html_report", "output_dir"}
 )
 """Keys a resumed run may change: where and how visibly it runs, never what it learns."""
 

@@ -181,6 +181,12 @@ class TrainConfig(StrictModel):
     output_dir: str = "runs"
     progress_bar: bool = True
     tensorboard: bool = True
+    html_report: bool = Field(
+        True,
+        description="write report.html (plotly, self-contained: about 5 MB) beside the "
+        "validation PNGs; the walk-forward, tuning and suite jobs turn it off for their runs "
+        "and write their own report",
+    )
     validation_episodes: int = Field(1, ge=1)
     policy: Literal["mlp", "shared"] = Field(
         "mlp", description="'mlp': one flat network; 'shared': one network applied per asset"

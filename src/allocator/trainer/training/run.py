@@ -465,7 +465,8 @@ def write_validation(
     write_json(run_dir / VALIDATION_FILE, payload)
     plot_performance(validation, run_dir / "validation.png")
     plot_allocations(agent, run_dir / "validation_allocations.png")
-    write_backtest_report(run_dir / REPORT_FILE, validation, config.algorithm.name)
+    if config.html_report:
+        write_backtest_report(run_dir / REPORT_FILE, validation, config.algorithm.name)
     return metrics
 
 

@@ -64,6 +64,7 @@ def trial_job(config: TuneConfig, space: SearchSpace, trial: optuna.Trial, out: 
             "output_dir": str(out / TRIALS_DIR),
             "progress_bar": False,
             "tensorboard": False,
+            "html_report": False,
             "torch_threads": threads,
             "checkpoint_every": 0,
         }

@@ -108,6 +108,7 @@ def window_trainer_config(config: WalkForwardConfig, window: Window, run_root: P
         torch_threads=config.torch_threads,
         output_dir=str(run_root),
         progress_bar=False,
+        html_report=False,  # the walk-forward's own report.html covers every window
     )
     base["data"].update(
         dataset=dataset,
