@@ -48,6 +48,12 @@ from allocator.trainer.jobs.walk_forward.state import RunState, new_state, utc_n
 from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
 from allocator.trainer.jobs.walk_forward.summary import attach_statistics, summarize, window_row
 from allocator.trainer.jobs.walk_forward.window import WindowJob, plan
+from allocator.trainer.training.tracking import (
+    TrackedRun,
+    ended_on_error,
+    log_job_finished,
+    open_job_run,
+)
 
 
 def make_label() -> str:
@@ -99,6 +105,7 @@ class WalkForwardSession:
     url: str | None
     kept: list[WindowResult] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
+    tracked: TrackedRun | None = None  # the MLflow run the windows' runs nest under
 
     @property
     def label(self) -> str:
@@ -200,12 +207,16 @@ def run_walk_forward(
     label = label or make_label()
     out = run_directory(config, out_dir, label)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = plan(config, out, label)
-    url = database_url(config)
-    rows = RunRows.start(url, f"{config.name}-{label}", config) if url else None
-    state = new_state(config, label, jobs, rows.run_id if rows else None, url)
-    write_state(out, state)
-    return complete(WalkForwardSession(config, out, state, jobs, rows, url), progress)
+    name = f"{config.name}-{label}"
+    tracked = open_job_run(config.trainer.tracking, out, name, config.model_dump(mode="json"))
+    with ended_on_error(tracked):  # a plan or database refused: no run left running
+        jobs = plan(config, out, label, tracked)
+        url = database_url(config)
+        rows = RunRows.start(url, name, config) if url else None
+        state = new_state(config, label, jobs, rows.run_id if rows else None, url)
+        write_state(out, state)
+    session = WalkForwardSession(config, out, state, jobs, rows, url, tracked=tracked)
+    return complete(session, progress)
 
 
 def mark_failed(jobs: Sequence[WindowJob], error: str) -> None:
@@ -239,6 +250,8 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
             # Ctrl-C, or SIGTERM where the caller turned it into one (the CLI does)
             session.ended("stopped" if isinstance(exc, KeyboardInterrupt) else "failed", error)
         pusher.failed(time.perf_counter() - session.started)
+        if session.tracked is not None:
+            session.tracked.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
     results.sort(key=lambda r: r.window.index)
     summary = summarize(results, config.regimes, config.goals)
@@ -265,6 +278,8 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
         seconds=seconds,
     )
     result.files = {k: str(v) for k, v in write_report(result, session.out).items()}
+    if session.tracked is not None:
+        log_job_finished(session.tracked, summary, [Path(f) for f in result.files.values()])
     result.push_error = pusher.succeeded(seconds)
     session.ended("finished")
     return result

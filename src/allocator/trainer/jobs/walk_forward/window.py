@@ -63,6 +63,7 @@ from allocator.trainer.training.checkpointing import latest_checkpoint
 from allocator.trainer.training.config import TrainConfig
 from allocator.trainer.training.run import resume, train
 from allocator.trainer.training.run_dir import RUN_SUMMARY_FILE
+from allocator.trainer.training.tracking import TrackedRun
 from allocator.typed_config import ConfigError
 
 
@@ -95,9 +96,14 @@ def universe(trainer: TrainConfig) -> MarketData:
     return data.select(trainer.data.assets) if trainer.data.assets else data
 
 
-def window_trainer_config(config: WalkForwardConfig, window: Window, run_root: Path) -> TrainConfig:
-    """The trainer config of one window: its spans, its seed, quiet, one torch setting."""
+def window_trainer_config(
+    config: WalkForwardConfig, window: Window, run_root: Path, parent: TrackedRun | None = None
+) -> TrainConfig:
+    """The trainer config of one window: its spans, its seed, quiet, one torch setting, and
+    tracked as a child of the walk-forward's ``parent`` MLflow run when there is one."""
     base = config.trainer.model_dump(mode="json")
+    if parent is not None:
+        base["tracking"] = parent.child_settings(config.trainer.tracking).model_dump(mode="json")
     seed = (config.trainer.seed if config.seed is None else config.seed) + window.index
     dataset = base["data"]["dataset"]
     if dataset not in (SP500, DATABASE) and not Path(dataset).is_absolute():
@@ -119,8 +125,10 @@ def window_trainer_config(config: WalkForwardConfig, window: Window, run_root: P
     return TrainConfig.model_validate(base)
 
 
-def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob]:
-    """The windows over the trainer's data and one job per window."""
+def plan(
+    config: WalkForwardConfig, out_dir: Path, label: str, parent: TrackedRun | None = None
+) -> list[WindowJob]:
+    """The windows over the trainer's data and one job per window (nested under ``parent``)."""
     check_price_database(config.trainer.data.dataset, config.database_url)
     data = universe(config.trainer)
     windows = make_windows(data.dates, config.windows)
@@ -129,7 +137,7 @@ def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob
     return [
         WindowJob(
             window=w,
-            trainer=window_trainer_config(config, w, run_root),
+            trainer=window_trainer_config(config, w, run_root, parent),
             run_dir=str(run_root / w.label),
             registry=registry,
             model_name=config.model_name,
