@@ -90,6 +90,7 @@ from allocator.trainer.training.tracking import (
     ended_on_error,
     log_finished,
     open_run,
+    require_mlflow,
 )
 from allocator.typed_config import ConfigError
 
@@ -246,6 +247,8 @@ class TrainingSession:
     @classmethod
     def start(cls, config: TrainConfig, run_dir: Path | None = None) -> TrainingSession:
         """A new run: data cut, statistics fitted, config written, a fresh model."""
+        if config.tracking.enabled:
+            require_mlflow()  # before the data: a missing extra fails at once
         _seed(config, 0)
         data = prepare_data(config)
         run_dir = run_dir or _make_run_dir(config)
