@@ -12,11 +12,13 @@ from allocator.artifacts.manifest import read_manifest
 from allocator.registry.pointer import read_production_pointer
 from allocator.trainer.jobs.retrain.config import load_retrain_config
 from allocator.trainer.jobs.retrain.runner import retrain
+from allocator.trainer.jobs.tuning.runner import run_tuning
 from allocator.trainer.jobs.walk_forward.results import WalkForwardResult
 from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
 from allocator.trainer.training.tracked_models import PRODUCTION_ALIAS, VERSION_TAG
 from allocator.trainer.training.tracking import PARENT_TAG, read_tracking
 from tests.trainer.jobs.helpers import CONFIGS, migrated_sqlite, tiny
+from tests.trainer.jobs.test_tuning import tune_config, write_prices
 
 
 def tracked(uri: str, experiment: str, prefix: str = "") -> list[str]:
@@ -80,6 +82,30 @@ def test_each_window_export_is_a_registered_version_of_its_run(
         assert manifest.export["mlflow_run_id"] == record["run_id"]
         files = {Path(f.path).name for f in client.list_artifacts(record["run_id"], "registry")}
         assert files == {window.version}
+
+
+def test_a_study_is_a_parent_run_with_one_child_per_trial(tmp_path: Path, mlflow_uri: str) -> None:
+    prices = write_prices(tmp_path / "prices.csv", garbage_after_training=False)
+    config = tune_config(tmp_path, prices, *tracked(mlflow_uri, "tuning-tests", "trainer."))
+    config = config.model_copy(update={"n_trials": 2})
+    result = run_tuning(config, progress=False)
+    record = read_tracking(result.out_dir)
+    assert record is not None
+    client = MlflowClient(mlflow_uri)
+    parent = client.get_run(record["run_id"])
+    assert parent.info.status == "FINISHED"
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'"
+    )
+    assert sorted(c.info.run_name for c in children) == ["trial-0000", "trial-0001"]
+    for child in children:
+        assert child.info.status == "FINISHED"
+        metrics = child.data.metrics
+        assert metrics["selection/evaluations"] >= 1
+        assert "selection/chosen_step" in metrics
+        assert "train/critic_loss" in metrics
+        files = {Path(f.path).name for f in client.list_artifacts(child.info.run_id)}
+        assert "selection.json" in files
 
 
 def test_a_retrain_promotion_moves_the_production_alias(tmp_path: Path, mlflow_uri: str) -> None:

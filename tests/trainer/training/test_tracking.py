@@ -35,17 +35,20 @@ class Tracked:
 
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory: pytest.TempPathFactory, mlflow_uri: str) -> Tracked:
+    """A tiny run tracked with no ``tracking.uri``: the server comes from the environment."""
     root = tmp_path_factory.mktemp("tracked")
     settings = [
         *TINY,
         f"output_dir={root}",
         "tracking.backend=mlflow",
-        f"tracking.uri={mlflow_uri}",
         "tracking.experiment=tracking-tests",
     ]
-    run = train(load_config(None, settings), root / "run")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+        run = train(load_config(None, settings), root / "run")
     record = read_tracking(run.run_dir)
     assert record is not None
+    assert record["tracking_uri"] == mlflow_uri
     return Tracked(run, record["run_id"], MlflowClient(mlflow_uri))
 
 

@@ -15,7 +15,9 @@ into each other.
 from __future__ import annotations
 
 import json
+import numbers
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -71,6 +73,11 @@ def tracking_uri(settings: TrackingSettings) -> str | None:
     return settings.uri or os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
+def mlflow_key(key: str) -> str:
+    """``key`` with the characters MLflow refuses in a metric or parameter name replaced."""
+    return re.sub(r"[^\w./\- ]", "_", key)
+
+
 def scalar_metrics(tree: Any, prefix: str) -> dict[str, float]:
     """The finite numbers of a JSON-like tree, by dotted key under ``prefix`` (booleans: 0/1)."""
     out: dict[str, float] = {}
@@ -92,14 +99,14 @@ class MLflowOutputFormat(KVWriter):
         key_excluded: dict[str, tuple[str, ...]],
         step: int = 0,
     ) -> None:
-        numbers = {
+        figures = {
             key: float(value)
             for key, value in key_values.items()
             if "mlflow" not in (key_excluded.get(key) or ())
-            and isinstance(value, int | float)
+            and isinstance(value, numbers.Real)  # numpy scalars too
             and not isinstance(value, bool)
         }
-        self.run.log_metrics(numbers, step)
+        self.run.log_metrics(figures, step)
 
     def close(self) -> None:
         """Nothing to close: the run ends with the training session, not with the logger."""
@@ -150,7 +157,7 @@ class TrackedRun:
         # the optional extra is loaded: a TrackedRun exists only once its client was built
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:MAX_PARAM]) for k, v in sorted(params.items())]
+        items = [Param(mlflow_key(k), str(v)[:MAX_PARAM]) for k, v in sorted(params.items())]
         for i in range(0, len(items), BATCH):
             self.client.log_batch(self.run_id, params=items[i : i + BATCH])
 
@@ -159,7 +166,7 @@ class TrackedRun:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, v, now, step) for k, v in sorted(values.items())]
+        items = [Metric(mlflow_key(k), v, now, step) for k, v in sorted(values.items())]
         for i in range(0, len(items), BATCH):
             self.client.log_batch(self.run_id, metrics=items[i : i + BATCH])
 
