@@ -45,7 +45,7 @@ from allocator.trainer.jobs.walk_forward.state import (
 )
 from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
 from allocator.trainer.jobs.walk_forward.summary import window_row
-from allocator.trainer.jobs.walk_forward.window import WindowJob, plan
+from allocator.trainer.jobs.walk_forward.window import WindowJob, nested, plan
 from allocator.trainer.training.config import UNION_TAGS
 from allocator.trainer.training.tracking import open_job_run
 from allocator.typed_config import apply_overrides, validate
@@ -202,10 +202,11 @@ def resume_walk_forward(
     out = Path(run_dir)
     state = read_state(out)
     config = resume_config(state, out, config, overrides)
-    tracked = open_job_run(config.trainer.tracking, out, state.name, config.model_dump(mode="json"))
-    jobs = plan(config, out, state.label, tracked)
+    jobs = plan(config, out, state.label)
     check_plan(state, jobs, out)
     check_not_running(jobs, out)
+    tracked = open_job_run(config.trainer.tracking, out, state.name, config.model_dump(mode="json"))
+    jobs = nested(jobs, tracked)
     kept = [r for r in (kept_window(out, job) for job in jobs) if r is not None]
     url = database_url(config)
     rows, previous = reopen_rows(url, state, kept, config) if url else (None, None)

@@ -47,7 +47,7 @@ from allocator.trainer.jobs.walk_forward.significance import run_statistics
 from allocator.trainer.jobs.walk_forward.state import RunState, new_state, utc_now, write_state
 from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
 from allocator.trainer.jobs.walk_forward.summary import attach_statistics, summarize, window_row
-from allocator.trainer.jobs.walk_forward.window import WindowJob, plan
+from allocator.trainer.jobs.walk_forward.window import WindowJob, nested, plan
 from allocator.trainer.training.tracking import (
     TrackedRun,
     ended_on_error,
@@ -208,9 +208,10 @@ def run_walk_forward(
     out = run_directory(config, out_dir, label)
     out.mkdir(parents=True, exist_ok=True)
     name = f"{config.name}-{label}"
+    jobs = plan(config, out, label)
     tracked = open_job_run(config.trainer.tracking, out, name, config.model_dump(mode="json"))
-    with ended_on_error(tracked):  # a plan or database refused: no run left running
-        jobs = plan(config, out, label, tracked)
+    jobs = nested(jobs, tracked)
+    with ended_on_error(tracked):  # a database refused: no MLflow run left running
         url = database_url(config)
         rows = RunRows.start(url, name, config) if url else None
         state = new_state(config, label, jobs, rows.run_id if rows else None, url)

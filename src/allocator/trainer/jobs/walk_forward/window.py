@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,14 +97,9 @@ def universe(trainer: TrainConfig) -> MarketData:
     return data.select(trainer.data.assets) if trainer.data.assets else data
 
 
-def window_trainer_config(
-    config: WalkForwardConfig, window: Window, run_root: Path, parent: TrackedRun | None = None
-) -> TrainConfig:
-    """The trainer config of one window: its spans, its seed, quiet, one torch setting, and
-    tracked as a child of the walk-forward's ``parent`` MLflow run when there is one."""
+def window_trainer_config(config: WalkForwardConfig, window: Window, run_root: Path) -> TrainConfig:
+    """The trainer config of one window: its spans, its seed, quiet, one torch setting."""
     base = config.trainer.model_dump(mode="json")
-    if parent is not None:
-        base["tracking"] = parent.child_settings(config.trainer.tracking).model_dump(mode="json")
     seed = (config.trainer.seed if config.seed is None else config.seed) + window.index
     dataset = base["data"]["dataset"]
     if dataset not in (SP500, DATABASE) and not Path(dataset).is_absolute():
@@ -125,10 +121,8 @@ def window_trainer_config(
     return TrainConfig.model_validate(base)
 
 
-def plan(
-    config: WalkForwardConfig, out_dir: Path, label: str, parent: TrackedRun | None = None
-) -> list[WindowJob]:
-    """The windows over the trainer's data and one job per window (nested under ``parent``)."""
+def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob]:
+    """The windows over the trainer's data and one job per window."""
     check_price_database(config.trainer.data.dataset, config.database_url)
     data = universe(config.trainer)
     windows = make_windows(data.dates, config.windows)
@@ -137,7 +131,7 @@ def plan(
     return [
         WindowJob(
             window=w,
-            trainer=window_trainer_config(config, w, run_root, parent),
+            trainer=window_trainer_config(config, w, run_root),
             run_dir=str(run_root / w.label),
             registry=registry,
             model_name=config.model_name,
@@ -150,6 +144,23 @@ def plan(
             progress_every=config.progress_every,
         )
         for w in windows
+    ]
+
+
+def nested(jobs: Sequence[WindowJob], parent: TrackedRun | None) -> list[WindowJob]:
+    """``jobs`` with each window's training run tracked as a child of the walk-forward's
+    ``parent`` MLflow run; the parent's id travels in the trainer config, so the process and
+    Ray executors nest them too."""
+    if parent is None:
+        return list(jobs)
+    return [
+        replace(
+            job,
+            trainer=job.trainer.model_copy(
+                update={"tracking": parent.child_settings(job.trainer.tracking)}
+            ),
+        )
+        for job in jobs
     ]
 
 
