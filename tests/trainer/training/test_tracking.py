@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,10 +11,12 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from allocator.trainer.training.checkpointing import TrainingStoppedError
 from allocator.trainer.training.config import load_config
-from allocator.trainer.training.run import TrainingRun, train
+from allocator.trainer.training.run import TrainingRun, resume, train
 from allocator.trainer.training.tracking import TRACKING_FILE, read_tracking
 from tests.trainer.tiny import TINY_TRAINING
+from tests.trainer.training.test_resume import AskToStopAt
 
 TINY = [
     "data.assets=[AAPL,MSFT,JPM,XOM]",
@@ -110,3 +113,27 @@ def test_records_plots_and_the_model_are_artifacts(tracked: Tracked, tmp_path: P
     assert {"model.zip", "manifest.json", "normalization.json", "config.yaml"} <= model
     local = Path(client.download_artifacts(tracked.run_id, "model/manifest.json", str(tmp_path)))
     assert local.read_bytes() == (tracked.run.run_dir / "manifest.json").read_bytes()
+
+
+def test_a_stopped_run_is_killed_and_its_resume_finishes_the_same_mlflow_run(
+    tmp_path: Path, mlflow_uri: str
+) -> None:
+    settings = [*TINY, f"output_dir={tmp_path}", "tracking.backend=mlflow"]
+    config = load_config(None, [*settings, f"tracking.uri={mlflow_uri}"])
+    run_dir, stop = tmp_path / "run", threading.Event()
+    with pytest.raises(TrainingStoppedError):
+        train(config, run_dir, callbacks=[AskToStopAt(stop, 150)], stop=stop)
+    record = read_tracking(run_dir)
+    assert record is not None
+    client = MlflowClient(mlflow_uri)
+    assert client.get_run(record["run_id"]).info.status == "KILLED"
+
+    resume(run_dir)
+    assert read_tracking(run_dir) == record
+    run = client.get_run(record["run_id"])
+    assert run.info.status == "FINISHED"
+    history = client.get_metric_history(record["run_id"], "train/critic_loss")
+    progress = pd.read_csv(run_dir / "progress.csv").dropna(subset=["train/critic_loss"])
+    logged = progress["time/total_timesteps"].astype(int).tolist()
+    assert sorted(m.step for m in history) == logged  # both sessions, each step once
+    assert min(logged) <= 150 < max(logged)
