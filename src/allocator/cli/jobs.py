@@ -48,6 +48,7 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     # heavy (torch, onnxruntime, sqlalchemy): imported when the command runs, keeps --help instant
     from allocator.artifacts.manifest import ManifestError
     from allocator.registry.errors import ModelLoadError
+    from allocator.trainer import MissingExtraError
     from allocator.trainer.export.errors import ExportError
     from allocator.trainer.jobs.retrain.config import RetrainError, load_retrain_config
     from allocator.trainer.jobs.retrain.runner import retrain as run_retrain
@@ -64,7 +65,7 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
             "stopping after this training step, with no decision (again: at once)"
         ) as ask:
             decision = run_retrain(config, as_of, echo=click.echo, stop=ask.event)
-    except (ConfigError, DataError) as exc:
+    except (ConfigError, DataError, MissingExtraError) as exc:
         fail(str(exc))
     except TrainingStoppedError as exc:
         click.echo(f"error: retraining stopped at step {exc.step}, production unchanged", err=True)

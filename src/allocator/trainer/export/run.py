@@ -49,6 +49,8 @@ from allocator.trainer.export.parity import (
 )
 from allocator.trainer.export.shared_graphs import AssetObservationNormalizer, SharedPolicyGraph
 from allocator.trainer.export.shared_parity import measure_shared_parity
+from allocator.trainer.training.tracked_models import register_export
+from allocator.trainer.training.tracking import read_tracking, require_mlflow
 
 __all__ = [
     "SHARED_POSTPROCESSING",
@@ -261,11 +263,16 @@ def export_run(
 
     NAME defaults to the manifest's name, VERSION to the next integer. Raises ``ExportError``
     (and writes nothing to the registry) when the run cannot be loaded, the version exists, or
-    ONNX and torch differ by more than ``tolerance``.
+    ONNX and torch differ by more than ``tolerance``. A run tracked in MLflow names its MLflow
+    run in the manifest's ``export`` section, and the published version is registered there
+    too (``training/tracked_models.py``).
     """
     loaded = load_run(run_dir)
     check_exportable(loaded.manifest, Path(run_dir))
     name, model_dir, version = reserve_version(registry, name or loaded.manifest.name, version)
+    tracked = read_tracking(Path(run_dir))
+    if tracked is not None:  # refused before any work: it will be registered in MLflow
+        require_mlflow("exporting a run tracked in MLflow (its tracking.json)")
 
     with tempfile.TemporaryDirectory(prefix="allocator-export-") as tmp:
         work = Path(tmp)
@@ -275,7 +282,11 @@ def export_run(
         parity = measure(loaded, model_path, icm_path, n=n_parity, seed=seed)
         check_parity(parity, tolerance)
         info = _export_info(loaded, model_path, icm_path, parity, tolerance, name, version)
+        if tracked is not None:  # the MLflow run that trained this version
+            info["mlflow_run_id"] = tracked["run_id"]
         update = {"name": name, "export": info, "schema_version": SCHEMA_VERSION}
         manifest = loaded.manifest.model_copy(update=update)
         files = [model_path] + ([icm_path] if icm_path is not None else [])
-        return publish(files, manifest, model_dir, version)
+        version_dir = publish(files, manifest, model_dir, version)
+    register_export(Path(run_dir), version_dir)
+    return version_dir

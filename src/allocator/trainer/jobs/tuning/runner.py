@@ -27,6 +27,12 @@ from allocator.trainer.jobs.tuning.results import write_results
 from allocator.trainer.jobs.tuning.space import SearchSpace, tuned_config
 from allocator.trainer.jobs.tuning.study import STORAGE_FILE, create_study
 from allocator.trainer.training.inputs import prepare_data
+from allocator.trainer.training.tracking import (
+    TrackedRun,
+    ended_on_error,
+    log_job_finished,
+    open_job_run,
+)
 from allocator.typed_config import ConfigError
 
 TRIALS_DIR = "trials"
@@ -53,13 +59,22 @@ def make_label() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
 
 
-def trial_job(config: TuneConfig, space: SearchSpace, trial: optuna.Trial, out: Path) -> TrialJob:
-    """Draw the trial's values and build its job: the tuned config plus the tuner's own keys."""
+def trial_job(
+    config: TuneConfig,
+    space: SearchSpace,
+    trial: optuna.Trial,
+    out: Path,
+    parent: TrackedRun | None = None,
+) -> TrialJob:
+    """Draw the trial's values and build its job: the tuned config plus the tuner's own keys
+    (tracked as a child of the study's ``parent`` MLflow run when there is one)."""
     params = space.suggest(trial)
     tuned = tuned_config(config.trainer, params)
     threads = config.torch_threads or (1 if config.executor == "ray" else tuned.torch_threads)
+    tracking = parent.child_settings(tuned.tracking) if parent is not None else tuned.tracking
     run_config = tuned.model_copy(
         update={
+            "tracking": tracking,
             "name": f"{config.name}-trial{trial.number:04d}",
             "output_dir": str(out / TRIALS_DIR),
             "progress_bar": False,
@@ -99,6 +114,7 @@ class Driver:
     study: optuna.Study
     out: Path
     on_done: Callable[[TrialOutcome], None]
+    tracked: TrackedRun | None = None  # the MLflow run the trials' runs nest under
     started: float = field(default_factory=time.perf_counter)
     asked: int = 0
     failures_in_a_row: int = 0
@@ -119,7 +135,7 @@ class Driver:
             self.asked += 1
             self.running[trial.number] = trial  # from now on an interruption fails it
             try:
-                job = trial_job(self.config, self.space, trial, self.out)
+                job = trial_job(self.config, self.space, trial, self.out, self.tracked)
             except ConfigError as exc:  # values valid one by one, refused together
                 error = str(exc).replace("\n", " ")
                 self.running.pop(trial.number)
@@ -180,10 +196,15 @@ def run_tuning(
         bar.set_postfix_str(f"trial {outcome.number} {outcome.state.lower()} {value}")
         bar.update()
 
-    driver = Driver(config, space, study, out, done)
+    name = f"{config.name}-{label}"
+    tracked = open_job_run(config.trainer.tracking, out, name, config.model_dump(mode="json"))
+    driver = Driver(config, space, study, out, done, tracked)
     capacity = 1
     try:
-        with open_executor(config.executor, config.ray_address, config.parallel) as executor:
+        with (
+            ended_on_error(tracked),
+            open_executor(config.executor, config.ray_address, config.parallel) as executor,
+        ):
             capacity = executor.capacity
             driver.run(executor)
     finally:
@@ -198,4 +219,6 @@ def run_tuning(
             "seconds": round(seconds, 2),
         }
         summary, files = write_results(out, config, space, study.get_trials(deepcopy=False), facts)
+    if tracked is not None:
+        log_job_finished(tracked, summary, [Path(f) for f in files.values()])
     return TuneResult(config, out, summary, files, seconds)

@@ -48,7 +48,13 @@ from allocator.trainer.jobs.walk_forward.significance import run_statistics
 from allocator.trainer.jobs.walk_forward.state import RunState, new_state, utc_now, write_state
 from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
 from allocator.trainer.jobs.walk_forward.summary import attach_statistics, summarize, window_row
-from allocator.trainer.jobs.walk_forward.window import WindowJob, plan
+from allocator.trainer.jobs.walk_forward.window import WindowJob, nested, plan
+from allocator.trainer.training.tracking import (
+    TrackedRun,
+    ended_on_error,
+    log_job_finished,
+    open_job_run,
+)
 
 
 def make_label() -> str:
@@ -100,6 +106,7 @@ class WalkForwardSession:
     url: str | None
     kept: list[WindowResult] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
+    tracked: TrackedRun | None = None  # the MLflow run the windows' runs nest under
 
     @property
     def label(self) -> str:
@@ -201,12 +208,17 @@ def run_walk_forward(
     label = label or make_label()
     out = run_directory(config, out_dir, label)
     out.mkdir(parents=True, exist_ok=True)
+    name = f"{config.name}-{label}"
     jobs = plan(config, out, label)
-    url = database_url(config)
-    rows = RunRows.start(url, f"{config.name}-{label}", config) if url else None
-    state = new_state(config, label, jobs, rows.run_id if rows else None, url)
-    write_state(out, state)
-    return complete(WalkForwardSession(config, out, state, jobs, rows, url), progress)
+    tracked = open_job_run(config.trainer.tracking, out, name, config.model_dump(mode="json"))
+    jobs = nested(jobs, tracked)
+    with ended_on_error(tracked):  # a database refused: no MLflow run left running
+        url = database_url(config)
+        rows = RunRows.start(url, name, config) if url else None
+        state = new_state(config, label, jobs, rows.run_id if rows else None, url)
+        write_state(out, state)
+    session = WalkForwardSession(config, out, state, jobs, rows, url, tracked=tracked)
+    return complete(session, progress)
 
 
 def mark_failed(jobs: Sequence[WindowJob], error: str) -> None:
@@ -240,6 +252,8 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
             # Ctrl-C, or SIGTERM where the caller turned it into one (the CLI does)
             session.ended("stopped" if isinstance(exc, KeyboardInterrupt) else "failed", error)
         pusher.failed(time.perf_counter() - session.started)
+        if session.tracked is not None:
+            session.tracked.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
     results.sort(key=lambda r: r.window.index)
     summary = summarize(results, config.regimes, config.goals)
@@ -270,6 +284,8 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
     if html is not None:
         files["html"] = html
     result.files = {k: str(v) for k, v in files.items()}
+    if session.tracked is not None:
+        log_job_finished(session.tracked, summary, list(files.values()))
     result.push_error = pusher.succeeded(seconds)
     session.ended("finished")
     return result

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ from allocator.trainer.training.checkpointing import latest_checkpoint
 from allocator.trainer.training.config import TrainConfig
 from allocator.trainer.training.run import resume, train
 from allocator.trainer.training.run_dir import RUN_SUMMARY_FILE
+from allocator.trainer.training.tracking import TrackedRun
 from allocator.typed_config import ConfigError
 
 
@@ -143,6 +145,23 @@ def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob
             progress_every=config.progress_every,
         )
         for w in windows
+    ]
+
+
+def nested(jobs: Sequence[WindowJob], parent: TrackedRun | None) -> list[WindowJob]:
+    """``jobs`` with each window's training run tracked as a child of the walk-forward's
+    ``parent`` MLflow run; the parent's id travels in the trainer config, so the process and
+    Ray executors nest them too."""
+    if parent is None:
+        return list(jobs)
+    return [
+        replace(
+            job,
+            trainer=job.trainer.model_copy(
+                update={"tracking": parent.child_settings(job.trainer.tracking)}
+            ),
+        )
+        for job in jobs
     ]
 
 
