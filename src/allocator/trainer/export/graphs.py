@@ -43,7 +43,6 @@ from allocator.trainer.export.errors import ExportError
 __all__ = [
     "ONNX_OPSET",
     "ActionToWeights",
-    "AssetObservationNormalizer",
     "CuriosityGraph",
     "DeterministicActor",
     "FeatureNormalizer",
@@ -77,41 +76,6 @@ def mean_action(actions: Sequence[torch.Tensor]) -> torch.Tensor:
 def _check_members(actors: Sequence[nn.Module], stats: Sequence[object]) -> None:
     if len(actors) != len(stats) or not actors:
         raise ValueError(f"a graph needs >= 1 actors, one per statistics: {len(actors)}")
-
-
-class ObservationNormalizer(nn.Module):
-    """``portfolio.normalize_observation`` in torch ops, for raw observations in a graph.
-
-    The ``mask`` input decides which slots are live (non-zero, cash forced live, as
-    ``portfolio.live_mask``); it replaces the observation's mask block, so the actor never sees
-    a mask other than the one its weights are mapped under. The standardization runs in
-    float64, as numpy does, so the normalized features match ``normalize_observation`` bit for
-    bit.
-    """
-
-    mean: torch.Tensor
-    std: torch.Tensor
-    clip: torch.Tensor
-
-    def __init__(self, spec: FeatureSpec, stats: NormalizationStats) -> None:
-        super().__init__()
-        self.max_assets = spec.max_assets
-        self.window = spec.window
-        self.n_slots = spec.n_slots
-        self.n_features = spec.max_assets * spec.window
-        # float64 tensors, not Python floats: the exporter would store scalars as float32.
-        for key, value in (("mean", stats.mean), ("std", stats.std), ("clip", spec.clip)):
-            self.register_buffer(key, torch.tensor(float(value), dtype=torch.float64), False)
-
-    def forward(self, raw: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        live = live_slots(mask)
-        n = self.n_features
-        z = (raw[:, :n].to(torch.float64) - self.mean) / self.std
-        z = torch.clamp(z, -self.clip, self.clip).to(torch.float32)  # tensor bounds: float64
-        z = z.reshape(-1, self.max_assets, self.window)
-        z = torch.where(live[:, 1:].unsqueeze(-1), z, 0.0).reshape(-1, n)
-        weights = raw[:, n : n + self.n_slots]
-        return torch.cat([z, weights, live.to(torch.float32)], dim=-1)
 
 
 class ActionToWeights(nn.Module):
@@ -190,7 +154,8 @@ class PolicyGraph(nn.Module):
 
 class FeatureNormalizer(nn.Module):
     """``portfolio.normalize_features`` in torch ops: ``(raw - mean) / std``, clipped, masked
-    rows zeroed.
+    rows zeroed; one mean and standard deviation (the return window's ``NormalizationStats``)
+    or one per feature (``FeatureNormalization``).
 
     The standardization runs in float64, as numpy does, so the result matches numpy bit for bit;
     ``where`` (not a product with the mask) zeroes masked rows even when they hold NaN.
@@ -200,12 +165,11 @@ class FeatureNormalizer(nn.Module):
     std: torch.Tensor
     clip: torch.Tensor
 
-    def __init__(self, norm: FeatureNormalization, clip: float) -> None:
+    def __init__(self, stats: NormalizationStats | FeatureNormalization, clip: float) -> None:
         super().__init__()
-        self.n_features = norm.n_features
         # float64 tensors, not Python floats: the exporter would store scalars as float32.
-        self.register_buffer("mean", torch.tensor(norm.mean, dtype=torch.float64), False)
-        self.register_buffer("std", torch.tensor(norm.std, dtype=torch.float64), False)
+        self.register_buffer("mean", torch.tensor(stats.mean, dtype=torch.float64), False)
+        self.register_buffer("std", torch.tensor(stats.std, dtype=torch.float64), False)
         self.register_buffer("clip", torch.tensor(float(clip), dtype=torch.float64), False)
 
     def forward(self, raw: torch.Tensor, live_assets: torch.Tensor) -> torch.Tensor:
@@ -213,6 +177,34 @@ class FeatureNormalizer(nn.Module):
         z = (raw.to(torch.float64) - self.mean) / self.std
         z = torch.clamp(z, -self.clip, self.clip).to(torch.float32)  # tensor bounds: float64
         return torch.where(live_assets.unsqueeze(-1), z, 0.0)
+
+
+class ObservationNormalizer(nn.Module):
+    """A raw flat observation ``[M*F raw features, weights, mask]`` -> the normalized
+    observation the training environment produced: ``portfolio.normalize_observation`` for the
+    return window, ``portfolio.build_asset_observation`` for per-asset features.
+
+    The ``mask`` input decides which slots are live (non-zero, cash forced live, as
+    ``portfolio.live_mask``); it replaces the observation's mask block, so the actor never sees
+    a mask other than the one its weights are mapped under.
+    """
+
+    def __init__(
+        self, layout: FeatureSpec, stats: NormalizationStats | FeatureNormalization
+    ) -> None:
+        super().__init__()
+        if isinstance(stats, FeatureNormalization) and layout.window != stats.n_features:
+            raise ValueError(f"layout has {layout.window} features per slot, the norm {stats}")
+        self.layout = layout
+        self.normalizer = FeatureNormalizer(stats, layout.clip)
+
+    def forward(self, raw: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        m, f, slots = self.layout.max_assets, self.layout.window, self.layout.n_slots
+        live = live_slots(mask)
+        block = raw[:, : m * f].reshape(-1, m, f)
+        z = self.normalizer(block, live[:, 1:]).reshape(-1, m * f)
+        weights = raw[:, m * f : m * f + slots]
+        return torch.cat([z, weights, live.to(torch.float32)], dim=-1)
 
 
 class SetActor(nn.Module):
@@ -265,37 +257,13 @@ class SetPolicyGraph(nn.Module):
         )
 
 
-class AssetObservationNormalizer(nn.Module):
-    """A raw flat observation ``[M*F raw asset features, weights, mask]`` -> the normalized
-    observation the training environment produced (``portfolio.build_asset_observation``): the
-    curiosity graph's normalizer for per-asset features, since the curiosity module was trained
-    on that layout and has no asset axis."""
-
-    def __init__(self, layout: FeatureSpec, norm: FeatureNormalization) -> None:
-        super().__init__()
-        if layout.window != norm.n_features:
-            raise ValueError(f"layout has {layout.window} features per slot, the norm {norm}")
-        self.layout = layout
-        self.normalizer = FeatureNormalizer(norm, layout.clip)
-
-    def forward(self, raw: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        m, f, slots = self.layout.max_assets, self.layout.window, self.layout.n_slots
-        live = live_slots(mask)
-        block = raw[:, : m * f].reshape(-1, m, f)
-        z = self.normalizer(block, live[:, 1:]).reshape(-1, m * f)
-        weights = raw[:, m * f : m * f + slots]
-        return torch.cat([z, weights, live.to(torch.float32)], dim=-1)
-
-
 class CuriosityGraph(nn.Module):
     """Raw transition and mask -> normalized, clipped intrinsic reward: ``icm.onnx``.
 
     One mask serves both observations: an episode's assets do not change between steps.
     """
 
-    def __init__(self, net: CuriosityNet, normalizer: nn.Module) -> None:
-        """``normalizer`` is the run's observation normalizer: ``ObservationNormalizer`` for the
-        return window, ``AssetObservationNormalizer`` for per-asset features."""
+    def __init__(self, net: CuriosityNet, normalizer: ObservationNormalizer) -> None:
         super().__init__()
         self.normalizer = normalizer
         self.net = net

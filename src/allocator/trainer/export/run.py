@@ -35,7 +35,6 @@ from allocator.registry.publish import check_name, publish_files, refuse_existin
 from allocator.registry.versions import next_version
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.graphs import (
-    AssetObservationNormalizer,
     CuriosityGraph,
     ObservationNormalizer,
     PolicyGraph,
@@ -140,13 +139,9 @@ def export_policy(members: Sequence[LoadedRun], path: Path) -> Path:
 def export_curiosity(loaded: LoadedRun, path: Path) -> Path:
     """Write ``icm.onnx``: raw (previous, action, current) + mask -> intrinsic reward (B, 1)."""
     assert loaded.icm is not None
-    normalizer: torch.nn.Module
-    if loaded.shared:
-        assert loaded.feature_norm is not None
-        normalizer = AssetObservationNormalizer(loaded.spec, loaded.feature_norm)
-    else:
-        normalizer = ObservationNormalizer(loaded.spec, loaded.stats)
-    graph = CuriosityGraph(loaded.icm.net, normalizer)
+    stats = loaded.feature_norm if loaded.shared else loaded.stats
+    assert stats is not None
+    graph = CuriosityGraph(loaded.icm.net, ObservationNormalizer(loaded.spec, stats))
     spec = loaded.spec
     example = (
         torch.zeros(4, spec.obs_size),
