@@ -126,32 +126,6 @@ class DeterministicActor(nn.Module):
         return self.actor(obs)
 
 
-class PolicyGraph(nn.Module):
-    """Raw observation and mask -> (mean action, weights) of k flat members."""
-
-    def __init__(
-        self, actors: Sequence[nn.Module], spec: FeatureSpec, stats: Sequence[NormalizationStats]
-    ) -> None:
-        """``actors[i]`` is member i's ``DeterministicActor`` on observations normalized with
-        ``stats[i]``."""
-        super().__init__()
-        _check_members(actors, stats)
-        self.normalizers = nn.ModuleList(ObservationNormalizer(spec, s) for s in stats)
-        self.actors = nn.ModuleList(actors)
-        self.to_weights = ActionToWeights(spec.n_slots)
-
-    def forward(
-        self, observation: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        action = mean_action(
-            [
-                actor(normalizer(observation, mask))
-                for normalizer, actor in zip(self.normalizers, self.actors, strict=True)
-            ]
-        )
-        return action, self.to_weights(action, mask)
-
-
 class FeatureNormalizer(nn.Module):
     """``portfolio.normalize_features`` in torch ops: ``(raw - mean) / std``, clipped, masked
     rows zeroed; one mean and standard deviation (the return window's ``NormalizationStats``)
@@ -205,6 +179,32 @@ class ObservationNormalizer(nn.Module):
         z = self.normalizer(block, live[:, 1:]).reshape(-1, m * f)
         weights = raw[:, m * f : m * f + slots]
         return torch.cat([z, weights, live.to(torch.float32)], dim=-1)
+
+
+class PolicyGraph(nn.Module):
+    """Raw observation and mask -> (mean action, weights) of k flat members."""
+
+    def __init__(
+        self, actors: Sequence[nn.Module], spec: FeatureSpec, stats: Sequence[NormalizationStats]
+    ) -> None:
+        """``actors[i]`` is member i's ``DeterministicActor`` on observations normalized with
+        ``stats[i]``."""
+        super().__init__()
+        _check_members(actors, stats)
+        self.normalizers = nn.ModuleList(ObservationNormalizer(spec, s) for s in stats)
+        self.actors = nn.ModuleList(actors)
+        self.to_weights = ActionToWeights(spec.n_slots)
+
+    def forward(
+        self, observation: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        action = mean_action(
+            [
+                actor(normalizer(observation, mask))
+                for normalizer, actor in zip(self.normalizers, self.actors, strict=True)
+            ]
+        )
+        return action, self.to_weights(action, mask)
 
 
 class SetActor(nn.Module):
