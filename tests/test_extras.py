@@ -21,15 +21,13 @@ def test_a_missing_extra_is_named(monkeypatch, module, extra):
         require_extra(module, extra, "this part")
 
 
-def test_the_ray_executors_name_the_extra(monkeypatch):
-    from allocator.trainer.jobs.tuning.executors import RayTrials
-    from allocator.trainer.jobs.walk_forward.executors import fan_out_ray
+def test_the_ray_executor_names_the_extra(monkeypatch):
+    """Every job's Ray executor (walk-forward, tuning, suite) is this one."""
+    from allocator.trainer.jobs.executors import open_executor
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(MissingExtraError, match=r"allocator\[ray\]"):
-        RayTrials(None, 1)
-    with pytest.raises(MissingExtraError, match=r"allocator\[ray\]"):
-        list(fan_out_ray([1], str, str, workers=1))
+        open_executor("ray", str, str, workers=1)
 
 
 def test_tune_without_optuna_says_which_extra(monkeypatch, tmp_path):

@@ -20,9 +20,9 @@ import optuna
 from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
+from allocator.trainer.jobs.executors import Executor, WorkerLostError, open_executor
 from allocator.trainer.jobs.tuning.config import TuneConfig, TuneError
-from allocator.trainer.jobs.tuning.executors import TrialExecutor, open_executor
-from allocator.trainer.jobs.tuning.objective import TrialJob, TrialOutcome
+from allocator.trainer.jobs.tuning.objective import TrialJob, TrialOutcome, run_trial
 from allocator.trainer.jobs.tuning.results import write_results
 from allocator.trainer.jobs.tuning.space import SearchSpace, tuned_config
 from allocator.trainer.jobs.tuning.study import STORAGE_FILE, create_study
@@ -37,6 +37,25 @@ from allocator.typed_config import ConfigError
 
 TRIALS_DIR = "trials"
 """The trials' run directories, ``trial-0003`` and so on, inside the tuning folder."""
+
+Trials = Executor[TrialJob, TrialOutcome]
+
+
+def trial_label(job: TrialJob) -> str:
+    return f"trial {job.number}"
+
+
+def next_outcome(executor: Trials) -> TrialOutcome:
+    """The next trial to finish; one whose worker died (out of memory, killed) is failed, and
+    the study goes on (``run_trial`` itself never raises)."""
+    try:
+        return executor.next_done()
+    except WorkerLostError as lost:
+        job = lost.job
+        assert isinstance(job, TrialJob)
+        cause = lost.__cause__
+        error = f"{type(cause).__name__}: {cause}".splitlines()[0]
+        return TrialOutcome(job.number, "FAIL", None, 0, 0.0, None, 0, str(job.run_dir), error)
 
 
 @dataclass
@@ -128,7 +147,7 @@ class Driver:
             self.stopped = f"timeout_s ({c.timeout_s:g} s) reached"
         return self.stopped is None and self.asked < c.n_trials
 
-    def start(self, executor: TrialExecutor) -> None:
+    def start(self, executor: Trials) -> None:
         """Ask for trials while the executor has room and the budget allows."""
         while executor.running < executor.capacity and self.may_start():
             trial = self.study.ask()
@@ -154,14 +173,14 @@ class Driver:
             )
         self.on_done(outcome)
 
-    def run(self, executor: TrialExecutor) -> None:
+    def run(self, executor: Trials) -> None:
         """Start, wait for one, repeat, until nothing runs and nothing may start."""
         try:
             while True:
                 self.start(executor)
                 if executor.running == 0:
                     return
-                outcome = executor.next_done()
+                outcome = next_outcome(executor)
                 self.finish(self.running.pop(outcome.number), outcome)
         except BaseException as exc:
             for number, trial in list(self.running.items()):
@@ -201,10 +220,15 @@ def run_tuning(
     driver = Driver(config, space, study, out, done, tracked)
     capacity = 1
     try:
-        with (
-            ended_on_error(tracked),
-            open_executor(config.executor, config.ray_address, config.parallel) as executor,
-        ):
+        trials = open_executor(
+            config.executor,
+            run_trial,
+            trial_label,
+            workers=config.parallel,
+            address=config.ray_address,
+            retries=0,
+        )
+        with ended_on_error(tracked), trials as executor:
             capacity = executor.capacity
             driver.run(executor)
     finally:

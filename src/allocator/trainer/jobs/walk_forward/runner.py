@@ -25,12 +25,8 @@ from tqdm.auto import tqdm
 
 from allocator.metrics.jobs import JobMetrics, JobPush
 from allocator.recording.settings import database_url as default_database_url
-from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
-from allocator.trainer.jobs.walk_forward.executors import (
-    run_local,
-    run_processes,
-    run_ray,
-)
+from allocator.trainer.jobs.executors import WorkerLostError, fan_out, open_executor
+from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
 from allocator.trainer.jobs.walk_forward.html_report import write_html_report
 from allocator.trainer.jobs.walk_forward.persist import write_window_result
 from allocator.trainer.jobs.walk_forward.progress import (
@@ -48,7 +44,7 @@ from allocator.trainer.jobs.walk_forward.significance import run_statistics
 from allocator.trainer.jobs.walk_forward.state import RunState, new_state, utc_now, write_state
 from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
 from allocator.trainer.jobs.walk_forward.summary import attach_statistics, summarize, window_row
-from allocator.trainer.jobs.walk_forward.window import WindowJob, nested, plan
+from allocator.trainer.jobs.walk_forward.window import WindowJob, nested, plan, run_window
 from allocator.trainer.training.tracking import (
     TrackedRun,
     ended_on_error,
@@ -124,14 +120,26 @@ class WalkForwardSession:
 def window_stream(
     config: WalkForwardConfig, jobs: Sequence[WindowJob]
 ) -> Generator[WindowResult, None, None]:
-    """The configured executor's results, in the order the windows finish."""
-    if config.executor == "ray":
-        return run_ray(
-            jobs, config.ray_address, config.workers, config.retries, config.retry_exceptions
-        )
-    if config.executor == "processes":
-        return run_processes(jobs, config.workers, config.retries, config.retry_exceptions)
-    return run_local(jobs)
+    """The configured executor's results, in the order the windows finish (the executor
+    opens on the first one, and closes with the stream); a window whose worker died too often
+    fails the run as a ``WalkForwardError``."""
+    executor = open_executor(
+        config.executor,
+        run_window,
+        window_label,
+        workers=config.workers,
+        address=config.ray_address,
+        retries=config.retries,
+        retry_exceptions=config.retry_exceptions,
+    )
+    try:
+        yield from fan_out(executor, jobs)
+    except WorkerLostError as exc:
+        raise WalkForwardError(str(exc)) from exc
+
+
+def window_label(job: WindowJob) -> str:
+    return f"window {job.window.label}"
 
 
 def record_window(metrics: JobMetrics, result: WindowResult) -> None:

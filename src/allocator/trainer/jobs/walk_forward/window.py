@@ -169,7 +169,7 @@ def run_window(job: WindowJob) -> WindowResult:
     """Train on the window's training span, export, then evaluate on its test span."""
     started = time.perf_counter()
     threads = torch.get_num_threads()
-    torch.set_num_threads(job.torch_threads)  # the same in both executors: same float sums
+    torch.set_num_threads(job.torch_threads)  # the same in every executor: same float sums
     try:
         result = train_export_evaluate(job)
     finally:
