@@ -5,7 +5,8 @@ it on the next, never-seen span beside the baselines (equal weight, buy and hold
 variance, HRP). Every window is recorded in the trade database; the summary (how often the
 agent beat equal weight, by market regime, and against the config's goals) and a report
 (``report/report.md`` with its plots and the statistics: bootstrap intervals, SPA test,
-deflated Sharpe) are written under ``--out``. ``configs/walk_forward_tiny.yaml`` is two
+deflated Sharpe; ``report/report.html``, the same as interactive charts to open in a browser)
+are written under ``--out``. ``configs/walk_forward_tiny.yaml`` is two
 quarterly windows in 2018 on four stocks; ``configs/walk_forward.yaml`` is the real one.
 
     python examples/walk_forward.py --out runs/examples/walk_forward
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(format_summary(result.summary))
     print(f"report: {result.files['report']}")
+    print(f"interactive: {result.files['html']}")
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -61,4 +62,21 @@ def test_train_serve(tmp_path: Path) -> None:
 def test_walk_forward(tmp_path: Path) -> None:
     out = run_example("walk_forward.py", tmp_path, "--set", "trainer.total_timesteps=200")
     assert (tmp_path / "report" / "report.md").is_file()
+    assert f"interactive: {tmp_path / 'report' / 'report.html'}" in out
     assert "goal:" in out
+
+
+def test_paper_trading(tmp_path: Path) -> None:
+    out = run_example("paper_trading.py", tmp_path, "--steps", "200", "--bars", "8")
+    with sqlite3.connect(tmp_path / "trades.db") as conn:
+        (fills,) = conn.execute("SELECT count(*) FROM fills").fetchone()
+        (cycles,) = conn.execute("SELECT count(*) FROM trade_cycles").fetchone()
+        (decisions,) = conn.execute("SELECT count(*) FROM decisions").fetchone()
+    assert cycles == decisions == 8  # one recorded server decision per traded bar
+    assert fills > 0
+    assert f"fills: {fills}," in out
+    assert "paper-desk: active; last bar 2018-07-12" in out
+    compare = json.loads((tmp_path / "compare.json").read_text())
+    assert compare["bars"] == 8
+    # fractional shares at the model's cost rate: the account tracks its backtest closely
+    assert abs(compare["tracking_difference"]) < 1e-3

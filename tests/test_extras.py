@@ -1,4 +1,4 @@
-"""Ray, Optuna and TensorBoard are extras of their own: each part that needs one, run
+"""Ray, Optuna, TensorBoard and MLflow are extras of their own: each part that needs one, run
 without it, says which extra to install instead of failing with a bare ImportError."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from allocator.trainer import MissingExtraError, require_extra
 
 
 @pytest.mark.parametrize(
-    ("module", "extra"), [("ray", "ray"), ("optuna", "tune"), ("tensorboard", "tensorboard")]
+    ("module", "extra"),
+    [("ray", "ray"), ("optuna", "tune"), ("tensorboard", "tensorboard"), ("mlflow", "mlflow")],
 )
 def test_a_missing_extra_is_named(monkeypatch, module, extra):
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
@@ -20,15 +21,13 @@ def test_a_missing_extra_is_named(monkeypatch, module, extra):
         require_extra(module, extra, "this part")
 
 
-def test_the_ray_executors_name_the_extra(monkeypatch):
-    from allocator.trainer.jobs.tuning.executors import RayTrials
-    from allocator.trainer.jobs.walk_forward.executors import fan_out_ray
+def test_the_ray_executor_names_the_extra(monkeypatch):
+    """Every job's Ray executor (walk-forward, tuning, suite) is this one."""
+    from allocator.trainer.jobs.executors import open_executor
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(MissingExtraError, match=r"allocator\[ray\]"):
-        RayTrials(None, 1)
-    with pytest.raises(MissingExtraError, match=r"allocator\[ray\]"):
-        list(fan_out_ray([1], str, str, workers=1))
+        open_executor("ray", str, str, workers=1)
 
 
 def test_tune_without_optuna_says_which_extra(monkeypatch, tmp_path):
@@ -39,3 +38,15 @@ def test_tune_without_optuna_says_which_extra(monkeypatch, tmp_path):
     assert result.exit_code == 2
     assert "pip install 'allocator[tune]'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_train_tracked_in_mlflow_without_it_says_which_extra(monkeypatch, tmp_path):
+    from allocator.cli import main
+
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    args = ["train", "--set", "tracking.backend=mlflow", "--set", f"output_dir={tmp_path}"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "pip install 'allocator[mlflow]'" in result.output
+    assert "Traceback" not in result.output
+    assert not list(tmp_path.iterdir()), "refused before any run directory was made"

@@ -29,6 +29,30 @@ def test_training_pins_torch_and_serving_does_not_list_it():
     ), "use onnxruntime-gpu only"
 
 
+def declared(extras: dict[str, list[str]], group: str) -> set[str]:
+    """The distributions an extra lists, its ``allocator[...]`` references followed."""
+    names: set[str] = set()
+    for dep in extras[group]:
+        requirement = Requirement(dep)
+        if canonicalize_name(requirement.name) == "allocator":
+            for inner in requirement.extras:
+                names |= declared(extras, inner)
+        else:
+            names.add(canonicalize_name(requirement.name))
+    return names
+
+
+def test_mlflow_comes_only_with_its_own_extra_and_dev():
+    """Serving never imports MLflow and a training install does not pull it unless asked."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert "mlflow-skinny" in declared(extras, "mlflow")
+    assert "mlflow-skinny" in declared(extras, "dev"), "the tracking tests run in CI"
+    for group in ("client", "serve", "train"):
+        assert not {n for n in declared(extras, group) if n.startswith("mlflow")}, group
+
+
 def resolved(extra: str, tmp_path: Path) -> set[str]:
     """What pip's resolver, asked for ``allocator[extra]`` in an empty environment, installs."""
     report = tmp_path / f"report-{extra}.json"

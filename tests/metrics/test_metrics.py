@@ -22,8 +22,9 @@ from allocator.metrics.pushgateway import PushError, push
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.metrics.serving import ServingMetrics
 from allocator.registry.errors import REFUSAL_REASONS
+from allocator.serving.server import SERVICE
 
-NAME_RE = re.compile(r"^allocator_(serving|recorder|jobs)_[a-z0-9_]+$")
+NAME_RE = re.compile(r"^(allocator_(serving|recorder|jobs)|grpc_server)_[a-z0-9_]+$")
 BUDGET = 2e-3
 
 EXPECTED_FAMILIES = {
@@ -41,6 +42,11 @@ EXPECTED_FAMILIES = {
     "allocator_serving_provider": "info",
     "allocator_serving_model_refused": "counter",
     "allocator_serving_models_refused": "gauge",
+    "grpc_server_started": "counter",
+    "grpc_server_handled": "counter",
+    "grpc_server_handling_seconds": "histogram",
+    "grpc_server_msg_received": "counter",
+    "grpc_server_msg_sent": "counter",
     "allocator_recorder_queue_depth": "gauge",
     "allocator_recorder_spooled_records": "gauge",
     "allocator_recorder_spool_bytes": "gauge",
@@ -73,7 +79,7 @@ def registry() -> CollectorRegistry:
 
 def populated(registry: CollectorRegistry) -> tuple[ServingMetrics, RecorderMetrics, JobMetrics]:
     """All three metric sets on ``registry``, every labelled metric with at least one child."""
-    serving = ServingMetrics(registry, BUDGET)
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
     serving.observe_request("Allocate", "OK", 0.8e-3)
     serving.observe_request("Allocate", StatusCode.UNAVAILABLE, 5e-3)
     serving.observe_decision([0.2, 0.5, 0.3], [0.25, 0.45, 0.3], 0.05, -1.5)
@@ -122,7 +128,7 @@ def test_exposed_counter_names_end_in_total(registry):
 
 @pytest.mark.parametrize("budget", [1.2e-3, 1e-3, 20e-6, 0.25])
 def test_latency_buckets_have_one_exactly_at_the_budget(registry, budget):
-    serving = ServingMetrics(registry, budget)
+    serving = ServingMetrics(registry, budget, SERVICE)
     serving.observe_request("Allocate", "OK", budget)
     buckets = latency_buckets(budget)
     assert list(buckets) == sorted(set(buckets))
@@ -148,11 +154,11 @@ def test_latency_buckets_have_one_exactly_at_the_budget(registry, budget):
 @pytest.mark.parametrize("budget", [0.0, -1e-3, math.nan, math.inf])
 def test_budget_must_be_positive_and_finite(registry, budget):
     with pytest.raises(ValueError, match="latency_budget_seconds"):
-        ServingMetrics(registry, budget)
+        ServingMetrics(registry, budget, SERVICE)
 
 
 def test_over_budget_counts_only_requests_above_the_budget(registry):
-    serving = ServingMetrics(registry, BUDGET)
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
     for seconds in (0.1e-3, 1e-3, BUDGET, 2.5e-3, 50e-3):
         serving.observe_request("Allocate", StatusCode.OK, seconds)
     serving.observe_request("ListModels", "OK", 0.2e-3)
@@ -176,7 +182,7 @@ def test_over_budget_counts_only_requests_above_the_budget(registry):
 
 def test_a_batch_is_held_to_the_budget_per_decision(registry):
     """The budget is a decision's: a batch of n decisions is within it up to n budgets."""
-    serving = ServingMetrics(registry, BUDGET)
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
     serving.observe_request("AllocateBatch", "OK", 90 * BUDGET, decisions=100)  # 0.9 each
     serving.observe_request("AllocateBatch", "OK", 3 * BUDGET, decisions=2)  # 1.5 each: over
     serving.observe_request("AllocateBatch", "INVALID_ARGUMENT", 0.5 * BUDGET, decisions=0)
@@ -196,8 +202,67 @@ def test_a_batch_is_held_to_the_budget_per_decision(registry):
     assert get("allocator_serving_request_latency_seconds_sum", refused) == 0.5 * BUDGET
 
 
+def test_standard_grpc_metrics_count_calls_by_model_version(registry):
+    """The names and labels stock gRPC dashboards read, plus the version that answered."""
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
+    for _ in range(3):
+        serving.observe_started("Allocate")
+    serving.observe_request("Allocate", "OK", 1e-3, model="us", version="3")
+    serving.observe_request("Allocate", "OK", 4e-3, model="us", version="4")
+    serving.observe_request("Allocate", StatusCode.UNAVAILABLE, 2e-3, model="us", version="4")
+    serving.observe_request("AllocateBatch", "OK", 30e-3, decisions=16, model="us", version="4")
+
+    get = registry.get_sample_value
+    call = {"grpc_type": "unary", "grpc_service": "allocator.v1.Allocator"}
+    allocate = {**call, "grpc_method": "Allocate"}
+    assert get("grpc_server_started_total", allocate) == 3.0
+    v4 = {**allocate, "model": "us", "version": "4"}
+    assert get("grpc_server_handled_total", {**v4, "grpc_code": "OK"}) == 1.0
+    assert get("grpc_server_handled_total", {**v4, "grpc_code": "UNAVAILABLE"}) == 1.0
+    v3 = {**allocate, "model": "us", "version": "3", "grpc_code": "OK"}
+    assert get("grpc_server_handled_total", v3) == 1.0
+    assert get("grpc_server_handling_seconds_count", v4) == 2.0
+    assert get("grpc_server_handling_seconds_sum", v4) == pytest.approx(6e-3)
+    assert get("grpc_server_msg_received_total", allocate) == 3.0
+    assert get("grpc_server_msg_sent_total", allocate) == 2.0  # the UNAVAILABLE call sent none
+    batch = {**call, "grpc_method": "AllocateBatch", "model": "us", "version": "4"}
+    assert get("grpc_server_handling_seconds_sum", batch) == pytest.approx(30e-3)  # the call's
+
+
+def test_a_stream_counts_messages_and_is_handled_once(registry):
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
+    serving.observe_started("AllocateStream")
+    for _ in range(5):
+        serving.observe_request("AllocateStream", "OK", 1e-3, decisions=4)
+    serving.observe_stream_end("AllocateStream", "OK", 2.5)
+
+    get = registry.get_sample_value
+    stream = {
+        "grpc_type": "bidi_stream",
+        "grpc_service": "allocator.v1.Allocator",
+        "grpc_method": "AllocateStream",
+    }
+    assert get("grpc_server_msg_received_total", stream) == 5.0
+    assert get("grpc_server_msg_sent_total", stream) == 5.0
+    unlabelled = {**stream, "model": "", "version": ""}
+    assert get("grpc_server_handled_total", {**unlabelled, "grpc_code": "OK"}) == 1.0
+    assert get("grpc_server_handling_seconds_sum", unlabelled) == 2.5
+    assert (
+        get(
+            "allocator_serving_requests_total", {"grpc_method": "AllocateStream", "grpc_code": "OK"}
+        )
+        == 5.0
+    )
+
+
+def test_an_unknown_method_is_named(registry):
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
+    with pytest.raises(ValueError, match="'Alocate' is not one of Allocate, AllocateBatch"):
+        serving.observe_started("Alocate")
+
+
 def test_status_codes_are_recorded_by_name(registry):
-    serving = ServingMetrics(registry, BUDGET)
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
     serving.observe_request("Allocate", StatusCode.UNAVAILABLE, 1e-3)
     get = registry.get_sample_value
     assert get(
@@ -210,7 +275,7 @@ def test_status_codes_are_recorded_by_name(registry):
 
 
 def test_observe_decision_records_the_l1_gap_turnover_and_icm_reward(registry):
-    serving = ServingMetrics(registry, BUDGET)
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
     serving.observe_decision([0.1, 0.5, 0.4], [0.2, 0.4, 0.4], 0.3, 1.5)
     serving.observe_decision([0.0, 1.0], [1.0, 0.0], 2.0, None)
 
@@ -229,7 +294,7 @@ def test_observe_decision_records_the_l1_gap_turnover_and_icm_reward(registry):
 
 
 def test_observe_decision_skips_non_finite_values_and_rejects_mismatched_shapes(registry):
-    serving = ServingMetrics(registry, BUDGET)
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
     serving.observe_decision([0.5, math.nan], [0.5, 0.5], math.nan, math.inf)
     get = registry.get_sample_value
     assert get("allocator_serving_smoothing_gap_count") == 0.0
@@ -241,7 +306,7 @@ def test_observe_decision_skips_non_finite_values_and_rejects_mismatched_shapes(
 
 def test_observe_decisions_is_observe_decision_for_a_batch(registry):
     other = CollectorRegistry()
-    one, many = ServingMetrics(other, BUDGET), ServingMetrics(registry, BUDGET)
+    one, many = ServingMetrics(other, BUDGET, SERVICE), ServingMetrics(registry, BUDGET, SERVICE)
     one.observe_decision([0.1, 0.5, 0.4], [0.2, 0.4, 0.4], 0.3, 1.5)
     one.observe_decision([0.0, 1.0], [1.0, 0.0], 2.0, None)
     many.observe_decisions([0.2, 2.0, math.nan], [0.3, 2.0, math.inf], [1.5, None, math.nan])
@@ -256,7 +321,7 @@ def series(registry: CollectorRegistry, sample_name: str) -> list[dict[str, str]
 
 
 def test_set_model_replaces_the_previous_version(registry):
-    serving = ServingMetrics(registry, BUDGET)
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
     assert series(registry, "allocator_serving_model_info") == []  # absent until a model loads
     serving.set_model("us-equities", "3", "td3")
     serving.set_model("us-equities", "4", "sac")
@@ -270,7 +335,7 @@ def test_set_model_replaces_the_previous_version(registry):
 
 def test_refusal_series_exist_at_zero_for_every_reason_from_the_start(registry):
     """A counter whose series appears at 1 is invisible to rate(): the first refusal would be."""
-    ServingMetrics(registry, BUDGET)
+    ServingMetrics(registry, BUDGET, SERVICE)
     for reason in REFUSAL_REASONS:
         labels = {"reason": reason}
         assert registry.get_sample_value("allocator_serving_model_refused_total", labels) == 0.0
@@ -278,7 +343,7 @@ def test_refusal_series_exist_at_zero_for_every_reason_from_the_start(registry):
 
 
 def test_refusals_are_counted_and_refused_versions_gauged_by_reason(registry):
-    serving = ServingMetrics(registry, BUDGET)
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
     serving.observe_refusal("missing_file")
     serving.observe_refusal("checksum_mismatch")
     serving.observe_refusal("checksum_mismatch")
@@ -299,7 +364,7 @@ def test_refusals_are_counted_and_refused_versions_gauged_by_reason(registry):
 
 
 def test_set_provider_keeps_one_series(registry):
-    serving = ServingMetrics(registry, BUDGET)
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
     serving.set_provider("CUDAExecutionProvider")
     serving.set_provider("CPUExecutionProvider")
     assert series(registry, "allocator_serving_provider_info") == [
@@ -314,7 +379,7 @@ def test_set_provider_keeps_one_series(registry):
 
 
 def test_batch_size_histogram(registry):
-    serving = ServingMetrics(registry, BUDGET)
+    serving = ServingMetrics(registry, BUDGET, SERVICE)
     serving.observe_batch(3)
     assert registry.get_sample_value("allocator_serving_batch_size_bucket", {"le": "4.0"}) == 1.0
     assert registry.get_sample_value("allocator_serving_batch_size_bucket", {"le": "2.0"}) == 0.0
@@ -368,7 +433,7 @@ def test_both_promotion_decisions_are_exposed_before_any_verdict(registry):
 
 def test_instances_on_two_registries_do_not_collide():
     first, second = CollectorRegistry(), CollectorRegistry()
-    a, b = ServingMetrics(first, BUDGET), ServingMetrics(second, 5e-3)
+    a, b = ServingMetrics(first, BUDGET, SERVICE), ServingMetrics(second, 5e-3, SERVICE)
     a.observe_request("Allocate", "OK", 10e-3)
     b.set_model("m", "1", "td3")
     RecorderMetrics(first), RecorderMetrics(second)
@@ -382,7 +447,7 @@ def test_instances_on_two_registries_do_not_collide():
 
 @pytest.mark.parametrize(
     "make",
-    [lambda r: ServingMetrics(r, BUDGET), RecorderMetrics, JobMetrics],
+    [lambda r: ServingMetrics(r, BUDGET, SERVICE), RecorderMetrics, JobMetrics],
     ids=["serving", "recorder", "jobs"],
 )
 def test_a_second_instance_on_the_same_registry_raises(registry, make):

@@ -26,6 +26,7 @@ from allocator.metrics.multiprocess import worker_restarts_counter
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.metrics.serving import ServingMetrics
 from allocator.metrics.trading import TradingMetrics
+from allocator.serving.server import SERVICE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MONITORING = REPO_ROOT / "monitoring"
@@ -191,7 +192,7 @@ def all_promql() -> list[tuple[str, str]]:
 def defined_metric_names() -> set[str]:
     """The sample names the metric classes expose (with histogram and counter suffixes)."""
     registry = CollectorRegistry()
-    ServingMetrics(registry, 0.01)
+    ServingMetrics(registry, 0.01, SERVICE)
     RecorderMetrics(registry)
     JobMetrics(registry).mark_success()  # the last-success gauge exists once a run succeeded
     worker_restarts_counter(registry)  # the supervisor's, with --workers N

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from allocator.artifacts.manifest import checksums, read_manifest, write_manifest
 from allocator.metrics.serving import ServingMetrics
 from allocator.serving.catalog import ModelCatalog
+from allocator.serving.server import SERVICE
 from tests.serving.conftest import write_tiny_model
 
 
@@ -42,7 +43,7 @@ def setup(tmp_path: Path) -> tuple[Path, ModelCatalog, CollectorRegistry]:
     root = tmp_path / "registry"
     write_tiny_model(root / "tiny" / "1")
     metrics = CollectorRegistry()
-    catalog = ModelCatalog(root, prefer_cuda=False, metrics=ServingMetrics(metrics, 0.01))
+    catalog = ModelCatalog(root, prefer_cuda=False, metrics=ServingMetrics(metrics, 0.01, SERVICE))
     catalog.refresh()
     assert set(catalog.snapshot.models) == {("tiny", "1")}
     return root, catalog, metrics

@@ -30,17 +30,14 @@ def export(run_dir: tuple[str, ...], registry: str, name: str | None, version: s
     """
     # heavy (pydantic models, torch, onnx): imported when the command runs, keeps --help instant
     from allocator.artifacts.manifest import read_manifest
-    from allocator.trainer.export.ensemble import export_ensemble
+    from allocator.trainer import MissingExtraError
     from allocator.trainer.export.errors import ExportError
     from allocator.trainer.export.parity import format_parity
-    from allocator.trainer.export.run import export_run
+    from allocator.trainer.export.run import export_runs
 
     try:
-        if len(run_dir) == 1:
-            out = export_run(run_dir[0], registry, name=name, version=version)
-        else:
-            out = export_ensemble(run_dir, registry, name=name, version=version)
-    except ExportError as exc:
+        out = export_runs(run_dir, registry, name=name, version=version)
+    except (ExportError, MissingExtraError) as exc:
         fail(str(exc))
     manifest = read_manifest(out)
     info = manifest.export or {}

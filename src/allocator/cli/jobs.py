@@ -48,6 +48,7 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     # heavy (torch, onnxruntime, sqlalchemy): imported when the command runs, keeps --help instant
     from allocator.artifacts.manifest import ManifestError
     from allocator.registry.errors import ModelLoadError
+    from allocator.trainer import MissingExtraError
     from allocator.trainer.export.errors import ExportError
     from allocator.trainer.jobs.retrain.config import RetrainError, load_retrain_config
     from allocator.trainer.jobs.retrain.runner import retrain as run_retrain
@@ -64,7 +65,7 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
             "stopping after this training step, with no decision (again: at once)"
         ) as ask:
             decision = run_retrain(config, as_of, echo=click.echo, stop=ask.event)
-    except (ConfigError, DataError) as exc:
+    except (ConfigError, DataError, MissingExtraError) as exc:
         fail(str(exc))
     except TrainingStoppedError as exc:
         click.echo(f"error: retraining stopped at step {exc.step}, production unchanged", err=True)
@@ -98,7 +99,8 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     "--out",
     default=None,
     type=click.Path(file_okay=False),
-    help="write runs, summary.json, returns.csv and report/ here (default: output_dir/name-label)",
+    help="write runs, summary.json, returns.csv and report/ (report.md with its PNGs, and the "
+    "interactive report.html) here (default: output_dir/name-label)",
 )
 @click.option(
     "--resume",
@@ -227,6 +229,8 @@ def run_walk_forward_command(
     click.echo(f"summary: {result.files['summary']}")
     click.echo(f"returns: {result.files['returns']}")
     click.echo(f"report:  {result.files['report']}")
+    if "html" in result.files:
+        click.echo(f"html:    {result.files['html']}")
     if result.push_error:
         click.echo(f"error: {result.push_error}", err=True)
         sys.exit(1)

@@ -299,8 +299,6 @@ def cycle(
 
     # allocator's trading modules import sqlalchemy too: loaded with the command only
     from allocator.trading.bars import bar_dates
-    from allocator.trading.cycle import Retries, run_cycle
-    from allocator.trading.errors import TradingError
 
     bar_date = None if date_ == "latest" else parse_date(date_, "--date")
     with cycle_parts(database_url, account_name, server, token_file, slippage_bps) as parts:
@@ -312,19 +310,9 @@ def cycle(
                 fail("the prices table is empty: ingest prices first (`allocator data ingest`)")
             bar_date = dates[-1]
         with pushed(engine, account_name, pushgateway_url) as metrics:
-            try:
-                result = run_cycle(
-                    engine,
-                    broker,
-                    client,
-                    account_name,
-                    bar_date,
-                    retries=Retries(attempts=attempts),
-                    metrics=metrics,
-                )
-            except TradingError as exc:
-                click.echo(f"error: {exc}", err=True)
-                sys.exit(1)
+            result = replay_bars(
+                engine, broker, client, account_name, [bar_date], attempts, metrics, wait=False
+            )
     print_result(result)
 
 
@@ -380,8 +368,13 @@ def replay_bars(
     dates: list[dt.date],
     attempts: int,
     metrics: Any,
+    *,
+    wait: bool = True,
 ) -> Any:
-    """Each bar's cycle in turn; the last result (None when no bar had the model's window)."""
+    """Each bar's cycle in turn; the last result (None when no bar had the model's window).
+
+    ``wait``: bars before the model's window is filled are skipped; otherwise (one bar asked
+    for by date) that is an error like any other."""
     # heavy (sqlalchemy, grpc): imported when the command runs
     from allocator.trading.cycle import Retries, run_cycle
     from allocator.trading.errors import MissingPriceError, TradingError
@@ -399,7 +392,7 @@ def replay_bars(
                 metrics=metrics,
             )
         except MissingPriceError as exc:
-            if result is None and "closes up to" in str(exc):
+            if wait and result is None and "closes up to" in str(exc):
                 continue  # the model's window is not filled yet
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)

@@ -54,12 +54,14 @@ def train(
     resume_dir: str | None,
     database_url: str | None,
 ) -> None:
-    """Train a TD3 or SAC policy; write model, audits, logs and a validation backtest."""
+    """Train a TD3 or SAC policy; write model, audits, logs and a validation backtest (its PNGs
+    and an interactive report.html)."""
     # heavy (torch): imported when the command runs, so `allocator --help` stays instant
     from allocator.recording.schema import utcnow
     from allocator.trainer import MissingExtraError
     from allocator.trainer.jobs.training_runs import check_training_table, record_training_run
     from allocator.trainer.market.data import DataError
+    from allocator.trainer.sim.html_report import REPORT_FILE
     from allocator.trainer.sim.performance import format_table
     from allocator.trainer.training.checkpointing import TrainingStoppedError
     from allocator.trainer.training.config import load_config
@@ -120,3 +122,5 @@ def train(
         click.echo(line)
     click.echo(f"validation {config.data.validation_start} .. {config.data.validation_end}:")
     click.echo(format_table(summary["validation"]))
+    if config.html_report:
+        click.echo(f"interactive report: {run.run_dir / REPORT_FILE}")

@@ -26,13 +26,14 @@ from allocator.metrics.buckets import (
     ICM_REWARD_BUCKETS,
     latency_buckets,
 )
+from allocator.metrics.grpc_server import (
+    GrpcServerMetrics,
+    ServiceDescriptor,
+    code_name,
+    method_types,
+)
 from allocator.metrics.info import CurrentInfo
 from allocator.registry.errors import REFUSAL_REASONS
-
-
-def _code_name(code: str | Enum) -> str:
-    """``grpc.StatusCode.OK`` and ``"OK"`` both give ``"OK"`` (no grpc import needed here)."""
-    return code.name if isinstance(code, Enum) else str(code)
 
 
 class ServingMetrics:
@@ -47,11 +48,22 @@ class ServingMetrics:
     serves every method. ``grpc_method`` is the short
     gRPC method name (``Allocate``); ``grpc_code`` a ``grpc.StatusCode`` name (``OK``,
     ``UNAVAILABLE``).
+
+    Beside them, ``grpc`` holds the gRPC ecosystem's standard server metrics for ``service``
+    (the proto's service descriptor), labelled by the model version that answered.
     """
 
-    def __init__(self, registry: CollectorRegistry, latency_budget_seconds: float) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        latency_budget_seconds: float,
+        service: ServiceDescriptor,
+    ) -> None:
         self.latency_budget_seconds = float(latency_budget_seconds)
         self.latency_buckets = latency_buckets(self.latency_budget_seconds)
+        self.grpc = GrpcServerMetrics(
+            registry, service.full_name, method_types(service), self.latency_buckets
+        )
         self.request_latency = Histogram(
             "allocator_serving_request_latency_seconds",
             "Server-side latency of a gRPC request per decision it carries (a batch call's time "
@@ -169,20 +181,53 @@ class ServingMetrics:
             )
         return reason
 
+    def observe_started(self, method: str) -> None:
+        """A call arrived (the standard ``grpc_server_started_total``)."""
+        self.grpc.observe_started(method)
+
     def observe_request(
-        self, method: str, code: str | Enum, seconds: float, decisions: int = 1
+        self,
+        method: str,
+        code: str | Enum,
+        seconds: float,
+        decisions: int = 1,
+        *,
+        model: str = "",
+        version: str = "",
     ) -> None:
-        """One finished request of ``decisions`` decisions (a batch's size; 1 otherwise): its
-        count by method and code, and its time per decision against the budget.
+        """One finished request of ``decisions`` decisions (a batch's size; 1 otherwise),
+        answered by ``model`` at ``version`` when one was reached: its count by method and
+        code, and its time per decision against the budget. A streaming method's request is one
+        message; its call is observed by ``observe_stream_end``.
 
         The budget is a decision's: a whole batch compared with it would always be over.
         """
-        code_name = _code_name(code)
+        self._observe_budget(method, code, seconds, decisions)
+        if self.grpc.is_streaming(method):
+            self.grpc.observe_message(method)
+        else:
+            self.grpc.observe_handled(method, code, seconds, model=model, version=version)
+
+    def observe_rejected(self, method: str, code: str | Enum, seconds: float) -> None:
+        """A call refused before its handler ran (a bad token, undecodable bytes): started and
+        handled at once, a streaming call included."""
+        self.grpc.observe_started(method)
+        self._observe_budget(method, code, seconds, 1)
+        self.grpc.observe_handled(method, code, seconds)
+
+    def _observe_budget(
+        self, method: str, code: str | Enum, seconds: float, decisions: int
+    ) -> None:
+        name = code_name(code)
         per_decision = seconds / max(decisions, 1)
-        self.request_latency.labels(method, code_name).observe(per_decision)
-        self.requests.labels(method, code_name).inc()
+        self.request_latency.labels(method, name).observe(per_decision)
+        self.requests.labels(method, name).inc()
         if per_decision > self.latency_budget_seconds:
             self.over_budget.labels(method).inc()
+
+    def observe_stream_end(self, method: str, code: str | Enum, seconds: float) -> None:
+        """A streaming call ended with ``code`` after ``seconds``."""
+        self.grpc.observe_handled(method, code, seconds)
 
     def observe_decision(
         self,

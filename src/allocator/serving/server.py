@@ -58,10 +58,13 @@ from allocator.serving.servicer import AllocatorServicer
 from allocator.serving.state import MemoryStateStore, RedisStateStore, StateStore
 from allocator.serving.stream import METHOD as STREAM_METHOD
 
-__all__ = ["AllocationServer", "AllocatorServicer", "ServerConfig", "build_server"]
+__all__ = ["SERVICE", "AllocationServer", "AllocatorServicer", "ServerConfig", "build_server"]
 
 
 log = logging.getLogger("allocator.serving")
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Allocator"]
+"""The allocation service's descriptor: its name and methods label the standard gRPC metrics."""
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Allocator"].full_name
 _DRAIN_QUIET_SECONDS = 0.1
@@ -198,7 +201,7 @@ def build_server(
     (``serving.workers``); off, a second server on a taken port fails to bind instead.
     """
     metrics_registry = metrics_registry if metrics_registry is not None else CollectorRegistry()
-    metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3)
+    metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3, SERVICE)
     registry = ModelCatalog(
         config.registry,
         default_model=config.default_model,
@@ -296,14 +299,15 @@ async def _grpc_server(
     if config.auth_token_file is not None:
 
         def denied(method: str) -> None:
-            metrics.observe_request(method, grpc.StatusCode.UNAUTHENTICATED, 0.0)
+            if method in metrics.grpc.method_types:  # not a method of another service's
+                metrics.observe_rejected(method, grpc.StatusCode.UNAUTHENTICATED, 0.0)
 
         interceptors.append(TokenAuthInterceptor(read_tokens(config.auth_token_file), denied))
 
     def undecodable(method: str, seconds: float) -> None:
         service, _, name = method.rpartition("/")
         if service == f"/{SERVICE_NAME}":  # the metrics count the allocation service's calls
-            metrics.observe_request(name, grpc.StatusCode.INVALID_ARGUMENT, seconds)
+            metrics.observe_rejected(name, grpc.StatusCode.INVALID_ARGUMENT, seconds)
 
     per_message = (f"/{SERVICE_NAME}/{STREAM_METHOD}",)  # a bad message gets its own reply
     interceptors.append(DecodeGuardInterceptor(undecodable, per_message))  # after the token

@@ -106,13 +106,17 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         decision: ``decisions`` is a batch's size)."""
         start = time.perf_counter()
         self.last_call = time.monotonic()
+        self.metrics.observe_started(method)
         code = grpc.StatusCode.OK
         message = ""
+        model = version = ""
         try:
             if self.draining:
                 raise _Refusal(grpc.StatusCode.UNAVAILABLE, "server shutting down, retry")
             with self._slot():
-                return await handler()
+                result = await handler()
+            model, version = _answered_by(result)
+            return result
         except _Refusal as exc:
             code, message = exc.code, exc.message
         except (
@@ -127,7 +131,14 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("%s failed", method)
         finally:
-            self.metrics.observe_request(method, code, time.perf_counter() - start, decisions)
+            self.metrics.observe_request(
+                method,
+                code,
+                time.perf_counter() - start,
+                decisions,
+                model=model,
+                version=version,
+            )
         await context.abort(code, message)
         raise AssertionError("unreachable: context.abort raises")
 
@@ -180,7 +191,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             slot = self._slot()
             slot.__enter__()
         except _Refusal as exc:
-            self.metrics.observe_request("AllocateStream", exc.code, 0.0)
+            self.metrics.observe_rejected("AllocateStream", exc.code, 0.0)
             await context.abort(exc.code, exc.message)
         try:
             async for response in self.streams.serve(request_iterator, context):
@@ -207,6 +218,18 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             return pb.ResetPortfolioResponse(existed=existed)
 
         return await self._call("ResetPortfolio", context, handle)
+
+
+def _answered_by(response: object) -> tuple[str, str]:
+    """The model version that answered a call, for its metric labels: the one model of its
+    decisions, or empty when it made none (``ListModels``) or more than one answered."""
+    if isinstance(response, pb.AllocateResponse):
+        return response.model.name, response.model.version
+    if isinstance(response, pb.AllocateBatchResponse):
+        models = {(r.model.name, r.model.version) for r in response.responses}
+        if len(models) == 1:
+            return models.pop()
+    return "", ""
 
 
 def _list_models(snapshot: CatalogSnapshot) -> pb.ListModelsResponse:

@@ -154,6 +154,9 @@ class AllocationStreams:
     ) -> AsyncIterator[pb.AllocateStreamResponse]:
         """The responses of one call, in request order (``requests`` yield decoded messages,
         or ``Undecodable`` in place of one that did not decode)."""
+        start = time.perf_counter()
+        self.metrics.observe_started(METHOD)
+        code = grpc.StatusCode.CANCELLED  # unless it ends otherwise: the client went away
         inbox = _Inbox(READ_AHEAD)
         self._open.add(inbox)
         reader = asyncio.get_running_loop().create_task(_read(requests, inbox))
@@ -161,9 +164,11 @@ class AllocationStreams:
             while True:
                 item = await inbox.get(self.draining)
                 if item is _END:
+                    code = grpc.StatusCode.OK
                     return
                 if item is _DRAINED:
-                    self.metrics.observe_request(METHOD, grpc.StatusCode.UNAVAILABLE, 0.0)
+                    code = grpc.StatusCode.UNAVAILABLE
+                    self.metrics.observe_request(METHOD, code, 0.0)
                     await context.abort(
                         grpc.StatusCode.UNAVAILABLE,
                         "server shutting down: every message received was answered; send the "
@@ -174,6 +179,7 @@ class AllocationStreams:
             await inbox.close()
             self._open.discard(inbox)
             reader.cancel()
+            self.metrics.observe_stream_end(METHOD, code, time.perf_counter() - start)
 
     async def answer(
         self, item: pb.AllocateStreamRequest | Undecodable, context: Context

@@ -17,8 +17,8 @@ class MissingExtraError(ImportError):
 def require_extra(module: str, extra: str, needed_for: str) -> ModuleType:
     """``import module``, or a ``MissingExtraError`` saying ``pip install 'allocator[extra]'``.
 
-    Ray, Optuna and TensorBoard are extras of their own, so a training install does not pull
-    them unless asked for: the parts that use them import them through this when they run.
+    Ray, Optuna, TensorBoard and MLflow are extras of their own, so a training install does not
+    pull them unless asked for: the parts that use them import them through this when they run.
     """
     try:
         return importlib.import_module(module)

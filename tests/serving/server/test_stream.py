@@ -166,6 +166,12 @@ def test_every_streamed_decision_is_recorded_and_counted(
         labels = {"grpc_method": "AllocateStream"}
         assert count("allocator_serving_requests_total", grpc_code="OK", **labels) == 7
         assert count("allocator_serving_requests_total", grpc_code="NOT_FOUND", **labels) == 1
+        call = {**labels, "grpc_type": "bidi_stream", "grpc_service": SERVICE_NAME}
+        assert count("grpc_server_msg_received_total", **call) == 8
+        assert count("grpc_server_msg_sent_total", **call) == 8
+        assert count("grpc_server_started_total", **call) == 1
+        handled = {**call, "grpc_code": "OK", "model": "", "version": ""}
+        wait_for(lambda: count("grpc_server_handled_total", **handled) == 1, "the stream's end")
     finally:
         conn.channel.close()
         server.stop()

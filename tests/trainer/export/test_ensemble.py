@@ -44,14 +44,15 @@ from allocator.portfolio import (
 from allocator.registry.layout import ICM_FILE, MODEL_FILE
 from allocator.serving import LoadedModel, load_model
 from allocator.serving.decision import decide
-from allocator.trainer.export.ensemble import export_ensemble
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import LoadedRun, load_run
-from allocator.trainer.export.parity import check_parity, onnx_session, random_raw_observations
-from allocator.trainer.export.shared_parity import (
+from allocator.trainer.export.observations import (
+    random_raw_observations,
     random_set_observations,
     real_set_observations,
 )
+from allocator.trainer.export.parity import check_parity, onnx_session
+from allocator.trainer.export.run import export_ensemble
 from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run import train
 from tests.serving.conftest import request_for

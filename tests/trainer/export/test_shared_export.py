@@ -37,17 +37,17 @@ from allocator.trainer.checkpoints.manifest import describe
 from allocator.trainer.checkpoints.upgrade import upgrade_run
 from allocator.trainer.checkpoints.widening import widen
 from allocator.trainer.export.errors import ExportError
+from allocator.trainer.export.graphs import FeatureNormalizer
 from allocator.trainer.export.loaded_run import load_run
-from allocator.trainer.export.parity import onnx_session
-from allocator.trainer.export.run import check_exportable, export_run
-from allocator.trainer.export.shared_graphs import FeatureNormalizer
-from allocator.trainer.export.shared_parity import (
+from allocator.trainer.export.members import check_exportable
+from allocator.trainer.export.observations import (
     SetObservations,
     parity_sizes,
     random_set_observations,
     real_set_observations,
-    set_policy_parity,
 )
+from allocator.trainer.export.parity import onnx_session, policy_parity
+from allocator.trainer.export.run import export_run
 from allocator.trainer.training.config import load_config
 from tests.trainer.export import SHARED_MAX_ASSETS, TOL
 
@@ -144,7 +144,7 @@ def test_onnx_matches_torch_at_each_universe_size(shared_exported, shared_runs, 
     rng = np.random.default_rng(100 + size)
     for make in (random_set_observations, real_set_observations):
         obs = make(loaded, 300, size, rng)
-        parity = set_policy_parity(session, loaded, obs)
+        parity = policy_parity(session, [loaded], obs)
         assert parity["max_abs_action_diff"] <= TOL, (make.__name__, parity)
         assert parity["max_abs_masked_action"] == 0.0
         (action,) = session.run(None, obs.feeds())

@@ -47,7 +47,14 @@ SPACE = {
     "algorithm.batch_size": {"low": 16, "high": 64},
     "algorithm.net_arch": {"choices": [[16, 16], [32, 32]]},
 }
-HOUSEKEEPING = ("name", "output_dir", "progress_bar", "tensorboard", "torch_threads")
+HOUSEKEEPING = (
+    "name",
+    "output_dir",
+    "progress_bar",
+    "tensorboard",
+    "html_report",
+    "torch_threads",
+)
 
 
 def write_prices(path: Path, *, garbage_after_training: bool) -> Path:

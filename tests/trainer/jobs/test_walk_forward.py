@@ -271,6 +271,7 @@ def test_postgres_cli_run_with_curiosity_keeps_rows_when_the_push_fails(
     )
     assert "2 windows in" in out.output
     assert (tmp_path / "wf" / "summary.json").is_file()
+    assert f"html:    {tmp_path / 'wf' / 'report' / 'report.html'}" in out.output
     (run,) = rows(postgres_url, "SELECT * FROM walk_forward_runs")
     assert run["finished"] is not None
     assert run["summary"]["windows"] == 2

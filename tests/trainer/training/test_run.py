@@ -15,6 +15,7 @@ from allocator.cli import main
 from allocator.recording.migrations import upgrade
 from allocator.recording.schema import TrainingRun as TrainingRunRow
 from allocator.trainer.training.config import load_config
+from tests.plotly_html import check_html, figures_in, traces, values
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = [
@@ -36,6 +37,7 @@ COMMON_FILES = (
     "validation.json",
     "validation.png",
     "validation_allocations.png",
+    "report.html",
     "training_curves.png",
     "progress.csv",
     "run.json",
@@ -95,6 +97,22 @@ def test_td3_demo_config_leaves_a_complete_run_directory(tmp_path):
     )
     saturation = json.loads((run_dir / "action_saturation.json").read_text())
     assert 0.0 <= saturation["near_bound_ratio"] <= 1.0
+    # The interactive report draws the validation's own backtests: every policy's NAV ends at
+    # its total return, the agent's turnover averages to its metric, its weights are its range.
+    assert f"interactive report: {run_dir / 'report.html'}" in out
+    check_html((run_dir / "report.html").read_text(encoding="utf-8"))
+    figures = figures_in(run_dir / "report.html")
+    navs = traces(figures["performance"], "y")
+    assert list(navs) == list(validation["metrics"])
+    for name, nav in navs.items():
+        y = values(nav["y"])
+        assert y[-1] / y[0] - 1 == pytest.approx(validation["metrics"][name]["total_return"])
+    turnover = values(traces(figures["performance"], "y3")["td3"]["y"])
+    assert turnover.mean() == pytest.approx(allocation["mean_daily_turnover"], rel=1e-12)
+    for asset, area in traces(figures["allocations"], "y2").items():
+        w = values(area["y"])
+        held = allocation["weights"][asset]
+        assert (w.min(), w.max()) == pytest.approx((held["min"], held["max"]), abs=1e-12)
     host = json.loads((run_dir / "run.json").read_text())["host"]
     assert host["torch_threads"] == 1  # the run's own setting, read back from torch
     assert host["cpu"]

@@ -1,12 +1,26 @@
 """The graphs ``allocator export`` writes, as torch modules, and their export to ONNX.
 
-* ``PolicyGraph`` (``model.onnx``) takes the *raw* observation
-  (``portfolio.build_raw_observation``) and the mask, and returns the deterministic action and
-  the portfolio weights. Normalization (with the manifest's statistics) and the action ->
-  weights mapping are part of the graph, so a server never re-implements either and cannot
-  apply stale statistics. Both are the numpy contract of ``allocator.portfolio`` in torch ops.
-* ``CuriosityGraph`` (``icm.onnx``, runs trained with curiosity) returns the intrinsic reward
-  of a transition.
+A policy graph holds k >= 1 members (one run, or a seed ensemble): each member normalizes the
+one raw input with the statistics its own run fitted and runs its deterministic actor, and the
+graph outputs the mean of their actions, so an ensemble has a single model's inputs and outputs.
+The representation decides the rest:
+
+* ``PolicyGraph`` (flat MLP, ``model.onnx``): the *raw* observation
+  (``portfolio.build_raw_observation``) and the mask -> the action and the portfolio weights
+  (``portfolio.action_to_weights`` of the mean action, in torch ops).
+* ``SetPolicyGraph`` (shared per-asset policy, ``model.onnx``): the raw per-asset features of
+  any number of assets N (``portfolio.asset_features``), the weights and the mask -> the action,
+  with a dynamic asset axis. The tilt mapping needs the anchor, which the server computes from
+  the request's own prices with ``portfolio.anchor_weights`` (as the environment does), so it
+  stays out of the graph.
+* ``CuriosityGraph`` (``icm.onnx``, runs trained with curiosity): the intrinsic reward of a
+  transition.
+
+Normalization and the affine mapping are part of the graph, so a server never re-implements
+either and cannot apply stale statistics. Why the mean of actions: the action is the one output
+both representations share, and the mapping stays the one the manifest names; for the tilt
+``w ~ anchor * exp(k a)`` the mean action is the geometric mean of the members' tilts, so one
+member's extreme bet is damped, and masked slots stay 0.
 """
 
 from __future__ import annotations
@@ -14,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +36,7 @@ import onnx
 import torch
 from torch import nn
 
-from allocator.portfolio import FeatureSpec, NormalizationStats
+from allocator.portfolio import FeatureNormalization, FeatureSpec, NormalizationStats
 from allocator.trainer.agents.icm import CuriosityNet
 from allocator.trainer.export.errors import ExportError
 
@@ -31,57 +45,37 @@ __all__ = [
     "ActionToWeights",
     "CuriosityGraph",
     "DeterministicActor",
+    "FeatureNormalizer",
     "ObservationNormalizer",
     "PolicyGraph",
+    "SetActor",
+    "SetPolicyGraph",
     "export_graph",
     "graph_opset",
+    "live_slots",
+    "mean_action",
     "set_axes",
 ]
 
 ONNX_OPSET = 18
 
 
-class ObservationNormalizer(nn.Module):
-    """``portfolio.normalize_observation`` in torch ops, for raw observations in a graph.
+def live_slots(mask: torch.Tensor) -> torch.Tensor:
+    """Boolean live slots (B, N + 1) of a mask of any width: non-zero entries, cash always live
+    (``portfolio.live_mask``)."""
+    cash = torch.ones_like(mask[:, :1], dtype=torch.bool)
+    return torch.cat([cash, mask[:, 1:] != 0], dim=1)
 
-    The ``mask`` input decides which slots are live (non-zero, cash forced live, as
-    ``portfolio.live_mask``); it replaces the observation's mask block, so the actor never sees
-    a mask other than the one its weights are mapped under. The standardization runs in
-    float64, as numpy does, so the normalized features match ``normalize_observation`` bit for
-    bit.
-    """
 
-    cash_live: torch.Tensor
-    mean: torch.Tensor
-    std: torch.Tensor
-    clip: torch.Tensor
+def mean_action(actions: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The members' actions averaged (one ``ReduceMean`` over a stacked member axis); one
+    member's action as it is."""
+    return actions[0] if len(actions) == 1 else torch.stack(list(actions), dim=0).mean(dim=0)
 
-    def __init__(self, spec: FeatureSpec, stats: NormalizationStats) -> None:
-        super().__init__()
-        self.max_assets = spec.max_assets
-        self.window = spec.window
-        self.n_slots = spec.n_slots
-        self.n_features = spec.max_assets * spec.window
-        # float64 tensors, not Python floats: the exporter would store scalars as float32.
-        for key, value in (("mean", stats.mean), ("std", stats.std), ("clip", spec.clip)):
-            self.register_buffer(key, torch.tensor(float(value), dtype=torch.float64), False)
-        cash = torch.zeros(spec.n_slots, dtype=torch.bool)
-        cash[0] = True
-        self.register_buffer("cash_live", cash, persistent=False)
 
-    def live(self, mask: torch.Tensor) -> torch.Tensor:
-        """Boolean live slots: non-zero mask entries, cash always live."""
-        return (mask != 0) | self.cash_live
-
-    def forward(self, raw: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        live = self.live(mask)
-        n = self.n_features
-        z = (raw[:, :n].to(torch.float64) - self.mean) / self.std
-        z = torch.clamp(z, -self.clip, self.clip).to(torch.float32)  # tensor bounds: float64
-        z = z.reshape(-1, self.max_assets, self.window)
-        z = torch.where(live[:, 1:].unsqueeze(-1), z, 0.0).reshape(-1, n)
-        weights = raw[:, n : n + self.n_slots]
-        return torch.cat([z, weights, live.to(torch.float32)], dim=-1)
+def _check_members(actors: Sequence[nn.Module], stats: Sequence[object]) -> None:
+    if len(actors) != len(stats) or not actors:
+        raise ValueError(f"a graph needs >= 1 actors, one per statistics: {len(actors)}")
 
 
 class ActionToWeights(nn.Module):
@@ -91,7 +85,6 @@ class ActionToWeights(nn.Module):
     always live), renormalized; a row with no positive live preference goes all to cash.
     """
 
-    cash_live: torch.Tensor
     cash_only: torch.Tensor
 
     def __init__(self, n_slots: int) -> None:
@@ -99,10 +92,9 @@ class ActionToWeights(nn.Module):
         cash = torch.zeros(n_slots, dtype=torch.float64)
         cash[0] = 1.0
         self.register_buffer("cash_only", cash, persistent=False)
-        self.register_buffer("cash_live", cash > 0, persistent=False)
 
     def forward(self, action: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        live = (mask != 0) | self.cash_live
+        live = live_slots(mask)
         a = action.to(torch.float64)
         a = torch.where(torch.isnan(a), -1.0, a)  # NaN: no preference (clamp would keep NaN)
         preference = torch.clamp((a + 1.0) * 0.5, 0.0, 1.0)
@@ -134,20 +126,135 @@ class DeterministicActor(nn.Module):
         return self.actor(obs)
 
 
-class PolicyGraph(nn.Module):
-    """Raw observation and mask -> (action, weights): what ``model.onnx`` computes."""
+class FeatureNormalizer(nn.Module):
+    """``portfolio.normalize_features`` in torch ops: ``(raw - mean) / std``, clipped, masked
+    rows zeroed; one mean and standard deviation (the return window's ``NormalizationStats``)
+    or one per feature (``FeatureNormalization``).
 
-    def __init__(self, actor: nn.Module, spec: FeatureSpec, stats: NormalizationStats) -> None:
+    The standardization runs in float64, as numpy does, so the result matches numpy bit for bit;
+    ``where`` (not a product with the mask) zeroes masked rows even when they hold NaN.
+    """
+
+    mean: torch.Tensor
+    std: torch.Tensor
+    clip: torch.Tensor
+
+    def __init__(self, stats: NormalizationStats | FeatureNormalization, clip: float) -> None:
         super().__init__()
-        self.normalizer = ObservationNormalizer(spec, stats)
-        self.actor = actor
+        # float64 tensors, not Python floats: the exporter would store scalars as float32.
+        self.register_buffer("mean", torch.tensor(stats.mean, dtype=torch.float64), False)
+        self.register_buffer("std", torch.tensor(stats.std, dtype=torch.float64), False)
+        self.register_buffer("clip", torch.tensor(float(clip), dtype=torch.float64), False)
+
+    def forward(self, raw: torch.Tensor, live_assets: torch.Tensor) -> torch.Tensor:
+        """``raw`` (B, N, F) and ``live_assets`` (B, N) bool -> float32 (B, N, F)."""
+        z = (raw.to(torch.float64) - self.mean) / self.std
+        z = torch.clamp(z, -self.clip, self.clip).to(torch.float32)  # tensor bounds: float64
+        return torch.where(live_assets.unsqueeze(-1), z, 0.0)
+
+
+class ObservationNormalizer(nn.Module):
+    """A raw flat observation ``[M*F raw features, weights, mask]`` -> the normalized
+    observation the training environment produced: ``portfolio.normalize_observation`` for the
+    return window, ``portfolio.build_asset_observation`` for per-asset features.
+
+    The ``mask`` input decides which slots are live (non-zero, cash forced live, as
+    ``portfolio.live_mask``); it replaces the observation's mask block, so the actor never sees
+    a mask other than the one its weights are mapped under.
+    """
+
+    def __init__(
+        self, layout: FeatureSpec, stats: NormalizationStats | FeatureNormalization
+    ) -> None:
+        super().__init__()
+        if isinstance(stats, FeatureNormalization) and layout.window != stats.n_features:
+            raise ValueError(f"layout has {layout.window} features per slot, the norm {stats}")
+        self.layout = layout
+        self.normalizer = FeatureNormalizer(stats, layout.clip)
+
+    def forward(self, raw: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        m, f, slots = self.layout.max_assets, self.layout.window, self.layout.n_slots
+        live = live_slots(mask)
+        block = raw[:, : m * f].reshape(-1, m, f)
+        z = self.normalizer(block, live[:, 1:]).reshape(-1, m * f)
+        weights = raw[:, m * f : m * f + slots]
+        return torch.cat([z, weights, live.to(torch.float32)], dim=-1)
+
+
+class PolicyGraph(nn.Module):
+    """Raw observation and mask -> (mean action, weights) of k flat members."""
+
+    def __init__(
+        self, actors: Sequence[nn.Module], spec: FeatureSpec, stats: Sequence[NormalizationStats]
+    ) -> None:
+        """``actors[i]`` is member i's ``DeterministicActor`` on observations normalized with
+        ``stats[i]``."""
+        super().__init__()
+        _check_members(actors, stats)
+        self.normalizers = nn.ModuleList(ObservationNormalizer(spec, s) for s in stats)
+        self.actors = nn.ModuleList(actors)
         self.to_weights = ActionToWeights(spec.n_slots)
 
     def forward(
         self, observation: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        action = self.actor(self.normalizer(observation, mask))
+        action = mean_action(
+            [
+                actor(normalizer(observation, mask))
+                for normalizer, actor in zip(self.normalizers, self.actors, strict=True)
+            ]
+        )
         return action, self.to_weights(action, mask)
+
+
+class SetActor(nn.Module):
+    """The deterministic set action of a shared TD3 or SAC actor (``forward_sets``).
+
+    Both shared actors offer ``forward_sets(features, weights, mask)``: TD3's ``tanh(score)``,
+    SAC's squashed-Gaussian mode ``tanh(mean)``, with masked slots 0.
+    """
+
+    def __init__(self, actor: nn.Module) -> None:
+        super().__init__()
+        if not callable(getattr(actor, "forward_sets", None)):
+            raise TypeError(f"{type(actor).__name__} has no forward_sets: not a shared actor")
+        self.actor = actor
+
+    def forward(
+        self, features: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        return self.actor.forward_sets(features, weights, mask)  # type: ignore[operator]
+
+
+class SetPolicyGraph(nn.Module):
+    """Raw asset features (B, N, F), weights and mask (B, N + 1) -> mean action (B, N + 1) of k
+    shared members.
+
+    The mask the actors see is the graph's own liveness (0/1, cash live), the same slots the
+    features were masked with, whatever non-zero values the caller used.
+    """
+
+    def __init__(
+        self, actors: Sequence[nn.Module], norms: Sequence[FeatureNormalization], clip: float
+    ) -> None:
+        """``actors[i]`` is member i's shared SB3 actor (``forward_sets``) on features
+        normalized with ``norms[i]``; ``clip`` is the feature set's, the same for every member."""
+        super().__init__()
+        _check_members(actors, norms)
+        self.normalizers = nn.ModuleList(FeatureNormalizer(n, clip) for n in norms)
+        self.actors = nn.ModuleList(SetActor(a) for a in actors)
+
+    def forward(
+        self, asset_features: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        live = live_slots(mask)
+        live_assets, live_f = live[:, 1:], live.to(torch.float32)
+        return mean_action(
+            [
+                actor(normalizer(asset_features, live_assets), weights, live_f)
+                for normalizer, actor in zip(self.normalizers, self.actors, strict=True)
+            ]
+        )
 
 
 class CuriosityGraph(nn.Module):
@@ -156,9 +263,7 @@ class CuriosityGraph(nn.Module):
     One mask serves both observations: an episode's assets do not change between steps.
     """
 
-    def __init__(self, net: CuriosityNet, normalizer: nn.Module) -> None:
-        """``normalizer`` is the run's observation normalizer: ``ObservationNormalizer`` for the
-        return window, ``AssetObservationNormalizer`` for per-asset features."""
+    def __init__(self, net: CuriosityNet, normalizer: ObservationNormalizer) -> None:
         super().__init__()
         self.normalizer = normalizer
         self.net = net

@@ -102,42 +102,22 @@ def _algorithm_class(name: str) -> type[Algorithm]:
     return ALGORITHMS[name]
 
 
-def _check_normalization_file(run_dir: Path, manifest: Manifest) -> None:
-    """The manifest's statistics must be those the run saved (manifest.json has no checksum)."""
-    path = run_dir / NORMALIZATION_FILE
-    if not path.is_file():
+def _check_saved(run_dir: Path, field: str, file: str, ours: Any) -> None:
+    """The manifest's statistics (``field``: mean and std) must be those the run saved in
+    ``file``, when it has one (manifest.json has no checksum)."""
+    path = run_dir / file
+    if ours is None or not path.is_file():
         return
     try:
         saved = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ExportError(f"{path}: not valid JSON: {exc}") from exc
-    ours = manifest.normalization
     pair = (saved.get("mean"), saved.get("std")) if isinstance(saved, dict) else None
     if pair != (ours.mean, ours.std):
         raise ExportError(
-            f"{run_dir}: manifest normalization (mean {ours.mean}, std {ours.std}) differs from "
-            f"the run's {NORMALIZATION_FILE} ({saved}); the manifest was altered"
+            f"{run_dir}: manifest {field} differs from the run's {file} (manifest: mean "
+            f"{ours.mean}, std {ours.std}; file: {saved}); the manifest was altered"
         )
-
-
-def _check_feature_normalization(run_dir: Path, manifest: Manifest) -> FeatureNormalization | None:
-    """The manifest's per-asset statistics, which must be those the run saved."""
-    info = manifest.feature_normalization
-    if info is None:
-        return None
-    path = run_dir / FEATURE_NORMALIZATION_FILE
-    if path.is_file():
-        try:
-            saved = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ExportError(f"{path}: not valid JSON: {exc}") from exc
-        pair = (saved.get("mean"), saved.get("std")) if isinstance(saved, dict) else None
-        if pair != (info.mean, info.std):
-            raise ExportError(
-                f"{run_dir}: manifest feature_normalization differs from the run's "
-                f"{FEATURE_NORMALIZATION_FILE}; the manifest was altered"
-            )
-    return info.normalization()
 
 
 def _check_policy_kind(path: Path, manifest: Manifest, model: Algorithm) -> None:
@@ -160,8 +140,9 @@ def load_run(run_dir: str | Path) -> LoadedRun:
         verify_checksums(d, manifest)
     except ManifestError as exc:
         raise ExportError(str(exc)) from exc
-    _check_normalization_file(d, manifest)
-    feature_norm = _check_feature_normalization(d, manifest)
+    _check_saved(d, "normalization", NORMALIZATION_FILE, manifest.normalization)
+    features = manifest.feature_normalization
+    _check_saved(d, "feature_normalization", FEATURE_NORMALIZATION_FILE, features)
     if not (d / MODEL_FILE).is_file():
         raise ExportError(f"{d / MODEL_FILE}: missing")
     spec = manifest.feature_spec.layout
@@ -198,4 +179,5 @@ def load_run(run_dir: str | Path) -> LoadedRun:
         except Exception as exc:
             raise ExportError(f"{d / ICM_FILE}: cannot load the curiosity module: {exc}") from exc
         icm.net.eval()
+    feature_norm = features.normalization() if features is not None else None
     return LoadedRun(d, manifest, model, spec, stats, icm, feature_norm)

@@ -1,191 +1,65 @@
-"""Parity of the exported graphs with torch: the observations they are compared on, and the check.
+"""Parity of the exported graphs with torch: the comparison, its figures and the check.
 
-Parity is measured on ``PARITY_SAMPLES`` random observations (realistic scales and beyond,
-masks of every density) and as many real ones (a rollout of the policy over the run's training
-data), and recorded in the exported manifest; an export whose graphs disagree with torch by
-more than ``PARITY_TOLERANCE`` fails and leaves the registry untouched.
+A policy graph of k >= 1 members is compared with the torch mean of its members' actions, each
+computed exactly as a single export's reference is (the member's SB3 actor on the input
+normalized in numpy with that member's own statistics): on ``PARITY_SAMPLES`` random and as
+many real inputs (``export.observations``), and for a shared graph at half, once and twice the
+training slots. A curiosity graph is compared with its module on random and real transitions.
+The figures go into the exported manifest; an export whose graphs disagree with torch by more
+than ``PARITY_TOLERANCE`` fails and leaves the registry untouched.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import torch
-from numpy.typing import NDArray
 
 from allocator.portfolio import (
-    FeatureSpec,
     action_to_weights,
     assemble_observation,
-    build_raw_observation,
+    live_mask,
+    normalize_features,
     normalize_observation,
 )
-from allocator.registry.layout import ICM_OUTPUTS, POLICY_OUTPUTS
+from allocator.registry.layout import ICM_OUTPUTS
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import Float32Array, LoadedRun
-from allocator.trainer.market.data import DataError, MarketData, load_dataset
-from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
+from allocator.trainer.export.observations import (
+    FlatObservations,
+    SetObservations,
+    max_abs,
+    parity_sizes,
+    random_raw_observations,
+    random_set_observations,
+    real_set_observations,
+    real_transitions,
+    shared_rollout,
+)
 
 __all__ = [
     "PARITY_SAMPLES",
     "PARITY_TOLERANCE",
-    "RealTransitions",
+    "Transitions",
     "check_parity",
     "curiosity_parity",
     "format_parity",
-    "max_abs",
     "measure_parity",
     "onnx_session",
     "policy_parity",
-    "random_live_masks",
-    "random_raw_observations",
-    "real_transitions",
-    "training_data",
 ]
 
 PARITY_TOLERANCE = 1e-5
 """Largest absolute ONNX-vs-torch difference (actions, weights, rewards) an export accepts."""
 PARITY_SAMPLES = 1000
 
-
-# --- the observations compared on ----------------------------------------------------------
-
-
-def random_live_masks(n: int, n_slots: int, rng: np.random.Generator) -> NDArray[np.bool_]:
-    """Random live masks (cash live) of every density; every tenth row is cash only."""
-    density = rng.uniform(0.0, 1.0, size=(n, 1))
-    live = rng.random((n, n_slots)) < density
-    live[::10, 1:] = False
-    live[:, 0] = True
-    return live
-
-
-def random_raw_observations(
-    spec: FeatureSpec,
-    n: int,
-    rng: np.random.Generator,
-    live: NDArray[np.bool_] | None = None,
-) -> tuple[Float32Array, Float32Array]:
-    """``n`` raw observations and their masks, of realistic scale and beyond.
-
-    Daily log returns are Student-t (3 dof) with a per-row scale from calm (0.5%) to crisis
-    (5%) markets, so some normalized features hit the clip; weights are Dirichlet draws of
-    varying concentration over the live slots (some rows all cash).
-    """
-    live = random_live_masks(n, spec.n_slots, rng) if live is None else live
-    scale = rng.choice([0.005, 0.01, 0.02, 0.05], size=(n, 1, 1))
-    returns = scale * rng.standard_t(3.0, size=(n, spec.max_assets, spec.window))
-    concentration = rng.choice([0.1, 1.0, 10.0], size=(n, 1))
-    g = rng.gamma(concentration, size=(n, spec.n_slots)) * live
-    g[::7, 1:] = 0.0
-    g[:, 0] = np.where(g.sum(axis=1) > 0, g[:, 0], 1.0)
-    weights = g / g.sum(axis=1, keepdims=True)
-    obs = assemble_observation(returns, weights, live, spec)
-    return obs, live.astype(np.float32)
-
-
-@dataclass
-class RealTransitions:
-    """Raw observations met on a rollout over the training data, and what followed them."""
-
-    observations: Float32Array
-    masks: Float32Array
-    actions: Float32Array
-    next_observations: Float32Array
-    max_abs_observation_diff: float
-    """Largest gap between ``normalize_observation(raw)`` and the environment's observation."""
-
-
-def _raw_from_env(env: PortfolioEnv, spec: FeatureSpec) -> Float32Array:
-    """The raw observation of the environment's next decision, from its real price window."""
-    t, w = env.t, spec.window
-    prices = np.full((spec.max_assets, spec.prices_per_asset), np.nan)
-    k = len(env.asset_index)
-    prices[:k] = env.data.prices[t - w : t + 1, env.asset_index].T
-    return build_raw_observation(prices, env.drifted, env.mask, spec)
-
-
-def training_data(loaded: LoadedRun) -> MarketData:
-    """The run's training data (its universe when the dataset still has it), from the manifest."""
-    m = loaded.manifest
-    try:
-        data = load_dataset(m.data.dataset).between(m.data.train_start, m.data.train_end)
-        if m.data.universe and set(m.data.universe) <= set(data.assets):
-            data = data.select(m.data.universe)
-    except DataError as exc:
-        raise ExportError(f"cannot rebuild the training data for the parity check: {exc}") from exc
-    return data
-
-
-def _training_env(loaded: LoadedRun) -> PortfolioEnv:
-    """The run's environment over its training data, rebuilt from the manifest."""
-    m = loaded.manifest
-    data = training_data(loaded)
-    spec = loaded.spec
-    length = min(252, data.n_dates - 1 - spec.window)
-    if length < 1:
-        raise ExportError(
-            f"{m.data.dataset}: training period too short for a window of {spec.window}"
-        )
-    config = EnvConfig(
-        max_assets=spec.max_assets,
-        min_assets=1,
-        window=spec.window,
-        episode_length=length,
-        cost_bps=m.cost_bps,
-        beta=m.beta,
-        obs_clip=spec.clip,
-    )
-    return PortfolioEnv(data, config, stats=loaded.stats)
-
-
-def real_transitions(loaded: LoadedRun, n: int, seed: int = 0) -> RealTransitions:
-    """Roll the deterministic policy over the run's training data, rebuilt from the manifest.
-
-    Raw observations are built from the environment's actual price windows with
-    ``build_raw_observation`` (never by inverting the clipped normalization).
-    """
-    spec = loaded.spec
-    env = _training_env(loaded)
-    actor = loaded.reference_actor()
-    obs_list: list[Float32Array] = []
-    mask_list: list[Float32Array] = []
-    act_list: list[Float32Array] = []
-    next_list: list[Float32Array] = []
-    worst = 0.0
-    env_obs, _ = env.reset(seed=seed)
-    raw = _raw_from_env(env, spec)
-    while len(obs_list) < n:
-        normalized = normalize_observation(raw, spec, loaded.stats)
-        worst = max(worst, float(np.max(np.abs(normalized - env_obs))))
-        action = actor(normalized[None])[0]
-        env_obs, _, terminated, truncated, _ = env.step(action)
-        next_raw = _raw_from_env(env, spec)
-        obs_list.append(raw)
-        mask_list.append(env.mask.astype(np.float32))
-        act_list.append(action)
-        next_list.append(next_raw)
-        if terminated or truncated:
-            env_obs, _ = env.reset()
-            raw = _raw_from_env(env, spec)
-        else:
-            raw = next_raw
-    return RealTransitions(
-        np.stack(obs_list),
-        np.stack(mask_list),
-        np.stack(act_list),
-        np.stack(next_list),
-        worst,
-    )
-
-
-# --- the comparison ------------------------------------------------------------------------
+Transitions = tuple[Float32Array, Float32Array, Float32Array, Float32Array]
+"""Raw flat (previous observations, actions, observations, masks) of the training slots."""
 
 
 def onnx_session(path: Path) -> Any:
@@ -193,59 +67,70 @@ def onnx_session(path: Path) -> Any:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def max_abs(a: NDArray[Any], b: NDArray[Any]) -> float:
-    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
-    return float(np.max(diff)) if diff.size else 0.0
+def _member_action(member: LoadedRun, obs: FlatObservations | SetObservations) -> Float32Array:
+    """A member's torch action on ``obs`` normalized in numpy with its own statistics."""
+    if isinstance(obs, FlatObservations):
+        normalized = normalize_observation(obs.observations, member.spec, member.stats)
+        return member.reference_actor()(normalized)
+    assert member.feature_norm is not None
+    live = live_mask(obs.masks)
+    z = normalize_features(obs.features, member.feature_norm, member.asset_spec.clip, live)
+    return member.reference_sets()(z, obs.weights, live.astype(np.float32))
 
 
 def policy_parity(
-    session: Any, loaded: LoadedRun, observations: Float32Array, masks: Float32Array
-) -> dict[str, float | int]:
-    """ONNX policy vs torch actor on ``normalize_observation``, and the graph's weights vs
-    numpy ``action_to_weights`` of the graph's own action.
+    session: Any, members: Sequence[LoadedRun], obs: FlatObservations | SetObservations
+) -> dict[str, Any]:
+    """The ONNX policy vs the torch mean of its members' actions.
 
-    The two parts are checked separately on purpose. The network is judged on its action. The
-    mapping is judged on the same action: when every live preference is near 0 (actions near
+    Flat: the graph's weights are checked against numpy ``action_to_weights`` of the graph's
+    *own* action, apart from the network. When every live preference is near 0 (actions near
     -1, common on random observations) renormalizing divides by a small sum and multiplies any
     float32 action difference, so a torch-to-ONNX weight comparison would fail a correct graph
-    (seen: 1.6e-5 from a 5e-7 action difference). That end-to-end figure is still reported
-    (``end_to_end_weight_diff``), not checked.
+    (seen: 1.6e-5 from a 5e-7 action difference); that figure is still reported
+    (``end_to_end_weight_diff``), not checked. Shared: ``max_abs_masked_action``, the graph's
+    largest |action| on a masked slot, must be 0. An ensemble also reports how far its members
+    disagree (``member_spread``, not checked).
     """
-    action, weights = session.run(
-        list(POLICY_OUTPUTS), {"observation": observations, "mask": masks}
-    )
-    ref_action = loaded.reference_actor()(
-        normalize_observation(observations, loaded.spec, loaded.stats)
-    )
-    return {
-        "n": len(observations),
-        "max_abs_action_diff": max_abs(action, ref_action),
-        "max_abs_weight_diff": max_abs(weights, action_to_weights(action, masks)),
-        "end_to_end_weight_diff": max_abs(weights, action_to_weights(ref_action, masks)),
-    }
+    outputs = session.run(None, obs.feeds())
+    action = outputs[0]
+    actions = [_member_action(m, obs) for m in members]
+    reference = actions[0] if len(actions) == 1 else np.mean(np.stack(actions), axis=0)
+    figures: dict[str, Any] = {"n": len(action)}
+    if isinstance(obs, FlatObservations):
+        figures["max_abs_action_diff"] = max_abs(action, reference)
+        figures["max_abs_weight_diff"] = max_abs(outputs[1], action_to_weights(action, obs.masks))
+        end_to_end = max_abs(outputs[1], action_to_weights(reference, obs.masks))
+        figures["end_to_end_weight_diff"] = end_to_end
+    else:
+        live = live_mask(obs.masks)
+        figures["assets"] = int(obs.features.shape[1])
+        figures["max_abs_action_diff"] = max_abs(action, reference)
+        figures["max_abs_masked_action"] = float(np.max(np.abs(np.where(live, 0.0, action))))
+    if len(actions) > 1:
+        figures["member_spread"] = max(max_abs(a, reference) for a in actions)
+    return figures
+
+
+def _normalized_flat(loaded: LoadedRun, raw: Float32Array, masks: Float32Array) -> Float32Array:
+    """A raw flat observation as the curiosity module was trained on it."""
+    layout = loaded.spec
+    if not loaded.shared:
+        return normalize_observation(raw, layout, loaded.stats)
+    assert loaded.feature_norm is not None
+    n_feat = layout.max_assets * layout.window
+    block = raw[:, :n_feat].reshape(-1, layout.max_assets, layout.window)
+    z = normalize_features(block, loaded.feature_norm, layout.clip, masks)
+    weights = raw[:, n_feat : n_feat + layout.n_slots]
+    return assemble_observation(z, weights, masks, layout)
 
 
 def curiosity_parity(
-    session: Any,
-    loaded: LoadedRun,
-    previous: Float32Array,
-    actions: Float32Array,
-    current: Float32Array,
-    masks: Float32Array,
-    normalize: Callable[[Float32Array], Float32Array] | None = None,
+    session: Any, loaded: LoadedRun, transitions: Transitions
 ) -> dict[str, float | int]:
-    """ONNX curiosity graph vs ``CuriosityNet.forward`` on numpy-normalized observations.
-
-    ``normalize`` turns a raw flat observation into what the module was trained on; the
-    default is the return window's ``normalize_observation`` with the run's statistics.
-    """
+    """ONNX curiosity graph vs ``CuriosityNet.forward`` on numpy-normalized observations."""
     assert loaded.icm is not None
-    if normalize is None:
-        spec, stats = loaded.spec, loaded.stats
-
-        def normalize(raw: Float32Array) -> Float32Array:
-            return normalize_observation(raw, spec, stats)
-
+    previous, actions, current, masks = transitions
     (reward,) = session.run(
         list(ICM_OUTPUTS),
         {
@@ -257,9 +142,9 @@ def curiosity_parity(
     )
     with torch.no_grad():
         ref = loaded.icm.net(
-            torch.as_tensor(normalize(previous)),
+            torch.as_tensor(_normalized_flat(loaded, previous, masks)),
             torch.as_tensor(actions),
-            torch.as_tensor(normalize(current)),
+            torch.as_tensor(_normalized_flat(loaded, current, masks)),
         ).numpy()
     return {"n": len(previous), "max_abs_reward_diff": max_abs(reward, ref)}
 
@@ -291,35 +176,104 @@ def format_parity(parity: dict[str, Any]) -> str:
     return "\n".join(f"  {key:<36} {value:.3g}" for key, value in _diffs(parity))
 
 
-def measure_parity(
-    loaded: LoadedRun,
-    model_path: Path,
-    icm_path: Path | None,
-    n: int = PARITY_SAMPLES,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Parity of the exported graphs with torch on ``n`` random and ``n`` real observations."""
-    rng = np.random.default_rng(seed)
-    spec = loaded.spec
-    random_obs, random_masks = random_raw_observations(spec, n, rng)
-    real = real_transitions(loaded, n, seed=seed)
-    policy = onnx_session(model_path)
-    parity: dict[str, Any] = {
-        "random": policy_parity(policy, loaded, random_obs, random_masks),
+Measure = Callable[[FlatObservations | SetObservations], dict[str, Any]]
+
+
+def _flat_parity(
+    first: LoadedRun,
+    measure: Measure,
+    n: int,
+    rng: np.random.Generator,
+    seed: int,
+    curiosity: bool,
+) -> tuple[dict[str, Any], dict[str, Transitions]]:
+    """Flat figures on ``n`` random and ``n`` real observations, and the transitions a
+    curiosity graph is compared on (drawn only for one)."""
+    random_obs, random_masks = random_raw_observations(first.spec, n, rng)
+    real = real_transitions(first, n, seed=seed)
+    parity = {
+        "random": measure(FlatObservations(random_obs, random_masks)),
         "real": {
-            **policy_parity(policy, loaded, real.observations, real.masks),
+            **measure(FlatObservations(real.observations, real.masks)),
             "max_abs_observation_diff": real.max_abs_observation_diff,
         },
     }
+    if not curiosity:
+        return parity, {}
+    following, _ = random_raw_observations(first.spec, n, rng, live=random_masks > 0)
+    actions = rng.uniform(-1.0, 1.0, size=(n, first.spec.n_slots)).astype(np.float32)
+    return parity, {
+        "random": (random_obs, actions, following, random_masks),
+        "real": (real.observations, real.actions, real.next_observations, real.masks),
+    }
+
+
+def _set_parity(
+    first: LoadedRun,
+    measure: Measure,
+    n: int,
+    rng: np.random.Generator,
+    seed: int,
+    curiosity: bool,
+    single: bool,
+) -> tuple[dict[str, Any], dict[str, Transitions]]:
+    """Shared figures on ``n`` random and ``n`` real decisions at each ``parity_sizes`` size and
+    on a rollout, and the curiosity graph's transitions of the training slots."""
+    rollout = shared_rollout(first, n, seed=seed)
+    sizes = parity_sizes(first.spec.max_assets)
+    random = {f"n{s}": measure(random_set_observations(first, n, s, rng)) for s in sizes}
+    real = {f"n{s}": measure(real_set_observations(first, n, s, rng)) for s in sizes}
+    parity = {"random": random, "real": real}
+    real["rollout"] = {
+        **measure(rollout.sets),
+        "max_abs_observation_diff": rollout.max_abs_observation_diff,
+    }
+    if single:  # SB3's flat call on the first member: an ensemble's figures leave it out
+        real["rollout"]["max_abs_flat_action_diff"] = rollout.max_abs_flat_action_diff
+    if not curiosity:
+        return parity, {}
+    m = first.spec.max_assets
+    before = random_set_observations(first, n, m, rng)
+    after = random_set_observations(first, n, m, rng, live=before.masks > 0)
+    actions = rng.uniform(-1.0, 1.0, size=(n, m + 1)).astype(np.float32)
+
+    def flat(obs: SetObservations) -> Float32Array:
+        return assemble_observation(obs.features, obs.weights, obs.masks, first.spec)
+
+    return parity, {
+        "random": (flat(before), actions, flat(after), before.masks),
+        "real": (
+            rollout.observations,
+            rollout.actions,
+            rollout.next_observations,
+            rollout.sets.masks,
+        ),
+    }
+
+
+def measure_parity(
+    members: Sequence[LoadedRun],
+    model_path: Path,
+    icm_path: Path | None = None,
+    n: int = PARITY_SAMPLES,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Parity of the exported graphs of ``members`` (one run, or a seed ensemble) with torch on
+    ``n`` random and ``n`` real inputs; the curiosity graph ``icm_path`` is the first member's."""
+    rng = np.random.default_rng(seed)
+    session = onnx_session(model_path)
+    first = members[0]
+
+    def measure(obs: FlatObservations | SetObservations) -> dict[str, Any]:
+        return policy_parity(session, members, obs)
+
+    curiosity = icm_path is not None
+    if first.shared:
+        single = len(members) == 1
+        parity, transitions = _set_parity(first, measure, n, rng, seed, curiosity, single)
+    else:
+        parity, transitions = _flat_parity(first, measure, n, rng, seed, curiosity)
     if icm_path is not None:
         icm = onnx_session(icm_path)
-        live = random_masks > 0
-        following, _ = random_raw_observations(spec, n, rng, live=live)
-        actions = rng.uniform(-1.0, 1.0, size=(n, spec.n_slots)).astype(np.float32)
-        parity["icm"] = {
-            "random": curiosity_parity(icm, loaded, random_obs, actions, following, random_masks),
-            "real": curiosity_parity(
-                icm, loaded, real.observations, real.actions, real.next_observations, real.masks
-            ),
-        }
+        parity["icm"] = {k: curiosity_parity(icm, first, t) for k, t in transitions.items()}
     return parity

@@ -1,23 +1,25 @@
-"""Export a finished run to ONNX for serving, checked against torch before it is published.
+"""Export finished runs to ONNX for serving, checked against torch before they are published.
 
-``export_run`` turns a run directory into a registry version
-``registry/NAME/VERSION/{model.onnx, icm.onnx?, manifest.json}``: the graphs
-(``export.graphs`` for a flat MLP, ``export.shared_graphs`` for a shared policy) are written to
-a scratch directory, compared with torch (``export.parity``, ``export.shared_parity``), and only
-then published (``allocator.registry.publish``): staged in a hidden directory beside the
-version and renamed into place, so a version appears whole.
+One pipeline for one run and for a seed ensemble of runs: ``export_runs`` loads and checks the
+members (``export.members``), writes the policy graph of their representation (and a single
+run's curiosity graph) to a scratch directory (``export.graphs``), compares them with torch
+(``export.parity``), and only then publishes ``registry/NAME/VERSION/{model.onnx, icm.onnx?,
+manifest.json}`` (``allocator.registry.publish``): staged in a hidden directory beside the
+version and renamed into place, so a version appears whole. An ensemble has a single model's
+inputs and outputs, so the server loads and serves it unchanged.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from allocator.artifacts.manifest import SCHEMA_VERSION, TILT_MAPPING, Manifest, library_versions
+from allocator.artifacts.manifest import SCHEMA_VERSION, Manifest, library_versions
 from allocator.registry.errors import PublishError
 from allocator.registry.layout import (
     ICM_FILE,
@@ -36,27 +38,36 @@ from allocator.trainer.export.graphs import (
     CuriosityGraph,
     ObservationNormalizer,
     PolicyGraph,
+    SetPolicyGraph,
     export_graph,
     graph_opset,
     set_axes,
 )
 from allocator.trainer.export.loaded_run import LoadedRun, load_run
+from allocator.trainer.export.members import (
+    COMBINE,
+    CURIOSITY_NOTE,
+    check_members,
+    ensemble_info,
+    model_sha256,
+)
 from allocator.trainer.export.parity import (
     PARITY_SAMPLES,
     PARITY_TOLERANCE,
     check_parity,
     measure_parity,
 )
-from allocator.trainer.export.shared_graphs import AssetObservationNormalizer, SharedPolicyGraph
-from allocator.trainer.export.shared_parity import measure_shared_parity
+from allocator.trainer.training.tracked_models import register_export
+from allocator.trainer.training.tracking import read_tracking, require_mlflow
 
 __all__ = [
     "SHARED_POSTPROCESSING",
-    "check_exportable",
     "export_curiosity",
+    "export_ensemble",
     "export_policy",
     "export_run",
-    "export_set_graph",
+    "export_runs",
+    "graph_metadata",
     "publish",
     "reserve_version",
 ]
@@ -68,112 +79,71 @@ SHARED_POSTPROCESSING = (
 """What the manifest's export info says a server does with a shared graph's action."""
 
 
-def check_exportable(manifest: Manifest, run_dir: Path) -> None:
-    """Refuse a representation no graph kind serves: a flat MLP is exported with return
-    features and the affine mapping baked in; a shared policy with the per-asset feature set
-    and the tilt mapping applied by the server."""
-    fs, kind = manifest.feature_spec, manifest.policy.kind
-    if kind == "mlp":
-        ok = fs.kind == "returns" and manifest.tilt is None
-        need = "return-window features and the affine mapping"
-    else:
-        ok = fs.kind == "asset_v1" and manifest.action_mapping == TILT_MAPPING
-        need = "the asset_v1 feature set and the tilt mapping"
-    if not ok:
-        raise ExportError(
-            f"{run_dir}: the {kind} policy with feature set {fs.kind} and mapping "
-            f"{manifest.action_mapping} cannot be exported; {kind} policies are served with {need}"
-        )
-
-
-def _graph_metadata(loaded: LoadedRun, graph: str) -> dict[str, str]:
-    m = loaded.manifest
-    if loaded.shared:
-        return _shared_metadata(loaded, graph)
-    return {
+def graph_metadata(members: Sequence[LoadedRun], graph: str) -> dict[str, str]:
+    """The graph's ``metadata_props``: what a server (or a person) can see it was built from."""
+    first, single = members[0], len(members) == 1
+    m = first.manifest
+    meta = {
         "allocator.graph": graph,
         "allocator.algorithm": m.algorithm,
+        "allocator.policy": m.policy.kind,
         "allocator.action_mapping": m.action_mapping,
-        "allocator.max_assets": str(loaded.spec.max_assets),
-        "allocator.window": str(loaded.spec.window),
-        "allocator.clip": repr(loaded.spec.clip),
-        "allocator.normalization_mean": repr(loaded.stats.mean),
-        "allocator.normalization_std": repr(loaded.stats.std),
-        "allocator.input": "raw observation (portfolio.build_raw_observation) and mask",
+        "allocator.max_assets": str(first.spec.max_assets),
     }
-
-
-def _shared_metadata(loaded: LoadedRun, graph: str) -> dict[str, str]:
-    m, spec = loaded.manifest, loaded.asset_spec
-    assert loaded.feature_norm is not None
-    return {
-        "allocator.graph": graph,
-        "allocator.algorithm": m.algorithm,
-        "allocator.policy": "shared",
-        "allocator.action_mapping": m.action_mapping,
-        "allocator.max_assets": str(loaded.spec.max_assets),
-        "allocator.max_served_assets": str(m.max_served_assets),
-        "allocator.feature_spec": repr(spec.to_dict()),
-        "allocator.feature_normalization_mean": repr(list(loaded.feature_norm.mean)),
-        "allocator.feature_normalization_std": repr(list(loaded.feature_norm.std)),
-        "allocator.input": (
+    if first.shared:
+        assert first.feature_norm is not None
+        meta["allocator.max_served_assets"] = str(m.max_served_assets)
+        meta["allocator.feature_spec"] = repr(first.asset_spec.to_dict())
+        meta["allocator.input"] = (
             "raw per-asset features (portfolio.asset_features), weights and mask"
             if graph == "policy"
             else "raw flat observations of the training slots (asset_features rows) and mask"
-        ),
-        "allocator.postprocessing": SHARED_POSTPROCESSING,
-    }
+        )
+        meta["allocator.postprocessing"] = SHARED_POSTPROCESSING
+        if single:
+            meta["allocator.feature_normalization_mean"] = repr(list(first.feature_norm.mean))
+            meta["allocator.feature_normalization_std"] = repr(list(first.feature_norm.std))
+    else:
+        meta["allocator.window"] = str(first.spec.window)
+        meta["allocator.clip"] = repr(first.spec.clip)
+        meta["allocator.input"] = "raw observation (portfolio.build_raw_observation) and mask"
+        if single:
+            meta["allocator.normalization_mean"] = repr(first.stats.mean)
+            meta["allocator.normalization_std"] = repr(first.stats.std)
+    if not single:
+        meta["allocator.ensemble"] = f"{COMBINE} of {len(members)} members"
+        meta["allocator.ensemble_models"] = repr([model_sha256(x) for x in members])
+        meta["allocator.ensemble_seeds"] = repr([x.manifest.seed for x in members])
+    return meta
 
 
-def export_shared_policy(loaded: LoadedRun, path: Path) -> Path:
-    """Write a shared policy's ``model.onnx``: raw asset features (B, N, F), weights and mask
-    (B, N + 1) -> action (B, N + 1), with a dynamic asset axis N."""
-    assert loaded.feature_norm is not None
-    actor = loaded.model.actor
-    graph = SharedPolicyGraph(actor, loaded.feature_norm, loaded.asset_spec.clip)
-    return export_set_graph(graph, loaded, path, _graph_metadata(loaded, "policy"))
-
-
-def export_set_graph(
-    graph: torch.nn.Module, loaded: LoadedRun, path: Path, metadata: dict[str, str]
-) -> Path:
-    """Export a graph with the shared policy's interface (features, weights, mask -> action),
-    traced at the training slots and exported with a dynamic asset axis."""
-    n, f = loaded.spec.max_assets, loaded.spec.window
-    example = (torch.zeros(4, n, f), torch.zeros(4, n + 1), torch.ones(4, n + 1))
-    return export_graph(
-        graph,
-        example,
-        SHARED_POLICY_INPUTS,
-        SHARED_POLICY_OUTPUTS,
-        path,
-        metadata,
-        dynamic_shapes=set_axes(len(example)),
-    )
-
-
-def export_policy(loaded: LoadedRun, path: Path) -> Path:
-    """Write ``model.onnx``: raw observation + mask -> (action, weights) for a flat MLP, the
-    set graph (``export_shared_policy``) for a shared policy."""
-    if loaded.shared:
-        return export_shared_policy(loaded, path)
-    graph = PolicyGraph(loaded.deterministic_actor(), loaded.spec, loaded.stats)
-    example = (torch.zeros(4, loaded.spec.obs_size), torch.ones(4, loaded.spec.n_slots))
-    return export_graph(
-        graph, example, POLICY_INPUTS, POLICY_OUTPUTS, path, _graph_metadata(loaded, "policy")
-    )
+def export_policy(members: Sequence[LoadedRun], path: Path) -> Path:
+    """Write ``model.onnx`` of one run or a seed ensemble: raw observation + mask -> (action,
+    weights) for a flat MLP; raw asset features (B, N, F), weights and mask (B, N + 1) ->
+    action (B, N + 1) with a dynamic asset axis N for a shared policy (traced at the training
+    slots)."""
+    first = members[0]
+    metadata = graph_metadata(members, "policy")
+    n, f = first.spec.max_assets, first.spec.window
+    if first.shared:
+        norms = [m.feature_norm for m in members if m.feature_norm is not None]
+        actors = [m.model.actor for m in members]
+        graph = SetPolicyGraph(actors, norms, first.asset_spec.clip)
+        example = (torch.zeros(4, n, f), torch.zeros(4, n + 1), torch.ones(4, n + 1))
+        names = (SHARED_POLICY_INPUTS, SHARED_POLICY_OUTPUTS)
+        return export_graph(graph, example, *names, path, metadata, set_axes(len(example)))
+    actors_flat = [m.deterministic_actor() for m in members]
+    flat = PolicyGraph(actors_flat, first.spec, [m.stats for m in members])
+    flat_example = (torch.zeros(4, first.spec.obs_size), torch.ones(4, first.spec.n_slots))
+    return export_graph(flat, flat_example, POLICY_INPUTS, POLICY_OUTPUTS, path, metadata)
 
 
 def export_curiosity(loaded: LoadedRun, path: Path) -> Path:
     """Write ``icm.onnx``: raw (previous, action, current) + mask -> intrinsic reward (B, 1)."""
     assert loaded.icm is not None
-    normalizer: torch.nn.Module
-    if loaded.shared:
-        assert loaded.feature_norm is not None
-        normalizer = AssetObservationNormalizer(loaded.spec, loaded.feature_norm)
-    else:
-        normalizer = ObservationNormalizer(loaded.spec, loaded.stats)
-    graph = CuriosityGraph(loaded.icm.net, normalizer)
+    stats = loaded.feature_norm if loaded.shared else loaded.stats
+    assert stats is not None
+    graph = CuriosityGraph(loaded.icm.net, ObservationNormalizer(loaded.spec, stats))
     spec = loaded.spec
     example = (
         torch.zeros(4, spec.obs_size),
@@ -181,48 +151,64 @@ def export_curiosity(loaded: LoadedRun, path: Path) -> Path:
         torch.zeros(4, spec.obs_size),
         torch.ones(4, spec.n_slots),
     )
-    return export_graph(
-        graph, example, ICM_INPUTS, ICM_OUTPUTS, path, _graph_metadata(loaded, "curiosity")
-    )
+    metadata = graph_metadata([loaded], "curiosity")
+    return export_graph(graph, example, ICM_INPUTS, ICM_OUTPUTS, path, metadata)
 
 
 def _export_info(
-    loaded: LoadedRun,
+    members: Sequence[LoadedRun],
     model_path: Path,
     icm_path: Path | None,
     parity: dict[str, Any],
     tolerance: float,
-    name: str,
-    version: str,
+    registry: tuple[str, str],
 ) -> dict[str, Any]:
     """The manifest's ``export`` section: parity, opset, provenance and the graphs' names."""
-    graphs: dict[str, dict[str, Any]] = {
-        MODEL_FILE: {"inputs": list(POLICY_INPUTS), "outputs": list(POLICY_OUTPUTS)}
-    }
-    if loaded.shared:
-        graphs[MODEL_FILE] = {
+    first = members[0]
+    graph: dict[str, Any] = {"inputs": list(POLICY_INPUTS), "outputs": list(POLICY_OUTPUTS)}
+    if first.shared:
+        graph = {
             "inputs": list(SHARED_POLICY_INPUTS),
             "outputs": list(SHARED_POLICY_OUTPUTS),
             "asset_axis": "dynamic",
         }
+    graphs = {MODEL_FILE: graph}
     if icm_path is not None:
         graphs[ICM_FILE] = {"inputs": list(ICM_INPUTS), "outputs": list(ICM_OUTPUTS)}
-    mapping = {
-        "action_mapping_in_graph": not loaded.shared,
-        "postprocessing": SHARED_POSTPROCESSING if loaded.shared else "in the graph",
-    }
-    return {
-        **mapping,
+    info: dict[str, Any] = {
+        "action_mapping_in_graph": not first.shared,
+        "postprocessing": SHARED_POSTPROCESSING if first.shared else "in the graph",
         "parity": {"tolerance": tolerance, **parity},
         "opset": graph_opset(model_path),
         "exported_at": dt.datetime.now(dt.UTC).isoformat(),
-        "source_run": str(loaded.run_dir.resolve()),
-        "source_files": dict(loaded.manifest.files),
-        "registry_name": name,
-        "registry_version": version,
+        "registry_name": registry[0],
+        "registry_version": registry[1],
         "graphs": graphs,
         "library_versions": library_versions(),
     }
+    if len(members) == 1:
+        info["source_run"] = str(first.run_dir.resolve())
+        info["source_files"] = dict(first.manifest.files)
+    else:
+        k = len(members)
+        info["ensemble"] = f"{COMBINE}: the mean of {k} members' deterministic actions"
+        info["curiosity"] = CURIOSITY_NOTE
+        info["parity"]["reference"] = "torch mean of the members"
+        info["source_runs"] = [str(m.run_dir.resolve()) for m in members]
+    return info
+
+
+def _manifest(members: Sequence[LoadedRun], export: dict[str, Any], name: str) -> Manifest:
+    """The first member's manifest with the export section; an ensemble's lists its members and
+    has no curiosity and no single run's validation metrics, validated again (``model_copy``
+    would not)."""
+    first = members[0].manifest
+    update = {"name": name, "export": export, "schema_version": SCHEMA_VERSION}
+    if len(members) == 1:
+        return first.model_copy(update=update)
+    ensemble = ensemble_info(members).model_dump()
+    fields = {**first.model_dump(), **update, "icm": None, "metrics": {}, "ensemble": ensemble}
+    return Manifest.model_validate(fields)
 
 
 def reserve_version(registry: str | Path, name: str, version: str | None) -> tuple[str, Path, str]:
@@ -247,6 +233,51 @@ def publish(files: list[Path], manifest: Manifest, model_dir: Path, version: str
         raise ExportError(str(exc)) from exc
 
 
+def export_runs(
+    run_dirs: Sequence[str | Path],
+    registry: str | Path,
+    name: str | None = None,
+    version: str | None = None,
+    *,
+    tolerance: float = PARITY_TOLERANCE,
+    n_parity: int = PARITY_SAMPLES,
+    seed: int = 0,
+) -> Path:
+    """Export one run, or several as a seed ensemble, to ``registry/NAME/VERSION``; return it.
+
+    NAME defaults to the (first) run's manifest name, VERSION to the next integer. Raises
+    ``ExportError`` (and writes nothing to the registry) when a run cannot be loaded, the runs
+    differ in more than their seed, the version exists, or ONNX and torch (the mean of an
+    ensemble's members) differ by more than ``tolerance``. A single run tracked in MLflow
+    names its MLflow run in the manifest's ``export`` section, and the published version is
+    registered there too (``training/tracked_models.py``).
+    """
+    if not run_dirs:
+        raise ExportError("nothing to export: no run directory given")
+    members = [load_run(d) for d in run_dirs]
+    check_members(members)
+    first = members[0]
+    name, model_dir, version = reserve_version(registry, name or first.manifest.name, version)
+    tracked = read_tracking(Path(run_dirs[0])) if len(run_dirs) == 1 else None
+    if tracked is not None:  # refused before any work: it will be registered in MLflow
+        require_mlflow("exporting a run tracked in MLflow (its tracking.json)")
+    with tempfile.TemporaryDirectory(prefix="allocator-export-") as tmp:
+        model_path = export_policy(members, Path(tmp) / MODEL_FILE)
+        icm_path = None
+        if len(members) == 1 and first.icm is not None:
+            icm_path = export_curiosity(first, Path(tmp) / ICM_FILE)
+        parity = measure_parity(members, model_path, icm_path, n=n_parity, seed=seed)
+        check_parity(parity, tolerance)
+        info = _export_info(members, model_path, icm_path, parity, tolerance, (name, version))
+        if tracked is not None:  # the MLflow run that trained this version
+            info["mlflow_run_id"] = tracked["run_id"]
+        files = [model_path] + ([icm_path] if icm_path is not None else [])
+        version_dir = publish(files, _manifest(members, info, name), model_dir, version)
+    if tracked is not None:
+        register_export(Path(run_dirs[0]), version_dir)
+    return version_dir
+
+
 def export_run(
     run_dir: str | Path,
     registry: str | Path,
@@ -257,25 +288,25 @@ def export_run(
     n_parity: int = PARITY_SAMPLES,
     seed: int = 0,
 ) -> Path:
-    """Export a run to ``registry/NAME/VERSION`` and return that directory.
+    """Export a run to ``registry/NAME/VERSION`` and return that directory (``export_runs``)."""
+    return export_runs(
+        [run_dir], registry, name, version, tolerance=tolerance, n_parity=n_parity, seed=seed
+    )
 
-    NAME defaults to the manifest's name, VERSION to the next integer. Raises ``ExportError``
-    (and writes nothing to the registry) when the run cannot be loaded, the version exists, or
-    ONNX and torch differ by more than ``tolerance``.
-    """
-    loaded = load_run(run_dir)
-    check_exportable(loaded.manifest, Path(run_dir))
-    name, model_dir, version = reserve_version(registry, name or loaded.manifest.name, version)
 
-    with tempfile.TemporaryDirectory(prefix="allocator-export-") as tmp:
-        work = Path(tmp)
-        model_path = export_policy(loaded, work / MODEL_FILE)
-        icm_path = export_curiosity(loaded, work / ICM_FILE) if loaded.icm is not None else None
-        measure = measure_shared_parity if loaded.shared else measure_parity
-        parity = measure(loaded, model_path, icm_path, n=n_parity, seed=seed)
-        check_parity(parity, tolerance)
-        info = _export_info(loaded, model_path, icm_path, parity, tolerance, name, version)
-        update = {"name": name, "export": info, "schema_version": SCHEMA_VERSION}
-        manifest = loaded.manifest.model_copy(update=update)
-        files = [model_path] + ([icm_path] if icm_path is not None else [])
-        return publish(files, manifest, model_dir, version)
+def export_ensemble(
+    run_dirs: Sequence[str | Path],
+    registry: str | Path,
+    name: str | None = None,
+    version: str | None = None,
+    *,
+    tolerance: float = PARITY_TOLERANCE,
+    n_parity: int = PARITY_SAMPLES,
+    seed: int = 0,
+) -> Path:
+    """Export k >= 2 runs of one config with different seeds as one version (``export_runs``)."""
+    if len(run_dirs) < 2:
+        raise ExportError(f"an ensemble needs at least 2 runs, got {len(run_dirs)}")
+    return export_runs(
+        run_dirs, registry, name, version, tolerance=tolerance, n_parity=n_parity, seed=seed
+    )

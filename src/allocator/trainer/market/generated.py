@@ -55,6 +55,16 @@ def _irregular_leaders(
     return draws[np.maximum.accumulate(np.where(redraw, np.arange(n_days), 0))]
 
 
+def _rotation(
+    rng: np.random.Generator, n_days: int, n_assets: int, period: int, irregular: bool
+) -> np.ndarray:
+    """The leader of each day, drawn first from the draw's stream: the market and its schedule
+    draw the same path from the same seed."""
+    if irregular:
+        return _irregular_leaders(rng, n_days, n_assets, period)
+    return _leaders(rng, n_days, n_assets, period)
+
+
 def _rotating_returns(
     rng: np.random.Generator, leader: np.ndarray, n_assets: int, drift: float, vol: float
 ) -> np.ndarray:
@@ -81,10 +91,7 @@ def rotating_market(
     drives the return from close t - 1 to close t (``rotating_schedule`` gives it per day).
     """
     rng = np.random.default_rng(seed)
-    if irregular:
-        leader = _irregular_leaders(rng, n_days, n_assets, period)
-    else:
-        leader = _leaders(rng, n_days, n_assets, period)
+    leader = _rotation(rng, n_days, n_assets, period, irregular)
     returns = _rotating_returns(rng, leader, n_assets, drift, vol)
     return _prices(returns, [f"R{i}" for i in range(n_assets)])
 
@@ -96,11 +103,7 @@ def rotating_schedule(
 
     The value on date t names the asset whose drift drives the return realised at close t.
     """
-    rng = np.random.default_rng(seed)
-    if irregular:
-        leader = _irregular_leaders(rng, n_days, n_assets, period)
-    else:
-        leader = _leaders(rng, n_days, n_assets, period)
+    leader = _rotation(np.random.default_rng(seed), n_days, n_assets, period, irregular)
     dates = pd.bdate_range(FIRST_DAY, periods=n_days)
     return pd.Series([f"R{i}" for i in leader], index=dates, name="leader")
 

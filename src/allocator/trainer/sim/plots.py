@@ -27,12 +27,18 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     return out
 
 
-def _drawdown(nav: pd.Series) -> pd.Series:
+def drawdown(nav: pd.Series) -> pd.Series:
+    """How far below its running peak the NAV is each day (0 at a new high, negative below)."""
     return nav / nav.cummax() - 1.0
 
 
+def held_columns(weights: pd.DataFrame) -> pd.DataFrame:
+    """The slots the run ever held: an allocation chart skips the rest."""
+    return weights.loc[:, (weights > 1e-12).any(axis=0)]
+
+
 def _allocation_area(ax: Axes, frame: pd.DataFrame, title: str, legend: bool) -> None:
-    live = frame.loc[:, (frame > 1e-12).any(axis=0)]  # skip slots never held
+    live = held_columns(frame)
     # tab20 is a ListedColormap (it has .colors); the stubs type get_cmap as the base class
     ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # type: ignore[attr-defined]
     ax.stackplot(live.index, live.to_numpy().T, labels=list(live.columns), linewidth=0)
@@ -48,7 +54,7 @@ def plot_performance(results: Mapping[str, BacktestResult], path: str | Path) ->
     fig, (ax_eq, ax_dd) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
     for name, res in results.items():
         ax_eq.plot(res.nav.index, res.nav.to_numpy(), label=name, linewidth=1.2)
-        dd = _drawdown(res.nav)
+        dd = drawdown(res.nav)
         ax_dd.plot(dd.index, dd.to_numpy(), label=name, linewidth=1.0)
     ax_eq.set(ylabel="NAV", title="Equity (net of costs)")
     ax_eq.legend(loc="upper left", fontsize=8)
@@ -73,7 +79,7 @@ def plot_backtest(result: BacktestResult, path: str | Path) -> Path:
     fig, axes = plt.subplots(4, 1, figsize=(11, 12), sharex=True)
     axes[0].plot(result.nav.index, result.nav.to_numpy(), linewidth=1.2)
     axes[0].set(ylabel="NAV", title=f"{result.name}: equity (net of costs)")
-    dd = _drawdown(result.nav)
+    dd = drawdown(result.nav)
     axes[1].fill_between(dd.index, dd.to_numpy(), 0.0, alpha=0.5, color="tab:red")
     axes[1].set(ylabel="drawdown", title="drawdown")
     _allocation_area(axes[2], result.raw_weights, "raw weights", legend=True)

@@ -7,12 +7,20 @@ These two files make that visible after every run.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from allocator.artifacts.files import write_json
 from allocator.portfolio import NormalizationStats, log_returns, normalize_returns
+from allocator.trainer.market.data import MarketData
+from allocator.trainer.sim.backtest import BacktestResult
+from allocator.trainer.training.config import TrainConfig
+
+SATURATION_FILE = "action_saturation.json"
+SCALE_FILE = "state_scale_summary.json"
 
 
 def _abs_quantiles(x: ArrayLike) -> dict[str, float]:
@@ -123,3 +131,22 @@ def _mapping_summary(a: np.ndarray, live: np.ndarray, mapping: str, k: float) ->
         "mean_abs_log_tilt": float(log_tilt[live].mean()),
         "anchor_held_ratio": float(idle.mean()),
     }
+
+
+def write_audits(
+    run_dir: Path,
+    config: TrainConfig,
+    train_data: MarketData,
+    stats: NormalizationStats,
+    agent: BacktestResult,
+    actions: np.ndarray,
+) -> None:
+    """The state-scale and action-saturation audits of the validation path."""
+    scale = state_scale_summary(
+        train_data.prices, stats, config.env.obs_clip, agent.executed_weights.to_numpy()
+    )
+    write_json(run_dir / SCALE_FILE, scale)
+    live = np.arange(actions.shape[1]) <= len(agent.settings["assets"])  # cash, then the assets
+    action = config.env.action
+    saturation = action_saturation(actions, mask=live, mapping=action.mapping, k=action.k)
+    write_json(run_dir / SATURATION_FILE, saturation)

@@ -57,7 +57,15 @@ PROGRESS_FILE = "progress.csv"
 EARLIER_PROGRESS_FILE = "progress.before-resume.csv"
 STEP_COLUMN = "time/total_timesteps"
 RESUME_FREE_KEYS = frozenset(
-    {"progress_bar", "torch_threads", "device", "tensorboard", "output_dir"}
+    {
+        "progress_bar",
+        "torch_threads",
+        "device",
+        "tensorboard",
+        "html_report",
+        "output_dir",
+        "tracking",
+    }
 )
 """Keys a resumed run may change: where and how visibly it runs, never what it learns."""
 
@@ -203,12 +211,13 @@ def restore_best(run_dir: Path, checkpoint: Checkpoint) -> None:
             shutil.copyfile(checkpoint.path / best, Path(run_dir) / best)
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A config tree as ``{"dotted.key": value}``, the way a user names a key in ``--set``."""
     if not isinstance(tree, dict):
         return {prefix: tree}
     out: dict[str, Any] = {}
     for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
     return out
 
 
@@ -220,8 +229,8 @@ def resume_config(saved: TrainConfig, given: TrainConfig | None, run_dir: Path) 
     """
     if given is None:
         return saved
-    old = _flat(saved.model_dump(mode="json"))
-    new = _flat(given.model_dump(mode="json"))
+    old = flatten(saved.model_dump(mode="json"))
+    new = flatten(given.model_dump(mode="json"))
     changed = sorted(
         k
         for k in old.keys() | new.keys()

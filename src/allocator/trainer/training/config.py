@@ -168,6 +168,41 @@ class SaturationWatchSettings(StrictModel):
     )
 
 
+class TrackingSettings(StrictModel):
+    """Where a run is also logged for side-by-side comparison (``training/tracking.py``).
+
+    Off by default: the run directory, its CSV and TensorBoard logs are always written; MLflow
+    gets a copy of them when asked for.
+    """
+
+    backend: Literal["none", "mlflow"] = Field(
+        "none", description="'mlflow': log the run to MLflow (the `mlflow` extra); 'none': do not"
+    )
+    uri: str | None = Field(
+        None,
+        description="MLflow tracking URI (None: $MLFLOW_TRACKING_URI, else MLflow's own default)",
+    )
+    experiment: str = Field(
+        "allocator", min_length=1, description="MLflow experiment the run goes to (made if new)"
+    )
+    registered_model: str | None = Field(
+        None,
+        min_length=1,
+        description="MLflow registered model that an export adds a version to "
+        "(None: the registry model's name)",
+    )
+    parent_run_id: str | None = Field(
+        None,
+        min_length=1,
+        description="MLflow run this run nests under (walk-forward and tuning set it for each "
+        "window and trial)",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.backend == "mlflow"
+
+
 class TrainConfig(StrictModel):
     """Everything one training run needs."""
 
@@ -181,6 +216,12 @@ class TrainConfig(StrictModel):
     output_dir: str = "runs"
     progress_bar: bool = True
     tensorboard: bool = True
+    html_report: bool = Field(
+        True,
+        description="write report.html (plotly, self-contained: about 5 MB) beside the "
+        "validation PNGs; the walk-forward, tuning and suite jobs turn it off for their runs "
+        "and write their own report",
+    )
     validation_episodes: int = Field(1, ge=1)
     policy: Literal["mlp", "shared"] = Field(
         "mlp", description="'mlp': one flat network; 'shared': one network applied per asset"
@@ -196,6 +237,7 @@ class TrainConfig(StrictModel):
         0, ge=0, description="steps between resumable checkpoints (0: none)"
     )
     saturation_watch: SaturationWatchSettings = SaturationWatchSettings()
+    tracking: TrackingSettings = TrackingSettings()
 
     @model_validator(mode="before")
     @classmethod

@@ -35,11 +35,11 @@ from allocator.trainer.agents.noise import NoiseAnnealingCallback, make_action_n
 from allocator.trainer.agents.sac import SmoothSAC
 from allocator.trainer.agents.shared_policies import SharedSACPolicy, SharedTD3Policy
 from allocator.trainer.agents.td3 import SmoothTD3
-from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.baselines import ANCHOR
+from allocator.trainer.sim.html_report import REPORT_FILE, write_backtest_report
 from allocator.trainer.sim.plots import plot_allocations, plot_performance, plot_training_curves
-from allocator.trainer.training.audit import action_saturation, state_scale_summary
+from allocator.trainer.training.audit import write_audits
 from allocator.trainer.training.callbacks import StopAtStep, StopWhenAsked, TurnoverCallback
 from allocator.trainer.training.checkpointing import (
     CheckpointCallback,
@@ -85,10 +85,13 @@ from allocator.trainer.training.run_dir import (
     build_manifest,
 )
 from allocator.trainer.training.saturation import make_watch
-from allocator.trainer.training.selection import (
-    SelectionCallback,
-    SelectionState,
-    inner_scorer,
+from allocator.trainer.training.selection import SelectionCallback, SelectionState, inner_scorer
+from allocator.trainer.training.tracking import (
+    MLflowOutputFormat,
+    ended_on_error,
+    log_finished,
+    open_run,
+    require_mlflow,
 )
 from allocator.typed_config import ConfigError
 
@@ -176,25 +179,6 @@ def _make_run_dir(config: TrainConfig) -> Path:
     return run_dir
 
 
-def write_audits(
-    run_dir: Path,
-    config: TrainConfig,
-    train_data: MarketData,
-    stats: NormalizationStats,
-    agent: BacktestResult,
-    actions: np.ndarray,
-) -> None:
-    """The state-scale and action-saturation audits of the validation path."""
-    scale = state_scale_summary(
-        train_data.prices, stats, config.env.obs_clip, agent.executed_weights.to_numpy()
-    )
-    write_json(run_dir / "state_scale_summary.json", scale)
-    live = np.arange(actions.shape[1]) <= len(agent.settings["assets"])  # cash, then the assets
-    action = config.env.action
-    saturation = action_saturation(actions, mask=live, mapping=action.mapping, k=action.k)
-    write_json(run_dir / "action_saturation.json", saturation)
-
-
 def _seed(config: TrainConfig, offset: int) -> None:
     set_random_seed(config.seed + offset)
     if config.torch_threads:
@@ -228,8 +212,11 @@ class TrainingSession:
         self._learning_since: float | None = None
         if config.tensorboard:  # SB3's tensorboard output: a clear error when it is missing
             require_extra("tensorboard", "tensorboard", "tensorboard: true (false: CSV logs only)")
-        formats = ["csv", "tensorboard"] if config.tensorboard else ["csv"]
-        model.set_logger(configure(str(run_dir), formats))
+        logger = configure(str(run_dir), ["csv", "tensorboard"] if config.tensorboard else ["csv"])
+        self.tracked = open_run(config, run_dir, resumed=bool(state))  # None: not tracked
+        if self.tracked is not None:
+            logger.output_formats.append(MLflowOutputFormat(self.tracked))
+        model.set_logger(logger)
         self.callbacks: list[BaseCallback] = [TurnoverCallback()]
         if isinstance(config.algorithm, TD3Settings):
             # The schedule's position is the model's own step count, so it survives a resume.
@@ -261,6 +248,8 @@ class TrainingSession:
     @classmethod
     def start(cls, config: TrainConfig, run_dir: Path | None = None) -> TrainingSession:
         """A new run: data cut, statistics fitted, config written, a fresh model."""
+        if config.tracking.enabled:
+            require_mlflow()  # before the data: a missing extra fails at once
         _seed(config, 0)
         data = prepare_data(config)
         run_dir = run_dir or _make_run_dir(config)
@@ -409,6 +398,8 @@ class TrainingSession:
             build_manifest(config, data.stats, list(data.train.assets), metrics, run_dir),
         )
         shutil.rmtree(run_dir / CHECKPOINTS_DIR, ignore_errors=True)  # the run is complete
+        if self.tracked is not None:
+            log_finished(self.tracked, run_dir, summary)
         return TrainingRun(
             run_dir, chosen, config, data.stats, validation, summary, data.feature_norm
         )
@@ -444,7 +435,7 @@ def write_validation(
     validation: dict[str, BacktestResult],
     actions: np.ndarray,
 ) -> dict[str, Any]:
-    """validation.json, its plots and the audits of the validation path; returns the metrics."""
+    """validation.json, its PNGs and report.html, the validation path's audits; returns metrics."""
     agent = validation[config.algorithm.name]
     write_audits(run_dir, config, data.fit, data.stats, agent, actions)
     metrics = {name: res.metrics() for name, res in validation.items()}
@@ -464,6 +455,8 @@ def write_validation(
     write_json(run_dir / VALIDATION_FILE, payload)
     plot_performance(validation, run_dir / "validation.png")
     plot_allocations(agent, run_dir / "validation_allocations.png")
+    if config.html_report:
+        write_backtest_report(run_dir / REPORT_FILE, validation, config.algorithm.name)
     return metrics
 
 
@@ -480,8 +473,9 @@ def train(
     """
     session = TrainingSession.start(config, run_dir)
     session.callbacks.extend(callbacks)
-    session.learn(stop=stop)
-    return session.finish()
+    with ended_on_error(session.tracked):
+        session.learn(stop=stop)
+        return session.finish()
 
 
 def resume(
@@ -493,5 +487,6 @@ def resume(
     """Continue a run that did not finish from its last checkpoint, to ``total_timesteps``."""
     session = TrainingSession.resume(run_dir, config)
     session.callbacks.extend(callbacks)
-    session.learn(stop=stop)
-    return session.finish()
+    with ended_on_error(session.tracked):
+        session.learn(stop=stop)
+        return session.finish()

@@ -41,6 +41,7 @@ from allocator.trainer.market.data import (
 from allocator.trainer.sim.baselines import BaselineName
 from allocator.trainer.training.config import TrainConfig
 from allocator.trainer.training.run import train
+from allocator.trainer.training.tracked_models import PRODUCTION_ALIAS, set_production_alias
 from allocator.typed_config import ConfigError
 
 log = logging.getLogger("allocator.retrain")
@@ -223,6 +224,25 @@ def retrain(
         record_and_promote(config, engine, decision, started)
     finally:
         engine.dispose()
+    if decision.promoted and config.trainer.tracking.enabled:
+        say(mirror_promotion(config, decision.candidate_version))
     if config.pushgateway_url:
         push_decision(config, decision)
     return decision
+
+
+def mirror_promotion(config: RetrainConfig, version: str) -> str:
+    """Move MLflow's ``production`` alias to the promoted version; what happened, as a line.
+
+    The registry's pointer has moved and the promotion is recorded: an MLflow server that
+    fails here leaves the alias behind, said in the line, without undoing the promotion.
+    """
+    name = config.model_name
+    try:
+        mirrored = set_production_alias(config.trainer.tracking, name, version)
+    except Exception as exc:  # any client or server error: the promotion itself stands
+        log.error("retrain %s: MLflow alias not moved: %s", name, exc)
+        return f"MLflow: the {PRODUCTION_ALIAS} alias could not be moved to {version}: {exc}"
+    if mirrored is None:
+        return f"MLflow: {name} version {version} was never registered; no alias moved"
+    return f"MLflow: {PRODUCTION_ALIAS} alias of {name} on version {mirrored} ({version})"

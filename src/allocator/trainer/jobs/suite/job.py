@@ -84,6 +84,7 @@ def job_trainer(
     tree["name"] = f"{kind}-{draw}"
     tree["progress_bar"] = False
     tree["tensorboard"] = False
+    tree["html_report"] = False
     return tree
 
 

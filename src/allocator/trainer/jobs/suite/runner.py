@@ -3,7 +3,7 @@
 Development mode refuses any draw outside a market's development set before anything trains
 (``market.draws.require_development``); held-out mode runs only held-out draws, to measure a
 recipe already fixed. Each run is ``job.run_job``, dispatched in this process, in worker
-processes or as Ray tasks by the walk-forward's fan-out; rows are written to ``rows.jsonl`` as
+processes or as Ray tasks (``jobs.executors``); rows are written to ``rows.jsonl`` as
 they finish, then ``suite.json``, ``table.md`` and ``suite.png``.
 """
 
@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from allocator.artifacts.files import write_json
+from allocator.trainer.jobs.executors import fan_out, open_executor
 from allocator.trainer.jobs.json_safe import json_safe
 from allocator.trainer.jobs.suite.config import SuiteConfig
 from allocator.trainer.jobs.suite.job import SuiteJob, job_label, job_trainer, run_job
 from allocator.trainer.jobs.suite.report import plot, summarize, table
-from allocator.trainer.jobs.walk_forward.executors import fan_out_processes, fan_out_ray
 from allocator.trainer.market.draws import (
     SP500_DEV,
     draw_sets,
@@ -72,13 +72,15 @@ def plan(config: SuiteConfig, out_dir: Path) -> list[SuiteJob]:
 
 def execute(config: SuiteConfig, jobs: list[SuiteJob]) -> Iterator[dict[str, Any]]:
     """The rows of ``jobs`` as they finish, on the configured executor."""
-    if config.executor == "local":
-        return (run_job(job) for job in jobs)
-    if config.executor == "ray":
-        return fan_out_ray(
-            jobs, run_job, job_label, config.ray_address, config.workers, config.retries
-        )
-    return fan_out_processes(jobs, run_job, job_label, config.workers, config.retries)
+    executor = open_executor(
+        config.executor,
+        run_job,
+        job_label,
+        workers=config.workers,
+        address=config.ray_address,
+        retries=config.retries,
+    )
+    return fan_out(executor, jobs)
 
 
 def run_suite(

@@ -9,6 +9,7 @@ trainer and ``tune.json``'s ``configurations_tried``) without having looked at t
 
 Modules, in the order a study uses them: ``config`` (what to run), ``space`` (the search space,
 checked against the trainer config), ``study`` (the journal storage, sampler and pruner),
-``pruning`` (the callback reporting inner scores), ``objective`` (one trial), ``executors``
-(local or Ray), ``results`` (trials.csv, best.yaml, tune.json), ``runner`` (``run_tuning``).
+``pruning`` (the callback reporting inner scores), ``objective`` (one trial), ``results``
+(trials.csv, best.yaml, tune.json), ``runner`` (``run_tuning``, on a local or Ray executor of
+``jobs.executors``).
 """

@@ -25,6 +25,7 @@ from allocator.trainer.jobs.tuning.study import attach_trial
 from allocator.trainer.training.config import TrainConfig
 from allocator.trainer.training.run import TrainingSession
 from allocator.trainer.training.run_dir import SELECTION_FILE
+from allocator.trainer.training.tracking import ended_on_error, log_trial
 
 ERROR_FILE = "error.txt"
 """A failed trial's traceback, in its run directory."""
@@ -80,11 +81,14 @@ def train_trial(job: TrialJob) -> tuple[int, bool]:
     assert selection is not None, "a trial trains with selection enabled"
     pruning = PruningCallback(selection, trial)
     session.callbacks.append(pruning)  # after SelectionCallback: it reads that evaluation
-    session.learn()
-    steps = int(session.model.num_timesteps)
-    if not pruning.pruned and selection.state.last_eval_step != steps:
-        selection.evaluate()  # the last policy gets its score too, as a finished run's does
-        pruning.report()
+    with ended_on_error(session.tracked):
+        session.learn()
+        steps = int(session.model.num_timesteps)
+        if not pruning.pruned and selection.state.last_eval_step != steps:
+            selection.evaluate()  # the last policy gets its score too, as a finished run's does
+            pruning.report()
+        if session.tracked is not None:
+            log_trial(session.tracked, job.run_dir, selection.summary(steps), steps, pruning.pruned)
     return steps, pruning.pruned
 
 

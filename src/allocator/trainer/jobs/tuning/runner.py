@@ -20,17 +20,42 @@ import optuna
 from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
+from allocator.trainer.jobs.executors import Executor, WorkerLostError, open_executor
 from allocator.trainer.jobs.tuning.config import TuneConfig, TuneError
-from allocator.trainer.jobs.tuning.executors import TrialExecutor, open_executor
-from allocator.trainer.jobs.tuning.objective import TrialJob, TrialOutcome
+from allocator.trainer.jobs.tuning.objective import TrialJob, TrialOutcome, run_trial
 from allocator.trainer.jobs.tuning.results import write_results
 from allocator.trainer.jobs.tuning.space import SearchSpace, tuned_config
 from allocator.trainer.jobs.tuning.study import STORAGE_FILE, create_study
 from allocator.trainer.training.inputs import prepare_data
+from allocator.trainer.training.tracking import (
+    TrackedRun,
+    ended_on_error,
+    log_job_finished,
+    open_job_run,
+)
 from allocator.typed_config import ConfigError
 
 TRIALS_DIR = "trials"
 """The trials' run directories, ``trial-0003`` and so on, inside the tuning folder."""
+
+Trials = Executor[TrialJob, TrialOutcome]
+
+
+def trial_label(job: TrialJob) -> str:
+    return f"trial {job.number}"
+
+
+def next_outcome(executor: Trials) -> TrialOutcome:
+    """The next trial to finish; one whose worker died (out of memory, killed) is failed, and
+    the study goes on (``run_trial`` itself never raises)."""
+    try:
+        return executor.next_done()
+    except WorkerLostError as lost:
+        job = lost.job
+        assert isinstance(job, TrialJob)
+        cause = lost.__cause__
+        error = f"{type(cause).__name__}: {cause}".splitlines()[0]
+        return TrialOutcome(job.number, "FAIL", None, 0, 0.0, None, 0, str(job.run_dir), error)
 
 
 @dataclass
@@ -53,17 +78,27 @@ def make_label() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
 
 
-def trial_job(config: TuneConfig, space: SearchSpace, trial: optuna.Trial, out: Path) -> TrialJob:
-    """Draw the trial's values and build its job: the tuned config plus the tuner's own keys."""
+def trial_job(
+    config: TuneConfig,
+    space: SearchSpace,
+    trial: optuna.Trial,
+    out: Path,
+    parent: TrackedRun | None = None,
+) -> TrialJob:
+    """Draw the trial's values and build its job: the tuned config plus the tuner's own keys
+    (tracked as a child of the study's ``parent`` MLflow run when there is one)."""
     params = space.suggest(trial)
     tuned = tuned_config(config.trainer, params)
     threads = config.torch_threads or (1 if config.executor == "ray" else tuned.torch_threads)
+    tracking = parent.child_settings(tuned.tracking) if parent is not None else tuned.tracking
     run_config = tuned.model_copy(
         update={
+            "tracking": tracking,
             "name": f"{config.name}-trial{trial.number:04d}",
             "output_dir": str(out / TRIALS_DIR),
             "progress_bar": False,
             "tensorboard": False,
+            "html_report": False,
             "torch_threads": threads,
             "checkpoint_every": 0,
         }
@@ -98,6 +133,7 @@ class Driver:
     study: optuna.Study
     out: Path
     on_done: Callable[[TrialOutcome], None]
+    tracked: TrackedRun | None = None  # the MLflow run the trials' runs nest under
     started: float = field(default_factory=time.perf_counter)
     asked: int = 0
     failures_in_a_row: int = 0
@@ -111,14 +147,14 @@ class Driver:
             self.stopped = f"timeout_s ({c.timeout_s:g} s) reached"
         return self.stopped is None and self.asked < c.n_trials
 
-    def start(self, executor: TrialExecutor) -> None:
+    def start(self, executor: Trials) -> None:
         """Ask for trials while the executor has room and the budget allows."""
         while executor.running < executor.capacity and self.may_start():
             trial = self.study.ask()
             self.asked += 1
             self.running[trial.number] = trial  # from now on an interruption fails it
             try:
-                job = trial_job(self.config, self.space, trial, self.out)
+                job = trial_job(self.config, self.space, trial, self.out, self.tracked)
             except ConfigError as exc:  # values valid one by one, refused together
                 error = str(exc).replace("\n", " ")
                 self.running.pop(trial.number)
@@ -137,14 +173,14 @@ class Driver:
             )
         self.on_done(outcome)
 
-    def run(self, executor: TrialExecutor) -> None:
+    def run(self, executor: Trials) -> None:
         """Start, wait for one, repeat, until nothing runs and nothing may start."""
         try:
             while True:
                 self.start(executor)
                 if executor.running == 0:
                     return
-                outcome = executor.next_done()
+                outcome = next_outcome(executor)
                 self.finish(self.running.pop(outcome.number), outcome)
         except BaseException as exc:
             for number, trial in list(self.running.items()):
@@ -179,10 +215,20 @@ def run_tuning(
         bar.set_postfix_str(f"trial {outcome.number} {outcome.state.lower()} {value}")
         bar.update()
 
-    driver = Driver(config, space, study, out, done)
+    name = f"{config.name}-{label}"
+    tracked = open_job_run(config.trainer.tracking, out, name, config.model_dump(mode="json"))
+    driver = Driver(config, space, study, out, done, tracked)
     capacity = 1
     try:
-        with open_executor(config.executor, config.ray_address, config.parallel) as executor:
+        trials = open_executor(
+            config.executor,
+            run_trial,
+            trial_label,
+            workers=config.parallel,
+            address=config.ray_address,
+            retries=0,
+        )
+        with ended_on_error(tracked), trials as executor:
             capacity = executor.capacity
             driver.run(executor)
     finally:
@@ -197,4 +243,6 @@ def run_tuning(
             "seconds": round(seconds, 2),
         }
         summary, files = write_results(out, config, space, study.get_trials(deepcopy=False), facts)
+    if tracked is not None:
+        log_job_finished(tracked, summary, [Path(f) for f in files.values()])
     return TuneResult(config, out, summary, files, seconds)

@@ -35,6 +35,7 @@ FIXED: dict[str, str] = {
     "output_dir": "set by the tuner for every trial",
     "progress_bar": "set by the tuner for every trial",
     "tensorboard": "set by the tuner for every trial",
+    "html_report": "set by the tuner for every trial",
     "torch_threads": "set by the tuner for every trial (the study's torch_threads)",
     "device": "where a trial runs, not what it learns",
     "checkpoint_every": "trials are not resumed: they write no checkpoints",

@@ -108,7 +108,7 @@ class WalkForwardConfig(StrictModel):
     workers: int | None = Field(
         None, ge=1, description="windows at once: processes, or a local Ray's CPUs (None: all)"
     )
-    torch_threads: int = Field(1, ge=1, description="torch threads per window, both executors")
+    torch_threads: int = Field(1, ge=1, description="torch threads per window, every executor")
     retries: int = Field(
         1,
         ge=0,

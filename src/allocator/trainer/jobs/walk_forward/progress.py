@@ -6,7 +6,7 @@ and the latest inner-span score when checkpoint selection runs; the window then 
 export and evaluation phases. The file is replaced atomically, so a reader sees a whole one;
 the driver polls the running windows' files for its progress bar (``ProgressWatcher``) and
 ``allocator walk-forward status RUN_DIR`` reads them from any shell, on any node that sees the
-run directory. The worker writes it (so it works the same under both executors), and the
+run directory. The worker writes it (so it works the same under every executor), and the
 driver marks the window ``done`` with its Sharpe once it has kept the window.
 """
 

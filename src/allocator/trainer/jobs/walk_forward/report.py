@@ -1,5 +1,6 @@
 """Walk-forward report: ``summary.json``, ``returns.csv`` (every window's daily net returns, see
-``returns``) and a folder with ``report.md`` and its PNG figures.
+``returns``) and a folder with ``report.md`` and its PNG figures (``html_report`` adds the
+interactive ``report.html`` beside them).
 
 The report's tables: the summary per regime, each window, the intervals and tests of
 ``significance`` (the same table ``allocator walk-forward stats`` prints), the baselines.
@@ -116,23 +117,29 @@ def plot_excess_sharpe(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
 def stitched_agent(windows: list[WindowResult]) -> BacktestResult:
     """The model's test windows end to end (weights of assets absent from a window are 0)."""
+    return stitch([w.agent for w in windows], "agent (all test windows)")
+
+
+def stitch(parts: list[BacktestResult], name: str) -> BacktestResult:
+    """Consecutive backtests as one: each NAV continues from the level the previous one ended
+    at; weights of assets absent from a part are 0."""
 
     def cat(frames: list[pd.DataFrame]) -> pd.DataFrame:
         return pd.concat(frames).fillna(0.0)
 
     navs: list[pd.Series] = []
     level = 1.0
-    for w in windows:
-        nav = w.agent.nav / w.agent.nav.iloc[0] * level
+    for part in parts:
+        nav = part.nav / part.nav.iloc[0] * level
         navs.append(nav if not navs else nav.iloc[1:])
         level = float(nav.iloc[-1])
     return BacktestResult(
-        name="agent (all test windows)",
+        name=name,
         nav=pd.concat(navs),
-        raw_weights=cat([w.agent.raw_weights for w in windows]),
-        executed_weights=cat([w.agent.executed_weights for w in windows]),
-        turnover=pd.concat([w.agent.turnover for w in windows]),
-        costs=pd.concat([w.agent.costs for w in windows]),
+        raw_weights=cat([p.raw_weights for p in parts]),
+        executed_weights=cat([p.executed_weights for p in parts]),
+        turnover=pd.concat([p.turnover for p in parts]),
+        costs=pd.concat([p.costs for p in parts]),
     )
 
 

@@ -45,8 +45,9 @@ from allocator.trainer.jobs.walk_forward.state import (
 )
 from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
 from allocator.trainer.jobs.walk_forward.summary import window_row
-from allocator.trainer.jobs.walk_forward.window import WindowJob, plan
+from allocator.trainer.jobs.walk_forward.window import WindowJob, nested, plan
 from allocator.trainer.training.config import UNION_TAGS
+from allocator.trainer.training.tracking import open_job_run
 from allocator.typed_config import apply_overrides, validate
 
 RESUME_FREE = frozenset(
@@ -58,10 +59,12 @@ RESUME_FREE = frozenset(
         "retry_exceptions",
         "progress_every",
         "trainer_source",
+        "trainer.tracking",
     }
 )
 """Config keys a resume may change: where and how the windows run, never what they compute
-(``trainer_source`` only says which file the trainer settings were read from)."""
+(``trainer_source`` only says which file the trainer settings were read from,
+``trainer.tracking`` where the runs are also logged)."""
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -82,7 +85,8 @@ def config_differences(run: dict[str, Any], now: dict[str, Any]) -> list[tuple[s
     return [
         (k, a.get(k, missing), b.get(k, missing))
         for k in keys
-        if k.split(".")[0] not in RESUME_FREE and a.get(k, missing) != b.get(k, missing)
+        if not any(k == free or k.startswith(f"{free}.") for free in RESUME_FREE)
+        and a.get(k, missing) != b.get(k, missing)
     ]
 
 
@@ -201,6 +205,8 @@ def resume_walk_forward(
     jobs = plan(config, out, state.label)
     check_plan(state, jobs, out)
     check_not_running(jobs, out)
+    tracked = open_job_run(config.trainer.tracking, out, state.name, config.model_dump(mode="json"))
+    jobs = nested(jobs, tracked)
     kept = [r for r in (kept_window(out, job) for job in jobs) if r is not None]
     url = database_url(config)
     rows, previous = reopen_rows(url, state, kept, config) if url else (None, None)
@@ -214,4 +220,5 @@ def resume_walk_forward(
     }
     state.sessions.append(entry)
     write_state(out, state)
-    return complete(WalkForwardSession(config, out, state, jobs, rows, url, kept), progress)
+    session = WalkForwardSession(config, out, state, jobs, rows, url, kept, tracked=tracked)
+    return complete(session, progress)

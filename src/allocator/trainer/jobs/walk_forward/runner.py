@@ -25,12 +25,9 @@ from tqdm.auto import tqdm
 
 from allocator.metrics.jobs import JobMetrics, JobPush
 from allocator.recording.settings import database_url as default_database_url
-from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
-from allocator.trainer.jobs.walk_forward.executors import (
-    run_local,
-    run_processes,
-    run_ray,
-)
+from allocator.trainer.jobs.executors import WorkerLostError, fan_out, open_executor
+from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
+from allocator.trainer.jobs.walk_forward.html_report import write_html_report
 from allocator.trainer.jobs.walk_forward.persist import write_window_result
 from allocator.trainer.jobs.walk_forward.progress import (
     DONE,
@@ -47,7 +44,13 @@ from allocator.trainer.jobs.walk_forward.significance import run_statistics
 from allocator.trainer.jobs.walk_forward.state import RunState, new_state, utc_now, write_state
 from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
 from allocator.trainer.jobs.walk_forward.summary import attach_statistics, summarize, window_row
-from allocator.trainer.jobs.walk_forward.window import WindowJob, plan
+from allocator.trainer.jobs.walk_forward.window import WindowJob, nested, plan, run_window
+from allocator.trainer.training.tracking import (
+    TrackedRun,
+    ended_on_error,
+    log_job_finished,
+    open_job_run,
+)
 
 
 def make_label() -> str:
@@ -99,6 +102,7 @@ class WalkForwardSession:
     url: str | None
     kept: list[WindowResult] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
+    tracked: TrackedRun | None = None  # the MLflow run the windows' runs nest under
 
     @property
     def label(self) -> str:
@@ -116,14 +120,26 @@ class WalkForwardSession:
 def window_stream(
     config: WalkForwardConfig, jobs: Sequence[WindowJob]
 ) -> Generator[WindowResult, None, None]:
-    """The configured executor's results, in the order the windows finish."""
-    if config.executor == "ray":
-        return run_ray(
-            jobs, config.ray_address, config.workers, config.retries, config.retry_exceptions
-        )
-    if config.executor == "processes":
-        return run_processes(jobs, config.workers, config.retries, config.retry_exceptions)
-    return run_local(jobs)
+    """The configured executor's results, in the order the windows finish (the executor
+    opens on the first one, and closes with the stream); a window whose worker died too often
+    fails the run as a ``WalkForwardError``."""
+    executor = open_executor(
+        config.executor,
+        run_window,
+        window_label,
+        workers=config.workers,
+        address=config.ray_address,
+        retries=config.retries,
+        retry_exceptions=config.retry_exceptions,
+    )
+    try:
+        yield from fan_out(executor, jobs)
+    except WorkerLostError as exc:
+        raise WalkForwardError(str(exc)) from exc
+
+
+def window_label(job: WindowJob) -> str:
+    return f"window {job.window.label}"
 
 
 def record_window(metrics: JobMetrics, result: WindowResult) -> None:
@@ -200,12 +216,17 @@ def run_walk_forward(
     label = label or make_label()
     out = run_directory(config, out_dir, label)
     out.mkdir(parents=True, exist_ok=True)
+    name = f"{config.name}-{label}"
     jobs = plan(config, out, label)
-    url = database_url(config)
-    rows = RunRows.start(url, f"{config.name}-{label}", config) if url else None
-    state = new_state(config, label, jobs, rows.run_id if rows else None, url)
-    write_state(out, state)
-    return complete(WalkForwardSession(config, out, state, jobs, rows, url), progress)
+    tracked = open_job_run(config.trainer.tracking, out, name, config.model_dump(mode="json"))
+    jobs = nested(jobs, tracked)
+    with ended_on_error(tracked):  # a database refused: no MLflow run left running
+        url = database_url(config)
+        rows = RunRows.start(url, name, config) if url else None
+        state = new_state(config, label, jobs, rows.run_id if rows else None, url)
+        write_state(out, state)
+    session = WalkForwardSession(config, out, state, jobs, rows, url, tracked=tracked)
+    return complete(session, progress)
 
 
 def mark_failed(jobs: Sequence[WindowJob], error: str) -> None:
@@ -239,6 +260,8 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
             # Ctrl-C, or SIGTERM where the caller turned it into one (the CLI does)
             session.ended("stopped" if isinstance(exc, KeyboardInterrupt) else "failed", error)
         pusher.failed(time.perf_counter() - session.started)
+        if session.tracked is not None:
+            session.tracked.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
     results.sort(key=lambda r: r.window.index)
     summary = summarize(results, config.regimes, config.goals)
@@ -264,7 +287,13 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
         database_url=session.url,
         seconds=seconds,
     )
-    result.files = {k: str(v) for k, v in write_report(result, session.out).items()}
+    files = write_report(result, session.out)
+    html = write_html_report(result, files["report"].parent)
+    if html is not None:
+        files["html"] = html
+    result.files = {k: str(v) for k, v in files.items()}
+    if session.tracked is not None:
+        log_job_finished(session.tracked, summary, list(files.values()))
     result.push_error = pusher.succeeded(seconds)
     session.ended("finished")
     return result

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ from allocator.trainer.training.checkpointing import latest_checkpoint
 from allocator.trainer.training.config import TrainConfig
 from allocator.trainer.training.run import resume, train
 from allocator.trainer.training.run_dir import RUN_SUMMARY_FILE
+from allocator.trainer.training.tracking import TrackedRun
 from allocator.typed_config import ConfigError
 
 
@@ -108,6 +110,7 @@ def window_trainer_config(config: WalkForwardConfig, window: Window, run_root: P
         torch_threads=config.torch_threads,
         output_dir=str(run_root),
         progress_bar=False,
+        html_report=False,  # the walk-forward's own report.html covers every window
     )
     base["data"].update(
         dataset=dataset,
@@ -145,11 +148,28 @@ def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob
     ]
 
 
+def nested(jobs: Sequence[WindowJob], parent: TrackedRun | None) -> list[WindowJob]:
+    """``jobs`` with each window's training run tracked as a child of the walk-forward's
+    ``parent`` MLflow run; the parent's id travels in the trainer config, so the process and
+    Ray executors nest them too."""
+    if parent is None:
+        return list(jobs)
+    return [
+        replace(
+            job,
+            trainer=job.trainer.model_copy(
+                update={"tracking": parent.child_settings(job.trainer.tracking)}
+            ),
+        )
+        for job in jobs
+    ]
+
+
 def run_window(job: WindowJob) -> WindowResult:
     """Train on the window's training span, export, then evaluate on its test span."""
     started = time.perf_counter()
     threads = torch.get_num_threads()
-    torch.set_num_threads(job.torch_threads)  # the same in both executors: same float sums
+    torch.set_num_threads(job.torch_threads)  # the same in every executor: same float sums
     try:
         result = train_export_evaluate(job)
     finally:

@@ -1,0 +1,163 @@
+"""The gRPC server metrics that stock gRPC dashboards and alerts read.
+
+Names and labels are those of go-grpc-prometheus and its ports (java-grpc-prometheus,
+py-grpc-prometheus): ``grpc_server_started_total``, ``grpc_server_handled_total``,
+``grpc_server_handling_seconds`` and ``grpc_server_msg_{received,sent}_total``, labelled
+``grpc_type``, ``grpc_service``, ``grpc_method`` (and ``grpc_code`` on ``handled``). A dashboard
+written for any gRPC service therefore reads the allocation server unchanged. Two labels are
+added: ``model`` and ``version``, the model version that answered the call (empty when no model
+was reached: a refused token, an undecodable request, a stream, whose messages may address
+several models), so a rollout's latency and errors can be compared version against version.
+
+The handling time is the whole call's, as the ecosystem measures it; the allocator's own
+``allocator_serving_request_latency_seconds`` measures it per decision against the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from enum import Enum
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+GRPC_TYPES = ("unary", "client_stream", "server_stream", "bidi_stream")
+"""The values of ``grpc_type``, as go-grpc-prometheus names the four kinds of method."""
+
+
+class MethodDescriptor(Protocol):
+    """What is read of a protobuf ``MethodDescriptor``."""
+
+    name: str
+    client_streaming: bool
+    server_streaming: bool
+
+
+class ServiceDescriptor(Protocol):
+    """What is read of a protobuf ``ServiceDescriptor``."""
+
+    full_name: str
+
+    @property
+    def methods(self) -> Iterable[MethodDescriptor]: ...
+
+
+def method_types(service: ServiceDescriptor) -> dict[str, str]:
+    """Each method's ``grpc_type``, read off the service's descriptor (so the proto is the one
+    place a method and its kind are declared)."""
+    kinds = {
+        (False, False): "unary",
+        (True, False): "client_stream",
+        (False, True): "server_stream",
+        (True, True): "bidi_stream",
+    }
+    return {m.name: kinds[m.client_streaming, m.server_streaming] for m in service.methods}
+
+
+def code_name(code: str | Enum) -> str:
+    """``grpc.StatusCode.OK`` and ``"OK"`` both give ``"OK"`` (no grpc import needed here)."""
+    return code.name if isinstance(code, Enum) else str(code)
+
+
+class GrpcServerMetrics:
+    """Per-call counts and handling time under the ecosystem's names, for one gRPC service.
+
+    ``method_types`` maps each method's short name to its ``grpc_type``: a unary call is
+    started, received, sent and handled once; a streaming call is started and handled once,
+    and each message is counted as received and, when answered, as sent.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        service: str,
+        method_types: Mapping[str, str],
+        buckets: Sequence[float],
+    ) -> None:
+        unknown = {kind for kind in method_types.values() if kind not in GRPC_TYPES}
+        if unknown:
+            raise ValueError(f"grpc_type {sorted(unknown)} is not one of {', '.join(GRPC_TYPES)}")
+        self.service = service
+        self.method_types = dict(method_types)
+        call = ["grpc_type", "grpc_service", "grpc_method"]
+        self.started = Counter(
+            "grpc_server_started_total",
+            "RPCs started on the server.",
+            call,
+            registry=registry,
+        )
+        self.handled = Counter(
+            "grpc_server_handled_total",
+            "RPCs completed on the server, regardless of success or failure, by the model "
+            "version that answered.",
+            [*call, "grpc_code", "model", "version"],
+            registry=registry,
+        )
+        self.handling_seconds = Histogram(
+            "grpc_server_handling_seconds",
+            "Response latency of RPCs handled by the server (the whole call), by the model "
+            "version that answered.",
+            [*call, "model", "version"],
+            buckets=buckets,
+            registry=registry,
+        )
+        self.msg_received = Counter(
+            "grpc_server_msg_received_total",
+            "Messages received from clients.",
+            call,
+            registry=registry,
+        )
+        self.msg_sent = Counter(
+            "grpc_server_msg_sent_total",
+            "Messages sent to clients.",
+            call,
+            registry=registry,
+        )
+        for method in self.method_types:  # every call series exists from the start for rate()
+            for counter in (self.started, self.msg_received, self.msg_sent):
+                counter.labels(*self._call(method))
+
+    def _call(self, method: str) -> tuple[str, str, str]:
+        kind = self.method_types.get(method)
+        if kind is None:
+            raise ValueError(
+                f"gRPC method {method!r} is not one of {', '.join(sorted(self.method_types))}"
+            )
+        return kind, self.service, method
+
+    def is_streaming(self, method: str) -> bool:
+        """Whether ``method``'s messages are counted one by one instead of with its call."""
+        return self._call(method)[0] != "unary"
+
+    def observe_started(self, method: str) -> None:
+        """A call of ``method`` arrived (``started - handled`` is the calls in flight)."""
+        self.started.labels(*self._call(method)).inc()
+
+    def observe_message(self, method: str) -> None:
+        """One message of a streaming call, received and answered (an error for one message
+        is an answer message too: the stream goes on)."""
+        call = self._call(method)
+        self.msg_received.labels(*call).inc()
+        self.msg_sent.labels(*call).inc()
+
+    def observe_handled(
+        self,
+        method: str,
+        code: str | Enum,
+        seconds: float,
+        *,
+        model: str = "",
+        version: str = "",
+    ) -> None:
+        """A finished call: its code and its time, under the model version that answered it.
+
+        A unary call also counts its one request message, and its response when it is OK.
+        """
+        call = self._call(method)
+        name = code_name(code)
+        self.handled.labels(*call, name, model, version).inc()
+        self.handling_seconds.labels(*call, model, version).observe(seconds)
+        if call[0] == "unary":
+            self.msg_received.labels(*call).inc()
+            if name == "OK":
+                self.msg_sent.labels(*call).inc()

@@ -1,0 +1,351 @@
+"""The inputs parity is measured on: random and real observations of either representation.
+
+Random inputs have realistic scales and beyond (calm to crisis markets, masks of every density);
+real ones come from the run's training data, rebuilt from its manifest, and from a rollout of
+the policy in its own training environment. Every input is built from prices with the
+contract's functions (``portfolio.build_raw_observation``, ``portfolio.asset_features``), exactly
+as the server builds it, never by inverting the clipped normalization.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from allocator.portfolio import (
+    FeatureSpec,
+    assemble_observation,
+    asset_features,
+    build_raw_observation,
+    live_mask,
+    normalize_features,
+    normalize_observation,
+)
+from allocator.registry.layout import POLICY_INPUTS, SHARED_POLICY_INPUTS
+from allocator.trainer.export.errors import ExportError
+from allocator.trainer.export.loaded_run import Float32Array, LoadedRun
+from allocator.trainer.market.data import DataError, MarketData, load_dataset
+from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
+from allocator.trainer.sim.representation import ActionSettings, AnchorSettings
+
+__all__ = [
+    "FlatObservations",
+    "RealTransitions",
+    "SetObservations",
+    "SharedRollout",
+    "max_abs",
+    "parity_sizes",
+    "random_live_masks",
+    "random_raw_observations",
+    "random_set_observations",
+    "random_weights",
+    "real_set_observations",
+    "real_transitions",
+    "shared_rollout",
+    "training_data",
+    "training_env",
+]
+
+
+def max_abs(a: NDArray[Any], b: NDArray[Any]) -> float:
+    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+    return float(np.max(diff)) if diff.size else 0.0
+
+
+@dataclass
+class FlatObservations:
+    """Inputs of a flat graph for ``n`` decisions: raw observations and masks."""
+
+    observations: Float32Array  # (n, obs_size), as portfolio.build_raw_observation builds them
+    masks: Float32Array  # (n, max_assets + 1)
+
+    def feeds(self) -> dict[str, Float32Array]:
+        return dict(zip(POLICY_INPUTS, (self.observations, self.masks), strict=True))
+
+
+@dataclass
+class SetObservations:
+    """Graph inputs for ``n`` decisions over N assets: raw features, weights and masks."""
+
+    features: Float32Array  # (n, N, F) raw, as portfolio.asset_features computes them
+    weights: Float32Array  # (n, N + 1)
+    masks: Float32Array  # (n, N + 1)
+
+    def feeds(self) -> dict[str, Float32Array]:
+        return dict(
+            zip(SHARED_POLICY_INPUTS, (self.features, self.weights, self.masks), strict=True)
+        )
+
+
+# --- random inputs -------------------------------------------------------------------------
+
+
+def random_live_masks(n: int, n_slots: int, rng: np.random.Generator) -> NDArray[np.bool_]:
+    """Random live masks (cash live) of every density; every tenth row is cash only."""
+    density = rng.uniform(0.0, 1.0, size=(n, 1))
+    live = rng.random((n, n_slots)) < density
+    live[::10, 1:] = False
+    live[:, 0] = True
+    return live
+
+
+def random_weights(live: NDArray[np.bool_], rng: np.random.Generator) -> Float32Array:
+    """Dirichlet weights of varying concentration over the live slots (some rows all cash)."""
+    n = len(live)
+    concentration = rng.choice([0.1, 1.0, 10.0], size=(n, 1))
+    g = rng.gamma(concentration, size=live.shape) * live
+    g[::7, 1:] = 0.0
+    g[:, 0] = np.where(g.sum(axis=1) > 0, g[:, 0], 1.0)
+    return (g / g.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def random_raw_observations(
+    spec: FeatureSpec,
+    n: int,
+    rng: np.random.Generator,
+    live: NDArray[np.bool_] | None = None,
+) -> tuple[Float32Array, Float32Array]:
+    """``n`` raw flat observations and their masks, of realistic scale and beyond.
+
+    Daily log returns are Student-t (3 dof) with a per-row scale from calm (0.5%) to crisis
+    (5%) markets, so some normalized features hit the clip; weights are ``random_weights``.
+    """
+    live = random_live_masks(n, spec.n_slots, rng) if live is None else live
+    scale = rng.choice([0.005, 0.01, 0.02, 0.05], size=(n, 1, 1))
+    returns = scale * rng.standard_t(3.0, size=(n, spec.max_assets, spec.window))
+    obs = assemble_observation(returns, random_weights(live, rng), live, spec)
+    return obs, live.astype(np.float32)
+
+
+def parity_sizes(max_assets: int) -> tuple[int, ...]:
+    """The universe sizes a shared graph is compared at: half, once and twice the training
+    slots, since it is served for any number of assets."""
+    return tuple(sorted({max(1, max_assets // 2), max_assets, 2 * max_assets}))
+
+
+def _with_garbage(
+    raw: NDArray[np.float64], live: NDArray[np.bool_], rng: np.random.Generator
+) -> Float32Array:
+    """Raw features as float32 with large values (and NaN) written into masked rows: the graph
+    must ignore whatever a caller leaves there."""
+    out = raw.astype(np.float32)
+    masked = ~live[:, 1:]
+    noise = (100.0 * rng.standard_normal(out.shape)).astype(np.float32)
+    noise[::5] = np.nan
+    return np.where(masked[..., None], noise, out)
+
+
+def random_set_observations(
+    loaded: LoadedRun,
+    n: int,
+    n_assets: int,
+    rng: np.random.Generator,
+    live: NDArray[np.bool_] | None = None,
+) -> SetObservations:
+    """``n`` decisions over ``n_assets`` random price histories, calm (0.5% a day) to crisis
+    (5%), Student-t (3 dof) returns with a drift, so that some normalized features clip;
+    random masks of every density unless ``live`` is given."""
+    spec = loaded.asset_spec
+    live = random_live_masks(n, n_assets + 1, rng) if live is None else live
+    scale = rng.choice([0.005, 0.01, 0.02, 0.05], size=(n, 1, 1))
+    drift = rng.normal(0.0, 0.002, size=(n, n_assets, 1))
+    steps = drift + scale * rng.standard_t(3.0, size=(n, n_assets, spec.prices_per_asset - 1))
+    start = rng.uniform(5.0, 500.0, size=(n, n_assets, 1))
+    prices = start * np.exp(np.concatenate([np.zeros_like(start), np.cumsum(steps, -1)], -1))
+    raw = asset_features(prices, live, spec)
+    masks = live.astype(np.float32)
+    return SetObservations(_with_garbage(raw, live, rng), random_weights(live, rng), masks)
+
+
+# --- real inputs ---------------------------------------------------------------------------
+
+
+def training_data(loaded: LoadedRun) -> MarketData:
+    """The run's training data (its universe when the dataset still has it), from the manifest."""
+    m = loaded.manifest
+    try:
+        data = load_dataset(m.data.dataset).between(m.data.train_start, m.data.train_end)
+        if m.data.universe and set(m.data.universe) <= set(data.assets):
+            data = data.select(m.data.universe)
+    except DataError as exc:
+        raise ExportError(f"cannot rebuild the training data for the parity check: {exc}") from exc
+    return data
+
+
+def training_env(loaded: LoadedRun) -> PortfolioEnv:
+    """The run's training environment (features, mapping, costs) rebuilt from the manifest."""
+    m, layout = loaded.manifest, loaded.spec
+    data = training_data(loaded)
+    settings: dict[str, Any] = {"window": layout.window, "obs_clip": layout.clip}
+    if loaded.shared:
+        spec = loaded.asset_spec
+        action = ActionSettings()
+        if m.tilt is not None:
+            a = m.tilt.anchor
+            anchor = AnchorSettings.model_validate(
+                {"kind": a.kind, "cash_share": a.cash_share, "vol_window": a.vol_window}
+            )
+            action = ActionSettings(mapping="tilt", k=m.tilt.k, anchor=anchor)
+        settings = {
+            "window": spec.window,
+            "obs_clip": spec.clip,
+            "features": "asset_v1",
+            "horizons": list(spec.horizons),
+            "vol_window": spec.vol_window,
+            "action": action,
+        }
+    config = EnvConfig(
+        max_assets=layout.max_assets,
+        min_assets=1,
+        episode_length=1,
+        cost_bps=m.cost_bps,
+        beta=m.beta,
+        **settings,
+    )
+    length = min(252, data.n_dates - 1 - config.history)
+    if length < 1:
+        raise ExportError(
+            f"{m.data.dataset}: training period too short for {config.history} days of history"
+        )
+    config = config.model_copy(update={"episode_length": length})
+    return PortfolioEnv(data, config, stats=loaded.stats, feature_norm=loaded.feature_norm)
+
+
+@dataclass
+class RealTransitions:
+    """Raw observations met on a rollout over the training data, and what followed them."""
+
+    observations: Float32Array
+    masks: Float32Array
+    actions: Float32Array
+    next_observations: Float32Array
+    max_abs_observation_diff: float
+    """Largest gap between ``normalize_observation(raw)`` and the environment's observation."""
+
+
+def _raw_from_env(env: PortfolioEnv, spec: FeatureSpec) -> Float32Array:
+    """The raw observation of the environment's next decision, from its real price window."""
+    t, w = env.t, spec.window
+    prices = np.full((spec.max_assets, spec.prices_per_asset), np.nan)
+    k = len(env.asset_index)
+    prices[:k] = env.data.prices[t - w : t + 1, env.asset_index].T
+    return build_raw_observation(prices, env.drifted, env.mask, spec)
+
+
+def real_transitions(loaded: LoadedRun, n: int, seed: int = 0) -> RealTransitions:
+    """Roll a flat run's deterministic policy over its training data."""
+    spec = loaded.spec
+    env = training_env(loaded)
+    actor = loaded.reference_actor()
+    parts: dict[str, list[Float32Array]] = {k: [] for k in ("o", "m", "a", "next")}
+    worst = 0.0
+    env_obs, _ = env.reset(seed=seed)
+    raw = _raw_from_env(env, spec)
+    while len(parts["o"]) < n:
+        normalized = normalize_observation(raw, spec, loaded.stats)
+        worst = max(worst, float(np.max(np.abs(normalized - env_obs))))
+        action = actor(normalized[None])[0]
+        env_obs, _, terminated, truncated, _ = env.step(action)
+        next_raw = _raw_from_env(env, spec)
+        for key, value in zip("oma", (raw, env.mask.astype(np.float32), action), strict=True):
+            parts[key].append(value)
+        parts["next"].append(next_raw)
+        if terminated or truncated:
+            env_obs, _ = env.reset()
+            raw = _raw_from_env(env, spec)
+        else:
+            raw = next_raw
+    stacked = {k: np.stack(v) for k, v in parts.items()}
+    return RealTransitions(stacked["o"], stacked["m"], stacked["a"], stacked["next"], worst)
+
+
+def real_set_observations(
+    loaded: LoadedRun, n: int, n_assets: int, rng: np.random.Generator
+) -> SetObservations:
+    """``n`` decisions over ``n_assets`` assets of the training data at random dates (drawn
+    with replacement when the data has fewer assets); an asset without a full window of
+    closes is masked, as are random others."""
+    spec = loaded.asset_spec
+    prices = training_data(loaded).prices
+    p = spec.prices_per_asset
+    if prices.shape[0] < p:
+        raise ExportError(f"training period too short for {p} closes per asset")
+    ends = rng.integers(p - 1, prices.shape[0], size=n)
+    replace = prices.shape[1] < n_assets
+    idx = np.stack([rng.choice(prices.shape[1], n_assets, replace=replace) for _ in range(n)])
+    rows = ends[:, None] - p + 1 + np.arange(p)  # (n, P)
+    windows = np.transpose(prices[rows[:, :, None], idx[:, None, :]], (0, 2, 1))  # (n, N, P)
+    valid = np.all(np.isfinite(windows) & (windows > 0), axis=-1)
+    live = random_live_masks(n, n_assets + 1, rng)
+    live[:, 1:] &= valid
+    raw = asset_features(windows, live, spec)
+    masks = live.astype(np.float32)
+    return SetObservations(_with_garbage(raw, live, rng), random_weights(live, rng), masks)
+
+
+@dataclass
+class SharedRollout:
+    """Raw flat observations of a rollout in the training environment, and what followed."""
+
+    sets: SetObservations
+    observations: Float32Array  # raw flat [M*F raw features, weights, mask]
+    actions: Float32Array
+    next_observations: Float32Array
+    max_abs_observation_diff: float
+    """Largest gap between the environment's observation and the one rebuilt from prices."""
+    max_abs_flat_action_diff: float
+    """Largest gap between SB3's actor on the environment's observation and ``forward_sets``."""
+
+
+def _raw_flat(env: PortfolioEnv, loaded: LoadedRun) -> tuple[Float32Array, Float32Array]:
+    """The raw features (M, F) of the environment's next decision from its real price window,
+    and the raw flat observation of the training slots."""
+    spec, layout = loaded.asset_spec, loaded.spec
+    p = spec.prices_per_asset
+    prices = np.full((layout.max_assets, p), np.nan)
+    k = len(env.asset_index)
+    prices[:k] = env.data.prices[env.t - p + 1 : env.t + 1, env.asset_index].T
+    raw = asset_features(prices, env.mask, spec).astype(np.float32)
+    flat = assemble_observation(raw, env.drifted, env.mask, layout)
+    return raw, flat
+
+
+def shared_rollout(loaded: LoadedRun, n: int, seed: int = 0) -> SharedRollout:
+    """Roll a shared run's deterministic policy over its training data in its own environment."""
+    env = training_env(loaded)
+    actor, sets = loaded.reference_actor(), loaded.reference_sets()
+    norm, clip = loaded.feature_norm, loaded.asset_spec.clip
+    assert norm is not None
+    n_feat = loaded.spec.max_assets * loaded.spec.window
+    parts: dict[str, list[Float32Array]] = {k: [] for k in ("f", "w", "m", "o", "a", "next")}
+    worst_obs = worst_act = 0.0
+    env_obs, _ = env.reset(seed=seed)
+    raw, flat = _raw_flat(env, loaded)
+    while len(parts["a"]) < n:
+        live = live_mask(env.mask)
+        normalized = normalize_features(raw, norm, clip, live)
+        worst_obs = max(worst_obs, max_abs(normalized.reshape(-1), env_obs[:n_feat]))
+        action = actor(env_obs[None])[0]
+        live_f = live.astype(np.float32)
+        set_action = sets(normalized[None], env.drifted[None], live_f[None])[0]
+        worst_act = max(worst_act, max_abs(action, set_action))
+        for key, value in zip("fwmoa", (raw, env.drifted, live_f, flat, action), strict=True):
+            parts[key].append(np.asarray(value, dtype=np.float32))
+        env_obs, _, terminated, truncated, _ = env.step(action)
+        raw, flat = _raw_flat(env, loaded)
+        parts["next"].append(flat)
+        if terminated or truncated:
+            env_obs, _ = env.reset()
+            raw, flat = _raw_flat(env, loaded)
+    stacked = {k: np.stack(v) for k, v in parts.items()}
+    return SharedRollout(
+        SetObservations(stacked["f"], stacked["w"], stacked["m"]),
+        stacked["o"],
+        stacked["a"],
+        stacked["next"],
+        worst_obs,
+        worst_act,
+    )

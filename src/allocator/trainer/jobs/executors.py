@@ -1,0 +1,292 @@
+"""Where a batch job's runs go: one after another in this process, in a pool of worker
+processes on this machine, or as Ray tasks (this machine or a cluster).
+
+Walk-forward windows, tuning trials and the market suite's runs are each a pure function of a
+picklable job, so the executor changes the order and the wall time, never a result. Every
+executor takes jobs (``submit``) and hands back results as they finish (``next_done``): a job
+whose next run depends on the last results (a tuning study) submits while there is room
+(``capacity``); ``fan_out`` runs a fixed list. The process pool needs nothing beyond the
+standard library, so a many-core machine without Ray still runs its jobs side by side; Ray is
+an optional extra, asked for only by its executor.
+
+Failures: locally, a job that raises fails the run. With processes or Ray a job whose worker
+process dies (killed, out of memory, node lost) is rerun up to ``retries`` times (Ray's
+``max_retries``), then ``WorkerLostError`` names it; an exception raised inside the job is a
+bug or bad data and fails the run at once unless ``retry_exceptions`` is set (then also up to
+``retries`` times). A rerun starts clean, or from the last checkpoint its job wrote.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Callable, Generator, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from types import TracebackType
+from typing import Any, Generic, Literal, TypeVar
+
+from allocator.trainer import require_extra
+
+__all__ = [
+    "Executor",
+    "LocalExecutor",
+    "ProcessExecutor",
+    "RayExecutor",
+    "WorkerLostError",
+    "fan_out",
+    "open_executor",
+]
+
+JobT = TypeVar("JobT")
+ResultT = TypeVar("ResultT")
+
+
+class WorkerLostError(RuntimeError):
+    """A job whose worker died more often than its retries allow; ``job`` is that job and the
+    cause the executor's own error."""
+
+    def __init__(self, job: object, message: str) -> None:
+        super().__init__(message)
+        self.job = job
+
+
+class Executor(Generic[JobT, ResultT]):
+    """Runs ``work(job)`` for submitted jobs; ``label(job)`` names a job in errors. Closed
+    (running work ended, a Ray it started shut down) by ``close`` or as a context manager."""
+
+    capacity: int = 1
+
+    def __init__(self, work: Callable[[JobT], ResultT], label: Callable[[JobT], str]) -> None:
+        self.work = work
+        self.label = label
+
+    @property
+    def running(self) -> int:
+        """Jobs submitted whose results were not handed back yet."""
+        raise NotImplementedError
+
+    def submit(self, job: JobT) -> None:
+        raise NotImplementedError
+
+    def next_done(self) -> ResultT:
+        """The next result to finish (blocks); at least one job must be running."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Executor[JobT, ResultT]:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class LocalExecutor(Executor[JobT, ResultT]):
+    """One job at a time, run in this process when its result is asked for."""
+
+    def __init__(self, work: Callable[[JobT], ResultT], label: Callable[[JobT], str]) -> None:
+        super().__init__(work, label)
+        self.queue: deque[JobT] = deque()
+
+    @property
+    def running(self) -> int:
+        return len(self.queue)
+
+    def submit(self, job: JobT) -> None:
+        self.queue.append(job)
+
+    def next_done(self) -> ResultT:
+        return self.work(self.queue.popleft())
+
+    def close(self) -> None:
+        self.queue.clear()
+
+
+class ProcessExecutor(Executor[JobT, ResultT]):
+    """Each job in one of ``workers`` spawned processes (None: one per CPU).
+
+    Spawned, not forked: the parent may hold torch threads and open files that a fork would
+    copy mid-state. A dead worker breaks the whole pool (the standard library cannot say which
+    job it ran), so every job that was in flight is charged one attempt and resubmitted to a
+    fresh pool.
+    """
+
+    def __init__(
+        self,
+        work: Callable[[JobT], ResultT],
+        label: Callable[[JobT], str],
+        workers: int | None = None,
+        retries: int = 1,
+        retry_exceptions: bool = False,
+    ) -> None:
+        super().__init__(work, label)
+        self.capacity = max(1, workers or os.cpu_count() or 1)
+        self.retries = retries
+        self.retry_exceptions = retry_exceptions
+        self.pool: ProcessPoolExecutor | None = None
+        self.pending: dict[Future[ResultT], tuple[JobT, int]] = {}  # -> (job, attempts)
+        self.ready: deque[ResultT] = deque()
+        self.broken: list[tuple[JobT, int]] = []
+
+    @property
+    def running(self) -> int:
+        return len(self.pending) + len(self.ready)
+
+    def submit(self, job: JobT, attempts: int = 1) -> None:
+        if self.pool is None:  # processes start on demand, up to ``capacity``
+            spawn = multiprocessing.get_context("spawn")
+            self.pool = ProcessPoolExecutor(max_workers=self.capacity, mp_context=spawn)
+        self.pending[self.pool.submit(self.work, job)] = (job, attempts)
+
+    def next_done(self) -> ResultT:
+        while not self.ready:
+            done, _ = wait(self.pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                self._collect(future)
+            if self.broken:
+                wait(self.pending)  # a broken pool fails every job it still holds
+                for future in list(self.pending):
+                    self._collect(future)
+                self._shut(finished=True)
+                again, self.broken = self.broken, []
+                for job, attempts in again:
+                    self.submit(job, attempts + 1)
+        return self.ready.popleft()
+
+    def _collect(self, future: Future[ResultT]) -> None:
+        job, attempts = self.pending.pop(future)
+        try:
+            self.ready.append(future.result())
+        except BrokenProcessPool as exc:
+            if attempts > self.retries:
+                raise WorkerLostError(
+                    job,
+                    f"{self.label(job)}: a worker process died {attempts} time(s) while it ran "
+                    f"(config retries: {self.retries}): {exc}",
+                ) from exc
+            self.broken.append((job, attempts))
+        except Exception:
+            if not self.retry_exceptions or attempts > self.retries:
+                raise
+            self.submit(job, attempts + 1)
+
+    def _shut(self, finished: bool) -> None:
+        """Shut the pool; a run that failed or was abandoned must not wait for jobs it will
+        never use, so their processes are ended rather than awaited."""
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        if finished:
+            pool.shutdown(wait=True)
+            return
+        processes = list(getattr(pool, "_processes", {}).values())  # no public handle before 3.14
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join(timeout=10)
+
+    def close(self) -> None:
+        self._shut(finished=not self.pending)
+        self.pending.clear()
+
+
+class RayExecutor(Executor[JobT, ResultT]):
+    """Each job a Ray task (1 CPU); ``capacity`` is ``workers`` (default: every CPU Ray sees).
+
+    Without ``address`` a local Ray is started with ``workers`` CPUs (and shut down on
+    ``close``); with one, ``ray.init(address=address)`` joins that cluster, whose nodes must
+    share the job's folders. An already initialized Ray (a caller's) is used as it is.
+    """
+
+    def __init__(
+        self,
+        work: Callable[[JobT], ResultT],
+        label: Callable[[JobT], str],
+        address: str | None = None,
+        workers: int | None = None,
+        retries: int = 1,
+        retry_exceptions: bool = False,
+    ) -> None:
+        super().__init__(work, label)
+        # heavy optional dependency (the `ray` extra), needed only by this executor
+        ray = require_extra("ray", "ray", "running jobs on Ray (executor: ray)")
+        self.ray = ray
+        self.retries = retries
+        self.started = False
+        if not ray.is_initialized():
+            if address is None:
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=address, log_to_driver=False)
+            self.started = True
+        self.capacity = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        options = {"max_retries": retries, "retry_exceptions": retry_exceptions}
+        self.remote = ray.remote(num_cpus=1, **options)(work)
+        self.pending: dict[Any, JobT] = {}  # Ray object ref -> the job it runs
+
+    @property
+    def running(self) -> int:
+        return len(self.pending)
+
+    def submit(self, job: JobT) -> None:
+        self.pending[self.remote.remote(job)] = job
+
+    def next_done(self) -> ResultT:
+        done, _ = self.ray.wait(list(self.pending), num_returns=1)
+        job = self.pending.pop(done[0])
+        try:
+            result: ResultT = self.ray.get(done[0])
+        except self.ray.exceptions.RayTaskError:
+            raise  # the job's own exception (also an instance of its type)
+        except self.ray.exceptions.RayError as exc:
+            raise WorkerLostError(
+                job,
+                f"{self.label(job)}: its Ray worker failed {self.retries + 1} time(s) "
+                f"(config retries: {self.retries}): {exc}",
+            ) from exc
+        return result
+
+    def close(self) -> None:
+        for ref in self.pending:
+            self.ray.cancel(ref, force=True)
+        self.pending = {}
+        if self.started:
+            self.ray.shutdown()
+            self.started = False
+
+
+def open_executor(
+    kind: Literal["local", "processes", "ray"],
+    work: Callable[[JobT], ResultT],
+    label: Callable[[JobT], str],
+    *,
+    workers: int | None = None,
+    address: str | None = None,
+    retries: int = 1,
+    retry_exceptions: bool = False,
+) -> Executor[JobT, ResultT]:
+    """The executor a job's config names (``executor: local | processes | ray``)."""
+    if kind == "ray":
+        return RayExecutor(work, label, address, workers, retries, retry_exceptions)
+    if kind == "processes":
+        return ProcessExecutor(work, label, workers, retries, retry_exceptions)
+    return LocalExecutor(work, label)
+
+
+def fan_out(
+    executor: Executor[JobT, ResultT], jobs: Iterable[JobT]
+) -> Generator[ResultT, None, None]:
+    """Every job submitted at once, each result yielded as it finishes; the executor is closed
+    however the loop ends (``close()`` on this generator included)."""
+    with executor:
+        for job in jobs:
+            executor.submit(job)
+        while executor.running:
+            yield executor.next_done()
