@@ -91,6 +91,24 @@ class ServingMetrics:
             multiprocess_mode="livemax",  # ``--workers N``: one figure, not one per process
         )
         self.latency_budget.set(self.latency_budget_seconds)
+        self._add_decision_metrics(registry)
+        self.model_info = CurrentInfo(
+            "allocator_serving_model",
+            "The model version serving by default: 1 for the current one only.",
+            ("name", "version", "algorithm"),
+            registry,
+        )
+        self.provider_info = CurrentInfo(
+            "allocator_serving_provider",
+            "The onnxruntime execution provider in use (CUDAExecutionProvider or "
+            "CPUExecutionProvider).",
+            ("provider",),
+            registry,
+        )
+        self._add_refusal_metrics(registry)
+
+    def _add_decision_metrics(self, registry: CollectorRegistry) -> None:
+        """What the decisions were: smoothing gap, turnover, ICM reward, batch sizes."""
         self.smoothing_gap = Histogram(
             "allocator_serving_smoothing_gap",
             "L1 distance sum|raw - smoothed| between a decision's raw and smoothed weights "
@@ -125,20 +143,6 @@ class ServingMetrics:
             buckets=BATCH_SIZE_BUCKETS,
             registry=registry,
         )
-        self.model_info = CurrentInfo(
-            "allocator_serving_model",
-            "The model version serving by default: 1 for the current one only.",
-            ("name", "version", "algorithm"),
-            registry,
-        )
-        self.provider_info = CurrentInfo(
-            "allocator_serving_provider",
-            "The onnxruntime execution provider in use (CUDAExecutionProvider or "
-            "CPUExecutionProvider).",
-            ("provider",),
-            registry,
-        )
-        self._add_refusal_metrics(registry)
 
     def _add_refusal_metrics(self, registry: CollectorRegistry) -> None:
         """What the registry scan refused: a counter of refusals, a gauge of refused versions."""
