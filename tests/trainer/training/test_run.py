@@ -67,7 +67,7 @@ def scalar_tags(run_dir: Path) -> set[str]:
 
 def test_td3_demo_config_leaves_a_complete_run_directory(tmp_path):
     run_dir = tmp_path / "td3"
-    out = run_cli("td3_demo.yaml", run_dir)
+    out = run_cli("td3_demo.yaml", run_dir, ["tensorboard=true"])
     assert "equal-weight" in out
     for name in COMMON_FILES:
         assert (run_dir / name).is_file(), name
@@ -125,7 +125,7 @@ def test_td3_demo_config_leaves_a_complete_run_directory(tmp_path):
 
 def test_sac_icm_demo_config_saves_the_curiosity_module(tmp_path):
     run_dir = tmp_path / "sac"
-    run_cli("sac_icm_demo.yaml", run_dir, ["icm.warmup_steps=100"])
+    run_cli("sac_icm_demo.yaml", run_dir, ["icm.warmup_steps=100", "tensorboard=true"])
     for name in (*COMMON_FILES, "icm.pt"):
         assert (run_dir / name).is_file(), name
     tags = scalar_tags(run_dir)
@@ -184,3 +184,4 @@ def test_a_finished_run_is_recorded_in_training_runs(tmp_path):
     assert row.metrics["validation"] == summary["validation"]
     assert row.finished is not None
     assert row.started <= row.finished
+    assert not list(run_dir.glob("events.out.tfevents.*"))  # TensorBoard only when asked for

@@ -215,7 +215,11 @@ class TrainConfig(StrictModel):
     total_timesteps: int = Field(20_000, ge=1)
     output_dir: str = "runs"
     progress_bar: bool = True
-    tensorboard: bool = True
+    tensorboard: bool = Field(
+        False,
+        description="SB3's TensorBoard event files beside progress.csv (the tensorboard extra); "
+        "off by default so the train extra alone runs every config",
+    )
     html_report: bool = Field(
         True,
         description="write report.html (plotly, self-contained: about 5 MB) beside the "
