@@ -153,7 +153,7 @@ class _Member(Protocol):
 
 class SeedEnsemble:
     """The members' deterministic actions averaged: the rule an exported seed ensemble serves
-    (``export.run.export_ensemble``), with the ``predict`` of one SB3 model."""
+    (``export.run.export_runs``), with the ``predict`` of one SB3 model."""
 
     def __init__(self, runs: Sequence[_Member]) -> None:
         if not runs:

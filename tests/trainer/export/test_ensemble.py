@@ -52,7 +52,7 @@ from allocator.trainer.export.observations import (
     real_set_observations,
 )
 from allocator.trainer.export.parity import check_parity, onnx_session
-from allocator.trainer.export.run import export_ensemble
+from allocator.trainer.export.run import export_runs
 from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run import train
 from tests.serving.conftest import request_for
@@ -86,14 +86,12 @@ def shared_members(
 
 @pytest.fixture(scope="module")
 def flat_ensemble(flat_members: list[Path], registry: Path) -> Path:
-    return export_ensemble(
-        flat_members, registry, name="flat-ensemble", n_parity=FLAT_PARITY_SAMPLES
-    )
+    return export_runs(flat_members, registry, name="flat-ensemble", n_parity=FLAT_PARITY_SAMPLES)
 
 
 @pytest.fixture(scope="module")
 def shared_ensemble(shared_members: list[Path], registry: Path) -> Path:
-    return export_ensemble(
+    return export_runs(
         shared_members, registry, name="shared-ensemble", n_parity=SHARED_PARITY_SAMPLES
     )
 
@@ -175,7 +173,7 @@ def test_members_trained_with_curiosity_give_an_ensemble_without_it(
     """SAC members (squashed-Gaussian mode as the action) with curiosity: no icm.onnx, the
     manifest says why, and the server loads it without a curiosity session."""
     members = [runs["sac"], retrain(runs["sac"], 1, tmp_path)]
-    out = export_ensemble(members, registry, name="sac-ensemble", n_parity=200)
+    out = export_runs(members, registry, name="sac-ensemble", n_parity=200)
     manifest = read_manifest(out)
     assert manifest.ensemble is not None
     assert [m.icm for m in manifest.ensemble.members] == [True, True]
@@ -261,7 +259,7 @@ def test_each_member_is_normalized_with_its_own_statistics(
     shared_members: list[Path], loaded_shared: list[LoadedRun], registry: Path, tmp_path: Path
 ) -> None:
     other = restated_copy(shared_members[1], tmp_path)
-    out = export_ensemble([shared_members[0], other], registry, name="own-stats", n_parity=50)
+    out = export_runs([shared_members[0], other], registry, name="own-stats", n_parity=50)
     members = [loaded_shared[0], load_run(other)]
     listed = read_manifest(out).ensemble
     assert listed is not None
@@ -402,7 +400,7 @@ def test_members_differing_in_more_than_the_seed_are_refused(
     before = versions(registry)
     field = "tilt" if key == "anchor" else key
     with pytest.raises(ExportError, match=rf"{field} is .*only in their seed") as err:
-        export_ensemble([shared_members[0], other], registry, name="refused")
+        export_runs([shared_members[0], other], registry, name="refused")
     assert str(other) in str(err.value)
     assert versions(registry) == before
 
@@ -412,9 +410,9 @@ def test_other_representation_or_algorithm_is_refused(
 ) -> None:
     before = versions(registry)
     with pytest.raises(ExportError, match="only in their seed"):
-        export_ensemble([runs["td3"], shared_runs["td3"]], registry, name="refused")
+        export_runs([runs["td3"], shared_runs["td3"]], registry, name="refused")
     with pytest.raises(ExportError, match=r"algorithm is 'sac', but .* has 'td3'"):
-        export_ensemble([runs["td3"], runs["sac"]], registry, name="refused")
+        export_runs([runs["td3"], runs["sac"]], registry, name="refused")
     assert versions(registry) == before
 
 
@@ -423,15 +421,15 @@ def test_the_same_model_twice_or_the_same_seed_is_refused(
 ) -> None:
     first, second = flat_members
     with pytest.raises(ExportError, match=r"the same model\.zip"):
-        export_ensemble([first, first], registry, name="refused")
+        export_runs([first, first], registry, name="refused")
     relabelled = edited_copy(second, tmp_path, "relabelled", seed=7)
     with pytest.raises(ExportError, match=r"the same model\.zip"):
-        export_ensemble([second, relabelled], registry, name="refused")
+        export_runs([second, relabelled], registry, name="refused")
     same_seed = edited_copy(second, tmp_path, "same-seed", seed=0)
     with pytest.raises(ExportError, match="seed 0, as"):
-        export_ensemble([first, same_seed], registry, name="refused")
-    with pytest.raises(ExportError, match="at least 2 runs"):
-        export_ensemble([first], registry, name="refused")
+        export_runs([first, same_seed], registry, name="refused")
+    with pytest.raises(ExportError, match="no run directory given"):
+        export_runs([], registry, name="refused")
     assert not (registry / "refused").exists()
 
 

@@ -63,7 +63,6 @@ from allocator.trainer.training.tracking import read_tracking, require_mlflow
 __all__ = [
     "SHARED_POSTPROCESSING",
     "export_curiosity",
-    "export_ensemble",
     "export_policy",
     "export_run",
     "export_runs",
@@ -291,22 +290,4 @@ def export_run(
     """Export a run to ``registry/NAME/VERSION`` and return that directory (``export_runs``)."""
     return export_runs(
         [run_dir], registry, name, version, tolerance=tolerance, n_parity=n_parity, seed=seed
-    )
-
-
-def export_ensemble(
-    run_dirs: Sequence[str | Path],
-    registry: str | Path,
-    name: str | None = None,
-    version: str | None = None,
-    *,
-    tolerance: float = PARITY_TOLERANCE,
-    n_parity: int = PARITY_SAMPLES,
-    seed: int = 0,
-) -> Path:
-    """Export k >= 2 runs of one config with different seeds as one version (``export_runs``)."""
-    if len(run_dirs) < 2:
-        raise ExportError(f"an ensemble needs at least 2 runs, got {len(run_dirs)}")
-    return export_runs(
-        run_dirs, registry, name, version, tolerance=tolerance, n_parity=n_parity, seed=seed
     )
