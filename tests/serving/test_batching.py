@@ -98,7 +98,7 @@ def gated(tmp_path: Path, tiny_model: LoadedModel) -> Iterator[tuple[Recorder, G
 
 
 def items(model: LoadedModel, request: pb.AllocateRequest) -> list[Item]:
-    valid = validate_request(request, model_shape(model), pin=(None, None))
+    valid = validate_request(request, model_shape(model))
     return [Item(model, valid, request_fingerprint(valid), time.perf_counter())]
 
 

@@ -5,10 +5,9 @@ everything the model and the smoothing state will touch is checked here first. P
 numpy and the generated messages (no torch, no server state): the server resolves model pins to
 a ``ModelShape`` and maps ``InvalidRequest`` to a status.
 
-The batch call carries up to tens of thousands of decisions a second, so a batch's numbers are
-converted one array per group of requests of equal length and checked by a few whole-array
-reductions; the request-by-request check, and the per-element search for the culprit, only
-run once something is known to be wrong.
+A single call and a batch take one path: the numbers are converted one array per group of
+requests of equal length and checked by a few whole-array reductions; the per-element search
+for the culprit only runs once something is known to be wrong.
 """
 
 from __future__ import annotations
@@ -170,107 +169,26 @@ def _explain_asset_ids(assets: tuple[str, ...]) -> None:
             raise InvalidRequest(field, f"duplicate asset id {asset!r} (also asset_ids[{j}])")
 
 
-def _check_prices(
-    request: pb.AllocateRequest, assets: tuple[str, ...], window: int
-) -> Float64Array:
-    n, per_asset = len(assets), window + 1
-    expected = n * per_asset
-    got = len(request.prices)
-    if got != expected:
-        raise InvalidRequest(
-            "prices",
-            f"expected {expected} values ({n} assets x {per_asset} prices: window {window} + 1), "
-            f"got {got}",
-        )
-    prices = np.asarray(request.prices, dtype=np.float64).reshape(n, per_asset)
-    # min > 0 is False for NaN (it propagates) and for non-positive prices; max < inf for +inf.
-    if not (_min(prices, None) > 0.0 and _max(prices, None) < np.inf):
-        bad = np.flatnonzero(~((prices > 0.0) & np.isfinite(prices)))[0]
-        i, j = divmod(int(bad), per_asset)
-        raise InvalidRequest(
-            "prices",
-            f"prices[{bad}] = {float(prices[i, j])!r} (asset {assets[i]!r}, asset_ids[{i}], price "
-            f"{j + 1} of {per_asset}): prices must be finite and > 0",
-        )
-    prices.flags.writeable = False
-    return prices
+class _Head(NamedTuple):
+    """What is checked of a request one by one: everything but its numbers."""
+
+    portfolio_id: str
+    request_id: str
+    assets: tuple[str, ...]
+    model_name: str | None
+    model_version: str | None
+    per_asset: int
 
 
-def _check_current_weights(
-    request: pb.AllocateRequest, assets: tuple[str, ...]
-) -> Float64Array | None:
-    got = len(request.current_weights)
-    if got == 0:
-        return None
-    expected = len(assets) + 1
-    if got != expected:
-        raise InvalidRequest(
-            "current_weights",
-            f"expected {expected} values (CASH first, then the {len(assets)} assets), got {got}",
-        )
-    weights = np.asarray(request.current_weights, dtype=np.float64)
-    # Each weight of a distribution lies in [0, 1] (NaN and inf fail it): checked before the
-    # sum, so finite but huge weights are refused without overflowing it.
-    if not (_min(weights) >= 0.0 and _max(weights) <= 1.0 + WEIGHT_SUM_TOLERANCE):
-        with np.errstate(over="ignore"):
-            _explain_current_weights(weights, float(_sum(weights)), assets)
-    total = float(_sum(weights))
-    if abs(total - 1.0) > WEIGHT_SUM_TOLERANCE:
-        _explain_current_weights(weights, total, assets)
-    weights.flags.writeable = False
-    return weights
+def validate_request(request: pb.AllocateRequest, shape: ModelShape) -> ValidRequest:
+    """Check one request against the shape of the model that will answer it; raises
+    ``InvalidRequest`` naming the first bad field."""
+    return _validate((request,), lambda name, version: shape, indexed=False)[0]
 
 
-def _explain_current_weights(weights: Float64Array, total: float, assets: tuple[str, ...]) -> None:
-    """Raise for bad current weights (only called once they are known to be bad)."""
-    flagged = np.flatnonzero(~((weights >= 0.0) & np.isfinite(weights)))
-    if flagged.size:
-        bad = int(flagged[0])
-        slot = CASH_ID if bad == 0 else f"asset {assets[bad - 1]!r}"
-        raise InvalidRequest(
-            "current_weights",
-            f"current_weights[{bad}] = {float(weights[bad])!r} ({slot}): "
-            "weights must be finite and >= 0",
-        )
-    raise InvalidRequest(
-        "current_weights",
-        f"weights sum to {total!r}, not 1 (tolerance {WEIGHT_SUM_TOLERANCE:g}): "
-        "send a distribution over CASH and the assets",
-    )
-
-
-def validate_request(
-    request: pb.AllocateRequest,
-    shape: ModelShape,
-    *,
-    pin: tuple[str | None, str | None] | None = None,
-) -> ValidRequest:
-    """Check one request against the shape of the model that will answer it.
-
-    ``pin`` is ``model_pin(request)`` when the caller already computed it (to resolve
-    ``shape``), saving the second check. Raises ``InvalidRequest`` naming the first bad field.
-    """
-    if not (
-        request.portfolio_id or request.request_id or len(request.asset_ids) or len(request.prices)
-    ):
-        raise InvalidRequest(
-            "request", "empty request: portfolio_id, request_id, asset_ids and prices are required"
-        )
-    portfolio_id = required_id(request.portfolio_id, "portfolio_id")
-    request_id = required_id(request.request_id, "request_id")
-    name, version = model_pin(request) if pin is None else pin
-    assets = _check_asset_ids(request.asset_ids, shape)
-    prices = _check_prices(request, assets, shape.window)
-    current = _check_current_weights(request, assets)
-    return ValidRequest(
-        portfolio_id=portfolio_id,
-        request_id=request_id,
-        asset_ids=assets,
-        prices=prices,
-        current_weights=current,
-        model_name=name,
-        model_version=version,
-    )
+def validate_call(request: pb.AllocateRequest, shape_for: ShapeResolver) -> ValidRequest:
+    """A unary call; what ``shape_for`` raises for the pin propagates unchanged."""
+    return _validate((request,), shape_for, indexed=False)[0]
 
 
 def validate_reset(request: pb.ResetPortfolioRequest) -> str:
@@ -286,98 +204,122 @@ def validate_batch(batch: pb.AllocateBatchRequest, shape_for: ShapeResolver) -> 
     unknown-model error, say) propagates unchanged, with a note naming ``requests[i].model``.
     request_ids and portfolio_ids must be distinct within a batch: two steps of one portfolio
     in one call would have no defined order.
-
-    A batch is first checked whole (``_valid_batch``: the numbers of all its requests as one
-    array each); only when that flags something does the request-by-request check run, which
-    finds and names the first bad field exactly as it always did.
     """
     requests = batch.requests
     if not requests:
         raise InvalidRequest("requests", "empty batch: at least one request is required")
-    valid = _valid_batch(requests, shape_for)
-    return valid if valid is not None else _validate_each(requests, shape_for)
+    return _validate(requests, shape_for, indexed=True)
 
 
-def validate_call(request: pb.AllocateRequest, shape_for: ShapeResolver) -> ValidRequest:
-    """A unary call, checked as a batch of one (``_valid_batch``, the path every request is
-    accepted by); what that flags is checked by ``validate_request``, which names the first bad
-    field (``asset_ids[3]``). What ``shape_for`` raises for the pin propagates unchanged."""
-    valid = _valid_batch((request,), shape_for)
-    if valid is not None:
-        return valid[0]
-    pin = model_pin(request)
-    return validate_request(request, shape_for(*pin), pin=pin)
+def _validate(
+    requests: Sequence[pb.AllocateRequest], shape_for: ShapeResolver, *, indexed: bool
+) -> list[ValidRequest]:
+    """The one path every request is accepted by, alone or in a batch.
 
-
-def _valid_batch(
-    requests: Sequence[pb.AllocateRequest], shape_for: ShapeResolver
-) -> list[ValidRequest] | None:
-    """The batch's ``ValidRequest``s, or None when anything is (or may be) wrong.
-
-    Per request only what is per request (ids, the model pin, lengths; a distinct asset list
-    is checked once); prices and current weights are converted one array per batch (a model's
-    requests share the price count) and checked by whole-array reductions. It accepts exactly
-    what ``_validate_each`` accepts: everything it flags goes there to be refused or accepted.
+    Per request only what is per request (ids, the model pin, lengths; a distinct asset list is
+    checked once); prices and current weights are converted one array per group of equal
+    length and checked by whole-array reductions, since a batch carries tens of thousands of
+    decisions a second. Whatever fails is named as checking the requests one by one would name
+    it: the numbers of the requests before it are explained first (``_explain_numbers``), and
+    within a request its lengths are checked before its numbers.
     """
     shapes: dict[tuple[str | None, str | None], ModelShape] = {}
     checked: dict[tuple[tuple[str, ...], ModelShape], tuple[str, ...]] = {}
-    heads: list[tuple[str, str, tuple[str, ...], str | None, str | None, int]] = []
-    with_weights: list[int] = []
-    try:
-        for request in requests:
-            pin = model_pin(request)
-            shape = shapes.get(pin)
-            if shape is None:
-                shape = shapes[pin] = shape_for(*pin)
-            ids = tuple(request.asset_ids)
-            assets = checked.get((ids, shape))
-            if assets is None:
-                assets = checked[(ids, shape)] = _check_asset_ids(ids, shape)
-            per_asset = shape.window + 1
-            if len(request.prices) != len(assets) * per_asset:
-                return None
-            n_weights = len(request.current_weights)
-            if n_weights:
-                if n_weights != len(assets) + 1:
-                    return None
-                with_weights.append(len(heads))
-            heads.append(
-                (
-                    required_id(request.portfolio_id, "portfolio_id"),
-                    required_id(request.request_id, "request_id"),
-                    assets,
-                    *pin,
-                    per_asset,
+    seen: dict[str, dict[str, int]] = {"request_id": {}, "portfolio_id": {}}
+    heads: list[_Head] = []
+    for i, request in enumerate(requests):
+        try:
+            head = _head(request, shape_for, shapes, checked)
+        except Exception as exc:
+            _explain_numbers(requests, heads, indexed)
+            if isinstance(exc, InvalidRequest) and indexed:
+                raise exc.within(f"requests[{i}]") from None
+            if indexed:
+                exc.add_note(f"requests[{i}].model")
+            raise
+        heads.append(head)
+        for field, key in (("request_id", head.request_id), ("portfolio_id", head.portfolio_id)):
+            j = seen[field].setdefault(key, i)
+            if j != i:
+                _explain_numbers(requests, heads, indexed)
+                hint = ": send one step per portfolio per batch" if field == "portfolio_id" else ""
+                raise InvalidRequest(
+                    f"requests[{i}].{field}",
+                    f"duplicate {field} {key!r} (also requests[{j}].{field}){hint}",
                 )
-            )
-    except Exception:  # the request-by-request check raises it, where it always did
-        return None
-    if len({h[0] for h in heads}) != len(heads) or len({h[1] for h in heads}) != len(heads):
-        return None
-    prices = _rows([r.prices for r in requests], range(len(heads)), _finite_positive)
-    sent = _rows([requests[i].current_weights for i in with_weights], with_weights, _distributions)
+    with_weights = [i for i, request in enumerate(requests) if len(request.current_weights)]
+    prices = _rows([r.prices for r in requests], _finite_positive)
+    sent = _rows([requests[i].current_weights for i in with_weights], _distributions)
     if prices is None or sent is None:
-        return None
+        _explain_numbers(requests, heads, indexed)
+        raise AssertionError("a whole-array check refused numbers that no single check refuses")
     current: list[Float64Array | None] = [None] * len(heads)
     for i, row in zip(with_weights, sent, strict=True):
         current[i] = row
     return [
-        ValidRequest(pid, rid, assets, row.reshape(len(assets), per), current[i], name, version)
-        for i, ((pid, rid, assets, name, version, per), row) in enumerate(
-            zip(heads, prices, strict=True)
+        ValidRequest(
+            h.portfolio_id,
+            h.request_id,
+            h.assets,
+            row.reshape(len(h.assets), h.per_asset),
+            current[i],
+            h.model_name,
+            h.model_version,
         )
+        for i, (h, row) in enumerate(zip(heads, prices, strict=True))
     ]
 
 
+def _head(
+    request: pb.AllocateRequest,
+    shape_for: ShapeResolver,
+    shapes: dict[tuple[str | None, str | None], ModelShape],
+    checked: dict[tuple[tuple[str, ...], ModelShape], tuple[str, ...]],
+) -> _Head:
+    """Everything of one request but its numbers, in the order a client reads the message;
+    ``shapes`` and ``checked`` remember what the batch has resolved and checked already."""
+    if not (
+        request.portfolio_id or request.request_id or len(request.asset_ids) or len(request.prices)
+    ):
+        raise InvalidRequest(
+            "request", "empty request: portfolio_id, request_id, asset_ids and prices are required"
+        )
+    portfolio_id = required_id(request.portfolio_id, "portfolio_id")
+    request_id = required_id(request.request_id, "request_id")
+    pin = model_pin(request)
+    shape = shapes.get(pin)
+    if shape is None:
+        shape = shapes[pin] = shape_for(*pin)
+    ids = tuple(request.asset_ids)
+    assets = checked.get((ids, shape))
+    if assets is None:
+        assets = checked[(ids, shape)] = _check_asset_ids(ids, shape)
+    n, per_asset = len(assets), shape.window + 1
+    if len(request.prices) != n * per_asset:
+        raise InvalidRequest(
+            "prices",
+            f"expected {n * per_asset} values ({n} assets x {per_asset} prices: window "
+            f"{shape.window} + 1), got {len(request.prices)}",
+        )
+    got = len(request.current_weights)
+    if got and got != n + 1:
+        raise InvalidRequest(
+            "current_weights",
+            f"expected {n + 1} values (CASH first, then the {n} assets), got {got}",
+        )
+    return _Head(portfolio_id, request_id, assets, *pin, per_asset)
+
+
 def _finite_positive(block: Float64Array) -> bool:
-    """``_check_prices``'s test, on many rows at once."""
+    """Every price finite and > 0: ``min > 0`` is False for NaN (it propagates) and for
+    non-positive prices; ``max < inf`` is False for +inf."""
     return bool(_min(block, None) > 0.0 and _max(block, None) < np.inf)
 
 
 def _distributions(block: Float64Array) -> bool:
-    """``_check_current_weights``'s test, on many rows at once: every weight in [0, 1] first (so
-    finite but huge ones fail without overflowing a sum), then each row summed along its
-    contiguous axis, as a single request's weights are."""
+    """Every row a distribution: every weight in [0, 1] first (so finite but huge ones fail
+    without overflowing a sum), then each row summed along its contiguous axis, as one
+    request's weights alone would be."""
     if not (_min(block, None) >= 0.0 and _max(block, None) <= 1.0 + WEIGHT_SUM_TOLERANCE):
         return False
     totals = _sum(block, axis=1)
@@ -385,7 +327,7 @@ def _distributions(block: Float64Array) -> bool:
 
 
 def _rows(
-    fields: Sequence[Sequence[float]], members: Sequence[int], ok: Callable[[Float64Array], bool]
+    fields: Sequence[Sequence[float]], ok: Callable[[Float64Array], bool]
 ) -> list[Float64Array] | None:
     """The repeated fields as read-only float64 rows: one conversion and one ``ok`` test per
     group of equal length; None when a test fails."""
@@ -403,41 +345,50 @@ def _rows(
     return rows
 
 
-def _validate_each(
-    requests: Sequence[pb.AllocateRequest], shape_for: ShapeResolver
-) -> list[ValidRequest]:
-    """``validate_batch`` request by request: raises for the first bad field, in order."""
-    shapes: dict[tuple[str | None, str | None], ModelShape] = {}
-    request_index: dict[str, int] = {}
-    portfolio_index: dict[str, int] = {}
-    valid: list[ValidRequest] = []
-    for i, request in enumerate(requests):
+def _explain_numbers(
+    requests: Sequence[pb.AllocateRequest], heads: Sequence[_Head], indexed: bool
+) -> None:
+    """Raise for the first bad price or weight among the requests ``heads`` describes, in order
+    (only called once something is known to be wrong, or before naming a later request)."""
+    for i, head in enumerate(heads):
         try:
-            pin = model_pin(request)
-            shape = shapes.get(pin)
-            if shape is None:
-                try:
-                    shape = shapes[pin] = shape_for(*pin)
-                except InvalidRequest:
-                    raise
-                except Exception as exc:
-                    exc.add_note(f"requests[{i}].model")
-                    raise
-            item = validate_request(request, shape, pin=pin)
+            _explain_prices(requests[i].prices, head)
+            _explain_weights(requests[i].current_weights, head.assets)
         except InvalidRequest as exc:
-            raise exc.within(f"requests[{i}]") from None
-        j = request_index.setdefault(item.request_id, i)
-        if j != i:
-            raise InvalidRequest(
-                f"requests[{i}].request_id",
-                f"duplicate request_id {item.request_id!r} (also requests[{j}].request_id)",
-            )
-        j = portfolio_index.setdefault(item.portfolio_id, i)
-        if j != i:
-            raise InvalidRequest(
-                f"requests[{i}].portfolio_id",
-                f"duplicate portfolio_id {item.portfolio_id!r} (also requests[{j}].portfolio_id): "
-                "send one step per portfolio per batch",
-            )
-        valid.append(item)
-    return valid
+            raise (exc.within(f"requests[{i}]") if indexed else exc) from None
+
+
+def _explain_prices(values: Sequence[float], head: _Head) -> None:
+    prices = np.asarray(values, dtype=np.float64)
+    flagged = np.flatnonzero(~((prices > 0.0) & np.isfinite(prices)))
+    if flagged.size:
+        bad = int(flagged[0])
+        i, j = divmod(bad, head.per_asset)
+        raise InvalidRequest(
+            "prices",
+            f"prices[{bad}] = {float(prices[bad])!r} (asset {head.assets[i]!r}, asset_ids[{i}], "
+            f"price {j + 1} of {head.per_asset}): prices must be finite and > 0",
+        )
+
+
+def _explain_weights(values: Sequence[float], assets: tuple[str, ...]) -> None:
+    if not len(values):
+        return
+    weights = np.asarray(values, dtype=np.float64)
+    flagged = np.flatnonzero(~((weights >= 0.0) & np.isfinite(weights)))
+    if flagged.size:
+        bad = int(flagged[0])
+        slot = CASH_ID if bad == 0 else f"asset {assets[bad - 1]!r}"
+        raise InvalidRequest(
+            "current_weights",
+            f"current_weights[{bad}] = {float(weights[bad])!r} ({slot}): "
+            "weights must be finite and >= 0",
+        )
+    with np.errstate(over="ignore"):
+        total = float(_sum(weights))
+    if abs(total - 1.0) > WEIGHT_SUM_TOLERANCE:
+        raise InvalidRequest(
+            "current_weights",
+            f"weights sum to {total!r}, not 1 (tolerance {WEIGHT_SUM_TOLERANCE:g}): "
+            "send a distribution over CASH and the assets",
+        )
