@@ -20,58 +20,30 @@ from types import TracebackType
 from typing import Any, Self
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from numpy.typing import ArrayLike
 
 from allocator.serving.client import (
-    DEFAULT_RETRY,
     Allocation,
     AllocationRequest,
     AllocatorError,
+    ClientChannel,
     ModelInfo,
     ModelRefusal,
-    RetryPolicy,
     StreamAnswer,
     batch_request,
-    bearer_metadata,
-    channel_credentials,
-    channel_options,
     stream_request,
 )
-from allocator.serving.proto import SERVICE_NAME, allocator_pb2, allocator_pb2_grpc
+from allocator.serving.proto import SERVICE_NAME, allocator_pb2
 
 __all__ = ["AsyncAllocatorClient"]
 
 
-class AsyncAllocatorClient:
-    """A ``grpc.aio`` channel to one allocation server; ``async with`` closes it.
+class AsyncAllocatorClient(ClientChannel):
+    """A ``grpc.aio`` channel to one allocation server (arguments: ``ClientChannel``);
+    ``async with`` closes it. Create it inside the event loop that will use it."""
 
-    Arguments as ``AllocatorClient``'s. Create it inside the event loop that will use it.
-    """
-
-    def __init__(
-        self,
-        target: str,
-        *,
-        token: str | None = None,
-        root_certificates: bytes | None = None,
-        private_key: bytes | None = None,
-        certificate_chain: bytes | None = None,
-        timeout: float = 5.0,
-        retry: RetryPolicy | None = DEFAULT_RETRY,
-        options: Sequence[tuple[str, Any]] = (),
-    ) -> None:
-        credentials = channel_credentials(root_certificates, private_key, certificate_chain)
-        self.target = target
-        self.timeout = timeout
-        self._metadata = bearer_metadata(token)
-        channel_opts = channel_options(retry, options)
-        if credentials is None:
-            self._channel = grpc.aio.insecure_channel(target, options=channel_opts)
-        else:
-            self._channel = grpc.aio.secure_channel(target, credentials, options=channel_opts)
-        self._stub = allocator_pb2_grpc.AllocatorStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+    channels = grpc.aio
 
     async def __aenter__(self) -> Self:
         return self

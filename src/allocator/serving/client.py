@@ -43,14 +43,12 @@ __all__ = [
     "AllocationRequest",
     "AllocatorClient",
     "AllocatorError",
+    "ClientChannel",
     "ModelInfo",
     "ModelRefusal",
     "RetryPolicy",
     "StreamAnswer",
     "batch_request",
-    "bearer_metadata",
-    "channel_credentials",
-    "channel_options",
     "stream_request",
 ]
 
@@ -127,10 +125,10 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
 
 
-def channel_options(
+def _channel_options(
     retry: RetryPolicy | None, extra: Sequence[tuple[str, Any]] = ()
 ) -> list[tuple[str, Any]]:
-    """Channel options of both clients: message limits, the retry policy (None: no retries),
+    """Channel options: message limits, the retry policy (None: no retries),
     then ``extra`` (which may override any of them)."""
     options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES),
@@ -141,28 +139,6 @@ def channel_options(
     else:
         options += [("grpc.enable_retries", 1), ("grpc.service_config", retry.service_config())]
     return [*options, *extra]
-
-
-def channel_credentials(
-    root_certificates: bytes | None,
-    private_key: bytes | None,
-    certificate_chain: bytes | None,
-) -> grpc.ChannelCredentials | None:
-    """TLS credentials when any of the three is given (None: plaintext)."""
-    if (private_key is None) != (certificate_chain is None):
-        raise ValueError("mTLS needs both private_key and certificate_chain")
-    if root_certificates is None and private_key is None:
-        return None
-    return grpc.ssl_channel_credentials(
-        root_certificates=root_certificates,
-        private_key=private_key,
-        certificate_chain=certificate_chain,
-    )
-
-
-def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    """The call metadata carrying the bearer token (none without a token)."""
-    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 class AllocatorError(Exception):
@@ -349,15 +325,18 @@ class StreamAnswer:
         return cls(message.sequence, allocations, error)
 
 
-class AllocatorClient:
-    """A channel to one allocation server; use it as a context manager to close the channel.
+class ClientChannel:
+    """The channel both clients hold: its stubs, bearer token and default timeout.
 
     TLS is used when any of ``root_certificates`` (PEM bytes; ``None`` with a client key means
     the system roots), ``private_key`` and ``certificate_chain`` is given; the last two together
     are the client's certificate for mTLS. ``retry`` is the channel's retry policy (``None``:
     every failure surfaces at once). ``options`` are extra gRPC channel options, e.g.
-    ``("grpc.ssl_target_name_override", "allocator.internal")``.
+    ``("grpc.ssl_target_name_override", "allocator.internal")``. ``channels`` is the module
+    that opens the channel: ``grpc`` for the blocking client, ``grpc.aio`` for asyncio.
     """
+
+    channels: Any = grpc
 
     def __init__(
         self,
@@ -371,17 +350,28 @@ class AllocatorClient:
         retry: RetryPolicy | None = DEFAULT_RETRY,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        credentials = channel_credentials(root_certificates, private_key, certificate_chain)
+        if (private_key is None) != (certificate_chain is None):
+            raise ValueError("mTLS needs both private_key and certificate_chain")
         self.target = target
         self.timeout = timeout
-        self._metadata = bearer_metadata(token)
-        channel_opts = channel_options(retry, options)
-        if credentials is None:
-            self._channel = grpc.insecure_channel(target, options=channel_opts)
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        opts = _channel_options(retry, options)
+        if root_certificates is None and private_key is None:
+            self._channel = self.channels.insecure_channel(target, options=opts)
         else:
-            self._channel = grpc.secure_channel(target, credentials, options=channel_opts)
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates, private_key, certificate_chain
+            )
+            self._channel = self.channels.secure_channel(target, credentials, options=opts)
         self._stub = allocator_pb2_grpc.AllocatorStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+
+
+class AllocatorClient(ClientChannel):
+    """A blocking channel to one allocation server (arguments: ``ClientChannel``); use it as a
+    context manager to close the channel."""
 
     def __enter__(self) -> Self:
         return self
