@@ -28,10 +28,12 @@ from allocator.serving.client import (
     AllocationRequest,
     AllocatorError,
     ClientChannel,
+    HealthOutcome,
     ModelInfo,
     ModelRefusal,
     StreamAnswer,
     batch_request,
+    health_status,
     stream_request,
 )
 from allocator.serving.proto import SERVICE_NAME, allocator_pb2
@@ -154,18 +156,14 @@ class AsyncAllocatorClient(ClientChannel):
         self, services: Sequence[str] = ("", SERVICE_NAME), *, timeout: float | None = None
     ) -> dict[str, str]:
         """Status name per service from ``grpc.health.v1.Health/Check`` (as the sync client)."""
-        statuses: dict[str, str] = {}
-        for service in services:
-            request = health_pb2.HealthCheckRequest(service=service)
-            try:
-                response = await self._call(self._health.Check, request, timeout)
-            except AllocatorError as error:
-                if error.code is not grpc.StatusCode.NOT_FOUND:
-                    raise
-                statuses[service] = "SERVICE_UNKNOWN"
-                continue
-            statuses[service] = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
-        return statuses
+        return {s: health_status(await self._check(s, timeout)) for s in services}
+
+    async def _check(self, service: str, timeout: float | None) -> HealthOutcome:
+        request = health_pb2.HealthCheckRequest(service=service)
+        try:
+            return await self._call(self._health.Check, request, timeout)
+        except AllocatorError as error:
+            return error
 
     async def is_serving(self, *, timeout: float | None = None) -> bool:
         """Whether the server and the Allocator service both report SERVING."""

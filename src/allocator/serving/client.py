@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeAlias
 
 import grpc
 import numpy as np
@@ -49,6 +49,7 @@ __all__ = [
     "RetryPolicy",
     "StreamAnswer",
     "batch_request",
+    "health_status",
     "stream_request",
 ]
 
@@ -325,6 +326,19 @@ class StreamAnswer:
         return cls(message.sequence, allocations, error)
 
 
+HealthOutcome: TypeAlias = health_pb2.HealthCheckResponse | AllocatorError
+"""What one health check gave: the server's answer, or the call's error."""
+
+
+def health_status(outcome: HealthOutcome) -> str:
+    """A check's status name; SERVICE_UNKNOWN for NOT_FOUND; any other failure raised."""
+    if isinstance(outcome, AllocatorError):
+        if outcome.code is not grpc.StatusCode.NOT_FOUND:
+            raise outcome
+        return "SERVICE_UNKNOWN"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(outcome.status)
+
+
 class ClientChannel:
     """The channel both clients hold: its stubs, bearer token and default timeout.
 
@@ -467,23 +481,16 @@ class AllocatorClient(ClientChannel):
     def health(
         self, services: Sequence[str] = ("", SERVICE_NAME), *, timeout: float | None = None
     ) -> dict[str, str]:
-        """Status name per service from ``grpc.health.v1.Health/Check``.
+        """Status name per service from ``grpc.health.v1.Health/Check``: ``SERVING``,
+        ``NOT_SERVING`` or ``SERVICE_UNKNOWN``; other failures raise ``AllocatorError``."""
+        return {service: health_status(self._check(service, timeout)) for service in services}
 
-        ``SERVING`` or ``NOT_SERVING``; ``SERVICE_UNKNOWN`` where the server does not know the
-        name. Other failures (unreachable, unauthenticated) raise ``AllocatorError``.
-        """
-        statuses: dict[str, str] = {}
-        for service in services:
-            request = health_pb2.HealthCheckRequest(service=service)
-            try:
-                response = self._call(self._health.Check, request, timeout)
-            except AllocatorError as error:
-                if error.code is not grpc.StatusCode.NOT_FOUND:
-                    raise
-                statuses[service] = "SERVICE_UNKNOWN"
-                continue
-            statuses[service] = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
-        return statuses
+    def _check(self, service: str, timeout: float | None) -> HealthOutcome:
+        request = health_pb2.HealthCheckRequest(service=service)
+        try:
+            return self._call(self._health.Check, request, timeout)
+        except AllocatorError as error:
+            return error
 
     def is_serving(self, *, timeout: float | None = None) -> bool:
         """Whether the server and the Allocator service both report SERVING."""
