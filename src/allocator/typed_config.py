@@ -88,6 +88,17 @@ def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
     return loaded or {}
 
 
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A config tree by dotted key, as a user names a key in ``--set``: ``{"a": {"b": 1}}`` as
+    ``{"a.b": 1}``; lists and empty mappings are values."""
+    if not isinstance(tree, dict) or (prefix and not tree):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
 def _set_dotted(tree: dict[str, Any], key: str, value: Any, source: str) -> None:
     parts = key.split(".")
     node = tree

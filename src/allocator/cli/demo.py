@@ -90,6 +90,7 @@ def _train_and_export(out_dir: Path, config_path: str) -> tuple[str, str]:
     from allocator.trainer.export.parity import PARITY_TOLERANCE, format_parity
     from allocator.trainer.export.run import export_run
     from allocator.trainer.sim.performance import format_allocation, format_table
+    from allocator.trainer.training.audit import SATURATION_FILE
     from allocator.trainer.training.config import load_config
     from allocator.trainer.training.run import train as run_training
     from allocator.trainer.training.saturation import collapse_warnings
@@ -124,10 +125,10 @@ def _train_and_export(out_dir: Path, config_path: str) -> tuple[str, str]:
         )
     click.echo("")
     click.echo(format_allocation(agent.allocation_summary()))
-    saturation = json.loads((run.run_dir / "action_saturation.json").read_text())
+    saturation = json.loads((run.run_dir / SATURATION_FILE).read_text())
     click.echo(
         f"action saturation: {saturation['near_bound_ratio']:.1%} of live action values near "
-        f"the bound, mean kappa {saturation['mean_kappa']:.2f} (action_saturation.json)"
+        f"the bound, mean kappa {saturation['mean_kappa']:.2f} ({SATURATION_FILE})"
     )
     for line in collapse_warnings(run.summary):
         click.echo(line)

@@ -48,7 +48,7 @@ from allocator.trainer.training.run_dir import (
     ICM_FILE,
     MODEL_FILE,
 )
-from allocator.typed_config import ConfigError
+from allocator.typed_config import ConfigError, flatten
 
 REPLAY_FILE = "replay_buffer.pkl"
 STATE_FILE = "state.json"
@@ -209,16 +209,6 @@ def restore_best(run_dir: Path, checkpoint: Checkpoint) -> None:
         (Path(run_dir) / best).unlink(missing_ok=True)
         if (checkpoint.path / best).is_file():
             shutil.copyfile(checkpoint.path / best, Path(run_dir) / best)
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """A config tree as ``{"dotted.key": value}``, the way a user names a key in ``--set``."""
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
 
 
 def resume_config(saved: TrainConfig, given: TrainConfig | None, run_dir: Path) -> TrainConfig:

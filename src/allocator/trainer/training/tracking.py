@@ -29,9 +29,10 @@ from stable_baselines3.common.logger import KVWriter
 from allocator.artifacts.manifest import MANIFEST_FILE
 from allocator.trainer import require_extra
 from allocator.trainer.training.audit import SATURATION_FILE
-from allocator.trainer.training.checkpointing import TrainingStoppedError, flatten
+from allocator.trainer.training.checkpointing import TrainingStoppedError
 from allocator.trainer.training.config import TrackingSettings, TrainConfig
 from allocator.trainer.training.run_dir import CHECKPOINT_FILES
+from allocator.typed_config import flatten
 
 TRACKING_FILE = "tracking.json"
 """In a tracked run's directory: the MLflow run id, experiment id and tracking URI."""

@@ -23,6 +23,7 @@ from allocator.trainer.sim.backtest import BacktestResult, run_backtest
 from allocator.trainer.sim.baselines import AnchorPolicy, EqualWeight, Policy
 from allocator.trainer.sim.ceilings import ceiling_for
 from allocator.trainer.sim.rule_selection import select_simple_rule
+from allocator.trainer.training.audit import SATURATION_FILE
 from allocator.trainer.training.config import UNION_TAGS, TrainConfig, merged
 from allocator.trainer.training.run import TrainingRun, train
 from allocator.typed_config import validate
@@ -151,7 +152,7 @@ def best_simple_rule(run: TrainingRun, data: MarketData, rules: dict[str, list[i
 def saturation(run_dir: Path) -> dict[str, float | None]:
     """Near-bound share of the policy's actions on held-out days: overall and the worst live
     action dimension (``action_saturation.json``)."""
-    path = run_dir / "action_saturation.json"
+    path = run_dir / SATURATION_FILE
     if not path.is_file():
         return {"near_bound": None, "near_bound_max_dim": None}
     audit = json.loads(path.read_text())

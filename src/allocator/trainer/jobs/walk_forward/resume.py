@@ -48,7 +48,7 @@ from allocator.trainer.jobs.walk_forward.summary import window_row
 from allocator.trainer.jobs.walk_forward.window import WindowJob, nested, plan
 from allocator.trainer.training.config import UNION_TAGS
 from allocator.trainer.training.tracking import open_job_run
-from allocator.typed_config import apply_overrides, validate
+from allocator.typed_config import apply_overrides, flatten, validate
 
 RESUME_FREE = frozenset(
     {
@@ -65,16 +65,6 @@ RESUME_FREE = frozenset(
 """Config keys a resume may change: where and how the windows run, never what they compute
 (``trainer_source`` only says which file the trainer settings were read from,
 ``trainer.tracking`` where the runs are also logged)."""
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``; lists are values."""
-    if not isinstance(tree, dict) or (prefix and not tree):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
 
 
 def config_differences(run: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
