@@ -141,6 +141,32 @@ def test_two_requests_for_one_portfolio_in_a_window_are_decided_in_arrival_order
     )
 
 
+def test_a_request_id_reused_for_another_portfolio_in_a_window_is_refused(
+    tiny_model: LoadedModel, gated: tuple[Recorder, GatedSink, str]
+) -> None:
+    """Two calls in one window with one request id and two portfolios: the second waits for
+    the next batch and is refused there, so no OK answer goes unrecorded."""
+    recorder, _, url = gated
+    batcher = DecisionBatcher(
+        DecisionStep(MemoryStateStore(), recorder, recent_requests=100), window=0.05, max_size=64
+    )
+    first = make_request("p", request_id="r1", seed=1)
+    reused = make_request("q", request_id="r1", seed=2)
+
+    async def scenario() -> tuple[BaseException | list[Answer], ...]:
+        batcher.start()
+        calls = [batcher.decide(items(tiny_model, r), None) for r in (first, reused)]
+        out = await asyncio.gather(*calls, return_exceptions=True)
+        await batcher.close()
+        return tuple(out)
+
+    answered, refused = asyncio.run(scenario())
+    assert isinstance(answered, list)
+    assert isinstance(refused, Exception)
+    assert "already used for another portfolio" in str(refused)
+    assert rows(url) == 1
+
+
 def test_a_retry_in_the_same_window_gets_the_stored_answer(
     tiny_model: LoadedModel, gated: tuple[Recorder, GatedSink, str]
 ) -> None:

@@ -159,15 +159,18 @@ class DecisionBatcher:
 
     def _take(self) -> list[_Call]:
         """The next batch: waiting calls in arrival order, up to ``max_size`` decisions (at
-        least one call), skipping (and keeping, in order) any call naming a portfolio that an
-        earlier call of the window names."""
+        least one call), skipping (and keeping, in order) any call naming a portfolio or a
+        request id that an earlier call of the window names: decided in the next batch, a
+        request id reused for another portfolio is refused there (``RecentRequests``) rather
+        than answered twice and recorded once."""
         batch: list[_Call] = []
-        taken: set[str] = set()
-        blocked: set[str] = set()
+        taken: set[tuple[bool, str]] = set()
+        blocked: set[tuple[bool, str]] = set()
         size = 0
         kept: deque[_Call] = deque()
         for call in self._waiting:
-            ids = {item.request.portfolio_id for item in call.items}
+            ids = {(True, item.request.portfolio_id) for item in call.items}
+            ids.update((False, item.request.request_id) for item in call.items)
             fits = not batch or size + len(call.items) <= self.max_size
             if fits and ids.isdisjoint(taken) and ids.isdisjoint(blocked):
                 batch.append(call)
