@@ -56,10 +56,8 @@ def test_records_hold_plain_values_and_survive_the_spool_form() -> None:
     assert DecisionRecord.from_json(record.to_json()) == record
     assert record.decided_at.utcoffset() == dt.timedelta(0)
     assert record.slots is not None
-    # A record spooled by an older server (12 fields, no slots or fingerprint) still reads.
-    old = DecisionRecord.from_json(record.to_json()[:12])
-    assert (old.slots, old.fingerprint) == (None, None)
-    assert old.smoothed_weights == record.smoothed_weights
+    with pytest.raises(RecordError, match="14 fields, this one 12"):
+        DecisionRecord.from_json(record.to_json()[:12])
 
 
 def test_slots_must_hold_the_assets() -> None:

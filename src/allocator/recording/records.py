@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -266,43 +266,23 @@ class DecisionRecord:
         return (self.model_name, self.model_version)
 
     def to_json(self) -> list[Any]:
-        """Compact positional form for the spool (a list, in field order)."""
-        return [
-            self.request_id,
-            self.portfolio_id,
-            self.decided_at.isoformat(),
-            self.model_name,
-            self.model_version,
-            list(self.asset_ids),
-            list(self.raw_weights),
-            list(self.smoothed_weights),
-            self.turnover,
-            self.latency_seconds,
-            None if self.current_weights is None else list(self.current_weights),
-            self.icm_reward,
-            None if self.slots is None else list(self.slots),
-            self.fingerprint,
-        ]
+        """Compact positional form for the spool: the fields in order (tuples become JSON
+        arrays), ``decided_at`` in ISO form."""
+        row = [getattr(self, name) for name in _DECISION_FIELDS]
+        row[2] = self.decided_at.isoformat()
+        return row
 
     @classmethod
     def from_json(cls, row: Sequence[Any]) -> DecisionRecord:
-        """Inverse of ``to_json``; floats round-trip exactly through JSON's ``repr`` form.
-        A row spooled before ``slots`` and ``fingerprint`` existed (12 fields) reads too."""
-        (rid, pid, at, name, version, ids, raw, smoothed, turnover, latency, cur, icm) = row[:12]
-        slots, fingerprint = row[12:14] if len(row) >= 14 else (None, None)
-        return cls(
-            request_id=rid,
-            portfolio_id=pid,
-            decided_at=dt.datetime.fromisoformat(at),
-            model_name=name,
-            model_version=version,
-            asset_ids=tuple(ids),
-            raw_weights=tuple(raw),
-            smoothed_weights=tuple(smoothed),
-            turnover=turnover,
-            latency_seconds=latency,
-            current_weights=None if cur is None else tuple(cur),
-            icm_reward=icm,
-            slots=None if slots is None else tuple(slots),
-            fingerprint=fingerprint,
-        )
+        """Inverse of ``to_json``; floats round-trip exactly through JSON's ``repr`` form."""
+        if len(row) != len(_DECISION_FIELDS):
+            raise RecordError(
+                f"a spooled decision has {len(_DECISION_FIELDS)} fields, this one {len(row)}"
+            )
+        values: list[Any] = [tuple(v) if isinstance(v, list) else v for v in row]
+        values[2] = dt.datetime.fromisoformat(row[2])
+        return cls(*values)
+
+
+_DECISION_FIELDS = tuple(f.name for f in fields(DecisionRecord))
+"""The spool's positional order: the fields as declared."""
