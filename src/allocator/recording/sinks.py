@@ -24,9 +24,11 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from sqlalchemy import JSON, ColumnElement, DateTime, Float, String
 from sqlalchemy.engine import make_url
 
 from allocator.recording.records import DecisionRecord, ModelRecord
+from allocator.recording.schema import Decision
 
 __all__ = [
     "PostgresSink",
@@ -40,47 +42,55 @@ __all__ = [
     "prepare_sqlite",
 ]
 
-DECISION_COLUMNS = (
-    "request_id",
-    "portfolio_id",
-    "decided_at",
-    "model_version_id",
-    "asset_ids",
-    "raw_weights",
-    "smoothed_weights",
-    "current_weights",
-    "turnover",
-    "icm_reward",
-    "latency_seconds",
-    "slots",
-    "request_fingerprint",
-)
+_NOT_RECORDED = frozenset({"id", "market_date", "prices_digest"})
+"""Columns of ``decisions`` a decision record does not fill: the key, and what the trading cycle
+stamps on the decisions it asked for."""
+_TEXT_ARRAYS = frozenset({"asset_ids", "slots"})
+"""JSON columns holding strings; the others hold floats."""
 
 
-COPY_STAGE = "COPY decisions_stage (" + ", ".join(DECISION_COLUMNS) + ") FROM STDIN (FORMAT BINARY)"
-STAGE_TYPES = (
-    "text",
-    "text",
-    "timestamptz",
-    "int8",
-    "text[]",
-    "float8[]",
-    "float8[]",
-    "float8[]",
-    "float8",
-    "float8",
-    "float8",
-    "text[]",
-    "text",
+def _stage_type(column: ColumnElement[Any]) -> str:
+    """The Postgres type a column's values travel as (JSON arrays as binary arrays)."""
+    if isinstance(column.type, JSON):
+        return "text[]" if column.name in _TEXT_ARRAYS else "float8[]"
+    if column.foreign_keys:
+        return "int8"
+    kinds = {String: "text", DateTime: "timestamptz", Float: "float8"}
+    return next(pg for kind, pg in kinds.items() if isinstance(column.type, kind))
+
+
+_RECORDED = [c for c in Decision.__table__.columns if c.name not in _NOT_RECORDED]
+DECISION_COLUMNS = tuple(c.name for c in _RECORDED)
+"""The columns a decision record fills, in the schema's order (``_pg_row`` and ``_sqlite_row``
+give its values in this order)."""
+STAGE_TYPES = tuple(_stage_type(c) for c in _RECORDED)
+_JSON = [isinstance(c.type, JSON) for c in _RECORDED]
+_NAMES = ", ".join(DECISION_COLUMNS)
+
+COPY_STAGE = f"COPY decisions_stage ({_NAMES}) FROM STDIN (FORMAT BINARY)"
+CREATE_STAGE = (
+    "CREATE TEMP TABLE IF NOT EXISTS decisions_stage ("
+    + ", ".join(f"{n} {t}" for n, t in zip(DECISION_COLUMNS, STAGE_TYPES, strict=True))
+    + ") ON COMMIT DELETE ROWS"
 )
 # Arrays travel as binary float8[] and become JSONB inside Postgres: the float-to-text work
 # (Postgres prints the shortest exact form) runs in the server process, on the other core,
 # instead of json.dumps in the recorder thread, which cost ~8 us per 21-weight vector.
 INSERT_FROM_STAGE = (
-    "INSERT INTO decisions (" + ", ".join(DECISION_COLUMNS) + ") "
-    "SELECT request_id, portfolio_id, decided_at, model_version_id, to_jsonb(asset_ids), "
-    "to_jsonb(raw_weights), to_jsonb(smoothed_weights), to_jsonb(current_weights), turnover, "
-    "icm_reward, latency_seconds, to_jsonb(slots), request_fingerprint FROM decisions_stage "
+    f"INSERT INTO decisions ({_NAMES}) SELECT "
+    + ", ".join(f"to_jsonb({n})" if j else n for n, j in zip(DECISION_COLUMNS, _JSON, strict=True))
+    + " FROM decisions_stage ON CONFLICT (request_id) DO NOTHING"
+)
+INSERT_VALUES = f"INSERT INTO decisions ({_NAMES}) VALUES {{}} ON CONFLICT (request_id) DO NOTHING"
+_VALUES_ROW = (
+    "("
+    + ", ".join(
+        f"to_jsonb(%s::{t})" if j else "%s" for t, j in zip(STAGE_TYPES, _JSON, strict=True)
+    )
+    + ")"
+)
+INSERT_SQLITE = (
+    f"INSERT INTO decisions ({_NAMES}) VALUES ({', '.join('?' * len(DECISION_COLUMNS))}) "
     "ON CONFLICT (request_id) DO NOTHING"
 )
 
@@ -135,14 +145,6 @@ SMALL_BATCH = 16
 """Up to this many decisions go in one multi-row ``INSERT .. VALUES`` instead of COPY: the
 staging table's extra round trip and truncate at commit cost ~3 ms a batch here, which is most
 of a lone decision's wait for its commit under durable acknowledgement."""
-INSERT_VALUES = (
-    "INSERT INTO decisions (" + ", ".join(DECISION_COLUMNS) + ") VALUES {} "
-    "ON CONFLICT (request_id) DO NOTHING"
-)
-_VALUES_ROW = (
-    "(%s, %s, %s, %s, to_jsonb(%s::text[]), to_jsonb(%s::float8[]), to_jsonb(%s::float8[]), "
-    "to_jsonb(%s::float8[]), %s, %s, %s, to_jsonb(%s::text[]), %s)"
-)
 
 
 class PostgresSink:
@@ -184,14 +186,7 @@ class PostgresSink:
                         f"{_redact(self.url)} has no trade schema (no decisions table): run "
                         "`allocator db upgrade` with DATABASE_URL set to it"
                     )
-                cur.execute(
-                    "CREATE TEMP TABLE IF NOT EXISTS decisions_stage ("
-                    "request_id text, portfolio_id text, decided_at timestamptz, "
-                    "model_version_id bigint, asset_ids text[], raw_weights float8[], "
-                    "smoothed_weights float8[], current_weights float8[], turnover float8, "
-                    "icm_reward float8, latency_seconds float8, slots text[], "
-                    "request_fingerprint text) ON COMMIT DELETE ROWS"
-                )
+                cur.execute(CREATE_STAGE)
             conn.commit()
         except psycopg.OperationalError as exc:
             conn.close()
@@ -415,26 +410,7 @@ class SqliteSink:
                     ids[(name, version)] = int(row[0])
                 before = conn.total_changes
                 conn.executemany(
-                    "INSERT INTO decisions (" + ", ".join(DECISION_COLUMNS) + ") VALUES "
-                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING",
-                    [
-                        (
-                            d.request_id,
-                            d.portfolio_id,
-                            _sqlite_time(d.decided_at),
-                            ids[d.model_key],
-                            _dumps(d.asset_ids),
-                            _dumps(d.raw_weights),
-                            _dumps(d.smoothed_weights),
-                            None if d.current_weights is None else _dumps(d.current_weights),
-                            d.turnover,
-                            d.icm_reward,
-                            d.latency_seconds,
-                            None if d.slots is None else _dumps(d.slots),
-                            d.fingerprint,
-                        )
-                        for d in decisions
-                    ],
+                    INSERT_SQLITE, [_sqlite_row(d, ids[d.model_key]) for d in decisions]
                 )
                 inserted = conn.total_changes - before
                 conn.execute("COMMIT")
@@ -482,5 +458,24 @@ def _pg_row(d: DecisionRecord, model_version_id: int) -> tuple[Any, ...]:
         d.icm_reward,
         d.latency_seconds,
         None if d.slots is None else list(d.slots),
+        d.fingerprint,
+    )
+
+
+def _sqlite_row(d: DecisionRecord, model_version_id: int) -> tuple[Any, ...]:
+    """A decision's values in ``DECISION_COLUMNS`` order, arrays as JSON text."""
+    return (
+        d.request_id,
+        d.portfolio_id,
+        _sqlite_time(d.decided_at),
+        model_version_id,
+        _dumps(d.asset_ids),
+        _dumps(d.raw_weights),
+        _dumps(d.smoothed_weights),
+        None if d.current_weights is None else _dumps(d.current_weights),
+        d.turnover,
+        d.icm_reward,
+        d.latency_seconds,
+        None if d.slots is None else _dumps(d.slots),
         d.fingerprint,
     )
