@@ -331,3 +331,20 @@ def test_private_names_stay_in_their_module() -> None:
                 if alias.name.startswith("_") and not alias.name.startswith("__"):
                     violations.append(f"{module.rel}:{node.lineno} imports {alias.name}")
     report(violations, "private names imported across modules")
+
+
+def test_tests_import_only_public_names() -> None:
+    """A test reaches the code (and other tests' helpers) as a user or a contributor would:
+    through public names, so a private name stays free to change."""
+    violations = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            if node.module.split(".")[0] not in ("allocator", "tests"):
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    rel = path.relative_to(ROOT)
+                    violations.append(f"{rel}:{node.lineno} imports {alias.name}")
+    report(violations, "private names imported by tests")

@@ -19,7 +19,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from allocator.metrics.multiprocess import WorkerFilesCollector
+from allocator.metrics.multiprocess import WorkerFilesCollector, sized_files
 
 WORKER = """
 from prometheus_client import Counter
@@ -69,8 +69,6 @@ def test_an_empty_file_is_skipped_and_every_worker_still_counted(files: Path) ->
 
 
 def test_a_file_gone_between_listing_and_reading_is_skipped(files: Path) -> None:
-    from allocator.metrics.multiprocess import _sized
-
     listed = sorted(str(p) for p in files.glob("*.db"))
     gone = files / "counter_123456.db"
-    assert _sized([*listed, str(gone)]) == [p for p in listed if os.path.getsize(p) > 0]
+    assert sized_files([*listed, str(gone)]) == [p for p in listed if os.path.getsize(p) > 0]

@@ -14,8 +14,8 @@ from allocator.serving.state import MemoryStateStore
 from allocator.serving.step import (
     Answer,
     DecisionStep,
-    _gaps,
     batch_response,
+    decision_gaps,
     model_shape,
     stream_response,
 )
@@ -151,7 +151,7 @@ def test_the_steps_answers_are_the_messages_built_from_its_decisions(
 
 
 def test_decision_gaps_leave_out_a_narrower_rows_padding(tiny_model: LoadedModel) -> None:
-    """``_gaps`` per batch equals the L1 gap of each decision's own vectors."""
+    """``decision_gaps`` per batch equals the L1 gap of each decision's own vectors."""
     rng = np.random.default_rng(9)
     requests = [
         validate_request(
@@ -167,4 +167,4 @@ def test_decision_gaps_leave_out_a_narrower_rows_padding(tiny_model: LoadedModel
     ]
     decided = decide_many(tiny_model, requests, [None, None, None])
     want = [float(np.abs(o.raw_weights - o.smoothed_weights).sum()) for o in decided.outputs]
-    assert _gaps(decided) == pytest.approx(want, abs=1e-15)
+    assert decision_gaps(decided) == pytest.approx(want, abs=1e-15)

@@ -33,10 +33,10 @@ class WorkerFilesCollector(MultiProcessCollector):
     """``MultiProcessCollector`` that skips value files not yet sized (nothing written)."""
 
     def collect(self) -> Iterable[Metric]:
-        return self.merge(_sized(glob.glob(os.path.join(self._path, "*.db"))), accumulate=True)
+        return self.merge(sized_files(glob.glob(os.path.join(self._path, "*.db"))), accumulate=True)
 
 
-def _sized(paths: Iterable[str]) -> list[str]:
+def sized_files(paths: Iterable[str]) -> list[str]:
     """The files with a header to read; one gone since the glob is skipped too (its worker was
     marked dead), as ``MultiProcessCollector`` skips a vanished live-gauge file."""
     out = []

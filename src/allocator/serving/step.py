@@ -87,6 +87,7 @@ __all__ = [
     "TimeRemaining",
     "batch_response",
     "call_deadline",
+    "decision_gaps",
     "model_shape",
     "stream_response",
 ]
@@ -367,7 +368,7 @@ class DecisionStep:
         if self.metrics is not None:
             for _, _, decisions in decided.groups:
                 self.metrics.observe_decisions(
-                    _gaps(decisions),
+                    decision_gaps(decisions),
                     [o.turnover for o in decisions.outputs],
                     [o.icm_reward for o in decisions.outputs],
                 )
@@ -465,7 +466,7 @@ def _records(
     )
 
 
-def _gaps(decided: Decisions) -> list[float]:
+def decision_gaps(decided: Decisions) -> list[float]:
     """Each decision's raw-vs-smoothed L1 gap (cash included), on the batch's arrays at once."""
     diff = np.abs(decided.raw - decided.smoothed)
     width = diff.shape[1]
