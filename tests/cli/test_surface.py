@@ -137,6 +137,11 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("database_url", ("--database-url",)),
     ],
     "suite": [],
+    "suite choose": [
+        ("screens", ("screens",)),
+        ("as_json", ("--json",)),
+        ("json_out", ("--json-out",)),
+    ],
     "suite run": [
         ("config_path", ("--config",)),
         ("overrides", ("--set",)),

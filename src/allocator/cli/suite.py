@@ -126,3 +126,47 @@ def suite_run(
     for name, path in result.files.items():
         click.echo(f"{name}: {path}", err=as_json)
     emit_json(json.loads(Path(result.files["json"]).read_text()), as_json, json_out)
+
+
+@suite.command("choose")
+@click.argument("screens", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@json_options
+def suite_choose(screens: tuple[str, ...], as_json: bool, json_out: str | None) -> None:
+    """Apply the default-recipe rule to screened candidates: one finished development suite
+    run per directory (named after it), each condition met or not, and the one chosen.
+
+    Qualifies: above the best training-span rule on every signal market, within 0.05 Sharpe
+    of its anchor on the random walk and the S&P 500 development years, no action dimension
+    near its bound 20% of the time on any market. Chosen: the qualifier closing the largest
+    share of the rule-to-ceiling gap on the rotating markets; with none, the candidate meeting
+    most conditions (ties: mean policy minus rule over the signal markets).
+    """
+    # light: json and the suite's summaries, no trainer
+    from allocator.trainer.jobs.suite.choice import choose, read_screen, verdict_table
+    from allocator.typed_config import ConfigError
+
+    try:
+        verdicts = [read_screen(Path(s)) for s in screens]
+    except ConfigError as exc:
+        fail(str(exc))
+    chosen = choose(verdicts)
+    if not as_json:
+        click.echo(verdict_table(verdicts))
+        how = "qualifies" if chosen.qualifies else f"meets most conditions ({chosen.met})"
+        click.echo(f"chosen: {chosen.name} ({how})")
+    payload = {
+        "chosen": chosen.name,
+        "qualifies": chosen.qualifies,
+        "candidates": [
+            {
+                "name": v.name,
+                "conditions": v.conditions,
+                "met": v.met,
+                "qualifies": v.qualifies,
+                "excess_over_rule": v.excess,
+                "gap_closed": v.gap_closed,
+            }
+            for v in verdicts
+        ],
+    }
+    emit_json(payload, as_json, json_out)
