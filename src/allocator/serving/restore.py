@@ -33,8 +33,8 @@ from allocator.portfolio import CASH_ID
 from allocator.recording.records import DecisionRecord
 from allocator.recording.schema import Decision, ModelVersion
 from allocator.recording.spool import Spool
+from allocator.serving.answers import AnswerEncoder
 from allocator.serving.portfolio_state import LastAnswer, ModelKey, PortfolioState
-from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.state import StateStore
 
 __all__ = ["Latest", "latest_decisions", "restore_states", "state_from_record"]
@@ -126,21 +126,20 @@ def merge_spooled(latest: dict[str, Latest], spooled: Iterable[DecisionRecord]) 
             latest[record.portfolio_id] = Latest(record, known.count + 1)
 
 
-def response_of(record: DecisionRecord) -> pb.AllocateResponse:
-    """The answer the record was given as (the message ``step.Answer.response`` holds), rebuilt
-    from the row."""
-    response = pb.AllocateResponse(
-        request_id=record.request_id,
-        portfolio_id=record.portfolio_id,
-        asset_ids=record.asset_ids,
-        raw_weights=record.raw_weights,
-        smoothed_weights=record.smoothed_weights,
-        model=pb.ModelRef(name=record.model_name, version=record.model_version),
-        turnover=record.turnover,
+def answer_of(record: DecisionRecord) -> bytes:
+    """The bytes the record was answered with (what ``step.Answer.data`` held), encoded from
+    the row by the live path's own encoder."""
+    raw = np.asarray(record.raw_weights, dtype="<f8").tobytes()
+    smoothed = np.asarray(record.smoothed_weights, dtype="<f8").tobytes()
+    return AnswerEncoder(record.model_name, record.model_version).encode(
+        record.request_id,
+        record.portfolio_id,
+        record.asset_ids,
+        raw,
+        smoothed,
+        record.turnover,
+        record.icm_reward,
     )
-    if record.icm_reward is not None:
-        response.icm_reward = record.icm_reward
-    return response
 
 
 def state_from_record(record: DecisionRecord, steps: int) -> PortfolioState | None:
@@ -154,8 +153,8 @@ def state_from_record(record: DecisionRecord, steps: int) -> PortfolioState | No
     smoothed.setflags(write=False)
     last = None
     if record.fingerprint is not None:
-        response = response_of(record).SerializeToString()
-        last = LastAnswer(record.request_id, bytes.fromhex(record.fingerprint), response)
+        answer = answer_of(record)
+        last = LastAnswer(record.request_id, bytes.fromhex(record.fingerprint), answer)
     return PortfolioState(
         model=ModelKey(record.model_name, record.model_version, len(record.slots) + 1),
         slots=record.slots,
