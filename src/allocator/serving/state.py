@@ -383,9 +383,6 @@ class RedisStateStore:
     def state_key(self, portfolio_id: str) -> str:
         return self.prefix + portfolio_id
 
-    def lock_key(self, portfolio_id: str) -> str:
-        return self.lock_prefix + portfolio_id
-
     def ping(self) -> bool:
         return bool(self._client.ping())
 
