@@ -68,6 +68,8 @@ def test_the_qualifier_closing_most_of_the_gap_is_chosen() -> None:
     large = verdict("large", _document({"rotating_short": 0.6, "rotating_long": 0.5}))
     failing = verdict("failing", _document({"rotating_short": 0.9, "rotating_long": -0.1}))
     assert choose([small, failing, large]).name == "large"
+    at_rule = verdict("at_rule", _document({"rotating_short": 0.0, "rotating_long": 0.0}))
+    assert at_rule.gap_closed == 0.0  # a gap of zero is a figure, not a missing one
 
 
 def test_without_a_qualifier_most_conditions_then_the_larger_excess() -> None:

@@ -14,6 +14,7 @@ on them.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,10 +99,15 @@ def choose(verdicts: Sequence[Verdict]) -> Verdict:
         raise ConfigError("no candidates to choose from")
     qualifiers = [v for v in verdicts if v.qualifies]
     if qualifiers:
-        best = max(v.gap_closed if v.gap_closed is not None else -1e9 for v in qualifiers)
-        tied = [v for v in qualifiers if (v.gap_closed or -1e9) >= best - GAP_TIE]
-        return min(tied, key=lambda v: (v.cost, -(v.gap_closed or -1e9)))
-    return max(verdicts, key=lambda v: (v.met, v.excess if v.excess is not None else -1e9))
+        best = max(_known(v.gap_closed) for v in qualifiers)
+        tied = [v for v in qualifiers if _known(v.gap_closed) >= best - GAP_TIE]
+        return min(tied, key=lambda v: (v.cost, -_known(v.gap_closed)))
+    return max(verdicts, key=lambda v: (v.met, _known(v.excess)))
+
+
+def _known(value: float | None) -> float:
+    """A figure for ranking; a missing one ranks last."""
+    return -math.inf if value is None else value
 
 
 def read_screen(directory: Path) -> Verdict:
