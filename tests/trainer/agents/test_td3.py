@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,7 +29,15 @@ from allocator.trainer.agents.regularizer import (
     action_change,
 )
 from allocator.trainer.agents.td3 import SmoothTD3, clip_and_step, critic_loss, target_policy_noise
-from tests.trainer.agents.tiny import BATCH, SMALL_ICM, make_icm, make_td3, probe_observations
+from tests.trainer.agents.tiny import (
+    BATCH,
+    SMALL_ICM,
+    filled_td3,
+    make_icm,
+    make_td3,
+    probe_observations,
+    zero_critic,
+)
 
 
 def params(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -41,17 +48,6 @@ def hand_mean_change(actor: nn.Module, obs: torch.Tensor, next_obs: torch.Tensor
     """E_batch sum_j (pi(s')_j - pi(s)_j)^2, written out independently of ``action_change``."""
     diff = actor(next_obs) - actor(obs)
     return (diff * diff).sum(dim=1).mean()
-
-
-def zero_critic(model: SmoothTD3) -> None:
-    """All critic weights 0: Q is a constant, so its gradient w.r.t. the action is exactly 0.
-
-    One critic step then only moves the last layer's bias (every other gradient is multiplied
-    by a zero weight or a zero activation), so Q stays flat in the action during the actor step.
-    """
-    with torch.no_grad():
-        for p in model.critic.parameters():
-            p.zero_()
 
 
 # --- critic_loss ----------------------------------------------------------------------------
@@ -262,16 +258,6 @@ def test_none_mode_lambda_is_zero_and_inactive_even_with_lam_set() -> None:
 
 
 # --- one SmoothTD3.train step, recomputed by hand --------------------------------------------
-
-
-def filled_td3(**kwargs: Any) -> SmoothTD3:
-    """A model with a filled replay buffer and no training yet (learning_starts not reached)."""
-    options: dict[str, Any] = {"learning_starts": 200, "policy_delay": 1, "max_grad_norm": None}
-    options.update(kwargs)
-    model = make_td3(**options)
-    model.learn(150)
-    assert model._n_updates == 0
-    return model
 
 
 @pytest.mark.parametrize(("kind", "delta"), [("huber", 0.05), ("mse", 1.0)])

@@ -27,6 +27,27 @@ def make_td3(seed: int = 0, **kwargs: Any) -> SmoothTD3:
     return SmoothTD3("MlpPolicy", PortfolioEnv(MARKET, CFG), **options)
 
 
+def filled_td3(**kwargs: Any) -> SmoothTD3:
+    """A model with a filled replay buffer and no training yet (learning_starts not reached)."""
+    options: dict[str, Any] = {"learning_starts": 200, "policy_delay": 1, "max_grad_norm": None}
+    options.update(kwargs)
+    model = make_td3(**options)
+    model.learn(150)
+    assert model._n_updates == 0
+    return model
+
+
+def zero_critic(model: SmoothTD3) -> None:
+    """All critic weights 0: Q is a constant, so its gradient w.r.t. the action is exactly 0.
+
+    One critic step then only moves the last layer's bias (every other gradient is multiplied
+    by a zero weight or a zero activation), so Q stays flat in the action during the actor step.
+    """
+    with torch.no_grad():
+        for p in model.critic.parameters():
+            p.zero_()
+
+
 def make_sac(seed: int = 0, **kwargs: Any) -> SmoothSAC:
     options = tiny_model_options(seed, BATCH, **kwargs)
     return SmoothSAC("MlpPolicy", PortfolioEnv(MARKET, CFG), **options)

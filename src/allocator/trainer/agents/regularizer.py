@@ -1,4 +1,5 @@
-"""The actor smoothness regularizer ``lambda * E||pi(s') - pi(s)||^2`` and its lambda.
+"""The actor's regularizers: smoothness ``lambda * E||pi(s') - pi(s)||^2`` with its lambda, and
+the bound penalty that keeps a tanh actor off its bounds.
 
 The problem it solves: with no penalty TD3 thrashes between allocations; with a large fixed
 lambda it becomes too timid to take profits. The adaptive mode treats smoothness as a
@@ -9,6 +10,7 @@ under, so the agent pays for smoothness only when it actually over-trades.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 
 import torch as th
@@ -33,21 +35,19 @@ class SmoothnessSettings(StrictModel):
     lam_max: float = Field(100.0, gt=0, description="adaptive lambda never exceeds this")
 
 
-def actions_and_change(
-    actor: th.nn.Module, obs: th.Tensor, next_obs: th.Tensor
-) -> tuple[th.Tensor, th.Tensor]:
-    """``pi(s)`` and per-sample ``C = ||pi(s') - pi(s)||^2`` from one actor pass over both.
+def split_change(out: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """``pi(s)`` and per-sample ``C = ||pi(s') - pi(s)||^2`` from the actor's output on ``[s; s']``.
 
     The actor loss needs ``pi(s)`` anyway; one forward over ``[s; s']`` saves two of the three
     passes (and their backward) a naive ``actor(s')``, ``actor(s)``, ``actor(s)`` would cost.
     """
-    actions, next_actions = actor(th.cat([obs, next_obs])).chunk(2)
+    actions, next_actions = out.chunk(2)
     return actions, (next_actions - actions).pow(2).sum(dim=-1)
 
 
 def action_change(actor: th.nn.Module, obs: th.Tensor, next_obs: th.Tensor) -> th.Tensor:
     """Per-sample ``C = ||pi(s') - pi(s)||^2`` (shape (B,)), differentiable in the actor."""
-    return actions_and_change(actor, obs, next_obs)[1]
+    return split_change(actor(th.cat([obs, next_obs])))[1]
 
 
 class SmoothnessLambda:
@@ -67,3 +67,29 @@ class SmoothnessLambda:
         if s.mode == SmoothMode.ADAPTIVE:
             self.value = min(s.lam_max, max(0.0, self.value + s.alpha * (mean_change - s.budget)))
         return self.value
+
+
+class ActionBoundSettings(StrictModel):
+    """A penalty on pre-tanh scores past ``atanh(limit)``: the actor stays where tanh has a
+    gradient.
+
+    A tanh actor pushed to +-1 (the critic asks for more tilt than ``k`` allows, or for no cash
+    at all) loses its gradient there, ``1 - a^2 ~ 0``, and stops learning in that dimension:
+    the saturation the watch reports. Penalising the action itself cannot pull it back (its
+    gradient is gated by the same ``1 - a^2``); penalising the score ``u`` before the tanh
+    can. The loss adds ``weight * E[sum_slots relu(|u| - atanh(limit))^2]``; masked slots
+    score 0 and add nothing. ``weight`` 0 is off.
+    """
+
+    weight: float = Field(0.0, ge=0, description="penalty per squared unit of score past the limit")
+    limit: float = Field(0.9, gt=0, lt=1, description="the |action| the penalty starts at")
+
+    @property
+    def active(self) -> bool:
+        return self.weight > 0
+
+
+def bound_penalty(scores: th.Tensor, settings: ActionBoundSettings) -> th.Tensor:
+    """``weight * E_batch[sum_slots relu(|u| - atanh(limit))^2]`` for pre-tanh ``scores`` (B, S)."""
+    excess = th.relu(scores.abs() - math.atanh(settings.limit))
+    return settings.weight * excess.pow(2).sum(dim=-1).mean()

@@ -20,11 +20,14 @@ from stable_baselines3.common.utils import polyak_update
 from allocator.trainer.agents.icm import ICMSettings
 from allocator.trainer.agents.off_policy import SmoothOffPolicy
 from allocator.trainer.agents.regularizer import (
+    ActionBoundSettings,
     SmoothnessLambda,
     SmoothnessSettings,
-    actions_and_change,
+    bound_penalty,
+    split_change,
 )
 from allocator.trainer.agents.shared_networks import slot_order_sums
+from allocator.trainer.agents.shared_policies import SharedTD3Actor
 
 
 def critic_loss(
@@ -41,6 +44,15 @@ def critic_loss(
 def target_policy_noise(actions: th.Tensor, sigma: float, clip: float) -> th.Tensor:
     """Fresh Gaussian noise of the actions' shape, clipped to ``[-clip, clip]`` (TD3 smoothing)."""
     return th.randn_like(actions).mul_(sigma).clamp_(-clip, clip)
+
+
+def actor_scores(actor: th.nn.Module, obs: th.Tensor) -> th.Tensor:
+    """The deterministic actor's pre-tanh scores: ``tanh`` of them is ``actor(obs)``."""
+    if isinstance(actor, SharedTD3Actor):
+        return actor.scores(obs)[0][..., 0]  # masked slots score 0
+    # SB3's TD3 Actor: ``mu`` is the MLP with its final Tanh.
+    features = actor.extract_features(obs, actor.features_extractor)  # type: ignore[operator]
+    return actor.mu[:-1](features)  # type: ignore[index, operator]
 
 
 def clip_and_step(
@@ -62,6 +74,7 @@ TRAIN_FIGURES = (
     "action_change",
     "critic_grad_norm",
     "actor_grad_norm",
+    "bound_penalty",
 )
 """What ``SmoothTD3.train`` logs under ``train/``, averaged over the call's gradient steps."""
 
@@ -75,6 +88,7 @@ class SmoothTD3(SmoothOffPolicy, TD3):
     :param huber_delta: where the Huber loss turns from quadratic to linear
     :param max_grad_norm: gradient-norm clip for actor and critic (None: off)
     :param smoothness: the actor smoothness regularizer (``none``, ``fixed``, ``adaptive``)
+    :param action_bound: the penalty on pre-tanh scores past a limit (off unless a weight)
     :param icm: Intrinsic Curiosity Module settings (off unless ``enabled``)
     """
 
@@ -88,6 +102,7 @@ class SmoothTD3(SmoothOffPolicy, TD3):
         huber_delta: float = 1.0,
         max_grad_norm: float | None = 1.0,
         smoothness: SmoothnessSettings | None = None,
+        action_bound: ActionBoundSettings | None = None,
         icm: ICMSettings | None = None,
         **kwargs: Any,
     ) -> None:
@@ -96,6 +111,7 @@ class SmoothTD3(SmoothOffPolicy, TD3):
         self.max_grad_norm = max_grad_norm
         self.smoothness = smoothness or SmoothnessSettings()
         self.lam = SmoothnessLambda(self.smoothness)
+        self.action_bound = action_bound or ActionBoundSettings()
         self._init_smooth(actor_learning_rate, critic_learning_rate, icm, kwargs)
         super().__init__(policy, env, learning_rate=actor_learning_rate, **kwargs)
 
@@ -147,14 +163,9 @@ class SmoothTD3(SmoothOffPolicy, TD3):
         logs["critic_loss"].append(loss_c.detach())
 
     def _actor_step(self, batch: ReplayBufferSamples, logs: dict[str, list[th.Tensor]]) -> None:
-        """Maximize Q1, minus lambda * E||pi(s') - pi(s)||^2; then the dual-ascent step on
-        lambda with the batch's measured E[C] (one device sync per step)."""
-        if self.lam.active:
-            actions, change = actions_and_change(
-                self.actor, batch.observations, batch.next_observations
-            )
-        else:
-            actions, change = self.actor(batch.observations), None
+        """Maximize Q1, minus lambda * E||pi(s') - pi(s)||^2 and the bound penalty; then the
+        dual-ascent step on lambda with the batch's measured E[C] (one device sync per step)."""
+        actions, change, bound = self._actor_outputs(batch)
         # The critic's weight gradients from this loss would be discarded (the critic step
         # clears them first); frozen, backward skips computing them.
         self.critic.requires_grad_(False)
@@ -166,6 +177,9 @@ class SmoothTD3(SmoothOffPolicy, TD3):
                 loss_a = loss_a + penalty
                 logs["smooth_penalty"].append(penalty.detach())
                 logs["action_change"].append(mean_change.detach())
+            if bound is not None:
+                loss_a = loss_a + bound
+                logs["bound_penalty"].append(bound.detach())
             self.actor.optimizer.zero_grad()
             loss_a.backward()
         finally:
@@ -176,6 +190,25 @@ class SmoothTD3(SmoothOffPolicy, TD3):
         logs["actor_loss"].append(loss_a.detach())
         if change is not None:
             self.lam.update(float(mean_change.item()))
+
+    def _actor_outputs(
+        self, batch: ReplayBufferSamples
+    ) -> tuple[th.Tensor, th.Tensor | None, th.Tensor | None]:
+        """``pi(s)``, the smoothness term's per-sample change (when on) and the bound penalty
+        (when on), from one actor pass (over ``[s; s']`` when smoothness needs ``pi(s')``)."""
+        obs = batch.observations
+        if self.lam.active:
+            obs = th.cat([obs, batch.next_observations])
+        bound = None
+        if self.action_bound.active:
+            scores = actor_scores(self.actor, obs)
+            out, bound = th.tanh(scores), bound_penalty(scores, self.action_bound)
+        else:
+            out = self.actor(obs)
+        if not self.lam.active:
+            return out, None, bound
+        actions, change = split_change(out)
+        return actions, change, bound
 
     def _update_targets(self) -> None:
         """The target networks slowly track the online ones (batch-norm statistics copied).

@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 
 from allocator.trainer.agents.icm import ICMSettings
 from allocator.trainer.agents.noise import NoiseSettings
-from allocator.trainer.agents.regularizer import SmoothnessSettings
+from allocator.trainer.agents.regularizer import ActionBoundSettings, SmoothnessSettings
 from allocator.trainer.sim.env import EnvConfig
 from allocator.typed_config import (
     ConfigError,
@@ -90,7 +90,8 @@ class _AlgoBase(StrictModel):
 
 
 class TD3Settings(_AlgoBase):
-    """TD3 with Huber critics, gradient clipping, policy delay and the smoothness regularizer."""
+    """TD3 with Huber critics, gradient clipping, policy delay, the smoothness regularizer and
+    the bound penalty."""
 
     name: Literal["td3"] = "td3"
     critic_loss: Literal["huber", "mse"] = "huber"
@@ -100,6 +101,7 @@ class TD3Settings(_AlgoBase):
     target_policy_noise: float = Field(0.2, ge=0)
     target_noise_clip: float = Field(0.5, ge=0)
     smoothness: SmoothnessSettings = SmoothnessSettings()
+    action_bound: ActionBoundSettings = ActionBoundSettings()
 
 
 class SACSettings(_AlgoBase):

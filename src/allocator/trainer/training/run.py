@@ -159,6 +159,7 @@ def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> 
             huber_delta=algo.huber_delta,
             max_grad_norm=algo.max_grad_norm,
             smoothness=algo.smoothness,
+            action_bound=algo.action_bound,
             policy_delay=algo.policy_delay,
             target_policy_noise=algo.target_policy_noise,
             target_noise_clip=algo.target_noise_clip,
