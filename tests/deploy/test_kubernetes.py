@@ -201,7 +201,7 @@ def test_retrain_cronjob_runs_a_valid_retrain(monkeypatch, tmp_path):
     assert env["ALLOCATOR_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == (
         "allocator-database"
     )
-    # It is the shipped configs/retrain.yaml (trainer configs/td3.yaml) on that data.
+    # It is the shipped configs/retrain.yaml (the default recipe) on that data.
     shipped = load_retrain_config(ROOT / "configs/retrain.yaml")
     same = {"trainer", "registry", "pushgateway_url"}
     assert config.model_dump(exclude=same) == shipped.model_dump(exclude=same)
