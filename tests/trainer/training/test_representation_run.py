@@ -34,15 +34,21 @@ def shared_run(tmp_path_factory: pytest.TempPathFactory) -> TrainingRun:
 
 def test_the_shared_demo_config_says_what_it_changes() -> None:
     """The default recipe: td3_demo.yaml's TD3 with the representation, an equal-weight anchor
-    with 5% cash and inner-span selection, and nothing else changed."""
+    with 5% cash tilted with k 2, the actor held off its bounds and inner-span selection, and
+    nothing else changed."""
     cfg = load_config(ROOT / "configs" / "td3_shared_demo.yaml")
     assert cfg.policy == "shared"
     assert cfg.env.features == "asset_v1"
     assert cfg.env.action.mapping == "tilt"
     assert (cfg.env.action.anchor.kind, cfg.env.action.anchor.cash_share) == ("equal", 0.05)
+    assert cfg.env.action.k == 2.0
     assert cfg.selection.enabled
+    assert cfg.algorithm.name == "td3" and cfg.algorithm.action_bound.active
     demo = load_config(ROOT / "configs" / "td3_demo.yaml")
-    assert cfg.algorithm == demo.algorithm
+    assert not demo.algorithm.action_bound.active
+    assert cfg.algorithm.model_dump(exclude={"action_bound"}) == demo.algorithm.model_dump(
+        exclude={"action_bound"}
+    )
     assert cfg.noise == demo.noise
     assert cfg.total_timesteps == demo.total_timesteps
 
