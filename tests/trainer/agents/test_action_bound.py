@@ -37,10 +37,12 @@ def test_penalty_is_the_squared_excess_past_the_limit_summed_over_slots() -> Non
 def test_penalty_pulls_a_saturated_score_back_where_a_penalty_on_the_action_cannot() -> None:
     u = torch.tensor([[12.0]], requires_grad=True)
     bound_penalty(u, ActionBoundSettings(weight=1.0)).backward()
-    assert u.grad is not None and u.grad.item() == pytest.approx(2 * (12.0 - math.atanh(0.9)))
+    assert u.grad is not None
+    assert u.grad.item() == pytest.approx(2 * (12.0 - math.atanh(0.9)))
     v = torch.tensor([[12.0]], requires_grad=True)
     torch.tanh(v).pow(2).sum().backward()
-    assert v.grad is not None and v.grad.item() == 0.0  # tanh's gate: nothing to pull with
+    assert v.grad is not None
+    assert v.grad.item() == 0.0
 
 
 def test_settings_refuse_a_limit_outside_the_open_unit_interval() -> None:

@@ -19,6 +19,7 @@ from allocator.trainer.jobs.suite.job import draw_settings
 from allocator.trainer.jobs.suite.report import gap_closed, summarize
 from allocator.trainer.jobs.suite.runner import plan
 from allocator.trainer.market.draws import DRAWS, HeldOutDrawError
+from allocator.typed_config import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 SUITE = CONFIGS / "suite.yaml"
@@ -57,7 +58,10 @@ def test_development_mode_plans_development_draws_and_heldout_mode_held_out_ones
     for job in dev:
         assert job.draw in DRAWS[job.kind].development
         assert job.trainer["data"]["dataset"] in (f"generated:{job.kind}:{job.draw}", "sp500")
-    assert {j.kind for j in held} == {"rotating_short", "rotating_long", "drift", "random_walk"}
+    assert sorted((j.kind, j.draw) for j in held) == [
+        ("random_walk", DRAWS["random_walk"].held_out[0]),
+        *(("rotating_short", d) for d in DRAWS["rotating_short"].held_out[:2]),
+    ]
     for job in held:
         assert job.draw in DRAWS[job.kind].held_out
         assert job.draw not in DRAWS[job.kind].development
@@ -99,3 +103,19 @@ def test_gap_closed_and_its_summary_over_draws():
     low, high = summary["policy_minus_rule"]["interval"]
     assert 0.0 < low < 0.6 < high
     assert summary["near_bound"]["max_dim_max"] == pytest.approx(0.3)
+
+
+def test_draws_per_market_replaces_draws_for_its_market_and_is_checked():
+    config = load_suite_config(
+        SUITE, ["markets=[drift,random_walk]", "draws=2", "draws_per_market={random_walk: 1}"]
+    )
+    jobs = plan(config, Path("unused"))
+    assert [(j.kind, j.draw) for j in jobs] == [
+        ("drift", 100),
+        ("drift", 101),
+        ("random_walk", 100),
+    ]
+    with pytest.raises(ConfigError, match=r"unknown market\(s\) \['x'\]"):
+        load_suite_config(SUITE, ["draws_per_market={x: 1}"])
+    with pytest.raises(ConfigError, match="at least one draw"):
+        load_suite_config(SUITE, ["draws_per_market={drift: 0}"])

@@ -43,7 +43,8 @@ def test_the_shared_demo_config_says_what_it_changes() -> None:
     assert (cfg.env.action.anchor.kind, cfg.env.action.anchor.cash_share) == ("equal", 0.05)
     assert cfg.env.action.k == 2.0
     assert cfg.selection.enabled
-    assert cfg.algorithm.name == "td3" and cfg.algorithm.action_bound.active
+    assert cfg.algorithm.name == "td3"
+    assert cfg.algorithm.action_bound.active
     demo = load_config(ROOT / "configs" / "td3_demo.yaml")
     assert not demo.algorithm.action_bound.active
     assert cfg.algorithm.model_dump(exclude={"action_bound"}) == demo.algorithm.model_dump(

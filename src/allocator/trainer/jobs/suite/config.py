@@ -43,6 +43,9 @@ class SuiteConfig(StrictModel):
     )
     markets: list[str] = Field(list(DRAWS), min_length=1, description="market kinds to run")
     draws: int = Field(5, ge=1, description="draws per generated market (the first of the set)")
+    draws_per_market: dict[str, int] = Field(
+        {}, description="per market kind, its number of draws in place of draws"
+    )
     sp500_years: list[int] = Field(
         list(DRAWS[SP500_DEV].development), description="test years of the S&P 500 market"
     )
@@ -62,12 +65,20 @@ class SuiteConfig(StrictModel):
     torch_threads: int = Field(1, ge=1, description="torch threads per run")
     output_dir: str = "runs/suite"
 
-    @field_validator("markets", "market_changes")
+    @field_validator("markets", "market_changes", "draws_per_market")
     @classmethod
     def _known(cls, value: Any) -> Any:
         unknown = [m for m in value if m not in DRAWS]
         if unknown:
             raise ValueError(f"unknown market(s) {unknown}; known: {', '.join(DRAWS)}")
+        return value
+
+    @field_validator("draws_per_market")
+    @classmethod
+    def _positive(cls, value: dict[str, int]) -> dict[str, int]:
+        bad = {m: n for m, n in value.items() if n < 1}
+        if bad:
+            raise ValueError(f"a market needs at least one draw, got {bad}")
         return value
 
 

@@ -45,7 +45,8 @@ class SuiteResult:
 def market_draws(config: SuiteConfig, kind: str) -> list[int]:
     """The draws ``kind`` runs in the config's mode, refused if the mode may not use them."""
     heldout = config.mode == "heldout"
-    draws = config.sp500_years if kind == SP500_DEV else first_draws(kind, config.draws, heldout)
+    count = config.draws_per_market.get(kind, config.draws)
+    draws = config.sp500_years if kind == SP500_DEV else first_draws(kind, count, heldout)
     if not heldout:
         require_development(kind, draws, "the suite in development mode")
     else:
