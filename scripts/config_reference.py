@@ -73,7 +73,8 @@ def _not_expanded(full: bool = False) -> dict[type[BaseModel], str]:
     if full:
         return {}
     return {
-        TrainConfig: "a trainer config (`configs/td3_shared_demo.yaml`, `allocator/trainer/training/config.py`)"
+        TrainConfig: "a trainer config (`configs/td3_shared_demo.yaml`, "
+        "`allocator/trainer/training/config.py`)"
     }
 
 
