@@ -20,8 +20,8 @@ Variants (``--variants``, comma-separated; default: the first four):
 * ``recipe``: the default recipe as a training run builds it, ``configs/td3_shared_demo.yaml``
   with its own network, batch size, noise and environment on its own training span (the fit
   part that selection leaves), only ``learning_starts`` and ``buffer_size`` taken from here;
-* ``recipe_candidate``: ``recipe`` with the candidate default's settings (``RECIPE_CANDIDATE``:
-  centred asset scores, reward relative to the anchor, ``k = 3``, ``beta = 0``).
+* ``recipe_unbounded``: ``recipe`` without its bound penalty (``algorithm.action_bound``), so
+  the pair says what the penalty costs a step.
 
 The shared variants report ``ratio_vs_mlp``: their rate over ``adaptive``'s (same algorithm).
 
@@ -69,7 +69,7 @@ VARIANTS = (
     "shared",
     "shared_asset_v1",
     "recipe",
-    "recipe_candidate",
+    "recipe_unbounded",
 )
 DEFAULT_VARIANTS = ("vanilla", "fixed", "adaptive", "adaptive_icm")
 NOISE_SIGMA = 0.2
@@ -77,12 +77,7 @@ NOISE_SIGMA = 0.2
 
 SHARED_ENV = EnvConfig(features="asset_v1", action={"mapping": "tilt"})
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "td3_shared_demo.yaml"
-RECIPE_CANDIDATE = (
-    "shared.center_assets=true",
-    "env.reward.relative_to=anchor",
-    "env.action.k=3",
-    "env.beta=0",
-)
+UNBOUNDED = ("algorithm.action_bound.weight=0",)
 
 
 def build_recipe(name: str, args: argparse.Namespace) -> BaseAlgorithm:
@@ -95,8 +90,8 @@ def build_recipe(name: str, args: argparse.Namespace) -> BaseAlgorithm:
         f"algorithm.learning_starts={args.learning_starts}",
         f"algorithm.buffer_size={args.buffer_size}",
     ]
-    if name == "recipe_candidate":
-        overrides += RECIPE_CANDIDATE
+    if name == "recipe_unbounded":
+        overrides += UNBOUNDED
     config = load_config(RECIPE, overrides)
     return build_model(config, make_training_env(config, prepare_data(config)), None)
 
@@ -256,6 +251,9 @@ def main() -> None:
             "n_updates": int(model._n_updates),
             "batch_size": int(model.batch_size),
         }
+        bound = getattr(model, "action_bound", None)
+        if bound is not None:
+            entry["bound_penalty_weight"] = bound.weight
         if name != "vanilla" and "vanilla" in best:
             entry["ratio_vs_vanilla"] = round(best[name] / best["vanilla"], 3)
         if name.startswith(("shared", "recipe")) and "adaptive" in best:

@@ -83,7 +83,7 @@ def test_train_throughput_compares_the_shared_policy_with_the_mlp():
         assert variants[name]["n_updates"] == 50  # --quick: 50 timed steps after the warm-up
 
 
-def test_train_throughput_runs_the_default_recipe_and_its_candidate():
+def test_train_throughput_runs_the_default_recipe_with_and_without_its_bound_penalty():
     out = subprocess.run(
         [
             sys.executable,
@@ -94,7 +94,7 @@ def test_train_throughput_runs_the_default_recipe_and_its_candidate():
             "--threads",
             "1",
             "--variants",
-            "recipe,recipe_candidate",
+            "recipe,recipe_unbounded",
         ],
         check=True,
         capture_output=True,
@@ -102,8 +102,10 @@ def test_train_throughput_runs_the_default_recipe_and_its_candidate():
         timeout=120,
     )
     variants = json.loads(out.stdout)["variants"]
-    for name in ("recipe", "recipe_candidate"):
+    for name in ("recipe", "recipe_unbounded"):
         assert variants[name]["policy"] == "SharedTD3Policy"
         assert variants[name]["batch_size"] == 128  # the recipe's own, not --quick's
         assert variants[name]["steps_per_s"] > 0
         assert variants[name]["n_updates"] == 50
+    assert variants["recipe"]["bound_penalty_weight"] > 0
+    assert variants["recipe_unbounded"]["bound_penalty_weight"] == 0
