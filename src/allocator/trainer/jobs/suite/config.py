@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, PositiveInt, field_validator
 
 from allocator.trainer.market.draws import DRAWS, SP500_DEV
 from allocator.trainer.training.config import TRAINER_HELP, UNION_TAGS, TrainConfig, load_job_tree
@@ -43,7 +43,7 @@ class SuiteConfig(StrictModel):
     )
     markets: list[str] = Field(list(DRAWS), min_length=1, description="market kinds to run")
     draws: int = Field(5, ge=1, description="draws per generated market (the first of the set)")
-    draws_per_market: dict[str, int] = Field(
+    draws_per_market: dict[str, PositiveInt] = Field(
         {}, description="per market kind, its number of draws in place of draws"
     )
     sp500_years: list[int] = Field(
@@ -71,14 +71,6 @@ class SuiteConfig(StrictModel):
         unknown = [m for m in value if m not in DRAWS]
         if unknown:
             raise ValueError(f"unknown market(s) {unknown}; known: {', '.join(DRAWS)}")
-        return value
-
-    @field_validator("draws_per_market")
-    @classmethod
-    def _positive(cls, value: dict[str, int]) -> dict[str, int]:
-        bad = {m: n for m, n in value.items() if n < 1}
-        if bad:
-            raise ValueError(f"a market needs at least one draw, got {bad}")
         return value
 
 
