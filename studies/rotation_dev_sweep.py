@@ -1,7 +1,7 @@
 """Choose the rotating-market recipe on development draws of the market, never on the test's.
 
-The learning tests judge the shared policy on the held-out days of ``rotating_market(seed=0)``
-(``tests/learning/test_shared_rotation.py``) and of draw 59
+The shared policy has been judged on the held-out days of ``rotating_market(seed=0)``
+(``studies/rotation_representation.py``) and of draw 59
 (``tests/learning/test_ensemble_beats_momentum.py``, 58 scanned on the way); draws 5-9 judged a
 retired five-draw test. Choosing a recipe by its figure there would tune on the test, so the
 script refuses them. It trains candidate recipes on other draws of the same generator (market

@@ -65,8 +65,9 @@ USED = {0, *DEVELOPMENT_DRAWS, *FRESH_DRAWS, *JUDGED, *ENSEMBLE_DRAWS, *CI_DRAWS
 from 60 on."""
 
 TEST_DRAWS = {0, *FRESH_DRAWS, *CI_DRAWS}
-"""The learning tests' markets (``test_shared_rotation``: 0; ``test_ensemble_beats_momentum``:
-58-59, scanned for its draw) and the retired test's (5-9)."""
+"""The learning tests' markets (``test_adaptive_smoothness`` and
+``studies/rotation_representation.py``: 0; ``test_ensemble_beats_momentum``: 58-59, scanned for
+its draw) and a retired test's (5-9)."""
 
 
 def recipe(seed: int, device: str = "cpu", extra: Sequence[str] = ()) -> list[str]:

@@ -8,7 +8,7 @@ best top-k momentum rule whose k and lookback were chosen on the training span. 
 fixture's recipe (seeds d, d + 1000, d + 2000; 20,000 steps each), their deterministic actions
 averaged, as ``allocator export-ensemble`` serves them.
 
-Why not the fixture's draw 0 (``test_shared_rotation.py``, ``xfail`` there): on its held-out
+Why not draw 0 (``studies/rotation_representation.py``'s market): on its held-out
 days even the Bayes filter of the market's own model (``yardsticks.RotationFilter``, which knows
 the drift, the noise and the redraw rate) scores below the rule. Where knowing the model does
 not clear the bar, no learner can be asked to; the draw must be one where the bar can be

@@ -2,8 +2,7 @@
 learning test starts from are ``tests.learning.recipes.config``).
 
 Slow (minutes): skipped by default, run by CI (``make test`` with CI=true passes --run-slow).
-The adaptive regularizer's test on the rotating market lives beside the rotating fixture
-(``test_shared_rotation.py``), whose MLP at seed 0 is the very run it judges.
+The adaptive regularizer's test on the rotating market is ``test_adaptive_smoothness.py``.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Each test trains the shared policy (per-asset feature set, tilt of an equal-weight anchor) and
 judges it against the market's known answer and its anchor. The flat MLP is not trained
 beside it: at the same budget it put 52.9% and 22.7% in the drifting asset against the shared
-policy's 96.2% and 95.2% (RESULTS.md), and the comparison CI asserts is the rotating market's
-(``test_shared_rotation.py``). Slow (minutes): skipped by
-default, run by CI with --run-slow.
+policy's 96.2% and 95.2% (RESULTS.md); on the rotating market the comparison is a study
+(``studies/rotation_representation.py``). Slow (minutes): skipped by default, run by CI with
+--run-slow.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> SuiteResult:
     config = load_suite_config(CONFIG, ["executor=local"])
     assert config.mode == "heldout"
     result = run_suite(config, tmp_path_factory.mktemp("suite_ci"))
-    print(result.text)
+    print(result.table)
     return result
 
 
