@@ -1,9 +1,11 @@
-"""Sustained decisions per second the recorder commits into Postgres (21 weights per vector).
+"""Sustained decisions per second the recorder commits (21 weights per vector), per database.
 
-Creates its own database on the Postgres at ``--postgres`` (dropped afterwards), migrates it,
-then submits ``--decisions`` pre-built records as fast as the recorder accepts them and times
-from the first submit until every row is committed (``flush``). Records are built before the
-clock starts: the figure is the recorder's (queue, batching, COPY, commit), not record creation.
+For each of ``--backends``: Postgres in a database of its own on the server at ``--postgres``
+(dropped afterwards), SQLite in a temporary file; migrates it, then submits ``--decisions``
+pre-built records as fast as the recorder accepts them and times from the first submit until
+every row is committed (``flush``), with the writer thread's CPU time. Records are built before
+the clock starts: the figure is the recorder's (queue, batching, encoding, COPY or INSERT,
+commit), not record creation.
 
 Then, unless ``--ack-seconds 0``, what an acknowledgement costs the caller: for Postgres and a
 SQLite file, each ``ack`` mode and each ``--ack-concurrency``, threads that each submit one
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import psycopg
+import sqlalchemy
 
 from allocator.portfolio import CASH_ID
 from allocator.recording.migrations import upgrade
@@ -94,10 +97,51 @@ def ack_latency(
     }
 
 
+def sustain(url: str, args: argparse.Namespace, spool: Path) -> dict[str, float | int]:
+    """``args.decisions`` records submitted as fast as the recorder takes them, then flushed:
+    decisions/s and the writer thread's CPU time per decision."""
+    upgrade(url)
+    records = make_records(args.decisions, args.assets)
+    recorder = Recorder(url, spool, batch_size=args.batch_size, queue_size=args.decisions + 1)
+    recorder.start()
+    recorder.register_model(ModelRecord("bench", "1", "td3"))
+    writer = next(t for t in threading.enumerate() if t.name == "allocator-recorder")
+    clock = os.getpid(), writer.native_id
+    before = _thread_cpu(*clock)
+    start = time.perf_counter()
+    for i in range(0, len(records), args.chunk):
+        recorder.submit_many(records[i : i + args.chunk])
+    submitted = time.perf_counter() - start
+    recorder.flush()
+    elapsed = time.perf_counter() - start
+    writer_cpu = _thread_cpu(*clock) - before
+    stats = recorder.stats()
+    recorder.close()
+    engine = sqlalchemy.create_engine(url)
+    with engine.connect() as conn:
+        rows = int(conn.execute(sqlalchemy.text("SELECT count(*) FROM decisions")).scalar_one())
+    engine.dispose()
+    return {
+        "rows_in_table": rows,
+        "spooled": stats.spooled_records,
+        "seconds": round(elapsed, 3),
+        "submit_seconds": round(submitted, 3),
+        "decisions_per_s": round(rows / elapsed, 1),
+        "writer_cpu_us_per_decision": round(writer_cpu / rows * 1e6, 2),
+    }
+
+
+def _thread_cpu(pid: int, tid: int | None) -> float:
+    """CPU seconds (user + system) a thread of this process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--decisions", type=int, default=100_000)
+    parser.add_argument("--backends", default="postgresql,sqlite", help="sustained phases")
     parser.add_argument("--assets", type=int, default=20, help="risky assets (cash added)")
     parser.add_argument("--batch-size", type=int, default=5_000)
     parser.add_argument("--chunk", type=int, default=512, help="records per submit_many call")
@@ -105,6 +149,9 @@ def main() -> None:
     parser.add_argument("--ack-concurrency", default="1,8", help="caller threads, one phase each")
     args = parser.parse_args()
 
+    backends = [b for b in args.backends.split(",") if b]
+    if not backends or set(backends) - {"postgresql", "sqlite"}:
+        parser.error(f"--backends {args.backends}: choose from postgresql, sqlite")
     name = f"allocator_bench_{secrets.token_hex(4)}"
     with psycopg.connect(args.postgres, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
@@ -114,26 +161,14 @@ def main() -> None:
         f"{info.get('port', 5432)}/{name}"
     )
     try:
-        upgrade(url)
-        records = make_records(args.decisions, args.assets)
-        with tempfile.TemporaryDirectory() as spool:
-            recorder = Recorder(
-                url, spool, batch_size=args.batch_size, queue_size=args.decisions + 1
-            ).start()
-            recorder.register_model(ModelRecord("bench", "1", "td3"))
-            start = time.perf_counter()
-            for i in range(0, len(records), args.chunk):
-                recorder.submit_many(records[i : i + args.chunk])
-            submitted = time.perf_counter() - start
-            recorder.flush()
-            elapsed = time.perf_counter() - start
-            stats = recorder.stats()
-            recorder.close()
-        with psycopg.connect(url.replace("+psycopg", "")) as conn:
-            rows = conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
-        acks = []
-        if args.ack_seconds > 0:
-            with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp:
+            targets = {"postgresql": url, "sqlite": f"sqlite:///{Path(tmp) / 'bench.db'}"}
+            sustained = [
+                {"backend": b, **sustain(targets[b], args, Path(tmp) / f"spool-{b}")}
+                for b in backends
+            ]
+            acks = []
+            if args.ack_seconds > 0:
                 sqlite_url = f"sqlite:///{Path(tmp) / 'acks.db'}"
                 upgrade(sqlite_url)
                 for backend, target in (("postgresql", url), ("sqlite", sqlite_url)):
@@ -162,15 +197,10 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "recorder_throughput",
-                "backend": "postgresql",
                 "decisions": args.decisions,
                 "weights_per_vector": args.assets + 1,
                 "batch_size": args.batch_size,
-                "rows_in_table": rows,
-                "spooled": stats.spooled_records,
-                "seconds": round(elapsed, 3),
-                "submit_seconds": round(submitted, 3),
-                "decisions_per_s": round(rows / elapsed, 1),
+                "sustained": sustained,
                 "goal_decisions_per_s": 25_000,
                 "acknowledgement": acks,
                 "machine": machine,

@@ -13,7 +13,6 @@ set aside as ``*.corrupt`` (kept, never deleted) and the rest replays.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import struct
@@ -23,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from allocator.artifacts.files import fsync_path
 
@@ -51,7 +52,7 @@ class Segment:
 
 
 def encode_frame(payload: dict[str, Any]) -> bytes:
-    body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)  # records are finite
     return FRAME_HEADER.pack(len(body), zlib.crc32(body)) + body
 
 
@@ -69,7 +70,7 @@ def _frames(data: bytes) -> Iterator[tuple[dict[str, Any], int]]:
         if zlib.crc32(body) != crc:
             return
         try:
-            frame = json.loads(body)
+            frame = orjson.loads(body)
         except ValueError:
             return
         yield frame, end
