@@ -65,7 +65,8 @@ def postgres_url(postgres_database: str) -> str:
 
 def test_the_shipped_config_plans_the_issue_walk_forward(tmp_path: Path) -> None:
     """2005-2022, rolling 5-year training, 1-year tests: 13 windows of the default recipe
-    (td3_shared_demo.yaml), its deflated Sharpe discounting the 8 recipes tried before it."""
+    (td3_shared_demo.yaml), its deflated Sharpe discounting the 9 recipes run on those years,
+    itself included."""
     config = load_walk_forward_config(FULL, [f"registry={tmp_path / 'models'}"])
     assert config.trainer_source == str(FULL.parent / "td3_shared_demo.yaml")
     assert config.trainer.algorithm.name == "td3"
@@ -74,7 +75,7 @@ def test_the_shipped_config_plans_the_issue_walk_forward(tmp_path: Path) -> None
     assert config.trainer.selection.enabled
     assert config.trainer.env.action.anchor.kind == "equal"
     assert config.cost_bps == 10
-    assert config.configurations_tried == 8
+    assert config.configurations_tried == 9
     assert config.baselines == ["equal-weight", "buy-and-hold", "min-variance", "hrp", "anchor"]
     jobs = plan(config, tmp_path / "out", "L")
     assert [j.window.test_start.year for j in jobs] == list(range(2010, 2023))
