@@ -75,7 +75,7 @@ CREATE_STAGE = (
 )
 # Arrays travel as binary float8[] and become JSONB inside Postgres: the float-to-text work
 # (Postgres prints the shortest exact form) runs in the server process, on the other core,
-# instead of json.dumps in the recorder thread, which cost ~8 us per 21-weight vector.
+# instead of in the recorder thread, which shares the allocation server's GIL.
 INSERT_FROM_STAGE = (
     f"INSERT INTO decisions ({_NAMES}) SELECT "
     + ", ".join(f"to_jsonb({n})" if j else n for n, j in zip(DECISION_COLUMNS, _JSON, strict=True))
