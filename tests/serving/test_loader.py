@@ -126,12 +126,14 @@ def test_cuda_not_tried_when_not_preferred(
     assert all(p == ["CPUExecutionProvider"] for p in seen)
 
 
-def test_sessions_do_not_spin_their_thread_pools(model_dir: Path) -> None:
-    """Spinning intra-op threads kept a core busy at light load; every session turns it off."""
+def test_sessions_run_on_the_calling_thread_and_do_not_spin(model_dir: Path) -> None:
+    """A pool thread per run costs a wake-up per call, and a spinning one a core at light
+    load: every session runs on its caller's thread, with idle pool threads asleep."""
     model = load_model(model_dir, prefer_cuda=False)
     assert model.icm_session is not None
     for session in (model.session, model.icm_session):
         options = session.get_session_options()
+        assert options.intra_op_num_threads == 1
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
         assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
 
