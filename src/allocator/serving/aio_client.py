@@ -88,6 +88,7 @@ class AsyncAllocatorClient(ClientChannel):
     list_models = _awaited(AllocatorClient.list_models)
     refused_models = _awaited(AllocatorClient.refused_models)
     reset_portfolio = _awaited(AllocatorClient.reset_portfolio)
+    _listed = _awaited(AllocatorClient._listed)
 
     async def allocate_stream(
         self, batches: AsyncIterable[Requests] | Iterable[Requests], *, timeout: float | None = None

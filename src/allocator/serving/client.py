@@ -442,7 +442,7 @@ class AllocatorClient(ClientChannel):
             self._stub.AllocateBatch,
             batch_request(requests),
             timeout,
-            lambda answer: [Allocation.from_proto(r) for r in answer.responses],
+            lambda a: [Allocation.from_proto(r) for r in a.responses],
         )
 
     def allocate_stream(
@@ -462,28 +462,20 @@ class AllocatorClient(ClientChannel):
 
     def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
         """The loaded versions, sorted by name then version."""
-        return self._call(
-            self._stub.ListModels,
-            allocator_pb2.ListModelsRequest(),
-            timeout,
-            lambda answer: [ModelInfo.from_proto(m) for m in answer.models],
-        )
+        return self._listed(timeout, lambda a: [ModelInfo.from_proto(m) for m in a.models])
 
     def refused_models(self, *, timeout: float | None = None) -> list[ModelRefusal]:
         """The versions whose files the server refused as they are now, with why."""
-        return self._call(
-            self._stub.ListModels,
-            allocator_pb2.ListModelsRequest(),
-            timeout,
-            lambda answer: [ModelRefusal.from_proto(m) for m in answer.refused],
-        )
+        return self._listed(timeout, lambda a: [ModelRefusal.from_proto(m) for m in a.refused])
+
+    def _listed(self, timeout: float | None, decode: Callable[[Any], T]) -> T:
+        """``ListModels``' answer, decoded: the loaded versions and the refused ones."""
+        return self._call(self._stub.ListModels, allocator_pb2.ListModelsRequest(), timeout, decode)
 
     def reset_portfolio(self, portfolio_id: str, *, timeout: float | None = None) -> bool:
         """Forget the portfolio's smoothing state; True when the server had any."""
         request = allocator_pb2.ResetPortfolioRequest(portfolio_id=portfolio_id)
-        return self._call(
-            self._stub.ResetPortfolio, request, timeout, lambda answer: bool(answer.existed)
-        )
+        return self._call(self._stub.ResetPortfolio, request, timeout, lambda a: bool(a.existed))
 
     def health(
         self, services: Sequence[str] = ("", SERVICE_NAME), *, timeout: float | None = None
