@@ -57,6 +57,10 @@ __all__ = [
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Batch answers for thousands of portfolios exceed gRPC's 4 MiB default."""
+MESSAGE_LIMITS = (
+    ("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+)
 
 Float64Array = NDArray[np.float64]
 T = TypeVar("T")
@@ -127,22 +131,6 @@ RESOURCE_EXHAUSTED."""
 def _duration(seconds: float) -> str:
     """A protobuf Duration in JSON (``"0.1s"``), as the service config wants it."""
     return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
-
-
-def _channel_options(
-    retry: RetryPolicy | None, extra: Sequence[tuple[str, Any]] = ()
-) -> list[tuple[str, Any]]:
-    """Channel options: message limits, the retry policy (None: no retries),
-    then ``extra`` (which may override any of them)."""
-    options: list[tuple[str, Any]] = [
-        ("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
-    ]
-    if retry is None:
-        options.append(("grpc.enable_retries", 0))
-    else:
-        options += [("grpc.enable_retries", 1), ("grpc.service_config", retry.service_config())]
-    return [*options, *extra]
 
 
 class AllocatorError(Exception):
@@ -369,7 +357,12 @@ class ClientChannel:
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
-        opts = _channel_options(retry, options)
+        retries = (
+            [("grpc.enable_retries", 0)]
+            if retry is None
+            else [("grpc.enable_retries", 1), ("grpc.service_config", retry.service_config())]
+        )
+        opts = [*MESSAGE_LIMITS, *retries, *options]  # ``options`` may override any of them
         if root_certificates is None and private_key is None:
             self._channel = self.channels.insecure_channel(target, options=opts)
         else:
