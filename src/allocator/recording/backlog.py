@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,27 +55,11 @@ class BacklogReplay:
     _spool_bytes: int
     _spool_records: int
     _db_up: bool
-
-    def _write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:
-        raise NotImplementedError
-
-    def _write_one_by_one(
-        self,
-        models: list[ModelRecord],
-        decisions: list[DecisionRecord],
-        error: Exception,
-        spool_on_outage: bool,
-    ) -> None:
-        raise NotImplementedError
-
-    def _failed(self, reason: str) -> None:
-        raise NotImplementedError
-
-    def _mark_down(self) -> None:
-        raise NotImplementedError
-
-    def _update_spool_gauges(self) -> None:
-        raise NotImplementedError
+    _write: Callable[[Sequence[ModelRecord], Sequence[DecisionRecord]], int]
+    _write_one_by_one: Callable[[list[ModelRecord], list[DecisionRecord], Exception, bool], None]
+    _failed: Callable[[str], None]
+    _mark_down: Callable[[], None]
+    _update_spool_gauges: Callable[[], None]
 
     def _replay_slice(self) -> None:
         """Replay spooled frames, oldest first, for about ``REPLAY_SLICE_SECONDS`` (at least
@@ -136,7 +120,7 @@ class BacklogReplay:
         try:
             self._write(models, decisions)
         except RecordRejectedError as exc:
-            self._write_one_by_one(models, decisions, exc, spool_on_outage=False)
+            self._write_one_by_one(models, decisions, exc, False)  # already spooled
 
     def _replayed_segment(self, segment: Segment) -> None:
         self.spool.remove(segment)

@@ -15,35 +15,51 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health_pb2
-from numpy.typing import ArrayLike
 
 from allocator.serving.client import (
-    Allocation,
-    AllocationRequest,
+    AllocatorClient,
     AllocatorError,
     ClientChannel,
-    HealthOutcome,
-    ModelInfo,
-    ModelRefusal,
+    Requests,
     StreamAnswer,
-    batch_request,
     health_status,
+    rpc_errors,
     stream_request,
 )
 from allocator.serving.proto import SERVICE_NAME, allocator_pb2
 
 __all__ = ["AsyncAllocatorClient"]
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _awaited(
+    method: Callable[Concatenate[AllocatorClient, P], T],
+) -> Callable[Concatenate[AsyncAllocatorClient, P], Coroutine[Any, Any, T]]:
+    """An ``AllocatorClient`` method as this client's: it returns what ``self._call`` returns,
+    here a coroutine of the decoded answer (the cast tells the type checker so)."""
+    return cast("Callable[Concatenate[AsyncAllocatorClient, P], Coroutine[Any, Any, T]]", method)
+
+
+async def _each(items: Iterable[T]) -> AsyncIterator[T]:
+    """A plain iterable's items, for ``async for``."""
+    for item in items:
+        yield item
+
 
 class AsyncAllocatorClient(ClientChannel):
     """A ``grpc.aio`` channel to one allocation server (arguments: ``ClientChannel``);
-    ``async with`` closes it. Create it inside the event loop that will use it."""
+    ``async with`` closes it. Create it inside the event loop that will use it.
+
+    ``allocate``, ``allocate_batch``, ``list_models``, ``refused_models`` and
+    ``reset_portfolio`` are ``AllocatorClient``'s, awaited."""
 
     channels = grpc.aio
 
@@ -61,109 +77,51 @@ class AsyncAllocatorClient(ClientChannel):
     async def close(self) -> None:
         await self._channel.close()
 
-    async def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
-        try:
-            return await method(
-                request,
-                timeout=self.timeout if timeout is None else timeout,
-                metadata=self._metadata,
-            )
-        except grpc.RpcError as error:
-            raise AllocatorError.from_rpc_error(error) from None
+    async def _call(
+        self, method: Any, request: Any, timeout: float | None, decode: Callable[[Any], T]
+    ) -> T:
+        with rpc_errors():
+            return decode(await method(request, **self._unary_options(timeout)))
 
-    async def allocate(
-        self,
-        portfolio_id: str,
-        asset_ids: Sequence[str],
-        prices: ArrayLike,
-        current_weights: ArrayLike | None = None,
-        request_id: str | None = None,
-        model: str | None = None,
-        version: str | None = None,
-        *,
-        timeout: float | None = None,
-    ) -> Allocation:
-        """Weights for one portfolio now; ``prices`` has shape ``(len(asset_ids), window + 1)``.
-
-        Retrying with the same ``request_id`` is safe: the server answers it once.
-        """
-        request = AllocationRequest(
-            portfolio_id, asset_ids, prices, current_weights, request_id, model, version
-        ).to_proto()
-        return Allocation.from_proto(await self._call(self._stub.Allocate, request, timeout))
-
-    async def allocate_batch(
-        self,
-        requests: Iterable[AllocationRequest | Mapping[str, Any]],
-        *,
-        timeout: float | None = None,
-    ) -> list[Allocation]:
-        """Weights for many portfolios in one call, in request order; all or nothing."""
-        response = await self._call(self._stub.AllocateBatch, batch_request(requests), timeout)
-        return [Allocation.from_proto(r) for r in response.responses]
+    allocate = _awaited(AllocatorClient.allocate)
+    allocate_batch = _awaited(AllocatorClient.allocate_batch)
+    list_models = _awaited(AllocatorClient.list_models)
+    refused_models = _awaited(AllocatorClient.refused_models)
+    reset_portfolio = _awaited(AllocatorClient.reset_portfolio)
+    _listed = _awaited(AllocatorClient._listed)
 
     async def allocate_stream(
-        self,
-        batches: AsyncIterable[Iterable[AllocationRequest | Mapping[str, Any]]]
-        | Iterable[Iterable[AllocationRequest | Mapping[str, Any]]],
-        *,
-        timeout: float | None = None,
+        self, batches: AsyncIterable[Requests] | Iterable[Requests], *, timeout: float | None = None
     ) -> AsyncIterator[StreamAnswer]:
         """``AllocatorClient.allocate_stream``, awaited: batches from an (async) iterable,
         answers in order as they come."""
 
-        async def messages() -> AsyncIterator[Any]:
+        async def messages() -> AsyncIterator[allocator_pb2.AllocateStreamRequest]:
             sequence = 0
-            if isinstance(batches, AsyncIterable):
-                async for batch in batches:
-                    sequence += 1
-                    yield stream_request(sequence, batch)
-            else:
-                for batch in batches:
-                    sequence += 1
-                    yield stream_request(sequence, batch)
+            async for batch in batches if isinstance(batches, AsyncIterable) else _each(batches):
+                sequence += 1
+                yield stream_request(sequence, batch)
 
         call = self._stub.AllocateStream(messages(), timeout=timeout, metadata=self._metadata)
         try:
-            async for response in call:
-                yield StreamAnswer.from_proto(response)
-        except grpc.RpcError as error:
-            raise AllocatorError.from_rpc_error(error) from None
+            with rpc_errors():
+                async for response in call:
+                    yield StreamAnswer.from_proto(response)
         finally:
             call.cancel()
-
-    async def _list(self, timeout: float | None) -> allocator_pb2.ListModelsResponse:
-        request = allocator_pb2.ListModelsRequest()
-        response: allocator_pb2.ListModelsResponse = await self._call(
-            self._stub.ListModels, request, timeout
-        )
-        return response
-
-    async def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
-        """The loaded versions, sorted by name then version."""
-        return [ModelInfo.from_proto(m) for m in (await self._list(timeout)).models]
-
-    async def refused_models(self, *, timeout: float | None = None) -> list[ModelRefusal]:
-        """The versions whose files the server refused as they are now, with why."""
-        return [ModelRefusal.from_proto(m) for m in (await self._list(timeout)).refused]
-
-    async def reset_portfolio(self, portfolio_id: str, *, timeout: float | None = None) -> bool:
-        """Forget the portfolio's smoothing state; True when the server had any."""
-        request = allocator_pb2.ResetPortfolioRequest(portfolio_id=portfolio_id)
-        return bool((await self._call(self._stub.ResetPortfolio, request, timeout)).existed)
 
     async def health(
         self, services: Sequence[str] = ("", SERVICE_NAME), *, timeout: float | None = None
     ) -> dict[str, str]:
         """Status name per service from ``grpc.health.v1.Health/Check`` (as the sync client)."""
-        return {s: health_status(await self._check(s, timeout)) for s in services}
+        return {s: await self._status(s, timeout) for s in services}
 
-    async def _check(self, service: str, timeout: float | None) -> HealthOutcome:
+    async def _status(self, service: str, timeout: float | None) -> str:
         request = health_pb2.HealthCheckRequest(service=service)
         try:
-            return await self._call(self._health.Check, request, timeout)
+            return await self._call(self._health.Check, request, timeout, health_status)
         except AllocatorError as error:
-            return error
+            return health_status(error)
 
     async def is_serving(self, *, timeout: float | None = None) -> bool:
         """Whether the server and the Allocator service both report SERVING."""

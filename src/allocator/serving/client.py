@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
 from types import TracebackType
-from typing import Any, Self, TypeAlias
+from typing import Any, Self, TypeAlias, TypeVar
 
 import grpc
 import numpy as np
@@ -50,13 +51,19 @@ __all__ = [
     "StreamAnswer",
     "batch_request",
     "health_status",
+    "rpc_errors",
     "stream_request",
 ]
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Batch answers for thousands of portfolios exceed gRPC's 4 MiB default."""
+MESSAGE_LIMITS = (
+    ("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+)
 
 Float64Array = NDArray[np.float64]
+T = TypeVar("T")
 MAX_GRPC_ATTEMPTS = 5
 """gRPC caps a retry policy's ``maxAttempts`` at 5 (a larger value is silently lowered)."""
 
@@ -126,22 +133,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
 
 
-def _channel_options(
-    retry: RetryPolicy | None, extra: Sequence[tuple[str, Any]] = ()
-) -> list[tuple[str, Any]]:
-    """Channel options: message limits, the retry policy (None: no retries),
-    then ``extra`` (which may override any of them)."""
-    options: list[tuple[str, Any]] = [
-        ("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
-    ]
-    if retry is None:
-        options.append(("grpc.enable_retries", 0))
-    else:
-        options += [("grpc.enable_retries", 1), ("grpc.service_config", retry.service_config())]
-    return [*options, *extra]
-
-
 class AllocatorError(Exception):
     """A failed call: the gRPC status ``code`` and the server's ``details``."""
 
@@ -156,6 +147,15 @@ class AllocatorError(Exception):
         code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
         details = error.details() if hasattr(error, "details") else str(error)
         return cls(code or grpc.StatusCode.UNKNOWN, details or "")
+
+
+@contextmanager
+def rpc_errors() -> Iterator[None]:
+    """Every gRPC failure inside surfaces as ``AllocatorError``."""
+    try:
+        yield
+    except grpc.RpcError as error:
+        raise AllocatorError.from_rpc_error(error) from None
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -218,17 +218,7 @@ class ModelInfo:
 
     @classmethod
     def from_proto(cls, message: allocator_pb2.ModelInfo) -> ModelInfo:
-        return cls(
-            name=message.name,
-            version=message.version,
-            algorithm=message.algorithm,
-            max_assets=message.max_assets,
-            window=message.window,
-            beta=message.beta,
-            has_icm=message.has_icm,
-            provider=message.provider,
-            is_default=message.is_default,
-        )
+        return cls(*(getattr(message, f.name) for f in fields(cls)))
 
 
 @dataclass(frozen=True)
@@ -287,9 +277,11 @@ class AllocationRequest:
         return message
 
 
-def batch_request(
-    requests: Iterable[AllocationRequest | Mapping[str, Any]],
-) -> allocator_pb2.AllocateBatchRequest:
+Requests: TypeAlias = Iterable[AllocationRequest | Mapping[str, Any]]
+"""A batch's requests: each an ``AllocationRequest`` or a dict of its fields."""
+
+
+def batch_request(requests: Requests) -> allocator_pb2.AllocateBatchRequest:
     """The wire message of a batch (each item an ``AllocationRequest`` or a dict of its fields)."""
     items = [
         r.to_proto() if isinstance(r, AllocationRequest) else AllocationRequest(**r).to_proto()
@@ -298,9 +290,7 @@ def batch_request(
     return allocator_pb2.AllocateBatchRequest(requests=items)
 
 
-def stream_request(
-    sequence: int, requests: Iterable[AllocationRequest | Mapping[str, Any]]
-) -> allocator_pb2.AllocateStreamRequest:
+def stream_request(sequence: int, requests: Requests) -> allocator_pb2.AllocateStreamRequest:
     """One ``AllocateStream`` message: a batch and the number its answer will echo."""
     message = allocator_pb2.AllocateStreamRequest(sequence=sequence)
     message.batch.requests.extend(batch_request(requests).requests)
@@ -326,11 +316,7 @@ class StreamAnswer:
         return cls(message.sequence, allocations, error)
 
 
-HealthOutcome: TypeAlias = health_pb2.HealthCheckResponse | AllocatorError
-"""What one health check gave: the server's answer, or the call's error."""
-
-
-def health_status(outcome: HealthOutcome) -> str:
+def health_status(outcome: health_pb2.HealthCheckResponse | AllocatorError) -> str:
     """A check's status name; SERVICE_UNKNOWN for NOT_FOUND; any other failure raised."""
     if isinstance(outcome, AllocatorError):
         if outcome.code is not grpc.StatusCode.NOT_FOUND:
@@ -371,7 +357,12 @@ class ClientChannel:
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
-        opts = _channel_options(retry, options)
+        retries = (
+            [("grpc.enable_retries", 0)]
+            if retry is None
+            else [("grpc.enable_retries", 1), ("grpc.service_config", retry.service_config())]
+        )
+        opts = [*MESSAGE_LIMITS, *retries, *options]  # ``options`` may override any of them
         if root_certificates is None and private_key is None:
             self._channel = self.channels.insecure_channel(target, options=opts)
         else:
@@ -382,10 +373,18 @@ class ClientChannel:
         self._stub = allocator_pb2_grpc.AllocatorStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
+    def _unary_options(self, timeout: float | None) -> dict[str, Any]:
+        """A unary call's deadline (the client's default unless given) and token."""
+        return {"timeout": self.timeout if timeout is None else timeout, "metadata": self._metadata}
+
 
 class AllocatorClient(ClientChannel):
     """A blocking channel to one allocation server (arguments: ``ClientChannel``); use it as a
-    context manager to close the channel."""
+    context manager to close the channel.
+
+    Each unary method builds its request and returns ``self._call(...)`` with the answer's
+    decoder and nothing more: ``AsyncAllocatorClient`` takes those methods as they are, its
+    ``_call`` returning the same result to await."""
 
     def __enter__(self) -> Self:
         return self
@@ -401,15 +400,11 @@ class AllocatorClient(ClientChannel):
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
-        try:
-            return method(
-                request,
-                timeout=self.timeout if timeout is None else timeout,
-                metadata=self._metadata,
-            )
-        except grpc.RpcError as error:
-            raise AllocatorError.from_rpc_error(error) from None
+    def _call(
+        self, method: Any, request: Any, timeout: float | None, decode: Callable[[Any], T]
+    ) -> T:
+        with rpc_errors():
+            return decode(method(request, **self._unary_options(timeout)))
 
     def allocate(
         self,
@@ -430,24 +425,21 @@ class AllocatorClient(ClientChannel):
         request = AllocationRequest(
             portfolio_id, asset_ids, prices, current_weights, request_id, model, version
         ).to_proto()
-        return Allocation.from_proto(self._call(self._stub.Allocate, request, timeout))
+        return self._call(self._stub.Allocate, request, timeout, Allocation.from_proto)
 
     def allocate_batch(
-        self,
-        requests: Iterable[AllocationRequest | Mapping[str, Any]],
-        *,
-        timeout: float | None = None,
+        self, requests: Requests, *, timeout: float | None = None
     ) -> list[Allocation]:
         """Weights for many portfolios in one call, in request order; all or nothing."""
-        batch = batch_request(requests)
-        response = self._call(self._stub.AllocateBatch, batch, timeout)
-        return [Allocation.from_proto(r) for r in response.responses]
+        return self._call(
+            self._stub.AllocateBatch,
+            batch_request(requests),
+            timeout,
+            lambda a: [Allocation.from_proto(r) for r in a.responses],
+        )
 
     def allocate_stream(
-        self,
-        batches: Iterable[Iterable[AllocationRequest | Mapping[str, Any]]],
-        *,
-        timeout: float | None = None,
+        self, batches: Iterable[Requests], *, timeout: float | None = None
     ) -> Iterator[StreamAnswer]:
         """One ``AllocateStream`` call: each batch (a bar's portfolios) is sent as it is drawn,
         numbered from 1, and answered in order; a bad one gets its ``error``, the rest go on.
@@ -456,41 +448,41 @@ class AllocatorClient(ClientChannel):
         messages = (stream_request(i, b) for i, b in enumerate(batches, start=1))
         call = self._stub.AllocateStream(messages, timeout=timeout, metadata=self._metadata)
         try:
-            for response in call:
-                yield StreamAnswer.from_proto(response)
-        except grpc.RpcError as error:
-            raise AllocatorError.from_rpc_error(error) from None
+            with rpc_errors():
+                yield from map(StreamAnswer.from_proto, call)
         finally:
             call.cancel()  # a no-op once the call is over; stops it when the caller left early
 
     def list_models(self, *, timeout: float | None = None) -> list[ModelInfo]:
         """The loaded versions, sorted by name then version."""
-        response = self._call(self._stub.ListModels, allocator_pb2.ListModelsRequest(), timeout)
-        return [ModelInfo.from_proto(m) for m in response.models]
+        return self._listed(timeout, lambda a: [ModelInfo.from_proto(m) for m in a.models])
 
     def refused_models(self, *, timeout: float | None = None) -> list[ModelRefusal]:
         """The versions whose files the server refused as they are now, with why."""
-        response = self._call(self._stub.ListModels, allocator_pb2.ListModelsRequest(), timeout)
-        return [ModelRefusal.from_proto(m) for m in response.refused]
+        return self._listed(timeout, lambda a: [ModelRefusal.from_proto(m) for m in a.refused])
+
+    def _listed(self, timeout: float | None, decode: Callable[[Any], T]) -> T:
+        """``ListModels``' answer, decoded: the loaded versions and the refused ones."""
+        return self._call(self._stub.ListModels, allocator_pb2.ListModelsRequest(), timeout, decode)
 
     def reset_portfolio(self, portfolio_id: str, *, timeout: float | None = None) -> bool:
         """Forget the portfolio's smoothing state; True when the server had any."""
         request = allocator_pb2.ResetPortfolioRequest(portfolio_id=portfolio_id)
-        return bool(self._call(self._stub.ResetPortfolio, request, timeout).existed)
+        return self._call(self._stub.ResetPortfolio, request, timeout, lambda a: bool(a.existed))
 
     def health(
         self, services: Sequence[str] = ("", SERVICE_NAME), *, timeout: float | None = None
     ) -> dict[str, str]:
         """Status name per service from ``grpc.health.v1.Health/Check``: ``SERVING``,
         ``NOT_SERVING`` or ``SERVICE_UNKNOWN``; other failures raise ``AllocatorError``."""
-        return {service: health_status(self._check(service, timeout)) for service in services}
+        return {service: self._status(service, timeout) for service in services}
 
-    def _check(self, service: str, timeout: float | None) -> HealthOutcome:
+    def _status(self, service: str, timeout: float | None) -> str:
         request = health_pb2.HealthCheckRequest(service=service)
         try:
-            return self._call(self._health.Check, request, timeout)
+            return self._call(self._health.Check, request, timeout, health_status)
         except AllocatorError as error:
-            return error
+            return health_status(error)
 
     def is_serving(self, *, timeout: float | None = None) -> bool:
         """Whether the server and the Allocator service both report SERVING."""

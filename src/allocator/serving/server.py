@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 from concurrent import futures
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -80,6 +81,7 @@ def _model_record(model: LoadedModel) -> ModelRecord:
     )
 
 
+@dataclass(eq=False)
 class AllocationServer:
     """A built server: start it, read its port, stop it gracefully (what SIGTERM does).
 
@@ -87,32 +89,19 @@ class AllocationServer:
     belongs on the server's event loop there (``loop``).
     """
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        loop: EventLoopThread,
-        server: grpc.aio.Server,
-        port: int,
-        servicer: AllocatorServicer,
-        health_servicer: health.aio.HealthServicer,
-        registry: ModelCatalog,
-        recorder: Recorder | None,
-        store: StateStore,
-        metrics_registry: CollectorRegistry,
-    ) -> None:
-        self.config = config
-        self.loop = loop
-        self.server = server
-        self.port = port
-        self.servicer = servicer
-        self.health = health_servicer
-        self.registry = registry
-        self.recorder = recorder
-        self.store = store
-        self.metrics_registry = metrics_registry
-        self.metrics_port: int | None = None
-        self._metrics_http: Any = None
-        self._stopped = threading.Event()
+    config: ServerConfig
+    loop: EventLoopThread
+    server: grpc.aio.Server
+    port: int
+    servicer: AllocatorServicer
+    health: health.aio.HealthServicer
+    registry: ModelCatalog
+    recorder: Recorder | None
+    store: StateStore
+    metrics_registry: CollectorRegistry
+    metrics_port: int | None = field(default=None, init=False)
+    _metrics_http: Any = field(default=None, init=False)
+    _stopped: threading.Event = field(default_factory=threading.Event, init=False)
 
     @property
     def target(self) -> str:

@@ -22,6 +22,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import grpc
@@ -115,6 +116,7 @@ async def _read(requests: AsyncIterator[Any], inbox: _Inbox) -> None:
         await inbox.end()
 
 
+@dataclass(eq=False)
 class AllocationStreams:
     """The open ``AllocateStream`` calls of one servicer, and how each is answered.
 
@@ -123,22 +125,13 @@ class AllocationStreams:
     message (the drain waits until messages stop coming).
     """
 
-    def __init__(
-        self,
-        step: DecisionStep,
-        batcher: DecisionBatcher,
-        resolver: Callable[[], ModelResolver],
-        metrics: ServingMetrics,
-        draining: Callable[[], bool],
-        touch: Callable[[], None],
-    ) -> None:
-        self.step = step
-        self.batcher = batcher
-        self.resolver = resolver
-        self.metrics = metrics
-        self.draining = draining
-        self.touch = touch
-        self._open: set[_Inbox] = set()
+    step: DecisionStep
+    batcher: DecisionBatcher
+    resolver: Callable[[], ModelResolver]
+    metrics: ServingMetrics
+    draining: Callable[[], bool]
+    touch: Callable[[], None]
+    _open: set[_Inbox] = field(default_factory=set, init=False)
 
     @property
     def open_streams(self) -> int:
