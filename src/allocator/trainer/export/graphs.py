@@ -148,16 +148,16 @@ class ObservationNormalizer(nn.Module):
 
 class Member(nn.Module):
     """One run of a policy graph: the graph's raw inputs, normalized with the run's own
-    statistics, -> its deterministic action.
+    statistics, -> the run's deterministic action.
 
-    Flat: (observation, mask) -> the actor on the ``ObservationNormalizer``'s observation. SB3's
-    docs export SAC as ``actor(obs, deterministic=True)``; that builds a
-    ``torch.distributions.Normal`` whose argument validation branches on data, which
-    ``torch.export`` refuses, so the squashed Gaussian's mode ``tanh(mean)`` is computed here
-    directly (parity checks it against the SB3 call). Shared: (asset_features, weights, mask) ->
-    ``forward_sets`` (TD3's ``tanh(score)``, SAC's ``tanh(mean)``, masked slots 0) under the
-    graph's own liveness (0/1, cash live), the slots the features were masked with, whatever
-    non-zero values the caller used.
+    Flat: (observation, mask) -> the actor on the normalized observation. SB3's docs export SAC
+    as ``actor(obs, deterministic=True)``, which builds a ``torch.distributions.Normal`` whose
+    argument validation branches on data, and ``torch.export`` refuses that; the squashed
+    Gaussian's mode ``tanh(mean)`` is computed here directly (parity checks it against SB3).
+
+    Shared: (asset_features, weights, mask) -> ``forward_sets`` (TD3's ``tanh(score)``, SAC's
+    ``tanh(mean)``, masked slots 0). The actor sees the graph's own liveness (0/1, cash live),
+    the slots the features were masked with, whatever non-zero values the caller used.
     """
 
     def __init__(self, loaded: LoadedRun) -> None:
