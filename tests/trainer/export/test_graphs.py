@@ -67,7 +67,7 @@ def test_graph_normalizes_raw_observations_itself(exported, runs, algo):
     session = onnx_session(exported[algo] / MODEL_FILE)
     obs, mask = random_raw_observations(loaded.spec, 64, np.random.default_rng(3))
     (action,) = session.run(["action"], {"observation": obs, "mask": mask})
-    actor = loaded.reference_actor()
+    actor = loaded.reference_action
     on_normalized = actor(normalize_observation(obs, loaded.spec, loaded.stats))
     np.testing.assert_allclose(action, on_normalized, rtol=0, atol=TOL)
     # Feeding the raw features straight to the actor would give another policy.

@@ -30,7 +30,7 @@ from allocator.registry.layout import (
 from allocator.serving import load_model
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import load_run
-from allocator.trainer.export.observations import real_transitions
+from allocator.trainer.export.observations import rollout
 from allocator.trainer.export.run import export_run
 from tests.trainer.export import MAX_ASSETS, TOL
 
@@ -117,7 +117,7 @@ def test_serving_loader_runs_the_exported_model_like_torch(exported, runs, algo,
     loaded = load_run(runs[algo])
     model = load_model(exported[algo], prefer_cuda=False)
     assert model.provider == "CPUExecutionProvider"
-    real = real_transitions(loaded, 64)
+    real = rollout(loaded, 64)
     raw = real.observations
     masks = raw[:, -(MAX_ASSETS + 1) :]
     action, weights = model.run(raw, masks)

@@ -5,14 +5,13 @@ one raw input with the statistics its own run fitted and runs its deterministic 
 graph outputs the mean of their actions, so an ensemble has a single model's inputs and outputs.
 The representation decides the rest:
 
-* ``PolicyGraph`` (flat MLP, ``model.onnx``): the *raw* observation
+* ``PolicyGraph`` (``model.onnx``) of a flat MLP: the *raw* observation
   (``portfolio.build_raw_observation``) and the mask -> the action and the portfolio weights
-  (``portfolio.action_to_weights`` of the mean action, in torch ops).
-* ``SetPolicyGraph`` (shared per-asset policy, ``model.onnx``): the raw per-asset features of
-  any number of assets N (``portfolio.asset_features``), the weights and the mask -> the action,
-  with a dynamic asset axis. The tilt mapping needs the anchor, which the server computes from
-  the request's own prices with ``portfolio.anchor_weights`` (as the environment does), so it
-  stays out of the graph.
+  (``portfolio.action_to_weights`` of the mean action, in torch ops); of a shared per-asset
+  policy: the raw per-asset features of any number of assets N (``portfolio.asset_features``),
+  the weights and the mask -> the action, with a dynamic asset axis. The tilt mapping needs the
+  anchor, which the server computes from the request's own prices with
+  ``portfolio.anchor_weights`` (as the environment does), so it stays out of the graph.
 * ``CuriosityGraph`` (``icm.onnx``, runs trained with curiosity): the intrinsic reward of a
   transition.
 
@@ -39,22 +38,20 @@ from torch import nn
 from allocator.portfolio import FeatureNormalization, FeatureSpec, NormalizationStats
 from allocator.trainer.agents.icm import CuriosityNet
 from allocator.trainer.export.errors import ExportError
+from allocator.trainer.export.loaded_run import LoadedRun
 
 __all__ = [
     "ONNX_OPSET",
     "ActionToWeights",
     "CuriosityGraph",
-    "DeterministicActor",
     "FeatureNormalizer",
+    "Member",
     "ObservationNormalizer",
     "PolicyGraph",
-    "SetActor",
-    "SetPolicyGraph",
     "export_graph",
     "graph_opset",
     "live_slots",
-    "mean_action",
-    "set_axes",
+    "policy_axes",
 ]
 
 ONNX_OPSET = 18
@@ -65,17 +62,6 @@ def live_slots(mask: torch.Tensor) -> torch.Tensor:
     (``portfolio.live_mask``)."""
     cash = torch.ones_like(mask[:, :1], dtype=torch.bool)
     return torch.cat([cash, mask[:, 1:] != 0], dim=1)
-
-
-def mean_action(actions: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The members' actions averaged (one ``ReduceMean`` over a stacked member axis); one
-    member's action as it is."""
-    return actions[0] if len(actions) == 1 else torch.stack(list(actions), dim=0).mean(dim=0)
-
-
-def _check_members(actors: Sequence[nn.Module], stats: Sequence[object]) -> None:
-    if len(actors) != len(stats) or not actors:
-        raise ValueError(f"a graph needs >= 1 actors, one per statistics: {len(actors)}")
 
 
 class ActionToWeights(nn.Module):
@@ -103,27 +89,6 @@ class ActionToWeights(nn.Module):
         wanted = total > 0.0
         weights = torch.where(wanted, v / torch.where(wanted, total, 1.0), self.cash_only)
         return weights.to(torch.float32)
-
-
-class DeterministicActor(nn.Module):
-    """The deterministic action of an SB3 TD3 or SAC actor, in a form ``torch.export`` takes.
-
-    SB3's docs export SAC as ``actor(obs, deterministic=True)``; that builds a
-    ``torch.distributions.Normal`` whose argument validation branches on data, which
-    ``torch.export`` refuses. The deterministic action is the squashed Gaussian's mode,
-    ``tanh(mean)``, computed here directly; parity checks it against the SB3 call.
-    """
-
-    def __init__(self, actor: nn.Module, squashed_gaussian: bool) -> None:
-        super().__init__()
-        self.actor = actor
-        self.squashed_gaussian = squashed_gaussian
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.squashed_gaussian:
-            mean, _, _ = self.actor.get_action_dist_params(obs)  # type: ignore[operator]
-            return torch.tanh(mean)
-        return self.actor(obs)
 
 
 class FeatureNormalizer(nn.Module):
@@ -181,80 +146,61 @@ class ObservationNormalizer(nn.Module):
         return torch.cat([z, weights, live.to(torch.float32)], dim=-1)
 
 
+class Member(nn.Module):
+    """One run of a policy graph: the graph's raw inputs, normalized with the run's own
+    statistics, -> the run's deterministic action.
+
+    Flat: (observation, mask) -> the actor on the normalized observation. SB3's docs export SAC
+    as ``actor(obs, deterministic=True)``, which builds a ``torch.distributions.Normal`` whose
+    argument validation branches on data, and ``torch.export`` refuses that; the squashed
+    Gaussian's mode ``tanh(mean)`` is computed here directly (parity checks it against SB3).
+
+    Shared: (asset_features, weights, mask) -> ``forward_sets`` (TD3's ``tanh(score)``, SAC's
+    ``tanh(mean)``, masked slots 0). The actor sees the graph's own liveness (0/1, cash live),
+    the slots the features were masked with, whatever non-zero values the caller used.
+    """
+
+    def __init__(self, loaded: LoadedRun) -> None:
+        super().__init__()
+        self.actor = loaded.model.actor
+        self.shared, self.squashed_gaussian = loaded.shared, loaded.squashed_gaussian
+        self.normalizer = (
+            FeatureNormalizer(loaded.observation_norm, loaded.asset_spec.clip)
+            if loaded.shared
+            else ObservationNormalizer(loaded.spec, loaded.stats)
+        )
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if self.shared:
+            features, weights, mask = inputs
+            live = live_slots(mask)
+            live_assets, live_f = live[:, 1:], live.to(torch.float32)
+            z = self.normalizer(features, live_assets)
+            return self.actor.forward_sets(z, weights, live_f)  # type: ignore[operator]
+        obs = self.normalizer(*inputs)
+        if self.squashed_gaussian:
+            mean, _, _ = self.actor.get_action_dist_params(obs)  # type: ignore[operator]
+            return torch.tanh(mean)
+        return self.actor(obs)
+
+
 class PolicyGraph(nn.Module):
-    """Raw observation and mask -> (mean action, weights) of k flat members."""
-
-    def __init__(
-        self, actors: Sequence[nn.Module], spec: FeatureSpec, stats: Sequence[NormalizationStats]
-    ) -> None:
-        """``actors[i]`` is member i's ``DeterministicActor`` on observations normalized with
-        ``stats[i]``."""
-        super().__init__()
-        _check_members(actors, stats)
-        self.normalizers = nn.ModuleList(ObservationNormalizer(spec, s) for s in stats)
-        self.actors = nn.ModuleList(actors)
-        self.to_weights = ActionToWeights(spec.n_slots)
-
-    def forward(
-        self, observation: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        action = mean_action(
-            [
-                actor(normalizer(observation, mask))
-                for normalizer, actor in zip(self.normalizers, self.actors, strict=True)
-            ]
-        )
-        return action, self.to_weights(action, mask)
-
-
-class SetActor(nn.Module):
-    """The deterministic set action of a shared TD3 or SAC actor (``forward_sets``).
-
-    Both shared actors offer ``forward_sets(features, weights, mask)``: TD3's ``tanh(score)``,
-    SAC's squashed-Gaussian mode ``tanh(mean)``, with masked slots 0.
+    """The raw inputs of k >= 1 members' representation -> their mean action, and a flat
+    graph's weights (``ActionToWeights``); the inputs are positional, as ``Member`` takes them.
     """
 
-    def __init__(self, actor: nn.Module) -> None:
+    def __init__(self, members: Sequence[LoadedRun]) -> None:
         super().__init__()
-        if not callable(getattr(actor, "forward_sets", None)):
-            raise TypeError(f"{type(actor).__name__} has no forward_sets: not a shared actor")
-        self.actor = actor
+        if not members:
+            raise ValueError("a policy graph needs >= 1 members")
+        self.members = nn.ModuleList(Member(m) for m in members)
+        n_slots = members[0].spec.n_slots
+        self.to_weights = None if members[0].shared else ActionToWeights(n_slots)
 
-    def forward(
-        self, features: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        return self.actor.forward_sets(features, weights, mask)  # type: ignore[operator]
-
-
-class SetPolicyGraph(nn.Module):
-    """Raw asset features (B, N, F), weights and mask (B, N + 1) -> mean action (B, N + 1) of k
-    shared members.
-
-    The mask the actors see is the graph's own liveness (0/1, cash live), the same slots the
-    features were masked with, whatever non-zero values the caller used.
-    """
-
-    def __init__(
-        self, actors: Sequence[nn.Module], norms: Sequence[FeatureNormalization], clip: float
-    ) -> None:
-        """``actors[i]`` is member i's shared SB3 actor (``forward_sets``) on features
-        normalized with ``norms[i]``; ``clip`` is the feature set's, the same for every member."""
-        super().__init__()
-        _check_members(actors, norms)
-        self.normalizers = nn.ModuleList(FeatureNormalizer(n, clip) for n in norms)
-        self.actors = nn.ModuleList(SetActor(a) for a in actors)
-
-    def forward(
-        self, asset_features: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        live = live_slots(mask)
-        live_assets, live_f = live[:, 1:], live.to(torch.float32)
-        return mean_action(
-            [
-                actor(normalizer(asset_features, live_assets), weights, live_f)
-                for normalizer, actor in zip(self.normalizers, self.actors, strict=True)
-            ]
-        )
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        actions = [member(*inputs) for member in self.members]
+        action = actions[0] if len(actions) == 1 else torch.stack(actions, dim=0).mean(dim=0)
+        return action if self.to_weights is None else (action, self.to_weights(action, inputs[-1]))
 
 
 class CuriosityGraph(nn.Module):
@@ -263,10 +209,11 @@ class CuriosityGraph(nn.Module):
     One mask serves both observations: an episode's assets do not change between steps.
     """
 
-    def __init__(self, net: CuriosityNet, normalizer: ObservationNormalizer) -> None:
+    def __init__(self, loaded: LoadedRun) -> None:
         super().__init__()
-        self.normalizer = normalizer
-        self.net = net
+        assert loaded.icm is not None
+        self.normalizer = ObservationNormalizer(loaded.spec, loaded.observation_norm)
+        self.net: CuriosityNet = loaded.icm.net
 
     def forward(
         self,
@@ -294,12 +241,15 @@ def _quiet_exporter() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def set_axes(n_inputs: int) -> tuple[dict[int, Any], ...]:
-    """Dynamic shapes of a set graph: the batch axis, and the asset axis N of the first input
-    (B, N, F) whose other inputs are per slot (B, N + 1) (cash first)."""
+def policy_axes(shared: bool) -> tuple[tuple[dict[int, Any], ...]]:
+    """Dynamic shapes of a ``PolicyGraph``'s inputs, nested in one tuple as ``forward(*inputs)``
+    takes them: the batch axis, and for a shared graph the asset axis N of the features
+    (B, N, F), whose other inputs are per slot (B, N + 1) (cash first)."""
     batch = torch.export.Dim("batch", min=1)
+    if not shared:
+        return (({0: batch}, {0: batch}),)
     assets = torch.export.Dim("assets", min=1)
-    return ({0: batch, 1: assets}, *({0: batch, 1: assets + 1} for _ in range(n_inputs - 1)))
+    return (({0: batch, 1: assets}, {0: batch, 1: assets + 1}, {0: batch, 1: assets + 1}),)
 
 
 def export_graph(
@@ -309,12 +259,13 @@ def export_graph(
     output_names: tuple[str, ...],
     path: Path,
     metadata: dict[str, str] | None = None,
-    dynamic_shapes: tuple[dict[int, Any], ...] | None = None,
+    dynamic_shapes: tuple[Any, ...] | None = None,
 ) -> Path:
     """Export ``module`` (dynamo exporter) to one self-contained file.
 
-    Every input's axis 0 is a dynamic batch axis unless ``dynamic_shapes`` (positional, one
-    dict per input, as ``torch.export`` takes them) says more, e.g. ``set_axes``.
+    Every input's axis 0 is a dynamic batch axis unless ``dynamic_shapes`` (positional, as
+    ``torch.export`` takes them: one dict per parameter, one tuple of dicts for ``*inputs``)
+    says more, e.g. ``policy_axes``.
     ``onnx.checker.check_model(full_check=True)`` must pass; ``metadata`` goes into the
     model's ``metadata_props`` so a server can see what it loaded.
     """

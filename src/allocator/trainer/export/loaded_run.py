@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from allocator.portfolio import (
 from allocator.trainer.agents.algorithms import ALGORITHMS, Algorithm
 from allocator.trainer.agents.icm import ICMSettings, IntrinsicCuriosity
 from allocator.trainer.export.errors import ExportError
-from allocator.trainer.export.graphs import DeterministicActor
 from allocator.trainer.training.run_dir import (
     FEATURE_NORMALIZATION_FILE,
     ICM_FILE,
@@ -30,13 +28,10 @@ from allocator.trainer.training.run_dir import (
     NORMALIZATION_FILE,
 )
 
-__all__ = ["ActorFn", "Float32Array", "LoadedRun", "SetActorFn", "load_run"]
+__all__ = ["Float32Array", "LoadedRun", "load_run"]
 
 Float32Array = NDArray[np.float32]
-ActorFn = Callable[[Float32Array], Float32Array]
 FloatArray = NDArray[np.floating[Any]]
-SetActorFn = Callable[[FloatArray, FloatArray, FloatArray], Float32Array]
-"""Features, weights and mask of any float width (converted to float32) -> action."""
 
 
 @dataclass
@@ -67,33 +62,27 @@ class LoadedRun:
     def squashed_gaussian(self) -> bool:
         return self.manifest.algorithm == "sac"
 
-    def deterministic_actor(self) -> DeterministicActor:
-        return DeterministicActor(self.model.actor, self.squashed_gaussian)
+    @property
+    def observation_norm(self) -> NormalizationStats | FeatureNormalization:
+        """The statistics of the flat observation's feature block: per asset for a shared run."""
+        return self.stats if self.feature_norm is None else self.feature_norm
 
-    def reference_actor(self) -> ActorFn:
+    @torch.no_grad()
+    def reference_action(self, obs: FloatArray) -> Float32Array:
         """The torch reference: SB3's own deterministic actor call on normalized observations."""
-        actor = self.model.actor
+        x, actor = torch.as_tensor(np.asarray(obs, dtype=np.float32)), self.model.actor
+        out = actor(x, deterministic=True) if self.squashed_gaussian else actor(x)
+        return out.numpy().astype(np.float32)
 
-        @torch.no_grad()
-        def act(obs: Float32Array) -> Float32Array:
-            x = torch.as_tensor(np.asarray(obs, dtype=np.float32))
-            out = actor(x, deterministic=True) if self.squashed_gaussian else actor(x)
-            return out.numpy().astype(np.float32)
-
-        return act
-
-    def reference_sets(self) -> SetActorFn:
+    @torch.no_grad()
+    def reference_set_action(
+        self, features: FloatArray, weights: FloatArray, mask: FloatArray
+    ) -> Float32Array:
         """The torch reference of a shared actor on any number of assets: ``forward_sets`` on
-        normalized features (B, N, F), weights and mask (B, N + 1)."""
-        actor = self.model.actor
-
-        @torch.no_grad()
-        def act(features: FloatArray, weights: FloatArray, mask: FloatArray) -> Float32Array:
-            args = (np.asarray(x, dtype=np.float32) for x in (features, weights, mask))
-            sets = actor.forward_sets(*map(torch.as_tensor, args))  # type: ignore[operator]
-            return sets.numpy().astype(np.float32)
-
-        return act
+        normalized features (B, N, F), weights and mask (B, N + 1) of any float width."""
+        args = (torch.as_tensor(np.asarray(x, dtype=np.float32)) for x in (features, weights, mask))
+        sets = self.model.actor.forward_sets(*args)  # type: ignore[operator]
+        return sets.numpy().astype(np.float32)
 
 
 def _algorithm_class(name: str) -> type[Algorithm]:

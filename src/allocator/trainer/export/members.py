@@ -123,18 +123,17 @@ def check_members(members: Sequence[LoadedRun]) -> None:
 
 def ensemble_info(members: Sequence[LoadedRun]) -> EnsembleInfo:
     """The manifest's ``ensemble`` field: each member's run, seed, model and statistics."""
-    out = []
-    for m in members:
-        out.append(
-            EnsembleMember(
-                run_id=m.run_dir.resolve().name,
-                run_dir=str(m.run_dir.resolve()),
-                name=m.manifest.name,
-                seed=m.manifest.seed,
-                model_sha256=model_sha256(m),
-                normalization=m.manifest.normalization,
-                feature_normalization=m.manifest.feature_normalization,
-                icm=m.manifest.icm is not None,
-            )
+    members_info = [
+        EnsembleMember(
+            run_id=m.run_dir.resolve().name,
+            run_dir=str(m.run_dir.resolve()),
+            name=m.manifest.name,
+            seed=m.manifest.seed,
+            model_sha256=model_sha256(m),
+            normalization=m.manifest.normalization,
+            feature_normalization=m.manifest.feature_normalization,
+            icm=m.manifest.icm is not None,
         )
-    return EnsembleInfo(combine=COMBINE, members=out)
+        for m in members
+    ]
+    return EnsembleInfo(combine=COMBINE, members=members_info)

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from allocator.portfolio import (
+    AssetFeatureSpec,
     FeatureSpec,
     assemble_observation,
     asset_features,
@@ -33,18 +34,18 @@ from allocator.trainer.sim.representation import ActionSettings, AnchorSettings
 
 __all__ = [
     "FlatObservations",
-    "RealTransitions",
+    "Rollout",
     "SetObservations",
-    "SharedRollout",
     "max_abs",
+    "normalize_flat",
     "parity_sizes",
+    "random_inputs",
     "random_live_masks",
     "random_raw_observations",
     "random_set_observations",
     "random_weights",
     "real_set_observations",
-    "real_transitions",
-    "shared_rollout",
+    "rollout",
     "training_data",
     "training_env",
 ]
@@ -65,6 +66,9 @@ class FlatObservations:
     def feeds(self) -> dict[str, Float32Array]:
         return dict(zip(POLICY_INPUTS, (self.observations, self.masks), strict=True))
 
+    def flat(self, layout: FeatureSpec) -> Float32Array:
+        return self.observations
+
 
 @dataclass
 class SetObservations:
@@ -78,6 +82,10 @@ class SetObservations:
         return dict(
             zip(SHARED_POLICY_INPUTS, (self.features, self.weights, self.masks), strict=True)
         )
+
+    def flat(self, layout: FeatureSpec) -> Float32Array:
+        """The raw flat observations of the training slots (N = ``layout.max_assets``)."""
+        return assemble_observation(self.features, self.weights, self.masks, layout)
 
 
 # --- random inputs -------------------------------------------------------------------------
@@ -126,16 +134,32 @@ def parity_sizes(max_assets: int) -> tuple[int, ...]:
     return tuple(sorted({max(1, max_assets // 2), max_assets, 2 * max_assets}))
 
 
-def _with_garbage(
-    raw: NDArray[np.float64], live: NDArray[np.bool_], rng: np.random.Generator
-) -> Float32Array:
-    """Raw features as float32 with large values (and NaN) written into masked rows: the graph
-    must ignore whatever a caller leaves there."""
-    out = raw.astype(np.float32)
-    masked = ~live[:, 1:]
+def _set_observations(
+    prices: NDArray[np.float64],
+    live: NDArray[np.bool_],
+    spec: AssetFeatureSpec,
+    rng: np.random.Generator,
+) -> SetObservations:
+    """The raw features of ``prices`` as float32, with large values (and NaN) written into
+    masked rows (the graph must ignore whatever a caller leaves there), and random weights."""
+    out = asset_features(prices, live, spec).astype(np.float32)
     noise = (100.0 * rng.standard_normal(out.shape)).astype(np.float32)
     noise[::5] = np.nan
-    return np.where(masked[..., None], noise, out)
+    garbage = np.where(~live[:, 1:, None], noise, out)
+    return SetObservations(garbage, random_weights(live, rng), live.astype(np.float32))
+
+
+def random_inputs(
+    loaded: LoadedRun,
+    n: int,
+    n_assets: int,
+    rng: np.random.Generator,
+    live: NDArray[np.bool_] | None = None,
+) -> FlatObservations | SetObservations:
+    """``n`` random decisions of the run's representation; a flat one has its training slots."""
+    if loaded.shared:
+        return random_set_observations(loaded, n, n_assets, rng, live)
+    return FlatObservations(*random_raw_observations(loaded.spec, n, rng, live))
 
 
 def random_set_observations(
@@ -155,9 +179,7 @@ def random_set_observations(
     steps = drift + scale * rng.standard_t(3.0, size=(n, n_assets, spec.prices_per_asset - 1))
     start = rng.uniform(5.0, 500.0, size=(n, n_assets, 1))
     prices = start * np.exp(np.concatenate([np.zeros_like(start), np.cumsum(steps, -1)], -1))
-    raw = asset_features(prices, live, spec)
-    masks = live.astype(np.float32)
-    return SetObservations(_with_garbage(raw, live, rng), random_weights(live, rng), masks)
+    return _set_observations(prices, live, spec, rng)
 
 
 # --- real inputs ---------------------------------------------------------------------------
@@ -214,52 +236,80 @@ def training_env(loaded: LoadedRun) -> PortfolioEnv:
     return PortfolioEnv(data, config, stats=loaded.stats, feature_norm=loaded.feature_norm)
 
 
-@dataclass
-class RealTransitions:
-    """Raw observations met on a rollout over the training data, and what followed them."""
+def normalize_flat(loaded: LoadedRun, raw: Float32Array, masks: Float32Array) -> Float32Array:
+    """Raw flat observations (B, obs_size) as the run's networks were trained on them."""
+    layout = loaded.spec
+    if not loaded.shared:
+        return normalize_observation(raw, layout, loaded.stats)
+    assert loaded.feature_norm is not None
+    n_feat = layout.max_assets * layout.window
+    block = raw[:, :n_feat].reshape(-1, layout.max_assets, layout.window)
+    z = normalize_features(block, loaded.feature_norm, layout.clip, masks)
+    weights = raw[:, n_feat : n_feat + layout.n_slots]
+    return assemble_observation(z, weights, masks, layout)
 
-    observations: Float32Array
-    masks: Float32Array
+
+def _raw_observation(env: PortfolioEnv, loaded: LoadedRun) -> Float32Array:
+    """The raw flat observation of the environment's next decision, from its real price
+    window: log returns (``build_raw_observation``) or ``asset_features`` rows."""
+    layout = loaded.spec
+    p = loaded.asset_spec.prices_per_asset if loaded.shared else layout.prices_per_asset
+    prices = np.full((layout.max_assets, p), np.nan)
+    prices[: len(env.asset_index)] = env.data.prices[env.t - p + 1 : env.t + 1, env.asset_index].T
+    if not loaded.shared:
+        return build_raw_observation(prices, env.drifted, env.mask, layout)
+    raw = asset_features(prices, env.mask, loaded.asset_spec).astype(np.float32)
+    return assemble_observation(raw, env.drifted, env.mask, layout)
+
+
+@dataclass
+class Rollout:
+    """A rollout of the run's deterministic policy over its training data, in its own
+    environment: the decisions met, as the policy graph takes them, and what followed."""
+
+    inputs: FlatObservations | SetObservations
+    observations: Float32Array  # raw flat [M*F raw features, weights, mask]
     actions: Float32Array
     next_observations: Float32Array
     max_abs_observation_diff: float
-    """Largest gap between ``normalize_observation(raw)`` and the environment's observation."""
+    """Largest gap between the environment's observation and the one rebuilt from prices."""
+    max_abs_flat_action_diff: float | None
+    """Shared: largest gap between SB3's actor on the environment's observation and
+    ``forward_sets`` on the rebuilt features; None for a flat run."""
 
 
-def _raw_from_env(env: PortfolioEnv, spec: FeatureSpec) -> Float32Array:
-    """The raw observation of the environment's next decision, from its real price window."""
-    t, w = env.t, spec.window
-    prices = np.full((spec.max_assets, spec.prices_per_asset), np.nan)
-    k = len(env.asset_index)
-    prices[:k] = env.data.prices[t - w : t + 1, env.asset_index].T
-    return build_raw_observation(prices, env.drifted, env.mask, spec)
-
-
-def real_transitions(loaded: LoadedRun, n: int, seed: int = 0) -> RealTransitions:
-    """Roll a flat run's deterministic policy over its training data."""
-    spec = loaded.spec
+def rollout(loaded: LoadedRun, n: int, seed: int = 0) -> Rollout:
+    """Roll the run's deterministic policy over ``n`` decisions of its training data: a flat
+    run acts on its observation rebuilt from prices, a shared run on the environment's own."""
     env = training_env(loaded)
-    actor = loaded.reference_actor()
-    parts: dict[str, list[Float32Array]] = {k: [] for k in ("o", "m", "a", "next")}
-    worst = 0.0
+    layout = loaded.spec
+    m, f = layout.max_assets, layout.window
+    parts: dict[str, list[Float32Array]] = {k: [] for k in ("o", "w", "m", "a", "next")}
+    worst_obs, worst_act = 0.0, None
     env_obs, _ = env.reset(seed=seed)
-    raw = _raw_from_env(env, spec)
-    while len(parts["o"]) < n:
-        normalized = normalize_observation(raw, spec, loaded.stats)
-        worst = max(worst, float(np.max(np.abs(normalized - env_obs))))
-        action = actor(normalized[None])[0]
+    raw = _raw_observation(env, loaded)
+    while len(parts["a"]) < n:
+        live_f = live_mask(env.mask).astype(np.float32)
+        normalized = normalize_flat(loaded, raw[None], live_f[None])[0]
+        worst_obs = max(worst_obs, max_abs(normalized, env_obs))
+        action = loaded.reference_action((env_obs if loaded.shared else normalized)[None])[0]
+        if loaded.shared:
+            z = normalized[: m * f].reshape(1, m, f)
+            set_action = loaded.reference_set_action(z, env.drifted[None], live_f[None])[0]
+            worst_act = max(worst_act or 0.0, max_abs(action, set_action))
+        for key, value in zip("owma", (raw, env.drifted, live_f, action), strict=True):
+            parts[key].append(np.asarray(value, dtype=np.float32))
         env_obs, _, terminated, truncated, _ = env.step(action)
-        next_raw = _raw_from_env(env, spec)
-        for key, value in zip("oma", (raw, env.mask.astype(np.float32), action), strict=True):
-            parts[key].append(value)
-        parts["next"].append(next_raw)
+        raw = _raw_observation(env, loaded)
+        parts["next"].append(raw)
         if terminated or truncated:
             env_obs, _ = env.reset()
-            raw = _raw_from_env(env, spec)
-        else:
-            raw = next_raw
-    stacked = {k: np.stack(v) for k, v in parts.items()}
-    return RealTransitions(stacked["o"], stacked["m"], stacked["a"], stacked["next"], worst)
+            raw = _raw_observation(env, loaded)
+    o, w, masks, a, following = (np.stack(v) for v in parts.values())
+    inputs: FlatObservations | SetObservations = FlatObservations(o, masks)
+    if loaded.shared:
+        inputs = SetObservations(o[:, : m * f].reshape(-1, m, f), w, masks)
+    return Rollout(inputs, o, a, following, worst_obs, worst_act)
 
 
 def real_set_observations(
@@ -281,71 +331,4 @@ def real_set_observations(
     valid = np.all(np.isfinite(windows) & (windows > 0), axis=-1)
     live = random_live_masks(n, n_assets + 1, rng)
     live[:, 1:] &= valid
-    raw = asset_features(windows, live, spec)
-    masks = live.astype(np.float32)
-    return SetObservations(_with_garbage(raw, live, rng), random_weights(live, rng), masks)
-
-
-@dataclass
-class SharedRollout:
-    """Raw flat observations of a rollout in the training environment, and what followed."""
-
-    sets: SetObservations
-    observations: Float32Array  # raw flat [M*F raw features, weights, mask]
-    actions: Float32Array
-    next_observations: Float32Array
-    max_abs_observation_diff: float
-    """Largest gap between the environment's observation and the one rebuilt from prices."""
-    max_abs_flat_action_diff: float
-    """Largest gap between SB3's actor on the environment's observation and ``forward_sets``."""
-
-
-def _raw_flat(env: PortfolioEnv, loaded: LoadedRun) -> tuple[Float32Array, Float32Array]:
-    """The raw features (M, F) of the environment's next decision from its real price window,
-    and the raw flat observation of the training slots."""
-    spec, layout = loaded.asset_spec, loaded.spec
-    p = spec.prices_per_asset
-    prices = np.full((layout.max_assets, p), np.nan)
-    k = len(env.asset_index)
-    prices[:k] = env.data.prices[env.t - p + 1 : env.t + 1, env.asset_index].T
-    raw = asset_features(prices, env.mask, spec).astype(np.float32)
-    flat = assemble_observation(raw, env.drifted, env.mask, layout)
-    return raw, flat
-
-
-def shared_rollout(loaded: LoadedRun, n: int, seed: int = 0) -> SharedRollout:
-    """Roll a shared run's deterministic policy over its training data in its own environment."""
-    env = training_env(loaded)
-    actor, sets = loaded.reference_actor(), loaded.reference_sets()
-    norm, clip = loaded.feature_norm, loaded.asset_spec.clip
-    assert norm is not None
-    n_feat = loaded.spec.max_assets * loaded.spec.window
-    parts: dict[str, list[Float32Array]] = {k: [] for k in ("f", "w", "m", "o", "a", "next")}
-    worst_obs = worst_act = 0.0
-    env_obs, _ = env.reset(seed=seed)
-    raw, flat = _raw_flat(env, loaded)
-    while len(parts["a"]) < n:
-        live = live_mask(env.mask)
-        normalized = normalize_features(raw, norm, clip, live)
-        worst_obs = max(worst_obs, max_abs(normalized.reshape(-1), env_obs[:n_feat]))
-        action = actor(env_obs[None])[0]
-        live_f = live.astype(np.float32)
-        set_action = sets(normalized[None], env.drifted[None], live_f[None])[0]
-        worst_act = max(worst_act, max_abs(action, set_action))
-        for key, value in zip("fwmoa", (raw, env.drifted, live_f, flat, action), strict=True):
-            parts[key].append(np.asarray(value, dtype=np.float32))
-        env_obs, _, terminated, truncated, _ = env.step(action)
-        raw, flat = _raw_flat(env, loaded)
-        parts["next"].append(flat)
-        if terminated or truncated:
-            env_obs, _ = env.reset()
-            raw, flat = _raw_flat(env, loaded)
-    stacked = {k: np.stack(v) for k, v in parts.items()}
-    return SharedRollout(
-        SetObservations(stacked["f"], stacked["w"], stacked["m"]),
-        stacked["o"],
-        stacked["a"],
-        stacked["next"],
-        worst_obs,
-        worst_act,
-    )
+    return _set_observations(windows, live, spec, rng)

@@ -11,9 +11,10 @@ inputs and outputs, so the server loads and serves it unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,10 @@ from allocator.registry.versions import next_version
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.graphs import (
     CuriosityGraph,
-    ObservationNormalizer,
     PolicyGraph,
-    SetPolicyGraph,
     export_graph,
     graph_opset,
-    set_axes,
+    policy_axes,
 )
 from allocator.trainer.export.loaded_run import LoadedRun, load_run
 from allocator.trainer.export.members import (
@@ -67,8 +66,6 @@ __all__ = [
     "export_run",
     "export_runs",
     "graph_metadata",
-    "publish",
-    "reserve_version",
 ]
 
 SHARED_POSTPROCESSING = (
@@ -116,33 +113,34 @@ def graph_metadata(members: Sequence[LoadedRun], graph: str) -> dict[str, str]:
     return meta
 
 
+def _policy_io(shared: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The policy graph's input and output names."""
+    if shared:
+        return SHARED_POLICY_INPUTS, SHARED_POLICY_OUTPUTS
+    return POLICY_INPUTS, POLICY_OUTPUTS
+
+
 def export_policy(members: Sequence[LoadedRun], path: Path) -> Path:
     """Write ``model.onnx`` of one run or a seed ensemble: raw observation + mask -> (action,
     weights) for a flat MLP; raw asset features (B, N, F), weights and mask (B, N + 1) ->
     action (B, N + 1) with a dynamic asset axis N for a shared policy (traced at the training
     slots)."""
     first = members[0]
+    spec = first.spec
+    weights, mask = torch.zeros(4, spec.n_slots), torch.ones(4, spec.n_slots)
+    example = (
+        (torch.zeros(4, spec.max_assets, spec.window), weights, mask)
+        if first.shared
+        else (torch.zeros(4, spec.obs_size), mask)
+    )
+    inputs, outputs = _policy_io(first.shared)
     metadata = graph_metadata(members, "policy")
-    n, f = first.spec.max_assets, first.spec.window
-    if first.shared:
-        norms = [m.feature_norm for m in members if m.feature_norm is not None]
-        actors = [m.model.actor for m in members]
-        graph = SetPolicyGraph(actors, norms, first.asset_spec.clip)
-        example = (torch.zeros(4, n, f), torch.zeros(4, n + 1), torch.ones(4, n + 1))
-        names = (SHARED_POLICY_INPUTS, SHARED_POLICY_OUTPUTS)
-        return export_graph(graph, example, *names, path, metadata, set_axes(len(example)))
-    actors_flat = [m.deterministic_actor() for m in members]
-    flat = PolicyGraph(actors_flat, first.spec, [m.stats for m in members])
-    flat_example = (torch.zeros(4, first.spec.obs_size), torch.ones(4, first.spec.n_slots))
-    return export_graph(flat, flat_example, POLICY_INPUTS, POLICY_OUTPUTS, path, metadata)
+    axes = policy_axes(first.shared)
+    return export_graph(PolicyGraph(members), example, inputs, outputs, path, metadata, axes)
 
 
 def export_curiosity(loaded: LoadedRun, path: Path) -> Path:
     """Write ``icm.onnx``: raw (previous, action, current) + mask -> intrinsic reward (B, 1)."""
-    assert loaded.icm is not None
-    stats = loaded.feature_norm if loaded.shared else loaded.stats
-    assert stats is not None
-    graph = CuriosityGraph(loaded.icm.net, ObservationNormalizer(loaded.spec, stats))
     spec = loaded.spec
     example = (
         torch.zeros(4, spec.obs_size),
@@ -151,7 +149,7 @@ def export_curiosity(loaded: LoadedRun, path: Path) -> Path:
         torch.ones(4, spec.n_slots),
     )
     metadata = graph_metadata([loaded], "curiosity")
-    return export_graph(graph, example, ICM_INPUTS, ICM_OUTPUTS, path, metadata)
+    return export_graph(CuriosityGraph(loaded), example, ICM_INPUTS, ICM_OUTPUTS, path, metadata)
 
 
 def _export_info(
@@ -164,13 +162,10 @@ def _export_info(
 ) -> dict[str, Any]:
     """The manifest's ``export`` section: parity, opset, provenance and the graphs' names."""
     first = members[0]
-    graph: dict[str, Any] = {"inputs": list(POLICY_INPUTS), "outputs": list(POLICY_OUTPUTS)}
+    inputs, outputs = _policy_io(first.shared)
+    graph: dict[str, Any] = {"inputs": list(inputs), "outputs": list(outputs)}
     if first.shared:
-        graph = {
-            "inputs": list(SHARED_POLICY_INPUTS),
-            "outputs": list(SHARED_POLICY_OUTPUTS),
-            "asset_axis": "dynamic",
-        }
+        graph["asset_axis"] = "dynamic"
     graphs = {MODEL_FILE: graph}
     if icm_path is not None:
         graphs[ICM_FILE] = {"inputs": list(ICM_INPUTS), "outputs": list(ICM_OUTPUTS)}
@@ -210,26 +205,25 @@ def _manifest(members: Sequence[LoadedRun], export: dict[str, Any], name: str) -
     return Manifest.model_validate(fields)
 
 
-def reserve_version(registry: str | Path, name: str, version: str | None) -> tuple[str, Path, str]:
-    """The checked name, its directory in the registry and the version to publish (the next
-    integer unless given), refused as ``ExportError`` before any slow work when it exists."""
+@contextlib.contextmanager
+def _refused_as_export_error() -> Iterator[None]:
+    """The registry's refusals (``PublishError``) as ``ExportError``."""
     try:
+        yield
+    except PublishError as exc:
+        raise ExportError(str(exc)) from exc
+
+
+def _reserve_version(registry: str | Path, name: str, version: str | None) -> tuple[str, Path, str]:
+    """The checked name, its directory in the registry and the version to publish (the next
+    integer unless given), refused before any slow work when it exists."""
+    with _refused_as_export_error():
         name = check_name("name", name)
         model_dir = Path(registry) / name
         chosen = next_version(model_dir) if version is None else str(version)
         version = check_name("version", chosen)
         refuse_existing(model_dir / version)
-    except PublishError as exc:
-        raise ExportError(str(exc)) from exc
     return name, model_dir, version
-
-
-def publish(files: list[Path], manifest: Manifest, model_dir: Path, version: str) -> Path:
-    """``registry.publish_files``, its refusals as ``ExportError``."""
-    try:
-        return publish_files(files, manifest, model_dir, version)
-    except PublishError as exc:
-        raise ExportError(str(exc)) from exc
 
 
 def export_runs(
@@ -256,7 +250,7 @@ def export_runs(
     members = [load_run(d) for d in run_dirs]
     check_members(members)
     first = members[0]
-    name, model_dir, version = reserve_version(registry, name or first.manifest.name, version)
+    name, model_dir, version = _reserve_version(registry, name or first.manifest.name, version)
     tracked = read_tracking(Path(run_dirs[0])) if len(run_dirs) == 1 else None
     if tracked is not None:  # refused before any work: it will be registered in MLflow
         require_mlflow("exporting a run tracked in MLflow (its tracking.json)")
@@ -271,7 +265,8 @@ def export_runs(
         if tracked is not None:  # the MLflow run that trained this version
             info["mlflow_run_id"] = tracked["run_id"]
         files = [model_path] + ([icm_path] if icm_path is not None else [])
-        version_dir = publish(files, _manifest(members, info, name), model_dir, version)
+        with _refused_as_export_error():
+            version_dir = publish_files(files, _manifest(members, info, name), model_dir, version)
     if tracked is not None:
         register_export(Path(run_dirs[0]), version_dir)
     return version_dir
