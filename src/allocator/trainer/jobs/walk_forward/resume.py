@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from allocator.trainer.jobs.walk_forward.completion import exported, finished_training
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
 from allocator.trainer.jobs.walk_forward.persist import read_window_result, window_file
 from allocator.trainer.jobs.walk_forward.progress import (
@@ -45,7 +44,13 @@ from allocator.trainer.jobs.walk_forward.state import (
 )
 from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
 from allocator.trainer.jobs.walk_forward.summary import window_row
-from allocator.trainer.jobs.walk_forward.window import WindowJob, nested, plan
+from allocator.trainer.jobs.walk_forward.window import (
+    WindowJob,
+    exported,
+    finished_training,
+    nested,
+    plan,
+)
 from allocator.trainer.training.config import UNION_TAGS
 from allocator.trainer.training.tracking import open_job_run
 from allocator.typed_config import apply_overrides, flatten, validate
