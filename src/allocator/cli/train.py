@@ -59,7 +59,7 @@ def train(
     # heavy (torch): imported when the command runs, so `allocator --help` stays instant
     from allocator.recording.schema import utcnow
     from allocator.trainer import MissingExtraError
-    from allocator.trainer.jobs.training_runs import check_training_table, record_training_run
+    from allocator.trainer.jobs.database import check_training_table, record_training_run
     from allocator.trainer.market.data import DataError
     from allocator.trainer.sim.html_report import REPORT_FILE
     from allocator.trainer.sim.performance import format_table

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from allocator.trainer.jobs.walk_forward.completion import exported
 from allocator.trainer.jobs.walk_forward.config import RegimeThresholds
 from allocator.trainer.jobs.walk_forward.persist import result_from, result_payload
 from allocator.trainer.jobs.walk_forward.progress import read_progress
 from allocator.trainer.jobs.walk_forward.summary import window_row
-from allocator.trainer.jobs.walk_forward.window import WindowJob, plan, run_window
+from allocator.trainer.jobs.walk_forward.window import WindowJob, exported, plan, run_window
 from allocator.trainer.training.checkpointing import TrainingStoppedError, latest_checkpoint
 from allocator.trainer.training.run import train
 from allocator.trainer.training.run_dir import MODEL_FILE, RUN_SUMMARY_FILE

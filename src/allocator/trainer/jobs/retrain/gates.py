@@ -68,26 +68,19 @@ def not_a_number(x: float | None) -> bool:
     return x is None or not math.isfinite(x)
 
 
-def at_least(gate: str, what: str, value: float, floor: float, detail: str) -> GateResult:
-    """Pass when ``value >= floor``; a value that is not a number fails."""
+def bounded(
+    gate: str, what: str, value: float, bound: float, detail: str, *, floor: bool = True
+) -> GateResult:
+    """Pass when ``value`` is at least ``bound`` (a floor), or with ``floor=False`` at most
+    ``bound`` (a limit); a value that is not a number fails."""
     if not_a_number(value):
-        return GateResult(gate, False, f"{what} is not a number ({value}): {detail}", value, floor)
-    ok = value >= floor
-    verdict = "meets" if ok else "is below"
-    reason = f"{what} {value:.4f} {verdict} the floor {floor:.4f} ({detail})"
-    return GateResult(gate, ok, reason, value, floor)
-
-
-def at_most(gate: str, what: str, value: float, ceiling: float, detail: str) -> GateResult:
-    """Pass when ``value <= ceiling``; a value that is not a number fails."""
-    if not_a_number(value):
-        return GateResult(
-            gate, False, f"{what} is not a number ({value}): {detail}", value, ceiling
-        )
-    ok = value <= ceiling
-    verdict = "is within" if ok else "exceeds"
-    reason = f"{what} {value:.4f} {verdict} the limit {ceiling:.4f} ({detail})"
-    return GateResult(gate, ok, reason, value, ceiling)
+        return GateResult(gate, False, f"{what} is not a number ({value}): {detail}", value, bound)
+    ok = value >= bound if floor else value <= bound
+    verdict = ("meets" if ok else "is below") if floor else ("is within" if ok else "exceeds")
+    reason = (
+        f"{what} {value:.4f} {verdict} the {'floor' if floor else 'limit'} {bound:.4f} ({detail})"
+    )
+    return GateResult(gate, ok, reason, value, bound)
 
 
 def sharpe_vs_production(
@@ -111,7 +104,7 @@ def sharpe_vs_production(
         return GateResult(gate, True, reason, sharpe)
     p = float(production["sharpe"])
     detail = f"production {p:.4f} less the allowed shortfall {shortfall:g}"
-    return at_least(gate, "net Sharpe", sharpe, p - shortfall, detail)
+    return bounded(gate, "net Sharpe", sharpe, p - shortfall, detail)
 
 
 def sharpe_vs_equal_weight(
@@ -128,7 +121,7 @@ def sharpe_vs_equal_weight(
         return GateResult(gate, False, reason, sharpe)
     e = float(equal_weight["sharpe"])
     detail = f"equal weight {e:.4f} less the allowed shortfall {shortfall:g}"
-    return at_least(gate, "net Sharpe", sharpe, e - shortfall, detail)
+    return bounded(gate, "net Sharpe", sharpe, e - shortfall, detail)
 
 
 def apply_gates(
@@ -147,29 +140,22 @@ def apply_gates(
     if gates.max_sharpe_shortfall is not None:
         results.append(sharpe_vs_production(sharpe, production, gates.max_sharpe_shortfall))
     if gates.max_turnover is not None:
-        turnover = float(candidate["turnover"])
+        turnover, budget = float(candidate["turnover"]), "the turnover budget"
         results.append(
-            at_most(
-                "turnover",
-                "mean daily turnover",
-                turnover,
-                gates.max_turnover,
-                "the turnover budget",
+            bounded(
+                "turnover", "mean daily turnover", turnover, gates.max_turnover, budget, floor=False
             )
         )
     if gates.max_drawdown is not None:
-        drawdown = float(candidate["max_drawdown"])
+        drawdown, limit = float(candidate["max_drawdown"]), "the drawdown limit"
         results.append(
-            at_most(
-                "max_drawdown", "max drawdown", drawdown, gates.max_drawdown, "the drawdown limit"
+            bounded(
+                "max_drawdown", "max drawdown", drawdown, gates.max_drawdown, limit, floor=False
             )
         )
     if gates.min_sharpe is not None:
-        results.append(
-            at_least(
-                "min_sharpe", "net Sharpe", sharpe, gates.min_sharpe, "the absolute Sharpe floor"
-            )
-        )
+        floor = "the absolute Sharpe floor"
+        results.append(bounded("min_sharpe", "net Sharpe", sharpe, gates.min_sharpe, floor))
     if gates.max_shortfall_vs_equal_weight is not None:
         shortfall = gates.max_shortfall_vs_equal_weight
         results.append(sharpe_vs_equal_weight(sharpe, equal_weight, shortfall))

@@ -20,6 +20,7 @@ from sqlalchemy.pool import NullPool
 
 from allocator.recording.schema import Promotion
 from allocator.registry.publish import PendingPromotion
+from allocator.trainer.jobs.database import checked_engine
 from allocator.trainer.jobs.json_safe import json_safe
 from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError
 from allocator.trainer.jobs.retrain.decision import RetrainDecision
@@ -27,20 +28,7 @@ from allocator.trainer.jobs.retrain.decision import RetrainDecision
 
 def promotions_engine(url: str) -> sa.Engine:
     """An engine on the trade database, checked to have the ``promotions`` table."""
-    shown = sa.engine.make_url(url).render_as_string(hide_password=True)
-    engine = sa.create_engine(url, poolclass=NullPool)
-    try:
-        has = sa.inspect(engine).has_table("promotions")
-    except sa.exc.SQLAlchemyError as exc:
-        engine.dispose()
-        raise RetrainError(f"cannot reach the trade database {shown}: {exc}") from exc
-    if not has:
-        engine.dispose()
-        raise RetrainError(
-            f"{shown} has no promotions table: run `allocator db upgrade` with DATABASE_URL set "
-            "to it (or --database-url) before retraining"
-        )
-    return engine
+    return checked_engine(url, ["promotions"], RetrainError, poolclass=NullPool)
 
 
 def promotion_details(config: RetrainConfig, decision: RetrainDecision) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from allocator.recording.settings import database_url as default_database_url
 from allocator.registry.pointer import production_version
 from allocator.registry.versions import CANDIDATES_DIR, dated_version
 from allocator.trainer.export.run import export_run
+from allocator.trainer.jobs.database import record_training_run
 from allocator.trainer.jobs.evaluation import (
     evaluate_baselines,
     evaluate_exported,
@@ -31,7 +32,6 @@ from allocator.trainer.jobs.retrain.decision import RetrainDecision
 from allocator.trainer.jobs.retrain.gates import apply_gates
 from allocator.trainer.jobs.retrain.record import promotions_engine, record_and_promote
 from allocator.trainer.jobs.retrain.spans import RetrainSpans, retrain_spans
-from allocator.trainer.jobs.training_runs import record_training_run
 from allocator.trainer.market.data import (
     DateLike,
     MarketData,

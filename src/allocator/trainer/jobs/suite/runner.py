@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,19 +71,6 @@ def plan(config: SuiteConfig, out_dir: Path) -> list[SuiteJob]:
     return jobs
 
 
-def execute(config: SuiteConfig, jobs: list[SuiteJob]) -> Iterator[dict[str, Any]]:
-    """The rows of ``jobs`` as they finish, on the configured executor."""
-    executor = open_executor(
-        config.executor,
-        run_job,
-        job_label,
-        workers=config.workers,
-        address=config.ray_address,
-        retries=config.retries,
-    )
-    return fan_out(executor, jobs)
-
-
 def run_suite(
     config: SuiteConfig,
     out_dir: str | Path | None = None,
@@ -96,8 +83,16 @@ def run_suite(
     write_json(out / "suite_config.json", json_safe(config.model_dump(mode="json")))
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
+    executor = open_executor(
+        config.executor,
+        run_job,
+        job_label,
+        workers=config.workers,
+        address=config.ray_address,
+        retries=config.retries,
+    )
     with (out / "rows.jsonl").open("w") as log:
-        for row in execute(config, jobs):
+        for row in fan_out(executor, jobs):
             rows.append(row)
             log.write(json.dumps(json_safe(row)) + "\n")
             log.flush()

@@ -60,6 +60,13 @@ class TrialOutcome:
     run_dir: str
     error: str | None = None
 
+    @classmethod
+    def failed(
+        cls, number: int, error: str, run_dir: str = "", seconds: float = 0.0
+    ) -> TrialOutcome:
+        """A trial that reached nothing: it raised, its worker died, or it never started."""
+        return cls(number, "FAIL", None, 0, seconds, None, 0, run_dir, error)
+
     def attrs(self) -> dict[str, Any]:
         """The figures stored with the trial in the study (Optuna user attributes)."""
         return {
@@ -106,9 +113,8 @@ def run_trial(job: TrialJob) -> TrialOutcome:
     except Exception as exc:
         (job.run_dir / ERROR_FILE).write_text(traceback.format_exc())
         seconds = round(time.perf_counter() - started, 2)
-        failure = f"{type(exc).__name__}: {exc}"
-        return TrialOutcome(
-            job.number, "FAIL", None, 0, seconds, None, 0, str(job.run_dir), failure
+        return TrialOutcome.failed(
+            job.number, f"{type(exc).__name__}: {exc}", str(job.run_dir), seconds
         )
     selection = json.loads((job.run_dir / SELECTION_FILE).read_text())
     best = selection["best_score"]

@@ -55,7 +55,7 @@ def next_outcome(executor: Trials) -> TrialOutcome:
         assert isinstance(job, TrialJob)
         cause = lost.__cause__
         error = f"{type(cause).__name__}: {cause}".splitlines()[0]
-        return TrialOutcome(job.number, "FAIL", None, 0, 0.0, None, 0, str(job.run_dir), error)
+        return TrialOutcome.failed(job.number, error, str(job.run_dir))
 
 
 @dataclass
@@ -156,11 +156,8 @@ class Driver:
             try:
                 job = trial_job(self.config, self.space, trial, self.out, self.tracked)
             except ConfigError as exc:  # values valid one by one, refused together
-                error = str(exc).replace("\n", " ")
                 self.running.pop(trial.number)
-                self.finish(
-                    trial, TrialOutcome(trial.number, "FAIL", None, 0, 0.0, None, 0, "", error)
-                )
+                self.finish(trial, TrialOutcome.failed(trial.number, str(exc).replace("\n", " ")))
                 continue
             executor.submit(job)
 
@@ -184,8 +181,7 @@ class Driver:
                 self.finish(self.running.pop(outcome.number), outcome)
         except BaseException as exc:
             for number, trial in list(self.running.items()):
-                outcome = TrialOutcome(number, "FAIL", None, 0, 0.0, None, 0, "", repr(exc))
-                tell(self.study, trial, outcome)
+                tell(self.study, trial, TrialOutcome.failed(number, repr(exc)))
             self.running.clear()
             raise
 

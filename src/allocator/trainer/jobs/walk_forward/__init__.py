@@ -16,8 +16,8 @@ on storage every node shares), by the executors every batch job uses
 window, torch limited to ``torch_threads`` in every executor), so every executor gives identical
 metrics.
 
-Modules, in the order a run uses them: ``config`` (what to run), ``window`` (one window's job),
-``completion`` (whether a window's artifacts are whole), ``progress`` (a window's progress
+Modules, in the order a run uses them: ``config`` (what to run), ``window`` (one window's job,
+and whether its artifacts are whole), ``progress`` (a window's progress
 file while it runs), ``results`` (what they produce), ``persist`` (each finished window kept in
 the run directory), ``returns`` (every window's daily net returns, ``returns.csv``),
 ``significance`` (intervals and tests from them), ``summary`` (the figures over all windows),

@@ -22,12 +22,10 @@ from allocator.trainer.jobs.walk_forward.report import (
     stitch,
     stitched_agent,
 )
-from allocator.trainer.jobs.walk_forward.results import WalkForwardResult, WindowResult
+from allocator.trainer.jobs.walk_forward.results import AGENT, WalkForwardResult, WindowResult
 from allocator.trainer.jobs.walk_forward.significance import POOLED
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.html_report import REPORT_FILE, write_backtest_report
-
-AGENT = "agent"
 
 
 def stitched_results(windows: list[WindowResult]) -> dict[str, BacktestResult]:

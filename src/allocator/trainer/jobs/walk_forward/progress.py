@@ -36,7 +36,8 @@ DONE, FAILED = "done", "failed"
 failed before the window finished."""
 
 
-def now() -> str:
+def utc_now() -> str:
+    """Now, as the run's files stamp it (``status`` reads how long ago)."""
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
@@ -62,8 +63,8 @@ def write_progress(run_dir: str | Path, label: str, phase: str, **fields: Any) -
     """Replace the window's progress file, keeping what the last one said unless updated."""
     folder = Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    payload = read_progress(folder) or {"started": now()}
-    payload.update(fields, window=label, phase=phase, updated=now())
+    payload = read_progress(folder) or {"started": utc_now()}
+    payload.update(fields, window=label, phase=phase, updated=utc_now())
     payload.update(host=socket.gethostname(), pid=os.getpid())
     atomic_write_text(folder / PROGRESS_FILE, json.dumps(payload, indent=1) + "\n")
 

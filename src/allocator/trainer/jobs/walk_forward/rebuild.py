@@ -17,8 +17,6 @@ from typing import Any
 
 import pandas as pd
 
-from allocator.serving.loader import load_model
-from allocator.trainer.jobs.evaluation import evaluation_assets
 from allocator.trainer.jobs.walk_forward.config import WalkForwardError
 from allocator.trainer.jobs.walk_forward.returns import (
     DATE,
@@ -26,11 +24,7 @@ from allocator.trainer.jobs.walk_forward.returns import (
     labelled,
     read_summary,
 )
-from allocator.trainer.jobs.walk_forward.window import (
-    WindowJob,
-    universe,
-    window_baselines,
-)
+from allocator.trainer.jobs.walk_forward.window import WindowJob, span_setup, window_baselines
 from allocator.trainer.market.windows import Window
 from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run_dir import CONFIG_FILE
@@ -89,14 +83,10 @@ def with_baselines(run_dir: str | Path, frame: pd.DataFrame, names: Sequence[str
     for entry in summary["windows"]:
         job = replace(rebuilt_job(run, summary, entry), baselines=tuple(missing))
         registry_dir = Path(summary["registry"]) / summary["model_name"] / entry["version"]
-        model = load_model(located(entry.get("version_dir", ""), registry_dir), prefer_cuda=False)
-        data = universe(job.trainer)
-        w = job.window
-        assets = evaluation_assets(
-            data, w.test_start, w.test_end, job.trainer.env.window, model.max_assets
-        )
+        _, data, assets = span_setup(job, located(entry.get("version_dir", ""), registry_dir))
         results = window_baselines(job, data, assets)
-        parts.append(labelled(pd.DataFrame({n: results[n].returns for n in missing}), w.label))
+        returns = pd.DataFrame({n: results[n].returns for n in missing})
+        parts.append(labelled(returns, job.window.label))
     added = pd.concat(parts, ignore_index=True)
     keys = [DATE, WINDOW]
     check = frame[keys].merge(added[keys], how="outer", indicator=True, validate="one_to_one")

@@ -163,13 +163,14 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"{_pct(g['beats_equal_weight']):>10}{_fmt(g['median_excess_sharpe']):>12}"
         )
     lines.append(f"mean daily turnover {_fmt(summary['mean_turnover'], '.4f')}")
-    for key, goal in summary["goals"].items():
-        state = "met" if goal["met"] else "not met"
-        lines.append(
-            f"goal: {key.replace('_', ' ')} >= {_pct(goal['target'])}: "
-            f"{_pct(goal['value'])} ({state})"
-        )
+    lines += [f"goal: {goal_text(key, goal)}" for key, goal in summary["goals"].items()]
     return "\n".join(lines)
+
+
+def goal_text(key: str, goal: dict[str, Any]) -> str:
+    """One goal, its value and whether it is met."""
+    state = "met" if goal["met"] else "not met"
+    return f"{key.replace('_', ' ')} >= {_pct(goal['target'])}: {_pct(goal['value'])} ({state})"
 
 
 def statistics_rows(stats: dict[str, Any]) -> list[tuple[str, ...]]:
@@ -301,12 +302,7 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"Regimes by equal weight's annualized net return on the test window: bull >= "
         f"{t['bull_above']:.0%}, bear < {t['bear_below']:.0%}, sideways in between.",
         "",
-        "Goals: "
-        + "; ".join(
-            f"{k.replace('_', ' ')} >= {_pct(v['target'])}: {_pct(v['value'])} "
-            f"({'met' if v['met'] else 'not met'})"
-            for k, v in s["goals"].items()
-        ),
+        "Goals: " + "; ".join(goal_text(k, v) for k, v in s["goals"].items()),
     ]
 
 

@@ -23,29 +23,34 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from allocator.trainer.jobs.walk_forward.completion import exported, finished_training
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
 from allocator.trainer.jobs.walk_forward.persist import read_window_result, window_file
-from allocator.trainer.jobs.walk_forward.progress import DONE, FAILED, read_progress, writer_alive
-from allocator.trainer.jobs.walk_forward.results import WalkForwardResult, WindowResult
-from allocator.trainer.jobs.walk_forward.runner import (
-    RunRows,
-    WalkForwardSession,
-    complete,
-    database_url,
+from allocator.trainer.jobs.walk_forward.progress import (
+    DONE,
+    FAILED,
+    read_progress,
+    utc_now,
+    writer_alive,
 )
+from allocator.trainer.jobs.walk_forward.results import WalkForwardResult, WindowResult
+from allocator.trainer.jobs.walk_forward.runner import WalkForwardSession, complete, database_url
 from allocator.trainer.jobs.walk_forward.state import (
     STATE_FILE,
     ResumeError,
     RunState,
     plan_payload,
     read_state,
-    utc_now,
     write_state,
 )
 from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
 from allocator.trainer.jobs.walk_forward.summary import window_row
-from allocator.trainer.jobs.walk_forward.window import WindowJob, nested, plan
+from allocator.trainer.jobs.walk_forward.window import (
+    WindowJob,
+    exported,
+    finished_training,
+    nested,
+    plan,
+)
 from allocator.trainer.training.config import UNION_TAGS
 from allocator.trainer.training.tracking import open_job_run
 from allocator.typed_config import apply_overrides, flatten, validate
@@ -153,17 +158,15 @@ def kept_window(out: Path, job: WindowJob) -> WindowResult | None:
 
 def reopen_rows(
     url: str, state: RunState, kept: Sequence[WindowResult], config: WalkForwardConfig
-) -> tuple[RunRows, dict[str, Any] | None]:
+) -> tuple[WalkForwardStore, dict[str, Any] | None]:
     """The run's row, running again, with exactly the kept windows' rows; and the summary the
     previous session closed it with (None when it was killed)."""
     if state.run_id is None:
         raise ResumeError(f"{state.name} recorded no run row; it cannot resume with record on")
-    store = WalkForwardStore(url)
-    previous = store.reopen_run(state.run_id, state.name)
-    recorded = store.window_indices(state.run_id)
-    kept_indices = {r.window.index for r in kept}
-    store.drop_windows(state.run_id, recorded - kept_indices)
-    rows = RunRows(store, state.run_id)
+    rows = WalkForwardStore(url)
+    previous = rows.reopen_run(state.run_id, state.name)
+    recorded = rows.window_indices()
+    rows.drop_windows(recorded - {r.window.index for r in kept})
     for result in kept:
         if result.window.index not in recorded:
             rows.add_window(result, window_row(result, config.regimes))

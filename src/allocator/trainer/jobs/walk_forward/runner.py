@@ -35,13 +35,14 @@ from allocator.trainer.jobs.walk_forward.progress import (
     ProgressWatcher,
     finite,
     read_progress,
+    utc_now,
     write_progress,
 )
 from allocator.trainer.jobs.walk_forward.report import write_report
 from allocator.trainer.jobs.walk_forward.results import WalkForwardResult, WindowResult
 from allocator.trainer.jobs.walk_forward.returns import returns_frame
 from allocator.trainer.jobs.walk_forward.significance import run_statistics
-from allocator.trainer.jobs.walk_forward.state import RunState, new_state, utc_now, write_state
+from allocator.trainer.jobs.walk_forward.state import RunState, new_state, write_state
 from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
 from allocator.trainer.jobs.walk_forward.summary import attach_statistics, summarize, window_row
 from allocator.trainer.jobs.walk_forward.window import WindowJob, nested, plan, run_window
@@ -69,28 +70,6 @@ def database_url(config: WalkForwardConfig) -> str | None:
 
 
 @dataclass
-class RunRows:
-    """The open run row of this walk-forward run and the store that writes its windows."""
-
-    store: WalkForwardStore
-    run_id: int
-
-    @classmethod
-    def start(cls, url: str, name: str, config: WalkForwardConfig) -> RunRows:
-        """Check the database has the schema, then open the run row (before any training)."""
-        store = WalkForwardStore(url)
-        return cls(store, store.start_run(name, config.model_dump(mode="json")))
-
-    def add_window(self, result: WindowResult, row: dict[str, Any]) -> None:
-        self.store.add_window(self.run_id, result, row)
-
-    def finish(self, summary: dict[str, Any]) -> None:
-        """Close the run row with the summary (or the error) and release the database."""
-        self.store.finish_run(self.run_id, summary)
-        self.store.close()
-
-
-@dataclass
 class WalkForwardSession:
     """One session of a run: what it runs, where it keeps and records it, what it kept."""
 
@@ -98,7 +77,7 @@ class WalkForwardSession:
     out: Path
     state: RunState
     jobs: list[WindowJob]
-    rows: RunRows | None
+    rows: WalkForwardStore | None  # the run's rows, when it records
     url: str | None
     kept: list[WindowResult] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
@@ -222,7 +201,9 @@ def run_walk_forward(
     jobs = nested(jobs, tracked)
     with ended_on_error(tracked):  # a database refused: no MLflow run left running
         url = database_url(config)
-        rows = RunRows.start(url, name, config) if url else None
+        rows = WalkForwardStore(url) if url else None
+        if rows is not None:
+            rows.start_run(name, config.model_dump(mode="json"))
         state = new_state(config, label, jobs, rows.run_id if rows else None, url)
         write_state(out, state)
     session = WalkForwardSession(config, out, state, jobs, rows, url, tracked=tracked)
@@ -253,7 +234,7 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}"
         if rows is not None:
-            rows.finish({"error": error, "windows_done": len(results)})
+            rows.finish_run({"error": error, "windows_done": len(results)})
         done = {r.window.label for r in results}
         with contextlib.suppress(OSError):  # the run's own error is the one to report
             mark_failed([j for j in todo if j.window.label not in done], error)
@@ -276,7 +257,7 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
     if resumed:
         summary["resumed"] = resumed
     if rows is not None:
-        rows.finish(summary)
+        rows.finish_run(summary)
     result = WalkForwardResult(
         label=session.label,
         config=config,

@@ -41,9 +41,9 @@ from allocator.trainer.jobs.walk_forward.returns import (
     WINDOW,
     read_returns,
 )
-from allocator.trainer.jobs.walk_forward.significance import baseline_columns
+from allocator.trainer.jobs.walk_forward.significance import baseline_columns, excess_interval
 from allocator.trainer.jobs.walk_forward.state import read_state
-from allocator.trainer.statistics.sharpe import annualized_sharpe, excess_sharpe_interval
+from allocator.trainer.statistics.sharpe import annualized_sharpe
 
 RECIPE = (
     "trainer",
@@ -178,21 +178,6 @@ def window_excess(frame: pd.DataFrame) -> pd.Series:
     )
 
 
-def pooled_interval(
-    agent: np.ndarray, ew: np.ndarray, settings: StatisticsSettings
-) -> dict[str, Any]:
-    """The pooled excess Sharpe over equal weight and its interval, as ``stats`` draws it."""
-    return excess_sharpe_interval(
-        agent,
-        ew,
-        level=settings.level,
-        reps=settings.reps,
-        block=settings.block_size,
-        seed=settings.seed,
-        method=settings.interval,
-    ).to_dict()
-
-
 def seed_study(
     run_dirs: Sequence[str | Path], settings: StatisticsSettings | None = None
 ) -> dict[str, Any]:
@@ -209,9 +194,9 @@ def seed_study(
                 "run_dir": r.run_dir,
                 "seed": r.seed,
                 "windows_beating_equal_weight": int((per_seed[r.seed] > 0).sum()),
-                "pooled_excess_sharpe": pooled_interval(
+                "pooled_excess_sharpe": excess_interval(
                     r.returns[AGENT].to_numpy(float), ew, settings
-                ),
+                ).to_dict(),
             }
             for r in runs
         ],
@@ -229,7 +214,7 @@ def seed_study(
         "mix": {
             "description": "equal-capital mix of the seeds' books, rebalanced daily",
             "windows_beating_equal_weight": int((window_excess_of(runs[0].returns, mix) > 0).sum()),
-            "pooled_excess_sharpe": pooled_interval(mix, ew, settings),
+            "pooled_excess_sharpe": excess_interval(mix, ew, settings).to_dict(),
         },
     }
 

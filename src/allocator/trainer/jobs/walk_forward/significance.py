@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from allocator.trainer.jobs.walk_forward.config import EQUAL_WEIGHT, StatisticsSettings
@@ -37,6 +38,21 @@ def baseline_columns(frame: pd.DataFrame) -> list[str]:
     return [c for c in frame.columns if c not in (DATE, WINDOW, AGENT)]
 
 
+def excess_interval(
+    agent: np.ndarray, benchmark: np.ndarray, settings: StatisticsSettings
+) -> ExcessSharpe:
+    """The model's excess Sharpe over ``benchmark`` and its interval, as ``settings`` draw it."""
+    return excess_sharpe_interval(
+        agent,
+        benchmark,
+        level=settings.level,
+        reps=settings.reps,
+        block=settings.block_size,
+        seed=settings.seed,
+        method=settings.interval,
+    )
+
+
 def span_statistics(
     label: str,
     frame: pd.DataFrame,
@@ -48,15 +64,7 @@ def span_statistics(
     row: dict[str, Any] = {"window": label, "days": int(agent.size)}
 
     def excess_over(benchmark: str) -> ExcessSharpe:
-        return excess_sharpe_interval(
-            agent,
-            frame[benchmark].to_numpy(dtype=float),
-            level=settings.level,
-            reps=settings.reps,
-            block=settings.block_size,
-            seed=settings.seed,
-            method=settings.interval,
-        )
+        return excess_interval(agent, frame[benchmark].to_numpy(dtype=float), settings)
 
     try:
         excess = excess_over(EQUAL_WEIGHT)

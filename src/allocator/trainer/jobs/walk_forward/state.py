@@ -9,7 +9,6 @@ ended).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -17,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from allocator.artifacts.files import atomic_write_text
+from allocator.trainer.jobs.database import shown_url
 from allocator.trainer.jobs.json_safe import json_safe
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
-from allocator.trainer.jobs.walk_forward.store import shown_url
+from allocator.trainer.jobs.walk_forward.progress import utc_now
 from allocator.trainer.jobs.walk_forward.window import WindowJob
 
 STATE_FILE = "walk_forward.json"
@@ -28,10 +28,6 @@ FORMAT = 1
 
 class ResumeError(WalkForwardError):
     """A run directory that cannot be resumed as asked (nothing was changed)."""
-
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def plan_payload(jobs: Sequence[WindowJob]) -> dict[str, Any]:

@@ -10,25 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import create_engine, delete, inspect, null, select
-from sqlalchemy.engine import make_url
+from sqlalchemy import delete, null, select
 from sqlalchemy.orm import Session
 
 from allocator.recording.schema import ModelVersion, WalkForwardRun, WalkForwardWindow, utcnow
+from allocator.trainer.jobs.database import checked_engine, shown_url
 from allocator.trainer.jobs.json_safe import json_safe
 from allocator.trainer.jobs.walk_forward.config import WalkForwardError
 from allocator.trainer.jobs.walk_forward.results import WindowResult
 
-TABLES = frozenset({"walk_forward_runs", "walk_forward_windows", "model_versions"})
-
-
-def shown_url(url: str) -> str:
-    """A database URL as messages and files show it: any password masked."""
-    return make_url(url).render_as_string(hide_password=True)
+TABLES = ("walk_forward_runs", "walk_forward_windows", "model_versions")
 
 
 class WalkForwardStore:
-    """The run, window and model-version rows of walk-forward runs (Postgres or SQLite).
+    """The rows of one walk-forward run (Postgres or SQLite): its run row, once started or
+    reopened (``run_id``), its windows and the model versions they made.
 
     The schema comes from the alembic migrations only; a database without it is refused
     before any window trains.
@@ -36,25 +32,15 @@ class WalkForwardStore:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.engine = create_engine(url)
-        shown = shown_url(url)
-        try:
-            tables = set(inspect(self.engine).get_table_names())
-        except Exception as exc:  # any driver error: say where and why
-            raise WalkForwardError(f"cannot reach the database {shown}: {exc}") from exc
-        missing = TABLES - tables
-        if missing:
-            raise WalkForwardError(
-                f"{shown} lacks table(s) {', '.join(sorted(missing))}: run "
-                f"`allocator db upgrade --database-url {shown}` first"
-            )
+        self.engine = checked_engine(url, TABLES, WalkForwardError)
+        self.run_id: int | None = None
 
-    def start_run(self, name: str, config: dict[str, Any]) -> int:
+    def start_run(self, name: str, config: dict[str, Any]) -> None:
         with Session(self.engine) as session, session.begin():
             row = WalkForwardRun(name=name, config=json_safe(config))
             session.add(row)
             session.flush()
-            return int(row.id)
+            self.run_id = int(row.id)
 
     def reopen_run(self, run_id: int, name: str) -> dict[str, Any] | None:
         """Mark a killed or failed run as running again; returns the summary it was closed
@@ -70,31 +56,32 @@ class WalkForwardStore:
             previous = row.summary
             row.finished = None
             row.summary = null()
+            self.run_id = run_id
             return previous
 
-    def window_indices(self, run_id: int) -> set[int]:
-        """The indices of the windows recorded for a run."""
+    def window_indices(self) -> set[int]:
+        """The indices of the windows recorded for the run."""
         with Session(self.engine) as session:
-            query = select(WalkForwardWindow.index).where(WalkForwardWindow.run_id == run_id)
+            query = select(WalkForwardWindow.index).where(WalkForwardWindow.run_id == self.run_id)
             return set(session.scalars(query))
 
-    def drop_windows(self, run_id: int, indices: set[int]) -> None:
+    def drop_windows(self, indices: set[int]) -> None:
         """Forget the rows of windows that will run again (their files were not kept)."""
         with Session(self.engine) as session, session.begin():
             session.execute(
                 delete(WalkForwardWindow).where(
-                    WalkForwardWindow.run_id == run_id, WalkForwardWindow.index.in_(indices)
+                    WalkForwardWindow.run_id == self.run_id, WalkForwardWindow.index.in_(indices)
                 )
             )
 
-    def add_window(self, run_id: int, result: WindowResult, row: dict[str, Any]) -> None:
+    def add_window(self, result: WindowResult, row: dict[str, Any]) -> None:
         """The window row and, once per (name, version), the model-version row."""
         with Session(self.engine) as session, session.begin():
             version = self._model_version(session, result)
             w = result.window
             session.add(
                 WalkForwardWindow(
-                    run_id=run_id,
+                    run_id=self.run_id,
                     index=w.index,
                     train_start=w.train_start,
                     train_end=w.train_end,
@@ -129,14 +116,13 @@ class WalkForwardStore:
             session.flush()
         return version
 
-    def finish_run(self, run_id: int, summary: dict[str, Any]) -> None:
+    def finish_run(self, summary: dict[str, Any]) -> None:
+        """Close the run row with the summary (or the error) and release the database."""
         with Session(self.engine) as session, session.begin():
-            row = session.get(WalkForwardRun, run_id)
+            row = session.get(WalkForwardRun, self.run_id)
             assert row is not None
             row.summary = json_safe(summary)
             row.finished = utcnow()
-
-    def close(self) -> None:
         self.engine.dispose()
 
 

@@ -21,6 +21,7 @@ it. While it trains, the window reports its steps in ``window_progress.json`` (`
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from typing import Any
 
 import torch
 
+from allocator.artifacts.manifest import ManifestError, read_manifest, verify_checksums
 from allocator.serving.loader import LoadedModel, load_model
 from allocator.trainer.export.run import export_run
 from allocator.trainer.jobs.evaluation import (
@@ -40,7 +42,6 @@ from allocator.trainer.jobs.evaluation import (
     icm_statistics,
     replay_exported,
 )
-from allocator.trainer.jobs.walk_forward.completion import exported, finished_training
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
 from allocator.trainer.jobs.walk_forward.progress import (
     EVALUATED,
@@ -165,6 +166,33 @@ def nested(jobs: Sequence[WindowJob], parent: TrackedRun | None) -> list[WindowJ
     ]
 
 
+def whole(directory: Path) -> bool:
+    """A directory with a readable manifest whose every listed file matches its checksum: a
+    training run or a registry version is trusted only then (anything less was cut short)."""
+    try:
+        verify_checksums(directory, read_manifest(directory))
+    except (ManifestError, OSError):
+        return False
+    return True
+
+
+def finished_training(run_dir: str | Path) -> dict[str, Any] | None:
+    """The ``run.json`` of a training run that finished (its manifest whole), else None."""
+    run = Path(run_dir)
+    if not whole(run):
+        return None
+    try:
+        summary = json.loads((run / RUN_SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def exported(version_dir: str | Path) -> bool:
+    """A registry version that was published whole."""
+    return whole(Path(version_dir))
+
+
 def run_window(job: WindowJob) -> WindowResult:
     """Train on the window's training span, export, then evaluate on its test span."""
     started = time.perf_counter()
@@ -259,15 +287,22 @@ class SpanEvaluation:
     baselines: dict[str, BacktestResult]
 
 
-def evaluate_test_span(job: WindowJob, version_dir: str | Path) -> SpanEvaluation:
-    """Judge an exported version on the window's test span: the ONNX graph replayed through
-    the serving path, the baselines on the same assets and costs. A finished run's windows
-    are judged again this way when their daily returns were not kept."""
-    w = job.window
-    model = load_model(version_dir, prefer_cuda=False)
+def span_setup(
+    job: WindowJob, version_dir: str | Path
+) -> tuple[LoadedModel, MarketData, list[str]]:
+    """An exported version of the window, its data and the assets it is judged on over the
+    test span (priced throughout it and the observation window before, up to its slots)."""
+    w, model = job.window, load_model(version_dir, prefer_cuda=False)
     data = universe(job.trainer)
     window = job.trainer.env.window
-    assets = evaluation_assets(data, w.test_start, w.test_end, window, model.max_assets)
+    return model, data, evaluation_assets(data, w.test_start, w.test_end, window, model.max_assets)
+
+
+def evaluate_test_span(job: WindowJob, version_dir: str | Path) -> SpanEvaluation:
+    """Judge an exported version on the window's test span: the ONNX graph replayed through
+    the serving path, the baselines on the same assets and costs."""
+    w = job.window
+    model, data, assets = span_setup(job, version_dir)
     ev = replay_exported(
         model, data, w.test_start, w.test_end, cost_bps=job.cost_bps, assets=assets, name=AGENT
     )

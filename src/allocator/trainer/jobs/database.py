@@ -1,0 +1,82 @@
+"""The trade database as batch jobs open it: checked for the tables they write, before any work.
+
+Every job that records (``allocator train --database-url``, walk-forward, retraining) refuses a
+database it cannot reach or that lacks its tables before training (a typo in the URL must not
+cost a whole run), naming the URL with its password masked. ``allocator train`` writes one
+``training_runs`` row when the run finishes: its name, algorithm, directory, config and the
+summary of ``run.json``; an interrupted run writes nothing, the ``--resume`` that finishes it
+writes its row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, inspect
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from allocator.recording.schema import TrainingRun as TrainingRunRow
+from allocator.recording.schema import utcnow
+from allocator.trainer.jobs.json_safe import json_safe
+from allocator.typed_config import ConfigError
+
+
+def shown_url(url: str) -> str:
+    """A database URL as messages and files show it: any password masked."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def checked_engine(
+    url: str, tables: Iterable[str], error: type[Exception], **options: Any
+) -> Engine:
+    """An engine on ``url`` (``options`` go to ``create_engine``), refused with ``error``
+    when the database cannot be reached or lacks one of ``tables`` (not migrated)."""
+    engine = create_engine(url, **options)
+    try:
+        missing = sorted(set(tables) - set(inspect(engine).get_table_names()))
+    except Exception as exc:  # any driver error: say where and why
+        engine.dispose()
+        raise error(f"cannot reach the database {shown_url(url)}: {exc}") from exc
+    if missing:
+        engine.dispose()
+        raise error(
+            f"{shown_url(url)} has no {', '.join(missing)} table: run `allocator db upgrade` "
+            "on it first (with --database-url, or DATABASE_URL set to it)"
+        )
+    return engine
+
+
+def check_training_table(url: str) -> None:
+    """Refuse a database that cannot be reached or has no ``training_runs`` (not migrated)."""
+    checked_engine(url, ["training_runs"], ConfigError).dispose()
+
+
+def record_training_run(
+    url: str,
+    name: str,
+    run_dir: str,
+    config: dict[str, Any],
+    summary: dict[str, Any],
+    started: dt.datetime,
+) -> int:
+    """Insert the finished run; its row id."""
+    engine = create_engine(url)
+    try:
+        with Session(engine) as session, session.begin():
+            row = TrainingRunRow(
+                name=name,
+                algorithm=str(summary.get("algorithm", "")),
+                run_dir=run_dir,
+                config=json_safe(config),
+                metrics=json_safe(summary),
+                started=started,
+                finished=utcnow(),
+            )
+            session.add(row)
+            session.flush()
+            return int(row.id)
+    finally:
+        engine.dispose()
