@@ -347,18 +347,16 @@ class TrainingSession:
         """Save the model(s); with selection, ``model.zip`` is the best and is what returns."""
         model, run_dir, selection = self.model, self.run_dir, self.selection
         icm = getattr(model, "icm", None)
+        saved = (MODEL_FILE, ICM_FILE) if selection is None else (LAST_MODEL_FILE, LAST_ICM_FILE)
+        model.save(run_dir / saved[0])
+        if icm is not None:
+            icm.save(run_dir / saved[1])
         if selection is None:
-            model.save(run_dir / MODEL_FILE)
-            if icm is not None:
-                icm.save(run_dir / ICM_FILE)
             return model
-        model.save(run_dir / LAST_MODEL_FILE)
+        kept = (BEST_MODEL_FILE, BEST_ICM_FILE) if selection.state.best_step is not None else saved
+        _copy(run_dir / kept[0], run_dir / MODEL_FILE)
         if icm is not None:
-            icm.save(run_dir / LAST_ICM_FILE)
-        best = selection.state.best_step is not None
-        _copy(run_dir / (BEST_MODEL_FILE if best else LAST_MODEL_FILE), run_dir / MODEL_FILE)
-        if icm is not None:
-            _copy(run_dir / (BEST_ICM_FILE if best else LAST_ICM_FILE), run_dir / ICM_FILE)
+            _copy(run_dir / kept[1], run_dir / ICM_FILE)
         chosen = type(model).load(run_dir / MODEL_FILE, device=model.device)
         chosen_icm = getattr(chosen, "icm", None)
         if chosen_icm is not None:

@@ -261,11 +261,5 @@ def collapse_message(state: WatchState) -> str:
 
 def collapse_warnings(summary: dict[str, Any]) -> list[str]:
     """The warning lines of a run's ``run.json`` (watch and selection), for the CLI to print."""
-    lines = []
-    watch = summary.get("saturation_watch") or {}
-    if "warning" in watch:
-        lines.append(str(watch["warning"]))
-    selection = summary.get("selection") or {}
-    if "warning" in selection:
-        lines.append(str(selection["warning"]))
-    return lines
+    parts = (summary.get("saturation_watch") or {}, summary.get("selection") or {})
+    return [str(part["warning"]) for part in parts if "warning" in part]
