@@ -61,11 +61,6 @@ RULE = (
 )
 
 
-def is_collapsed(near_bound_ratio: float) -> bool:
-    """The collapse rule (module docstring) on a near-bound share of live action values."""
-    return bool(near_bound_ratio >= COLLAPSE_SHARE)
-
-
 @dataclass(frozen=True)
 class Saturation:
     """One measurement of the actor on the probe set."""
@@ -139,7 +134,7 @@ class SaturationProbe:
             near_bound_ratio=ratio,
             near_bound_ratio_per_dim=audit["near_bound_ratio_per_dim"],
             mean_kappa=float(audit["mean_kappa"]),
-            collapsed=is_collapsed(ratio),
+            collapsed=ratio >= COLLAPSE_SHARE,  # the collapse rule (module docstring)
         )
 
 
