@@ -165,15 +165,9 @@ class IntrinsicCuriosity:
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=s.learning_rate)
         self.last_stats: dict[str, float] = {}
 
-    def _inputs(
-        self, obs: torch.Tensor, actions: torch.Tensor, next_obs: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _inputs(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # Detached: the ICM must never send gradients back into whoever produced its inputs.
-        return (
-            obs.detach().to(self.device, torch.float32),
-            actions.detach().to(self.device, torch.float32),
-            next_obs.detach().to(self.device, torch.float32),
-        )
+        return tuple(t.detach().to(self.device, torch.float32) for t in tensors)
 
     def update(
         self, obs: torch.Tensor, actions: torch.Tensor, next_obs: torch.Tensor
@@ -231,18 +225,14 @@ class IntrinsicCuriosity:
         self.last_stats["icm/intrinsic_reward_std"] = float(reward.std(unbiased=False).item())
         return reward
 
-    def intrinsic_weight(self, num_timesteps: int) -> float:
-        """The bonus weight in effect: 0 until ``warmup_steps`` timesteps have passed."""
-        if num_timesteps < self.settings.warmup_steps:
-            return 0.0
-        return self.settings.intrinsic_weight
-
     def mix(
         self, extrinsic: torch.Tensor, intrinsic: torch.Tensor, num_timesteps: int
     ) -> torch.Tensor:
-        """``extrinsic_weight * r + w * r_int`` with ``w`` from ``intrinsic_weight``."""
-        mixed = self.settings.extrinsic_weight * extrinsic
-        weight = self.intrinsic_weight(num_timesteps)
+        """``extrinsic_weight * r + w * r_int``, ``w`` the ``intrinsic_weight`` once
+        ``warmup_steps`` timesteps have passed and 0 before."""
+        s = self.settings
+        mixed = s.extrinsic_weight * extrinsic
+        weight = 0.0 if num_timesteps < s.warmup_steps else s.intrinsic_weight
         if weight == 0.0:  # monitor mode / warm-up: the bonus must not touch the reward at all
             return mixed
         return mixed + weight * intrinsic.detach().to(extrinsic.device, extrinsic.dtype)

@@ -61,9 +61,8 @@ def annealed_sigma(settings: NoiseSettings, elapsed: float) -> float:
     x = min(1.0, max(0.0, elapsed) / settings.anneal_fraction)
     if settings.anneal == AnnealKind.CONSTANT:
         return s0
-    if settings.anneal == AnnealKind.LINEAR:
-        return s0 + (s1 - s0) * x
-    if s0 <= 0 or s1 <= 0:  # exponential needs positive endpoints; fall back to linear
+    # Exponential needs positive endpoints; without them it falls back to linear.
+    if settings.anneal == AnnealKind.LINEAR or s0 <= 0 or s1 <= 0:
         return s0 + (s1 - s0) * x
     return float(s0 * (s1 / s0) ** x)
 

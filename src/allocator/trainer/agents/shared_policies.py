@@ -77,17 +77,18 @@ class SharedActorBase(BasePolicy):
         features, weights, mask = self.layout.split(obs)
         return self.net(features, weights, mask), slot_live(mask)
 
+    def forward_sets(self, features: th.Tensor, weights: th.Tensor, mask: th.Tensor) -> th.Tensor:
+        """Deterministic action ``tanh(score)`` (B, N + 1) for ``features`` (B, N, F),
+        ``weights`` and ``mask`` (B, N + 1): any number of assets N, not only the M slots of
+        the training observation (SAC's score is its mean)."""
+        return th.tanh(self.net(features, weights, mask)[..., 0])
+
 
 class SharedTD3Actor(SharedActorBase):
     """Deterministic actor: ``tanh(score)`` per slot, 0 on masked slots."""
 
     def forward(self, obs: th.Tensor) -> th.Tensor:
         return self.forward_sets(*self.layout.split(obs))
-
-    def forward_sets(self, features: th.Tensor, weights: th.Tensor, mask: th.Tensor) -> th.Tensor:
-        """Action (B, N + 1) for ``features`` (B, N, F), ``weights`` and ``mask`` (B, N + 1):
-        any number of assets N, not only the M slots of the training observation."""
-        return th.tanh(self.net(features, weights, mask)[..., 0])
 
     def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
         return self(observation)
@@ -128,10 +129,6 @@ class SharedSACActor(SharedActorBase):
     def action_log_prob(self, obs: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         """A reparametrized sample and its log-probability (B,), as SB3's SAC expects."""
         return self._sample(obs, deterministic=False)
-
-    def forward_sets(self, features: th.Tensor, weights: th.Tensor, mask: th.Tensor) -> th.Tensor:
-        """Deterministic action ``tanh(mean)`` (B, N + 1) for any number of assets N."""
-        return th.tanh(self.net(features, weights, mask)[..., 0])
 
     def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
         return self(observation, deterministic)
@@ -174,8 +171,14 @@ class SharedCritic(BaseModel):
 
 
 class SharedPolicyMixin:
-    """What both shared policies add to SB3's: the set-network sizes and their two builders."""
+    """What both shared policies add to SB3's: the set-network sizes and their two builders.
 
+    :param n_features: features per asset ``F`` in the flat observation (checked against it)
+    :param hidden: width of every hidden layer of the set networks
+    :param center_assets: centre the asset scores over live assets (``SharedActorNet``)
+    """
+
+    actor_class: type[SharedTD3Actor | SharedSACActor]
     n_features: int
     hidden: int
     center_assets: bool
@@ -187,10 +190,19 @@ class SharedPolicyMixin:
     training: bool
     device: th.device
 
-    def _set_sizes(
-        self, n_features: int, hidden: int, center_assets: bool, kwargs: dict[str, Any]
+    def __init__(
+        self,
+        observation_space: spaces.Space[Any],
+        action_space: spaces.Box,
+        lr_schedule: Schedule,
+        n_features: int,
+        hidden: int = 64,
+        center_assets: bool = False,
+        **kwargs: Any,
     ) -> None:
-        """Before SB3's ``__init__`` (which builds the networks): remember the sizes."""
+        """Remember the sizes before SB3's ``__init__``, which builds the networks."""
+        if kwargs.get("use_sde"):
+            raise ValueError("the shared policies do not support gSDE (use_sde)")
         if kwargs.get("share_features_extractor"):
             raise ValueError("the shared policy has no features extractor to share")
         if hidden < 1:
@@ -205,6 +217,7 @@ class SharedPolicyMixin:
             # One fused kernel per parameter instead of a dozen operator calls per parameter
             # (the default on CPU): Adam was about a tenth of a gradient step.
             kwargs["optimizer_kwargs"] = {"fused": True}
+        super().__init__(observation_space, action_space, lr_schedule, **kwargs)  # type: ignore[call-arg]
 
     def _net_kwargs(self) -> dict[str, Any]:
         return {
@@ -216,7 +229,8 @@ class SharedPolicyMixin:
             "normalize_images": self.normalize_images,
         }
 
-    def _shared_constructor_parameters(self, data: dict[str, Any]) -> dict[str, Any]:
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data: dict[str, Any] = super()._get_constructor_parameters()  # type: ignore[misc]
         data.update(
             n_features=self.n_features, hidden=self.hidden, center_assets=self.center_assets
         )
@@ -231,72 +245,24 @@ class SharedPolicyMixin:
             return
         super().set_training_mode(mode)  # type: ignore[misc]
 
+    def make_actor(self, features_extractor: Any = None) -> SharedTD3Actor | SharedSACActor:
+        actor = self.actor_class(**self._net_kwargs(), center_assets=self.center_assets)
+        return actor.to(self.device)
+
     def make_critic(self, features_extractor: Any = None) -> SharedCritic:
         critic = SharedCritic(**self._net_kwargs(), n_critics=self.critic_kwargs["n_critics"])
         return critic.to(self.device)
 
 
-# The mixin's make_critic returns a SharedCritic: SB3 uses it through ContinuousCritic's
-# interface, it is not one by class.
+# The mixin's make_actor and make_critic return the shared networks: SB3 uses them through
+# its Actor's and ContinuousCritic's interfaces, they are not those by class.
 class SharedTD3Policy(SharedPolicyMixin, TD3Policy):  # type: ignore[misc]
-    """TD3 policy with the per-asset shared actor and twin critics (see the module docstring).
+    """TD3 policy with the per-asset shared actor and twin critics (see the module docstring)."""
 
-    :param n_features: features per asset ``F`` in the flat observation (checked against it)
-    :param hidden: width of every hidden layer of the set networks
-    :param center_assets: centre the asset scores over live assets (``SharedActorNet``)
-    """
-
-    def __init__(
-        self,
-        observation_space: spaces.Space[Any],
-        action_space: spaces.Box,
-        lr_schedule: Schedule,
-        n_features: int,
-        hidden: int = 64,
-        center_assets: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        self._set_sizes(n_features, hidden, center_assets, kwargs)
-        super().__init__(observation_space, action_space, lr_schedule, **kwargs)
-
-    def make_actor(self, features_extractor: Any = None) -> SharedTD3Actor:  # type: ignore[override]
-        return SharedTD3Actor(**self._net_kwargs(), center_assets=self.center_assets).to(
-            self.device
-        )
-
-    def _get_constructor_parameters(self) -> dict[str, Any]:
-        return self._shared_constructor_parameters(super()._get_constructor_parameters())
+    actor_class = SharedTD3Actor
 
 
-# The mixin's make_critic returns a SharedCritic: SB3 uses it through ContinuousCritic's
-# interface, it is not one by class.
 class SharedSACPolicy(SharedPolicyMixin, SACPolicy):  # type: ignore[misc]
-    """SAC policy with the per-asset shared actor and twin critics (see the module docstring).
+    """SAC policy with the per-asset shared actor and twin critics (see the module docstring)."""
 
-    :param n_features: features per asset ``F`` in the flat observation (checked against it)
-    :param hidden: width of every hidden layer of the set networks
-    :param center_assets: centre the asset scores over live assets (``SharedActorNet``)
-    """
-
-    def __init__(
-        self,
-        observation_space: spaces.Space[Any],
-        action_space: spaces.Box,
-        lr_schedule: Schedule,
-        n_features: int,
-        hidden: int = 64,
-        center_assets: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        if kwargs.get("use_sde"):
-            raise ValueError("the shared SAC policy does not support gSDE (use_sde)")
-        self._set_sizes(n_features, hidden, center_assets, kwargs)
-        super().__init__(observation_space, action_space, lr_schedule, **kwargs)
-
-    def make_actor(self, features_extractor: Any = None) -> SharedSACActor:  # type: ignore[override]
-        return SharedSACActor(**self._net_kwargs(), center_assets=self.center_assets).to(
-            self.device
-        )
-
-    def _get_constructor_parameters(self) -> dict[str, Any]:
-        return self._shared_constructor_parameters(super()._get_constructor_parameters())
+    actor_class = SharedSACActor

@@ -18,6 +18,7 @@ import numpy as np
 import torch as th
 from numpy.typing import NDArray
 from stable_baselines3.common.base_class import BaseAlgorithm
+from torch import nn
 
 from allocator.portfolio import FeatureSpec, assemble_observation
 from allocator.trainer.agents.algorithms import ALGORITHMS
@@ -198,19 +199,17 @@ def _widened_probes(spec: FeatureSpec, max_assets: int) -> tuple[Obs, Obs, int]:
     return obs_old, obs_new, len(masks)
 
 
-def _compare_actors(
-    old: BaseAlgorithm, new: BaseAlgorithm, obs_old: Obs, obs_new: Obs, n_act: int
-) -> tuple[float, float, Array]:
-    """Canonical max |diff| of the old slots' actions (actor and TD3's target actor), largest
-    |action| of a new slot, and the old actor's canonical actions."""
-    canonical, new_slots, ref = 0.0, 0.0, {}
-    new_actors = actor_layers(new)
-    for name, layers in actor_layers(old).items():
-        ref[name] = canonical_forward(layers, obs_old)
-        a_new = canonical_forward(new_actors[name], obs_new)
-        canonical = max(canonical, _max_abs(ref[name], a_new[:, :n_act]))
-        new_slots = max(new_slots, float(np.max(np.abs(a_new[:, n_act:]))))
-    return canonical, new_slots, ref["actor"]
+def _canonical_pairs(
+    old: dict[str, list[nn.Module]],
+    new: dict[str, list[nn.Module]],
+    x_old: NDArray[np.floating[Any]],
+    x_new: NDArray[np.floating[Any]],
+) -> dict[str, tuple[Array, Array]]:
+    """Each network's canonical outputs, old on ``x_old`` and widened on ``x_new``."""
+    return {
+        name: (canonical_forward(layers, x_old), canonical_forward(new[name], x_new))
+        for name, layers in old.items()
+    }
 
 
 def _probe_actions(n: int, n_act: int, max_assets: int, old_assets: int) -> tuple[Array, Array]:
@@ -219,19 +218,6 @@ def _probe_actions(n: int, n_act: int, max_assets: int, old_assets: int) -> tupl
     act_old = rng.uniform(-1, 1, (n, n_act))
     act_new = np.concatenate([act_old, rng.uniform(-1, 1, (n, max_assets - old_assets))], axis=1)
     return act_old, act_new
-
-
-def _compare_critics(
-    old: BaseAlgorithm, new: BaseAlgorithm, obs: tuple[Obs, Obs], acts: tuple[Array, Array]
-) -> float:
-    """Canonical max |diff| of every Q network (critics and their targets), old vs widened."""
-    critic = 0.0
-    new_critics = critic_layers(new)
-    for name, layers in critic_layers(old).items():
-        q_old = canonical_forward(layers, np.concatenate([obs[0], acts[0]], axis=1))
-        q_new = canonical_forward(new_critics[name], np.concatenate([obs[1], acts[1]], axis=1))
-        critic = max(critic, _max_abs(q_old, q_new))
-    return critic
 
 
 def _widening_problems(report: ProbeReport, consistency: float) -> list[str]:
@@ -261,14 +247,19 @@ def check_widened(
     obs_old, obs_new, masks = _widened_probes(spec, max_assets)
     old, new = load_model(algorithm, before / MODEL_FILE), load_model(algorithm, after / MODEL_FILE)
     n_act = spec.n_slots
-    canonical, new_slots, reference = _compare_actors(old, new, obs_old, obs_new, n_act)
+    # The old slots' actions (actor and TD3's target actor), and the new slots' (0 by design).
+    actors = _canonical_pairs(actor_layers(old), actor_layers(new), obs_old, obs_new)
+    canonical = max(_max_abs(a, b[:, :n_act]) for a, b in actors.values())
+    new_slots = max(float(np.max(np.abs(b[:, n_act:]))) for _, b in actors.values())
     f32_old = old.predict(obs_old, deterministic=True)[0]
     f32_new = new.predict(obs_new, deterministic=True)[0]
     float32 = _max_abs(f32_old, f32_new[:, :n_act])
-    consistency = _max_abs(reference, f32_old)
+    consistency = _max_abs(actors["actor"][0], f32_old)
 
     acts = _probe_actions(len(obs_old), n_act, max_assets, spec.max_assets)
-    critic = _compare_critics(old, new, (obs_old, obs_new), acts)
+    x_old, x_new = np.concatenate([obs_old, acts[0]], 1), np.concatenate([obs_new, acts[1]], 1)
+    critics = _canonical_pairs(critic_layers(old), critic_layers(new), x_old, x_new)
+    critic = max(_max_abs(a, b) for a, b in critics.values())  # critics and their targets
     icm = None
     if (before / ICM_FILE).is_file():
         icm = _check_icm(before / ICM_FILE, after / ICM_FILE, (obs_old, obs_new), acts, n_act)

@@ -24,7 +24,6 @@ from allocator.artifacts.manifest import (
     verify_checksums,
     write_manifest,
 )
-from allocator.portfolio import FeatureSpec
 from allocator.trainer.checkpoints.errors import CheckpointUpgradeError
 from allocator.trainer.checkpoints.probes import ProbeReport, check_same_actions, check_widened
 from allocator.trainer.checkpoints.versions import STEPS, detect_version
@@ -74,11 +73,6 @@ def current_max_assets(run_dir: Path, version: int) -> int:
         return load_config(run_dir / CONFIG_FILE).env.max_assets
     except ConfigError as exc:
         raise CheckpointUpgradeError(str(exc)) from exc
-
-
-def _spec(manifest: Manifest) -> FeatureSpec:
-    """The flat observation layout a manifest records (features per slot as ``window``)."""
-    return manifest.feature_spec.layout
 
 
 def is_shared(run_dir: Path, version: int) -> bool:
@@ -148,7 +142,8 @@ def _apply_and_check(
     for step in range(version, to_version):
         STEPS[step](d, at)
     manifest = read_manifest(d)
-    algorithm, spec = manifest.algorithm, _spec(manifest)
+    # The flat observation layout the manifest records (features per slot as ``window``).
+    algorithm, spec = manifest.algorithm, manifest.feature_spec.layout
     if not (d / MODEL_FILE).is_file():  # an exported version: only its manifest changed
         return manifest, ProbeReport(observations=0, masks=0, float32_max_diff=0.0)
     if widen_to is not None:

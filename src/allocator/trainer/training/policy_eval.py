@@ -108,10 +108,3 @@ def excess_over(
         [validation[agent_name].returns, validation[benchmark].returns], axis=1, join="inner"
     )
     return excess_sharpe_interval(days.iloc[:, 0], days.iloc[:, 1], seed=seed)
-
-
-def excess_over_equal_weight(
-    validation: dict[str, BacktestResult], agent_name: str, seed: int
-) -> ExcessSharpe:
-    """The agent's excess Sharpe over equal weight, the bar it must clear net of costs."""
-    return excess_over(validation, agent_name, "equal-weight", seed)

@@ -65,7 +65,6 @@ from allocator.trainer.training.host import host_info
 from allocator.trainer.training.inputs import TrainingData, make_env, prepare_data
 from allocator.trainer.training.policy_eval import (
     excess_over,
-    excess_over_equal_weight,
     validate_policy,
 )
 from allocator.trainer.training.run_dir import (
@@ -343,22 +342,30 @@ class TrainingSession:
             checkpoint = write_checkpoint(self.run_dir, model, self.checkpoint_state())
             raise TrainingStoppedError(self.run_dir, int(model.num_timesteps), checkpoint)
 
+    def complete(
+        self, callbacks: Sequence[BaseCallback] = (), stop: threading.Event | None = None
+    ) -> TrainingRun:
+        """``learn`` to the end, ``callbacks`` joining the run's own, then ``finish``; a run
+        that raises is marked so in MLflow."""
+        self.callbacks.extend(callbacks)
+        with ended_on_error(self.tracked):
+            self.learn(stop=stop)
+            return self.finish()
+
     def _keep_models(self) -> BaseAlgorithm:
         """Save the model(s); with selection, ``model.zip`` is the best and is what returns."""
         model, run_dir, selection = self.model, self.run_dir, self.selection
         icm = getattr(model, "icm", None)
+        saved = (MODEL_FILE, ICM_FILE) if selection is None else (LAST_MODEL_FILE, LAST_ICM_FILE)
+        model.save(run_dir / saved[0])
+        if icm is not None:
+            icm.save(run_dir / saved[1])
         if selection is None:
-            model.save(run_dir / MODEL_FILE)
-            if icm is not None:
-                icm.save(run_dir / ICM_FILE)
             return model
-        model.save(run_dir / LAST_MODEL_FILE)
+        kept = (BEST_MODEL_FILE, BEST_ICM_FILE) if selection.state.best_step is not None else saved
+        _copy(run_dir / kept[0], run_dir / MODEL_FILE)
         if icm is not None:
-            icm.save(run_dir / LAST_ICM_FILE)
-        best = selection.state.best_step is not None
-        _copy(run_dir / (BEST_MODEL_FILE if best else LAST_MODEL_FILE), run_dir / MODEL_FILE)
-        if icm is not None:
-            _copy(run_dir / (BEST_ICM_FILE if best else LAST_ICM_FILE), run_dir / ICM_FILE)
+            _copy(run_dir / kept[1], run_dir / ICM_FILE)
         chosen = type(model).load(run_dir / MODEL_FILE, device=model.device)
         chosen_icm = getattr(chosen, "icm", None)
         if chosen_icm is not None:
@@ -437,27 +444,27 @@ def write_validation(
     actions: np.ndarray,
 ) -> dict[str, Any]:
     """validation.json, its PNGs and report.html, the validation path's audits; returns metrics."""
-    agent = validation[config.algorithm.name]
+    algorithm = config.algorithm.name
+    agent = validation[algorithm]
     write_audits(run_dir, config, data.fit, data.stats, agent, actions)
     metrics = {name: res.metrics() for name, res in validation.items()}
     payload: dict[str, Any] = {
         "period": [config.data.validation_start, config.data.validation_end],
         "assets": agent.settings["assets"],
         "metrics": metrics,
-        "excess_sharpe_vs_equal_weight": excess_over_equal_weight(
-            validation, config.algorithm.name, config.seed
-        ).to_dict(),
     }
-    if ANCHOR in validation:
-        payload["excess_sharpe_vs_anchor"] = excess_over(
-            validation, config.algorithm.name, ANCHOR, config.seed
-        ).to_dict()
+    # Equal weight is the bar a policy must clear net of costs; a tilt policy's anchor is what
+    # it holds at a zero action, so beating it is what the learning adds.
+    for key, benchmark in (("equal_weight", "equal-weight"), ("anchor", ANCHOR)):
+        if benchmark in validation:
+            excess = excess_over(validation, algorithm, benchmark, config.seed)
+            payload[f"excess_sharpe_vs_{key}"] = excess.to_dict()
     payload["allocation"] = agent.allocation_summary()
     write_json(run_dir / VALIDATION_FILE, payload)
     plot_performance(validation, run_dir / "validation.png")
     plot_allocations(agent, run_dir / "validation_allocations.png")
     if config.html_report:
-        write_backtest_report(run_dir / REPORT_FILE, validation, config.algorithm.name)
+        write_backtest_report(run_dir / REPORT_FILE, validation, algorithm)
     return metrics
 
 
@@ -472,11 +479,7 @@ def train(
     ``callbacks`` join the run's own (a caller watching the steps: walk-forward progress).
     ``stop`` set while it learns ends the run at a checkpoint (``TrainingStoppedError``).
     """
-    session = TrainingSession.start(config, run_dir)
-    session.callbacks.extend(callbacks)
-    with ended_on_error(session.tracked):
-        session.learn(stop=stop)
-        return session.finish()
+    return TrainingSession.start(config, run_dir).complete(callbacks, stop)
 
 
 def resume(
@@ -486,8 +489,4 @@ def resume(
     callbacks: Sequence[BaseCallback] = (),
 ) -> TrainingRun:
     """Continue a run that did not finish from its last checkpoint, to ``total_timesteps``."""
-    session = TrainingSession.resume(run_dir, config)
-    session.callbacks.extend(callbacks)
-    with ended_on_error(session.tracked):
-        session.learn(stop=stop)
-        return session.finish()
+    return TrainingSession.resume(run_dir, config).complete(callbacks, stop)

@@ -61,11 +61,6 @@ RULE = (
 )
 
 
-def is_collapsed(near_bound_ratio: float) -> bool:
-    """The collapse rule (module docstring) on a near-bound share of live action values."""
-    return bool(near_bound_ratio >= COLLAPSE_SHARE)
-
-
 @dataclass(frozen=True)
 class Saturation:
     """One measurement of the actor on the probe set."""
@@ -139,7 +134,7 @@ class SaturationProbe:
             near_bound_ratio=ratio,
             near_bound_ratio_per_dim=audit["near_bound_ratio_per_dim"],
             mean_kappa=float(audit["mean_kappa"]),
-            collapsed=is_collapsed(ratio),
+            collapsed=ratio >= COLLAPSE_SHARE,  # the collapse rule (module docstring)
         )
 
 
@@ -261,11 +256,5 @@ def collapse_message(state: WatchState) -> str:
 
 def collapse_warnings(summary: dict[str, Any]) -> list[str]:
     """The warning lines of a run's ``run.json`` (watch and selection), for the CLI to print."""
-    lines = []
-    watch = summary.get("saturation_watch") or {}
-    if "warning" in watch:
-        lines.append(str(watch["warning"]))
-    selection = summary.get("selection") or {}
-    if "warning" in selection:
-        lines.append(str(selection["warning"]))
-    return lines
+    parts = (summary.get("saturation_watch") or {}, summary.get("selection") or {})
+    return [str(part["warning"]) for part in parts if "warning" in part]

@@ -226,25 +226,25 @@ class SelectionCallback(BaseCallback):
         n = len(state.evaluations)
         collapsed = sum(bool(e.get("collapsed")) for e in state.evaluations)
         span = f"{self.split.inner_start}..{self.split.inner_end}"
-        warning = None
-        if state.best_step is None and n and collapsed == n:
-            reason = (
-                f"the actor was collapsed at all {n} evaluations on {span}, so none was "
-                "eligible: kept the last model"
-            )
-            warning = f"WARNING: selection kept no checkpoint: {reason}"
-        elif state.best_step is None:
-            reason = f"no finite inner {s.metric} in {n} evaluations on {span}: kept the last model"
-            if collapsed:
-                reason += f" ({collapsed} of them ineligible, the actor collapsed)"
-                warning = f"WARNING: selection kept no checkpoint: {reason}"
-        else:
+        if state.best_step is not None:
             reason = (
                 f"step {state.best_step} had the highest inner {s.metric} "
                 f"({state.best_score:.4g}) of {n} evaluations on {span}"
             )
             if collapsed:
                 reason += f"; {collapsed} collapsed evaluation(s) were ineligible"
+        elif n and collapsed == n:
+            reason = (
+                f"the actor was collapsed at all {n} evaluations on {span}, so none was "
+                "eligible: kept the last model"
+            )
+        else:
+            reason = f"no finite inner {s.metric} in {n} evaluations on {span}: kept the last model"
+            if collapsed:
+                reason += f" ({collapsed} of them ineligible, the actor collapsed)"
+        warning = None
+        if state.best_step is None and collapsed:  # the last model kept, for want of a sane one
+            warning = f"WARNING: selection kept no checkpoint: {reason}"
         if state.stopped_early:
             reason += (
                 f"; training stopped at step {last_step}, {s.patience} evaluation(s) "

@@ -207,25 +207,23 @@ def read_tracking(run_dir: Path) -> dict[str, str] | None:
 def open_run(config: TrainConfig, run_dir: Path, resumed: bool) -> TrackedRun | None:
     """The MLflow run of a training session: None untracked, the run's own when it resumes,
     else a new one named after the run directory, with the flattened config as parameters."""
-    if not config.tracking.enabled:
-        return None
-    if resumed:
-        reopened = TrackedRun.reopen(config.tracking, run_dir)
-        if reopened is not None:
-            return reopened
-    run = TrackedRun.start(config.tracking, run_dir, Path(run_dir).name)
-    run.log_params(flatten(config.model_dump(mode="json")))
-    return run
+    params = config.model_dump(mode="json")
+    return open_job_run(config.tracking, run_dir, Path(run_dir).name, params, reopen=resumed)
 
 
 def open_job_run(
-    settings: TrackingSettings, out_dir: Path, name: str, params: Mapping[str, Any]
+    settings: TrackingSettings,
+    out_dir: Path,
+    name: str,
+    params: Mapping[str, Any],
+    reopen: bool = True,
 ) -> TrackedRun | None:
     """A batch job's own MLflow run (walk-forward, tuning), whose windows or trials nest under
-    it: None untracked, the run ``out_dir`` names when the job resumes, else a new one."""
+    it: None untracked, the run ``out_dir`` names when the job resumes (``reopen``), else a
+    new one."""
     if not settings.enabled:
         return None
-    reopened = TrackedRun.reopen(settings, out_dir)
+    reopened = TrackedRun.reopen(settings, out_dir) if reopen else None
     if reopened is not None:
         return reopened
     run = TrackedRun.start(settings, out_dir, name)
