@@ -1,8 +1,4 @@
-"""``allocator checkpoint``: inspect run directories and upgrade them to the current schema.
-
-The manifest models (pydantic) and the checkpoint upgrade (torch) are imported inside the
-commands, so ``allocator --help`` stays instant.
-"""
+"""``allocator checkpoint``: inspect run directories and upgrade them to the current schema."""
 
 from __future__ import annotations
 

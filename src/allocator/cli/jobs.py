@@ -1,12 +1,8 @@
 """``allocator retrain``, ``allocator walk-forward`` and ``allocator tune``: the batch jobs.
 
-Each reads a job YAML (``--config``, adjusted by ``--set``) and exit 0 when the job reached its
-result, 2 on a bad config or data, 1 when it could not finish. ``allocator walk-forward
---resume RUN_DIR`` finishes a walk-forward run that was killed, ``allocator walk-forward status
-RUN_DIR`` shows how far one is, and ``allocator walk-forward stats RUN_DIR`` computes the
-intervals and tests of a finished one. SIGTERM stops a walk-forward or a study as Ctrl-C does
-(exit 143): what finished is kept and said. The jobs (torch, sqlalchemy, onnxruntime, arch) are
-imported inside the commands, so ``allocator --help`` stays instant.
+Each reads a job YAML (``--config``, adjusted by ``--set``) and exits 0 when the job reached its
+result, 2 on a bad config or data, 1 when it could not finish. SIGTERM stops a walk-forward or
+a study as Ctrl-C does (exit 143): what finished is kept and said.
 """
 
 from __future__ import annotations
@@ -68,14 +64,11 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     except (ConfigError, DataError, MissingExtraError) as exc:
         fail(str(exc))
     except TrainingStoppedError as exc:
-        click.echo(f"error: retraining stopped at step {exc.step}, production unchanged", err=True)
-        sys.exit(ask.exit_code)
+        fail(f"retraining stopped at step {exc.step}, production unchanged", ask.exit_code)
     except KeyboardInterrupt as exc:  # a second signal
-        click.echo(f"error: retraining stopped at once ({exc or 'interrupted'})", err=True)
-        sys.exit(interrupted_exit_code(exc))
+        fail(f"retraining stopped at once ({exc or 'interrupted'})", interrupted_exit_code(exc))
     except (RetrainError, ExportError, ModelLoadError, ManifestError, OSError) as exc:
-        click.echo(f"error: retraining failed, production unchanged: {exc}", err=True)
-        sys.exit(1)
+        fail(f"retraining failed, production unchanged: {exc}", 1)
     click.echo("")
     click.echo(decision.summary())
     if decision.push_error:
@@ -232,8 +225,7 @@ def run_walk_forward_command(
     if "html" in result.files:
         click.echo(f"html:    {result.files['html']}")
     if result.push_error:
-        click.echo(f"error: {result.push_error}", err=True)
-        sys.exit(1)
+        fail(str(result.push_error), 1)
 
 
 @walk_forward.command("status")
@@ -330,8 +322,7 @@ def walk_forward_stats(
     except (ConfigError, DataError, ValueError) as exc:
         fail(str(exc))
     except (WalkForwardError, ModelLoadError, OSError) as exc:
-        click.echo(f"error: cannot rebuild the daily returns of {run_dir}: {exc}", err=True)
-        sys.exit(1)
+        fail(f"cannot rebuild the daily returns of {run_dir}: {exc}", 1)
     stats = run_statistics(frame, settings, tried)
     if not as_json:
         click.echo(f"daily returns: {source}")
@@ -430,8 +421,7 @@ def tune(
         )
         sys.exit(interrupted_exit_code(exc))
     except (TuneError, OSError) as exc:
-        click.echo(f"error: tuning failed: {exc}", err=True)
-        sys.exit(1)
+        fail(f"tuning failed: {exc}", 1)
     summary = result.summary
     states = ", ".join(f"{n} {s.lower()}" for s, n in summary["states"].items())
     click.echo(
@@ -444,8 +434,7 @@ def tune(
     click.echo(f"summary: {result.files['summary']}")
     best = result.best
     if best is None:
-        click.echo("error: no trial completed; nothing to keep", err=True)
-        sys.exit(1)
+        fail("no trial completed; nothing to keep", 1)
     click.echo(f"best: trial {best['number']}, inner score {best['value']:.4g}")
     for key, value in best["params"].items():
         click.echo(f"  {key} = {value}")

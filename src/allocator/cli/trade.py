@@ -1,9 +1,7 @@
 """``allocator trade``: paper accounts, one trading cycle, a replay of bars, and the status.
 
-Every failure a cycle can meet (unknown account, stale bar, missing price, halted account,
-broker rejection, server down) exits 1 with the reason on stderr; bad options exit 2. The trade
-database is the one ``allocator db upgrade`` migrates (``--database-url``, else
-``$DATABASE_URL``, else the embedded SQLite file).
+Every failure a cycle can meet (stale bar, missing price, halted account, broker rejection,
+server down) exits 1 with the reason on stderr; bad options exit 2.
 """
 
 from __future__ import annotations
@@ -21,7 +19,9 @@ import click
 from allocator.cli.options import database_url_option, emit_json, fail, json_options
 
 
-def parse_date(value: str, option: str) -> dt.date:
+def parse_date(value: str | None, option: str) -> dt.date | None:
+    if not value:
+        return None
     try:
         return dt.date.fromisoformat(value)
     except ValueError:
@@ -258,8 +258,7 @@ def cycle_parts(
             else:
                 broker = PaperBroker(engine, cost_bps, slippage_bps=slippage_bps)
         except TradingError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+            fail(str(exc), 1)
         except ValueError as exc:
             fail(str(exc))
         with AllocatorClient(server, token=token) as client:
@@ -342,8 +341,7 @@ def run(
     from allocator.trading.bars import bar_dates
     from allocator.trading.book import last_traded
 
-    first = parse_date(start, "--start") if start else None
-    last = parse_date(end, "--end") if end else None
+    first, last = parse_date(start, "--start"), parse_date(end, "--end")
     with cycle_parts(database_url, account_name, server, token_file, slippage_bps) as parts:
         engine, broker, client = parts
         with Session(engine) as session:
@@ -391,14 +389,11 @@ def replay_bars(
                 retries=Retries(attempts=attempts),
                 metrics=metrics,
             )
-        except MissingPriceError as exc:
-            if wait and result is None and "closes up to" in str(exc):
-                continue  # the model's window is not filled yet
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
         except TradingError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+            unfilled = isinstance(exc, MissingPriceError) and "closes up to" in str(exc)
+            if wait and result is None and unfilled:
+                continue  # the model's window is not filled yet
+            fail(str(exc), 1)
     return result
 
 
@@ -435,14 +430,12 @@ def compare(
     from allocator.trading.compare import compare_account
     from allocator.trading.errors import TradingError
 
-    first = parse_date(start, "--start") if start else None
-    last = parse_date(end, "--end") if end else None
+    first, last = parse_date(start, "--start"), parse_date(end, "--end")
     with trade_engine(database_url) as engine, pushed(engine, account_name, pushgateway_url) as m:
         try:
             report = compare_account(engine, account_name, Path(registry), first, last)
         except TradingError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+            fail(str(exc), 1)
         m.record_tracking(account_name, report.tracking_difference)
     if not as_json:
         click.echo(report.summary())
