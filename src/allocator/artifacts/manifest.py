@@ -350,17 +350,8 @@ def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for pkg in (
-        "allocator",
-        "numpy",
-        "torch",
-        "stable-baselines3",
-        "gymnasium",
-        "onnx",
-        "onnxruntime-gpu",
-        "skfolio",
-        "pandas",
-    ):
+    names = "allocator numpy torch stable-baselines3 gymnasium onnx onnxruntime-gpu skfolio pandas"
+    for pkg in names.split():
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -188,9 +189,15 @@ def run_walk_forward_command(
         run_dir = run_directory(config, out, label)
     else:
         run_dir = Path(resume_dir)
-    resume_hint = (
-        f"finished windows are kept: `allocator walk-forward --resume {run_dir}` continues the run"
-    )
+
+    def stopped(message: str, code: int) -> NoReturn:
+        if (run_dir / STATE_FILE).is_file():
+            message += (
+                f"\nfinished windows are kept: `allocator walk-forward --resume {run_dir}` "
+                "continues the run"
+            )
+        fail(message, code)
+
     try:
         with sigterm_stops():
             if resume_dir is None:
@@ -202,15 +209,9 @@ def run_walk_forward_command(
     except (ConfigError, DataError, WindowError, ResumeError, MissingExtraError) as exc:
         fail(str(exc))
     except KeyboardInterrupt as exc:  # the running windows' processes were ended on the way out
-        click.echo(f"error: walk-forward stopped ({exc or 'interrupted'})", err=True)
-        if (run_dir / STATE_FILE).is_file():
-            click.echo(resume_hint, err=True)
-        sys.exit(interrupted_exit_code(exc))
+        stopped(f"walk-forward stopped ({exc or 'interrupted'})", interrupted_exit_code(exc))
     except (WalkForwardError, ExportError, ModelLoadError, ManifestError, OSError) as exc:
-        click.echo(f"error: walk-forward failed: {exc}", err=True)
-        if (run_dir / STATE_FILE).is_file():
-            click.echo(resume_hint, err=True)
-        sys.exit(1)
+        stopped(f"walk-forward failed: {exc}", 1)
     config = result.config
     click.echo(f"{len(result.windows)} windows in {result.seconds:.1f} s ({config.executor})")
     click.echo(format_summary(result.summary))

@@ -83,11 +83,8 @@ def suite_run(
 
     extra = [f"trainer={recipe}"] if recipe else []
     extra += list(overrides)
-    for key, value in (("mode", mode), ("draws", draws), ("executor", executor)):
-        if value is not None:
-            extra.append(f"{key}={value}")
-    if workers is not None:
-        extra.append(f"workers={workers}")
+    settings = {"mode": mode, "draws": draws, "executor": executor, "workers": workers}
+    extra += [f"{key}={value}" for key, value in settings.items() if value is not None]
     if markets:
         extra.append(f"markets=[{markets}]")
     if steps is not None:

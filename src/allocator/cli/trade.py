@@ -469,14 +469,9 @@ def status(account_name: str | None, as_json: bool, database_url: str | None) ->
                 f"rejected orders {entry['rejected_orders']}"
             )
             for p in entry["positions"]:
-                click.echo(
-                    f"  {p['asset']}: {p['quantity']:.6g} (realized {p['realized_pnl']:,.2f}"
-                    + (
-                        ""
-                        if p["unrealized_pnl"] is None
-                        else f", unrealized {p['unrealized_pnl']:,.2f}"
-                    )
-                    + ")"
-                )
+                pnl = f"realized {p['realized_pnl']:,.2f}"
+                if p["unrealized_pnl"] is not None:
+                    pnl += f", unrealized {p['unrealized_pnl']:,.2f}"
+                click.echo(f"  {p['asset']}: {p['quantity']:.6g} ({pnl})")
     if any(entry["halted"] for entry in report):
         sys.exit(1)
