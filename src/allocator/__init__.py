@@ -1,14 +1,7 @@
 """Allocator: reinforcement-learning portfolio allocation, trained honestly and served fast.
 
-The public entry points are importable from here, each loaded on first use, so
-``import allocator`` stays instant and pulls in neither grpc nor torch, and a serving install
-without the training extras can still ``from allocator import AllocatorClient``:
-
-- asking a server: ``AllocatorClient``, ``AsyncAllocatorClient``, ``Allocation``,
-  ``AllocationRequest``, ``AllocatorError``, ``RetryPolicy`` (grpcio and numpy only);
-- settings: ``ConfigError``, ``TrainConfig``, ``load_config``;
-- the offline jobs (the ``train`` extra: torch, pandas): ``train``, ``export_run``,
-  ``run_backtest``, ``run_walk_forward``, ``run_suite``.
+The public names (``_LAZY``) load on first use: ``import allocator`` pulls in neither grpc nor
+torch, the client's names need grpcio and numpy only, the jobs' need the ``train`` extra.
 """
 
 from __future__ import annotations
@@ -38,28 +31,10 @@ _LAZY: dict[str, str] = {
     "run_walk_forward": "allocator.trainer.jobs.walk_forward.runner",
     "train": "allocator.trainer.training.run",
 }
-"""Public name -> the module that defines it, imported when the name is first asked for.
+"""Public name -> its defining module, imported on first use. No ``TYPE_CHECKING`` imports:
+import-linter counts those, and the root package would then reach torch through the trainer."""
 
-No ``if TYPE_CHECKING`` imports of them: the import-linter contracts count those, and the
-root package would then reach torch through the trainer."""
-
-__all__ = [
-    "Allocation",
-    "AllocationRequest",
-    "AllocatorClient",
-    "AllocatorError",
-    "AsyncAllocatorClient",
-    "ConfigError",
-    "RetryPolicy",
-    "TrainConfig",
-    "__version__",
-    "export_run",
-    "load_config",
-    "run_backtest",
-    "run_suite",
-    "run_walk_forward",
-    "train",
-]
+__all__ = ["__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

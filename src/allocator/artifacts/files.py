@@ -1,10 +1,8 @@
 """Durable file writes: the one place that knows how a write survives a crash.
 
-A plain ``write_text`` can leave a half-written file behind when the process or the machine
-dies mid-write, and a rename is only durable once the directory holding it is fsync'd (POSIX
-keeps directory entries in the directory's own data). So every file that a reader must see
-either whole or not at all is written to a temporary file in the same directory, fsync'd,
-renamed over the target (atomic on one file system), and then the directory is fsync'd.
+A file a reader must see whole or not at all is written to a temporary file in the same
+directory, fsync'd, renamed over the target (atomic on one file system), and then the directory
+is fsync'd: a rename is durable only once its directory's entries are.
 """
 
 from __future__ import annotations
@@ -16,14 +14,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-__all__ = [
-    "atomic_write_bytes",
-    "atomic_write_text",
-    "atomic_write_with",
-    "fsync_path",
-    "write_json",
-]
 
 DEFAULT_MODE = 0o644
 """Mode of atomically written files: ``mkstemp`` makes 0600, but other users (a server running
@@ -40,39 +30,15 @@ def fsync_path(path: str | Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, *, mode: int = DEFAULT_MODE) -> Path:
-    """Replace ``path`` with ``data`` so a reader sees the old file or the new one, never a mix.
+def atomic_write_with(
+    path: str | Path, write: Callable[[Path], object], *, mode: int = DEFAULT_MODE
+) -> Path:
+    """Replace ``path`` with the file ``write(tmp)`` creates, so a reader sees the old file or
+    the new one, never a mix.
 
-    The temporary file (``.STEM-XXXX.SUFFIX`` beside the target: hidden, so listings that skip
-    dot-names never see it) is removed on any failure.
-    """
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-", suffix=target.suffix)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_path(target.parent)
-    return target
-
-
-def atomic_write_text(path: str | Path, text: str, *, mode: int = DEFAULT_MODE) -> Path:
-    """``atomic_write_bytes`` of ``text`` encoded as UTF-8."""
-    return atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
-
-
-def atomic_write_with(path: str | Path, write: Callable[[Path], object]) -> Path:
-    """Replace ``path`` with the file ``write(tmp)`` creates at a temporary path beside it.
-
-    For writers that insist on a path of their own (SB3's ``save``, ``torch.save``,
-    ``shutil.copyfile``): the result is as atomic and durable as ``atomic_write_bytes``. The
-    temporary name keeps the target's suffix, so a writer that appends one leaves it alone.
+    The temporary ``.STEM-XXXX.SUFFIX`` beside the target is hidden from listings that skip
+    dot-names, keeps the suffix a writer might append (SB3's ``save``), and is removed on any
+    failure.
     """
     target = Path(path)
     fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-", suffix=target.suffix)
@@ -80,14 +46,23 @@ def atomic_write_with(path: str | Path, write: Callable[[Path], object]) -> Path
     tmp = Path(name)
     try:
         write(tmp)
-        os.chmod(tmp, DEFAULT_MODE)
-        fsync_path(tmp)
+        os.chmod(tmp, mode)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_path(target.parent)
     return target
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, *, mode: int = DEFAULT_MODE) -> Path:
+    return atomic_write_with(path, lambda tmp: tmp.write_bytes(data), mode=mode)
+
+
+def atomic_write_text(path: str | Path, text: str, *, mode: int = DEFAULT_MODE) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
 
 
 def _clean(obj: Any) -> Any:

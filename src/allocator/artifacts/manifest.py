@@ -1,21 +1,10 @@
-"""The versioned ``manifest.json`` that travels with every checkpoint and exported model.
+"""The versioned ``manifest.json`` beside every checkpoint and exported model: what runs a
+policy exactly as trained (features, normalization, action mapping, beta, costs) and the sha256
+of the files beside it. Torch-free: the server reads it too.
 
-It records everything needed to run a policy exactly as it was trained (feature spec,
-normalization, action mapping, smoothing beta, costs) and to trust the files beside it (sha256).
-Torch-free on purpose: the server reads it too.
-
-Schema 3 adds what a policy of the per-asset representation needs: the policy kind (``mlp``: one
-flat network over ``max_assets`` slots; ``shared``: one network applied to every asset, servable
-for any number of assets up to ``max_served_assets``), the per-asset feature set with its
-normalization, and the anchor-tilt mapping. A schema-2 manifest is read as schema 3 with the
-defaults, which are exactly what schema 2 meant (flat MLP, return window, affine mapping), so
-every existing run and registry keeps loading; ``allocator checkpoint migrate`` rewrites a run
-directory as schema 3. Version 1 (no manifest) must be migrated, never read silently.
-
-An exported seed ensemble (``allocator export RUN_DIR RUN_DIR ...``) lists its members in the
-optional ``ensemble`` field; a manifest without it is a single model, so the field needs no
-schema bump, and ``write_manifest`` leaves it out when it is empty so a single model's manifest
-reads exactly as before.
+A schema-2 manifest reads as schema 3 with the defaults, which are what schema 2 meant (flat
+MLP, return window, affine mapping); version 1 (no manifest) must be migrated. The optional
+``ensemble`` field needs no schema bump: a manifest without it is a single model.
 """
 
 from __future__ import annotations
@@ -66,11 +55,8 @@ MANIFEST_PROBLEMS = (MISSING_FILE, CHECKSUM_MISMATCH, BAD_MANIFEST, UNSUPPORTED_
 
 
 class ManifestError(ValueError):
-    """A manifest that is missing, unreadable, of another schema version, or does not match.
-
-    ``reason`` (one of ``MANIFEST_PROBLEMS``) says which, so the server can count refusals by
-    cause without parsing messages.
-    """
+    """A manifest that is missing, unreadable, of another schema version, or does not match;
+    ``reason`` (one of ``MANIFEST_PROBLEMS``) lets the server count refusals by cause."""
 
     def __init__(self, message: str, reason: str = BAD_MANIFEST) -> None:
         if reason not in MANIFEST_PROBLEMS:
@@ -80,14 +66,9 @@ class ManifestError(ValueError):
 
 
 class FeatureSpecInfo(StrictModel):
-    """How observations are built.
-
-    ``returns``: the ``window`` most recent daily log returns per slot (``portfolio.observation``).
-    ``asset_v1``: the per-asset feature set ``portfolio.AssetFeatureSpec`` (``window`` return
-    lags, the ``horizons`` sums, ranks and market means, ``vol_window`` volatility, drawdown);
-    ``features`` then lists its feature names in order. ``max_assets`` is the number of asset
-    slots the policy was trained with, either way.
-    """
+    """How observations are built: ``returns`` (``portfolio.observation``) or ``asset_v1``
+    (``portfolio.AssetFeatureSpec``, ``features`` listing its names in order). ``max_assets``:
+    the asset slots the policy was trained with."""
 
     kind: Literal["returns", "asset_v1"] = "returns"
     max_assets: int = Field(ge=1)
@@ -113,7 +94,6 @@ class FeatureSpecInfo(StrictModel):
 
     @classmethod
     def for_assets(cls, max_assets: int, spec: AssetFeatureSpec) -> FeatureSpecInfo:
-        """The record of a per-asset feature set used with ``max_assets`` training slots."""
         return cls(
             kind="asset_v1",
             max_assets=max_assets,
@@ -126,7 +106,7 @@ class FeatureSpecInfo(StrictModel):
         )
 
     def asset_spec(self) -> AssetFeatureSpec:
-        """The per-asset feature set (``asset_v1`` only) as the policy contract spells it."""
+        """The ``asset_v1`` feature set as the policy contract spells it."""
         if self.kind != "asset_v1" or self.horizons is None or self.vol_window is None:
             raise ValueError(f"feature set {self.kind!r} is not a per-asset feature set")
         return AssetFeatureSpec(
@@ -180,14 +160,9 @@ class FeatureNormalizationInfo(StrictModel):
 
 
 class PolicyInfo(StrictModel):
-    """Which network maps observations to actions.
-
-    ``mlp``: one flat network over the ``max_assets`` slots (the only kind before schema 3).
-    ``shared``: one network applied to every asset with a pooled context; it takes any number
-    of assets, so it is exported with a dynamic asset axis. ``hidden``: its width.
-    ``center_assets``: its asset scores are centred over live assets before the tanh (part of
-    the exported graph; recorded so an operator can tell two shared policies apart).
-    """
+    """``mlp``: one flat network over the ``max_assets`` slots; ``shared``: one network per
+    asset with a pooled context, exported with a dynamic asset axis. ``center_assets`` (part of
+    the graph) is recorded so an operator can tell two shared policies apart."""
 
     kind: Literal["mlp", "shared"] = "mlp"
     hidden: int | None = Field(None, ge=1)
@@ -231,12 +206,8 @@ class DataInfo(StrictModel):
 
 
 class EnsembleMember(StrictModel):
-    """One training run of a seed ensemble: where it came from and exactly which model it was.
-
-    Each member keeps the normalization statistics its own run fitted (on the same training
-    span, so usually equal, but nothing relies on it): the ensemble's graph applies each
-    member's to the shared raw input.
-    """
+    """One run of a seed ensemble, with the normalization its own run fitted: the graph
+    applies each member's to the shared raw input."""
 
     run_id: str
     run_dir: str = Field(description="the run directory at export, resolved")
@@ -249,15 +220,9 @@ class EnsembleMember(StrictModel):
 
 
 class EnsembleInfo(StrictModel):
-    """The members of an exported seed ensemble and how the graph combines them.
-
-    ``mean_action``: the graph's action is the mean of the members' deterministic actions, and
-    its other outputs (a flat model's weights) follow from that mean action exactly as from a
-    single model's, so an ensemble is served through the single-model interface. An ensemble
-    has no curiosity graph: the manifest's ``icm`` is empty whatever its members had. The
-    manifest's other run fields (``normalization``, ``seed``, ``library_versions``...) are its
-    first member's; the statistics the graph applies are each member's own, listed here.
-    """
+    """``mean_action``: the graph's action is the mean of the members' actions, its other
+    outputs follow from it as from a single model's, so an ensemble serves like one. It has no
+    curiosity graph; the manifest's other run fields are its first member's."""
 
     combine: Literal["mean_action"] = "mean_action"
     members: list[EnsembleMember] = Field(min_length=2)
@@ -315,41 +280,29 @@ class Manifest(StrictModel):
 
     @model_validator(mode="after")
     def _check_representation(self) -> Manifest:
-        fs, norm = self.feature_spec, self.feature_normalization
-        if fs.kind == "asset_v1":
-            if norm is None:
-                raise ValueError("the asset_v1 feature set needs feature_normalization")
-            if len(norm.mean) != fs.n_features:
+        members = self.ensemble.members if self.ensemble is not None else []
+        n = self.feature_spec.n_features
+        for where, norm in [
+            ("", self.feature_normalization),
+            *((f"ensemble member {i}: ", m.feature_normalization) for i, m in enumerate(members)),
+        ]:
+            if (norm is not None) != (self.feature_spec.kind == "asset_v1"):
                 raise ValueError(
-                    f"feature_normalization has {len(norm.mean)} features, the feature set "
-                    f"{fs.n_features}"
+                    f"{where}the asset_v1 feature set needs feature_normalization, "
+                    "and only it takes one"
                 )
-        elif norm is not None:
-            raise ValueError("feature_normalization belongs to the asset_v1 feature set")
+            if norm is not None and len(norm.mean) != n:
+                raise ValueError(
+                    f"{where}feature_normalization has {len(norm.mean)} features, the feature "
+                    f"set {n}"
+                )
         if (self.action_mapping == TILT_MAPPING) != (self.tilt is not None):
             raise ValueError(f"tilt settings are required with {TILT_MAPPING} and only with it")
         if self.policy.kind == "mlp" and self.max_served_assets is not None:
             raise ValueError("max_served_assets is for shared policies (an mlp serves max_assets)")
-        if self.ensemble is not None:
-            self._check_ensemble(self.ensemble)
-        return self
-
-    def _check_ensemble(self, ensemble: EnsembleInfo) -> None:
-        """Every member carries the statistics its feature set needs, and no curiosity."""
-        if self.icm is not None:
+        if members and self.icm is not None:
             raise ValueError("an ensemble has no curiosity graph: icm must be empty")
-        for i, member in enumerate(ensemble.members):
-            norm = member.feature_normalization
-            if (norm is not None) != (self.feature_spec.kind == "asset_v1"):
-                raise ValueError(
-                    f"ensemble member {i}: feature_normalization belongs to, and only to, "
-                    "the asset_v1 feature set"
-                )
-            if norm is not None and len(norm.mean) != self.feature_spec.n_features:
-                raise ValueError(
-                    f"ensemble member {i}: feature_normalization has {len(norm.mean)} "
-                    f"features, the feature set {self.feature_spec.n_features}"
-                )
+        return self
 
     @property
     def max_assets(self) -> int:
@@ -357,8 +310,7 @@ class Manifest(StrictModel):
 
     @property
     def served_asset_limit(self) -> int:
-        """The most assets one request may carry: ``max_served_assets`` for a shared policy,
-        the trained slots for a flat MLP."""
+        """Most assets per request: ``max_served_assets`` (shared) or the trained slots (mlp)."""
         if self.policy.kind == "shared" and self.max_served_assets is not None:
             return self.max_served_assets
         return self.feature_spec.max_assets
@@ -398,17 +350,8 @@ def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for pkg in (
-        "allocator",
-        "numpy",
-        "torch",
-        "stable-baselines3",
-        "gymnasium",
-        "onnx",
-        "onnxruntime-gpu",
-        "skfolio",
-        "pandas",
-    ):
+    names = "allocator numpy torch stable-baselines3 gymnasium onnx onnxruntime-gpu skfolio pandas"
+    for pkg in names.split():
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -433,12 +376,8 @@ def read_raw(directory: str | Path) -> dict[str, Any]:
 
 
 def read_manifest(directory: str | Path) -> Manifest:
-    """Read and validate a manifest of a readable schema version.
-
-    Schema 2 validates into the schema-3 model with the defaults (flat MLP, return window,
-    affine mapping: what it meant) and keeps its ``schema_version`` 2, so callers can tell it
-    from a migrated one. Version 1 and unknown versions must be migrated (or are refused).
-    """
+    """Read and validate a manifest; schema 2 keeps its ``schema_version`` so callers can tell
+    it from a migrated one."""
     path = Path(directory) / MANIFEST_FILE
     raw = read_raw(directory)
     version = raw.get("schema_version")
@@ -449,7 +388,6 @@ def read_manifest(directory: str | Path) -> Manifest:
             f"`allocator checkpoint migrate {Path(directory)}`",
             UNSUPPORTED_FORMAT,
         )
-
     try:
         return Manifest.model_validate(raw)
     except ValidationError as exc:
@@ -459,11 +397,8 @@ def read_manifest(directory: str | Path) -> Manifest:
 
 
 def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
-    """Write ``manifest.json`` atomically (see ``artifacts.files.atomic_write_text``).
-
-    An empty ``ensemble`` is left out: a single model's manifest stays what it was before the
-    field existed.
-    """
+    """Write ``manifest.json`` atomically; an empty ``ensemble`` is left out, so a single
+    model's manifest has no such key."""
     data = manifest.model_dump(mode="json")
     if data.get("ensemble") is None:
         data.pop("ensemble", None)

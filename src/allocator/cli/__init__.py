@@ -1,11 +1,8 @@
-"""The ``allocator`` command line: one entry point, a subcommand per job.
+"""The ``allocator`` command line: one entry point, a command group per module.
 
-Each command group lives in its own module (``data``, ``backtest``, ``train``, ``checkpoint``,
-``export``, ``demo``, ``serve``, ``db``, ``jobs``, ``suite``, ``trade``); options several
-commands share are declared once in :mod:`allocator.cli.options`. Heavy libraries (pandas,
-torch, onnxruntime, sqlalchemy) are imported inside the commands that need them, so
-``allocator --help`` is instant and a serving install without the training extras still runs
-the commands it has.
+Heavy libraries (pandas, torch, onnxruntime, sqlalchemy) are imported inside the commands that
+need them, so ``allocator --help`` is instant and a serving install without the training extras
+still runs the commands it has.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""``allocator backtest``: run a policy through the environment's mechanics.
-
-The trainer's simulation (pandas) and plots (matplotlib) are imported inside the command, so
-``allocator --help`` stays instant.
-"""
+"""``allocator backtest``: run a policy through the environment's mechanics."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""``allocator checkpoint``: inspect run directories and upgrade them to the current schema.
-
-The manifest models (pydantic) and the checkpoint upgrade (torch) are imported inside the
-commands, so ``allocator --help`` stays instant.
-"""
+"""``allocator checkpoint``: inspect run directories and upgrade them to the current schema."""
 
 from __future__ import annotations
 
@@ -29,13 +25,8 @@ def checkpoint_inspect(run_dir: str, as_json: bool) -> None:
 
     try:
         manifest = read_manifest(run_dir)
-    except ManifestError as exc:
-        fail(str(exc))
-    if as_json:
-        click.echo(json.dumps(manifest.model_dump(mode="json"), indent=2))
-    else:
-        click.echo(describe(manifest))
-    try:
+        dump = json.dumps(manifest.model_dump(mode="json"), indent=2)
+        click.echo(dump if as_json else describe(manifest))
         verify_checksums(run_dir, manifest)
     except ManifestError as exc:
         fail(str(exc))

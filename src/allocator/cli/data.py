@@ -1,7 +1,4 @@
-"""``allocator data``: inspect, validate and ingest market data.
-
-pandas is imported inside each command (it loads the data), so ``allocator --help`` stays instant.
-"""
+"""``allocator data``: inspect, validate and ingest market data."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""``allocator db``: migrate the trade database with the packaged alembic migrations.
-
-The alembic configuration comes from :mod:`allocator.recording.migrations` (the one place that
-finds the migrations and binds them to a URL); alembic itself (with sqlalchemy) is imported inside
-the commands, so ``allocator --help`` stays instant.
-"""
+"""``allocator db``: migrate the trade database with the packaged alembic migrations."""
 
 from __future__ import annotations
 
@@ -21,9 +16,7 @@ def db() -> None:
 
 
 def bound_config(database_url: str | None) -> Any:
-    """The migrations' alembic ``Config`` for ``database_url``; exit 2 when they are missing.
-
-    alembic writes to the ``sys.stdout`` in use when the command runs (what a test captures)."""
+    """The migrations' alembic ``Config`` for ``database_url``; exit 2 when they are missing."""
     try:
         return alembic_config(database_url)
     except MigrationsNotFoundError as exc:

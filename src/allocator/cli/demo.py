@@ -1,9 +1,7 @@
 """``allocator demo``: the first run on a new machine, end to end on the embedded data.
 
 Baselines, then (with ``--train``) train -> export -> serve -> a tiny walk-forward -> paper
-trading over the validation days, the live NAV printed beside the backtest's. The trainer,
-serving and plotting libraries are imported inside the functions that use them, so
-``allocator --help`` stays instant.
+trading over the validation days, the live NAV printed beside the backtest's.
 """
 
 from __future__ import annotations

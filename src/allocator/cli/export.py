@@ -1,8 +1,4 @@
-"""``allocator export``: a training run, or a seed ensemble of runs, to ONNX in the registry.
-
-The exporter (torch, onnx, onnxruntime) is imported inside the command, so ``allocator --help``
-stays instant.
-"""
+"""``allocator export``: a training run, or a seed ensemble of runs, to ONNX in the registry."""
 
 from __future__ import annotations
 

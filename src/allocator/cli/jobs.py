@@ -1,18 +1,15 @@
 """``allocator retrain``, ``allocator walk-forward`` and ``allocator tune``: the batch jobs.
 
-Each reads a job YAML (``--config``, adjusted by ``--set``) and exit 0 when the job reached its
-result, 2 on a bad config or data, 1 when it could not finish. ``allocator walk-forward
---resume RUN_DIR`` finishes a walk-forward run that was killed, ``allocator walk-forward status
-RUN_DIR`` shows how far one is, and ``allocator walk-forward stats RUN_DIR`` computes the
-intervals and tests of a finished one. SIGTERM stops a walk-forward or a study as Ctrl-C does
-(exit 143): what finished is kept and said. The jobs (torch, sqlalchemy, onnxruntime, arch) are
-imported inside the commands, so ``allocator --help`` stays instant.
+Each reads a job YAML (``--config``, adjusted by ``--set``) and exits 0 when the job reached its
+result, 2 on a bad config or data, 1 when it could not finish. SIGTERM stops a walk-forward or
+a study as Ctrl-C does (exit 143): what finished is kept and said.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -68,14 +65,11 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     except (ConfigError, DataError, MissingExtraError) as exc:
         fail(str(exc))
     except TrainingStoppedError as exc:
-        click.echo(f"error: retraining stopped at step {exc.step}, production unchanged", err=True)
-        sys.exit(ask.exit_code)
+        fail(f"retraining stopped at step {exc.step}, production unchanged", ask.exit_code)
     except KeyboardInterrupt as exc:  # a second signal
-        click.echo(f"error: retraining stopped at once ({exc or 'interrupted'})", err=True)
-        sys.exit(interrupted_exit_code(exc))
+        fail(f"retraining stopped at once ({exc or 'interrupted'})", interrupted_exit_code(exc))
     except (RetrainError, ExportError, ModelLoadError, ManifestError, OSError) as exc:
-        click.echo(f"error: retraining failed, production unchanged: {exc}", err=True)
-        sys.exit(1)
+        fail(f"retraining failed, production unchanged: {exc}", 1)
     click.echo("")
     click.echo(decision.summary())
     if decision.push_error:
@@ -195,9 +189,15 @@ def run_walk_forward_command(
         run_dir = run_directory(config, out, label)
     else:
         run_dir = Path(resume_dir)
-    resume_hint = (
-        f"finished windows are kept: `allocator walk-forward --resume {run_dir}` continues the run"
-    )
+
+    def stopped(message: str, code: int) -> NoReturn:
+        if (run_dir / STATE_FILE).is_file():
+            message += (
+                f"\nfinished windows are kept: `allocator walk-forward --resume {run_dir}` "
+                "continues the run"
+            )
+        fail(message, code)
+
     try:
         with sigterm_stops():
             if resume_dir is None:
@@ -209,15 +209,9 @@ def run_walk_forward_command(
     except (ConfigError, DataError, WindowError, ResumeError, MissingExtraError) as exc:
         fail(str(exc))
     except KeyboardInterrupt as exc:  # the running windows' processes were ended on the way out
-        click.echo(f"error: walk-forward stopped ({exc or 'interrupted'})", err=True)
-        if (run_dir / STATE_FILE).is_file():
-            click.echo(resume_hint, err=True)
-        sys.exit(interrupted_exit_code(exc))
+        stopped(f"walk-forward stopped ({exc or 'interrupted'})", interrupted_exit_code(exc))
     except (WalkForwardError, ExportError, ModelLoadError, ManifestError, OSError) as exc:
-        click.echo(f"error: walk-forward failed: {exc}", err=True)
-        if (run_dir / STATE_FILE).is_file():
-            click.echo(resume_hint, err=True)
-        sys.exit(1)
+        stopped(f"walk-forward failed: {exc}", 1)
     config = result.config
     click.echo(f"{len(result.windows)} windows in {result.seconds:.1f} s ({config.executor})")
     click.echo(format_summary(result.summary))
@@ -232,8 +226,7 @@ def run_walk_forward_command(
     if "html" in result.files:
         click.echo(f"html:    {result.files['html']}")
     if result.push_error:
-        click.echo(f"error: {result.push_error}", err=True)
-        sys.exit(1)
+        fail(str(result.push_error), 1)
 
 
 @walk_forward.command("status")
@@ -330,8 +323,7 @@ def walk_forward_stats(
     except (ConfigError, DataError, ValueError) as exc:
         fail(str(exc))
     except (WalkForwardError, ModelLoadError, OSError) as exc:
-        click.echo(f"error: cannot rebuild the daily returns of {run_dir}: {exc}", err=True)
-        sys.exit(1)
+        fail(f"cannot rebuild the daily returns of {run_dir}: {exc}", 1)
     stats = run_statistics(frame, settings, tried)
     if not as_json:
         click.echo(f"daily returns: {source}")
@@ -430,8 +422,7 @@ def tune(
         )
         sys.exit(interrupted_exit_code(exc))
     except (TuneError, OSError) as exc:
-        click.echo(f"error: tuning failed: {exc}", err=True)
-        sys.exit(1)
+        fail(f"tuning failed: {exc}", 1)
     summary = result.summary
     states = ", ".join(f"{n} {s.lower()}" for s, n in summary["states"].items())
     click.echo(
@@ -444,8 +435,7 @@ def tune(
     click.echo(f"summary: {result.files['summary']}")
     best = result.best
     if best is None:
-        click.echo("error: no trial completed; nothing to keep", err=True)
-        sys.exit(1)
+        fail("no trial completed; nothing to keep", 1)
     click.echo(f"best: trial {best['number']}, inner score {best['value']:.4g}")
     for key, value in best["params"].items():
         click.echo(f"  {key} = {value}")

@@ -1,8 +1,5 @@
-"""What several commands share: the ``--config/--set`` pair, common options, and ``fail``.
-
-An option declared here is declared once, so its flag, default and help read the same in every
-command that takes it.
-"""
+"""What several commands share: options declared once (so their flag, default and help read
+the same everywhere), signal handling, and ``fail``."""
 
 from __future__ import annotations
 
@@ -19,10 +16,11 @@ import click
 F = TypeVar("F", bound=Callable[..., object])
 
 
-def fail(message: str) -> NoReturn:
-    """Print a clear error and exit with status 2 (bad input), without a traceback."""
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``error: message`` and exit with ``code`` (2: bad input, 1: the job could not
+    finish), without a traceback."""
     click.echo(f"error: {message}", err=True)
-    sys.exit(2)
+    sys.exit(code)
 
 
 class Stopped(KeyboardInterrupt):
@@ -38,12 +36,9 @@ def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
 
 @contextmanager
 def sigterm_stops() -> Iterator[None]:
-    """Inside, SIGTERM raises ``Stopped`` in the main thread, as SIGINT raises
-    KeyboardInterrupt: the default action would end the process before any ``finally`` ran.
-
-    ``kill``, a scheduler's timeout and a Kubernetes eviction send SIGTERM, and a job started
-    with ``nohup ... &`` ignores SIGINT altogether, so without this a batch job stopped that way
-    leaves no summary of the work it finished.
+    """Inside, SIGTERM raises ``Stopped`` as SIGINT raises KeyboardInterrupt: ``kill``, a
+    scheduler or an eviction would otherwise end a batch job (which under ``nohup`` ignores
+    SIGINT) before any ``finally`` wrote the summary of its finished work.
     """
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -72,12 +67,8 @@ class StopRequest:
 @contextmanager
 def graceful_stop(message: str) -> Iterator[StopRequest]:
     """Inside, the first SIGTERM or SIGINT only sets the yielded request (and prints
-    ``message``); the job stops at its next safe point. A second one stops at once, as
-    ``sigterm_stops`` does.
-
-    A training run stopped mid-step would lose everything since its last periodic checkpoint;
-    stopped between steps it can write one and continue later. A scheduler sends SIGTERM and
-    waits its grace period before SIGKILL: one step takes milliseconds.
+    ``message``), so training stops between steps and writes a checkpoint instead of losing
+    everything since the last one; a second signal stops at once, as ``sigterm_stops`` does.
     """
     request = StopRequest()
 
@@ -100,7 +91,7 @@ def graceful_stop(message: str) -> Iterator[StopRequest]:
 
 
 def config_option(help_text: str, *, required: bool) -> Callable[[F], F]:
-    """``--config PATH``: the command's YAML file (passed to the command as ``config_path``)."""
+    """``--config PATH`` (passed as ``config_path``)."""
     optional = {} if required else {"default": None}  # a required option declares no default
     return click.option(
         "--config",
@@ -113,13 +104,11 @@ def config_option(help_text: str, *, required: bool) -> Callable[[F], F]:
 
 
 def overrides_option(help_text: str) -> Callable[[F], F]:
-    """``--set KEY=VALUE`` (repeatable): dotted-key overrides applied on top of the YAML
-    (passed to the command as ``overrides``)."""
+    """``--set KEY=VALUE`` (repeatable): dotted-key overrides of the YAML (``overrides``)."""
     return click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=help_text)
 
 
 def config_options(config_help: str, set_help: str, *, required: bool) -> Callable[[F], F]:
-    """``--config`` then ``--set``, adjacent: the usual pair of a config-driven command."""
 
     def decorate(command: F) -> F:
         return config_option(config_help, required=required)(overrides_option(set_help)(command))
@@ -144,9 +133,8 @@ cost_bps_option = click.option("--cost-bps", default=10.0, show_default=True, ty
 
 
 def json_options(command: F) -> F:
-    """``--json``: print the report as JSON on stdout, and nothing else there (pipe it to jq);
-    ``--json-out PATH``: also write it to PATH. Every command with a report takes the pair, so
-    ``--json`` means the same everywhere (passed as ``as_json`` and ``json_out``)."""
+    """``--json`` (``as_json``): the report as JSON, alone on stdout; ``--json-out PATH``
+    (``json_out``): also write it there. Every command with a report takes the pair."""
     command = click.option(
         "--json-out",
         "json_out",
@@ -160,8 +148,8 @@ def json_options(command: F) -> F:
 
 
 def emit_json(payload: Any, as_json: bool, json_out: str | None) -> None:
-    """What ``json_options`` asked for: ``payload`` written to ``json_out`` (said on stderr
-    under ``--json``, so stdout stays one JSON document) and printed under ``--json``."""
+    """What ``json_options`` asked for; under ``--json`` the "wrote" line goes to stderr, so
+    stdout stays one JSON document."""
     # light (json, pathlib); the artifacts layer is loaded only by a command that reports
     from allocator.artifacts.files import json_text, write_json
 

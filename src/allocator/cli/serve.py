@@ -1,9 +1,7 @@
 """``allocator serve``: the gRPC server, until SIGTERM/SIGINT.
 
 Every option is a ``ServerConfig`` field (``--model`` sets ``default_model``; ``--no-record`` and
-``--cpu`` switch ``record`` and ``prefer_cuda`` off); an option left unset takes the config's
-default. The server (onnxruntime, grpc, sqlalchemy) is imported inside the command, so
-``allocator --help`` stays instant.
+``--cpu`` switch ``record`` and ``prefer_cuda`` off); an option left unset takes the config's.
 """
 
 from __future__ import annotations

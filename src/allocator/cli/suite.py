@@ -1,15 +1,10 @@
-"""``allocator suite run``: the market suite, the recipe on generated markets whose right answer
-is known and on the S&P 500 development years, scored beside its yardsticks.
-
-Exit 0 when every run finished (table printed, suite.json, table.md and suite.png written), 2 on
-a bad config or a draw the mode may not use, 1 when a run failed. The trainer and its jobs are
-imported inside the command, so ``allocator --help`` stays instant.
-"""
+"""``allocator suite``: the recipe on generated markets whose right answer is known and on the
+S&P 500 development years, scored beside its yardsticks; exit 2 on a bad config or a draw the
+mode may not use, 1 when a run failed."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +83,8 @@ def suite_run(
 
     extra = [f"trainer={recipe}"] if recipe else []
     extra += list(overrides)
-    for key, value in (("mode", mode), ("draws", draws), ("executor", executor)):
-        if value is not None:
-            extra.append(f"{key}={value}")
-    if workers is not None:
-        extra.append(f"workers={workers}")
+    settings = {"mode": mode, "draws": draws, "executor": executor, "workers": workers}
+    extra += [f"{key}={value}" for key, value in settings.items() if value is not None]
     if markets:
         extra.append(f"markets=[{markets}]")
     if steps is not None:
@@ -116,8 +108,7 @@ def suite_run(
     except (ConfigError, DataError) as exc:
         fail(str(exc))
     except KeyboardInterrupt as exc:
-        click.echo("error: suite stopped; rows.jsonl holds the runs that finished", err=True)
-        sys.exit(interrupted_exit_code(exc))
+        fail("suite stopped; rows.jsonl holds the runs that finished", interrupted_exit_code(exc))
     if not as_json:
         click.echo(
             f"suite ({config.mode} draws), {len(result.rows)} runs in {result.seconds:.0f} s"

@@ -1,9 +1,7 @@
 """``allocator trade``: paper accounts, one trading cycle, a replay of bars, and the status.
 
-Every failure a cycle can meet (unknown account, stale bar, missing price, halted account,
-broker rejection, server down) exits 1 with the reason on stderr; bad options exit 2. The trade
-database is the one ``allocator db upgrade`` migrates (``--database-url``, else
-``$DATABASE_URL``, else the embedded SQLite file).
+Every failure a cycle can meet (stale bar, missing price, halted account, broker rejection,
+server down) exits 1 with the reason on stderr; bad options exit 2.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,9 @@ import click
 from allocator.cli.options import database_url_option, emit_json, fail, json_options
 
 
-def parse_date(value: str, option: str) -> dt.date:
+def parse_date(value: str | None, option: str) -> dt.date | None:
+    if not value:
+        return None
     try:
         return dt.date.fromisoformat(value)
     except ValueError:
@@ -223,32 +223,33 @@ def cycle_options(command: Any) -> Any:
     return command
 
 
-@contextmanager
-def cycle_parts(
-    database_url: str | None,
-    account_name: str,
-    server: str,
-    token_file: str | None,
-    slippage_bps: float,
-) -> Iterator[tuple[Any, Any, Any]]:
-    """The engine, the account's broker (paper or Alpaca) and a client of the server."""
+def trade_bars(
+    options: dict[str, Any], pick: Callable[[Any], list[dt.date]], *, wait: bool
+) -> None:
+    """Run the account's cycle for each bar ``pick(session)`` chooses; print the last result.
+
+    ``wait``: bars before the model's window is filled are skipped; otherwise (one bar asked
+    for by date) that is an error like any other."""
     # heavy (sqlalchemy, grpc): imported when the command runs
     from sqlalchemy.orm import Session
 
     # allocator's trading modules import sqlalchemy too: loaded with the command only
     from allocator.serving.client import AllocatorClient
     from allocator.trading.book import load_account
-    from allocator.trading.errors import TradingError
+    from allocator.trading.cycle import Retries, run_cycle
+    from allocator.trading.errors import MissingPriceError, TradingError
     from allocator.trading.paper import PaperBroker
 
+    name, token_file = options["account_name"], options["token_file"]
     try:
         token = Path(token_file).read_text(encoding="utf-8").strip() if token_file else None
     except OSError as exc:
         fail(f"--token-file: cannot read {token_file}: {exc.strerror or exc}")
-    with trade_engine(database_url) as engine:
+    result = None
+    with trade_engine(options["database_url"]) as engine:
         try:
             with Session(engine) as session:
-                account = load_account(session, account_name)
+                account = load_account(session, name)
                 cost_bps, kind = account.cost_bps, account.broker
             if kind == "alpaca":
                 # heavy (alpaca-py): imported only for an Alpaca account
@@ -256,17 +257,33 @@ def cycle_parts(
 
                 broker: Any = AlpacaBroker.from_env()
             else:
-                broker = PaperBroker(engine, cost_bps, slippage_bps=slippage_bps)
+                broker = PaperBroker(engine, cost_bps, slippage_bps=options["slippage_bps"])
         except TradingError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+            fail(str(exc), 1)
         except ValueError as exc:
             fail(str(exc))
-        with AllocatorClient(server, token=token) as client:
-            yield engine, broker, client
-
-
-def print_result(result: Any) -> None:
+        with AllocatorClient(options["server"], token=token) as client:
+            with Session(engine) as session:
+                dates = pick(session)
+            with pushed(engine, name, options["pushgateway_url"]) as metrics:
+                for bar_date in dates:
+                    try:
+                        result = run_cycle(
+                            engine,
+                            broker,
+                            client,
+                            name,
+                            bar_date,
+                            retries=Retries(attempts=options["attempts"]),
+                            metrics=metrics,
+                        )
+                    except TradingError as exc:
+                        unfilled = isinstance(exc, MissingPriceError) and "closes up to" in str(exc)
+                        if wait and result is None and unfilled:
+                            continue  # the model's window is not filled yet
+                        fail(str(exc), 1)
+    if result is None:
+        fail("no bar in the span has the model's window of history")
     filled = sum(1 for o in result.orders if o["status"] != "rejected")
     click.echo(
         f"{result.account} {result.bar_date.isoformat()}: {result.outcome}, "
@@ -283,123 +300,47 @@ def print_result(result: Any) -> None:
     required=True,
     help="The bar to trade, YYYY-MM-DD, or 'latest': the latest bar of the prices table.",
 )
-def cycle(
-    account_name: str,
-    server: str,
-    token_file: str | None,
-    attempts: int,
-    slippage_bps: float,
-    pushgateway_url: str | None,
-    database_url: str | None,
-    date_: str,
-) -> None:
+def cycle(date_: str, **options: Any) -> None:
     """Run ACCOUNT's trading cycle for the bar of DATE (once: a rerun changes nothing)."""
-    # heavy (sqlalchemy, grpc): imported when the command runs
-    from sqlalchemy.orm import Session
-
-    # allocator's trading modules import sqlalchemy too: loaded with the command only
+    # heavy (sqlalchemy): the bars are read from the trade database
     from allocator.trading.bars import bar_dates
 
     bar_date = None if date_ == "latest" else parse_date(date_, "--date")
-    with cycle_parts(database_url, account_name, server, token_file, slippage_bps) as parts:
-        engine, broker, client = parts
-        if bar_date is None:
-            with Session(engine) as session:
-                dates = bar_dates(session, None, None)
-            if not dates:
-                fail("the prices table is empty: ingest prices first (`allocator data ingest`)")
-            bar_date = dates[-1]
-        with pushed(engine, account_name, pushgateway_url) as metrics:
-            result = replay_bars(
-                engine, broker, client, account_name, [bar_date], attempts, metrics, wait=False
-            )
-    print_result(result)
+
+    def pick(session: Any) -> list[dt.date]:
+        dates = [bar_date] if bar_date is not None else bar_dates(session, None, None)[-1:]
+        if not dates:
+            fail("the prices table is empty: ingest prices first (`allocator data ingest`)")
+        return dates
+
+    trade_bars(options, pick, wait=False)
 
 
 @trade.command("run")
 @cycle_options
 @click.option("--start", default=None, help="First bar, YYYY-MM-DD (default: the first).")
 @click.option("--end", default=None, help="Last bar, YYYY-MM-DD (default: the latest).")
-def run(
-    account_name: str,
-    server: str,
-    token_file: str | None,
-    attempts: int,
-    slippage_bps: float,
-    pushgateway_url: str | None,
-    database_url: str | None,
-    start: str | None,
-    end: str | None,
-) -> None:
+def run(start: str | None, end: str | None, **options: Any) -> None:
     """Replay every bar of the prices table from START to END through ACCOUNT's cycles.
 
     Bars already traded are skipped by the cycle itself; bars before the model's window is
     filled are skipped with a note."""
-    # heavy (sqlalchemy, grpc): imported when the command runs
-    from sqlalchemy.orm import Session
-
-    # allocator's trading modules import sqlalchemy too: loaded with the command only
+    # heavy (sqlalchemy): the bars and the book are read from the trade database
     from allocator.trading.bars import bar_dates
     from allocator.trading.book import last_traded
 
-    first = parse_date(start, "--start") if start else None
-    last = parse_date(end, "--end") if end else None
-    with cycle_parts(database_url, account_name, server, token_file, slippage_bps) as parts:
-        engine, broker, client = parts
-        with Session(engine) as session:
-            dates = bar_dates(session, first, last)
-            traded = last_traded(session, account_name)
+    first, last = parse_date(start, "--start"), parse_date(end, "--end")
+
+    def pick(session: Any) -> list[dt.date]:
+        dates = bar_dates(session, first, last)
+        traded = last_traded(session, options["account_name"])
         if traded is not None:
             dates = [d for d in dates if d >= traded]  # the last traded bar reruns as a no-op
         if not dates:
             fail("no bars in the prices table for that span: ingest prices first")
-        with pushed(engine, account_name, pushgateway_url) as metrics:
-            result = replay_bars(engine, broker, client, account_name, dates, attempts, metrics)
-    if result is None:
-        fail("no bar in the span has the model's window of history")
-    print_result(result)
+        return dates
 
-
-def replay_bars(
-    engine: Any,
-    broker: Any,
-    client: Any,
-    account_name: str,
-    dates: list[dt.date],
-    attempts: int,
-    metrics: Any,
-    *,
-    wait: bool = True,
-) -> Any:
-    """Each bar's cycle in turn; the last result (None when no bar had the model's window).
-
-    ``wait``: bars before the model's window is filled are skipped; otherwise (one bar asked
-    for by date) that is an error like any other."""
-    # heavy (sqlalchemy, grpc): imported when the command runs
-    from allocator.trading.cycle import Retries, run_cycle
-    from allocator.trading.errors import MissingPriceError, TradingError
-
-    result = None
-    for bar_date in dates:
-        try:
-            result = run_cycle(
-                engine,
-                broker,
-                client,
-                account_name,
-                bar_date,
-                retries=Retries(attempts=attempts),
-                metrics=metrics,
-            )
-        except MissingPriceError as exc:
-            if wait and result is None and "closes up to" in str(exc):
-                continue  # the model's window is not filled yet
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
-        except TradingError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
-    return result
+    trade_bars(options, pick, wait=True)
 
 
 @trade.command("compare")
@@ -435,14 +376,12 @@ def compare(
     from allocator.trading.compare import compare_account
     from allocator.trading.errors import TradingError
 
-    first = parse_date(start, "--start") if start else None
-    last = parse_date(end, "--end") if end else None
+    first, last = parse_date(start, "--start"), parse_date(end, "--end")
     with trade_engine(database_url) as engine, pushed(engine, account_name, pushgateway_url) as m:
         try:
             report = compare_account(engine, account_name, Path(registry), first, last)
         except TradingError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+            fail(str(exc), 1)
         m.record_tracking(account_name, report.tracking_difference)
     if not as_json:
         click.echo(report.summary())
@@ -476,14 +415,9 @@ def status(account_name: str | None, as_json: bool, database_url: str | None) ->
                 f"rejected orders {entry['rejected_orders']}"
             )
             for p in entry["positions"]:
-                click.echo(
-                    f"  {p['asset']}: {p['quantity']:.6g} (realized {p['realized_pnl']:,.2f}"
-                    + (
-                        ""
-                        if p["unrealized_pnl"] is None
-                        else f", unrealized {p['unrealized_pnl']:,.2f}"
-                    )
-                    + ")"
-                )
+                pnl = f"realized {p['realized_pnl']:,.2f}"
+                if p["unrealized_pnl"] is not None:
+                    pnl += f", unrealized {p['unrealized_pnl']:,.2f}"
+                click.echo(f"  {p['asset']}: {p['quantity']:.6g} ({pnl})")
     if any(entry["halted"] for entry in report):
         sys.exit(1)

@@ -2,9 +2,6 @@
 
 SIGTERM or Ctrl-C stops the run after the current step with a checkpoint there (exit 143 or
 130), which ``--resume`` continues; a second signal stops it at once.
-
-The trainer (torch, stable-baselines3) is imported inside the command, so ``allocator --help``
-stays instant.
 """
 
 from __future__ import annotations
@@ -95,8 +92,7 @@ def train(
         click.echo(f"continue with `allocator train --resume {exc.run_dir}`", err=True)
         sys.exit(ask.exit_code)
     except KeyboardInterrupt as exc:  # a second signal: no checkpoint beyond the periodic ones
-        click.echo(f"error: training stopped at once ({exc or 'interrupted'})", err=True)
-        sys.exit(interrupted_exit_code(exc))
+        fail(f"training stopped at once ({exc or 'interrupted'})", interrupted_exit_code(exc))
     summary = run.summary
     click.echo(f"run: {run.run_dir}")
     if database_url:

@@ -1,20 +1,15 @@
-"""Anchor portfolios: the allocation a tilt policy starts from when its action is zero.
+"""Anchor portfolios: what a tilt policy holds when its action is zero, so an untrained policy
+holds a diversified, fully invested portfolio. Cash gets ``cash_share``, live assets the rest.
 
-A policy that tilts a sensible anchor cannot do much worse than that anchor at initialization,
-and a zero action is always a diversified, fully invested portfolio (not all-cash, not one
-asset). Every anchor is cash first: cash gets ``cash_share``; the live assets share the rest.
-
-The risk-based kinds (minimum variance, HRP) solve a small problem per decision on the live
-assets' shrunk covariance. They are computed with the assets in a canonical order (their return
-rows sorted lexicographically) and scattered back, and assets with identical return rows share
-their mean weight, so permuting the live assets permutes the anchor bit for bit even though
-neither method is order-free in floating point (and HRP's dendrogram is not order-free at all).
+The risk-based kinds solve a small problem per decision with the assets in a canonical order
+(return rows sorted lexicographically; identical rows share their mean weight), so permuting
+the live assets permutes the anchor bit for bit although neither method is order-free.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 from typing import Any
 
@@ -33,7 +28,7 @@ BoolArray = NDArray[np.bool_]
 
 
 class AnchorKind(StrEnum):
-    """How the live assets share the invested part (more kinds may join later)."""
+    """How the live assets share the invested part."""
 
     EQUAL = "equal"
     INVERSE_VOLATILITY = "inverse_volatility"
@@ -43,11 +38,8 @@ class AnchorKind(StrEnum):
 
 @dataclass(frozen=True)
 class AnchorSpec:
-    """Which anchor, the cash share it keeps and the window of its risk estimate.
-
-    ``vol_window`` daily returns feed the risk estimate: the volatility of INVERSE_VOLATILITY,
-    the shrunk covariance of MIN_VARIANCE and HRP; EQUAL uses none.
-    """
+    """Which anchor, its cash share, and the daily returns of its risk estimate (none for
+    EQUAL)."""
 
     kind: AnchorKind = AnchorKind.EQUAL
     cash_share: float = 0.05
@@ -62,19 +54,14 @@ class AnchorSpec:
 
     @property
     def prices_per_asset(self) -> int:
-        """Closes the anchor needs per asset: ``vol_window`` returns, none for EQUAL."""
         return 1 if self.kind is AnchorKind.EQUAL else self.vol_window + 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": str(self.kind),
-            "cash_share": self.cash_share,
-            "vol_window": self.vol_window,
-        }
+        return {**asdict(self), "kind": str(self.kind)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AnchorSpec:
-        unknown = set(data) - {"kind", "cash_share", "vol_window"}
+        unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown anchor spec field(s): {', '.join(sorted(unknown))}")
         return cls(**data)
@@ -91,18 +78,13 @@ RISK_ALLOCATIONS: dict[AnchorKind, Callable[[FloatArray], FloatArray]] = {
     AnchorKind.MIN_VARIANCE: min_variance_weights,
     AnchorKind.HRP: hrp_weights,
 }
-"""The kinds that allocate from a covariance: weights ``(K,)`` summing to 1 from ``(K, K)``."""
 
 
 def risk_allocation(
     returns: FloatArray, live: BoolArray, allocate: Callable[[FloatArray], FloatArray]
 ) -> FloatArray:
-    """Weights ``(..., N)`` of the live assets from their returns ``(..., N, T)``, 0 elsewhere.
-
-    One problem per decision (a loop over the leading axes): the live rows are sorted
-    lexicographically, ``allocate`` runs on their ``risk_covariance``, rows that are equal
-    share their mean weight, and the weights go back to the rows they came from. Every step
-    then sees the same numbers in the same order whatever the order of the assets.
+    """Weights ``(..., N)`` of the live assets from their returns ``(..., N, T)``, 0 elsewhere:
+    ``allocate`` on the ``risk_covariance`` of the canonically ordered live rows, per decision.
     """
     n, t = returns.shape[-2:]
     size = int(np.prod(returns.shape[:-2]))
@@ -125,15 +107,9 @@ def risk_allocation(
 
 
 def anchor_weights(prices: ArrayLike, mask: ArrayLike, spec: AnchorSpec) -> FloatArray:
-    """Anchor weights ``(..., N + 1)``, cash first, from closes ``(..., N, P)`` and a mask.
-
-    Cash gets ``cash_share``; the live assets share ``1 - cash_share`` equally (EQUAL), in
-    proportion to ``1 / sigma_i``, sigma the std (ddof=0) of the last ``vol_window`` daily log
-    returns floored at ``VOL_FLOOR`` (INVERSE_VOLATILITY), or as the long-only minimum-variance
-    portfolio (MIN_VARIANCE) or the hierarchical risk parity portfolio (HRP) of the live assets'
-    ``covariance.risk_covariance`` over the same returns. With no live asset, all cash. Masked
-    rows are ignored (NaN allowed); the result sums to 1 and permuting the live assets
-    permutes it exactly.
+    """Anchor weights ``(..., N + 1)``, cash first, from closes ``(..., N, P)`` and a mask; all
+    cash with no live asset. INVERSE_VOLATILITY weighs by ``1 / sigma``, sigma the std (ddof=0)
+    of the last ``vol_window`` log returns floored at ``VOL_FLOOR``.
     """
     p, live = live_price_window(prices, mask, spec.prices_per_asset)
     if spec.kind is AnchorKind.EQUAL:
@@ -154,12 +130,9 @@ def anchor_weights(prices: ArrayLike, mask: ArrayLike, spec: AnchorSpec) -> Floa
 
 
 def masked_anchor(anchor: ArrayLike, mask: ArrayLike) -> FloatArray:
-    """The anchor zeroed on masked slots, renormalized only when that removed mass.
-
-    Negative and non-finite entries count as removed mass, and so does a live sum more than
-    1e-9 from 1; an anchor with no live mass left becomes all cash. An anchor that was already
-    a distribution on live slots is returned bit for bit, which is what makes a zero tilt
-    reproduce it exactly.
+    """The anchor zeroed on masked slots, renormalized only when that removed mass (negative
+    or non-finite entries, a live sum 1e-9 from 1; none left: all cash). An anchor already a
+    distribution on live slots comes back bit for bit, so a zero tilt reproduces it exactly.
     """
     live = live_mask(mask)
     a = np.asarray(anchor, dtype=np.float64)

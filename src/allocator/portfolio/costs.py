@@ -24,17 +24,12 @@ def cost_rate(cost_bps: float) -> float:
 
 
 def turnover(new: NDArray[np.float64], held: NDArray[np.float64]) -> Any:
-    """The fraction of NAV traded to move from ``held`` to ``new`` weights (slot vectors, cash
-    first): ``sum over assets |new - held|``, cash not being traded. Over the last axis: a
-    vector gives a float, a batch of rows one turnover per row. The environment charges its
-    cost on it and the server reports it, so both mean the same trade."""
+    """The fraction of NAV traded from ``held`` to ``new`` weights (cash first, over the last
+    axis): ``sum |new - held|`` over the assets; the environment and the server share it."""
     return np.add.reduce(np.abs(new[..., 1:] - held[..., 1:]), axis=-1)
 
 
 def trade_cost(rate: float, traded: float, scale: float = 1.0) -> float:
-    """The cost of trading ``traded * scale`` of value at ``rate``.
-
-    The environment passes turnover (a fraction of NAV) and NAV; a broker passes a fill's value.
-    The product is taken in that order so the environment's figures are bit for bit unchanged.
-    """
+    """The cost of trading ``traded * scale`` (turnover and NAV, or a fill's value) at ``rate``,
+    multiplied in that order so the environment's figures keep their bits."""
     return rate * traded * scale

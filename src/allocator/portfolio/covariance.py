@@ -1,11 +1,8 @@
 """The risk estimate of the risk-based anchors: a Ledoit-Wolf shrunk covariance of log returns.
 
-A sample covariance of ``T`` returns has rank at most ``T - 1``: with 20 daily returns for 20
-assets it is singular, and a minimum-variance portfolio of it would put everything on a
-combination that merely happened to be flat in the window. Ledoit and Wolf (2004) shrink it
-towards ``mu * I`` (``mu`` the mean variance) by the intensity that minimizes the expected
-Frobenius loss, estimated from the same returns, which makes the estimate well conditioned
-exactly where the sample is not.
+A sample covariance of 20 returns of 20 assets is singular, and its minimum-variance portfolio
+would bet on a combination that happened to be flat; shrinking towards ``mu * I`` keeps the
+estimate well conditioned exactly there.
 """
 
 from __future__ import annotations
@@ -21,13 +18,8 @@ inverse-volatility score stays finite and a covariance stays invertible."""
 
 
 def ledoit_wolf(returns: ArrayLike) -> tuple[FloatArray, float]:
-    """The shrunk covariance ``(N, N)`` and the shrinkage of returns ``(N, T)``, one row per asset.
-
-    The estimate of ``sklearn.covariance.ledoit_wolf(returns.T)``: returns centered per asset,
-    the empirical covariance with ``ddof=0``, one asset left unshrunk. The shrinkage is clipped
-    to ``[0, 1]`` and is 0 when the target is the sample itself (no return moved), where
-    scikit-learn can divide 0 by 0.
-    """
+    """``sklearn.covariance.ledoit_wolf(returns.T)`` of returns ``(N, T)``: the covariance and
+    the shrinkage, 0 where scikit-learn can divide 0 by 0 (no return moved)."""
     r = np.asarray(returns, dtype=np.float64)
     if r.ndim != 2 or r.shape[1] < 1:
         raise ValueError(f"returns must be (N, T) with T >= 1, got shape {r.shape}")
@@ -51,12 +43,8 @@ def ledoit_wolf(returns: ArrayLike) -> tuple[FloatArray, float]:
 
 
 def risk_covariance(returns: ArrayLike) -> FloatArray:
-    """``ledoit_wolf(returns)`` plus ``VOL_FLOOR**2`` on the diagonal: the anchors' risk model.
-
-    The floor keeps the matrix invertible when shrinkage cannot (constant closes, a window of
-    one return, returns that are multiples of one pattern) and moves any real estimate by a
-    relative 1e-12 or less (daily variances are ~1e-4).
-    """
+    """``ledoit_wolf(returns)`` plus ``VOL_FLOOR**2`` on the diagonal: invertible where
+    shrinkage cannot make it so, and a real estimate (~1e-4) moves by 1e-12 at most."""
     cov, _ = ledoit_wolf(returns)
     cov[np.diag_indices(cov.shape[0])] += VOL_FLOOR * VOL_FLOOR
     return cov

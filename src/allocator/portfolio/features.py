@@ -1,9 +1,5 @@
-"""Per-asset features: the same F numbers for every asset, whatever its slot or the universe size.
-
-A per-asset (shared) network evaluates each asset with one set of weights, so each asset's row
-must carry everything it needs: its own recent returns and risk, and where it stands against the
-others (cross-sectional rank) and the market (mean momentum). Feature order, for
-``F = window + 3 * len(horizons) + 2``:
+"""Per-asset features: the same F numbers for every asset, whatever its slot or the universe size,
+so a shared network sees in each row all it needs. Order, ``F = window + 3 * len(horizons) + 2``:
 
 1. ``ret_k`` (k = 0..window-1): the ``window`` most recent daily log returns, oldest first;
 2. ``sum_h`` per horizon: the log return over the last h days;
@@ -20,7 +16,7 @@ rows bit for bit: a permutation-equivariant network then sees exactly equivarian
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -44,7 +40,7 @@ _FIT_CHUNK_ELEMENTS = 4_000_000
 
 @dataclass(frozen=True)
 class AssetFeatureSpec:
-    """Versioned per-asset feature set; version 1 is the set in the module docstring."""
+    """Versioned per-asset feature set; version 1 is the module docstring's."""
 
     window: int = 30
     horizons: tuple[int, ...] = field(default=(5, 10, 20, 30))
@@ -72,17 +68,14 @@ class AssetFeatureSpec:
 
     @property
     def lookback(self) -> int:
-        """Daily returns needed: the longest of the window, the horizons and the vol window."""
         return max(self.window, max(self.horizons), self.vol_window)
 
     @property
     def prices_per_asset(self) -> int:
-        """Closes needed per asset: ``lookback`` returns need one more close."""
         return self.lookback + 1
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The F feature names, in row order."""
         return (
             *(f"ret_{k}" for k in range(self.window)),
             *(f"sum_{h}" for h in self.horizons),
@@ -102,17 +95,11 @@ class AssetFeatureSpec:
         return self.window + len(self.horizons) + 2
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "window": self.window,
-            "horizons": list(self.horizons),
-            "vol_window": self.vol_window,
-            "clip": self.clip,
-            "version": self.version,
-        }
+        return {**asdict(self), "horizons": list(self.horizons)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AssetFeatureSpec:
-        unknown = set(data) - {"window", "horizons", "vol_window", "clip", "version"}
+        unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown feature spec field(s): {', '.join(sorted(unknown))}")
         return cls(**data)
@@ -152,12 +139,9 @@ class FeatureNormalization:
 def live_price_window(
     prices: ArrayLike, mask: ArrayLike, n_prices: int
 ) -> tuple[FloatArray, BoolArray]:
-    """The last ``n_prices`` closes per asset with masked rows set to 1, and the live assets.
-
-    ``prices`` is ``(..., N, P)`` and ``mask`` ``(..., N + 1)`` cash first. Masked rows are
-    ignored (NaN allowed); a live row that is not finite and positive raises ``ValueError``
-    naming its slot, instead of turning into NaN features that would poison the network.
-    """
+    """The last ``n_prices`` closes ``(..., N, P)`` with masked rows set to 1, and the live
+    assets. A live row that is not finite and positive raises ``ValueError`` naming its slot,
+    instead of turning into NaN features that would poison the network."""
     p = np.asarray(prices, dtype=np.float64)
     if p.ndim < 2:
         raise ValueError(f"prices must be (..., N, P), got shape {p.shape}")
@@ -184,23 +168,17 @@ def live_price_window(
 
 
 def cross_sectional_mean(values: FloatArray, live: BoolArray) -> FloatArray:
-    """Mean of ``values`` (..., N, H) over live assets (..., N) -> (..., H); 0 with none live.
-
-    Sums sorted values, so the result does not depend on the order of the assets.
-    """
+    """Mean of ``values`` (..., N, H) over live assets -> (..., H), 0 with none live; summed
+    sorted, so independent of the assets' order."""
     v = np.sort(np.where(live[..., None], values, 0.0), axis=-2)
     n = live.sum(axis=-1)[..., None]
     return v.sum(axis=-2) / np.maximum(n, 1)
 
 
 def cross_sectional_rank(values: FloatArray, live: BoolArray) -> FloatArray:
-    """Average rank of each live asset's value among live assets, scaled to [-1, 1].
-
-    ``values`` (..., N, H), ``live`` (..., N). Ties share their average rank; a lone live
-    asset gets 0 and masked rows get 0. One stable sort per column: masked rows sort last as
-    +inf (live values are finite), each run of equal values gets the mean of its first and last
-    sorted position, and the positions are scattered back.
-    """
+    """Average rank of each live asset's value among live assets, scaled to [-1, 1]; ties share
+    their average rank, a lone live asset and masked rows get 0. Masked rows sort last as +inf
+    (live values are finite)."""
     v = np.where(live[..., None, :], np.swapaxes(values, -1, -2), np.inf)  # (..., H, N)
     v = np.ascontiguousarray(v)  # sorted along its last axis: make that axis the dense one
     order = np.argsort(v, axis=-1, kind="stable")
@@ -227,13 +205,9 @@ def cross_sectional_rank(values: FloatArray, live: BoolArray) -> FloatArray:
 
 
 def own_features(p: FloatArray, spec: AssetFeatureSpec) -> tuple[FloatArray, FloatArray]:
-    """The columns of each asset that depend on its own closes only, and its horizon sums.
-
-    ``p`` is ``(..., N, prices_per_asset)`` closes, already checked. Returns ``(..., N, window +
-    len(horizons) + 2)`` (returns, sums, volatility, drawdown) and the sums ``(..., N, H)`` the
-    cross-sectional columns are built from. Split from the rest so the environment can compute
-    these once per dataset and only the cross-sectional part per episode.
-    """
+    """The columns that depend on each asset's own checked closes only, and its horizon sums
+    ``(..., N, H)``: split so the environment computes them once per dataset and only the
+    cross-sectional part per episode."""
     r = log_returns(p)
     lookback = spec.lookback
     sums = np.stack([r[..., lookback - h :].sum(axis=-1) for h in spec.horizons], axis=-1)
@@ -253,12 +227,8 @@ def cross_sectional_features(sums: FloatArray, live: BoolArray) -> FloatArray:
 
 
 def asset_features(prices: ArrayLike, mask: ArrayLike, spec: AssetFeatureSpec) -> FloatArray:
-    """Raw (unnormalized) features ``(..., N, F)`` from closes ``(..., N, P)`` and a mask.
-
-    Uses the last ``spec.prices_per_asset`` closes of each row (oldest first), so a longer
-    history gives the same features. N is any size: the features of an asset depend on the
-    others only through the rank and market columns, which are defined for any universe.
-    """
+    """Raw features ``(..., N, F)`` from closes ``(..., N, P)``, oldest first (only the last
+    ``prices_per_asset`` are used), and a mask; N is any size."""
     p, live = live_price_window(prices, mask, spec.prices_per_asset)
     own, sums = own_features(p, spec)
     out = np.concatenate([own, cross_sectional_features(sums, live)], axis=-1)
@@ -268,13 +238,10 @@ def asset_features(prices: ArrayLike, mask: ArrayLike, spec: AssetFeatureSpec) -
 def rolling_asset_features(
     prices: ArrayLike, spec: AssetFeatureSpec, mask: ArrayLike | None = None
 ) -> tuple[FloatArray, BoolArray]:
-    """Features at every date of a history: ``(T - lookback, N, F)`` and the live ``(.., N)``.
-
-    ``prices`` is ``(T, N)``; row d of the result is the date ``t = lookback + d`` and uses only
-    closes up to t. An asset is live at t when ``mask`` (``(T, N + 1)`` or ``(N + 1,)``, cash
-    first; all live if None) says so and its closes over the window are finite and positive;
-    otherwise it is treated as masked (zero row, outside the rank and market).
-    """
+    """Features ``(T - lookback, N, F)`` at every date of closes ``(T, N)`` and the live assets;
+    row d is date ``lookback + d`` and uses closes up to it. An asset is live where ``mask``
+    (``(T, N + 1)`` or ``(N + 1,)``; all if None) says so and its window's closes are finite and
+    positive."""
     p = np.asarray(prices, dtype=np.float64)
     if p.ndim != 2:
         raise ValueError(f"prices must be (T, N), got shape {p.shape}")
@@ -302,13 +269,9 @@ def rolling_asset_features(
 def fit_feature_normalization(
     prices: ArrayLike, spec: AssetFeatureSpec, mask: ArrayLike | None = None
 ) -> FeatureNormalization:
-    """Mean and std (ddof=0) of every feature over all (date, live asset) pairs of a span.
-
-    ``prices`` is the training span ``(T, N)``; dates are ``t >= lookback`` and the live assets
-    are those of ``rolling_asset_features``. Fit on the training span only: statistics that saw
-    later data would leak the future into every observation. A std below ``STD_FLOOR`` becomes
-    1 (a constant feature, e.g. the rank with one asset, normalizes to a constant).
-    """
+    """Mean and std (ddof=0) of every feature over the (date, live asset) pairs of
+    ``rolling_asset_features``. Fit on the training span only: later data would leak the future
+    into every observation."""
     feats, live = rolling_asset_features(prices, spec, mask)
     rows = feats[live]
     if rows.shape[0] == 0:
@@ -325,10 +288,8 @@ def fit_feature_normalization(
 def normalize_features(
     raw: ArrayLike, norm: FeatureNormalization, clip: float, mask: ArrayLike
 ) -> NDArray[np.float32]:
-    """``(raw - mean) / std`` clipped to ``[-clip, clip]`` as float32, masked rows zeroed.
-
-    Clipping keeps a crash day from saturating a tanh actor (outputs at +-1 have no gradient).
-    """
+    """``standardize`` as float32, masked rows zeroed; clipping keeps a crash day from
+    saturating a tanh actor."""
     x = np.asarray(raw, dtype=np.float64)
     if x.ndim < 2 or x.shape[-1] != norm.n_features:
         raise ValueError(
@@ -344,12 +305,8 @@ def normalize_features(
 def standardize(
     raw: FloatArray, mean: Sequence[float], std: Sequence[float], clip: float
 ) -> FloatArray:
-    """``(raw - mean) / std`` clipped to ``[-clip, clip]``, column by column.
-
-    Elementwise, so standardizing a subset of the columns with their own mean and std gives the
-    same numbers as standardizing all of them: the environment relies on it when it splits the
-    per-asset and cross-sectional columns.
-    """
+    """``(raw - mean) / std`` clipped to ``[-clip, clip]``; elementwise, so a subset of columns
+    standardized alone gives the same numbers (the environment splits them)."""
     return np.clip((raw - np.asarray(mean)) / np.asarray(std), -clip, clip)
 
 
@@ -360,12 +317,8 @@ def build_asset_observation(
     spec: AssetFeatureSpec,
     norm: FeatureNormalization,
 ) -> NDArray[np.float32]:
-    """The flat float32 observation ``[asset block (M*F), weights (M+1), mask (M+1)]``.
-
-    ``prices`` is ``(..., M, P)``; asset slot i occupies ``[(i-1)*F, i*F)`` of the asset block
-    and masked slots' rows are zeros: the layout of ``build_observation`` with F features per
-    slot instead of ``window`` returns.
-    """
+    """The flat float32 observation: ``build_observation``'s layout with F features per slot
+    instead of ``window`` returns."""
     if norm.n_features != spec.n_features:
         raise ValueError(
             f"normalization has {norm.n_features} features, the spec {spec.n_features}"

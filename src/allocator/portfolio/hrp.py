@@ -7,11 +7,9 @@
    their parent's weight in inverse proportion to their variance, each half's variance taken
    at its inverse-variance weights.
 
-The same rules as skfolio's ``HierarchicalRiskParity`` with variance as the risk measure, a
-covariance distance on the prior's covariance, single linkage and no optimal leaf reordering
-(skfolio's defaults are Ward linkage with optimal ordering). The dendrogram is scipy's: merges
-in order of height, each merge's child with the lower cluster id on the left, so the order
-depends on the order of the input rows, which is why the anchors pass them in a canonical one.
+skfolio's ``HierarchicalRiskParity`` with variance risk, single linkage and no optimal leaf
+reordering. The dendrogram is scipy's, whose order depends on the input rows' order: the
+anchors pass them in a canonical one.
 """
 
 from __future__ import annotations
@@ -33,13 +31,9 @@ def correlation_distance(cov: ArrayLike) -> FloatArray:
 
 
 def single_linkage_order(distance: ArrayLike) -> IntArray:
-    """The leaf order of the single-linkage dendrogram of a distance matrix ``(N, N)``.
-
-    Equals ``scipy.cluster.hierarchy.leaves_list(linkage(squareform(distance), "single"))``
-    when no two distances tie: single linkage merges along the minimum spanning tree's edges in
-    order of length (Prim's algorithm finds the tree, a stable sort orders the edges), a merge
-    gets id ``N + k``, and the child with the lower id is drawn on the left.
-    """
+    """scipy's ``leaves_list(linkage(squareform(distance), "single"))`` when no distances tie:
+    the minimum spanning tree's edges (Prim) merged by length, merge k gets id ``N + k``, the
+    lower id drawn on the left."""
     d = np.asarray(distance, dtype=np.float64)
     n = d.shape[0]
     edges: list[tuple[float, int, int]] = []

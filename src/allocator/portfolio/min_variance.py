@@ -21,12 +21,8 @@ _EPS = float(np.finfo(np.float64).eps)
 
 
 def nnls_normal(gram: ArrayLike, rhs: ArrayLike) -> FloatArray:
-    """Lawson-Hanson: ``argmin ||A v - b||`` over ``v >= 0``, given ``A' A`` and ``A' b``.
-
-    ``gram`` must be symmetric positive definite. Variables enter the passive (free) set one at
-    a time, the one with the largest gradient ``A' (b - A v)`` first; when the unconstrained
-    solution on the passive set leaves it, the step is cut where the first variable reaches 0,
-    which leaves. Ties go to the lowest index, so the result depends only on the inputs.
+    """Lawson-Hanson: ``argmin ||A v - b||`` over ``v >= 0`` from ``A' A`` (symmetric positive
+    definite) and ``A' b``; ties go to the lowest index, so the result depends only on the inputs.
     """
     g = np.asarray(gram, dtype=np.float64)
     c = np.asarray(rhs, dtype=np.float64)
@@ -48,8 +44,7 @@ def nnls_normal(gram: ArrayLike, rhs: ArrayLike) -> FloatArray:
 
 
 def _feasible_step(g: FloatArray, c: FloatArray, v: FloatArray, passive: BoolArray) -> FloatArray:
-    """Solve on the passive set, stepping back (and shrinking the set) until the solution is
-    positive: Lawson-Hanson's inner loop. Updates ``passive`` in place."""
+    """Lawson-Hanson's inner loop; updates ``passive`` in place."""
     while passive.any():
         idx = np.flatnonzero(passive)
         z = np.zeros_like(v)
@@ -68,12 +63,7 @@ def _feasible_step(g: FloatArray, c: FloatArray, v: FloatArray, passive: BoolArr
 
 
 def min_variance_weights(cov: ArrayLike) -> FloatArray:
-    """The long-only, fully invested minimum-variance weights ``(N,)`` of a covariance.
-
-    ``cov`` must be positive definite (``covariance.risk_covariance`` is). The weights sum to 1
-    in the order of ``cov``'s rows; at the optimum every held asset has the same marginal
-    variance ``(S w)_i = w' S w`` and no asset left out has a lower one.
-    """
+    """The long-only minimum-variance weights ``(N,)`` of a positive definite covariance."""
     s = np.asarray(cov, dtype=np.float64)
     n = s.shape[0]
     v = nnls_normal(s, np.ones(n))

@@ -8,9 +8,8 @@ Layout of the flat float32 vector (``max_assets`` = M, ``window`` = W):
 * ``M + 1`` mask entries (1.0 live, 0.0 masked; cash always 1.0).
 
 Normalization matters: a tanh actor fed raw returns of order 1e-2 next to weights of order 1
-saturates: its outputs sit at +-1, where the tanh gradient ``1 - a^2`` vanishes, and the policy
-freezes. Statistics come from the training window only and travel in
-the model's manifest.
+saturates at +-1, where its gradient vanishes. Statistics come from the training window only
+and travel in the model's manifest.
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ class FeatureSpec:
 
     @property
     def prices_per_asset(self) -> int:
-        """Prices needed per asset: W returns need W + 1 closes."""
         return self.window + 1
 
     @property
@@ -94,7 +92,7 @@ def fit_normalization(prices: ArrayLike, axis: int = 0) -> NormalizationStats:
 def normalize_returns(
     returns: ArrayLike, stats: NormalizationStats, clip: float
 ) -> NDArray[np.float32]:
-    """Standardize and clip log returns; applied elementwise so any window or history works."""
+    """Standardize and clip log returns, elementwise."""
     z = (np.asarray(returns, dtype=np.float64) - stats.mean) / stats.std
     return np.clip(z, -clip, clip).astype(np.float32)
 
@@ -102,10 +100,8 @@ def normalize_returns(
 def assemble_observation(
     features: ArrayLike, weights: ArrayLike, mask: ArrayLike, spec: FeatureSpec
 ) -> Float32Array:
-    """Concatenate already-normalized per-slot features with weights and mask.
-
-    ``features`` has shape ``(..., max_assets, window)``; masked slots are zeroed here.
-    """
+    """Concatenate normalized features ``(..., max_assets, window)`` (masked slots zeroed
+    here) with weights and mask."""
     live = live_mask(mask)
     w = np.asarray(weights, dtype=np.float32)
     if live.shape[-1] != spec.n_slots or w.shape[-1] != spec.n_slots:
@@ -134,6 +130,8 @@ def assemble_observation(
 def _checked_log_returns(
     prices: ArrayLike, live: NDArray[np.bool_], spec: FeatureSpec
 ) -> NDArray[np.float64]:
+    if live.shape[-1] != spec.n_slots:
+        raise ValueError(f"mask has {live.shape[-1]} entries, expected {spec.n_slots}")
     p = np.asarray(prices, dtype=np.float64)
     if p.shape[-2:] != (spec.max_assets, spec.prices_per_asset):
         raise ValueError(
@@ -155,15 +153,10 @@ def build_observation(
     spec: FeatureSpec,
     stats: NormalizationStats,
 ) -> Float32Array:
-    """The observation for one decision (or a batch) from raw closing prices.
-
-    ``prices`` has shape ``(..., max_assets, window + 1)`` (slot i-1 holds asset slot i, oldest
-    close first); rows of masked slots are ignored and may hold anything, NaN included. Live
-    rows must be finite and positive.
+    """The observation for one decision (or a batch) from closes ``(..., max_assets, window +
+    1)``, oldest first; masked rows may hold anything, live ones must be finite and positive.
     """
     live = live_mask(mask)
-    if live.shape[-1] != spec.n_slots:
-        raise ValueError(f"mask has {live.shape[-1]} entries, expected {spec.n_slots}")
     features = normalize_returns(_checked_log_returns(prices, live, spec), stats, spec.clip)
     return assemble_observation(features, weights, live, spec)
 
@@ -171,14 +164,9 @@ def build_observation(
 def build_raw_observation(
     prices: ArrayLike, weights: ArrayLike, mask: ArrayLike, spec: FeatureSpec
 ) -> Float32Array:
-    """The observation before normalization: what an exported model takes as input.
-
-    Same layout as ``build_observation`` with raw log returns in the feature block; the
-    exported graph applies the manifest's normalization itself (``normalize_observation``).
-    """
+    """``build_observation`` with raw log returns: an exported model's input (its graph
+    normalizes, as ``normalize_observation`` does)."""
     live = live_mask(mask)
-    if live.shape[-1] != spec.n_slots:
-        raise ValueError(f"mask has {live.shape[-1]} entries, expected {spec.n_slots}")
     return assemble_observation(_checked_log_returns(prices, live, spec), weights, live, spec)
 
 

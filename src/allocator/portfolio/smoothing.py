@@ -20,7 +20,6 @@ from allocator.portfolio.weights import (
 
 
 def validate_beta(beta: float) -> float:
-    """Return ``beta`` if it is a usable smoothing factor, else raise naming the value."""
     b = float(beta)
     if not (0.0 <= b < 1.0):
         raise ValueError(f"smoothing beta must be in [0, 1), got {beta!r}")
@@ -30,13 +29,8 @@ def validate_beta(beta: float) -> float:
 def ema_smooth(
     previous: ArrayLike | None, weights: ArrayLike, mask: ArrayLike, beta: float
 ) -> FloatArray:
-    """One EMA step from the previous executed weights toward the newly mapped weights.
-
-    ``previous=None`` starts the state (``s_0 = w_0``). Mass that ``previous`` held on slots the
-    mask now closes is dropped and the rest renormalized, so a delisted asset never lingers.
-    ``beta`` is in ``[0, 1)``: since ``weights`` is a distribution over live slots, the blend
-    always has positive live mass and the result is a distribution too.
-    """
+    """One EMA step toward the newly mapped weights (``previous=None`` starts at them). Mass
+    on slots the mask now closes is dropped, so a delisted asset never lingers."""
     b = validate_beta(beta)
     w = np.asarray(weights, dtype=np.float64)
     if previous is None:

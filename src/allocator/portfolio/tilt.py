@@ -29,7 +29,6 @@ strongly negative actions), and the max-shifted softmax form is used instead."""
 
 
 def check_tilt_strength(k: float) -> float:
-    """``k`` as a float when it is a usable tilt strength, else ``ValueError``."""
     k = float(k)
     if not (math.isfinite(k) and 0.0 <= k <= MAX_TILT_STRENGTH):
         raise ValueError(f"tilt strength k must be in [0, {MAX_TILT_STRENGTH}], got {k}")
@@ -37,12 +36,8 @@ def check_tilt_strength(k: float) -> float:
 
 
 def tilt_weights(action: ArrayLike, anchor: ArrayLike, mask: ArrayLike, k: float) -> FloatArray:
-    """Weights ``(..., N + 1)`` from an action, an anchor (both cash first) and a mask.
-
-    The action is clipped to [-1, 1] with NaN counting as 0. Masked slots get 0: the anchor is
-    zeroed there first and renormalized if that removed mass (``masked_anchor``). The result is
-    a distribution over the live slots; sums run in sorted order, so permuting the live slots
-    permutes the weights exactly.
+    """Weights ``(..., N + 1)`` from an action (clipped to [-1, 1], NaN as 0), an anchor through
+    ``masked_anchor`` and a mask; sums run sorted, so permuting live slots permutes the result.
     """
     k = check_tilt_strength(k)
     live = live_mask(mask)
@@ -50,11 +45,8 @@ def tilt_weights(action: ArrayLike, anchor: ArrayLike, mask: ArrayLike, k: float
 
 
 def apply_tilt(action: ArrayLike, base: FloatArray, k: float) -> FloatArray:
-    """``tilt_weights`` for an anchor already through ``masked_anchor`` (zero on masked slots).
-
-    The environment masks an episode's anchors once at reset and calls this every step, so the
-    per-step cost is the tilt itself; ``k`` must already be checked.
-    """
+    """``tilt_weights`` of an anchor already through ``masked_anchor`` and a checked ``k`` (the
+    environment masks an episode's anchors once at reset)."""
     a = np.asarray(action, dtype=np.float64)
     if a.shape[-1] != base.shape[-1]:
         raise ValueError(f"action has {a.shape[-1]} slots, the anchor {base.shape[-1]}")
@@ -85,9 +77,8 @@ def apply_tilt(action: ArrayLike, base: FloatArray, k: float) -> FloatArray:
 
 
 def _tilt_one(a: FloatArray, base: FloatArray, k: float) -> FloatArray | None:
-    """``apply_tilt`` of one finite action vector in fewer numpy calls (the environment calls
-    it every step): the same operations in the same order, so the same bits. ``None`` when the
-    general path is needed (a NaN in the action, or a denominator lost to cancellation)."""
+    """``apply_tilt`` of one action vector in fewer numpy calls, the same bits; ``None`` when
+    the general path is needed (a NaN, or a denominator lost to cancellation)."""
     ka = np.maximum(a, -1.0)
     np.minimum(ka, 1.0, out=ka)
     ka *= k

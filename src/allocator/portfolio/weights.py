@@ -1,22 +1,10 @@
-"""Action -> weights: the one mapping from a policy's output to a valid allocation.
+"""Action -> weights: the one mapping from a policy's output to a valid allocation, used by
+training, export (a graph tested against it), backtests and the server.
 
-Training, ONNX export, backtests and the server all call this (or, in ONNX, a graph that is
-tested against it), so a policy is always served under the mapping it was trained with.
-
-Conventions (the policy contract shared by trainer, export and server):
-
-* Vectors have length ``max_assets + 1``, cash first. ``mask`` marks live slots; cash is always
-  live, whatever the mask says.
-* An action lies in ``[-1, 1]`` per slot (a tanh actor). It is mapped affinely to a preference
-  ``x = (a + 1) / 2`` in ``[0, 1]``, zeroed on masked slots, and renormalized to sum to 1.
-  The affine map (rather than a softmax) lets a bounded actor put everything in one asset.
-
-Degenerate inputs have defined results, never NaN:
-
-* actions outside ``[-1, 1]`` saturate (so -inf means 0 and +inf full preference); NaN counts
-  as zero preference;
-* when no live slot has positive preference (all live actions at -1, all NaN, or an empty
-  mask) the whole allocation goes to cash: "nothing wanted" means "hold cash".
+Vectors have length ``max_assets + 1``, cash first; cash is live whatever the mask says. An
+action in ``[-1, 1]`` maps affinely to a preference ``(a + 1) / 2`` (a softmax could not put
+everything in one asset), zeroed on masked slots and renormalized. Actions outside saturate,
+NaN is zero preference, and no positive live preference means all cash: never NaN.
 """
 
 from __future__ import annotations
@@ -36,11 +24,8 @@ FloatArray = NDArray[np.float64]
 
 
 def live_mask(mask: ArrayLike) -> NDArray[np.bool_]:
-    """Boolean mask with the cash slot forced live (cash can never be masked).
-
-    A one-dimensional bool array whose cash slot is already live is returned as it is (the
-    environment's per-step calls): callers read the result and never write into it.
-    """
+    """Boolean mask with the cash slot forced live; a 1-D bool array already so is returned as
+    is (the environment's per-step calls), so callers never write into the result."""
     if (
         isinstance(mask, np.ndarray)
         and mask.dtype == np.bool_
@@ -57,13 +42,9 @@ def live_mask(mask: ArrayLike) -> NDArray[np.bool_]:
 
 
 def renormalize(x: ArrayLike, mask: ArrayLike) -> FloatArray:
-    """Zero masked slots and scale the rest to sum to 1; all-zero rows become all-cash.
-
-    Negative and non-finite entries count as zero. Works on any leading batch shape; one mask
-    may serve a whole batch. This runs twice per environment step, hence the fast path for the
-    common finite case. Totals are summed in sorted order, so permuting the slots permutes the
-    result bit for bit (float addition is not associative).
-    """
+    """Zero masked slots (and negative or non-finite entries) and scale the rest to sum to 1;
+    all-zero rows become all-cash. Totals are summed sorted, so permuting the slots permutes the
+    result bit for bit."""
     live = live_mask(mask)
     v = np.array(x, dtype=np.float64)  # a copy: written into below
     check_mask_shape(v, live)
@@ -71,15 +52,13 @@ def renormalize(x: ArrayLike, mask: ArrayLike) -> FloatArray:
 
 
 def check_mask_shape(v: FloatArray, live: NDArray[np.bool_]) -> None:
-    """``ValueError`` unless one mask (or a batch of them) fits the weights' slots."""
     if v.shape[-1:] != live.shape[-1:] or live.ndim > v.ndim:
         raise ValueError(f"weights shape {v.shape} does not match mask shape {live.shape}")
 
 
 def renormalize_owned(v: FloatArray, live: NDArray[np.bool_]) -> FloatArray:
-    """``renormalize`` of a float64 array the caller owns (it is written into), with ``live``
-    from ``live_mask`` and shapes already checked: EMA smoothing builds a fresh blend every
-    step and need not pay for another copy of it."""
+    """``renormalize`` in place, of a checked float64 array the caller owns (EMA smoothing's
+    fresh blend need not be copied again); fast path for the common finite case."""
     np.fmax(v, 0.0, out=v)  # negatives and NaN -> 0 (fmax ignores NaN)
     v *= live
     if v.ndim == 1:
@@ -105,11 +84,7 @@ def renormalize_owned(v: FloatArray, live: NDArray[np.bool_]) -> FloatArray:
 
 
 def action_to_weights(action: ArrayLike, mask: ArrayLike) -> FloatArray:
-    """Map a policy action in ``[-1, 1]^(max_assets+1)`` and a mask to portfolio weights.
-
-    The result is non-negative, zero on masked slots and sums to 1 (see the module docstring
-    for the degenerate cases).
-    """
+    """Portfolio weights (non-negative, 0 on masked slots, summing to 1) of an action."""
     a = np.asarray(action, dtype=np.float64)
     # Upper bound with np.minimum so NaN stays NaN; renormalize zeroes it and negatives.
     preference = np.minimum((a + 1.0) * 0.5, 1.0)
@@ -117,10 +92,8 @@ def action_to_weights(action: ArrayLike, mask: ArrayLike) -> FloatArray:
 
 
 def weights_to_action(weights: ArrayLike) -> FloatArray:
-    """An action that ``action_to_weights`` maps back to ``weights`` (for scripted policies).
-
-    Scales the weights so the largest becomes preference 1, which keeps actions in range.
-    """
+    """An action that ``action_to_weights`` maps back to ``weights`` (scripted policies); the
+    largest weight becomes preference 1, keeping actions in range."""
     w = np.asarray(weights, dtype=np.float64)
     top = np.max(w, axis=-1, keepdims=True)
     pref = np.divide(w, top, out=np.zeros_like(w), where=top > 0)

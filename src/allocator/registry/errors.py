@@ -38,11 +38,8 @@ REFUSAL_REASONS = (
 
 
 class ModelLoadError(ValueError):
-    """A model directory that cannot be served; the message names the offending file.
-
-    ``reason`` (one of ``REFUSAL_REASONS``) classifies it for the refusal metric and
-    ``ListModels``; the message says the rest.
-    """
+    """A model directory that cannot be served; ``reason`` (one of ``REFUSAL_REASONS``) labels
+    the refusal metric and ``ListModels``, the message names the offending file."""
 
     def __init__(self, message: str, reason: str = BAD_GRAPH) -> None:
         if reason not in REFUSAL_REASONS:
@@ -52,7 +49,7 @@ class ModelLoadError(ValueError):
 
 
 class ModelNotFoundError(ModelLoadError):
-    """The registry has no such model or version; the message names what was asked."""
+    """The registry has no such model or version."""
 
     def __init__(self, message: str, reason: str = MISSING_FILE) -> None:
         super().__init__(message, reason)

@@ -1,27 +1,11 @@
 """What a published version directory holds: the exporter writes it, the loader checks it.
 
-``REGISTRY/NAME/VERSION/`` holds ``model.onnx`` (the policy graph), optionally ``icm.onnx``
-(the curiosity graph, for monitoring) and ``manifest.json`` listing both with their sha256.
-Every graph input and output is float32 with a dynamic batch axis. A flat-MLP policy graph
-(manifest ``policy.kind == "mlp"``) takes ``[batch, width]`` inputs of the trained width. A
-shared policy graph (``policy.kind == "shared"``) also has a dynamic asset axis N: it takes the
-features of any number of assets and returns only the action, because the anchor and the tilt
-mapping are computed from the request's prices by the server, outside the graph.
+Every graph input and output is float32 with a dynamic batch axis; a shared policy's graph also
+has a dynamic asset axis N and returns only the action (the server computes the anchor and the
+tilt from the request's prices, outside the graph).
 """
 
 from __future__ import annotations
-
-__all__ = [
-    "ICM_FILE",
-    "ICM_INPUTS",
-    "ICM_OUTPUT",
-    "ICM_OUTPUTS",
-    "MODEL_FILE",
-    "POLICY_INPUTS",
-    "POLICY_OUTPUTS",
-    "SHARED_POLICY_INPUTS",
-    "SHARED_POLICY_OUTPUTS",
-]
 
 MODEL_FILE = "model.onnx"
 ICM_FILE = "icm.onnx"

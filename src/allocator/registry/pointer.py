@@ -1,9 +1,5 @@
-"""Which version of a model is production: the pointer file, and the rule when it is unset.
-
-``REGISTRY/NAME/production.json`` (``{"version": ..., "promoted_at": ..., ...details}``) is
-moved only by a promotion, atomically, so a server scanning the registry reads the old pointer
-or the new one, never a torn file. Without a usable pointer, the newest version answers.
-"""
+"""Which version of a model is production: ``REGISTRY/NAME/production.json``, written
+atomically by a promotion; without a usable pointer, the newest version answers."""
 
 from __future__ import annotations
 
@@ -20,25 +16,14 @@ from allocator.registry.errors import ModelNotFoundError
 from allocator.registry.naming import version_key
 from allocator.registry.versions import versions
 
-__all__ = [
-    "PRODUCTION_FILE",
-    "choose_production",
-    "production_version",
-    "read_production_pointer",
-    "write_production_pointer",
-]
-
 log = logging.getLogger("allocator.registry")
 
 PRODUCTION_FILE = "production.json"
 
 
 def read_production_pointer(registry: str | Path, name: str) -> dict[str, Any] | None:
-    """The production pointer of ``name`` (``{"version": ..., ...}``), or None if unset.
-
-    An unreadable pointer is logged and treated as unset: serving the newest version beats
-    serving nothing.
-    """
+    """``{"version": ..., ...}``, or None if unset. An unreadable pointer is logged and counts
+    as unset: serving the newest version beats serving nothing."""
     path = Path(registry) / name / PRODUCTION_FILE
     try:
         data = json.loads(path.read_text())
@@ -70,11 +55,8 @@ def write_production_pointer(
 
 
 def choose_production(pointed: str | None, available: Iterable[str]) -> tuple[str | None, str]:
-    """The version that answers among ``available``, and how it was chosen.
-
-    The pointer's version (``pointed``) when it is available, else the newest available one;
-    None when nothing is available.
-    """
+    """The version that answers (``pointed`` if available, else the newest, else None) and
+    how it was chosen."""
     found = list(available)
     if pointed is not None and pointed in found:
         return pointed, "production pointer"

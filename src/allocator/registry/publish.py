@@ -1,9 +1,5 @@
-"""Publishing versions: a reader sees no version directory or a complete one, never a part.
-
-A version is assembled in a hidden staging directory beside its final place (same file
-system), fsync'd, and renamed into place in one step; an existing version is never
-overwritten. A promotion (candidate moved in, pointer moved) can be undone until the caller
-has recorded it.
+"""Publishing versions: staged in a hidden directory on the same file system, fsync'd and
+renamed into place, so a reader sees no version or a whole one; versions are never overwritten.
 """
 
 from __future__ import annotations
@@ -21,14 +17,6 @@ from allocator.artifacts.manifest import Manifest, checksums, write_manifest
 from allocator.registry.errors import PublishError
 from allocator.registry.naming import STAGING_PREFIX, is_valid_name
 from allocator.registry.pointer import PRODUCTION_FILE, write_production_pointer
-
-__all__ = [
-    "PendingPromotion",
-    "check_name",
-    "move_version",
-    "publish_files",
-    "refuse_existing",
-]
 
 log = logging.getLogger("allocator.registry")
 
@@ -63,11 +51,8 @@ def move_version(src: Path, dst: Path) -> Path:
 
 
 def publish_files(files: list[Path], manifest: Manifest, model_dir: Path, version: str) -> Path:
-    """Stage ``files`` and the manifest (with their sha256) in ``model_dir``, rename into place.
-
-    The staging directory (``model_dir/.tmp-<uuid>``, hidden: never listed as a version) is
-    removed on any failure.
-    """
+    """Stage ``files`` and the manifest (with their sha256) in ``model_dir``, rename into place;
+    the staging directory is removed on any failure."""
     model_dir.mkdir(parents=True, exist_ok=True)
     staging = model_dir / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
     staging.mkdir()
@@ -87,12 +72,9 @@ def publish_files(files: list[Path], manifest: Manifest, model_dir: Path, versio
 
 
 class PendingPromotion:
-    """The file-system side of promoting a candidate of ``name``, undoable until recorded.
-
-    ``publish`` moves the candidate's directory into the registry, ``point`` moves the
-    production pointer; ``undo`` puts back the pointer as it was at construction and moves
-    the published directories back where they came from.
-    """
+    """The file-system side of promoting a candidate of ``name``, undoable until recorded:
+    ``undo`` restores the pointer as it was at construction and moves published directories
+    back."""
 
     def __init__(self, registry: Path, name: str) -> None:
         self.registry = registry
@@ -102,13 +84,11 @@ class PendingPromotion:
         self.moves: list[tuple[Path, Path]] = []
 
     def publish(self, candidate_dir: Path, version: str) -> Path:
-        """Move ``candidate_dir`` to ``REGISTRY/NAME/version``; returns the new directory."""
         target = move_version(candidate_dir, self.registry / self.name / version)
         self.moves.append((candidate_dir, target))
         return target
 
     def point(self, version: str, **details: Any) -> dict[str, Any]:
-        """Move the production pointer to ``version`` (see ``write_production_pointer``)."""
         return write_production_pointer(self.registry, self.name, version, **details)
 
     def undo(self) -> None:

@@ -1,10 +1,5 @@
-"""Which directories of a registry are model versions, and which version a name resolves to.
-
-A version is a non-hidden directory ``REGISTRY/NAME/VERSION`` holding ``manifest.json``: the
-manifest is written last, so a directory without one is an export in progress; hidden
-directories (``.tmp-<uuid>`` staging, the ``.candidates`` area) are never versions, even once
-complete.
-"""
+"""Which registry directories are versions: non-hidden ones holding ``manifest.json`` (written
+last, so a directory without one is an export in progress)."""
 
 from __future__ import annotations
 
@@ -15,17 +10,6 @@ from pathlib import Path
 from allocator.artifacts.manifest import MANIFEST_FILE
 from allocator.registry.errors import ModelNotFoundError
 from allocator.registry.naming import is_hidden, is_valid_name, version_key
-
-__all__ = [
-    "CANDIDATES_DIR",
-    "check_component",
-    "dated_version",
-    "latest_version",
-    "list_models",
-    "next_version",
-    "resolve",
-    "versions",
-]
 
 CANDIDATES_DIR = ".candidates"
 """Where candidates wait, inside the registry (``REGISTRY/.candidates/NAME/VERSION``): hidden
@@ -39,7 +23,7 @@ def check_component(value: str, what: str, registry: Path) -> None:
 
 
 def versions(model_dir: Path) -> list[str]:
-    """The versions in ``model_dir`` (``REGISTRY/NAME``), oldest first (``version_key``)."""
+    """The versions in ``REGISTRY/NAME``, oldest first."""
     if not model_dir.is_dir():
         return []
     found = [
@@ -94,10 +78,8 @@ def resolve(registry: str | Path, name: str, version: str | None = None) -> Path
 
 
 def next_version(model_dir: Path) -> str:
-    """One more than the largest integer-named directory in ``model_dir`` ("1" when none).
-
-    Directories without a manifest count too: an export in progress has taken its number.
-    """
+    """One more than the largest integer-named directory ("1" when none); one without a
+    manifest counts too: an export in progress has taken its number."""
     numbers = (
         [int(p.name) for p in model_dir.iterdir() if p.is_dir() and re.fullmatch(r"\d+", p.name)]
         if model_dir.is_dir()
@@ -107,11 +89,8 @@ def next_version(model_dir: Path) -> str:
 
 
 def dated_version(registry: Path, name: str, day: dt.date) -> str:
-    """``YYYYMMDD`` of ``day``, or ``YYYYMMDD.N`` if that is taken (served or candidate).
-
-    Numeric, so ``version_key`` orders these by date and after the small integers of
-    ``next_version``. Any entry of ``REGISTRY/NAME`` takes its name, manifest or not.
-    """
+    """``YYYYMMDD`` of ``day``, or ``YYYYMMDD.N`` if taken by a version, a candidate or any
+    entry of ``REGISTRY/NAME``."""
     model_dir = registry / name
     taken = set(versions(model_dir)) | set(versions(registry / CANDIDATES_DIR / name))
     taken |= {p.name for p in model_dir.glob("*")} if model_dir.is_dir() else set()
