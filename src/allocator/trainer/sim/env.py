@@ -1,37 +1,18 @@
 """``PortfolioEnv``: cash plus a random subset of up to ``max_assets`` assets, daily rebalancing.
 
-One step at date t (after its close):
+One step at date t: the action maps to raw weights ``w``, smoothed into the executed target
+``s = ema_smooth(s_prev, w, mask, beta)``; the drifted holdings ``h`` trade to ``s`` at a cost
+of ``cost_bps/1e4 * (sold + sum|s - h|) * NAV``, taken out of NAV; prices then move to t+1 and
+the holdings drift. Holdings are fractional.
 
-1. the action maps to raw weights ``w`` (``portfolio.action_to_weights``) and is smoothed into the
-   executed target ``s = ema_smooth(s_prev, w, mask, beta)``;
-2. the holdings, drifted to weights ``h`` by yesterday's moves, are traded to ``s``:
-   ``turnover = sold + sum_{assets} |s_i - h_i|`` of NAV (``sold``: see below, usually 0), and
-   ``cost = cost_bps/1e4 * turnover * NAV`` is taken out of NAV (``NAV' = NAV - cost``, then
-   held in the proportions ``s``);
-3. prices move to t+1: ``NAV_{t+1} = NAV' * sum_i s_i g_i`` with ``g_i = P_{t+1,i}/P_{t,i}``
-   (cash 1),
-   and the holdings drift to ``s_i g_i / sum_j s_j g_j``.
+A universe change (``change_universe`` or the ``universe_changes`` reset option) applies at the
+next decision: live slots stay a prefix (stayers in order, then joiners; ``sim/universe.py``),
+every carried vector and the history's columns move by asset id, the leavers' holdings are sold
+into cash (``sold``, paid in the next step's turnover) and the per-decision arrays are rebuilt
+so the next observation is the contract observation of the new universe.
 
-The universe may change between two decisions (``change_universe``, or the reset option
-``universe_changes``), at the next decision date t, before its decision:
-
-* live slots stay a prefix: the staying assets keep their relative order and the joining ones
-  follow in the order given (``sim/universe.py``); ``asset_index``, ``asset_names`` and
-  ``mask`` follow that layout, and every carried vector moves with it by asset id;
-* the holdings of the assets that leave are sold into cash at t's close: ``sold`` (their weight)
-  is part of the next step's turnover and pays its cost there (``info["liquidation_turnover"]``),
-  so the trade is counted even when a slot is reused; joining assets hold 0;
-* the previous executed weights move by asset id, the leaving assets' entries dropped, and
-  step 1's ``ema_smooth`` renormalizes them under the new mask: the server's rule;
-* the per-decision arrays (slot prices, growth, features, anchors) are rebuilt from t on, so the
-  next observation is the contract observation of the new universe's closes;
-* the episode history's per-slot columns move by asset id (``EpisodeHistory.remap``: a joining
-  asset's past is weight 0 at a flat price, a leaving asset's is dropped), so rewards read no
-  slot that mixes two assets; the sale's cost is in the step's NAV return.
-
-Holdings are fractional (``shares_i = NAV' s_i / P_t,i`` in ``info``). Everything runs on arrays
-prepared for a universe's span of the episode, so that an agent's updates, not the environment,
-dominate training time.
+Everything runs on arrays prepared per universe span, so an agent's updates, not the
+environment, dominate training time.
 """
 
 from __future__ import annotations
@@ -152,12 +133,10 @@ class EnvConfig(StrictModel):
 class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     """Gymnasium environment over ``MarketData`` with the shared policy contract.
 
-    ``reset(options=...)`` accepts ``assets`` (names, in slot order), ``start`` (a date or a row
-    index: the first decision date) and ``episode_length`` to pin an episode, as backtests do,
-    and ``universe_changes`` (``{step: names}``, each the whole universe from decision ``step``
-    on, applied before it; the step's ``info["assets"]`` names the new universe). Every
-    universe needs closes from ``history`` rows before its first decision to the close its last
-    one is valued at, so an asset may list or delist mid-episode.
+    ``reset(options=...)`` pins an episode with ``assets`` (slot order), ``start`` (date or row:
+    the first decision) and ``episode_length``, and takes ``universe_changes`` (``{step:
+    names}``, the whole universe from decision ``step`` on). Every universe needs closes from
+    ``history`` rows before its first decision to the close its last one is valued at.
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's class attribute
@@ -222,11 +201,6 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
 
     # --- episode set-up ------------------------------------------------------------------
 
-    def _resolve_start(self, start: Any) -> int:
-        if isinstance(start, (int, np.integer)):
-            return int(start)
-        return self.data.date_index(start, "left")
-
     def _universe(
         self, names: Sequence[str], first: int, last: int, span: str | None = None
     ) -> list[int]:
@@ -245,7 +219,8 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         cfg, w = self.config, self._history
         length = int(options.get("episode_length", cfg.episode_length))
         if "start" in options:
-            t0 = self._resolve_start(options["start"])
+            t0 = options["start"]
+            t0 = int(t0) if isinstance(t0, int | np.integer) else self.data.date_index(t0)
             length = min(length, self.data.n_dates - 1 - t0)
         else:
             hi = self.data.n_dates - 1 - length
