@@ -1,10 +1,5 @@
 """Prices in the trade database: the idempotent upsert behind ``allocator data ingest`` and the
-read behind ``dataset: database``.
-
-Only rows that passed the market-data row checks (``data.check_rows``) reach the upsert, and the
-read hands its rows to the same validation a file gets, so the database is one more source of
-prices, never a second set of rules.
-"""
+read behind ``dataset: database``. Both go through ``data``'s checks: one set of rules."""
 
 from __future__ import annotations
 
@@ -63,12 +58,8 @@ class UpsertCounts:
 
 
 def upsert_prices(conn: Connection, rows: pd.DataFrame, source: str) -> UpsertCounts:
-    """Insert or update ``rows`` (``date``, ``asset``, ``close``; unique pairs) on ``conn``.
-
-    The caller owns the transaction, so a file's rows are stored together or not at all. A row
-    whose close equals the stored one is not written (its ``source`` keeps naming the file that
-    first gave it).
-    """
+    """Insert or update ``rows`` (``date``, ``asset``, ``close``; unique pairs) in the caller's
+    transaction; an unchanged close is not written (its ``source`` keeps the first file)."""
     if rows.empty:
         return UpsertCounts(0, 0, 0)
     frame = rows[["date", "asset", "close"]].copy()
