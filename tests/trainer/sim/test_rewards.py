@@ -413,7 +413,7 @@ def test_total_variation_penalty_sums_l1_moves_over_the_window():
 def test_reward_function_selects_the_configured_kind(kind, cls):
     f = RewardFunction(RewardConfig(kind=kind))
     assert type(f.reward) is cls
-    assert f.penalties == []  # all penalty weights default to 0
+    assert f.penalties == PenaltySettings(turnover=0, jitter=0, total_variation=0)  # all off
     assert play(f) == pytest.approx(play(cls(getattr(f.config, f.config.kind.lower()))), **TOL)
 
 

@@ -254,7 +254,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         super().reset(seed=seed)
         idx, t0, length, changes = self._sample_episode(options or {})
         self._t0, self._length, self._k, self._changes = t0, length, 0, changes
-        self._install(idx, self._episode_rows(idx, 0))
+        self._install(idx, 0)
         self._done = False
         self.nav = self.config.initial_value
         self.drifted = np.zeros(self.n_slots)
@@ -267,53 +267,40 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.reward_fn.reset()
         return self._observation(), {"assets": self.asset_names, "date": self.date, "nav": self.nav}
 
-    def _episode_rows(self, idx: list[int], k0: int) -> dict[str, Any]:
-        """The per-decision arrays of universe ``idx`` from decision ``k0`` to the end of its
-        span (the next scheduled change, else the episode's end), computed in one go."""
+    def _install(self, idx: list[int], k0: int) -> None:
+        """Make ``idx`` the universe (slots 1..k in that order) from decision ``k0`` to the end
+        of its span (the next scheduled change, else the episode's end), preparing its
+        per-decision arrays in one go."""
         m, w, h = self.config.max_assets, self.config.window, self._history
         t = self._t0 + k0
         n = segment_end(self._changes, k0, self._length) - k0  # decisions in the span
-        k = len(idx)
-        # Slot prices over the span (cash and empty slots fixed at 1).
-        prices = np.ones((n + 1, self.n_slots))
-        prices[:, 1 : k + 1] = self.data.prices[t : t + n + 1][:, idx]
-        rows: dict[str, Any] = {"row0": k0, "prices": prices, "anchors": None}
-        if self.asset_spec is None:
-            feats = np.zeros((n + w, m), np.float32)
-            feats[:, :k] = self._features[t - w + 1 : t + n + 1][:, idx]
-            rows["features"] = feats
-        else:
-            rows["features"] = self._table.episode(idx, t, n + 1, m)
-        if self._map_action.tilt:
-            window = self.data.prices[t - h : t + n + 1][:, idx]
-            spec = self.config.action.anchor.spec
-            rows["anchors"] = episode_anchors(window, spec, self.n_slots, h + 1)
-        return rows
-
-    def _install(self, idx: list[int], rows: dict[str, Any]) -> None:
-        """Make ``idx`` the universe (slots 1..k in that order) with its prepared arrays."""
         k = len(idx)
         self.asset_index = np.asarray(idx, dtype=np.int64)
         self.asset_names = tuple(self.data.assets[i] for i in idx)
         self.mask = np.zeros(self.n_slots, dtype=bool)
         self.mask[: k + 1] = True
         self._mask_f32 = self.mask.astype(np.float32)
-        self._row0 = rows["row0"]
-        self._slot_prices = rows["prices"]
+        self._row0 = k0
+        self._slot_prices = np.ones((n + 1, self.n_slots))  # cash and empty slots fixed at 1
+        self._slot_prices[:, 1 : k + 1] = self.data.prices[t : t + n + 1][:, idx]
         self._growth = self._slot_prices[1:] / self._slot_prices[:-1]
-        self._episode_features = rows["features"]
-        self._anchors = rows["anchors"]
+        if self.asset_spec is None:
+            self._episode_features = np.zeros((n + w, m), np.float32)
+            self._episode_features[:, :k] = self._features[t - w + 1 : t + n + 1][:, idx]
+        else:
+            self._episode_features = self._table.episode(idx, t, n + 1, m)
+        self._anchors = None
+        if self._map_action.tilt:
+            window = self.data.prices[t - h : t + n + 1][:, idx]
+            spec = self.config.action.anchor.spec
+            self._anchors = episode_anchors(window, spec, self.n_slots, h + 1)
 
     # --- universe changes ------------------------------------------------------------------
 
     def change_universe(self, assets: Sequence[str]) -> tuple[NDArray[np.float32], dict[str, Any]]:
-        """Make ``assets`` the universe from the next decision on (see the module docstring);
-        returns the new observation and ``{"assets", "date", "nav", "liquidation_turnover"}``.
-
-        ``ValueError``, with the environment unchanged, for an episode that is over, an empty,
-        unknown, repeated or too large list, or an asset without closes from ``history`` rows
-        before the next decision to the end of the episode (or of the next scheduled change).
-        """
+        """Make ``assets`` the universe from the next decision on; returns the observation and
+        ``{"assets", "date", "nav", "liquidation_turnover"}``. ``ValueError``, the environment
+        unchanged, for a finished episode or a list ``reset`` would refuse."""
         if self._done:
             raise ValueError("the episode is over: reset() before changing its universe")
         if isinstance(assets, str):
@@ -331,17 +318,15 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         """Apply a checked universe at the next decision: sell the leavers into cash, carry the
         holdings, executed weights and history by asset id, rebuild the arrays."""
         order = universe_order(self.asset_names, names)
-        idx = [self._column[a] for a in order]
-        rows = self._episode_rows(idx, self._k)
         source = slot_sources(self.asset_names, order, self.n_slots)
         sold = float(self.drifted[left_slots(self.asset_names, order)].sum())
+        self._install([self._column[a] for a in order], self._k)
         drifted = carry(self.drifted, source)
         drifted[0] += sold
         self.drifted = drifted
         if self.executed is not None:
             self.executed = carry(self.executed, source)
         self._sold += sold
-        self._install(idx, rows)
         self.history.remap(source, self.mask, self._slot_prices[0])
         return self.asset_names
 

@@ -252,16 +252,7 @@ class RewardFunction:
         # prices), so subtracting it leaves the best action where it was while it takes the
         # market's common move out of every reward: a control variate for the critic's target.
         self.relative = config.relative_to == "anchor"
-        p = config.penalties
-        self.penalties: list[Callable[[EpisodeHistory], float]] = []
-        if p.turnover:
-            self.penalties.append(lambda h: turnover_penalty(h, p.turnover))
-        if p.jitter:
-            self.penalties.append(lambda h: jitter_penalty(h, p.jitter, p.jitter_deadband))
-        if p.total_variation:
-            self.penalties.append(
-                lambda h: total_variation_penalty(h, p.total_variation, p.tv_window)
-            )
+        self.penalties = config.penalties
 
     def reset(self) -> None:
         self.reward.reset()
@@ -270,6 +261,11 @@ class RewardFunction:
         r = self.reward(h)
         if self.relative:
             r -= float(h.benchmark[h.steps - 1])
-        for penalty in self.penalties:
-            r -= penalty(h)
+        p = self.penalties  # a zero weight skips its penalty
+        if p.turnover:
+            r -= turnover_penalty(h, p.turnover)
+        if p.jitter:
+            r -= jitter_penalty(h, p.jitter, p.jitter_deadband)
+        if p.total_variation:
+            r -= total_variation_penalty(h, p.total_variation, p.tv_window)
         return r * self.scale
