@@ -3,6 +3,7 @@ weights (cash first). Fitted ones (min-variance, HRP) see only returns up to the
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -89,16 +90,13 @@ class EqualWeight:
         return ctx.slot_weights(np.full(n, 1.0 / n))
 
 
-class BuyAndHold:
+class BuyAndHold(EqualWeight):
     """1/N once at the start, then let the weights drift: no further trades."""
 
     name = "buy-and-hold"
 
-    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        if ctx.step == 0:
-            n = len(ctx.assets)
-            return ctx.slot_weights(np.full(n, 1.0 / n))
-        return ctx.weights
+    def __init__(self) -> None:
+        super().__init__(rebalance_every=sys.maxsize)
 
 
 class _FittedOptimizer:

@@ -40,9 +40,10 @@ class RegimeFilter:
         """Log-likelihood of one day's log returns under each regime (up to a constant)."""
         raise NotImplementedError
 
-    def update(self, prices: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Fold the closes not seen yet into the posterior (oldest first) and return it."""
-        if len(prices) < self.seen:  # a shorter history is another one: start again
+    def update(self, prices: NDArray[np.float64], step: int = -1) -> NDArray[np.float64]:
+        """Fold the closes not seen yet into the posterior (oldest first) and return it; a
+        backtest's first decision (``step`` 0) or a shorter history starts again."""
+        if step == 0 or len(prices) < self.seen:
             self.reset()
         returns = np.diff(np.log(prices[self.seen - 1 :]), axis=0)
         for r in returns:
@@ -79,9 +80,7 @@ class RotationFilter(RegimeFilter):
         return -((r - self.means) ** 2).sum(axis=1) / (2 * self.var)
 
     def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        if ctx.step == 0:  # a backtest's first decision: its whole history, from scratch
-            self.reset()
-        posterior = self.update(ctx.prices)
+        posterior = self.update(ctx.prices, ctx.step)
         if self.book == "posterior":
             return ctx.slot_weights(posterior)
         held = np.zeros_like(posterior)
@@ -118,14 +117,12 @@ class SectorFilter(RegimeFilter):
         return -0.5 * np.einsum("si,ij,sj->s", d, self.precision, d)
 
     def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        if ctx.step == 0:
-            self.reset()
         columns = [self.names.index(a) for a in ctx.assets]
         if len(columns) != len(self.names):
             raise ValueError("the sector filter needs every asset of the market")
         prices = np.empty_like(ctx.prices)
         prices[:, columns] = ctx.prices
-        posterior = self.update(prices)
+        posterior = self.update(prices, ctx.step)
         held = self.means[np.argmax(posterior)] > 0
         return ctx.slot_weights(held[columns] / held.sum())
 
