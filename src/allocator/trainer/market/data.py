@@ -334,11 +334,3 @@ def from_wide(frame: pd.DataFrame, source: str) -> MarketData:
         assets=tuple(str(c) for c in frame.columns),
         source=source,
     )
-
-
-def to_long_frame(data: MarketData) -> pd.DataFrame:
-    """Long-format frame (date, asset, close) of ``data``; the inverse of loading."""
-    frame = data.to_frame()
-    frame.index.name = "date"
-    long = frame.reset_index().melt(id_vars="date", var_name="asset", value_name="close")
-    return long.dropna(subset=["close"]).sort_values(["date", "asset"]).reset_index(drop=True)

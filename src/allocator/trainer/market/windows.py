@@ -75,15 +75,11 @@ class WindowSpec(StrictModel):
 
 
 def _anchors(spec: WindowSpec, last: pd.Timestamp) -> pd.DatetimeIndex:
-    """Period boundaries from ``start`` rolled back onto the calendar, past the last date."""
+    """Period boundaries from ``start`` rolled back onto the calendar, to one test length past
+    the last date (the last test span needs its end)."""
     offset = to_offset(spec.freq)
     first = offset.rollback(pd.Timestamp(spec.start))
-    n = 2
-    while True:  # enough anchors to cover the data plus one test length beyond it
-        anchors = pd.date_range(first, periods=n, freq=offset)
-        if anchors[-1] > last + spec.test_periods * offset:
-            return anchors
-        n *= 2
+    return pd.date_range(first, last + (spec.test_periods + 1) * offset, freq=offset)
 
 
 def make_windows(dates: Sequence[Any] | pd.DatetimeIndex, spec: WindowSpec) -> list[Window]:
