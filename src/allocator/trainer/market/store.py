@@ -66,19 +66,17 @@ def upsert_prices(conn: Connection, rows: pd.DataFrame, source: str) -> UpsertCo
     frame["date"] = pd.to_datetime(frame["date"]).dt.date
     stored = stored_closes(conn, frame)
     keys = list(zip(frame["asset"], frame["date"], strict=True))
-    previous = [stored.get(k) for k in keys]
     closes = frame["close"].astype(float).tolist()
-    new = [p is None for p in previous]
-    changed = [p is not None and p != c for p, c in zip(previous, closes, strict=True)]
     now = utcnow()
-    payload = [
+    payload = [  # new or changed rows only
         {"asset": a, "date": d, "close": c, "source": source, "ingested_at": now}
-        for (a, d), c, n, ch in zip(keys, closes, new, changed, strict=True)
-        if n or ch
+        for (a, d), c in zip(keys, closes, strict=True)
+        if stored.get((a, d)) != c
     ]
     if payload:
         conn.execute(upsert_statement(conn), payload)
-    return UpsertCounts(sum(new), sum(changed), len(keys) - sum(new) - sum(changed))
+    added = sum(k not in stored for k in keys)
+    return UpsertCounts(added, len(payload) - added, len(keys) - len(payload))
 
 
 def upsert_statement(conn: Connection) -> Any:

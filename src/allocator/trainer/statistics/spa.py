@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 from arch.bootstrap import SPA
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
-from allocator.trainer.statistics.checks import FLAT, daily_returns, positive_int
+from allocator.trainer.statistics.checks import FLAT, daily_returns, paired_returns, positive_int
 from allocator.trainer.statistics.sharpe import block_size
 
 
@@ -113,15 +113,10 @@ def policy_superiority(
         raise ValueError("baselines is empty: the policy needs at least one baseline to beat")
     returns = daily_returns(policy, "policy")
     losses = -returns
-    others: dict[str, NDArray[np.float64]] = {}
-    for name, values in baselines.items():
-        r = daily_returns(values, f"baseline {name!r}")
-        if r.size != returns.size:
-            raise ValueError(
-                f"baseline {name!r} has {r.size} daily returns but the policy has "
-                f"{returns.size}: the series must cover the same days"
-            )
-        others[name] = -r
+    others = {
+        name: -paired_returns(values, returns, (f"baseline {name!r}", "the policy"))[:, 0]
+        for name, values in baselines.items()
+    }
     per = {
         name: spa_pvalues(loss, losses, block=block, reps=reps, seed=seed)
         for name, loss in others.items()
