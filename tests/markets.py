@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from allocator.trainer.market.data import MarketData, from_wide, load_dataset, to_long_frame
+from allocator.trainer.market.data import MarketData, from_wide, load_dataset
 from allocator.trainer.market.generated import drift_market, rotating_market, rotating_schedule
 
 __all__ = [
@@ -21,9 +21,18 @@ __all__ = [
     "rotating_market",
     "rotating_schedule",
     "tiny_model_options",
+    "to_long_frame",
     "write_market",
     "write_sp500_slice",
 ]
+
+
+def to_long_frame(data: MarketData) -> pd.DataFrame:
+    """Long-format frame (date, asset, close) of ``data``; the inverse of loading."""
+    frame = data.to_frame()
+    frame.index.name = "date"
+    long = frame.reset_index().melt(id_vars="date", var_name="asset", value_name="close")
+    return long.dropna(subset=["close"]).sort_values(["date", "asset"]).reset_index(drop=True)
 
 
 def write_market(frame: pd.DataFrame, path: Path) -> Path:

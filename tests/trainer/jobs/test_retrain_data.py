@@ -18,9 +18,10 @@ from allocator.registry.pointer import read_production_pointer
 from allocator.trainer.jobs.retrain.config import RetrainConfig, load_retrain_config
 from allocator.trainer.jobs.retrain.runner import retrain
 from allocator.trainer.jobs.walk_forward.window import plan
-from allocator.trainer.market.data import MarketData, load_sp500, to_long_frame
+from allocator.trainer.market.data import MarketData, load_sp500
 from allocator.trainer.training.run_dir import CONFIG_FILE
 from allocator.typed_config import ConfigError
+from tests.markets import to_long_frame
 from tests.trainer.jobs.helpers import CONFIGS, migrated_sqlite, remigrate, rows
 from tests.trainer.jobs.helpers import tiny as tiny_walk_forward
 

@@ -15,9 +15,9 @@ from allocator.trainer.market.data import (
     load_dataset,
     load_prices,
     load_sp500,
-    to_long_frame,
     validate_long_frame,
 )
+from tests.markets import to_long_frame
 
 DATES = pd.bdate_range("2021-01-04", periods=8)  # Mon 4 Jan .. Wed 13 Jan 2021
 ASSETS = ("AAA", "BBB", "CCC")

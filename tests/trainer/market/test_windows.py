@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy.typing import NDArray
 from pydantic import ValidationError
 from skfolio.model_selection import WalkForward
 
@@ -20,7 +21,6 @@ from allocator.trainer.market.windows import (
     WindowError,
     WindowSpec,
     make_windows,
-    window_positions,
 )
 
 CALENDAR = pd.bdate_range("2001-01-01", "2012-12-31")  # 2001-01-01 is a Monday
@@ -43,6 +43,19 @@ def check_disjoint(dates: pd.DatetimeIndex, windows: list[Window], purge: int) -
         assert np.all(np.diff(train) == 1)
         assert np.all(np.diff(test) == 1)
         assert w.train_start <= w.train_end < w.test_start <= w.test_end
+
+
+def window_positions(dates: pd.DatetimeIndex, window: Window) -> dict[str, NDArray[np.int64]]:
+    """Row positions of a window's train and test days in ``dates``."""
+    d = pd.DatetimeIndex(dates)
+
+    def rows(lo: dt.date, hi: dt.date) -> NDArray[np.int64]:
+        return np.flatnonzero((d >= pd.Timestamp(lo)) & (d <= pd.Timestamp(hi)))
+
+    return {
+        "train": rows(window.train_start, window.train_end),
+        "test": rows(window.test_start, window.test_end),
+    }
 
 
 def test_rolling_years_cover_the_span_without_overlap() -> None:

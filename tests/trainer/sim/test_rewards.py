@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy.typing import ArrayLike
 from pydantic import ValidationError
 
 from allocator.trainer.sim.history import EpisodeHistory
@@ -39,10 +40,8 @@ from allocator.trainer.sim.rewards import (
     StructuredCreditSettings,
     TransactionCostReward,
     TransactionCostSettings,
-    coalition_value,
     downside_sigma,
     jitter_penalty,
-    shapley_monte_carlo,
     shapley_values,
     soft_log,
     sortino_potential,
@@ -264,6 +263,35 @@ def test_shapley_reward_sums_allocation_times_window_return():
     assert ShapleyReward(clipped)(history(1)) == 0.02
 
 
+def coalition_value(avg_alloc: ArrayLike, slot_returns: ArrayLike, coalition: set[int]) -> float:
+    """``v(S)``: the return of the coalition's allocations, the rest held in cash (return 0)."""
+    a = np.asarray(avg_alloc, dtype=np.float64)
+    r = np.asarray(slot_returns, dtype=np.float64)
+    final = sum(a[i] * (1.0 + r[i]) for i in coalition)
+    final += sum(a[i] for i in range(a.size) if i not in coalition)
+    return float(final - a.sum()) / float(a.sum()) if a.sum() > 0 else 0.0
+
+
+def shapley_monte_carlo(
+    value: Callable[[set[int]], float],
+    n_players: int,
+    n_samples: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Monte Carlo Shapley values: each player's mean marginal gain over random orders."""
+    phi = np.zeros(n_players)
+    for _ in range(n_samples):
+        order = rng.permutation(n_players)
+        before: set[int] = set()
+        v_before = value(before)
+        for player in order:
+            with_player = before | {int(player)}
+            v_with = value(with_player)
+            phi[player] += v_with - v_before
+            before, v_before = with_player, v_with
+    return phi / n_samples
+
+
 def test_shapley_values_closed_form_by_hand():
     phi = shapley_values([0.5, 0.3, 0.2], [0.0, 0.1, -0.2])
     assert phi == pytest.approx([0.0, 0.03, -0.04], **TOL)
@@ -385,7 +413,7 @@ def test_total_variation_penalty_sums_l1_moves_over_the_window():
 def test_reward_function_selects_the_configured_kind(kind, cls):
     f = RewardFunction(RewardConfig(kind=kind))
     assert type(f.reward) is cls
-    assert f.penalties == []  # all penalty weights default to 0
+    assert f.penalties == PenaltySettings(turnover=0, jitter=0, total_variation=0)  # all off
     assert play(f) == pytest.approx(play(cls(getattr(f.config, f.config.kind.lower()))), **TOL)
 
 

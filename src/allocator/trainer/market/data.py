@@ -138,28 +138,21 @@ def load_dataset(
     min_history: int = DEFAULT_MIN_HISTORY,
     as_of: DateLike | None = None,
 ) -> MarketData:
-    """``'sp500'`` for the embedded data, ``'database'`` for the prices stored in the trade
-    database (``$DATABASE_URL``, else the SQLite default), ``'generated:KIND:DRAW'`` for a draw
-    of a suite market (``market.generated``), else a CSV or Parquet file in long format. Dates
-    after ``as_of`` are left out (the database's default: today)."""
-    if str(name_or_path) == DATABASE:
+    """``'sp500'`` (embedded), ``'database'`` (``$DATABASE_URL``, else the SQLite default),
+    ``'generated:KIND:DRAW'`` (a suite market's draw), else a long-format CSV or Parquet file.
+    Dates after ``as_of`` are left out (the database's default: today)."""
+    name = str(name_or_path)
+    if name == DATABASE:
         return load_database(database_url(), as_of=as_of, min_history=min_history)
-    if (generated := load_generated(str(name_or_path))) is not None:
-        return generated if as_of is None else generated.between(None, as_of)
-    data = load_sp500() if str(name_or_path) == SP500 else load_prices(name_or_path, min_history)
-    return data if as_of is None else data.between(None, as_of)
-
-
-def load_generated(name: str) -> MarketData | None:
-    """The draw a ``generated:KIND:DRAW`` name means, None for any other name."""
     try:
-        parsed = parse_generated(name)
+        generated = parse_generated(name)
     except ValueError as exc:
         raise DataError(str(exc)) from exc
-    if parsed is None:
-        return None
-    kind, draw = parsed
-    return from_wide(market(kind).generate(draw), source=name)
+    if generated is not None:
+        data = from_wide(market(generated[0]).generate(generated[1]), source=name)
+    else:
+        data = load_sp500() if name == SP500 else load_prices(name_or_path, min_history)
+    return data if as_of is None else data.between(None, as_of)
 
 
 def check_price_database(dataset: str, job_url: str | None) -> None:
@@ -230,24 +223,17 @@ class RowProblem:
 
 @dataclass(frozen=True)
 class CheckedRows:
-    """A long frame split into the rows that pass every row check and the problems of the rest.
-
-    ``frame`` holds ``date`` (timestamps), ``asset``, ``close`` (floats) and any optional
-    column, indexed by the row's position in the file (0-based).
-    """
+    """The rows that pass every row check (typed, indexed by 0-based file position) and the
+    problems of the rest."""
 
     frame: pd.DataFrame
     problems: list[RowProblem]
 
 
 def check_rows(frame: pd.DataFrame, source: str) -> CheckedRows:
-    """The checks that concern one row at a time, applied to every row (none stops at the first).
-
-    A row is refused for an asset id the server would refuse (``portfolio.check_id``), an
-    unparseable date, a close that is not a finite positive number, or a (date, asset) pair an
-    earlier row already gave. A missing required column or an empty file refuses the whole
-    frame (``DataError``): no row can be read then.
-    """
+    """Every row's checks (none stops at the first): an asset id the server would refuse, an
+    unparseable date, a close that is not finite and positive, a repeated (date, asset). A
+    missing required column or an empty file raises ``DataError``."""
     columns = {str(c).strip().lower(): c for c in frame.columns}
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
@@ -276,19 +262,20 @@ def check_rows(frame: pd.DataFrame, source: str) -> CheckedRows:
         if problem := id_problems[asset]:
             reasons[i] = problem
     for row in np.flatnonzero(df["date"].isna().to_numpy()).tolist():
-        reasons.setdefault(int(row), f"unparseable date {raw_dates.iloc[row]!r}")
+        reasons.setdefault(row, f"unparseable date {raw_dates.iloc[row]!r}")
     for row in np.flatnonzero(~good_close).tolist():
-        reasons.setdefault(
-            int(row), f"close must be a finite positive number, got {frame_value(df, row)!r}"
-        )
+        value = df["close"].iloc[row]  # as the file gave it, a numpy scalar as its Python value
+        value = value.item() if isinstance(value, np.generic) else value
+        reasons.setdefault(row, f"close must be a finite positive number, got {value!r}")
     valid = df.drop(index=list(reasons))
     first = valid.index.to_series().groupby([valid["date"], valid["asset"]]).transform("min")
     for i, f in first[first != first.index].items():
         d, a = df.at[i, "date"], df.at[i, "asset"]
         reasons[int(i)] = f"duplicate date {d.date()} for asset {a} (first given on row {f + 1})"
 
+    shown = df["date"].dt.strftime("%Y-%m-%d").fillna(raw_dates.astype(str))
     problems = [
-        RowProblem(i + 1, str(df.at[i, "asset"]), row_date(df, raw_dates, i), reason)
+        RowProblem(i + 1, str(df.at[i, "asset"]), shown.iloc[i], reason)
         for i, reason in sorted(reasons.items())
     ]
     clean = df.drop(index=list(reasons))
@@ -305,28 +292,12 @@ def id_problem(asset: str) -> str | None:
     return None
 
 
-def frame_value(df: pd.DataFrame, i: int) -> object:
-    """A cell as the file gave it (a numpy scalar becomes its Python value, for messages)."""
-    value = df["close"].iloc[i]
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def row_date(df: pd.DataFrame, raw_dates: pd.Series, i: int) -> str:
-    """A row's date as ``YYYY-MM-DD`` when it parsed, else as written."""
-    parsed = df.at[i, "date"]
-    return str(parsed.date()) if not pd.isna(parsed) else str(raw_dates.iloc[i])
-
-
 def validate_long_frame(
     frame: pd.DataFrame, source: str, min_history: int = DEFAULT_MIN_HISTORY
 ) -> MarketData:
-    """Check a long-format frame and pivot it to ``MarketData``; the first problem raises.
-
-    Rows may come in any order. Refused: every row problem of ``check_rows`` (the first one
-    found is reported), an asset with fewer than ``min_history`` closes, and a hole inside an
-    asset's span (a date on which other assets trade but it does not, between its first and
-    last close).
-    """
+    """Check a long-format frame (rows in any order) and pivot it to ``MarketData``; the first
+    problem raises: a ``check_rows`` problem, fewer than ``min_history`` closes, or a hole
+    inside an asset's span."""
     checked = check_rows(frame, source)
     if checked.problems:
         raise DataError(checked.problems[0].describe(source))
@@ -363,11 +334,3 @@ def from_wide(frame: pd.DataFrame, source: str) -> MarketData:
         assets=tuple(str(c) for c in frame.columns),
         source=source,
     )
-
-
-def to_long_frame(data: MarketData) -> pd.DataFrame:
-    """Long-format frame (date, asset, close) of ``data``; the inverse of loading."""
-    frame = data.to_frame()
-    frame.index.name = "date"
-    long = frame.reset_index().melt(id_vars="date", var_name="asset", value_name="close")
-    return long.dropna(subset=["close"]).sort_values(["date", "asset"]).reset_index(drop=True)

@@ -1,16 +1,9 @@
 """Which draws of a suite market may choose something, and which only measure.
 
-A generated market has as many draws as seeds; a figure is worth something only on draws
-nothing was chosen on. Each market kind therefore has development draws (tune, selection
-studies and the suite's development mode may use them) and held-out draws (only the suite's
-held-out mode, judging a recipe fixed beforehand). ``require_development`` is the one guard
-every choosing command calls.
-
-Generated kinds: development draws 100-999, held-out draws 1000-1999. Draws 0-99 belong to
-neither: the rotating market's draws 0-59 already chose or judged recipes in the learning tests
-(``tests/learning/rotation.py``), and the rest of that block stays free for those
-tests. The S&P 500 development years (test years 2005-2009, ``configs/walk_forward_dev.yaml``)
-are one set for both modes: the real held-out years, 2010-2022, are never run by the suite.
+A figure is worth something only on draws nothing was chosen on: choosing commands call
+``require_development``. Generated kinds: development draws 100-999, held-out 1000-1999; 0-99
+belong to neither (the learning tests' rotating draws). The S&P 500 development years
+(2005-2009) are one set for both modes: its real held-out years are never run by the suite.
 """
 
 from __future__ import annotations
@@ -76,9 +69,7 @@ def require_development(kind: str, draws: Iterable[int], what: str = "this comma
 
 
 def refuse_held_out(kind: str, draws: Iterable[int], what: str = "this command") -> None:
-    """Refuse the held-out draws of ``kind`` only: for a selection study that keeps its own
-    development draws outside the suite's set (the learning tests' rotating draws 1-4) but
-    must still never choose on the suite's held-out markets."""
+    """Refuse the held-out draws of ``kind`` only, for a study with its own development draws."""
     sets = draw_sets(kind)
     held = [d for d in draws if d in sets.held_out and d not in sets.development]
     if held:
@@ -86,8 +77,7 @@ def refuse_held_out(kind: str, draws: Iterable[int], what: str = "this command")
 
 
 def require_development_dataset(dataset: str, what: str = "this command") -> None:
-    """The guard for a trainer's ``data.dataset``: a ``generated:KIND:DRAW`` name must be a
-    development draw; any other dataset passes."""
+    """A trainer's ``data.dataset``: a ``generated:KIND:DRAW`` must be a development draw."""
     try:
         parsed = parse_generated(dataset)
     except ValueError as exc:

@@ -1,11 +1,9 @@
 """Generated markets whose right answer is known: the market suite's kinds and their generators.
 
-Each generator is a pure function of its parameters and ``seed`` (a draw number), returning a
-wide price frame (business days from ``FIRST_DAY``, one column per asset, NaN where an asset is
-not listed). A ``GeneratedMarket`` names one kind with its parameters and the spans a run
-trains and is scored on; ``load_dataset('generated:KIND:DRAW')`` loads a draw like any price
-file, so a trainer config can point at one. Pure numpy and pandas: the ceilings that know each
-generator's model live in ``sim.ceilings``, the draws a choice may use in ``market.draws``.
+Each generator is a pure function of its parameters and ``seed`` (the draw number) returning a
+wide price frame (business days from ``FIRST_DAY``, NaN where an asset is not listed); a
+``GeneratedMarket`` fixes one kind's parameters and spans. ``load_dataset('generated:KIND:DRAW')``
+loads a draw like any price file.
 """
 
 from __future__ import annotations
@@ -36,42 +34,19 @@ def drift_market(
     return _prices(returns, ["UP"] + [f"FLAT{i}" for i in range(n_flat)])
 
 
-def _leaders(rng: np.random.Generator, n_days: int, n_assets: int, period: int) -> np.ndarray:
-    """The leading asset's column per day: a random draw every ``period`` days (repeats allowed).
-
-    The first thing a market's generator draws, so ``rotating_schedule`` can replay it."""
-    return np.repeat(rng.integers(0, n_assets, size=n_days // period + 1), period)[:n_days]
-
-
-def _irregular_leaders(
-    rng: np.random.Generator, n_days: int, n_states: int, period: float
+def _leaders(
+    rng: np.random.Generator, n_days: int, n_states: int, period: float, irregular: bool = True
 ) -> np.ndarray:
-    """A leader per day that is redrawn (uniformly, repeats allowed) at each close with
-    probability ``1 / period``: regimes of irregular, geometric lengths with mean ``period``,
-    exactly the hidden Markov model ``sim.ceilings.RotationFilter`` assumes."""
+    """The leader per day, drawn first from the draw's stream (so a schedule replays it): a
+    uniform draw every ``period`` days, or (``irregular``) at each close with probability
+    ``1 / period``, the hidden Markov model ``sim.ceilings`` filters."""
+    if not irregular:
+        every = int(period)
+        return np.repeat(rng.integers(0, n_states, size=n_days // every + 1), every)[:n_days]
     redraw = rng.random(n_days) < 1.0 / period
     redraw[0] = True
     draws = rng.integers(0, n_states, size=n_days)
     return draws[np.maximum.accumulate(np.where(redraw, np.arange(n_days), 0))]
-
-
-def _rotation(
-    rng: np.random.Generator, n_days: int, n_assets: int, period: int, irregular: bool
-) -> np.ndarray:
-    """The leader of each day, drawn first from the draw's stream: the market and its schedule
-    draw the same path from the same seed."""
-    if irregular:
-        return _irregular_leaders(rng, n_days, n_assets, period)
-    return _leaders(rng, n_days, n_assets, period)
-
-
-def _rotating_returns(
-    rng: np.random.Generator, leader: np.ndarray, n_assets: int, drift: float, vol: float
-) -> np.ndarray:
-    n_days = leader.size
-    mus = np.full((n_days, n_assets), -drift / (n_assets - 1))
-    mus[np.arange(n_days), leader] = drift
-    return mus + rng.normal(0.0, vol, size=(n_days, n_assets))
 
 
 def rotating_market(
@@ -83,34 +58,29 @@ def rotating_market(
     seed: int = 0,
     irregular: bool = False,
 ) -> pd.DataFrame:
-    """The trending asset changes every ``period`` days (in a random order), or with
-    ``irregular`` at each close with probability ``1 / period``.
-
-    The others drift down by as much in total, so holding everything earns nothing: only
-    following the rotation pays, and only if it is not eaten by costs. The leader of day t
-    drives the return from close t - 1 to close t (``rotating_schedule`` gives it per day).
-    """
+    """The trending asset changes every ``period`` days, or (``irregular``) at each close with
+    probability ``1 / period``; the others drift down by as much in total, so only following
+    the rotation pays. Day t's leader drives the return to close t (``rotating_schedule``)."""
     rng = np.random.default_rng(seed)
-    leader = _rotation(rng, n_days, n_assets, period, irregular)
-    returns = _rotating_returns(rng, leader, n_assets, drift, vol)
+    leader = _leaders(rng, n_days, n_assets, period, irregular)
+    mus = np.full((n_days, n_assets), -drift / (n_assets - 1))
+    mus[np.arange(n_days), leader] = drift
+    returns = mus + rng.normal(0.0, vol, size=(n_days, n_assets))
     return _prices(returns, [f"R{i}" for i in range(n_assets)])
 
 
 def rotating_schedule(
     n_days: int = 1500, n_assets: int = 4, period: int = 20, seed: int = 0, irregular: bool = False
 ) -> pd.Series:
-    """The leader of ``rotating_market`` with the same arguments: its asset name per date.
-
-    The value on date t names the asset whose drift drives the return realised at close t.
-    """
-    leader = _rotation(np.random.default_rng(seed), n_days, n_assets, period, irregular)
+    """The leader of ``rotating_market`` with the same arguments, per date."""
+    leader = _leaders(np.random.default_rng(seed), n_days, n_assets, period, irregular)
     dates = pd.bdate_range(FIRST_DAY, periods=n_days)
     return pd.Series([f"R{i}" for i in leader], index=dates, name="leader")
 
 
 def _rng(seed: int, family: int) -> np.random.Generator:
-    """A family's own stream for a draw, so two families never share noise on one draw (the
-    drift and rotating families keep their plain ``seed`` streams, which tests depend on)."""
+    """A family's own stream, so two families never share noise on one draw (drift and
+    rotating keep their plain ``seed`` streams)."""
     return np.random.default_rng([seed, family])
 
 
@@ -155,11 +125,10 @@ def sector_market(
     idio_vol: float = 0.006,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Correlated sectors with a rotating leader: every asset moves with the market and its
-    sector; the leading sector (redrawn at each close with probability ``1 / period``) drifts up
-    by ``drift``, the others down by as much in total, so equal weight earns nothing."""
+    """Correlated sectors (market and sector factors) with an irregularly rotating leading
+    sector that drifts up by ``drift``, the others down by as much: equal weight earns nothing."""
     rng = _rng(seed, 2)
-    leader = _irregular_leaders(rng, n_days, n_sectors, period)
+    leader = _leaders(rng, n_days, n_sectors, period)
     mus = np.full((n_days, n_sectors), -drift / (n_sectors - 1))
     mus[np.arange(n_days), leader] = drift
     cov = sector_covariance(n_sectors, per_sector, market_vol, sector_vol, idio_vol)
@@ -177,9 +146,7 @@ LISTINGS: tuple[tuple[int, int | None], ...] = (
     (500, None),
     (750, None),
 )
-"""(first day, last day or None) of each asset of ``listing_market``: four listed from the
-start, two delisted during the training span, three listed later; the five still listed at
-the end are the only ones alive through the default held-out span."""
+"""(first day, last day or None) of each asset of ``listing_market``."""
 
 
 def listing_market(
@@ -190,9 +157,8 @@ def listing_market(
     listings: tuple[tuple[int, int | None], ...] = LISTINGS,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Assets entering and leaving the universe (NaN before a listing and after a delisting);
-    ``n_up`` of them (chosen per draw, at least one still listed at the end) drift up by
-    ``drift``, the others do not. ``listing_drifters`` names them."""
+    """Assets listing and delisting (NaN outside their span); ``n_up`` of them (at least one
+    listed to the end) drift up by ``drift``: ``listing_drifters`` names them."""
     rng = _rng(seed, 3)
     up = _listing_up(rng, n_up, listings)
     mus = np.where(up, drift, 0.0)
@@ -248,8 +214,8 @@ GENERATORS: dict[str, Callable[..., pd.DataFrame]] = {
 
 @dataclass(frozen=True)
 class GeneratedMarket:
-    """One market kind of the suite: a generator with fixed parameters and the spans a run
-    trains on (``train_*``) and is scored on (``validation_*``, never seen while choosing)."""
+    """One market kind: a generator with fixed parameters, the span a run trains on and the one
+    it is scored on (never seen while choosing)."""
 
     kind: str
     generator: str

@@ -1,11 +1,9 @@
 """``allocator data ingest``: price files into the trade database, one transaction per file.
 
-A file is all or nothing by default: when any of its rows is refused, none of its rows is
-stored, every refused row is reported, and the database keeps exactly what it held. A price
-history with one close missing in the middle would refuse every later training run (a hole
-inside an asset's span), and a bad row is often the sign of a file cut or shifted as a whole,
-so the safe default is to fix the file and ingest it again (the upsert makes that idempotent).
-``keep_valid`` stores a file's good rows anyway, for an operator who has read the report.
+A file is all or nothing by default: a refused row stores none of the file's rows (a hole
+would refuse every later training run, and a bad row often means a cut or shifted file), so
+the operator fixes the file and ingests it again (the upsert is idempotent). ``keep_valid``
+stores the good rows anyway.
 """
 
 from __future__ import annotations
@@ -108,8 +106,7 @@ def ingest_file(path: Path, url: str, *, keep_valid: bool = False) -> FileReport
 
 
 def stored_state(url: str) -> str:
-    """One line on what ``dataset: database`` would now read: the calendar, or the first
-    problem (an asset with a hole in its history), so a file that leaves one shows at once."""
+    """One line on what ``dataset: database`` would now read: the calendar, or the first problem."""
     try:
         data = load_database(url, min_history=1)
     except DataError as exc:
@@ -121,11 +118,8 @@ def stored_state(url: str) -> str:
 
 
 def ingest(paths: Iterable[str | Path], url: str, *, keep_valid: bool = False) -> list[FileReport]:
-    """Ingest every price file named (directories: their price files), one report each.
-
-    A file with refused rows does not stop the others; a database that cannot be written
-    (``PriceStoreError``) does, since every later file would fail the same way.
-    """
+    """Ingest every price file named (directories: their price files), one report each. A
+    refused row stops only its file; an unwritable database (``PriceStoreError``) stops all."""
     files = price_files(paths)
     if not files:
         raise DataError(

@@ -1,10 +1,5 @@
 """Prices in the trade database: the idempotent upsert behind ``allocator data ingest`` and the
-read behind ``dataset: database``.
-
-Only rows that passed the market-data row checks (``data.check_rows``) reach the upsert, and the
-read hands its rows to the same validation a file gets, so the database is one more source of
-prices, never a second set of rules.
-"""
+read behind ``dataset: database``. Both go through ``data``'s checks: one set of rules."""
 
 from __future__ import annotations
 
@@ -63,31 +58,25 @@ class UpsertCounts:
 
 
 def upsert_prices(conn: Connection, rows: pd.DataFrame, source: str) -> UpsertCounts:
-    """Insert or update ``rows`` (``date``, ``asset``, ``close``; unique pairs) on ``conn``.
-
-    The caller owns the transaction, so a file's rows are stored together or not at all. A row
-    whose close equals the stored one is not written (its ``source`` keeps naming the file that
-    first gave it).
-    """
+    """Insert or update ``rows`` (``date``, ``asset``, ``close``; unique pairs) in the caller's
+    transaction; an unchanged close is not written (its ``source`` keeps the first file)."""
     if rows.empty:
         return UpsertCounts(0, 0, 0)
     frame = rows[["date", "asset", "close"]].copy()
     frame["date"] = pd.to_datetime(frame["date"]).dt.date
     stored = stored_closes(conn, frame)
     keys = list(zip(frame["asset"], frame["date"], strict=True))
-    previous = [stored.get(k) for k in keys]
     closes = frame["close"].astype(float).tolist()
-    new = [p is None for p in previous]
-    changed = [p is not None and p != c for p, c in zip(previous, closes, strict=True)]
     now = utcnow()
-    payload = [
+    payload = [  # new or changed rows only
         {"asset": a, "date": d, "close": c, "source": source, "ingested_at": now}
-        for (a, d), c, n, ch in zip(keys, closes, new, changed, strict=True)
-        if n or ch
+        for (a, d), c in zip(keys, closes, strict=True)
+        if stored.get((a, d)) != c
     ]
     if payload:
         conn.execute(upsert_statement(conn), payload)
-    return UpsertCounts(sum(new), sum(changed), len(keys) - sum(new) - sum(changed))
+    added = sum(k not in stored for k in keys)
+    return UpsertCounts(added, len(payload) - added, len(keys) - len(payload))
 
 
 def upsert_statement(conn: Connection) -> Any:

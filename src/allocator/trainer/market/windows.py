@@ -1,24 +1,12 @@
 """Walk-forward windows: calendar-aligned train spans, a purge gap, then an unseen test span.
 
-Why not skfolio's ``WalkForward`` directly (it is the model, and a test checks that both give
-the same indices wherever their semantics coincide): it anchors its calendar periods on the
-first date of the data, so a span starting on 2005-01-03 loses 2005 (its first period is 2006)
-and 2005-2022 with 5-year training yields tests from 2011 instead of 2010; and its windows
-always advance by the test length, with no separate step. Here periods are anchored on the
-calendar (``freq`` rolled back from ``start``), and ``step_periods`` may differ from
-``test_periods`` (a step shorter than the test gives overlapping test spans).
-
-Per window ``k`` with period anchors ``a_0 < a_1 < ...`` (``freq`` boundaries from ``start``):
-
-* test span: trading days in ``[a_i, a_{i + test_periods})`` with
-  ``i = train_periods + k * step_periods``, clipped to ``end``;
-* train span: trading days in ``[a_{i - train_periods}, a_i)`` (rolling) or from the first
-  date on/after ``start`` (expanding), minus the last ``purge_days`` trading days, which
-  neither side sees (labels and rewards near the boundary cannot leak into the test).
-
-A test span with fewer than ``min_test_days`` trading days (the last one, cut short by ``end``
-or by the end of the data) is dropped; so is a rolling window whose first training period
-starts before ``start`` (it would be short).
+Not skfolio's ``WalkForward`` (a test checks both agree where their semantics coincide): it
+anchors periods on the data's first date (a span from 2005-01-03 loses 2005) and always steps
+by the test length. Here periods are ``freq`` boundaries ``a_0 < a_1 < ...`` rolled back from
+``start``; window k tests ``[a_i, a_{i + test_periods})`` with ``i = train_periods + k * step``
+and trains on ``[a_{i - train_periods}, a_i)`` (or from ``start``, expanding) minus the last
+``purge_days``, so nothing near the boundary leaks. A test span shorter than ``min_test_days``
+and a rolling window whose training would start before ``start`` are dropped.
 """
 
 from __future__ import annotations
@@ -28,9 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
-from numpy.typing import NDArray
 from pandas.tseries.frequencies import to_offset
 from pydantic import Field, model_validator
 
@@ -89,15 +75,11 @@ class WindowSpec(StrictModel):
 
 
 def _anchors(spec: WindowSpec, last: pd.Timestamp) -> pd.DatetimeIndex:
-    """Period boundaries from ``start`` rolled back onto the calendar, past the last date."""
+    """Period boundaries from ``start`` rolled back onto the calendar, to one test length past
+    the last date (the last test span needs its end)."""
     offset = to_offset(spec.freq)
     first = offset.rollback(pd.Timestamp(spec.start))
-    n = 2
-    while True:  # enough anchors to cover the data plus one test length beyond it
-        anchors = pd.date_range(first, periods=n, freq=offset)
-        if anchors[-1] > last + spec.test_periods * offset:
-            return anchors
-        n *= 2
+    return pd.date_range(first, last + (spec.test_periods + 1) * offset, freq=offset)
 
 
 def make_windows(dates: Sequence[Any] | pd.DatetimeIndex, spec: WindowSpec) -> list[Window]:
@@ -144,16 +126,3 @@ def make_windows(dates: Sequence[Any] | pd.DatetimeIndex, spec: WindowSpec) -> l
             f"{spec.freq!r}"
         )
     return windows
-
-
-def window_positions(dates: pd.DatetimeIndex, window: Window) -> dict[str, NDArray[np.int64]]:
-    """Row positions of a window's train and test days in ``dates`` (for checks and tests)."""
-    d = pd.DatetimeIndex(dates)
-
-    def rows(lo: dt.date, hi: dt.date) -> NDArray[np.int64]:
-        return np.flatnonzero((d >= pd.Timestamp(lo)) & (d <= pd.Timestamp(hi)))
-
-    return {
-        "train": rows(window.train_start, window.train_end),
-        "test": rows(window.test_start, window.test_end),
-    }

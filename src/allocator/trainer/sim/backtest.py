@@ -1,8 +1,5 @@
-"""Backtests: run any policy over a date range with ``PortfolioEnv``'s exact mechanics.
-
-The environment does the accounting (drift, costs out of NAV, smoothing), so a backtest and a
-training episode can never disagree about what a decision earned.
-"""
+"""Backtests: any policy over a date range through ``PortfolioEnv`` itself, so a backtest and
+a training episode can never disagree about what a decision earned."""
 
 from __future__ import annotations
 
@@ -54,11 +51,7 @@ class BacktestResult:
         )
 
     def allocation_summary(self) -> dict[str, Any]:
-        """How the executed book moved: daily turnover and each holding's weight range.
-
-        A policy can score well and still be a frozen book; a range of a few basis points per
-        asset and a turnover near the costs of drift says so at a glance.
-        """
+        """Daily turnover and each holding's weight range: a frozen book shows at a glance."""
         w = self.executed_weights
         return {
             "mean_daily_turnover": float(self.turnover.mean()),
@@ -83,15 +76,6 @@ class BacktestResult:
         return out
 
 
-def resolve_policy(policy: PolicyLike) -> tuple[str, Policy]:
-    """A baseline name, a policy object, or a bare callable, with a display name."""
-    if isinstance(policy, str):
-        p = make_baseline(policy)
-        return policy, p
-    name = getattr(policy, "name", getattr(policy, "__name__", type(policy).__name__))
-    return str(name), policy
-
-
 def default_assets(data: MarketData, first: int, last: int) -> list[str]:
     """Assets with a close on every date from ``first`` to ``last`` (row indices)."""
     ok = (data.first_valid() <= first) & (data.last_valid() >= last)
@@ -106,8 +90,7 @@ def backtest_span(
     window: int,
 ) -> tuple[int, int, list[str]]:
     """First and last decision row and the assets of a backtest, or a ``DataError`` saying why
-    the data cannot support it: too few closes before ``start`` for the observation window,
-    fewer than 3 dates, or an asset without prices over the whole span (window included)."""
+    the data cannot support it (short history, fewer than 3 dates, an asset without prices)."""
     t0 = window if start is None else data.date_index(start, "left")
     t1 = data.n_dates - 1 if end is None else data.date_index(end, "right")
     if t0 < window:
@@ -118,11 +101,12 @@ def backtest_span(
         )
     if t1 - t0 < 2:
         raise DataError(f"{data.source}: fewer than 3 dates between {start} and {end}")
-    names = list(assets) if assets else default_assets(data, t0 - window, t1)
+    listed = default_assets(data, t0 - window, t1)
+    names = list(assets) if assets else listed
     if not names:
         raise DataError(f"{data.source}: no asset has prices over the whole backtest")
     data.select(names)  # unknown or repeated ids fail here, naming them
-    short = [a for a in names if a not in default_assets(data, t0 - window, t1)]
+    short = [a for a in names if a not in listed]
     if short:
         raise DataError(
             f"{data.source}: asset(s) {', '.join(short)} lack prices between "
@@ -169,14 +153,14 @@ def run_backtest(
 ) -> BacktestResult:
     """Run ``policy`` deciding at every close from ``start`` until the day before ``end``.
 
-    Returns are realised from the day after ``start`` through ``end``. The observation window
-    needs ``window`` closes before ``start``. ``stats`` default to a fit on the data before
-    ``start``, so nothing from the test period leaks into the observation. ``env_config``
-    supplies the representation a trained policy expects (feature set, action mapping; its
-    ``window`` replaces ``window``), ``feature_norm`` the per-asset statistics it was fitted
-    with (default: fitted on the data before ``start``).
+    ``stats`` and ``feature_norm`` default to a fit on the data before ``start`` (no leak).
+    ``env_config`` gives a trained policy's representation; its ``window`` replaces ``window``.
     """
-    name, pol = resolve_policy(policy)
+    if isinstance(policy, str):
+        name, pol = policy, make_baseline(policy)
+    else:
+        name = str(getattr(policy, "name", getattr(policy, "__name__", type(policy).__name__)))
+        pol = policy
     base = env_config or EnvConfig(window=window)
     window = base.window
     t0, t1, names = backtest_span(data, start, end, assets, base.history)

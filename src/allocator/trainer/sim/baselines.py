@@ -1,12 +1,9 @@
-"""Baseline policies a user would pick instead of an RL agent.
-
-A policy maps a ``DecisionContext`` to target weights over the slots (cash first). Baselines
-that need fitting (min-variance, HRP) fit skfolio's optimisers on a trailing window of returns
-that ends at the decision date, so they never see the future.
-"""
+"""Baseline policies a user would pick instead of an RL agent: ``DecisionContext`` -> target
+weights (cash first). Fitted ones (min-variance, HRP) see only returns up to the decision."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -93,16 +90,13 @@ class EqualWeight:
         return ctx.slot_weights(np.full(n, 1.0 / n))
 
 
-class BuyAndHold:
+class BuyAndHold(EqualWeight):
     """1/N once at the start, then let the weights drift: no further trades."""
 
     name = "buy-and-hold"
 
-    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        if ctx.step == 0:
-            n = len(ctx.assets)
-            return ctx.slot_weights(np.full(n, 1.0 / n))
-        return ctx.weights
+    def __init__(self) -> None:
+        super().__init__(rebalance_every=sys.maxsize)
 
 
 class _FittedOptimizer:
@@ -158,17 +152,13 @@ class HRP(_FittedOptimizer):
 
 
 class TopKMomentum:
-    """Equal weight over the ``k`` assets with the highest trailing ``lookback``-day return.
-
-    Relative-strength momentum, the rule a trend-following allocator must beat to show it
-    learned more than "hold what went up". Fully invested, no cash. Ties go to the asset in
-    the earlier slot, so a run is reproducible; an asset without a close at the start of the
-    lookback ranks last. With fewer than ``lookback`` returns before a decision, the return
-    over all the closes there are is used. Defaults: three months (63 days), the top 3,
-    rebalanced daily.
-    """
+    """Equal weight over the ``k`` assets with the highest trailing ``lookback``-day return:
+    the rule a trend-following allocator must beat. Fully invested; ties go to the earlier
+    slot; an asset without a close at the start of the lookback ranks last; a shorter history
+    uses all the closes there are."""
 
     name = "momentum"
+    sign = 1.0  # ranks by sign * trailing return, highest first
 
     def __init__(self, lookback: int = 63, k: int = 3, rebalance_every: int = 1) -> None:
         if lookback < 1 or k < 1 or rebalance_every < 1:
@@ -181,18 +171,17 @@ class TopKMomentum:
         self.rebalance_every = rebalance_every
 
     def __repr__(self) -> str:
-        return f"TopKMomentum(lookback={self.lookback}, k={self.k})"
+        return f"{type(self).__name__}(lookback={self.lookback}, k={self.k})"
 
     def chosen(self, prices: NDArray[np.float64]) -> NDArray[np.intp]:
         """Columns of ``prices`` (closes up to the decision, oldest first) the rule holds."""
         if len(prices) < 2:
-            raise ValueError("momentum needs at least 2 closes before its first decision")
+            raise ValueError(f"{self.name} needs at least 2 closes before its first decision")
         window = prices[-(self.lookback + 1) :]
         with np.errstate(divide="ignore", invalid="ignore"):
-            trailing = window[-1] / window[0] - 1.0
-        trailing = np.where(np.isfinite(trailing), trailing, -np.inf)
-        # A stable sort on the negated return: the earlier slot wins a tie.
-        return np.argsort(-trailing, kind="stable")[: self.k]
+            key = -self.sign * (window[-1] / window[0] - 1.0)
+        # A stable sort, lowest key first: the earlier slot wins a tie, no close ranks last.
+        return np.argsort(np.where(np.isfinite(key), key, np.inf), kind="stable")[: self.k]
 
     def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
         if ctx.step % self.rebalance_every:
@@ -204,36 +193,15 @@ class TopKMomentum:
 
 
 class TopKReversal(TopKMomentum):
-    """Equal weight over the ``k`` assets with the lowest trailing ``lookback``-day return.
-
-    Short-term reversal, the simple rule of a market whose losers bounce back: the mirror of
-    ``TopKMomentum`` (same ties, same treatment of a short history; an asset without a close
-    at the start of the lookback still ranks last).
-    """
+    """The mirror of ``TopKMomentum``: the ``k`` lowest trailing returns (losers bounce back)."""
 
     name = "reversal"
-
-    def __repr__(self) -> str:
-        return f"TopKReversal(lookback={self.lookback}, k={self.k})"
-
-    def chosen(self, prices: NDArray[np.float64]) -> NDArray[np.intp]:
-        if len(prices) < 2:
-            raise ValueError("reversal needs at least 2 closes before its first decision")
-        window = prices[-(self.lookback + 1) :]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            trailing = window[-1] / window[0] - 1.0
-        trailing = np.where(np.isfinite(trailing), trailing, np.inf)
-        return np.argsort(trailing, kind="stable")[: self.k]
+    sign = -1.0
 
 
 class Anchor:
-    """The portfolio a tilt policy holds at a zero action, recomputed and traded to every day.
-
-    A tilt policy starts from its anchor, so "it beats equal weight" may be the anchor's merit,
-    not the learning's: beside such a policy this baseline asks whether the tilt adds anything.
-    Its weights come from the very function the environment and the server use
-    (``portfolio.anchor_weights``) on the trailing closes, so only the tilt differs.
-    """
+    """A tilt policy's zero-action portfolio, traded to daily: does the tilt add anything
+    beyond its anchor? Weights from ``portfolio.anchor_weights``, as the env and server use."""
 
     name = "anchor"
 
@@ -256,9 +224,8 @@ class Anchor:
 
 
 class AnchorPolicy:
-    """A tilt policy's zero action, mapped by the backtest's own environment: its anchor bit
-    for bit, with the same smoothing and representation as the trained policy beside it
-    (``Anchor`` recomputes the anchor from a spec instead, for runs without a tilt policy)."""
+    """A tilt policy's zero action through the backtest's own environment: its anchor bit for
+    bit (``Anchor`` recomputes it from a spec, for runs without a tilt policy)."""
 
     name = "anchor"
 

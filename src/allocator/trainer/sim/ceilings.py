@@ -1,11 +1,6 @@
-"""Ceilings: policies that know a generated market's own model, which no trained policy is told.
-
-Each is the Bayes decision (or filter) of one generator in ``market.generated``, given its true
-parameters: a reference a learned policy is read against, not a strict bound (it makes the best
-guess of the state, not the best trade net of costs, so a policy that trades less can beat it
-on a draw). ``ceiling_for`` picks a market kind's ceiling; a market with nothing to learn, or
-a real one, has none.
-"""
+"""Ceilings: the Bayes decision (or filter) of a ``market.generated`` generator given its true
+parameters, which no trained policy is told. A reference, not a strict bound: it guesses the
+state best but ignores costs, so a policy that trades less can beat it on a draw."""
 
 from __future__ import annotations
 
@@ -24,9 +19,8 @@ from allocator.trainer.sim.baselines import DecisionContext, Policy
 
 
 class RegimeFilter:
-    """The forward filter of a hidden Markov model of regimes: at each close the regime is
-    redrawn uniformly with probability ``1 / period``, and returns are Gaussian around the
-    regime's means. Subclasses give the likelihood and the book per regime."""
+    """Forward filter of a hidden Markov model: the regime is redrawn uniformly with probability
+    ``1 / period`` at each close; subclasses give the Gaussian likelihood and the book."""
 
     name = "regime-filter"
 
@@ -46,9 +40,10 @@ class RegimeFilter:
         """Log-likelihood of one day's log returns under each regime (up to a constant)."""
         raise NotImplementedError
 
-    def update(self, prices: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Fold the closes not seen yet into the posterior (oldest first) and return it."""
-        if len(prices) < self.seen:  # a shorter history is another one: start again
+    def update(self, prices: NDArray[np.float64], step: int = -1) -> NDArray[np.float64]:
+        """Fold the closes not seen yet into the posterior (oldest first) and return it; a
+        backtest's first decision (``step`` 0) or a shorter history starts again."""
+        if step == 0 or len(prices) < self.seen:
             self.reset()
         returns = np.diff(np.log(prices[self.seen - 1 :]), axis=0)
         for r in returns:
@@ -60,15 +55,9 @@ class RegimeFilter:
 
 
 class RotationFilter(RegimeFilter):
-    """The Bayes filter of ``rotating_market``'s own model: a ceiling, not a baseline.
-
-    It knows what no policy is told: the drift, the noise, how often the leader is redrawn and
-    that the draw is uniform. Per day it updates the posterior over which asset leads (a hidden
-    Markov model: at each close a new draw with probability ``1 / period``, Gaussian returns
-    around the leader's and the others' drifts). It does not know the calendar of the draws,
-    which no policy sees either. ``book="leader"`` holds the most probable leader, fully
-    invested, as top-1 momentum does; ``book="posterior"`` holds each asset at its probability.
-    """
+    """The Bayes filter of ``rotating_market``: the posterior over which asset leads (not the
+    calendar of the draws). ``book="leader"`` holds the most probable leader, fully invested;
+    ``book="posterior"`` holds each asset at its probability."""
 
     def __init__(
         self,
@@ -91,9 +80,7 @@ class RotationFilter(RegimeFilter):
         return -((r - self.means) ** 2).sum(axis=1) / (2 * self.var)
 
     def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        if ctx.step == 0:  # a backtest's first decision: its whole history, from scratch
-            self.reset()
-        posterior = self.update(ctx.prices)
+        posterior = self.update(ctx.prices, ctx.step)
         if self.book == "posterior":
             return ctx.slot_weights(posterior)
         held = np.zeros_like(posterior)
@@ -130,14 +117,12 @@ class SectorFilter(RegimeFilter):
         return -0.5 * np.einsum("si,ij,sj->s", d, self.precision, d)
 
     def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        if ctx.step == 0:
-            self.reset()
         columns = [self.names.index(a) for a in ctx.assets]
         if len(columns) != len(self.names):
             raise ValueError("the sector filter needs every asset of the market")
         prices = np.empty_like(ctx.prices)
         prices[:, columns] = ctx.prices
-        posterior = self.update(prices)
+        posterior = self.update(prices, ctx.step)
         held = self.means[np.argmax(posterior)] > 0
         return ctx.slot_weights(held[columns] / held.sum())
 
@@ -179,12 +164,7 @@ def ceiling_for(market: GeneratedMarket, draw: int) -> Policy | None:
     if market.generator == "drift":
         return KnownDrift(["UP"])
     if market.generator == "rotating":
-        return RotationFilter(
-            n_assets=p.get("n_assets", 4),
-            period=p.get("period", 20),
-            drift=p.get("drift", 0.004),
-            vol=p.get("vol", 0.006),
-        )
+        return RotationFilter(**{k: p[k] for k in ("n_assets", "period", "drift", "vol") if k in p})
     if market.generator == "sectors":
         return SectorFilter(**p)
     if market.generator == "mean_reversion":

@@ -1,37 +1,18 @@
 """``PortfolioEnv``: cash plus a random subset of up to ``max_assets`` assets, daily rebalancing.
 
-One step at date t (after its close):
+One step at date t: the action maps to raw weights ``w``, smoothed into the executed target
+``s = ema_smooth(s_prev, w, mask, beta)``; the drifted holdings ``h`` trade to ``s`` at a cost
+of ``cost_bps/1e4 * (sold + sum|s - h|) * NAV``, taken out of NAV; prices then move to t+1 and
+the holdings drift. Holdings are fractional.
 
-1. the action maps to raw weights ``w`` (``portfolio.action_to_weights``) and is smoothed into the
-   executed target ``s = ema_smooth(s_prev, w, mask, beta)``;
-2. the holdings, drifted to weights ``h`` by yesterday's moves, are traded to ``s``:
-   ``turnover = sold + sum_{assets} |s_i - h_i|`` of NAV (``sold``: see below, usually 0), and
-   ``cost = cost_bps/1e4 * turnover * NAV`` is taken out of NAV (``NAV' = NAV - cost``, then
-   held in the proportions ``s``);
-3. prices move to t+1: ``NAV_{t+1} = NAV' * sum_i s_i g_i`` with ``g_i = P_{t+1,i}/P_{t,i}``
-   (cash 1),
-   and the holdings drift to ``s_i g_i / sum_j s_j g_j``.
+A universe change (``change_universe`` or the ``universe_changes`` reset option) applies at the
+next decision: live slots stay a prefix (stayers in order, then joiners; ``sim/universe.py``),
+every carried vector and the history's columns move by asset id, the leavers' holdings are sold
+into cash (``sold``, paid in the next step's turnover) and the per-decision arrays are rebuilt
+so the next observation is the contract observation of the new universe.
 
-The universe may change between two decisions (``change_universe``, or the reset option
-``universe_changes``), at the next decision date t, before its decision:
-
-* live slots stay a prefix: the staying assets keep their relative order and the joining ones
-  follow in the order given (``sim/universe.py``); ``asset_index``, ``asset_names`` and
-  ``mask`` follow that layout, and every carried vector moves with it by asset id;
-* the holdings of the assets that leave are sold into cash at t's close: ``sold`` (their weight)
-  is part of the next step's turnover and pays its cost there (``info["liquidation_turnover"]``),
-  so the trade is counted even when a slot is reused; joining assets hold 0;
-* the previous executed weights move by asset id, the leaving assets' entries dropped, and
-  step 1's ``ema_smooth`` renormalizes them under the new mask: the server's rule;
-* the per-decision arrays (slot prices, growth, features, anchors) are rebuilt from t on, so the
-  next observation is the contract observation of the new universe's closes;
-* the episode history's per-slot columns move by asset id (``EpisodeHistory.remap``: a joining
-  asset's past is weight 0 at a flat price, a leaving asset's is dropped), so rewards read no
-  slot that mixes two assets; the sale's cost is in the step's NAV return.
-
-Holdings are fractional (``shares_i = NAV' s_i / P_t,i`` in ``info``). Everything runs on arrays
-prepared for a universe's span of the episode, so that an agent's updates, not the environment,
-dominate training time.
+Everything runs on arrays prepared per universe span, so an agent's updates, not the
+environment, dominate training time.
 """
 
 from __future__ import annotations
@@ -152,12 +133,10 @@ class EnvConfig(StrictModel):
 class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     """Gymnasium environment over ``MarketData`` with the shared policy contract.
 
-    ``reset(options=...)`` accepts ``assets`` (names, in slot order), ``start`` (a date or a row
-    index: the first decision date) and ``episode_length`` to pin an episode, as backtests do,
-    and ``universe_changes`` (``{step: names}``, each the whole universe from decision ``step``
-    on, applied before it; the step's ``info["assets"]`` names the new universe). Every
-    universe needs closes from ``history`` rows before its first decision to the close its last
-    one is valued at, so an asset may list or delist mid-episode.
+    ``reset(options=...)`` pins an episode with ``assets`` (slot order), ``start`` (date or row:
+    the first decision) and ``episode_length``, and takes ``universe_changes`` (``{step:
+    names}``, the whole universe from decision ``step`` on). Every universe needs closes from
+    ``history`` rows before its first decision to the close its last one is valued at.
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's class attribute
@@ -222,11 +201,6 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
 
     # --- episode set-up ------------------------------------------------------------------
 
-    def _resolve_start(self, start: Any) -> int:
-        if isinstance(start, (int, np.integer)):
-            return int(start)
-        return self.data.date_index(start, "left")
-
     def _universe(
         self, names: Sequence[str], first: int, last: int, span: str | None = None
     ) -> list[int]:
@@ -245,7 +219,8 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         cfg, w = self.config, self._history
         length = int(options.get("episode_length", cfg.episode_length))
         if "start" in options:
-            t0 = self._resolve_start(options["start"])
+            t0 = options["start"]
+            t0 = int(t0) if isinstance(t0, int | np.integer) else self.data.date_index(t0)
             length = min(length, self.data.n_dates - 1 - t0)
         else:
             hi = self.data.n_dates - 1 - length
@@ -279,7 +254,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         super().reset(seed=seed)
         idx, t0, length, changes = self._sample_episode(options or {})
         self._t0, self._length, self._k, self._changes = t0, length, 0, changes
-        self._install(idx, self._episode_rows(idx, 0))
+        self._install(idx, 0)
         self._done = False
         self.nav = self.config.initial_value
         self.drifted = np.zeros(self.n_slots)
@@ -292,53 +267,40 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.reward_fn.reset()
         return self._observation(), {"assets": self.asset_names, "date": self.date, "nav": self.nav}
 
-    def _episode_rows(self, idx: list[int], k0: int) -> dict[str, Any]:
-        """The per-decision arrays of universe ``idx`` from decision ``k0`` to the end of its
-        span (the next scheduled change, else the episode's end), computed in one go."""
+    def _install(self, idx: list[int], k0: int) -> None:
+        """Make ``idx`` the universe (slots 1..k in that order) from decision ``k0`` to the end
+        of its span (the next scheduled change, else the episode's end), preparing its
+        per-decision arrays in one go."""
         m, w, h = self.config.max_assets, self.config.window, self._history
         t = self._t0 + k0
         n = segment_end(self._changes, k0, self._length) - k0  # decisions in the span
-        k = len(idx)
-        # Slot prices over the span (cash and empty slots fixed at 1).
-        prices = np.ones((n + 1, self.n_slots))
-        prices[:, 1 : k + 1] = self.data.prices[t : t + n + 1][:, idx]
-        rows: dict[str, Any] = {"row0": k0, "prices": prices, "anchors": None}
-        if self.asset_spec is None:
-            feats = np.zeros((n + w, m), np.float32)
-            feats[:, :k] = self._features[t - w + 1 : t + n + 1][:, idx]
-            rows["features"] = feats
-        else:
-            rows["features"] = self._table.episode(idx, t, n + 1, m)
-        if self._map_action.tilt:
-            window = self.data.prices[t - h : t + n + 1][:, idx]
-            spec = self.config.action.anchor.spec
-            rows["anchors"] = episode_anchors(window, spec, self.n_slots, h + 1)
-        return rows
-
-    def _install(self, idx: list[int], rows: dict[str, Any]) -> None:
-        """Make ``idx`` the universe (slots 1..k in that order) with its prepared arrays."""
         k = len(idx)
         self.asset_index = np.asarray(idx, dtype=np.int64)
         self.asset_names = tuple(self.data.assets[i] for i in idx)
         self.mask = np.zeros(self.n_slots, dtype=bool)
         self.mask[: k + 1] = True
         self._mask_f32 = self.mask.astype(np.float32)
-        self._row0 = rows["row0"]
-        self._slot_prices = rows["prices"]
+        self._row0 = k0
+        self._slot_prices = np.ones((n + 1, self.n_slots))  # cash and empty slots fixed at 1
+        self._slot_prices[:, 1 : k + 1] = self.data.prices[t : t + n + 1][:, idx]
         self._growth = self._slot_prices[1:] / self._slot_prices[:-1]
-        self._episode_features = rows["features"]
-        self._anchors = rows["anchors"]
+        if self.asset_spec is None:
+            self._episode_features = np.zeros((n + w, m), np.float32)
+            self._episode_features[:, :k] = self._features[t - w + 1 : t + n + 1][:, idx]
+        else:
+            self._episode_features = self._table.episode(idx, t, n + 1, m)
+        self._anchors = None
+        if self._map_action.tilt:
+            window = self.data.prices[t - h : t + n + 1][:, idx]
+            spec = self.config.action.anchor.spec
+            self._anchors = episode_anchors(window, spec, self.n_slots, h + 1)
 
     # --- universe changes ------------------------------------------------------------------
 
     def change_universe(self, assets: Sequence[str]) -> tuple[NDArray[np.float32], dict[str, Any]]:
-        """Make ``assets`` the universe from the next decision on (see the module docstring);
-        returns the new observation and ``{"assets", "date", "nav", "liquidation_turnover"}``.
-
-        ``ValueError``, with the environment unchanged, for an episode that is over, an empty,
-        unknown, repeated or too large list, or an asset without closes from ``history`` rows
-        before the next decision to the end of the episode (or of the next scheduled change).
-        """
+        """Make ``assets`` the universe from the next decision on; returns the observation and
+        ``{"assets", "date", "nav", "liquidation_turnover"}``. ``ValueError``, the environment
+        unchanged, for a finished episode or a list ``reset`` would refuse."""
         if self._done:
             raise ValueError("the episode is over: reset() before changing its universe")
         if isinstance(assets, str):
@@ -356,17 +318,15 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         """Apply a checked universe at the next decision: sell the leavers into cash, carry the
         holdings, executed weights and history by asset id, rebuild the arrays."""
         order = universe_order(self.asset_names, names)
-        idx = [self._column[a] for a in order]
-        rows = self._episode_rows(idx, self._k)
         source = slot_sources(self.asset_names, order, self.n_slots)
         sold = float(self.drifted[left_slots(self.asset_names, order)].sum())
+        self._install([self._column[a] for a in order], self._k)
         drifted = carry(self.drifted, source)
         drifted[0] += sold
         self.drifted = drifted
         if self.executed is not None:
             self.executed = carry(self.executed, source)
         self._sold += sold
-        self._install(idx, rows)
         self.history.remap(source, self.mask, self._slot_prices[0])
         return self.asset_names
 

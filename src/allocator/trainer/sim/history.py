@@ -1,13 +1,8 @@
 """What an episode has done so far, in preallocated arrays that rewards and penalties read.
 
-Row 0 is the state before the first decision; row ``k + 1`` is the state after step ``k``.
-
-The per-slot columns (executed weights, slot prices) are kept in the current slot layout. When
-the environment's universe changes, ``remap`` moves every recorded row to the new layout by
-asset id: a staying asset keeps its whole past; a leaving asset's columns are dropped; a joining
-asset's past is weight 0 at a flat price (its close at the change), so a windowed per-slot
-figure (a credit, a price return) counts it only from its join, and no slot ever mixes the
-prices of two assets. NAV, returns, costs and turnover are the portfolio's and do not move.
+Row 0 is the state before the first decision; row ``k + 1`` the state after step ``k``. The
+per-slot columns follow the current slot layout (``remap``): a joining asset's past is weight
+0 at a flat price, so no slot ever mixes the prices of two assets.
 """
 
 from __future__ import annotations

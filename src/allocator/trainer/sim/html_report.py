@@ -1,15 +1,6 @@
-"""Interactive backtest reports: one self-contained ``report.html`` of plotly figures.
-
-The page shows what the PNGs of ``plots`` show, from the same ``BacktestResult`` series and the
-same drawdown rule, but can be zoomed, hovered for exact values and filtered by legend: NAV
-against the baselines, drawdown, daily turnover, and the allocations (raw and executed) as
-stacked areas. Callers may append figures of their own (walk-forward adds its per-window
-statistics).
-
-plotly.js is embedded in the file (``include_plotlyjs=True``, about 5 MB) rather than linked
-from a CDN: a report is opened from a run directory, an archive or a CI artifact, often on a
-machine without network access, and must still draw years later.
-"""
+"""Interactive backtest reports: one self-contained ``report.html`` of plotly figures (what
+the PNGs of ``plots`` show, zoomable). plotly.js is embedded, not linked from a CDN: a report
+is opened from archives and CI artifacts, often offline, and must still draw years later."""
 
 from __future__ import annotations
 
@@ -34,8 +25,7 @@ ASSET_COLORS = qualitative.Dark24
 
 
 def performance_figure(results: Mapping[str, BacktestResult]) -> go.Figure:
-    """NAV, drawdown and daily turnover of every policy, one row each on a shared date axis,
-    the first policy drawn bold in black; one legend entry per policy toggles its three curves."""
+    """NAV, drawdown and daily turnover of every policy on a shared date axis, the first bold."""
     fig = make_subplots(
         rows=3, cols=1, shared_xaxes=True, subplot_titles=PANELS, vertical_spacing=0.07
     )
@@ -61,8 +51,7 @@ def performance_figure(results: Mapping[str, BacktestResult]) -> go.Figure:
 
 
 def allocation_figure(result: BacktestResult) -> go.Figure:
-    """The raw (policy) and executed (smoothed) weights as stacked areas, slots never held left
-    out; one legend entry per asset toggles both areas."""
+    """The raw and executed weights as stacked areas, slots never held left out."""
     fig = make_subplots(
         rows=2,
         cols=1,
@@ -117,8 +106,7 @@ def write_backtest_report(
 
 
 def write_page(path: str | Path, title: str, figures: Mapping[str, go.Figure]) -> Path:
-    """One HTML page: the title, then each figure in a div named by its id; plotly.js goes
-    in once, with the first figure."""
+    """One HTML page: the title, then each figure in a div named by its id."""
     divs = [
         pio.to_html(fig, include_plotlyjs=k == 0, full_html=False, div_id=div_id)
         for k, (div_id, fig) in enumerate(figures.items())

@@ -1,9 +1,6 @@
-"""Performance figures of a backtest, from skfolio's measures where it has them.
-
-Conventions: daily net returns, 252 trading days a year, a zero risk-free rate, sample
-(ddof = 1) deviations. Sharpe = mean / std * sqrt(252); Sortino uses the semi-deviation below
-zero; Calmar = annual return / max drawdown (compounded, as a positive fraction).
-"""
+"""Performance figures of a backtest, from skfolio's measures: daily net returns, 252 days a
+year, zero risk-free rate, ddof 1. Sortino uses the semi-deviation below zero; Calmar is the
+annual return over the compounded max drawdown."""
 
 from __future__ import annotations
 

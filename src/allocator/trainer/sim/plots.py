@@ -17,8 +17,7 @@ from allocator.trainer.sim.backtest import BacktestResult
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Write ``fig`` as a PNG at ``path`` (parents created) and close it, so a long job that
-    draws many figures does not keep every one of them in memory."""
+    """Write ``fig`` as a PNG at ``path`` and close it, so a long job keeps no figure in memory."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

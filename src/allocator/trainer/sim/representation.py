@@ -1,10 +1,6 @@
 """What the policy sees and what its action means: feature set and action mapping settings.
-
-The environment computes the per-asset columns of the whole dataset once, and an episode's
-cross-sectional columns and anchors at reset, with the ``portfolio`` contract functions (one
-vectorized call over every decision date), so stepping stays a slice and a small mapping,
-whatever the feature set.
-"""
+Features and anchors come from the ``portfolio`` contract functions, vectorized over every
+decision date at reset, so stepping stays a slice and a small mapping."""
 
 from __future__ import annotations
 
@@ -75,20 +71,12 @@ class ActionSettings(StrictModel):
         return self.anchor.spec if self.mapping == "tilt" else None
 
 
-def price_windows(prices: NDArray[np.float64], n_prices: int) -> NDArray[np.float64]:
-    """``(T, N)`` closes -> ``(T - n_prices + 1, N, n_prices)`` trailing windows (a view)."""
-    return sliding_window_view(prices, n_prices, axis=0)
-
-
 class FeatureTable:
     """The per-asset feature columns of a whole dataset, computed once, sliced per episode.
 
-    An asset's own columns (returns, horizon sums, volatility, drawdown) do not depend on which
-    other assets share its episode, so they are computed and normalized once here; an episode
-    adds only the cross-sectional columns (ranks, market means) of its own subset. Both come from
-    ``portfolio.own_features`` / ``cross_sectional_features`` and ``standardize``, the functions
-    ``asset_features`` and ``normalize_features`` are made of, so the numbers are those a server
-    computes from the same closes. Memory: ``T x N x F`` float32 plus the sums.
+    An asset's own columns do not depend on its episode's other assets, so they are normalized
+    once here; an episode adds only its subset's cross-sectional columns. Same functions as the
+    server's ``asset_features``. Memory: ``T x N x F`` float32 plus the sums.
     """
 
     def __init__(
@@ -104,7 +92,8 @@ class FeatureTable:
             )
         self.spec, self.norm = spec, norm
         n_own = spec.n_own_features
-        windows = price_windows(np.asarray(prices, dtype=np.float64), spec.prices_per_asset)
+        prices = np.asarray(prices, dtype=np.float64)
+        windows = sliding_window_view(prices, spec.prices_per_asset, axis=0)  # (T, N, P) view
         n_dates, n_assets = windows.shape[0], windows.shape[1]
         self.own = np.empty((n_dates, n_assets, n_own), np.float32)
         self.sums = np.empty((n_dates, n_assets, len(spec.horizons)))
@@ -119,10 +108,8 @@ class FeatureTable:
     def episode(
         self, assets: list[int], first: int, n_dates: int, max_assets: int
     ) -> NDArray[np.float32]:
-        """Normalized features ``(n_dates, max_assets * F)`` from the decision at row ``first``.
-
-        Empty slots get zero rows, as ``build_asset_observation`` does.
-        """
+        """Normalized features ``(n_dates, max_assets * F)`` from the decision at row ``first``;
+        empty slots zero, as ``build_asset_observation`` does."""
         spec, n_own = self.spec, self.spec.n_own_features
         rows = slice(first - spec.lookback, first - spec.lookback + n_dates)
         if rows.start < 0 or rows.stop > self.own.shape[0]:
@@ -141,11 +128,8 @@ class FeatureTable:
 def episode_anchors(
     prices: NDArray[np.float64], spec: AnchorSpec, n_slots: int, n_prices: int
 ) -> NDArray[np.float64]:
-    """Masked anchor weights ``(D, n_slots)`` for every decision, from trailing windows.
-
-    Already through ``masked_anchor`` for the episode's mask, so a step only applies the tilt.
-    """
-    windows = price_windows(prices, n_prices)
+    """Masked anchor weights ``(D, n_slots)`` for every decision, from trailing windows."""
+    windows = sliding_window_view(prices, n_prices, axis=0)
     k = windows.shape[1]
     live = np.ones((1, k + 1), dtype=bool)
     out = np.zeros((windows.shape[0], n_slots))

@@ -1,8 +1,7 @@
 """Rewards and penalties, selectable by name; each docstring gives its formula.
 
-Every reward reads the ``EpisodeHistory`` after a step has been recorded (``h.steps = k + 1``)
-and returns a float. Trailing windows use what history exists, so there is no cliff when a
-window first fills. Penalties are subtracted from the reward; a zero weight disables one.
+Rewards read the ``EpisodeHistory`` after a step is recorded. Trailing windows use what history
+exists, so there is no cliff when a window fills. A zero penalty weight disables the penalty.
 """
 
 from __future__ import annotations
@@ -103,11 +102,8 @@ def downside_sigma(returns: ArrayLike) -> float:
 
 
 def sortino_potential(returns: ArrayLike, cap: float = 10.0) -> float:
-    """``mean(r) / sqrt(mean(min(r, 0)^2))`` clipped to ``[-cap, cap]``; 0 with < 2 returns.
-
-    The downside deviation uses target 0 over all returns (the canonical Sortino denominator);
-    with no losing step the ratio is unbounded, which the cap turns into ``+cap``.
-    """
+    """``mean(r) / sqrt(mean(min(r, 0)^2))`` clipped to ``[-cap, cap]``; 0 with < 2 returns
+    (no losing step: ``+-cap`` by the mean's sign)."""
     r = np.asarray(returns, dtype=np.float64)
     if r.size < 2:
         return 0.0
@@ -119,10 +115,8 @@ def sortino_potential(returns: ArrayLike, cap: float = 10.0) -> float:
 
 
 def window_credit_inputs(h: EpisodeHistory, window: int) -> tuple[NDArray[np.float64], ...]:
-    """Average executed allocation and per-slot price return over the trailing window.
-
-    Returns ``(avg_alloc, slot_returns, live)``; cash and masked slots have return 0.
-    """
+    """``(avg_alloc, slot_returns, live)`` over the trailing window; cash and masked slots
+    have return 0."""
     j0 = h.window_start(window)
     k = h.steps
     avg_alloc = h.weights[j0 + 1 : k + 1].mean(axis=0)
@@ -133,43 +127,9 @@ def window_credit_inputs(h: EpisodeHistory, window: int) -> tuple[NDArray[np.flo
 
 
 def shapley_values(avg_alloc: ArrayLike, slot_returns: ArrayLike) -> NDArray[np.float64]:
-    """Exact Shapley values of the allocation coalition game, in closed form.
-
-    The game's characteristic function is ``v(S) = sum_{i in S} a_i R_i``: a coalition holds its
-    members' average allocations, everything else sits in cash (return 0). ``v`` is additive, so
-    every marginal contribution of player i is ``a_i R_i`` whatever the coalition before it, and
-    the Shapley value is exactly ``phi_i = a_i R_i``: no Monte Carlo needed.
-    """
+    """Exact Shapley values ``a_i R_i`` of the game ``v(S) = sum_{i in S} a_i R_i`` (the rest
+    in cash): an additive game, so no Monte Carlo is needed."""
     return np.asarray(avg_alloc, dtype=np.float64) * np.asarray(slot_returns, dtype=np.float64)
-
-
-def coalition_value(avg_alloc: ArrayLike, slot_returns: ArrayLike, coalition: set[int]) -> float:
-    """``v(S)``: the return of the coalition's allocations, the rest held in cash (return 0)."""
-    a = np.asarray(avg_alloc, dtype=np.float64)
-    r = np.asarray(slot_returns, dtype=np.float64)
-    final = sum(a[i] * (1.0 + r[i]) for i in coalition)
-    final += sum(a[i] for i in range(a.size) if i not in coalition)
-    return float(final - a.sum()) / float(a.sum()) if a.sum() > 0 else 0.0
-
-
-def shapley_monte_carlo(
-    value: Callable[[set[int]], float],
-    n_players: int,
-    n_samples: int,
-    rng: np.random.Generator,
-) -> NDArray[np.float64]:
-    """Monte Carlo Shapley values: each player's mean marginal gain over random orders."""
-    phi = np.zeros(n_players)
-    for _ in range(n_samples):
-        order = rng.permutation(n_players)
-        before: set[int] = set()
-        v_before = value(before)
-        for player in order:
-            with_player = before | {int(player)}
-            v_with = value(with_player)
-            phi[player] += v_with - v_before
-            before, v_before = with_player, v_with
-    return phi / n_samples
 
 
 # --- rewards -----------------------------------------------------------------------------
@@ -179,7 +139,7 @@ class Reward:
     """A reward computed from the episode history after each step."""
 
     def reset(self) -> None:
-        """Forget per-episode state."""
+        """Forget per-episode state (none by default)."""
 
     def __call__(self, h: EpisodeHistory) -> float:
         raise NotImplementedError
@@ -260,11 +220,8 @@ def turnover_penalty(h: EpisodeHistory, weight: float) -> float:
 
 
 def jitter_penalty(h: EpisodeHistory, weight: float, deadband: float) -> float:
-    """``weight * sum_i d_i^2`` over slots whose move ``d_i = |s_t,i - s_{t-1},i|`` is in (0, band).
-
-    Not ``(band - d)^2``, which would charge most for *not* moving: small moves are the noise
-    to punish, and decisive moves (and no move) are free.
-    """
+    """``weight * sum_i d_i^2`` over moves ``d_i = |s_t,i - s_{t-1},i|`` in (0, band): small
+    moves are the noise to punish; decisive moves and no move are free."""
     k = h.steps
     d = np.abs(h.weights[k] - h.weights[k - 1])
     small = d[(d > 0) & (d < deadband)]
@@ -295,16 +252,7 @@ class RewardFunction:
         # prices), so subtracting it leaves the best action where it was while it takes the
         # market's common move out of every reward: a control variate for the critic's target.
         self.relative = config.relative_to == "anchor"
-        p = config.penalties
-        self.penalties: list[Callable[[EpisodeHistory], float]] = []
-        if p.turnover:
-            self.penalties.append(lambda h: turnover_penalty(h, p.turnover))
-        if p.jitter:
-            self.penalties.append(lambda h: jitter_penalty(h, p.jitter, p.jitter_deadband))
-        if p.total_variation:
-            self.penalties.append(
-                lambda h: total_variation_penalty(h, p.total_variation, p.tv_window)
-            )
+        self.penalties = config.penalties
 
     def reset(self) -> None:
         self.reward.reset()
@@ -313,6 +261,11 @@ class RewardFunction:
         r = self.reward(h)
         if self.relative:
             r -= float(h.benchmark[h.steps - 1])
-        for penalty in self.penalties:
-            r -= penalty(h)
+        p = self.penalties  # a zero weight skips its penalty
+        if p.turnover:
+            r -= turnover_penalty(h, p.turnover)
+        if p.jitter:
+            r -= jitter_penalty(h, p.jitter, p.jitter_deadband)
+        if p.total_variation:
+            r -= total_variation_penalty(h, p.total_variation, p.tv_window)
         return r * self.scale

@@ -1,10 +1,5 @@
-"""Choosing a rule baseline's parameters on a span the comparison never scores.
-
-A momentum rule whose lookback was picked on the days it is then compared on is a fitted
-strategy reported as a simple one. Picking it here, on a span the caller passes (the training
-span), and then backtesting the chosen rule on held-out days keeps the comparison fair. The
-simple rules are top-k momentum and its mirror, top-k reversal (``select_simple_rule``).
-"""
+"""Choosing a rule baseline's parameters on a span the comparison never scores: a lookback
+picked on the scored days would be a fitted strategy reported as a simple one."""
 
 from __future__ import annotations
 
@@ -38,12 +33,8 @@ def select_momentum(
     assets: Sequence[str] | None = None,
     rebalance_every: int = 1,
 ) -> MomentumChoice:
-    """The top-k momentum rule with the best net Sharpe over ``[start, end]`` of ``data``.
-
-    Every (lookback, k) pair is backtested with the given costs and smoothing; the first best
-    in the order given wins a tie. ``start`` needs ``max(lookbacks)`` closes before it, so each
-    candidate ranks on full lookbacks from the first decision (a ``DataError`` names the
-    earliest possible start otherwise). No price after ``end`` affects the choice.
+    """The top-k momentum rule with the best net Sharpe over ``[start, end]`` (the first of a
+    tie). ``start`` needs ``max(lookbacks)`` closes before it; no later price than ``end`` counts.
     """
     if not lookbacks or not ks:
         raise ValueError("select_momentum needs at least one lookback and one k")
@@ -67,20 +58,17 @@ def select_simple_rule(
     beta: float = 0.0,
     assets: Sequence[str] | None = None,
 ) -> MomentumChoice:
-    """The best of top-k momentum and top-k reversal over ``[start, end]``: every (lookback, k)
-    of each, keys ``momentum:lookback=L,k=K`` and ``reversal:lookback=L,k=K``; the same rules
-    as ``select_momentum`` for ties and for the closes ``start`` needs (the longest lookback
-    of either family)."""
+    """The best of top-k momentum and reversal (keys ``momentum:lookback=L,k=K``, ...), with
+    ``select_momentum``'s rules for ties and for the closes ``start`` needs."""
     if not (momentum_lookbacks or reversal_lookbacks) or not ks:
         raise ValueError("select_simple_rule needs at least one lookback and one k")
-    rules: dict[str, TopKMomentum] = {}
-    for family, lookbacks in (
-        (TopKMomentum, momentum_lookbacks),
-        (TopKReversal, reversal_lookbacks),
-    ):
-        for lookback in lookbacks:
-            for k in ks:
-                rules[f"{family.name}:lookback={lookback},k={k}"] = family(lookback, k)
+    families = ((TopKMomentum, momentum_lookbacks), (TopKReversal, reversal_lookbacks))
+    rules: dict[str, TopKMomentum] = {
+        f"{family.name}:lookback={lookback},k={k}": family(lookback, k)
+        for family, lookbacks in families
+        for lookback in lookbacks
+        for k in ks
+    }
     return best_rule(rules, data, start, end, cost_bps=cost_bps, beta=beta, assets=assets)
 
 

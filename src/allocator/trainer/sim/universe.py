@@ -1,11 +1,8 @@
 """An episode's universe: which assets sit in which slots, and how a change of it moves them.
 
-Live slots are always a prefix (slot 0 cash, slots 1..k the assets), so a change of universe is
-a permutation of the carried vectors plus some slots emptied and some filled. The new order is
-the staying assets in their current relative order, then the joining assets in the order they
-were requested. ``slot_sources`` states that permutation once, as the slot each new slot's asset
-held before, and every per-slot vector the environment carries (holdings, executed weights,
-the episode history's columns) moves with it by asset id, as the server's state does.
+Live slots are a prefix (cash, then the assets): after a change the staying assets keep their
+order and the joiners follow as requested. ``slot_sources`` states that permutation once, and
+every per-slot vector the environment carries moves with it by asset id, as the server's does.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Input checks shared by the statistics: one place says what a usable return series is.
-
-A statistic on a series with a NaN, or on two series of different lengths, is silently wrong
-(numpy propagates NaN, pairing truncates); these checks refuse such input with a message that
-names the argument, so the caller knows which series to fix.
-"""
+"""Input checks shared by the statistics: a NaN or mismatched lengths make a statistic
+silently wrong, so they are refused with a message naming the argument."""
 
 from __future__ import annotations
 
@@ -11,12 +7,10 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 FLAT = 1e-12
-"""Standard deviation of a daily series below which it is constant: float rounding of a
-constant, many orders of magnitude below any real return's noise."""
+"""Standard deviation below which a daily series is constant (float rounding, not noise)."""
 
 MIN_DAYS = 20
-"""Fewest daily returns a bootstrap or a test accepts: below a month of days the block-length
-estimate and the variances behind every interval are noise."""
+"""Fewest daily returns a bootstrap or a test accepts: below a month the variances are noise."""
 
 
 def daily_returns(values: ArrayLike, name: str, min_days: int = MIN_DAYS) -> NDArray[np.float64]:

@@ -1,22 +1,11 @@
-"""The probabilistic and the deflated Sharpe ratio (Bailey and Lopez de Prado, 2014).
+"""The probabilistic and the deflated Sharpe ratio (Bailey and Lopez de Prado, JPM 40(5), 2014):
+short samples and fat tails widen a Sharpe's error, and the best of N configurations is
+inflated by luck. With per-period (daily) SR over T periods, skewness g3, plain kurtosis g4:
 
-A Sharpe ratio is an estimate: short samples, negative skew and fat tails widen its error,
-and picking the best of several configurations inflates it (the maximum of N noisy Sharpes is
-far above their mean even when every true Sharpe is zero). Bailey and Lopez de Prado's
-"The Deflated Sharpe Ratio: Correcting for Selection Bias, Backtest Overfitting and
-Non-Normality" (Journal of Portfolio Management 40(5), 2014) turn both into a probability:
-
-- PSR(SR*) = Z[(SR - SR*) sqrt(T - 1) / sqrt(1 - g3 SR + (g4 - 1) / 4 SR^2)], the probability
-  that the true Sharpe exceeds SR*, given the observed per-period SR over T periods with
-  skewness g3 and (non-excess) kurtosis g4;
-- SR0 = sqrt(V) ((1 - gamma) Z^-1[1 - 1/N] + gamma Z^-1[1 - 1/(N e)]), the expected maximum of
-  N independent Sharpe estimates of zero-skill configurations whose Sharpes vary with
-  variance V (gamma: Euler-Mascheroni);
-- DSR = PSR(SR0): the probability that the true Sharpe beats what the best of N configurations
-  would show by luck alone.
-
-The formulas take per-period (here daily, non-annualized) Sharpe ratios and variances, as the
-paper does. With N = 1 nothing was selected, SR0 = 0 and DSR = PSR(0).
+- PSR(SR*) = Z[(SR - SR*) sqrt(T - 1) / sqrt(1 - g3 SR + (g4 - 1) / 4 SR^2)];
+- SR0 = sqrt(V) ((1 - gamma) Z^-1[1 - 1/N] + gamma Z^-1[1 - 1/(N e)]), the expected best of N
+  zero-skill Sharpes of variance V (gamma: Euler-Mascheroni; N = 1: SR0 = 0);
+- DSR = PSR(SR0).
 """
 
 from __future__ import annotations
@@ -43,11 +32,8 @@ def _finite(value: float, name: str) -> float:
 def probabilistic_sharpe(
     sharpe: float, benchmark: float, days: int, skew: float, kurtosis: float
 ) -> float:
-    """PSR: the probability that the true per-period Sharpe exceeds ``benchmark``.
-
-    ``sharpe`` and ``benchmark`` are per period (not annualized); ``kurtosis`` is the plain
-    (non-excess) kurtosis, 3 for normal returns.
-    """
+    """PSR: the probability that the true per-period Sharpe exceeds ``benchmark`` (both per
+    period; ``kurtosis`` plain, 3 for normal returns)."""
     sr = _finite(sharpe, "sharpe")
     if positive_int(days, "days") < 2:
         raise ValueError(f"days must be at least 2, got {days}")
@@ -105,13 +91,8 @@ class DeflatedSharpe:
 
 
 def null_sharpe_variance(days: int, periods_per_year: int = PERIODS_PER_YEAR) -> float:
-    """Annualized variance of a Sharpe estimate over ``days`` when the true Sharpe is zero
-    and returns are normal: ``periods_per_year / (days - 1)``.
-
-    The default spread of the configurations' Sharpes when nobody recorded it: it is what
-    sampling noise alone gives, so it is a floor (configurations that really differ spread
-    wider, and deflate more).
-    """
+    """Annualized variance ``periods_per_year / (days - 1)`` of a zero-skill Sharpe estimate:
+    the default, a floor, when the configurations' spread was not recorded."""
     return positive_int(periods_per_year, "periods_per_year") / (positive_int(days, "days") - 1)
 
 
@@ -123,11 +104,9 @@ def deflated_sharpe_of_returns(
 ) -> DeflatedSharpe:
     """PSR (against 0) and DSR of a daily net return series.
 
-    ``trials``: configurations tried, this one included (1: none before it).
-    ``trials_sharpe_variance``: annualized variance of their Sharpe ratios (None:
-    ``null_sharpe_variance`` of this many days). Sample skewness and kurtosis come from the
-    returns; a flat series (zero spread) gets the normal's 0 and 3, which its zero Sharpe
-    multiplies away anyway.
+    ``trials``: configurations tried, this one included; ``trials_sharpe_variance``: the
+    annualized variance of their Sharpes (None: ``null_sharpe_variance``). A flat series gets
+    the normal's skew 0 and kurtosis 3.
     """
     x = daily_returns(returns, "returns")
     periods = positive_int(periods_per_year, "periods_per_year")

@@ -1,9 +1,5 @@
-"""Intervals over independent draws of a generated market.
-
-Draws are independent markets, so the bootstrap resamples whole draws (IID, ``arch``'s
-``IIDBootstrap``) rather than days: the interval says how far the mean over draws could move
-with other draws, which is the question a recipe comparison asks.
-"""
+"""Intervals over independent draws of a generated market: an IID bootstrap of whole draws,
+not days, says how far the mean over draws could move with other draws."""
 
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
 """The excess Sharpe ratio of a policy over a benchmark, with a stationary-bootstrap interval.
 
-A Sharpe ratio from one year of daily returns is uncertain by about one unit, so "the agent's
-Sharpe beat equal weight's" means little without an interval. The interval resamples *paired*
-days (the policy's and the benchmark's return of the same day stay together, which keeps their
-correlation: most of their difference is common market noise that cancels) in blocks of random
-length (Politis and Romano's stationary bootstrap, ``arch.bootstrap.StationaryBootstrap``),
-which keeps the short-range autocorrelation of daily returns. The mean block length is the
-Politis-White estimate (``arch.bootstrap.optimal_block_length``) unless given.
-
-The default interval is the bootstrap percentile interval: it never leaves the range of the
-replicates and is exact when the statistic is a constant (identical series give [0, 0]). BCa
-(bias-corrected and accelerated) is available for skewed replicates; it needs replicates on
-both sides of the estimate, and where they are not the percentile interval is reported and
-``method`` says so.
-
-Sharpe here is the convention of ``trainer/sim/performance.py``: mean over sample standard
-deviation (ddof 1) of daily net returns, times the square root of 252, zero risk-free rate; a
-riskless flat series scores 0.
+The bootstrap resamples *paired* days (common market noise cancels) in blocks of random length
+(``arch``'s ``StationaryBootstrap``, mean block by Politis-White unless given), keeping the
+returns' autocorrelation. The default percentile interval is exact for a constant statistic;
+BCa, where it has no replicate on one side of the estimate, falls back to percentile and
+``method`` says so. Sharpe is ``performance``'s convention (ddof 1, sqrt(252), flat scores 0).
 """
 
 from __future__ import annotations
@@ -62,12 +50,9 @@ def annualized_sharpe(returns: ArrayLike, periods_per_year: int = PERIODS_PER_YE
 
 
 def block_size(data: ArrayLike) -> int:
-    """Mean block length for a stationary bootstrap of ``data`` (days, or days x series).
-
-    The Politis-White estimate per series, the largest one rounded up: a longer block keeps
-    more of the dependence, so the interval errs wide rather than narrow. A series the estimate
-    cannot handle (a constant one) is skipped; with none left, 1 (an i.i.d. bootstrap).
-    """
+    """Mean block length for a stationary bootstrap of ``data`` (days, or days x series): the
+    largest Politis-White estimate rounded up, so the interval errs wide; constant series are
+    skipped, and with none left, 1."""
     x = np.asarray(data, dtype=np.float64)
     x = x[:, None] if x.ndim == 1 else x
     varying = x[:, x.std(axis=0) > FLAT]
@@ -118,12 +103,8 @@ def excess_sharpe_interval(
     periods_per_year: int = PERIODS_PER_YEAR,
 ) -> ExcessSharpe:
     """Excess annualized Sharpe of ``policy`` over ``benchmark`` (daily net returns of the same
-    days, in order) and its two-sided stationary-bootstrap interval at ``level``.
-
-    ``block`` is the mean block length (None: ``block_size`` of the two series); ``seed``
-    fixes the draws, so the same input gives the same interval. To pool several windows,
-    concatenate their days in time order, the policy's and the benchmark's alike.
-    """
+    days, in order) and its two-sided stationary-bootstrap interval at ``level``; ``block``
+    None: ``block_size``. To pool windows, concatenate their days in time order."""
     data = paired_returns(policy, benchmark, ("policy", "benchmark"))
     if method not in INTERVAL_METHODS:
         raise ValueError(f"method must be one of {INTERVAL_METHODS}, got {method!r}")

@@ -1,39 +1,24 @@
 """Hansen's test of superior predictive ability (SPA) of a policy against baselines.
 
-Losses are negative daily net returns, so a lower mean loss is a higher mean return. Hansen's
-SPA (``arch.bootstrap.SPA``: stationary bootstrap of the loss differentials, studentized) tests
-the null "no model has a lower expected loss than the benchmark"; a small p-value says some
-model beats the benchmark. It reports three p-values that differ in how models far worse than
-the benchmark are recentred: *lower* and *upper* bound the *consistent* one, which is Hansen's
-recommended p-value (it neither lets a hopeless model dilute the test nor ignores one).
-
-``policy_superiority`` asks the walk-forward question, "does the policy beat every baseline?":
-one SPA per baseline, the baseline as benchmark and the policy as the model, and the largest
-p-value over the baselines (an intersection-union test: the policy beats the set only when it
-beats each member, so no multiplicity correction is due and the size stays at most alpha). It
-also runs the reverse SPA, the policy as benchmark and every baseline as a model: a small
-p-value there says some baseline beats the policy, with the search over baselines accounted
-for.
-
-What ``arch`` (8.0) computes: its p-values compare the recentred bootstrap means of the loss
-differentials with the observed largest mean; the variances (its ``studentize``) only set the
-consistent p-value's recentring threshold. With one model, as in each per-baseline test, that
-is the studentized test exactly (one scale for both sides). The observed mean is not floored
-at zero, so a policy clearly worse than a baseline gets a p-value near 0.5 rather than 1:
-far from significance either way.
+Losses are negative daily net returns; ``arch.bootstrap.SPA`` tests "no model has a lower
+expected loss than the benchmark", and its *consistent* p-value (bounded by *lower* and
+*upper*) is the one to quote. ``policy_superiority`` runs one SPA per baseline and keeps the
+largest p-value (intersection-union: no multiplicity correction is due), plus the reverse SPA
+(does any baseline beat the policy?). arch does not floor the observed mean at zero, so a
+policy clearly worse than a baseline gets a p-value near 0.5, not 1.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
 from arch.bootstrap import SPA
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
-from allocator.trainer.statistics.checks import FLAT, daily_returns, positive_int
+from allocator.trainer.statistics.checks import FLAT, daily_returns, paired_returns, positive_int
 from allocator.trainer.statistics.sharpe import block_size
 
 
@@ -46,9 +31,10 @@ class SpaPValues:
     upper: float
 
     def to_dict(self) -> dict[str, float]:
-        return {"lower": self.lower, "consistent": self.consistent, "upper": self.upper}
+        return asdict(self)
 
 
+SPA_FIELDS = tuple(f.name for f in fields(SpaPValues))
 NO_EVIDENCE = SpaPValues(1.0, 1.0, 1.0)
 """Models whose loss is never below the benchmark's by a varying amount: nothing beats it."""
 
@@ -64,12 +50,9 @@ def spa_pvalues(
     reps: int = 1000,
     seed: int = 0,
 ) -> SpaPValues:
-    """SPA p-values of the null "no model's expected loss is below the benchmark's".
-
-    ``benchmark_losses``: one loss per day; ``model_losses``: days x models (or one model's
-    days). ``block`` is the stationary bootstrap's mean block length (None: the Politis-White
-    estimate of the loss differentials).
-    """
+    """SPA p-values of the null "no model's expected loss is below the benchmark's":
+    ``benchmark_losses`` per day, ``model_losses`` days x models (or one model's days);
+    ``block`` None: ``block_size`` of the loss differentials."""
     bench = daily_returns(benchmark_losses, "benchmark_losses")
     raw = np.asarray(model_losses, dtype=np.float64)
     models = raw[:, None] if raw.ndim == 1 else raw
@@ -112,15 +95,7 @@ class PolicySuperiority:
     seed: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "pvalues": self.pvalues.to_dict(),
-            "binding": self.binding,
-            "per_baseline": {k: v.to_dict() for k, v in self.per_baseline.items()},
-            "baselines_beat_policy": self.baselines_beat_policy.to_dict(),
-            "days": self.days,
-            "reps": self.reps,
-            "seed": self.seed,
-        }
+        return asdict(self)
 
 
 def policy_superiority(
@@ -131,36 +106,23 @@ def policy_superiority(
     reps: int = 1000,
     seed: int = 0,
 ) -> PolicySuperiority:
-    """SPA of the policy's daily net returns against each baseline's on the same days.
-
-    ``pvalues`` are the largest p-values over the baselines (small: the policy beats all of
-    them) and ``binding`` the baseline that gives the largest consistent one (the hardest to
-    beat). ``baselines_beat_policy``: the reverse test, small when some baseline beats the
-    policy.
-    """
+    """SPA of the policy's daily net returns against each baseline's on the same days:
+    ``pvalues`` the largest over the baselines, ``binding`` the hardest baseline to beat,
+    ``baselines_beat_policy`` the reverse test."""
     if not baselines:
         raise ValueError("baselines is empty: the policy needs at least one baseline to beat")
     returns = daily_returns(policy, "policy")
     losses = -returns
-    others: dict[str, NDArray[np.float64]] = {}
-    for name, values in baselines.items():
-        r = daily_returns(values, f"baseline {name!r}")
-        if r.size != returns.size:
-            raise ValueError(
-                f"baseline {name!r} has {r.size} daily returns but the policy has "
-                f"{returns.size}: the series must cover the same days"
-            )
-        others[name] = -r
+    others = {
+        name: -paired_returns(values, returns, (f"baseline {name!r}", "the policy"))[:, 0]
+        for name, values in baselines.items()
+    }
     per = {
         name: spa_pvalues(loss, losses, block=block, reps=reps, seed=seed)
         for name, loss in others.items()
     }
     binding = max(per, key=lambda name: per[name].consistent)
-    worst = SpaPValues(
-        max(p.lower for p in per.values()),
-        max(p.consistent for p in per.values()),
-        max(p.upper for p in per.values()),
-    )
+    worst = SpaPValues(*(max(getattr(p, f) for p in per.values()) for f in SPA_FIELDS))
     reverse = spa_pvalues(
         losses, np.column_stack(list(others.values())), block=block, reps=reps, seed=seed
     )
