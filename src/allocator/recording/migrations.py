@@ -1,9 +1,5 @@
-"""Programmatic access to the trade-schema migrations (the CLI, the server, benches, tests).
-
-Alembic migrations are the only path that builds the schema. They ship inside the package
-(``allocator/migrations``, found through :mod:`importlib.resources`), so a wheel install migrates
-as a checkout does; this module binds them to a URL without touching the caller's logging.
-"""
+"""The trade-schema migrations, bound to a URL without touching the caller's logging. They ship
+inside the package (``allocator/migrations``), so a wheel install migrates as a checkout does."""
 
 from __future__ import annotations
 
@@ -13,8 +9,7 @@ from typing import Any, TextIO
 
 from allocator.recording.settings import database_url as default_database_url
 
-SCRIPT_LOCATION = "allocator:migrations"
-"""Alembic's package-resource form: the migrations directory inside the installed package."""
+SCRIPT_LOCATION = "allocator:migrations"  # alembic's package-resource form
 
 
 class MigrationsNotFoundError(FileNotFoundError):
