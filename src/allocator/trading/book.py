@@ -1,9 +1,7 @@
 """The account's recorded book: accounts, positions (cash under ``CASH_ID``), fills and halts.
 
-Positions change only through fills recorded here, each at most once (a fill's broker id is
-unique), so the book can be rebuilt from the fills and compared with the broker's holdings.
-P&L is average-cost: a buy adds its value to the cost basis, a sell realizes its value less the
-average cost of what it sold, and every fee is realized as a loss when paid.
+Positions change only through fills, each recorded once (unique broker id). P&L is average-cost:
+a sell realizes its value less the average cost of what it sold; a fee is a loss when paid.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ from allocator.trading.broker import BrokerFill
 from allocator.trading.errors import AccountHaltedError, TradingError, UnknownAccountError
 from allocator.trading.sizing import BUY, SizingRules
 
-BROKERS = ("paper", "alpaca")
-"""The brokers an account can name (the CLI builds the one named)."""
+BROKERS = ("paper", "alpaca")  # the CLI builds the one an account names
 
 
 @dataclass(frozen=True)
