@@ -8,7 +8,7 @@ errors compare version against version. The handling time is the whole call's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Protocol
 
@@ -53,23 +53,13 @@ class GrpcServerMetrics:
     message is counted as received and, when answered, as sent."""
 
     def __init__(
-        self,
-        registry: CollectorRegistry,
-        service: str,
-        method_types: Mapping[str, str],
-        buckets: Sequence[float],
+        self, registry: CollectorRegistry, service: ServiceDescriptor, buckets: Sequence[float]
     ) -> None:
-        unknown = {kind for kind in method_types.values() if kind not in GRPC_TYPES}
-        if unknown:
-            raise ValueError(f"grpc_type {sorted(unknown)} is not one of {', '.join(GRPC_TYPES)}")
-        self.service = service
-        self.method_types = dict(method_types)
+        self.service = service.full_name
+        self.method_types = method_types(service)
         call = ["grpc_type", "grpc_service", "grpc_method"]
         self.started = Counter(
-            "grpc_server_started_total",
-            "RPCs started on the server.",
-            call,
-            registry=registry,
+            "grpc_server_started_total", "RPCs started on the server.", call, registry=registry
         )
         self.handled = Counter(
             "grpc_server_handled_total",
@@ -93,10 +83,7 @@ class GrpcServerMetrics:
             registry=registry,
         )
         self.msg_sent = Counter(
-            "grpc_server_msg_sent_total",
-            "Messages sent to clients.",
-            call,
-            registry=registry,
+            "grpc_server_msg_sent_total", "Messages sent to clients.", call, registry=registry
         )
         for method in self.method_types:  # every call series exists from the start for rate()
             for counter in (self.started, self.msg_received, self.msg_sent):

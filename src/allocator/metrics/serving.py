@@ -24,7 +24,6 @@ from allocator.metrics.grpc_server import (
     GrpcServerMetrics,
     ServiceDescriptor,
     code_name,
-    method_types,
 )
 from allocator.metrics.info import CurrentInfo
 from allocator.registry.errors import REFUSAL_REASONS
@@ -46,9 +45,7 @@ class ServingMetrics:
     ) -> None:
         self.latency_budget_seconds = float(latency_budget_seconds)
         self.latency_buckets = latency_buckets(self.latency_budget_seconds)
-        self.grpc = GrpcServerMetrics(
-            registry, service.full_name, method_types(service), self.latency_buckets
-        )
+        self.grpc = GrpcServerMetrics(registry, service, self.latency_buckets)
         self.request_latency = Histogram(
             "allocator_serving_request_latency_seconds",
             "Server-side latency of a gRPC request per decision it carries (a batch call's time "

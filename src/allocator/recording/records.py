@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -202,50 +202,32 @@ class DecisionRecord:
         matrices = (raw_weights, smoothed_weights, current_weights)
         finite = all(math.isfinite(float(np.add.reduce(m, None))) for m in matrices)
         icm_ok = all(x is None or math.isfinite(x) for x in icm_rewards)
-        if not (
+        valid = (
             finite
             and icm_ok
             and min(turnovers) >= 0.0
             and math.isfinite(sum(turnovers))
             and math.isfinite(sum(latency_seconds))
             and min(latency_seconds) >= 0.0
-        ):
-            return [
-                cls.create(
-                    request_id=request_ids[i],
-                    portfolio_id=portfolio_ids[i],
-                    decided_at=decided_at,
-                    model_name=model_name,
-                    model_version=model_version,
-                    asset_ids=asset_ids[i],
-                    raw_weights=raw_weights[i, :n],
-                    smoothed_weights=smoothed_weights[i, :n],
-                    turnover=turnovers[i],
-                    latency_seconds=latency_seconds[i],
-                    current_weights=current_weights[i, :n] if sent[i] else None,
-                    icm_reward=icm_rewards[i],
-                    slots=slots[i],
-                    fingerprint=fingerprints[i],
-                )
-                for i, n in enumerate(sizes)
-            ]
-        raw, smoothed, current = (m.tolist() for m in matrices)
+        )
+        make: Callable[..., DecisionRecord] = cls if valid else cls.create
+        raw, smoothed, current = (m.tolist() for m in matrices) if valid else matrices
         return [
-            cls(
-                request_ids[i],
-                portfolio_ids[i],
-                decided_at,
-                model_name,
-                model_version,
-                asset_ids[i],
-                tuple(raw[i][:n]),
-                tuple(smoothed[i][:n]),
-                turnovers[i],
-                float(latency_seconds[i]),
-                tuple(current[i][:n]) if sent[i] else None,
-                icm_rewards[i],
-                slots[i],
-                fingerprints[i],
+            make(
+                request_id=request_ids[i],
+                portfolio_id=portfolio_ids[i],
+                decided_at=decided_at,
+                model_name=model_name,
+                model_version=model_version,
+                asset_ids=asset_ids[i],
+                raw_weights=tuple(raw[i][:n]),
+                smoothed_weights=tuple(smoothed[i][:n]),
+                turnover=turnovers[i],
+                latency_seconds=float(latency_seconds[i]),
+                current_weights=tuple(current[i][:n]) if sent[i] else None,
+                icm_reward=icm_rewards[i],
+                slots=slots[i],
+                fingerprint=fingerprints[i],
             )
             for i, n in enumerate(sizes)
         ]
