@@ -89,15 +89,10 @@ class Recorder(BacklogReplay):
         self._queue: deque[_Item] = deque()
         self._cond = threading.Condition()
         self._models: dict[tuple[str, str], ModelRecord] = {}
-        self._new_models: list[ModelRecord] = []
-        self._submitted = 0
-        self._durable = 0
-        self._written = 0
-        self._replayed = 0
-        self._rejected = 0
-        self._quarantined = 0
-        self._closing = False
-        self._closed = False
+        # counters since start, in records (``stats``)
+        self._submitted = self._durable = self._written = self._replayed = 0
+        self._rejected = self._quarantined = 0
+        self._closing = self._closed = False
         self._stalled = False  # the pending batch reached neither the database nor the spool
         self._db_up = False
         self._next_attempt = 0.0
@@ -179,15 +174,7 @@ class Recorder(BacklogReplay):
         """Queue decisions all-or-nothing; returns the ticket for ``wait_durable``."""
         n = len(decisions)
         with self._cond:
-            reason = self._refusal(n)
-            if reason is None:
-                for d in decisions:
-                    if d.model_key not in self._models:
-                        reason = (
-                            f"model {d.model_name}/{d.model_version} is not registered with "
-                            "the recorder"
-                        )
-                        break
+            reason = self._refusal(decisions)
             if reason is not None:
                 self._rejected += n
                 if self.metrics is not None:
@@ -230,8 +217,9 @@ class Recorder(BacklogReplay):
             return NotDurableError("the recorder's writer stopped")
         return None
 
-    def _refusal(self, n: int) -> str | None:
-        """Why ``n`` more records cannot be accepted now, or None (with ``_cond`` held)."""
+    def _refusal(self, decisions: Sequence[DecisionRecord]) -> str | None:
+        """Why ``decisions`` cannot be accepted now, or None (with ``_cond`` held)."""
+        n = len(decisions)
         if self._closing:
             return "the recorder is closed"
         if self._stalled and self.ack == "durable":  # it could only hold them in memory
@@ -243,6 +231,9 @@ class Recorder(BacklogReplay):
                 f"the recorder spool reached its quota ({self._spool_bytes} of "
                 f"{self.spool_quota_bytes} bytes) while the database is unreachable"
             )
+        for d in decisions:
+            if d.model_key not in self._models:
+                return f"model {d.model_name}/{d.model_version} is not registered with the recorder"
         return None
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -286,21 +277,13 @@ class Recorder(BacklogReplay):
             window = self.flush_interval
             if self.ack == "durable":
                 # Sleep until a record arrives, then give concurrent ones a window to join.
-                idle_until = time.monotonic() + self.flush_interval
-                while not self._queue and not self._closing:
-                    remaining = idle_until - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
+                self._cond.wait_for(lambda: self._queue or self._closing, self.flush_interval)
                 window = self.commit_window if self._queue else 0.0
             if not idle:  # a replay waits: take what is queued without filling a batch
                 window = min(window, self.commit_window)
-            deadline = time.monotonic() + window
-            while len(self._queue) < self.batch_size and not self._closing:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+            self._cond.wait_for(
+                lambda: len(self._queue) >= self.batch_size or self._closing, window
+            )
             if not self._queue:
                 return None if self._closing else ([], [])
             models: list[ModelRecord] = []
