@@ -16,26 +16,21 @@ class MigrationsNotFoundError(FileNotFoundError):
     """The installed package lacks its migrations (a build that left the package data out)."""
 
 
-def check_script_location(location: str) -> None:
-    """Fail with the place looked at when ``location`` (``package:dir``) holds no ``env.py``."""
-    package, _, directory = location.partition(":")
+def alembic_config(database_url: str | None = None, stdout: TextIO | None = None) -> Any:
+    """An alembic ``Config`` for the packaged migrations, bound to ``database_url``
+    (default: ``DATABASE_URL``, else the embedded SQLite file)."""
+    from alembic.config import Config
+
+    package, _, directory = SCRIPT_LOCATION.partition(":")
     try:
         found = files(package).joinpath(directory, "env.py").is_file()
     except ModuleNotFoundError:
         found = False
     if not found:
         raise MigrationsNotFoundError(
-            f"migrations not found at {location} (no env.py there): the trade-schema "
+            f"migrations not found at {SCRIPT_LOCATION} (no env.py there): the trade-schema "
             "migrations ship inside the allocator package; reinstall it from a complete wheel"
         )
-
-
-def alembic_config(database_url: str | None = None, stdout: TextIO | None = None) -> Any:
-    """An alembic ``Config`` for the packaged migrations, bound to ``database_url``
-    (default: ``DATABASE_URL``, else the embedded SQLite file)."""
-    from alembic.config import Config
-
-    check_script_location(SCRIPT_LOCATION)
     config = Config(stdout=stdout or sys.stdout)
     config.set_main_option("script_location", SCRIPT_LOCATION)
     config.set_main_option("path_separator", "os")

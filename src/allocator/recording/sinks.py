@@ -334,24 +334,22 @@ class SqliteSink:
             conn = sqlite3.connect(
                 self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
             )
-            tables = {
-                row[0]
-                for row in conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'table' "
-                    "AND name IN ('decisions', 'model_versions')"
-                )
-            }
         except sqlite3.OperationalError as exc:
             raise SinkUnavailableError(f"{self.url}: {exc}") from None
-        if tables != {"decisions", "model_versions"}:
-            conn.close()
-            raise _schema_missing(self.url)
         try:
+            tables = conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' "
+                "AND name IN ('decisions', 'model_versions')"
+            ).fetchall()
+            if len(tables) != 2:
+                raise _schema_missing(self.url)
             enable_wal(conn, self._timeout)
             conn.execute("PRAGMA synchronous = NORMAL")
-        except sqlite3.OperationalError as exc:
+        except BaseException as exc:
             conn.close()
-            raise SinkUnavailableError(f"{self.url}: {exc}") from None
+            if isinstance(exc, sqlite3.OperationalError):
+                raise SinkUnavailableError(f"{self.url}: {exc}") from None
+            raise
         self._conn = conn
 
     def write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:

@@ -68,13 +68,10 @@ class AckFutures:
 
     def settle(self, durable: int) -> None:
         """Resolve every future whose ticket is at most ``durable``."""
-        keep: list[tuple[int, asyncio.Future[None]]] = []
         for ticket, future in self._waiting:
             if ticket <= durable:
                 future.get_loop().call_soon_threadsafe(_complete, future, None)
-            else:
-                keep.append((ticket, future))
-        self._waiting = keep
+        self._waiting = [(t, f) for t, f in self._waiting if t > durable]
 
     def fail(self, error: NotDurableError) -> None:
         """Fail every waiting future with ``error``."""
