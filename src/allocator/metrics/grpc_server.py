@@ -1,28 +1,21 @@
 """The gRPC server metrics that stock gRPC dashboards and alerts read.
 
-Names and labels are those of go-grpc-prometheus and its ports (java-grpc-prometheus,
-py-grpc-prometheus): ``grpc_server_started_total``, ``grpc_server_handled_total``,
-``grpc_server_handling_seconds`` and ``grpc_server_msg_{received,sent}_total``, labelled
-``grpc_type``, ``grpc_service``, ``grpc_method`` (and ``grpc_code`` on ``handled``). A dashboard
-written for any gRPC service therefore reads the allocation server unchanged. Two labels are
-added: ``model`` and ``version``, the model version that answered the call (empty when no model
-was reached: a refused token, an undecodable request, a stream, whose messages may address
-several models), so a rollout's latency and errors can be compared version against version.
-
-The handling time is the whole call's, as the ecosystem measures it; the allocator's own
-``allocator_serving_request_latency_seconds`` measures it per decision against the budget.
+Names and labels are go-grpc-prometheus's, so a dashboard written for any gRPC service reads the
+allocation server unchanged. Two labels are added, ``model`` and ``version`` (empty when no model
+was reached, and on streams, whose messages may address several), so a rollout's latency and
+errors compare version against version. The handling time is the whole call's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 GRPC_TYPES = ("unary", "client_stream", "server_stream", "bidi_stream")
-"""The values of ``grpc_type``, as go-grpc-prometheus names the four kinds of method."""
+"""``grpc_type`` by (client streaming, server streaming), as go-grpc-prometheus names them."""
 
 
 class MethodDescriptor(Protocol):
@@ -43,15 +36,10 @@ class ServiceDescriptor(Protocol):
 
 
 def method_types(service: ServiceDescriptor) -> dict[str, str]:
-    """Each method's ``grpc_type``, read off the service's descriptor (so the proto is the one
-    place a method and its kind are declared)."""
-    kinds = {
-        (False, False): "unary",
-        (True, False): "client_stream",
-        (False, True): "server_stream",
-        (True, True): "bidi_stream",
+    """Each method's ``grpc_type``, read off the service's descriptor (the proto declares it)."""
+    return {
+        m.name: GRPC_TYPES[m.client_streaming + 2 * m.server_streaming] for m in service.methods
     }
-    return {m.name: kinds[m.client_streaming, m.server_streaming] for m in service.methods}
 
 
 def code_name(code: str | Enum) -> str:
@@ -60,31 +48,18 @@ def code_name(code: str | Enum) -> str:
 
 
 class GrpcServerMetrics:
-    """Per-call counts and handling time under the ecosystem's names, for one gRPC service.
-
-    ``method_types`` maps each method's short name to its ``grpc_type``: a unary call is
-    started, received, sent and handled once; a streaming call is started and handled once,
-    and each message is counted as received and, when answered, as sent.
-    """
+    """Per-call counts and handling time for one gRPC service. A unary call is started,
+    received, sent and handled once; a streaming call is started and handled once, and each
+    message is counted as received and, when answered, as sent."""
 
     def __init__(
-        self,
-        registry: CollectorRegistry,
-        service: str,
-        method_types: Mapping[str, str],
-        buckets: Sequence[float],
+        self, registry: CollectorRegistry, service: ServiceDescriptor, buckets: Sequence[float]
     ) -> None:
-        unknown = {kind for kind in method_types.values() if kind not in GRPC_TYPES}
-        if unknown:
-            raise ValueError(f"grpc_type {sorted(unknown)} is not one of {', '.join(GRPC_TYPES)}")
-        self.service = service
-        self.method_types = dict(method_types)
+        self.service = service.full_name
+        self.method_types = method_types(service)
         call = ["grpc_type", "grpc_service", "grpc_method"]
         self.started = Counter(
-            "grpc_server_started_total",
-            "RPCs started on the server.",
-            call,
-            registry=registry,
+            "grpc_server_started_total", "RPCs started on the server.", call, registry=registry
         )
         self.handled = Counter(
             "grpc_server_handled_total",
@@ -108,10 +83,7 @@ class GrpcServerMetrics:
             registry=registry,
         )
         self.msg_sent = Counter(
-            "grpc_server_msg_sent_total",
-            "Messages sent to clients.",
-            call,
-            registry=registry,
+            "grpc_server_msg_sent_total", "Messages sent to clients.", call, registry=registry
         )
         for method in self.method_types:  # every call series exists from the start for rate()
             for counter in (self.started, self.msg_received, self.msg_sent):
@@ -134,8 +106,7 @@ class GrpcServerMetrics:
         self.started.labels(*self._call(method)).inc()
 
     def observe_message(self, method: str) -> None:
-        """One message of a streaming call, received and answered (an error for one message
-        is an answer message too: the stream goes on)."""
+        """One message of a streaming call, received and answered (an error too)."""
         call = self._call(method)
         self.msg_received.labels(*call).inc()
         self.msg_sent.labels(*call).inc()
@@ -149,10 +120,7 @@ class GrpcServerMetrics:
         model: str = "",
         version: str = "",
     ) -> None:
-        """A finished call: its code and its time, under the model version that answered it.
-
-        A unary call also counts its one request message, and its response when it is OK.
-        """
+        """A finished call; a unary one also counts its request, and its response when OK."""
         call = self._call(method)
         name = code_name(code)
         self.handled.labels(*call, name, model, version).inc()

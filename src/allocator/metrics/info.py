@@ -12,16 +12,12 @@ from prometheus_client.registry import Collector
 
 
 class CurrentInfo(Collector):
-    """An info metric that is absent until set and holds exactly one label set afterwards.
+    """An info metric absent until set, then holding exactly one label set.
 
-    ``prometheus_client.Info`` exposes ``name_info 1`` with no labels before it is set, and a
-    labelled ``Gauge`` needs ``clear()`` then ``set(1)``, between which a scrape sees nothing.
-    Here the switch is one assignment under a lock: a scrape sees the old set or the new one.
-
-    In prometheus-client's multiprocess mode (``allocator serve --workers N``) a custom
-    collector in a worker is never scraped: the supervisor reads the workers' value files. There
-    the metric is a gauge ``NAME_info`` with a ``pid`` label per worker, and a switch sets the
-    new label set to 1 and the previous one to 0 (multiprocess files cannot drop a series).
+    ``prometheus_client.Info`` exposes an unlabelled 1 before it is set, and a labelled
+    ``Gauge`` needs ``clear()`` then ``set(1)``, between which a scrape sees nothing. In
+    multiprocess mode (``serve --workers N``) a worker's collector is never scraped, so there it
+    is a gauge ``NAME_info`` whose previous label set goes to 0 (files cannot drop a series).
     """
 
     def __init__(

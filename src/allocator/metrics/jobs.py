@@ -22,13 +22,8 @@ class PromotionDecision(StrEnum):
 
 
 class JobMetrics:
-    """Figures of one batch job run (walk-forward, retraining), pushed to a Pushgateway.
-
-    Use a fresh ``CollectorRegistry`` per run and ``push(registry, url, job)`` at the end
-    (``JobPush`` does both). The job is not a label here: the Pushgateway adds ``job`` from
-    the push's grouping key, and pushed metrics must not carry a ``job`` label of their own.
-    ``push`` replaces the job's previous group, so the windows of an older run do not linger.
-    """
+    """Figures of one batch job run, on a fresh registry per run (``JobPush``). No ``job``
+    label: the Pushgateway adds it from the push's grouping key."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
@@ -77,9 +72,8 @@ class JobMetrics:
     def record_window(
         self, window: str, sharpe: float, saturation: Mapping[str, Any] | None = None
     ) -> None:
-        """One evaluated window, named by a stable short id (its index or test start date), with
-        its training run's saturation watch (``run.json``) when it has one: a collapsed actor
-        in a scheduled job shows on a dashboard, not only in a file nobody opens."""
+        """One evaluated window (a stable short id), with its training run's saturation watch
+        when it has one: a collapsed actor shows on a dashboard, not only in a file."""
         self.windows.inc()
         self.window_sharpe.labels(window).set(sharpe)
         if saturation:
@@ -108,13 +102,9 @@ class JobMetrics:
 
 
 class JobPush:
-    """A batch job run's metrics on a fresh registry, pushed under one Pushgateway group.
-
-    The group is the job (from the push) and ``grouping_key`` (e.g. the model name), so two
-    models' runs never overwrite each other. A successful run replaces its group (PUT), so an
-    older run's windows do not linger; a failed run adds to it (POST), keeping the last good
-    run's success time.
-    """
+    """A job run's metrics pushed under the group of ``job`` and ``grouping_key``. A success
+    replaces the group (PUT: an older run's windows do not linger); a failure adds to it (POST),
+    keeping the last good run's success time."""
 
     def __init__(self, gateway_url: str | None, job: str, grouping_key: dict[str, str]) -> None:
         self.gateway_url = gateway_url
@@ -124,8 +114,7 @@ class JobPush:
         self.metrics = JobMetrics(self.registry)
 
     def succeeded(self, seconds: float) -> str | None:
-        """Push a successful run of ``seconds``; the push's error text, None when it went out
-        (or when no gateway is configured). A failed push never undoes the run."""
+        """Push a successful run; the push's error text, or None (sent, or no gateway)."""
         if not self.gateway_url:
             return None
         self.metrics.observe_duration(seconds)
@@ -137,8 +126,7 @@ class JobPush:
         return None
 
     def failed(self, seconds: float) -> None:
-        """Push what a failed run measured, keeping the last good run's success time; a push
-        error is swallowed, since the run's own error is the one to report."""
+        """Push a failed run; a push error is swallowed (the run's own error is reported)."""
         if not self.gateway_url:
             return
         self.metrics.observe_duration(seconds)

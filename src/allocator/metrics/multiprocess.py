@@ -1,15 +1,13 @@
 """The supervisor's view of its workers' metric files, robust to a worker mid-start.
 
-prometheus-client's ``MmapedDict`` creates a worker's value file and only then sizes it, so for
-a moment the file exists at 0 bytes; ``MultiProcessCollector.collect`` reading it then raises
-``struct.error`` and the whole scrape fails (HTTP 500), every other worker's figures with it.
-A worker killed in that moment leaves the empty file for good, and every later scrape fails
-(prometheus/client_python#1199, unfixed in 0.26). An empty file holds no value yet, so skipping
-it loses nothing.
+prometheus-client creates a worker's value file and only then sizes it; reading it at 0 bytes
+raises ``struct.error`` and fails the whole scrape, for good if the worker died then
+(prometheus/client_python#1199). An empty file holds no value yet, so it is skipped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from collections.abc import Iterable
@@ -20,8 +18,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 
 def worker_restarts_counter(registry: CollectorRegistry) -> Counter:
-    """The supervisor's count of workers it started again: a worker cannot count its own death,
-    so this lives in the supervisor's registry, beside the workers' summed files."""
+    """The supervisor's count of restarted workers (a worker cannot count its own death)."""
     return Counter(
         "allocator_serving_worker_restarts_total",
         "Worker processes of this server started again after they died unexpectedly.",
@@ -37,13 +34,10 @@ class WorkerFilesCollector(MultiProcessCollector):
 
 
 def sized_files(paths: Iterable[str]) -> list[str]:
-    """The files with a header to read; one gone since the glob is skipped too (its worker was
-    marked dead), as ``MultiProcessCollector`` skips a vanished live-gauge file."""
+    """The files with a header to read; one gone since the glob is skipped too."""
     out = []
     for path in paths:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             if os.path.getsize(path) > 0:
                 out.append(path)
-        except FileNotFoundError:
-            continue
     return out

@@ -1,9 +1,5 @@
-"""Pushing a batch job's metrics to a Prometheus Pushgateway.
-
-A batch job lives shorter than a scrape interval, so it pushes its figures once at the end
-instead of being scraped. A dead gateway must neither hang the job (the connection is bounded
-by a timeout) nor lose its results (the failure is a ``PushError`` the caller reports).
-"""
+"""Pushing a batch job's metrics to a Prometheus Pushgateway: a dead gateway neither hangs the
+job (``timeout``) nor loses its results (a ``PushError`` the caller reports)."""
 
 from __future__ import annotations
 
@@ -26,13 +22,8 @@ def push(
     timeout: float = 10.0,
     replace: bool = True,
 ) -> None:
-    """Push ``registry`` to the Pushgateway at ``gateway_url`` under ``job``.
-
-    ``replace=True`` (HTTP PUT) replaces every metric of the group: the normal end of a run.
-    A failed run should push with ``replace=False`` (POST replaces only the metrics pushed), so
-    that it does not erase the last-success time of the previous good run. ``timeout`` bounds
-    the connection, so a dead gateway cannot hang a job.
-    """
+    """Push ``registry`` under ``job``: ``replace`` (PUT) replaces the whole group, else (POST)
+    only the metrics pushed."""
     if not job:
         raise ValueError("job must be a non-empty name")
     send = push_to_gateway if replace else pushadd_to_gateway

@@ -1,8 +1,8 @@
 """The decision recorder's metrics: its memory queue, local spool, database writes, replays.
 
 Every record is accounted for: written (``rows_written``), spooled and later replayed
-(``spooled_records``, ``replayed``), or refused at the door when the spool is full
-(``rejected``). A record that is none of these would be a decision lost without a trace.
+(``spooled_records``, ``replayed``), or refused at the door (``rejected``); a record that is
+none of these would be a decision lost without a trace.
 """
 
 from __future__ import annotations
@@ -13,56 +13,44 @@ from allocator.metrics.buckets import WRITE_LATENCY_BUCKETS_SECONDS
 
 
 class RecorderMetrics:
-    """The decision recorder: its in-memory queue, local spool, database writes and replays.
-
-    The recorder never drops a decision silently. When the spool quota is reached, new records
-    are refused at the door (the caller is told, and ``allocator_recorder_rejected_total``
-    counts them); records already accepted are written, or spooled and replayed later.
-    """
+    """The recorder's figures on ``registry``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        # Plain gauges and counters: one (name, help[, labels]) row each, created alike.
-        self.queue_depth, self.spooled_records, self.spool_bytes = (
+        def gauge(name: str, documentation: str) -> Gauge:
             # livesum: under ``--workers N`` the server's figure is its workers' sum
-            Gauge(name, documentation, registry=registry, multiprocess_mode="livesum")
-            for name, documentation in (
-                (
-                    "allocator_recorder_queue_depth",
-                    "Records waiting in memory for the next batched write.",
-                ),
-                (
-                    "allocator_recorder_spooled_records",
-                    "Records currently in the local spool, waiting for the database to come back.",
-                ),
-                ("allocator_recorder_spool_bytes", "Size of the local spool on disk."),
-            )
+            return Gauge(name, documentation, registry=registry, multiprocess_mode="livesum")
+
+        def counter(name: str, documentation: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, documentation, labels, registry=registry)
+
+        self.queue_depth = gauge(
+            "allocator_recorder_queue_depth",
+            "Records waiting in memory for the next batched write.",
         )
-        self.rows_written, self.failed_writes, self.replayed, self.rejected = (
-            Counter(name, documentation, labels, registry=registry)
-            for name, documentation, labels in (
-                (
-                    "allocator_recorder_rows_written_total",
-                    "Decision rows committed to the database (replays included).",
-                    (),
-                ),
-                (
-                    "allocator_recorder_failed_writes_total",
-                    "Batched writes that failed (their records were spooled), by short fixed "
-                    "reason.",
-                    ("reason",),
-                ),
-                (
-                    "allocator_recorder_replayed_total",
-                    "Spooled records replayed into the database (idempotent on the request id).",
-                    (),
-                ),
-                (
-                    "allocator_recorder_rejected_total",
-                    "Records refused at the door because the spool quota was reached; the "
-                    "caller is told, nothing is dropped silently.",
-                    (),
-                ),
-            )
+        self.spooled_records = gauge(
+            "allocator_recorder_spooled_records",
+            "Records currently in the local spool, waiting for the database to come back.",
+        )
+        self.spool_bytes = gauge(
+            "allocator_recorder_spool_bytes", "Size of the local spool on disk."
+        )
+        self.rows_written = counter(
+            "allocator_recorder_rows_written_total",
+            "Decision rows committed to the database (replays included).",
+        )
+        self.failed_writes = counter(
+            "allocator_recorder_failed_writes_total",
+            "Batched writes that failed (their records were spooled), by short fixed reason.",
+            ("reason",),
+        )
+        self.replayed = counter(
+            "allocator_recorder_replayed_total",
+            "Spooled records replayed into the database (idempotent on the request id).",
+        )
+        self.rejected = counter(
+            "allocator_recorder_rejected_total",
+            "Records refused at the door because the spool quota was reached; the caller is "
+            "told, nothing is dropped silently.",
         )
         self.batch_write_latency = Histogram(
             "allocator_recorder_batch_write_latency_seconds",

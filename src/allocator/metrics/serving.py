@@ -1,13 +1,7 @@
 """The allocation server's metrics: latency against its budget, outcomes, decisions, model.
 
-The latency histogram has a bucket exactly at the configured P95 budget, so "fraction within
-budget" is read off a bucket, not interpolated. Decision histograms skip non-finite values: a
-single NaN would turn a histogram's ``_sum`` into NaN for the life of the process.
-
-Labels are named as the common gRPC exporters name them (go-grpc-prometheus and its ports):
-``grpc_method`` for the short method name and ``grpc_code``
-for the status code name, the same on every metric, so one selector works across them and
-dashboards written for other gRPC services read these too.
+Labels are named as go-grpc-prometheus names them (``grpc_method``: the short method name,
+``grpc_code``: the status code name), so one selector works across these and the standard ones.
 """
 
 from __future__ import annotations
@@ -30,27 +24,17 @@ from allocator.metrics.grpc_server import (
     GrpcServerMetrics,
     ServiceDescriptor,
     code_name,
-    method_types,
 )
 from allocator.metrics.info import CurrentInfo
 from allocator.registry.errors import REFUSAL_REASONS
 
 
 class ServingMetrics:
-    """What the allocation server exposes: latency against its budget, outcomes, decisions.
+    """What the allocation server exposes; ``grpc`` holds the standard gRPC server metrics.
 
-    ``latency_budget_seconds`` is the configured P95 budget of one decision: the latency
-    histogram has a bucket exactly at it, and ``allocator_serving_over_budget_total`` counts
-    requests strictly above it (so ``over_budget == count - bucket{le=budget}`` per method). A
-    call carrying several decisions (``AllocateBatch``, and each message of ``AllocateStream``,
-    observed as its own request) is observed per decision, its time divided by their number: a
-    batch of n decisions is within budget when it takes at most n budgets, and the same alert
-    serves every method. ``grpc_method`` is the short
-    gRPC method name (``Allocate``); ``grpc_code`` a ``grpc.StatusCode`` name (``OK``,
-    ``UNAVAILABLE``).
-
-    Beside them, ``grpc`` holds the gRPC ecosystem's standard server metrics for ``service``
-    (the proto's service descriptor), labelled by the model version that answered.
+    ``latency_budget_seconds`` is the P95 budget of one decision: the latency histogram has a
+    bucket exactly at it and ``over_budget`` counts requests strictly above it. A call carrying
+    n decisions is observed per decision (its time over n), so one alert serves every method.
     """
 
     def __init__(
@@ -61,9 +45,7 @@ class ServingMetrics:
     ) -> None:
         self.latency_budget_seconds = float(latency_budget_seconds)
         self.latency_buckets = latency_buckets(self.latency_budget_seconds)
-        self.grpc = GrpcServerMetrics(
-            registry, service.full_name, method_types(service), self.latency_buckets
-        )
+        self.grpc = GrpcServerMetrics(registry, service, self.latency_buckets)
         self.request_latency = Histogram(
             "allocator_serving_request_latency_seconds",
             "Server-side latency of a gRPC request per decision it carries (a batch call's time "
@@ -199,13 +181,9 @@ class ServingMetrics:
         model: str = "",
         version: str = "",
     ) -> None:
-        """One finished request of ``decisions`` decisions (a batch's size; 1 otherwise),
-        answered by ``model`` at ``version`` when one was reached: its count by method and
-        code, and its time per decision against the budget. A streaming method's request is one
-        message; its call is observed by ``observe_stream_end``.
-
-        The budget is a decision's: a whole batch compared with it would always be over.
-        """
+        """One finished request of ``decisions`` decisions, answered by ``model`` at
+        ``version``; a streaming method's request is one message (its call ends with
+        ``observe_stream_end``)."""
         self._observe_budget(method, code, seconds, decisions)
         if self.grpc.is_streaming(method):
             self.grpc.observe_message(method)
@@ -213,8 +191,7 @@ class ServingMetrics:
             self.grpc.observe_handled(method, code, seconds, model=model, version=version)
 
     def observe_rejected(self, method: str, code: str | Enum, seconds: float) -> None:
-        """A call refused before its handler ran (a bad token, undecodable bytes): started and
-        handled at once, a streaming call included."""
+        """A call refused before its handler ran: started and handled at once."""
         self.grpc.observe_started(method)
         self._observe_budget(method, code, seconds, 1)
         self.grpc.observe_handled(method, code, seconds)
@@ -240,23 +217,13 @@ class ServingMetrics:
         turnover: float,
         icm_reward: float | None = None,
     ) -> None:
-        """One allocation: the raw-vs-smoothed L1 gap (all slots, cash included), the turnover
-        as computed by the caller, and the ICM reward when the model has one.
-
-        Non-finite values are not observed: a single NaN would turn a histogram's ``_sum``
-        into NaN for the life of the process.
-        """
+        """One allocation's raw-vs-smoothed L1 gap, turnover and ICM reward. Non-finite values
+        are skipped: one NaN would turn a histogram's ``_sum`` into NaN for good."""
         raw = np.asarray(raw_weights, dtype=np.float64)
         smoothed = np.asarray(smoothed_weights, dtype=np.float64)
         if raw.shape != smoothed.shape:
             raise ValueError(f"raw {raw.shape} and smoothed {smoothed.shape} weights differ")
-        gap = float(np.abs(raw - smoothed).sum())
-        if math.isfinite(gap):
-            self.smoothing_gap.observe(gap)
-        if math.isfinite(turnover):
-            self.turnover.observe(float(turnover))
-        if icm_reward is not None and math.isfinite(icm_reward):
-            self.icm_reward.observe(float(icm_reward))
+        self.observe_decisions([float(np.abs(raw - smoothed).sum())], [turnover], [icm_reward])
 
     def observe_decisions(
         self,
@@ -264,18 +231,16 @@ class ServingMetrics:
         turnovers: Iterable[float],
         icm_rewards: Iterable[float | None],
     ) -> None:
-        """``observe_decision`` for a batch whose raw-vs-smoothed gaps the caller computed on
-        the batch's arrays at once (a numpy reduction per decision cost more than observing)."""
-        isfinite = math.isfinite
-        for gap in gaps:
-            if isfinite(gap):
-                self.smoothing_gap.observe(gap)
-        for turnover in turnovers:
-            if isfinite(turnover):
-                self.turnover.observe(turnover)
-        for reward in icm_rewards:
-            if reward is not None and isfinite(reward):
-                self.icm_reward.observe(reward)
+        """``observe_decision`` for a batch whose gaps the caller computed on its arrays at once
+        (a numpy reduction per decision costs more than observing)."""
+        for histogram, values in (
+            (self.smoothing_gap, gaps),
+            (self.turnover, turnovers),
+            (self.icm_reward, icm_rewards),
+        ):
+            for value in values:
+                if value is not None and math.isfinite(value):
+                    histogram.observe(value)
 
     def observe_batch(self, size: int) -> None:
         """One batch allocation call (or ``AllocateStream`` message) of ``size`` portfolios."""

@@ -1,11 +1,7 @@
-"""Figures of the trading cycle: reconciliation mismatches, halts, orders, cycles, and the book.
+"""Figures of the trading cycle: reconciliation mismatches, halts, orders, cycles, the book.
 
-A mismatch between the broker and the recorded book halts the account; the halted gauge is what
-``AllocatorTradingAccountHalted`` fires on, the counter says how often it happened. A cycle is a
-batch job (a CronJob), shorter than a scrape interval, so ``allocator trade`` pushes these figures
-to a Pushgateway at its end (``TradingPush``), with the book's state read back from the trade
-database: NAV, drawdown, positions, turnover, fees, rejects, and the tracking difference against
-the backtest once ``allocator trade compare`` has measured it.
+A cycle is a batch job shorter than a scrape interval, so ``allocator trade`` pushes these to a
+Pushgateway at its end (``TradingPush``), the book's state read back from the trade database.
 """
 
 from __future__ import annotations
@@ -28,72 +24,59 @@ class TradingMetrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = registry
-        self.mismatches = Counter(
+
+        def counter(name: str, documentation: str, *labels: str) -> Counter:
+            return Counter(name, documentation, ["account", *labels], registry=registry)
+
+        def gauge(name: str, documentation: str, *labels: str) -> Gauge:
+            return Gauge(name, documentation, ["account", *labels], registry=registry)
+
+        self.mismatches = counter(
             "allocator_trading_reconciliation_mismatches_total",
             "Reconciliations that found the broker's positions differ from the recorded ones.",
-            ["account"],
-            registry=registry,
         )
-        self.halted = Gauge(
+        self.halted = gauge(
             "allocator_trading_account_halted",
             "1 while the account is halted (a failed reconciliation), else 0.",
-            ["account"],
-            registry=registry,
         )
-        self.orders = Counter(
+        self.orders = counter(
             "allocator_trading_orders_total",
             "Orders settled by the broker, by final status (filled, partially_filled, rejected).",
-            ["account", "status"],
-            registry=registry,
+            "status",
         )
-        self.cycles = Counter(
+        self.cycles = counter(
             "allocator_trading_cycles_total",
             "Trading cycles run, by outcome (done, already_done, failed).",
-            ["account", "outcome"],
-            registry=registry,
+            "outcome",
         )
-        self.nav = Gauge(
+        self.nav = gauge(
             "allocator_trading_nav",
             "The account's NAV at its last cycle's close, after that cycle's trades.",
-            ["account"],
-            registry=registry,
         )
-        self.drawdown = Gauge(
+        self.drawdown = gauge(
             "allocator_trading_drawdown_ratio",
             "How far the account's NAV is below its highest recorded NAV (0: at the peak).",
-            ["account"],
-            registry=registry,
         )
-        self.position_value = Gauge(
+        self.position_value = gauge(
             "allocator_trading_position_value",
             "Value of each holding at the last cycle's close (cash under CASH).",
-            ["account", "asset"],
-            registry=registry,
+            "asset",
         )
-        self.turnover = Gauge(
+        self.turnover = gauge(
             "allocator_trading_turnover_ratio",
             "Value traded by the last cycle over the NAV it started from.",
-            ["account"],
-            registry=registry,
         )
-        self.fees = Gauge(
-            "allocator_trading_fees_paid",
-            "Fees the account has paid on all its fills.",
-            ["account"],
-            registry=registry,
+        self.fees = gauge(
+            "allocator_trading_fees_paid", "Fees the account has paid on all its fills."
         )
-        self.rejected = Gauge(
+        self.rejected = gauge(
             "allocator_trading_rejected_orders",
             "Orders of the account the broker has rejected, all cycles together.",
-            ["account"],
-            registry=registry,
         )
-        self.tracking_difference = Gauge(
+        self.tracking_difference = gauge(
             "allocator_trading_tracking_difference",
             "Live NAV over the backtest's NAV of the same model over the same bars, less one "
             "(allocator trade compare).",
-            ["account"],
-            registry=registry,
         )
 
     def record_book(self, entry: Mapping[str, Any]) -> None:
@@ -120,12 +103,8 @@ class TradingMetrics:
 
 
 class TradingPush:
-    """One trade command's figures on a fresh registry, pushed under the account's group.
-
-    The push adds to the group (POST): a family pushed replaces its previous values, a family
-    not pushed (the tracking difference, when a cycle runs) keeps them, so the cycle's book and
-    the comparison's figure live side by side.
-    """
+    """One trade command's figures on a fresh registry, added to the account's group (POST):
+    a family not pushed (the tracking difference, when a cycle runs) keeps its value."""
 
     def __init__(self, gateway_url: str | None, account: str) -> None:
         self.gateway_url = gateway_url

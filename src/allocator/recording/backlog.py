@@ -1,8 +1,7 @@
-"""Replaying the spool's backlog behind live traffic: the recorder's writer replays spooled
-frames, oldest first, in slices of about ``REPLAY_SLICE_SECONDS``, and between slices takes the
-live queue first. A slice writes chunks of at most ``REPLAY_CHUNK`` decisions, so no single
-replay write holds a live acknowledgement for long, and any chunk can be written again after a
-reconnect (the request ids absorb what it had already written)."""
+"""Replaying the spool's backlog behind live traffic: the writer replays spooled frames, oldest
+first, in slices between which the live queue goes first, so a replay of thousands of records
+never holds a live acknowledgement for longer than a slice. A chunk an outage stopped is written
+again after the reconnect: the request ids absorb what it had already written."""
 
 from __future__ import annotations
 
@@ -16,24 +15,21 @@ from typing import Any
 
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.recording.records import DecisionRecord, ModelRecord
-from allocator.recording.sinks import RecordRejectedError, Sink
+from allocator.recording.sinks import RecordRejectedError
 from allocator.recording.spool import Segment, Spool
 
 log = logging.getLogger("allocator.recording.recorder")
 
 REPLAY_SLICE_SECONDS = 0.005
-"""The writer replays spooled frames for about this long (at least one chunk) before it looks
-at the live queue again, and stops a slice early once a live record is waiting."""
+"""A slice's length (at least one chunk; it ends early once a live record waits)."""
 REPLAY_CHUNK = 500
-"""Decisions written per replay step: a spooled frame of a large batch (thousands of decisions)
-goes in several commits, so no single replay write holds the live queue for long."""
+"""Decisions per replay commit: a spooled frame of a large batch goes in several."""
 
 
 @dataclass
 class ReplayCursor:
-    """The segment being replayed, its frames (decoded as reached), and the rest of the frame
-    being written, in chunks of at most ``REPLAY_CHUNK`` decisions (a chunk an outage stopped
-    is written again: the request ids absorb what it had already written)."""
+    """The segment being replayed, its frames (decoded as reached), and the chunks left of the
+    frame being written."""
 
     segment: Segment
     frames: Iterator[dict[str, Any]]
@@ -41,11 +37,10 @@ class ReplayCursor:
 
 
 class BacklogReplay:
-    """The replay half of ``Recorder``'s writer thread; the recorder owns the state below and
-    the write, failure and gauge steps it shares with live batches."""
+    """The replay half of ``Recorder``'s writer thread; the recorder owns the state and steps
+    declared below."""
 
     spool: Spool
-    sink: Sink
     metrics: RecorderMetrics | None
     _queue: deque[Any]
     _cond: threading.Condition
@@ -54,11 +49,9 @@ class BacklogReplay:
     _replayed: int
     _spool_bytes: int
     _spool_records: int
-    _db_up: bool
     _write: Callable[[Sequence[ModelRecord], Sequence[DecisionRecord]], int]
     _write_one_by_one: Callable[[list[ModelRecord], list[DecisionRecord], Exception, bool], None]
-    _failed: Callable[[str], None]
-    _mark_down: Callable[[], None]
+    _mark_down: Callable[[str | None], None]
     _update_spool_gauges: Callable[[], None]
 
     def _replay_slice(self) -> None:
@@ -80,20 +73,17 @@ class BacklogReplay:
                 frame = next(cursor.frames, None)
                 if frame is not None:
                     cursor.chunks.extend(self._chunks(frame))
-            if not cursor.chunks:
+            if cursor.chunks:
+                try:
+                    self._replay_chunk(*cursor.chunks[0])
+                except Exception as exc:
+                    log.warning("recorder: replay paused, database unreachable: %s", exc)
+                    self._mark_down("unavailable")
+                    return
+                cursor.chunks.popleft()
+            else:
                 self._replayed_segment(cursor.segment)
                 self._replaying = None
-                if time.monotonic() - began >= REPLAY_SLICE_SECONDS or self._queue:
-                    return
-                continue
-            try:
-                self._replay_chunk(*cursor.chunks[0])
-            except Exception as exc:
-                log.warning("recorder: replay paused, database unreachable: %s", exc)
-                self._failed("unavailable")
-                self._mark_down()
-                return
-            cursor.chunks.popleft()
             if time.monotonic() - began >= REPLAY_SLICE_SECONDS or self._queue:
                 return
 
@@ -107,17 +97,13 @@ class BacklogReplay:
         for model in models:
             with self._cond:
                 self._models.setdefault(model.key, model)
-        if not decisions:
-            return [(models, [])]
         return [
             (models, decisions[i : i + REPLAY_CHUNK])
-            for i in range(0, len(decisions), REPLAY_CHUNK)
+            for i in range(0, max(len(decisions), 1), REPLAY_CHUNK)  # a frame of models: one step
         ]
 
     def _replay_chunk(self, models: list[ModelRecord], decisions: list[DecisionRecord]) -> None:
-        if not self._db_up:
-            self.sink.connect()
-        try:
+        try:  # ``_write`` reconnects a database marked down
             self._write(models, decisions)
         except RecordRejectedError as exc:
             self._write_one_by_one(models, decisions, exc, False)  # already spooled

@@ -1,9 +1,5 @@
-"""Programmatic access to the trade-schema migrations (the CLI, the server, benches, tests).
-
-Alembic migrations are the only path that builds the schema. They ship inside the package
-(``allocator/migrations``, found through :mod:`importlib.resources`), so a wheel install migrates
-as a checkout does; this module binds them to a URL without touching the caller's logging.
-"""
+"""The trade-schema migrations, bound to a URL without touching the caller's logging. They ship
+inside the package (``allocator/migrations``), so a wheel install migrates as a checkout does."""
 
 from __future__ import annotations
 
@@ -13,26 +9,11 @@ from typing import Any, TextIO
 
 from allocator.recording.settings import database_url as default_database_url
 
-SCRIPT_LOCATION = "allocator:migrations"
-"""Alembic's package-resource form: the migrations directory inside the installed package."""
+SCRIPT_LOCATION = "allocator:migrations"  # alembic's package-resource form
 
 
 class MigrationsNotFoundError(FileNotFoundError):
     """The installed package lacks its migrations (a build that left the package data out)."""
-
-
-def check_script_location(location: str) -> None:
-    """Fail with the place looked at when ``location`` (``package:dir``) holds no ``env.py``."""
-    package, _, directory = location.partition(":")
-    try:
-        found = files(package).joinpath(directory, "env.py").is_file()
-    except ModuleNotFoundError:
-        found = False
-    if not found:
-        raise MigrationsNotFoundError(
-            f"migrations not found at {location} (no env.py there): the trade-schema "
-            "migrations ship inside the allocator package; reinstall it from a complete wheel"
-        )
 
 
 def alembic_config(database_url: str | None = None, stdout: TextIO | None = None) -> Any:
@@ -40,7 +21,16 @@ def alembic_config(database_url: str | None = None, stdout: TextIO | None = None
     (default: ``DATABASE_URL``, else the embedded SQLite file)."""
     from alembic.config import Config
 
-    check_script_location(SCRIPT_LOCATION)
+    package, _, directory = SCRIPT_LOCATION.partition(":")
+    try:
+        found = files(package).joinpath(directory, "env.py").is_file()
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise MigrationsNotFoundError(
+            f"migrations not found at {SCRIPT_LOCATION} (no env.py there): the trade-schema "
+            "migrations ship inside the allocator package; reinstall it from a complete wheel"
+        )
     config = Config(stdout=stdout or sys.stdout)
     config.set_main_option("script_location", SCRIPT_LOCATION)
     config.set_main_option("path_separator", "os")

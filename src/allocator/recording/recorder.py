@@ -1,25 +1,15 @@
 """The durable decision recorder: off the request path, batched, spooled through outages.
 
-``submit`` appends to a bounded in-memory queue and returns a ticket, which ``wait_durable``
-waits on (see ``tickets``). One writer thread takes batches off the queue and writes them to
-the database (see ``sinks``). When the database is unreachable, the batch goes to the fsync'd
-local ``Spool`` instead, and once the database answers again the spool is replayed, oldest
-first, in slices (see ``backlog``) between which live batches go first: live
-decisions are written straight to the database while the backlog drains behind them, so a
-replay of thousands of spooled decisions never holds a live acknowledgement for longer than a
-slice. A live record may so reach the database before an older spooled one; nothing depends on
-that order (``serving.restore`` orders a portfolio's rows by ``decided_at``, and a request id
-recorded twice was decided twice from the same state and inputs). ``flush`` waits until
-everything submitted so far is durable (committed or fsync'd to the spool); ``close`` drains the
-queue the same way before it returns.
+``submit`` queues records in memory and returns a ticket (``tickets``); one writer thread
+writes batches to the database (``sinks``), or to the fsync'd ``Spool`` while it is down. The
+spool is then replayed in slices (``backlog``) behind live batches, so a live record may reach
+the database before an older spooled one: nothing depends on that order (``serving.restore``
+orders rows by ``decided_at``).
 
-Admission policy (never a silent drop): a record is refused at the door, with
-``RecorderRefusedError`` and ``allocator_recorder_rejected_total``, when the queue is full or the
-spool has reached its quota; the caller decides (the server answers UNAVAILABLE, so no
-unrecorded decision is acted on, and the client retries with the same request id). A record
-that was accepted is always kept: it reaches the database or the spool, even past the quota
-(by at most one queue's worth), and a record the database itself refuses (a bug, not an
-outage) is kept in the spool's ``quarantine`` file and counted, not dropped.
+Never a silent drop: a record is refused at the door (``RecorderRefusedError``, counted) when
+the queue is full or the spool at its quota, and the server answers UNAVAILABLE. An accepted
+record is always kept: in the database or the spool (past the quota by at most one queue), or,
+when the database refuses the record itself, in the spool's quarantine file.
 """
 
 from __future__ import annotations
@@ -62,10 +52,9 @@ _Item = ModelRecord | DecisionRecord
 class Recorder(BacklogReplay):
     """Record decisions into ``database_url`` through a spool in ``spool_dir``.
 
-    ``batch_size`` bounds one write; ``flush_interval`` is how long the writer waits to fill a
-    batch with ``ack="queued"`` (and how often an idle writer looks at the spool); ``ack`` and
-    ``commit_window``: see ``tickets``. ``retry_interval`` is the first and the longest wait
-    between attempts to reach a database that is down (doubling between).
+    ``flush_interval``: how long the writer fills a batch with ``ack="queued"`` (and how often
+    an idle one looks at the spool); ``ack``, ``commit_window``: see ``tickets``;
+    ``retry_interval``: the first and longest wait between reconnects (doubling between).
     """
 
     def __init__(
@@ -100,15 +89,10 @@ class Recorder(BacklogReplay):
         self._queue: deque[_Item] = deque()
         self._cond = threading.Condition()
         self._models: dict[tuple[str, str], ModelRecord] = {}
-        self._new_models: list[ModelRecord] = []
-        self._submitted = 0
-        self._durable = 0
-        self._written = 0
-        self._replayed = 0
-        self._rejected = 0
-        self._quarantined = 0
-        self._closing = False
-        self._closed = False
+        # counters since start, in records (``stats``)
+        self._submitted = self._durable = self._written = self._replayed = 0
+        self._rejected = self._quarantined = 0
+        self._closing = self._closed = False
         self._stalled = False  # the pending batch reached neither the database nor the spool
         self._db_up = False
         self._next_attempt = 0.0
@@ -125,11 +109,8 @@ class Recorder(BacklogReplay):
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> Recorder:
-        """Connect (a database that is down is retried in the background) and start writing.
-
-        Raises ``SchemaMissingError`` when the database answers but was never migrated: that is
-        a deployment error to fix, not an outage to spool through.
-        """
+        """Connect (a database that is down is retried in the background) and start writing;
+        ``SchemaMissingError`` for a database never migrated (a deployment error, no outage)."""
         try:
             self.sink.connect()
             self._db_up = True
@@ -157,10 +138,8 @@ class Recorder(BacklogReplay):
         self.close()
 
     def close(self, timeout: float | None = None) -> bool:
-        """Stop accepting, write or spool everything accepted, and stop the writer.
-
-        Returns whether everything accepted is durable (False only if ``timeout`` ran out).
-        """
+        """Stop accepting, make everything accepted durable, stop the writer; False only if
+        ``timeout`` ran out first."""
         with self._cond:
             if self._closed:
                 return True
@@ -192,22 +171,10 @@ class Recorder(BacklogReplay):
         return self.submit_many((decision,))
 
     def submit_many(self, decisions: Sequence[DecisionRecord]) -> int:
-        """Queue decisions all-or-nothing (a batch call is recorded whole or refused whole).
-
-        Returns the ticket for ``wait_durable``: records are made durable in queue order, so
-        the count submitted so far says when these are.
-        """
+        """Queue decisions all-or-nothing; returns the ticket for ``wait_durable``."""
         n = len(decisions)
         with self._cond:
-            reason = self._refusal(n)
-            if reason is None:
-                for d in decisions:
-                    if d.model_key not in self._models:
-                        reason = (
-                            f"model {d.model_name}/{d.model_version} is not registered with "
-                            "the recorder"
-                        )
-                        break
+            reason = self._refusal(decisions)
             if reason is not None:
                 self._rejected += n
                 if self.metrics is not None:
@@ -250,7 +217,9 @@ class Recorder(BacklogReplay):
             return NotDurableError("the recorder's writer stopped")
         return None
 
-    def _refusal(self, n: int) -> str | None:
+    def _refusal(self, decisions: Sequence[DecisionRecord]) -> str | None:
+        """Why ``decisions`` cannot be accepted now, or None (with ``_cond`` held)."""
+        n = len(decisions)
         if self._closing:
             return "the recorder is closed"
         if self._stalled and self.ack == "durable":  # it could only hold them in memory
@@ -262,6 +231,9 @@ class Recorder(BacklogReplay):
                 f"the recorder spool reached its quota ({self._spool_bytes} of "
                 f"{self.spool_quota_bytes} bytes) while the database is unreachable"
             )
+        for d in decisions:
+            if d.model_key not in self._models:
+                return f"model {d.model_name}/{d.model_version} is not registered with the recorder"
         return None
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -297,29 +269,21 @@ class Recorder(BacklogReplay):
     # --- the writer thread ---------------------------------------------------------------
 
     def _take(self, idle: bool = True) -> tuple[list[ModelRecord], list[DecisionRecord]] | None:
-        """The next batch, or None once closing with nothing left. ``idle`` False (a replay
-        has more to do): an empty batch at once when nothing is queued."""
+        """The next batch, or None once closing with nothing left; with ``idle`` False (a
+        replay is waiting), an empty batch at once when nothing is queued."""
         with self._cond:
             if not idle and not self._queue:
                 return None if self._closing else ([], [])
             window = self.flush_interval
             if self.ack == "durable":
                 # Sleep until a record arrives, then give concurrent ones a window to join.
-                idle_until = time.monotonic() + self.flush_interval
-                while not self._queue and not self._closing:
-                    remaining = idle_until - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
+                self._cond.wait_for(lambda: self._queue or self._closing, self.flush_interval)
                 window = self.commit_window if self._queue else 0.0
             if not idle:  # a replay waits: take what is queued without filling a batch
                 window = min(window, self.commit_window)
-            deadline = time.monotonic() + window
-            while len(self._queue) < self.batch_size and not self._closing:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+            self._cond.wait_for(
+                lambda: len(self._queue) >= self.batch_size or self._closing, window
+            )
             if not self._queue:
                 return None if self._closing else ([], [])
             models: list[ModelRecord] = []
@@ -365,7 +329,10 @@ class Recorder(BacklogReplay):
     def _attempt_due(self) -> bool:
         return self._db_up or time.monotonic() >= self._next_attempt
 
-    def _mark_down(self) -> None:
+    def _mark_down(self, failure: str | None = None) -> None:
+        """The database is down: retry after the backoff; ``failure`` counts a failed write."""
+        if failure is not None:
+            self._failed(failure)
         self._db_up = False
         self._next_attempt = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self._retry_max)
@@ -390,12 +357,10 @@ class Recorder(BacklogReplay):
                 return True
             except SinkUnavailableError as exc:
                 log.warning("recorder: database unreachable, spooling: %s", exc)
-                self._failed("unavailable")
-                self._mark_down()
+                self._mark_down("unavailable")
             except SchemaMissingError as exc:
                 log.error("recorder: %s; spooling until it is migrated", exc)
-                self._failed("schema")
-                self._mark_down()
+                self._mark_down("schema")
             except RecordRejectedError as exc:
                 self._write_one_by_one(models, decisions, exc, spool_on_outage=True)
                 self._done(len(decisions))
@@ -404,8 +369,7 @@ class Recorder(BacklogReplay):
                 # Neither an outage we recognise nor a refused record: keep the batch safe on
                 # disk, say so loudly, and retry the database later as after an outage.
                 log.exception("recorder: unexpected error writing a batch; spooling it")
-                self._failed("error")
-                self._mark_down()
+                self._mark_down("error")
         try:
             self._append_spool(models, decisions)
         except SpoolError as exc:
@@ -439,28 +403,23 @@ class Recorder(BacklogReplay):
         error: Exception,
         spool_on_outage: bool,
     ) -> None:
-        """A batch the database refused: find the refused records, keep them in quarantine."""
+        """A batch the database refused: write it record by record, quarantining the refused
+        ones. An outage mid-way spools the record (a live batch) or propagates (a replay, whose
+        segment stays on disk to retry)."""
         log.error("recorder: the database refused a batch (%s); retrying record by record", error)
-        for model in models:
-            self._guarded([model], [], spool_on_outage)
-        for d in decisions:
-            self._guarded([], [d], spool_on_outage)
-
-    def _guarded(
-        self, models: list[ModelRecord], decisions: list[DecisionRecord], spool_on_outage: bool
-    ) -> None:
-        """Write one record; quarantine it if refused. An outage mid-way spools the record
-        (a live batch) or propagates (a replay, whose segment stays on disk to retry)."""
-        try:
-            self._write(models, decisions)
-        except RecordRejectedError as exc:
-            self._failed("rejected")
-            self._quarantine(models, decisions, exc)
-        except Exception:
-            if not spool_on_outage:
-                raise
-            self._mark_down()
-            self._append_spool(models, decisions)
+        singles: list[tuple[list[ModelRecord], list[DecisionRecord]]] = [([m], []) for m in models]
+        singles += [([], [d]) for d in decisions]
+        for one_model, one_decision in singles:
+            try:
+                self._write(one_model, one_decision)
+            except RecordRejectedError as exc:
+                self._failed("rejected")
+                self._quarantine(one_model, one_decision, exc)
+            except Exception:
+                if not spool_on_outage:
+                    raise
+                self._mark_down()
+                self._append_spool(one_model, one_decision)
 
     def _quarantine(
         self, models: list[ModelRecord], decisions: list[DecisionRecord], error: Exception

@@ -1,17 +1,15 @@
 """What the recorder records: a served model version and one allocation decision.
 
-Records are validated when they are made, on the caller's side: a bad value is the caller's bug
-and must surface there, with the field named, not as a failed batch later in the writer thread
-(where the whole batch would have to be quarantined). After validation a record only holds
-plain Python values (str, float, tuples), so the writer, the spool and both database drivers
-encode it without numpy and a spooled record reads back equal to the one submitted.
+Records are validated when made, so a bad value surfaces at the caller with the field named,
+not as a quarantined batch in the writer thread. A record then holds plain Python values only,
+and a spooled record reads back equal to the one submitted.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -22,10 +20,8 @@ from allocator.portfolio.ids import MAX_ID_LENGTH, MAX_VERSION_LENGTH, check_id
 
 __all__ = ["DecisionRecord", "ModelRecord", "RecordError"]
 
-MAX_ALGORITHM_LENGTH = 50
-"""Algorithm names are ``VARCHAR(50)`` in the schema."""
-MAX_FINGERPRINT_LENGTH = 64
-"""Request fingerprints are ``VARCHAR(64)`` in the schema."""
+MAX_ALGORITHM_LENGTH = 50  # VARCHAR(50) in the schema
+MAX_FINGERPRINT_LENGTH = 64  # VARCHAR(64) in the schema
 
 
 class RecordError(ValueError):
@@ -96,17 +92,12 @@ class ModelRecord:
 
 @dataclass(frozen=True, slots=True)
 class DecisionRecord:
-    """One answered allocation.
+    """One answered allocation; build it with ``create`` (validated).
 
-    ``asset_ids`` and the weight vectors are parallel, cash first as
-    ``allocator.portfolio.CASH_ID``. ``request_id`` is the client's idempotency key: the
-    database keeps the first record of a request id.
-    ``decided_at`` must be timezone-aware (stored as UTC; SQLite keeps no zone).
-
-    ``slots`` (the portfolio's slot layout after the decision: ``slots[k]`` is the asset in slot
-    ``k + 1``, ``""`` when free) and ``fingerprint`` (hex digest of the request's inputs) let a
-    restarted server rebuild the portfolio's smoothing state and its last answer from this row;
-    ``None`` in records written before they existed.
+    ``asset_ids`` and the weight vectors are parallel, cash first. ``request_id`` is the
+    client's idempotency key. ``slots`` (``slots[k]``: the asset in slot ``k + 1``, ``""`` when
+    free) and ``fingerprint`` (digest of the request's inputs) let a restarted server rebuild
+    the portfolio's state and its last answer from the row.
     """
 
     request_id: str
@@ -204,59 +195,39 @@ class DecisionRecord:
         slots: Sequence[tuple[str, ...]],
         fingerprints: Sequence[str],
     ) -> list[DecisionRecord]:
-        """The server's records: a batch whose weight vectors are the rows of 2-D arrays (row
-        i's first ``sizes[i]`` entries; ``current_weights`` row i only where ``sent[i]``). The
-        ids and ``decided_at`` were validated upstream (request validation, a UTC clock), so
-        only the computed numbers are checked: one finiteness test and one conversion to floats
-        per array, not per decision. Anything the bulk test flags goes through ``create``,
-        record by record, which names what is wrong."""
+        """The server's records, weight vectors as row i's first ``sizes[i]`` entries of 2-D
+        arrays (``current_weights`` only where ``sent[i]``). Ids and time were validated
+        upstream, so only the numbers are checked, once per array; anything flagged goes
+        through ``create``, which names what is wrong."""
         matrices = (raw_weights, smoothed_weights, current_weights)
         finite = all(math.isfinite(float(np.add.reduce(m, None))) for m in matrices)
         icm_ok = all(x is None or math.isfinite(x) for x in icm_rewards)
-        if not (
+        valid = (
             finite
             and icm_ok
             and min(turnovers) >= 0.0
             and math.isfinite(sum(turnovers))
             and math.isfinite(sum(latency_seconds))
             and min(latency_seconds) >= 0.0
-        ):
-            return [
-                cls.create(
-                    request_id=request_ids[i],
-                    portfolio_id=portfolio_ids[i],
-                    decided_at=decided_at,
-                    model_name=model_name,
-                    model_version=model_version,
-                    asset_ids=asset_ids[i],
-                    raw_weights=raw_weights[i, :n],
-                    smoothed_weights=smoothed_weights[i, :n],
-                    turnover=turnovers[i],
-                    latency_seconds=latency_seconds[i],
-                    current_weights=current_weights[i, :n] if sent[i] else None,
-                    icm_reward=icm_rewards[i],
-                    slots=slots[i],
-                    fingerprint=fingerprints[i],
-                )
-                for i, n in enumerate(sizes)
-            ]
-        raw, smoothed, current = (m.tolist() for m in matrices)
+        )
+        make: Callable[..., DecisionRecord] = cls if valid else cls.create
+        raw, smoothed, current = (m.tolist() for m in matrices) if valid else matrices
         return [
-            cls(
-                request_ids[i],
-                portfolio_ids[i],
-                decided_at,
-                model_name,
-                model_version,
-                asset_ids[i],
-                tuple(raw[i][:n]),
-                tuple(smoothed[i][:n]),
-                turnovers[i],
-                float(latency_seconds[i]),
-                tuple(current[i][:n]) if sent[i] else None,
-                icm_rewards[i],
-                slots[i],
-                fingerprints[i],
+            make(
+                request_id=request_ids[i],
+                portfolio_id=portfolio_ids[i],
+                decided_at=decided_at,
+                model_name=model_name,
+                model_version=model_version,
+                asset_ids=asset_ids[i],
+                raw_weights=tuple(raw[i][:n]),
+                smoothed_weights=tuple(smoothed[i][:n]),
+                turnover=turnovers[i],
+                latency_seconds=float(latency_seconds[i]),
+                current_weights=tuple(current[i][:n]) if sent[i] else None,
+                icm_reward=icm_rewards[i],
+                slots=slots[i],
+                fingerprint=fingerprints[i],
             )
             for i, n in enumerate(sizes)
         ]
@@ -266,8 +237,7 @@ class DecisionRecord:
         return (self.model_name, self.model_version)
 
     def to_json(self) -> list[Any]:
-        """Compact positional form for the spool: the fields in order (tuples become JSON
-        arrays), ``decided_at`` in ISO form."""
+        """The spool's positional form: the fields in order, ``decided_at`` in ISO form."""
         row = [getattr(self, name) for name in _DECISION_FIELDS]
         row[2] = self.decided_at.isoformat()
         return row
@@ -284,5 +254,4 @@ class DecisionRecord:
         return cls(*values)
 
 
-_DECISION_FIELDS = tuple(f.name for f in fields(DecisionRecord))
-"""The spool's positional order: the fields as declared."""
+_DECISION_FIELDS = tuple(f.name for f in fields(DecisionRecord))  # the spool's positional order

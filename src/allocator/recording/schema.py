@@ -1,13 +1,9 @@
-"""The SQL trade schema: model versions, decisions, training and walk-forward runs, prices,
-and the live book (accounts, cycles, orders, fills, positions, NAV, the paper broker's books).
+"""The SQL trade schema, one layout for Postgres and SQLite.
 
-One layout for Postgres and SQLite. Per-asset vectors (asset ids, raw, smoothed and current
-weights) are parallel JSON arrays on the decision row (``JSONB`` on Postgres): one row per
-decision keeps batch inserts fast, and the ``decision_weights`` view (created by the migration,
-not part of this metadata) unnests them into one row per asset for Grafana.
-
-Alembic migrations are the only path that builds this schema in a real database; the models
-here are what autogenerate (and ``alembic check``) compares the migrated database against.
+Per-asset vectors are parallel JSON arrays on the decision row (JSONB on Postgres): one row per
+decision keeps batch inserts fast; the migrations' ``decision_weights`` view unnests them for
+Grafana. Only the migrations build the schema; these models are what ``alembic check`` compares
+the migrated database against.
 """
 
 from __future__ import annotations
@@ -40,8 +36,7 @@ NAMING_CONVENTION: dict[str, str] = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
-"""Every constraint gets a deterministic name, so migrations can drop or alter it later
-(SQLite batch mode needs names to find constraints again)."""
+"""Deterministic constraint names, so migrations (SQLite batch mode) can find them again."""
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
@@ -49,7 +44,7 @@ VIEWS: tuple[str, ...] = ("decision_weights",)
 """Views the migrations create by hand; autogenerate must not treat them as stray tables."""
 
 JsonType = JSON().with_variant(JSONB(), "postgresql")
-"""JSON everywhere, JSONB on Postgres (indexable, and what ``jsonb_array_elements_text`` reads)."""
+"""JSON everywhere, JSONB on Postgres (indexable, what ``jsonb_array_elements_text`` reads)."""
 
 # SQLite only auto-increments an ``INTEGER PRIMARY KEY``; BIGINT there would need explicit ids.
 BigIdType = BigInteger().with_variant(Integer(), "sqlite")
@@ -58,7 +53,7 @@ Timestamp = DateTime(timezone=True)
 
 
 def utcnow() -> dt.datetime:
-    """Timezone-aware now, the default for ``created``/``started`` columns."""
+    """Timezone-aware now, the default of time columns."""
     return dt.datetime.now(dt.UTC)
 
 
@@ -84,16 +79,8 @@ class ModelVersion(Base):
 
 
 class Decision(Base):
-    """One allocation answered by the server.
-
-    ``asset_ids`` and the weight arrays are parallel: position ``i`` of every array belongs to
-    ``asset_ids[i]`` (the recorder writes cash as an explicit id when it records cash).
-    ``request_id`` is the client's idempotency key: a retried request records once.
-    ``slots`` (the portfolio's slot layout after the decision) and ``request_fingerprint`` (a
-    digest of the request's inputs) are what a restarted server needs, beyond the weights, to
-    continue the portfolio's smoothing and answer a retry of this request; NULL on rows
-    recorded before they existed.
-    """
+    """One allocation answered by the server (see ``records.DecisionRecord``); arrays are
+    parallel to ``asset_ids``, and ``request_id`` makes a retried request record once."""
 
     __tablename__ = "decisions"
     __table_args__ = (
@@ -176,13 +163,9 @@ class WalkForwardWindow(Base):
 
 
 class Promotion(Base):
-    """One decision of the retraining job's promotion gate on a candidate model.
-
-    Kept for every candidate, promoted or not, with the reasons each gate gave and the
-    held-out metrics both models were judged on: "why is this version serving?" (or "why was
-    last night's model not promoted?") is answered from this table alone. Versions are plain
-    strings, not foreign keys: a rejected candidate never reaches ``model_versions``.
-    """
+    """The promotion gate's decision on a candidate, promoted or not, with the gates' reasons
+    and both models' held-out metrics: "why is this version serving?" is answered here alone.
+    Versions are plain strings: a rejected candidate never reaches ``model_versions``."""
 
     __tablename__ = "promotions"
     __table_args__ = (
@@ -209,12 +192,8 @@ class Promotion(Base):
 
 
 class Price(Base):
-    """One daily close of one asset, as ingested (``allocator data ingest``).
-
-    ``dataset: database`` trains on these rows. ``(asset, date)`` is unique: ingesting a file
-    again updates a close in place, never duplicates it. ``source`` names the file the current
-    value came from and ``ingested_at`` when it was written, so a changed close can be traced.
-    """
+    """One daily close of one asset, as ingested; ingesting again updates it in place, and
+    ``source`` and ``ingested_at`` trace where and when the current value came from."""
 
     __tablename__ = "prices"
     __table_args__ = (
@@ -232,11 +211,8 @@ class Price(Base):
 
 
 class Account(Base):
-    """A trading account: its universe, the model it asks, its sizing rules and halt state.
-
-    ``halted`` is set by a failed reconciliation and stays set until an operator clears it:
-    an account whose book disagrees with its broker must not trade on a wrong picture.
-    """
+    """A trading account: universe, model, sizing rules, and ``halted``, set by a failed
+    reconciliation until an operator clears it (a wrong book must not trade)."""
 
     __tablename__ = "accounts"
     __table_args__ = (
@@ -263,13 +239,9 @@ class Account(Base):
 
 
 class TradeCycle(Base):
-    """One account's trading cycle for one bar: the decision it acted on and how far it got.
-
-    Written (``submitting``, with its orders) before anything is sent to the broker, marked
-    ``done`` once every order is settled: a restart finds an unfinished cycle here and finishes
-    it. ``request_id`` is the allocation request's id, the join key to ``decisions`` (the server
-    may record into another database, so it is not a foreign key).
-    """
+    """One account's cycle for one bar, written with its orders before anything is sent and
+    ``done`` once all are settled, so a restart finishes it. ``request_id`` joins ``decisions``
+    (not a foreign key: the server may record into another database)."""
 
     __tablename__ = "trade_cycles"
     __table_args__ = (UniqueConstraint("account_id", "bar_date"),)

@@ -1,15 +1,10 @@
 """Batched, idempotent writes of decision records, straight through the database drivers.
 
-SQLAlchemy's ORM and Core inserts top out near 15,000 rows/s of 21-weight decisions on
-Postgres here; the recorder must keep up with the server's batch goal (20,000 decisions/s), so
-it writes through the drivers: Postgres by ``COPY`` into a temporary staging table and one
-``INSERT .. SELECT .. ON CONFLICT (request_id) DO NOTHING`` (COPY itself has no conflict
-clause; a batch of at most ``SMALL_BATCH`` goes in one multi-row ``INSERT .. VALUES``), SQLite
-by ``executemany`` of ``INSERT .. ON CONFLICT DO NOTHING``. Both keep the first record of a
-request id, which is what makes spool replays and client retries safe.
-
-The schema itself is built by the alembic migrations only; a sink refuses a database without
-it and names the command that builds it.
+SQLAlchemy's inserts top out near 15,000 rows/s here, short of the server's 20,000 decisions/s,
+so Postgres gets ``COPY`` into a staging table then one ``INSERT .. SELECT .. ON CONFLICT
+(request_id) DO NOTHING`` (COPY has no conflict clause), SQLite ``executemany``. Both keep the
+first record of a request id, which makes spool replays and client retries safe. A sink refuses
+a database the migrations did not build.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ import os
 import random
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -42,11 +37,8 @@ __all__ = [
     "prepare_sqlite",
 ]
 
-_NOT_RECORDED = frozenset({"id", "market_date", "prices_digest"})
-"""Columns of ``decisions`` a decision record does not fill: the key, and what the trading cycle
-stamps on the decisions it asked for."""
-_TEXT_ARRAYS = frozenset({"asset_ids", "slots"})
-"""JSON columns holding strings; the others hold floats."""
+_NOT_RECORDED = frozenset({"id", "market_date", "prices_digest"})  # the key; the trading cycle's
+_TEXT_ARRAYS = frozenset({"asset_ids", "slots"})  # JSON columns of strings; the others: floats
 
 
 def _stage_type(column: ColumnElement[Any]) -> str:
@@ -61,8 +53,7 @@ def _stage_type(column: ColumnElement[Any]) -> str:
 
 _RECORDED = [c for c in Decision.__table__.columns if c.name not in _NOT_RECORDED]
 DECISION_COLUMNS = tuple(c.name for c in _RECORDED)
-"""The columns a decision record fills, in the schema's order (``_pg_row`` and ``_sqlite_row``
-give its values in this order)."""
+"""The columns a decision record fills, in the schema's order (``_row``'s order)."""
 STAGE_TYPES = tuple(_stage_type(c) for c in _RECORDED)
 _JSON = [isinstance(c.type, JSON) for c in _RECORDED]
 _NAMES = ", ".join(DECISION_COLUMNS)
@@ -116,17 +107,14 @@ class Sink(Protocol):
         """Open (or reopen) the connection, check the schema; ``SinkUnavailableError`` if down."""
 
     def write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:
-        """Upsert ``models``, insert ``decisions`` in one transaction; returns rows inserted
-        (duplicates of a recorded request id are skipped). ``SinkUnavailableError`` when the
-        database is unreachable, any other exception when a record itself is refused."""
+        """Upsert ``models``, insert ``decisions`` in one transaction; returns rows inserted.
+        ``SinkUnavailableError`` when unreachable, ``RecordRejectedError`` for a bad record."""
 
     def close(self) -> None: ...
 
 
 def _dumps(value: Any) -> str:
-    """Compact JSON text. orjson prints a 21-weight vector in about 1 us against json.dumps's
-    15; it writes NaN as null where json.dumps raises, and no NaN gets here: records are
-    checked finite when they are made (``recording.records``)."""
+    """Compact JSON (orjson: ~15x json.dumps; records are checked finite when made)."""
     return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
@@ -134,20 +122,44 @@ def _redact(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-class _ModelIds:
-    """(name, version) -> model_versions.id, filled by upserts; shared shape of both sinks."""
+def _schema_missing(url: str) -> SchemaMissingError:
+    return SchemaMissingError(
+        f"{url} has no trade schema (no decisions table): run `allocator db upgrade` with "
+        "DATABASE_URL set to it"
+    )
 
-    def __init__(self) -> None:
-        self.ids: dict[tuple[str, str], int] = {}
 
-    def missing(self, decisions: Sequence[DecisionRecord]) -> set[tuple[str, str]]:
-        return {d.model_key for d in decisions} - self.ids.keys()
+_UPSERT_MODEL = (
+    "INSERT INTO model_versions (name, version, algorithm, manifest, checksums, created) "
+    "VALUES ({p}, {p}, {p}, {json}, {json}, {now}) ON CONFLICT (name, version) DO NOTHING"
+)
+_SELECT_MODEL = "SELECT id FROM model_versions WHERE name = {p} AND version = {p}"
+
+
+def _model_row(m: ModelRecord) -> tuple[str, ...]:
+    return (m.name, m.version, m.algorithm, _dumps(dict(m.manifest)), _dumps(dict(m.checksums)))
+
+
+def _lookup_models(
+    ids: dict[tuple[str, str], int],
+    fetch: Callable[[str, str], Any],
+    models: Sequence[ModelRecord],
+    decisions: Sequence[DecisionRecord],
+) -> None:
+    """Fill ``ids`` for ``models`` and every model ``decisions`` name (``fetch``: its id row)."""
+    for name, version in {m.key for m in models} | ({d.model_key for d in decisions} - ids.keys()):
+        row = fetch(name, version)
+        if row is None:
+            raise LookupError(
+                f"model {name}/{version} is not registered: register_model() it before "
+                "recording its decisions"
+            )
+        ids[(name, version)] = int(row[0])
 
 
 SMALL_BATCH = 16
-"""Up to this many decisions go in one multi-row ``INSERT .. VALUES`` instead of COPY: the
-staging table's extra round trip and truncate at commit cost ~3 ms a batch here, which is most
-of a lone decision's wait for its commit under durable acknowledgement."""
+"""Up to this many decisions go in one multi-row ``INSERT .. VALUES`` instead of COPY, whose
+staging round trip costs ~3 ms: most of a lone decision's wait under durable acks."""
 
 
 class PostgresSink:
@@ -160,7 +172,10 @@ class PostgresSink:
         self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
         self._timeout = connect_timeout
         self._conn: Any = None
-        self._models = _ModelIds()
+        self._ids: dict[tuple[str, str], int] = {}
+
+    def _unavailable(self, exc: Exception) -> SinkUnavailableError:
+        return SinkUnavailableError(f"{_redact(self.url)}: {exc}".strip())
 
     def connect(self) -> None:
         import psycopg
@@ -179,66 +194,39 @@ class PostgresSink:
                 keepalives_count=3,
             )
         except psycopg.OperationalError as exc:
-            raise SinkUnavailableError(f"{_redact(self.url)}: {exc}".strip()) from None
+            raise self._unavailable(exc) from None
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT to_regclass('decisions'), to_regclass('model_versions')")
                 row = cur.fetchone()
                 if row is None or None in row:
-                    raise SchemaMissingError(
-                        f"{_redact(self.url)} has no trade schema (no decisions table): run "
-                        "`allocator db upgrade` with DATABASE_URL set to it"
-                    )
+                    raise _schema_missing(_redact(self.url))
                 cur.execute(CREATE_STAGE)
             conn.commit()
         except psycopg.OperationalError as exc:
             conn.close()
-            raise SinkUnavailableError(f"{_redact(self.url)}: {exc}".strip()) from None
+            raise self._unavailable(exc) from None
         except BaseException:
             conn.close()
             raise
         self._conn = conn
-
-    def _upsert_models(self, cur: Any, models: Sequence[ModelRecord]) -> None:
-        for m in models:
-            cur.execute(
-                "INSERT INTO model_versions (name, version, algorithm, manifest, checksums, "
-                "created) VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, now()) "
-                "ON CONFLICT (name, version) DO NOTHING",
-                (
-                    m.name,
-                    m.version,
-                    m.algorithm,
-                    _dumps(m.to_json()["manifest"]),
-                    _dumps(dict(m.checksums)),
-                ),
-            )
-
-    def _lookup(self, cur: Any, keys: set[tuple[str, str]]) -> None:
-        for name, version in keys:
-            cur.execute(
-                "SELECT id FROM model_versions WHERE name = %s AND version = %s", (name, version)
-            )
-            row = cur.fetchone()
-            if row is None:
-                raise LookupError(
-                    f"model {name}/{version} is not registered: register_model() it before "
-                    "recording its decisions"
-                )
-            self._models.ids[(name, version)] = int(row[0])
 
     def write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:
         import psycopg
 
         if self._conn is None or self._conn.closed:
             self.connect()
-        conn = self._conn
-        ids = self._models.ids
+        conn, ids = self._conn, self._ids
         try:
             with conn.cursor() as cur:
-                self._upsert_models(cur, models)
-                self._lookup(cur, {m.key for m in models} | self._models.missing(decisions))
-                rows = [_pg_row(d, ids[d.model_key]) for d in decisions]
+                upsert = _UPSERT_MODEL.format(p="%s", json="%s::jsonb", now="now()")
+                for m in models:
+                    cur.execute(upsert, _model_row(m))
+                select = _SELECT_MODEL.format(p="%s")
+                _lookup_models(
+                    ids, lambda *key: cur.execute(select, key).fetchone(), models, decisions
+                )
+                rows = [_row(d, ids[d.model_key], list, d.decided_at) for d in decisions]
                 if len(rows) > SMALL_BATCH:
                     with cur.copy(COPY_STAGE) as copy:
                         copy.set_types(STAGE_TYPES)
@@ -253,7 +241,7 @@ class PostgresSink:
             return inserted
         except psycopg.OperationalError as exc:
             self._discard()
-            raise SinkUnavailableError(f"{_redact(self.url)}: {exc}".strip()) from None
+            raise self._unavailable(exc) from None
         except (psycopg.IntegrityError, psycopg.DataError, LookupError) as exc:
             self._rollback()
             raise RecordRejectedError(str(exc).strip()) from exc
@@ -271,7 +259,7 @@ class PostgresSink:
         with contextlib.suppress(Exception):
             self._conn.close()
         self._conn = None
-        self._models.ids.clear()
+        self._ids.clear()
 
     def close(self) -> None:
         if self._conn is not None:
@@ -282,22 +270,16 @@ WAL_RETRY_SECONDS = 0.01
 
 
 def enable_wal(conn: sqlite3.Connection, timeout: float) -> None:
-    """Put the database in WAL mode, retrying ``database is locked`` for up to ``timeout``.
-
-    Switching the journal mode needs an exclusive lock, and SQLite answers a connection that
-    loses that race with SQLITE_BUSY at once, without calling the busy handler: two workers
-    opening one fresh file together would fail one of them. WAL persists in the file, so the
-    mode is read first and a database already in WAL costs no lock at all.
-    """
+    """Put the database in WAL mode, retrying ``database is locked`` for up to ``timeout``:
+    the switch's exclusive lock fails at once (no busy handler) for all but one of several
+    workers opening a fresh file. WAL persists, so a database already in it takes no lock."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            mode = conn.execute("PRAGMA journal_mode").fetchone()
-            if mode is not None and str(mode[0]).lower() == "wal":
-                return
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            if mode is not None and str(mode[0]).lower() == "wal":
-                return
+            for pragma in ("PRAGMA journal_mode", "PRAGMA journal_mode = WAL"):
+                mode = conn.execute(pragma).fetchone()
+                if mode is not None and str(mode[0]).lower() == "wal":
+                    return
             raise sqlite3.OperationalError(f"journal mode stays {mode!r}, not WAL")
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) and "busy" not in str(exc):
@@ -343,7 +325,7 @@ class SqliteSink:
         self.path = database
         self._timeout = busy_timeout
         self._conn: sqlite3.Connection | None = None
-        self._models = _ModelIds()
+        self._ids: dict[tuple[str, str], int] = {}
 
     def connect(self) -> None:
         self.close()
@@ -352,27 +334,22 @@ class SqliteSink:
             conn = sqlite3.connect(
                 self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
             )
-            tables = {
-                row[0]
-                for row in conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'table' "
-                    "AND name IN ('decisions', 'model_versions')"
-                )
-            }
         except sqlite3.OperationalError as exc:
             raise SinkUnavailableError(f"{self.url}: {exc}") from None
-        if tables != {"decisions", "model_versions"}:
-            conn.close()
-            raise SchemaMissingError(
-                f"{self.url} has no trade schema (no decisions table): run "
-                "`allocator db upgrade` with DATABASE_URL set to it"
-            )
         try:
+            tables = conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' "
+                "AND name IN ('decisions', 'model_versions')"
+            ).fetchall()
+            if len(tables) != 2:
+                raise _schema_missing(self.url)
             enable_wal(conn, self._timeout)
             conn.execute("PRAGMA synchronous = NORMAL")
-        except sqlite3.OperationalError as exc:
+        except BaseException as exc:
             conn.close()
-            raise SinkUnavailableError(f"{self.url}: {exc}") from None
+            if isinstance(exc, sqlite3.OperationalError):
+                raise SinkUnavailableError(f"{self.url}: {exc}") from None
+            raise
         self._conn = conn
 
     def write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:
@@ -380,40 +357,26 @@ class SqliteSink:
             self.connect()
         conn = self._conn
         assert conn is not None
-        ids = self._models.ids
+        ids = self._ids
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 now = _sqlite_time(dt.datetime.now(dt.UTC))
                 conn.executemany(
-                    "INSERT INTO model_versions (name, version, algorithm, manifest, checksums, "
-                    "created) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name, version) DO NOTHING",
-                    [
-                        (
-                            m.name,
-                            m.version,
-                            m.algorithm,
-                            _dumps(dict(m.manifest)),
-                            _dumps(dict(m.checksums)),
-                            now,
-                        )
-                        for m in models
-                    ],
+                    _UPSERT_MODEL.format(p="?", json="?", now="?"),
+                    [(*_model_row(m), now) for m in models],
                 )
-                for name, version in {m.key for m in models} | self._models.missing(decisions):
-                    row = conn.execute(
-                        "SELECT id FROM model_versions WHERE name = ? AND version = ?",
-                        (name, version),
-                    ).fetchone()
-                    if row is None:
-                        raise LookupError(
-                            f"model {name}/{version} is not registered: register_model() it "
-                            "before recording its decisions"
-                        )
-                    ids[(name, version)] = int(row[0])
+                select = _SELECT_MODEL.format(p="?")
+                _lookup_models(
+                    ids, lambda *key: conn.execute(select, key).fetchone(), models, decisions
+                )
                 before = conn.total_changes
                 conn.executemany(
-                    INSERT_SQLITE, [_sqlite_row(d, ids[d.model_key]) for d in decisions]
+                    INSERT_SQLITE,
+                    [
+                        _row(d, ids[d.model_key], _dumps, _sqlite_time(d.decided_at))
+                        for d in decisions
+                    ],
                 )
                 inserted = conn.total_changes - before
                 conn.execute("COMMIT")
@@ -432,7 +395,7 @@ class SqliteSink:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-            self._models.ids.clear()
+            self._ids.clear()
 
 
 def make_sink(url: str) -> Sink:
@@ -445,40 +408,22 @@ def make_sink(url: str) -> Sink:
     raise ValueError(f"unsupported database URL {_redact(url)!r}: use postgresql:// or sqlite://")
 
 
-def _pg_row(d: DecisionRecord, model_version_id: int) -> tuple[Any, ...]:
-    """A decision's values in ``DECISION_COLUMNS`` order, arrays as Postgres arrays."""
-    current = None if d.current_weights is None else list(d.current_weights)
+def _row(
+    d: DecisionRecord, model_version_id: int, array: Callable[[Any], Any], decided_at: Any
+) -> tuple[Any, ...]:
+    """A decision's values in ``DECISION_COLUMNS`` order, each vector encoded by ``array``."""
     return (
         d.request_id,
         d.portfolio_id,
-        d.decided_at,
+        decided_at,
         model_version_id,
-        list(d.asset_ids),
-        list(d.raw_weights),
-        list(d.smoothed_weights),
-        current,
+        array(d.asset_ids),
+        array(d.raw_weights),
+        array(d.smoothed_weights),
+        None if d.current_weights is None else array(d.current_weights),
         d.turnover,
         d.icm_reward,
         d.latency_seconds,
-        None if d.slots is None else list(d.slots),
-        d.fingerprint,
-    )
-
-
-def _sqlite_row(d: DecisionRecord, model_version_id: int) -> tuple[Any, ...]:
-    """A decision's values in ``DECISION_COLUMNS`` order, arrays as JSON text."""
-    return (
-        d.request_id,
-        d.portfolio_id,
-        _sqlite_time(d.decided_at),
-        model_version_id,
-        _dumps(d.asset_ids),
-        _dumps(d.raw_weights),
-        _dumps(d.smoothed_weights),
-        None if d.current_weights is None else _dumps(d.current_weights),
-        d.turnover,
-        d.icm_reward,
-        d.latency_seconds,
-        None if d.slots is None else _dumps(d.slots),
+        None if d.slots is None else array(d.slots),
         d.fingerprint,
     )

@@ -1,14 +1,10 @@
 """The recorder's local durable spool: fsync'd, checksummed frames in numbered segment files.
 
-While the database is unreachable, the recorder appends each batch as one frame to the newest
-segment and fsyncs it before counting the batch as durable. Once the database is back, segments
-are replayed oldest first and a segment is deleted only after every frame in it is committed;
-a crash in between replays a segment twice, which the database's unique request id absorbs.
-
-A frame is ``length (u32 LE) | crc32 (u32 LE) | payload``, the payload a JSON object. A process
-killed mid-append leaves a torn last frame; it was never fsync'd, so never acknowledged, and
-opening the spool truncates it away. A bad frame anywhere else is corruption: that segment is
-set aside as ``*.corrupt`` (kept, never deleted) and the rest replays.
+Each batch is one frame, fsync'd before the batch counts as durable. Segments replay oldest
+first and are deleted only once every frame is committed (a crash in between replays one twice,
+which the unique request id absorbs). A frame is ``length (u32 LE) | crc32 (u32 LE) | JSON``. A
+torn last frame was never fsync'd, so never acknowledged, and is truncated at open; a bad frame
+elsewhere is corruption: the segment is kept aside as ``*.corrupt`` and the rest replays.
 """
 
 from __future__ import annotations
@@ -77,26 +73,13 @@ def _frames(data: bytes) -> Iterator[tuple[dict[str, Any], int]]:
         offset = end
 
 
-def _scan(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """Frames decoded from ``data`` and the byte offset where the good frames end."""
-    frames: list[dict[str, Any]] = []
-    offset = 0
-    for frame, end in _frames(data):
-        frames.append(frame)
-        offset = end
-    return frames, offset
-
-
 def _count(frame: dict[str, Any]) -> int:
     return len(frame.get("d", ()))
 
 
 class Spool:
-    """Append-only segments in ``directory``; one writer (the recorder's thread) at a time.
-
-    ``segment_bytes`` bounds one segment so that replay deletes space as it goes. The byte and
-    record totals are kept in memory for the recorder's gauges and its admission quota.
-    """
+    """Append-only segments in ``directory``, one writer at a time; ``segment_bytes`` bounds a
+    segment so that replay frees space as it goes."""
 
     def __init__(self, directory: str | Path, segment_bytes: int = 64 << 20) -> None:
         self.directory = Path(directory)
@@ -135,7 +118,8 @@ class Spool:
         paths = sorted(self.directory.glob(f"*{SEGMENT_SUFFIX}"))
         for i, path in enumerate(paths):
             data = path.read_bytes()
-            frames, good = _scan(data)
+            frames = list(_frames(data))
+            good = frames[-1][1] if frames else 0
             if good < len(data):
                 if i == len(paths) - 1:
                     log.warning(
@@ -165,7 +149,7 @@ class Spool:
             if good == 0:
                 path.unlink()
                 continue
-            self._segments.append(Segment(path, sum(map(_count, frames)), good))
+            self._segments.append(Segment(path, sum(_count(f) for f, _ in frames), good))
         fsync_path(self.directory)
 
     def _next_path(self) -> Path:
@@ -203,8 +187,7 @@ class Spool:
         return len(frame)
 
     def _open_new(self) -> None:
-        if self._current is not None:
-            self._current.close()
+        self._close_current()
         path = self._next_path()
         self._current = path.open("ab")
         fsync_path(self.directory)
@@ -222,33 +205,32 @@ class Spool:
     # --- replaying -----------------------------------------------------------------------
 
     def read(self, segment: Segment) -> Iterator[dict[str, Any]]:
-        """The frames of ``segment`` (only the bytes known to be durable), each decoded as it
-        is reached: a replay writing frame by frame does not parse the whole segment first."""
+        """The frames of ``segment``'s durable bytes, each decoded as it is reached."""
         with segment.path.open("rb") as f:
             data = f.read(segment.size)
         for frame, _ in _frames(data):
             yield frame
 
     def seal(self, segment: Segment) -> None:
-        """Append no more to ``segment``: the next frame opens a new segment (a segment being
-        replayed is deleted afterwards, so it must hold only the frames it was read with)."""
+        """Append no more to ``segment`` (one being replayed is deleted afterwards, so it must
+        hold only the frames it was read with)."""
         with self._lock:
-            if self._current is not None and Path(self._current.name) == segment.path:
-                self._current.close()
-                self._current = None
+            self._close_current(segment.path)
 
     def remove(self, segment: Segment) -> None:
         """Delete a fully replayed segment (durably)."""
         with self._lock:
-            if self._current is not None and Path(self._current.name) == segment.path:
-                self._current.close()
-                self._current = None
+            self._close_current(segment.path)
             segment.path.unlink(missing_ok=True)
             self._segments = [s for s in self._segments if s.path != segment.path]
         fsync_path(self.directory)
 
     def close(self) -> None:
         with self._lock:
-            if self._current is not None:
-                self._current.close()
-                self._current = None
+            self._close_current()
+
+    def _close_current(self, path: Path | None = None) -> None:
+        """Close the open segment file (only if it is ``path``, when given); lock held."""
+        if self._current is not None and path in (None, Path(self._current.name)):
+            self._current.close()
+            self._current = None

@@ -1,14 +1,10 @@
 """What the recorder answers its callers: tickets and their acknowledgement, refusals, counters.
 
-``Recorder.submit_many`` returns a ticket, the count of decisions submitted so far; records are
-made durable in queue order, so ``wait_durable(ticket)`` waits until that many are.
-
-With ``ack="durable"`` (the default) it returns only once the ticket's records are committed to
-the database or fsync'd to the spool, so an answer given after it survives a crash. The writer
-then wakes at the first record, waits ``commit_window`` (about 1 ms) for concurrent ones, and
-commits them together: one transaction or one fsync for the whole group. With ``ack="queued"``
-it returns at once and the writer fills batches for ``flush_interval``: faster, but a crash
-(kill -9, OOM, power) loses what was answered in the last ``flush_interval``.
+A ticket is the count of decisions submitted so far; records become durable in queue order, so
+``wait_durable(ticket)`` waits until that many are. With ``ack="durable"`` that means committed
+or fsync'd to the spool, so an answer given after it survives a crash; the writer wakes at the
+first record and waits ``commit_window`` for concurrent ones to commit together. With
+``ack="queued"`` it returns at once: faster, but a crash loses the last ``flush_interval``.
 """
 
 from __future__ import annotations
@@ -27,12 +23,9 @@ class RecorderRefusedError(RuntimeError):
 
 
 class NotDurableError(RecorderRefusedError):
-    """Accepted but not durable in time (deadline, or neither database nor spool writable).
-
-    The caller must not answer OK. The record may still be written later; a retry under the
-    same request id is safe, the database keeps one row per request id. ``timed_out``: the
-    caller's deadline passed (rather than the writer being stuck).
-    """
+    """Accepted but not durable in time: the caller must not answer OK (the record may still be
+    written; a retry under the same request id is safe). ``timed_out``: the caller's deadline
+    passed, rather than the writer being stuck."""
 
     def __init__(self, message: str, *, timed_out: bool = False) -> None:
         super().__init__(message)
@@ -56,16 +49,14 @@ class RecorderStats:
 
 
 class AckFutures:
-    """Event-loop waiters for tickets (``Recorder.durable_future``): each future is completed on
-    its own loop through ``call_soon_threadsafe`` by the writer thread, under the recorder's
-    lock, once its ticket is durable or nothing can be made durable."""
+    """Event-loop waiters for tickets, completed from the writer thread (under the recorder's
+    lock) through their loop's ``call_soon_threadsafe``."""
 
     def __init__(self) -> None:
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []
 
     def future(self, ticket: int, state: NotDurableError | bool | None) -> asyncio.Future[None]:
-        """A future of the running loop for ``ticket``, given the recorder's ``state`` of it
-        (False: acknowledged; None: not yet, so it waits here; an error: failed with it)."""
+        """A future for ``ticket`` in ``state`` (False: acknowledged; None: waits; or the error)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if state is False:
             future.set_result(None)
@@ -77,15 +68,10 @@ class AckFutures:
 
     def settle(self, durable: int) -> None:
         """Resolve every future whose ticket is at most ``durable``."""
-        if not self._waiting:
-            return
-        keep: list[tuple[int, asyncio.Future[None]]] = []
         for ticket, future in self._waiting:
             if ticket <= durable:
                 future.get_loop().call_soon_threadsafe(_complete, future, None)
-            else:
-                keep.append((ticket, future))
-        self._waiting = keep
+        self._waiting = [(t, f) for t, f in self._waiting if t > durable]
 
     def fail(self, error: NotDurableError) -> None:
         """Fail every waiting future with ``error``."""

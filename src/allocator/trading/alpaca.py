@@ -1,22 +1,9 @@
-"""Alpaca behind the broker interface, through its own SDK (``alpaca-py``, the ``alpaca`` extra).
+"""Alpaca behind the broker interface, through ``alpaca-py`` (the ``alpaca`` extra).
 
-The calls, all on ``alpaca.trading.client.TradingClient(api_key, secret_key, paper=True)``:
-
-* submit: ``get_order_by_client_id(client_order_id)`` first (a known id is answered, never sent
-  again), else ``submit_order(MarketOrderRequest(symbol, qty, side, time_in_force=DAY,
-  client_order_id))``; Alpaca refuses a second order with the same client order id, so a
-  resubmission after a crash cannot double it. Then ``get_order_by_client_id`` is polled until
-  the order is final (filled, or canceled/expired/done for the day with what was filled, or
-  rejected); an order still open when the wait ends raises, stays ``new`` in the book, and the
-  next run looks it up by the same id.
-* lookup: ``get_order_by_client_id``; an HTTP 404 is "never received".
-* holdings: ``get_all_positions()`` (``symbol``, ``qty``) and ``get_account().cash`` under
-  ``CASH_ID``.
-
-A market order fills at the market's price, not the bar's close the cycle sized it at; the
-book records the broker's average fill price, so reconciliation compares real quantities. Alpaca
-charges no commission on equities: fills carry a zero fee. One Alpaca account per client: the
-account name is the trade database's, the credentials say which Alpaca account it is.
+A known client order id is looked up, never sent again (Alpaca also refuses a duplicate), then
+polled until final; an order still open when the wait ends stays ``new`` in the book and the next
+run looks it up. The book records Alpaca's average fill price (the market's, not the bar's
+close) with a zero fee (no commission on equities). The credentials name the Alpaca account.
 """
 
 from __future__ import annotations
@@ -40,10 +27,9 @@ from allocator.trading.sizing import BUY
 
 KEY_ENV = "ALPACA_API_KEY"
 SECRET_ENV = "ALPACA_SECRET_KEY"
-QTY_DECIMALS = 9
-"""Alpaca takes quantities with up to 9 decimals; a fractional order is rounded down to them."""
+QTY_DECIMALS = 9  # Alpaca's precision; a fractional order is rounded down to it
 CLOSED = frozenset({"canceled", "expired", "done_for_day", "replaced", "stopped", "suspended"})
-"""Final states other than filled and rejected: whatever was filled is what the order did."""
+"""Final states besides filled and rejected: whatever was filled is what the order did."""
 
 
 class BrokerPendingError(TradingError):

@@ -1,10 +1,5 @@
-"""The bar a cycle trades on, read from the ``prices`` table that ``allocator data ingest`` fills.
-
-A cycle for date D needs a close on D for every asset of the account (held or not: the server
-is asked about all of them) and ``closes`` closes per asset ending on D (the model's window
-plus one). Anything less is refused with the asset and the date named, before anything is
-recorded.
-"""
+"""The bar a cycle trades on, from the ``prices`` table: every asset of the account priced on
+the date, with enough history, or a refusal naming the asset before anything is recorded."""
 
 from __future__ import annotations
 

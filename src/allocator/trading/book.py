@@ -1,9 +1,7 @@
 """The account's recorded book: accounts, positions (cash under ``CASH_ID``), fills and halts.
 
-Positions change only through fills recorded here, each at most once (a fill's broker id is
-unique), so the book can be rebuilt from the fills and compared with the broker's holdings.
-P&L is average-cost: a buy adds its value to the cost basis, a sell realizes its value less the
-average cost of what it sold, and every fee is realized as a loss when paid.
+Positions change only through fills, each recorded once (unique broker id). P&L is average-cost:
+a sell realizes its value less the average cost of what it sold; a fee is a loss when paid.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -23,8 +21,7 @@ from allocator.trading.broker import BrokerFill
 from allocator.trading.errors import AccountHaltedError, TradingError, UnknownAccountError
 from allocator.trading.sizing import BUY, SizingRules
 
-BROKERS = ("paper", "alpaca")
-"""The brokers an account can name (the CLI builds the one named)."""
+BROKERS = ("paper", "alpaca")  # the CLI builds the one an account names
 
 
 @dataclass(frozen=True)
@@ -58,18 +55,13 @@ def create_account(session: Session, spec: AccountSpec, cash: float) -> Account:
         raise ValueError(f"initial cash must be > 0, got {cash}")
     if session.scalar(select(Account).where(Account.name == spec.name)) is not None:
         raise TradingError(f"account {spec.name!r} already exists")
-    rules = spec.rules
     account = Account(
         name=spec.name,
         broker=spec.broker,
         model=spec.model,
         assets=list(spec.assets),
-        cost_bps=rules.cost_bps,
-        lot_size=rules.lot_size,
-        min_order_value=rules.min_order_value,
-        band=rules.band,
-        cash_buffer=rules.cash_buffer,
         halted=False,
+        **asdict(spec.rules),  # the rules are columns of the account, name for name
     )
     session.add(account)
     try:
@@ -102,13 +94,7 @@ def load_account(session: Session, name: str, *, trading: bool = False) -> Accou
 
 
 def account_rules(account: Account) -> SizingRules:
-    return SizingRules(
-        cost_bps=account.cost_bps,
-        lot_size=account.lot_size,
-        min_order_value=account.min_order_value,
-        band=account.band,
-        cash_buffer=account.cash_buffer,
-    )
+    return SizingRules(**{f.name: getattr(account, f.name) for f in fields(SizingRules)})
 
 
 def recorded_holdings(session: Session, account_id: int) -> dict[str, float]:

@@ -1,9 +1,4 @@
-"""The one small interface every broker sits behind, and what it answers.
-
-Three calls: submit an order (idempotent by client order id: a resubmission returns the first
-answer and never trades twice), look an order up by that id (how a restart learns what a crash
-hid), and report holdings with cash (what reconciliation compares the book with).
-"""
+"""The one small interface every broker sits behind, and what it answers."""
 
 from __future__ import annotations
 

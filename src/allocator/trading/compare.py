@@ -1,16 +1,9 @@
-"""Live against backtest: a paper account's realized NAV beside the replay of the same model.
+"""Live against backtest: an account's realized NAV beside ``serving.replay`` of the same model
+over the same bars, from the same NAV, at the same cost rate.
 
-The backtest is ``serving.replay`` (the serving-path backtest walk-forward uses): the model the
-account's cycles were answered by, replayed over the same bars of the ``prices`` table, from
-the account's NAV at its first cycle, at the account's cost rate. Both paths are marked at the
-same closes, so what separates them is execution: lots, minimum order values, the no-trade band,
-the cash buffer, fees charged per fill rather than on turnover, and the model answering a book
-that is a little off the backtest's. The report quantifies each: the NAV gap per bar, fees
-against the backtest's costs, how far the rules kept the cash weight from the target, and how
-far the server's answers moved from the backtest's.
-
-Live NAV at a bar is the book valued at that bar's close before its trades (``nav_before``), the
-backtest's NAV at the same close: the last cycle's own trades are not yet marked at any close.
+Both are marked at the same closes, so what separates them is execution (lots, minimums, band,
+buffer, per-fill fees, the model answering a slightly different book); the report measures
+each. Live NAV at a bar is ``nav_before``: the last cycle's trades are marked at no close.
 """
 
 from __future__ import annotations
@@ -53,12 +46,9 @@ class Comparison:
     """Mean traded value over NAV per cycle (sells and buys)."""
     backtest_turnover: float
     mean_cash_gap: float
-    """Mean ``|cash weight after trading - the model's cash weight|``: how far lots, minimum
-    order values, the band and the buffer kept the book from the target (a skipped sell leaves
-    less cash than the target, a rounded-down buy more)."""
+    """Mean ``|cash weight after trading - the model's cash weight|``: the execution rules' gap."""
     mean_weight_difference: float
-    """Mean ``sum |live target - backtest target|`` over the bars: how far the server's answers
-    to the live book moved from its answers to the backtest's."""
+    """Mean ``sum |live target - backtest target|``: how far the server's answers drifted."""
     dates: tuple[str, ...]
     live_path: tuple[float, ...]
     backtest_path: tuple[float, ...]
@@ -154,9 +144,8 @@ def execution_gaps(
     targets: list[dict[str, float]],
     outputs: Sequence[Any],
 ) -> tuple[list[float], list[float], list[float]]:
-    """Per decided cycle: the traded value over NAV, how far the cash weight after trading sat
-    from the target's, and the L1 distance between the live target and the backtest's smoothed
-    weights (the server's answers drifting from the replay's)."""
+    """Per decided cycle: traded value over NAV, the cash weight's gap to the target, and the
+    L1 distance between the live target and the backtest's smoothed weights."""
     turnover = [navs[c.bar_date].traded_value / c.nav_before for c in decided]
     gap = []
     weight_gap = []

@@ -1,14 +1,9 @@
 """One account's trading cycle for one bar, run exactly once however often it is started.
 
-1. Finish any cycle a crash left unfinished (its orders are recorded; the broker deduplicates
-   by client order id, so sending them again fills each once).
-2. Reconcile: the broker's holdings must equal the recorded positions, or the account is halted
-   (persisted), the mismatch counted, and the cycle refused. Fail closed.
-3. A cycle already done for the date returns what it did, asking nobody anything.
-4. Read the bar, value the book, ask the allocation server (request id from account and date,
-   ``current_weights`` from the book; retried, then refused with nothing recorded).
-5. Size the orders, record the cycle and its orders (intent before any submission), submit them
-   sells first, record each answer with its fills, then the NAV at the bar and ``done``.
+Finish any cycle a crash left (the broker deduplicates its recorded orders); reconcile, halting
+the account on a mismatch (fail closed); return a cycle already done as it was; else read the
+bar, ask the server, record the cycle and its orders before submitting any (sells first), record
+each answer with its fills, then the NAV and ``done``.
 """
 
 from __future__ import annotations
@@ -148,14 +143,22 @@ def cycle_once(
     """``run_cycle`` without the failure count."""
     with Session(engine) as session:
         account = book.load_account(session, account_name, trading=True)
-        account_id = account.id
-    for cycle_id in unfinished(engine, account_id):
+        unfinished = session.scalars(
+            select(TradeCycle.id)
+            .where(TradeCycle.account_id == account.id, TradeCycle.status != DONE)
+            .order_by(TradeCycle.bar_date)
+        ).all()
+    for cycle_id in unfinished:
         execute(engine, broker, cycle_id, metrics)
     reconcile(engine, broker, account_name, metrics)
     checkpoint("reconciled")
     with Session(engine) as session:
         account = book.load_account(session, account_name, trading=True)
-        done = existing(session, account.id, bar_date)
+        done = session.scalar(
+            select(TradeCycle).where(
+                TradeCycle.account_id == account.id, TradeCycle.bar_date == bar_date
+            )
+        )
         if done is not None:
             stamp_decision(session, done)
             session.commit()
@@ -341,25 +344,6 @@ def stamp_decision(session: Session, cycle: TradeCycle) -> None:
         update(Decision)
         .where(Decision.request_id == cycle.request_id, Decision.market_date.is_(None))
         .values(market_date=cycle.bar_date, prices_digest=cycle.prices_digest)
-    )
-
-
-def unfinished(engine: Engine, account_id: int) -> list[int]:
-    with Session(engine) as session:
-        return list(
-            session.scalars(
-                select(TradeCycle.id)
-                .where(TradeCycle.account_id == account_id, TradeCycle.status != DONE)
-                .order_by(TradeCycle.bar_date)
-            )
-        )
-
-
-def existing(session: Session, account_id: int, bar_date: dt.date) -> TradeCycle | None:
-    return session.scalar(
-        select(TradeCycle).where(
-            TradeCycle.account_id == account_id, TradeCycle.bar_date == bar_date
-        )
     )
 
 

@@ -1,10 +1,5 @@
-"""The trading leg of ``allocator demo``: paper-trade the exported model over the validation days.
-
-Stores the closes of a few assets in a fresh SQLite trade database, serves the registry with the
-real server recording into it, opens a fractional paper account at the model's cost rate, runs
-one cycle per validation bar, then compares the account's NAV with the serving-path backtest of
-the same model over the same bars and prints both.
-"""
+"""The trading leg of ``allocator demo``: paper-trade the exported model over the validation
+days through the real server, then compare the account with the backtest of the same bars."""
 
 from __future__ import annotations
 

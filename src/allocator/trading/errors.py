@@ -1,8 +1,5 @@
-"""What can stop a trading cycle, each naming what is wrong.
-
-Every error is raised before anything is recorded for the cycle, or after the cycle's record is
-complete, so a rerun neither repeats nor loses work.
-"""
+"""What can stop a trading cycle: raised before anything of the cycle is recorded or after its
+record is complete, so a rerun neither repeats nor loses work."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""A fault hook for crash tests: SIGKILL this process at a named point of the trading cycle.
-
-``ALLOCATOR_TRADING_KILL_AT=POINT[:N]`` kills the process the ``N``-th time (default: the first)
-it reaches ``POINT``, so a test can stop a cycle anywhere and check that the restart neither
-repeats nor loses anything. Unset (always, outside tests) it costs one environment lookup.
-"""
+"""A fault hook for crash tests: ``ALLOCATOR_TRADING_KILL_AT=POINT[:N]`` SIGKILLs the process
+the ``N``-th time (default: first) it reaches ``POINT`` of the cycle."""
 
 from __future__ import annotations
 

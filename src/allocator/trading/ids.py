@@ -1,8 +1,5 @@
-"""Deterministic identifiers: the same cycle always asks and orders under the same ids.
-
-A rerun of a cycle (after a crash, or by mistake) sends the allocation server the same request
-id, which the server answers once, and the broker the same client order ids, which it fills once.
-"""
+"""Deterministic identifiers: a rerun of a cycle asks the server and orders from the broker
+under the same ids, which each answers once."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """The paper broker: fills market orders at the bar's close under the environment's costs.
 
-Its books (``paper_orders``, ``paper_holdings``) live in the trade database, apart from the
-account's recorded book, so a restart continues them and reconciliation compares two records
-that are kept independently, as it would with a real broker. Optional slippage (basis points
-against the trader), partial fills (``fill_ratio``) and rejections (``reject_assets``) exist
-for tests and rehearsals. It refuses what a cash account's broker refuses: a sell of more than
-is held, a buy that costs more than the cash.
+Its books live in the trade database apart from the account's, so reconciliation compares two
+independent records as with a real broker. Slippage, partial fills and rejections exist for
+tests and rehearsals. It refuses what a cash account refuses: overselling, overspending.
 """
 
 from __future__ import annotations

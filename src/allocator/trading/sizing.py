@@ -1,17 +1,11 @@
 """From target weights to orders: pure functions of NAV, holdings, prices and the rules.
 
-The target is sized on the NAV left after the trade's estimated cost (the environment's rule:
-costs come out of NAV before it is spread over the target), so a fractional account with no
-band, no minimum and no buffer trades what the backtest trades. Then, in order:
-
-* a cash buffer: risky weights are scaled down until ``cash_buffer`` of NAV stays in cash;
-* a no-trade band: an asset whose value is within ``band`` of NAV of its target is left alone
-  (an exit to a zero target always trades);
-* lots: quantities are rounded down to ``lot_size`` (0: fractional shares), except that an exit
-  sells the whole holding;
-* a minimum order value: smaller orders are dropped;
-* sells before buys, and never short (a sell is at most the holding), never leveraged (buys and
-  their costs are scaled down to the cash the sells leave, less the buffer).
+The target is sized on the NAV left after the trade's estimated cost (the environment's rule),
+so a fractional account without band, minimum or buffer trades what the backtest trades. Then:
+a cash buffer scales risky weights down; a no-trade band leaves an asset near its target alone
+(an exit always trades); quantities round down to lots (an exit sells everything); orders under
+the minimum value are dropped; sells go first, never short, and buys are scaled to the cash
+left, never leveraged.
 """
 
 from __future__ import annotations
@@ -24,8 +18,7 @@ from allocator.portfolio.costs import cost_rate, trade_cost
 
 BUY = "buy"
 SELL = "sell"
-LEVERAGE_GUARD = 1e-12
-"""Buys are scaled a hair under the cash they may use, so float rounding never borrows."""
+LEVERAGE_GUARD = 1e-12  # buys scale a hair under their cash: float rounding never borrows
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,5 @@
-"""What ``allocator trade status`` reports: per account, halt state, NAV, drawdown, positions
-and P&L.
-
-Unrealized P&L is valued at the closes of the account's last cycle (the prices its NAV was
-struck at), so the report needs nothing but the trade database.
-"""
+"""What ``allocator trade status`` reports per account; unrealized P&L is valued at the last
+cycle's closes, so nothing but the trade database is needed."""
 
 from __future__ import annotations
 
@@ -42,11 +38,12 @@ def one_account(session: Session, account: Account) -> dict[str, Any]:
         select(func.max(AccountNav.nav)).where(AccountNav.account_id == account.id)
     )
     closes: dict[str, float] = last.closes if last is not None else {}
-    positions = []
+    positions, cash = [], 0.0
     for p in session.scalars(
         select(Position).where(Position.account_id == account.id).order_by(Position.asset)
     ):
         if p.asset == CASH_ID:
+            cash = p.quantity
             continue
         price = closes.get(p.asset)
         value = p.quantity * price if price is not None else None
@@ -70,11 +67,6 @@ def one_account(session: Session, account: Account) -> dict[str, Any]:
             .scalar_subquery(),
         )
     ).one()
-    cash = session.scalar(
-        select(Position.quantity).where(
-            Position.account_id == account.id, Position.asset == CASH_ID
-        )
-    )
     return {
         "account": account.name,
         "broker": account.broker,
@@ -90,7 +82,7 @@ def one_account(session: Session, account: Account) -> dict[str, Any]:
             if nav is not None and last is not None and last.nav_before > 0
             else None
         ),
-        "cash": cash or 0.0,
+        "cash": cash,
         "fees": float(fees),
         "rejected_orders": int(rejected),
         "positions": positions,
