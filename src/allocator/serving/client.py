@@ -111,8 +111,6 @@ def _duration(seconds: float) -> str:
 
 
 class AllocatorError(Exception):
-
-
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(f"{code.name}: {details}")
         self.code = code
