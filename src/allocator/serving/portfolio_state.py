@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -177,11 +178,8 @@ class PortfolioState:
         text = str(view[at + 4 * n_strings :], "utf-8")  # one decode, then slices
         if sum(lengths) != len(text):
             raise StateDecodeError("portfolio state length does not match its header")
-        strings = []
-        at = 0
-        for n in lengths:
-            strings.append(text[at : at + n])
-            at += n
+        ends = list(accumulate(lengths))
+        strings = [text[end - n : end] for end, n in zip(ends, lengths, strict=True)]
         last = None
         if last_bytes is not None:
             last = LastAnswer(strings.pop(), *last_bytes)

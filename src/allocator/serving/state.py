@@ -53,13 +53,10 @@ class StateLockLostError(RuntimeError):
 class StateSession(Protocol):
     """Locked access to some portfolios' states; ``put`` at most once, inside the ``with``."""
 
-    @property
-    def portfolio_ids(self) -> tuple[str, ...]: ...
-
     def get(self) -> list[PortfolioState | None]: ...
 
     def put(self, states: Sequence[PortfolioState | None]) -> None:
-        """New states in ``portfolio_ids`` order (``None`` deletes); releases the locks."""
+        """New states in the locked ids' order (``None`` deletes); releases the locks."""
         ...
 
 
@@ -100,10 +97,6 @@ class _MemorySession:
         self._store = store
         self._ids = ids
         self._done = False
-
-    @property
-    def portfolio_ids(self) -> tuple[str, ...]:
-        return self._ids
 
     def get(self) -> list[PortfolioState | None]:
         states = self._store._states
@@ -264,10 +257,6 @@ class _RedisSession:
         self._token = token
         self._states: list[PortfolioState | None] = []
         self._done = False
-
-    @property
-    def portfolio_ids(self) -> tuple[str, ...]:
-        return self._ids
 
     def get(self) -> list[PortfolioState | None]:
         return list(self._states)
@@ -445,10 +434,6 @@ class RedisStateStore:
 
 
 class _EmptySession:
-    @property
-    def portfolio_ids(self) -> tuple[str, ...]:
-        return ()
-
     def get(self) -> list[PortfolioState | None]:
         return []
 

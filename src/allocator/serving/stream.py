@@ -79,18 +79,11 @@ class _Inbox:
                     return _END
                 await self._cond.wait()
 
-    async def end(self) -> None:
+    async def wake(self, *, ended: bool = False, closed: bool = False) -> None:
+        """Wake the waiters; ``ended``: the reader finished, ``closed``: the handler did."""
         async with self._cond:
-            self._ended = True
-            self._cond.notify_all()
-
-    async def close(self) -> None:
-        async with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    async def wake(self) -> None:
-        async with self._cond:
+            self._ended |= ended
+            self._closed |= closed
             self._cond.notify_all()
 
 
@@ -102,7 +95,7 @@ async def _read(requests: AsyncIterator[Any], inbox: _Inbox) -> None:
     except Exception:  # a cancelled or finished call: the handler sees _END
         pass
     finally:
-        await inbox.end()
+        await inbox.wake(ended=True)
 
 
 @dataclass(eq=False)
@@ -152,7 +145,7 @@ class AllocationStreams:
                     )
                 yield await self.answer(item, context)
         finally:
-            await inbox.close()
+            await inbox.wake(closed=True)
             self._open.discard(inbox)
             reader.cancel()
             self.metrics.observe_stream_end(METHOD, code, time.perf_counter() - start)
