@@ -95,7 +95,7 @@ def _check_arg(path: Path, kind: str, arg: Any, rank: int) -> list[Any]:
 
 
 def _probe(
-    path: Path, session: Any, feeds: dict[str, Any], want: dict[str, tuple[int, ...]]
+    path: Path, session: Any, feeds: dict[str, Any], want: dict[str, tuple[int, int]]
 ) -> list[Any]:
     """Run the graph on ``feeds``: output shapes are real, not declared."""
     try:
