@@ -171,13 +171,11 @@ class ModelCatalog:
             self._metrics.set_refused_versions(r.reason for r in refused.values())
         defaults = self._defaults(models)
         default_name = self._default_name(defaults)
+        snapshot = CatalogSnapshot(models, defaults, default_name, refused)
         if not changed and defaults == dict(old.defaults) and default_name == old.default_name:
             if refused != dict(old.refused):
-                self._snapshot = CatalogSnapshot(
-                    old.models, old.defaults, old.default_name, refused
-                )
+                self._snapshot = snapshot  # the same models, other refusals
             return False
-        snapshot = CatalogSnapshot(models, defaults, default_name, refused)
         self._snapshot = snapshot  # the atomic swap
         for name, version in defaults.items():
             if old.defaults.get(name) != version:
