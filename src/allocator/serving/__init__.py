@@ -1,9 +1,7 @@
 """The allocation server: loads exported ONNX models from the registry and serves them.
 
-Torch-free by house rule: only ONNX and JSON are read here, nothing is ever unpickled.
-Which directories are versions, and their errors, live in ``allocator.registry``.
-Names are imported lazily, so the gRPC client (``allocator.serving.client``) works without
-onnxruntime installed and ``allocator --help`` stays fast.
+Torch-free by house rule: only ONNX and JSON are read, nothing is unpickled. Names load lazily,
+so the gRPC client works without onnxruntime and ``allocator --help`` stays fast.
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
 """The allocation server's client for asyncio (``grpc.aio``): ``AllocatorClient``'s methods,
-awaited.
-
-Same channel options (message limits, the retry policy in the service config), the same
-bearer token, the same ``AllocatorError`` and result types as the blocking client in
-``serving.client``. A retried call resends the same message, so an allocation keeps its
-request id across attempts.
-
-Example::
-
-    async with AsyncAllocatorClient("localhost:50051", token=token) as client:
-        window = (await client.list_models())[0].window
-        allocation = await client.allocate("fund-7", ["AAPL", "MSFT"], prices)
+awaited, with the same channel options, token, retry policy, errors and result types.
 """
 
 from __future__ import annotations
@@ -43,23 +32,18 @@ T = TypeVar("T")
 def _awaited(
     method: Callable[Concatenate[AllocatorClient, P], T],
 ) -> Callable[Concatenate[AsyncAllocatorClient, P], Coroutine[Any, Any, T]]:
-    """An ``AllocatorClient`` method as this client's: it returns what ``self._call`` returns,
-    here a coroutine of the decoded answer (the cast tells the type checker so)."""
+    """An ``AllocatorClient`` method returning what this ``_call`` returns: a coroutine."""
     return cast("Callable[Concatenate[AsyncAllocatorClient, P], Coroutine[Any, Any, T]]", method)
 
 
 async def _each(items: Iterable[T]) -> AsyncIterator[T]:
-    """A plain iterable's items, for ``async for``."""
     for item in items:
         yield item
 
 
 class AsyncAllocatorClient(ClientChannel):
-    """A ``grpc.aio`` channel to one allocation server (arguments: ``ClientChannel``);
-    ``async with`` closes it. Create it inside the event loop that will use it.
-
-    ``allocate``, ``allocate_batch``, ``list_models``, ``refused_models`` and
-    ``reset_portfolio`` are ``AllocatorClient``'s, awaited."""
+    """``AllocatorClient``'s unary methods, awaited; ``async with`` closes it. Create it inside
+    the event loop that will use it."""
 
     channels = grpc.aio
 
@@ -93,8 +77,7 @@ class AsyncAllocatorClient(ClientChannel):
     async def allocate_stream(
         self, batches: AsyncIterable[Requests] | Iterable[Requests], *, timeout: float | None = None
     ) -> AsyncIterator[StreamAnswer]:
-        """``AllocatorClient.allocate_stream``, awaited: batches from an (async) iterable,
-        answers in order as they come."""
+        """``AllocatorClient.allocate_stream`` for an (async) iterable of batches."""
 
         async def messages() -> AsyncIterator[allocator_pb2.AllocateStreamRequest]:
             sequence = 0
@@ -113,7 +96,6 @@ class AsyncAllocatorClient(ClientChannel):
     async def health(
         self, services: Sequence[str] = ("", SERVICE_NAME), *, timeout: float | None = None
     ) -> dict[str, str]:
-        """Status name per service from ``grpc.health.v1.Health/Check`` (as the sync client)."""
         return {s: await self._status(s, timeout) for s in services}
 
     async def _status(self, service: str, timeout: float | None) -> str:

@@ -1,13 +1,10 @@
 """An answer's wire bytes, encoded once: what the client gets, and what a retry gets back.
 
-A decided ``AllocateResponse`` is needed twice as bytes (stored with the portfolio's state for a
-retry, and sent) and never as a Python object on the server. Building the message from Python
-floats and serializing it cost more per decision than deciding it at batch 512, so the bytes are
-encoded here directly from the float64 arrays (a packed ``repeated double`` is the array's
-little-endian bytes) and the batch and stream responses are parsed from the concatenated
-answers in one C call. The encoding is protobuf's, field by field in field-number order, as
-``SerializeToString`` writes it (tests compare the two byte for byte); ``parse`` gives the
-message back when a caller wants one.
+Building ``AllocateResponse`` from Python floats and serializing it cost more per decision than
+deciding at batch 512, so the bytes are encoded here straight from the float64 arrays (a packed
+``repeated double`` is the array's little-endian bytes), field by field as ``SerializeToString``
+writes them (tests compare the two byte for byte); batch and stream responses are parsed from
+the concatenated answers in one C call.
 """
 
 from __future__ import annotations
@@ -39,7 +36,6 @@ _TURNOVER = b"\x41"
 
 
 def varint(n: int) -> bytes:
-    """Protobuf's base-128 varint of a non-negative int."""
     if n < 0x80:
         return bytes((n,))
     out = bytearray()
@@ -66,8 +62,7 @@ def parse(data: bytes) -> pb.AllocateResponse:
 
 
 class AnswerEncoder:
-    """Encodes the answers of one model: the model reference and the id lists (cash first)
-    are encoded once per distinct asset list, not once per decision."""
+    """One model's answers; the model reference and each asset list are encoded once."""
 
     def __init__(self, name: str, version: str) -> None:
         ref = string_field(b"\x0a", name) + string_field(b"\x12", version)
@@ -75,7 +70,6 @@ class AnswerEncoder:
         self._ids: dict[tuple[str, ...], bytes] = {}
 
     def asset_ids(self, ids: tuple[str, ...]) -> bytes:
-        """Field 3 for ``ids`` (cash first), cached."""
         encoded = self._ids.get(ids)
         if encoded is None:
             if len(self._ids) > 4096:
@@ -93,8 +87,7 @@ class AnswerEncoder:
         turnover: float,
         icm_reward: float | None,
     ) -> bytes:
-        """One answer; ``raw`` and ``smoothed`` are the little-endian float64 bytes of the
-        weights (``weight_bytes``), parallel to ``ids``."""
+        """``raw`` and ``smoothed``: the weights' little-endian float64 bytes (``weight_bytes``)."""
         size = varint(len(raw))
         parts = [
             string_field(_REQUEST_ID, request_id),
@@ -116,8 +109,7 @@ class AnswerEncoder:
 
 
 def weight_bytes(matrix: NDArray[np.float64]) -> tuple[bytes, int]:
-    """A 2-D float64 array's little-endian bytes and its row stride in bytes: row ``i``'s first
-    ``n`` weights are ``data[i * stride : i * stride + 8 * n]`` (one conversion per batch)."""
+    """A 2-D array's little-endian float64 bytes and its row stride in bytes."""
     if not _LITTLE or matrix.dtype != np.float64:
         matrix = matrix.astype("<f8")
     return np.ascontiguousarray(matrix).tobytes(), 8 * matrix.shape[1]

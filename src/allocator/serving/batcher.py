@@ -1,26 +1,18 @@
 """Dynamic batching on the server's event loop: concurrent calls decided as one batch.
 
-Every decision the server makes, from a unary ``Allocate``, an ``AllocateBatch`` or a message of
-an ``AllocateStream``, is handed to the one ``DecisionBatcher`` of its process as a *call*: its
-validated items (distinct portfolios) and the future its handler awaits. The batcher takes what
-arrived within ``window`` seconds of the first waiting call (or up to ``max_size`` decisions)
-and runs ``DecisionStep``'s steps once for all of it: one lock-and-read of every portfolio, one
-``decide_many`` (one onnxruntime call) per model, one recorder ticket (one durable commit), one
-write of the states. While a batch waits for its commit, the next calls queue up and form the
-next batch, so a loaded server decides in larger batches and commits less often per decision.
+Every decision (a unary ``Allocate``, an ``AllocateBatch``, a stream message) reaches the
+process's one ``DecisionBatcher`` as a *call*: its items (distinct portfolios) and the future
+its handler awaits. Calls arriving within ``window`` of the first (up to ``max_size``
+decisions) run ``DecisionStep``'s steps once: one lock-and-read, one ``decide_many`` per model,
+one recorder ticket (one durable commit), one write. While a batch waits for its commit the
+next one forms, so a loaded server commits less often per decision.
 
-Batches run one after another, each stored before the next is locked. Per portfolio that keeps
-the order and the exactly-once semantics of one call at a time: a call naming a portfolio that
-an earlier call of the window already names waits for the next batch (and so does every later
-call naming one of its portfolios), where it reads the state the earlier one left, a retry
-included (its stored answer, ``PortfolioState.last``). A call's items stay together in one
-batch. What a call alone caused (a reused request id, a deadline that passed before deciding)
-fails that call only; what the batch shares (the recorder's refusal, a durable commit that did
-not come, the state store) fails every call of it, and nothing of it is stored.
-
-A blocking state store (Redis) is used through ``executor`` threads, so a lock round trip or a
-lock held by another replica never stops the loop; the in-memory store is used on the loop,
-unless a lock is held by another thread (a reset): that wait goes to the executor too.
+Batches run one after another, each stored before the next is locked; a call naming a
+portfolio (or request id) an earlier call of the window names waits for the next batch, so
+per portfolio the order and exactly-once semantics are those of one call at a time. What one
+call caused (a reused id, a passed deadline) fails that call; what the batch shares (recorder,
+commit, state store) fails every call of it, and nothing is stored. A blocking store (Redis,
+or a lock held by another thread) is waited for on ``executor`` threads, never on the loop.
 """
 
 from __future__ import annotations
@@ -53,13 +45,12 @@ log = logging.getLogger("allocator.serving")
 
 T = TypeVar("T")
 BatchObserver = Callable[[int], None]
-"""Told the number of decisions of each batch the batcher decides (the batch-size metric)."""
+"""Told each batch's number of decisions."""
 
 
 @dataclass(slots=True)
 class _Call:
-    """One call's share of a batch: its items, its deadline (``time.monotonic()``; None: none)
-    and the future its handler awaits."""
+    """One call's share of a batch; ``deadline`` is ``time.monotonic()`` (None: none)."""
 
     items: list[Item]
     deadline: float | None
@@ -68,12 +59,8 @@ class _Call:
 
 
 class DecisionBatcher:
-    """Collects calls on the running event loop and decides them in batches (module docstring).
-
-    ``window``: seconds a batch waits for more calls after its first; ``max_size``: decisions
-    that close a batch at once. ``executor``: where the store's blocking calls run (None: on
-    the loop). ``observe``: told each batch's size.
-    """
+    """``window``: seconds a batch waits after its first call; ``max_size``: decisions that close
+    it at once; ``executor``: where the store's blocking calls run (None: on the loop)."""
 
     def __init__(
         self,
@@ -98,11 +85,9 @@ class DecisionBatcher:
 
     @property
     def waiting(self) -> int:
-        """Decisions handed in and not yet taken into a batch."""
         return sum(len(call.items) for call in self._waiting)
 
     def start(self) -> None:
-        """Start deciding, on the running loop."""
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="allocator-batcher")
 
@@ -119,9 +104,8 @@ class DecisionBatcher:
         self._task = None
 
     async def decide(self, items: list[Item], deadline: float | None) -> list[Answer]:
-        """The answers to one call's items (distinct portfolios), decided in the next batch
-        that can take them; raises what refused the call. A cancelled caller (its client went
-        away) leaves the decision alone: it is recorded and stored as any other."""
+        """The answers to one call's items; raises what refused the call. A cancelled caller
+        leaves the decision alone: it is recorded and stored as any other."""
         if self._wake is None:
             raise RuntimeError("the batcher is not started")
         future: asyncio.Future[list[Answer]] = asyncio.get_running_loop().create_future()
@@ -148,8 +132,8 @@ class DecisionBatcher:
                     self._busy = False
 
     async def _fill(self) -> None:
-        """Wait up to ``window`` after the first waiting call for more (sub-millisecond waits
-        yield to the loop rather than sleep: its timers are coarser than the window)."""
+        """Wait up to ``window`` for more (short waits yield rather than sleep: the loop's timers
+        are coarser than the window)."""
         end = time.monotonic() + self.window
         while self.waiting < self.max_size:
             left = end - time.monotonic()
@@ -158,11 +142,9 @@ class DecisionBatcher:
             await asyncio.sleep(0 if left < 0.002 else left - 0.001)
 
     def _take(self) -> list[_Call]:
-        """The next batch: waiting calls in arrival order, up to ``max_size`` decisions (at
-        least one call), skipping (and keeping, in order) any call naming a portfolio or a
-        request id that an earlier call of the window names: decided in the next batch, a
-        request id reused for another portfolio is refused there (``RecentRequests``) rather
-        than answered twice and recorded once."""
+        """Waiting calls in arrival order up to ``max_size`` decisions, skipping (for the next
+        batch) any naming a portfolio or request id an earlier call names: a request id reused
+        for another portfolio is then refused rather than answered twice."""
         batch: list[_Call] = []
         taken: set[tuple[bool, str]] = set()
         blocked: set[tuple[bool, str]] = set()
@@ -183,7 +165,6 @@ class DecisionBatcher:
         return batch
 
     async def _decide(self, batch: list[_Call]) -> None:
-        """One batch: lock and read every portfolio, decide, record, wait, store, answer."""
         ids = [item.request.portfolio_id for call in batch for item in call.items]
         locked, session = await self._lock(ids)
         stored = False
@@ -216,9 +197,8 @@ class DecisionBatcher:
     def _prepare(
         self, batch: list[_Call], states: Sequence[PortfolioState | None]
     ) -> tuple[Decided | None, list[tuple[_Call, int, int]]]:
-        """Per call: its deadline and its retries; then decide what is left of the batch.
-        A call refused here is answered at once. Returns the decided items (None: nothing to
-        decide) and, per decided item, its call, its place in the call and in ``states``."""
+        """Check each call's deadline and retries, then decide the rest; returns the decided
+        items (None: nothing to decide) and, per item, its call, slot and index in ``states``."""
         now = time.monotonic()
         items: list[Item] = []
         before: list[PortfolioState | None] = []
@@ -247,10 +227,8 @@ class DecisionBatcher:
         return self.step.decide(items, before), owners
 
     async def _durable(self, decided: Decided, batch: list[_Call]) -> float | None:
-        """Wait for the batch's commit; when it came after a call's deadline (that call gets
-        DEADLINE_EXCEEDED, its decision stored all the same), its time, else None. The wait
-        ends ``LATE_DURABLE_SECONDS`` after the latest deadline (none without a deadline):
-        then nothing is stored and every call gets DEADLINE_EXCEEDED."""
+        """Wait for the batch's commit; its time when that was after a call's deadline, else
+        None. Gives up ``LATE_DURABLE_SECONDS`` after the latest deadline."""
         recorder = self.step.recorder
         if decided.ticket is None or recorder is None:
             return None
@@ -267,8 +245,7 @@ class DecisionBatcher:
         )
 
     async def _lock(self, ids: list[str]) -> tuple[Any, StateSession]:
-        """The locked session of ``ids``: on the loop when the in-memory store's locks are free
-        now, else (a lock held by another thread, or Redis) waited for on the executor."""
+        """On the loop when the in-memory store's locks are free now, else on the executor."""
         store = self.step.store
         if isinstance(store, MemoryStateStore):
             locked = store.try_locked(ids)
@@ -279,15 +256,13 @@ class DecisionBatcher:
     async def _put(
         self, locked: Any, session: StateSession, states: list[PortfolioState | None] | None
     ) -> bool:
-        """Write ``states`` (None: write nothing) and release the locks."""
         if states is not None:
             await self._blocking(session.put, states)
         await self._blocking(locked.__exit__, None, None, None)
         return True
 
     async def _blocking(self, fn: Callable[..., T], *args: Any, offload: bool = False) -> T:
-        """``fn(*args)`` on the executor when the store blocks (Redis; ``offload``: a wait for
-        a lock), else here on the loop (the in-memory store's reads, writes and releases)."""
+        """On the executor when the store blocks (Redis; ``offload``: a lock wait), else here."""
         blocks = offload or not isinstance(self.step.store, MemoryStateStore)
         if self.executor is None or not blocks:
             return fn(*args)
@@ -295,7 +270,6 @@ class DecisionBatcher:
 
 
 def _enter(store: StateStore, ids: list[str]) -> tuple[Any, StateSession]:
-    """``store.locked(ids)`` entered: the context manager and its session."""
     locked = store.locked(ids)
     return locked, locked.__enter__()
 

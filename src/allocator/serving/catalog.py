@@ -1,19 +1,12 @@
 """The server's catalog: every verified version in the registry loaded, swapped atomically.
 
-The registry directory (``REGISTRY/NAME/VERSION/``, written by ``allocator export``) is
-scanned at start and then every few seconds. A new version is loaded and verified *beside* the
-ones serving; only when it loaded does a new immutable ``CatalogSnapshot`` replace the old
-one, in a single reference assignment, so a request sees the old set or the new one, never a
-mix. A version that fails to load or verify is logged, counted (once per distinct refusal,
-by reason) and left out: the previous versions keep answering. It is tried again when any of
-its files changes (a name, a size or a modification time), so a version copied in two steps
-(the manifest first, the model seconds later, as a plain ``cp -r`` or an rsync scanned mid-copy
-leaves it) heals on the scan after the copy completes. The snapshot also carries every refusal,
-so ``ListModels`` shows what the server made of each version.
-
-Which version answers a request that pins none: the model's production pointer
-(``REGISTRY/NAME/production.json``, moved atomically by the retraining job's promotion gate)
-when it names a loaded version, else the newest loaded version.
+The registry is scanned at start and every few seconds. A new version is loaded and verified
+beside the serving ones; a new immutable ``CatalogSnapshot`` then replaces the old in one
+reference assignment, so a request sees the old set or the new, never a mix. A version that
+fails is logged, counted (once per distinct refusal) and left out, and tried again when any of
+its files changes (name, size or mtime), so a version copied in two steps heals once the copy
+completes. Unpinned requests go to the production pointer's version when it is loaded, else the
+newest loaded version.
 """
 
 from __future__ import annotations
@@ -48,10 +41,7 @@ Fingerprint = tuple[tuple[str, int, int], ...]
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a version's files, as they are now, are not served.
-
-    ``reason`` is one of ``registry.errors.REFUSAL_REASONS``; ``message`` names the file.
-    """
+    """Why a version's current files are not served (``registry.errors.REFUSAL_REASONS``)."""
 
     reason: str
     message: str
@@ -59,11 +49,8 @@ class Refusal:
 
 @dataclass(frozen=True)
 class CatalogSnapshot:
-    """An immutable set of loaded versions, which one answers for each name, and the refusals.
-
-    A version can be both loaded and refused: it serves what it loaded, and the files it holds
-    since were refused.
-    """
+    """Loaded versions, the default of each name, and the refusals (a version can be both
+    loaded and refused: it serves what it loaded; its newer files were refused)."""
 
     models: Mapping[Key, LoadedModel] = field(default_factory=dict)
     defaults: Mapping[str, str] = field(default_factory=dict)
@@ -71,7 +58,6 @@ class CatalogSnapshot:
     refused: Mapping[Key, Refusal] = field(default_factory=dict)
 
     def resolve(self, name: str | None = None, version: str | None = None) -> LoadedModel:
-        """The model answering a request pinned to ``name``/``version`` (None: the default)."""
         if name is None:
             if self.default_name is None:
                 raise ModelNotFoundError("no model is loaded")
@@ -99,22 +85,13 @@ class CatalogSnapshot:
 
 
 def _fingerprint(directory: Path) -> Fingerprint:
-    """Name, size and modification time of every entry of the version's directory.
-
-    Any file arriving, growing, shrinking or being rewritten changes it, so a refused version is
-    retried as soon as its copy moves on, whichever file came last. Raises OSError when an entry
-    vanishes mid-scan (an rsync renaming its temporary file): the next scan sees the result.
-    """
-    entries = []
+    """Name, size and mtime of every entry; OSError when one vanishes mid-scan."""
     with os.scandir(directory) as it:
-        for entry in it:
-            st = entry.stat()
-            entries.append((entry.name, st.st_size, st.st_mtime_ns))
-    return tuple(sorted(entries))
+        stats = [(e.name, e.stat()) for e in it]
+    return tuple(sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats))
 
 
 def _reason(exc: Exception) -> str:
-    """The refusal reason of what the loader raised."""
     if isinstance(exc, ModelLoadError):
         return exc.reason
     if isinstance(exc, FileNotFoundError):
@@ -125,12 +102,9 @@ def _reason(exc: Exception) -> str:
 
 
 class ModelCatalog:
-    """Loads every version under ``root`` and keeps the snapshot current.
-
-    ``default_model`` names the model that answers unpinned requests; without it, the only
-    model name in the registry (or the first in sorted order, with a warning). Callbacks
-    registered with ``on_change`` get each new snapshot (metrics, the recorder's model table).
-    """
+    """Loads every version under ``root`` and keeps the snapshot current; unpinned requests go
+    to ``default_model``, else the first name in sorted order. ``on_change`` callbacks get each
+    new snapshot."""
 
     def __init__(
         self,
@@ -160,14 +134,13 @@ class ModelCatalog:
 
     @property
     def failures(self) -> dict[Key, str]:
-        """Versions refused at their current files, with the message (for logs and tests)."""
         return {key: refusal.message for key, refusal in self._snapshot.refused.items()}
 
     def on_change(self, callback: Callable[[CatalogSnapshot], None]) -> None:
         self._listeners.append(callback)
 
     def refresh(self) -> bool:
-        """Scan the registry once; returns whether the loaded set or the defaults changed."""
+        """Scan once; whether the loaded set or the defaults changed."""
         with self._refresh_lock:
             return self._refresh()
 
@@ -198,13 +171,11 @@ class ModelCatalog:
             self._metrics.set_refused_versions(r.reason for r in refused.values())
         defaults = self._defaults(models)
         default_name = self._default_name(defaults)
+        snapshot = CatalogSnapshot(models, defaults, default_name, refused)
         if not changed and defaults == dict(old.defaults) and default_name == old.default_name:
             if refused != dict(old.refused):
-                self._snapshot = CatalogSnapshot(
-                    old.models, old.defaults, old.default_name, refused
-                )
+                self._snapshot = snapshot  # the same models, other refusals
             return False
-        snapshot = CatalogSnapshot(models, defaults, default_name, refused)
         self._snapshot = snapshot  # the atomic swap
         for name, version in defaults.items():
             if old.defaults.get(name) != version:
@@ -217,11 +188,8 @@ class ModelCatalog:
         return True
 
     def _scan_version(self, key: Key) -> LoadedModel | None:
-        """Load the version when its files changed since it was last loaded or refused.
-
-        Returns the newly loaded model, or None (unchanged, or refused: then remembered with its
-        fingerprint, logged and counted when the refusal is new, not on every scan).
-        """
+        """The version newly loaded when its files changed, else None (a refusal is remembered
+        with its fingerprint, and logged and counted only when new)."""
         name, version = key
         directory = self.root / name / version
         try:
@@ -303,7 +271,6 @@ class ModelCatalog:
         return names[0]
 
     def watch(self, interval: float) -> None:
-        """Refresh every ``interval`` seconds in a background thread until ``stop()``."""
         if self._thread is not None:
             return
 

@@ -1,23 +1,10 @@
-"""A small client of the allocation server (the ``allocator request`` command is built on it).
+"""A small client of the allocation server, for trading services and notebooks.
 
-Meant for trading services and notebooks: this module itself needs grpcio, grpcio-health-checking,
-and numpy only (no onnxruntime, no torch). Every call sends the
-bearer token as metadata when one is given, and every gRPC failure surfaces as
-``AllocatorError`` carrying the status code and the server's message (which names the bad field).
-``serving.aio_client`` has the same client for asyncio.
-
-Calls the server refuses for now (UNAVAILABLE: draining, recording or Redis down;
-RESOURCE_EXHAUSTED: at its concurrency limit) are retried by the channel itself, with
-exponential backoff, as the service config of ``RetryPolicy`` tells gRPC. A retry resends the
-very same message, so an allocation keeps its request id: the server answers it once (from
-the portfolio's state) and records it once. The call's timeout covers every attempt together.
-
-Example::
-
-    with AllocatorClient("localhost:50051", token=token) as client:
-        window = client.list_models()[0].window
-        allocation = client.allocate("fund-7", ["AAPL", "MSFT"], prices)  # prices: (2, window+1)
-        print(allocation.smoothed_weights)                                  # CASH first
+Needs grpcio, grpcio-health-checking and numpy only (no onnxruntime, no torch). The bearer
+token travels as metadata; every gRPC failure surfaces as ``AllocatorError`` with the status
+code and the server's message. Calls refused for now (UNAVAILABLE, RESOURCE_EXHAUSTED) are
+retried by the channel (``RetryPolicy``); a retry resends the very same message, so an
+allocation keeps its request id and the server answers and records it once.
 """
 
 from __future__ import annotations
@@ -70,14 +57,8 @@ MAX_GRPC_ATTEMPTS = 5
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Which failures the channel retries, and how it backs off (gRPC's ``retryPolicy``).
-
-    Attempt ``n`` (from 2) waits a random time up to
-    ``min(initial_backoff * backoff_multiplier ** (n - 2), max_backoff)`` seconds. Only codes
-    that mean "not now" belong here: the server did not decide the call, so resending it is safe.
-    Retries are throttled per channel (``retryThrottling``): when most recent calls failed, the
-    channel stops retrying rather than multiply the load on a server that is already refusing.
-    """
+    """gRPC's ``retryPolicy``: only codes meaning "not now" (the server decided nothing, so a
+    resend is safe); throttled per channel, so a refusing server is not sent more load."""
 
     max_attempts: int = 4
     initial_backoff: float = 0.1
@@ -107,7 +88,6 @@ class RetryPolicy:
                 raise ValueError(f"codes: {code!r} is not a gRPC status code name to retry")
 
     def service_config(self) -> str:
-        """The channel's service config (JSON) applying this policy to the Allocator service."""
         policy = {
             "maxAttempts": self.max_attempts,
             "initialBackoff": _duration(self.initial_backoff),
@@ -124,18 +104,13 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY = RetryPolicy()
-"""Up to 4 attempts, backing off 0.1 s, 0.2 s, 0.4 s (at most 2 s), on UNAVAILABLE and
-RESOURCE_EXHAUSTED."""
 
 
 def _duration(seconds: float) -> str:
-    """A protobuf Duration in JSON (``"0.1s"``), as the service config wants it."""
     return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
 
 
 class AllocatorError(Exception):
-    """A failed call: the gRPC status ``code`` and the server's ``details``."""
-
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(f"{code.name}: {details}")
         self.code = code
@@ -143,7 +118,6 @@ class AllocatorError(Exception):
 
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError) -> AllocatorError:
-        # Errors raised by a call are also grpc.Call objects carrying code() and details().
         code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
         details = error.details() if hasattr(error, "details") else str(error)
         return cls(code or grpc.StatusCode.UNKNOWN, details or "")
@@ -151,7 +125,6 @@ class AllocatorError(Exception):
 
 @contextmanager
 def rpc_errors() -> Iterator[None]:
-    """Every gRPC failure inside surfaces as ``AllocatorError``."""
     try:
         yield
     except grpc.RpcError as error:
@@ -163,19 +136,17 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 @dataclass(frozen=True)
 class Allocation:
-    """The server's answer for one portfolio; weight arrays are parallel to ``asset_ids``."""
+    """The server's answer for one portfolio: weights parallel to ``asset_ids`` (``CASH``
+    first); ``smoothed_weights`` is what to execute."""
 
     request_id: str
     portfolio_id: str
     asset_ids: tuple[str, ...]
-    """``CASH`` first, then the request's assets in request order."""
     raw_weights: Float64Array
     smoothed_weights: Float64Array
-    """What to execute."""
     model_name: str
     model_version: str
     icm_reward: float | None
-    """``None`` when the model has no ICM or the portfolio had no previous observation."""
     turnover: float
 
     @classmethod
@@ -193,7 +164,6 @@ class Allocation:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON types (lists of floats), for ``--json`` and logs."""
         data = asdict(self)
         data["asset_ids"] = list(self.asset_ids)
         data["raw_weights"] = self.raw_weights.tolist()
@@ -203,14 +173,13 @@ class Allocation:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """One loaded model version, as ``ListModels`` describes it."""
+    """One loaded model version; requests send ``window + 1`` prices per asset."""
 
     name: str
     version: str
     algorithm: str
     max_assets: int
     window: int
-    """Requests send ``window + 1`` prices per asset."""
     beta: float
     has_icm: bool
     provider: str
@@ -223,11 +192,7 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class ModelRefusal:
-    """A version whose files the server refused, as ``ListModels`` describes it.
-
-    ``reason`` is one of ``missing_file``, ``checksum_mismatch``, ``bad_manifest``,
-    ``unsupported_format``, ``bad_graph``, ``unreadable``; ``message`` names the file.
-    """
+    """A version whose files the server refused; ``reason``: ``registry.errors``' reasons."""
 
     name: str
     version: str
@@ -241,16 +206,15 @@ class ModelRefusal:
 
 @dataclass(frozen=True)
 class AllocationRequest:
-    """One portfolio's request for ``allocate_batch`` (a dict with these keys works too)."""
+    """One portfolio's request (a dict with these keys works too): ``prices`` of shape
+    ``(len(asset_ids), window + 1)``, oldest first; ``current_weights`` CASH first (``None``:
+    the server's state); ``request_id`` a fresh uuid4 when ``None`` (reuse it to retry)."""
 
     portfolio_id: str
     asset_ids: Sequence[str]
     prices: ArrayLike
-    """Shape ``(len(asset_ids), window + 1)``, oldest first."""
     current_weights: ArrayLike | None = None
-    """``len(asset_ids) + 1`` weights, CASH first; ``None`` lets the server use its state."""
     request_id: str | None = None
-    """Idempotency key; a fresh uuid4 when ``None``. Reuse it when retrying."""
     model: str | None = None
     version: str | None = None
 
@@ -278,11 +242,9 @@ class AllocationRequest:
 
 
 Requests: TypeAlias = Iterable[AllocationRequest | Mapping[str, Any]]
-"""A batch's requests: each an ``AllocationRequest`` or a dict of its fields."""
 
 
 def batch_request(requests: Requests) -> allocator_pb2.AllocateBatchRequest:
-    """The wire message of a batch (each item an ``AllocationRequest`` or a dict of its fields)."""
     items = [
         r.to_proto() if isinstance(r, AllocationRequest) else AllocationRequest(**r).to_proto()
         for r in requests
@@ -291,7 +253,6 @@ def batch_request(requests: Requests) -> allocator_pb2.AllocateBatchRequest:
 
 
 def stream_request(sequence: int, requests: Requests) -> allocator_pb2.AllocateStreamRequest:
-    """One ``AllocateStream`` message: a batch and the number its answer will echo."""
     message = allocator_pb2.AllocateStreamRequest(sequence=sequence)
     message.batch.requests.extend(batch_request(requests).requests)
     return message
@@ -299,12 +260,11 @@ def stream_request(sequence: int, requests: Requests) -> allocator_pb2.AllocateS
 
 @dataclass(frozen=True)
 class StreamAnswer:
-    """The answer to one stream message: its allocations (request order), or its ``error``."""
+    """One stream message's allocations, or the ``error`` a unary call would have got."""
 
     sequence: int
     allocations: list[Allocation]
     error: AllocatorError | None
-    """Why the message decided nothing (the stream went on): a status a unary call would get."""
 
     @classmethod
     def from_proto(cls, message: allocator_pb2.AllocateStreamResponse) -> StreamAnswer:
@@ -326,14 +286,11 @@ def health_status(outcome: health_pb2.HealthCheckResponse | AllocatorError) -> s
 
 
 class ClientChannel:
-    """The channel both clients hold: its stubs, bearer token and default timeout.
+    """The channel both clients hold (``channels``: ``grpc`` or ``grpc.aio``).
 
-    TLS is used when any of ``root_certificates`` (PEM bytes; ``None`` with a client key means
-    the system roots), ``private_key`` and ``certificate_chain`` is given; the last two together
-    are the client's certificate for mTLS. ``retry`` is the channel's retry policy (``None``:
-    every failure surfaces at once). ``options`` are extra gRPC channel options, e.g.
-    ``("grpc.ssl_target_name_override", "allocator.internal")``. ``channels`` is the module
-    that opens the channel: ``grpc`` for the blocking client, ``grpc.aio`` for asyncio.
+    TLS when any of ``root_certificates`` (PEM; ``None`` with a key: the system roots),
+    ``private_key`` and ``certificate_chain`` (mTLS, together) is given; ``retry`` ``None``
+    surfaces every failure at once; ``options`` are extra gRPC channel options.
     """
 
     channels: Any = grpc
@@ -374,17 +331,12 @@ class ClientChannel:
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def _unary_options(self, timeout: float | None) -> dict[str, Any]:
-        """A unary call's deadline (the client's default unless given) and token."""
         return {"timeout": self.timeout if timeout is None else timeout, "metadata": self._metadata}
 
 
 class AllocatorClient(ClientChannel):
-    """A blocking channel to one allocation server (arguments: ``ClientChannel``); use it as a
-    context manager to close the channel.
-
-    Each unary method builds its request and returns ``self._call(...)`` with the answer's
-    decoder and nothing more: ``AsyncAllocatorClient`` takes those methods as they are, its
-    ``_call`` returning the same result to await."""
+    """A blocking client; a context manager. Each unary method only builds its request and
+    returns ``self._call(...)``: ``AsyncAllocatorClient`` reuses them, awaiting ``_call``."""
 
     def __enter__(self) -> Self:
         return self
@@ -418,10 +370,7 @@ class AllocatorClient(ClientChannel):
         *,
         timeout: float | None = None,
     ) -> Allocation:
-        """Weights for one portfolio now; ``prices`` has shape ``(len(asset_ids), window + 1)``.
-
-        Retrying with the same ``request_id`` is safe: the server answers it once.
-        """
+        """Weights for one portfolio now; ``prices``: ``(len(asset_ids), window + 1)``."""
         request = AllocationRequest(
             portfolio_id, asset_ids, prices, current_weights, request_id, model, version
         ).to_proto()
@@ -441,10 +390,9 @@ class AllocatorClient(ClientChannel):
     def allocate_stream(
         self, batches: Iterable[Requests], *, timeout: float | None = None
     ) -> Iterator[StreamAnswer]:
-        """One ``AllocateStream`` call: each batch (a bar's portfolios) is sent as it is drawn,
-        numbered from 1, and answered in order; a bad one gets its ``error``, the rest go on.
-        ``timeout`` covers the whole stream. An early end (a drain) raises ``AllocatorError``:
-        resend the unanswered batches, same request ids, on a new stream."""
+        """Each batch sent as drawn, numbered from 1, answered in order; a bad one gets its
+        ``error``. An early end (a drain) raises ``AllocatorError``: resend the unanswered
+        batches, same request ids, on a new stream."""
         messages = (stream_request(i, b) for i, b in enumerate(batches, start=1))
         call = self._stub.AllocateStream(messages, timeout=timeout, metadata=self._metadata)
         try:
@@ -458,23 +406,20 @@ class AllocatorClient(ClientChannel):
         return self._listed(timeout, lambda a: [ModelInfo.from_proto(m) for m in a.models])
 
     def refused_models(self, *, timeout: float | None = None) -> list[ModelRefusal]:
-        """The versions whose files the server refused as they are now, with why."""
         return self._listed(timeout, lambda a: [ModelRefusal.from_proto(m) for m in a.refused])
 
     def _listed(self, timeout: float | None, decode: Callable[[Any], T]) -> T:
-        """``ListModels``' answer, decoded: the loaded versions and the refused ones."""
         return self._call(self._stub.ListModels, allocator_pb2.ListModelsRequest(), timeout, decode)
 
     def reset_portfolio(self, portfolio_id: str, *, timeout: float | None = None) -> bool:
-        """Forget the portfolio's smoothing state; True when the server had any."""
+        """True when the server had a state to forget."""
         request = allocator_pb2.ResetPortfolioRequest(portfolio_id=portfolio_id)
         return self._call(self._stub.ResetPortfolio, request, timeout, lambda a: bool(a.existed))
 
     def health(
         self, services: Sequence[str] = ("", SERVICE_NAME), *, timeout: float | None = None
     ) -> dict[str, str]:
-        """Status name per service from ``grpc.health.v1.Health/Check``: ``SERVING``,
-        ``NOT_SERVING`` or ``SERVICE_UNKNOWN``; other failures raise ``AllocatorError``."""
+        """Status name per service (``SERVICE_UNKNOWN`` for an unknown one)."""
         return {service: self._status(service, timeout) for service in services}
 
     def _status(self, service: str, timeout: float | None) -> str:

@@ -1,10 +1,8 @@
 """What ``allocator serve`` takes: one strict settings model, read by the server factory.
 
-Kept apart from the server so the settings (and the generated configuration reference in
-docs/operations.md) read on their own. ``load_server_config`` fills it from, highest first:
-the command's flags, ``ALLOCATOR_<FIELD>`` environment variables, a YAML file of fields, and
-the defaults. ``database_url`` left unset everywhere still falls back to ``DATABASE_URL``
-(``allocator.recording.settings``), so deployments that set only that keep working.
+``load_server_config`` fills it from, highest first: the command's flags, ``ALLOCATOR_<FIELD>``
+environment variables, a YAML file, the defaults; ``database_url`` left unset everywhere still
+falls back to ``DATABASE_URL``.
 """
 
 from __future__ import annotations
@@ -121,11 +119,7 @@ class ServerConfig(StrictModel):
 
 
 class ServerSettings(ServerConfig, BaseSettings):
-    """``ServerConfig`` as pydantic-settings sees it: where its environment variables are.
-
-    Used as the description the sources read (``load_server_config``); the server is always
-    given a plain ``ServerConfig``.
-    """
+    """``ServerConfig`` as pydantic-settings' sources read it; the server gets a plain one."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -140,12 +134,9 @@ def load_server_config(
     config_file: str | Path | None = None,
     flag_names: Mapping[str, str] | None = None,
 ) -> ServerConfig:
-    """Flags (fields given on the command line) > ``ALLOCATOR_*`` > ``config_file`` > defaults.
-
-    A bad value is reported as where it came from, ``--port``, ``ALLOCATOR_PORT`` or
-    ``port (in FILE)``, with pydantic's reason; raises ``ConfigError``. ``flag_names`` maps a
-    field to its flag where they differ (``default_model``: ``--model``).
-    """
+    """Flags > ``ALLOCATOR_*`` > ``config_file`` > defaults; ``ConfigError`` names where a bad
+    value came from (``--port``, ``ALLOCATOR_PORT``, ``port (in FILE)``). ``flag_names`` maps a
+    field to its flag where they differ."""
     file_values: dict[str, Any] = {}
     if config_file is not None:
         path = Path(config_file)
@@ -158,13 +149,11 @@ def load_server_config(
     env_values = EnvSettingsSource(ServerSettings)()
     names = dict(flag_names or {})
 
-    origin: dict[str, str] = {}
-    for key in file_values:
-        origin[key] = f"{key} (in {config_file})"
-    for key in env_values:
-        origin[key] = f"{ENV_PREFIX}{key.upper()}"
-    for key in flags:
-        origin[key] = names.get(key, f"--{key.replace('_', '-')}")
+    origin = {
+        **{key: f"{key} (in {config_file})" for key in file_values},
+        **{key: f"{ENV_PREFIX}{key.upper()}" for key in env_values},
+        **{key: names.get(key, f"--{key.replace('_', '-')}") for key in flags},
+    }
     merged = {**file_values, **env_values, **flags}
     try:
         return ServerConfig(**merged)

@@ -1,50 +1,21 @@
-"""The decision step: "what weights now?" for a batch of portfolios, as the policy was trained.
+"""The decision step's maths: "what weights now?" for a batch of portfolios, as trained.
 
-For every portfolio of a batch, in one onnxruntime call:
+Per batch, one onnxruntime call: lay the requests out in slots (``serving.slots``), then
+the policy. A flat graph maps the raw observation (``portfolio.build_raw_observation``) to its
+weights itself, renormalized here in float64 over the live slots. A shared graph maps raw
+per-asset features to an action, and the raw weights are ``portfolio.tilt_weights`` of the
+anchor: the environment's own functions, so the server cannot map an action differently from
+training. The current weights are the request's, else the previous smoothed ones (all cash
+for a new portfolio). Executed weights: ``ema_smooth`` with the manifest's ``beta``; turnover
+as in the environment.
 
-1. **Slots** (``serving.slots``). The request's assets map to slots (slot 0 is cash). An asset
-   keeps its slot while it stays in the requests; a new asset takes the lowest free slot; the
-   previous smoothed mass of a slot whose asset left (or changed) is dropped before smoothing.
-   A flat policy has ``max_assets`` slots; a shared policy's rows grow past its training slots
-   when a request carries more assets, and the batch is padded to its widest row.
-2. **Policy.** The current weights are what the portfolio holds now (the environment's drifted
-   holdings); when a request sends none, the previous smoothed weights stand in (all cash for a
-   new portfolio).
-
-   * Flat policy: ``portfolio.build_raw_observation`` from the price windows, the current
-     weights and the mask; the exported graph normalizes it with the manifest's statistics and
-     maps the action to weights (mask-and-renormalize) itself. The graph's float32 weights,
-     renormalized in float64 over the live slots (entries move by < 1e-7), are the raw weights.
-   * Shared policy: raw per-asset features from ``portfolio.asset_features`` (the graph
-     normalizes them), the current weights and the mask give the action; the raw weights are
-     ``portfolio.tilt_weights(action, anchor, mask, k)`` with the anchor from
-     ``portfolio.anchor_weights`` on the same closes: the functions the environment trained
-     with, in float64, so the server cannot map an action differently from training.
-3. **Smoothing.** The executed weights are ``portfolio.ema_smooth(previous, raw, mask, beta)``
-   with the manifest's ``beta``; ``turnover = sum over assets |smoothed - current|``, as in the
-   environment.
-4. **Curiosity.** The ICM was trained on replay transitions ``(obs, action, next_obs)``: the
-   environment's flat observation before a step, the policy's action in [-1, 1] and the
-   observation after the step, with one mask for both (training episodes keep their assets;
-   the environment can change a universe mid-episode, but training does not ask it to).
-   The exported ``icm.onnx`` takes the *raw* flat observations and normalizes them itself. So
-   a decision's ICM reward is ``icm(previous raw observation, previous action, this raw
-   observation, mask)``. It is ``None`` when the model has no ICM, for a portfolio's first
-   decision, when the slot assignment changed since the previous decision (a transition
-   across a universe change is one the ICM never saw, and its graph takes a single mask), and
-   for a shared policy whenever the portfolio does not fit the training slots (the ICM's
-   observation has exactly those).
-
-A ``PortfolioState`` (``serving.portfolio_state``) carries what the next decision needs. Under
-a flat policy a state made with another slot count restarts as if new; a state from another
-name or version continues (the smoothing is about what the portfolio executes, which does not
-change with a model upgrade), only its ICM inputs are skipped if the observation width differs.
-
-Responses are in request order, cash first (``CASH_ID``).
-
-The inputs are ``ValidRequest``s: validation (``serving.validation``) is the one place that checks
-ids, shapes, prices and current weights, and this step trusts what it produced. Every caller (the
-server, the replay, the jobs' evaluations) reaches it through ``serving.step``.
+The ICM reward is ``icm(previous raw observation, previous action, this observation, mask)``,
+the transition it was trained on. It is ``None`` without an ICM, on a portfolio's first
+decision, after its slots changed (a transition across a universe change is one the ICM never
+saw) and, for a shared policy, when the portfolio does not fit the training slots. A state from
+another model version continues (smoothing is about what the portfolio holds); under a flat
+policy a state of another slot count starts again. The inputs are ``ValidRequest``s: nothing is
+checked again here.
 """
 
 from __future__ import annotations
@@ -90,10 +61,8 @@ Float32Array = NDArray[np.float32]
 
 @dataclass(frozen=True, slots=True)
 class DecisionOutput:
-    """One portfolio's answer, every vector in request order with cash first.
-
-    ``current_weights`` is the base the decision used: the sent weights, or the implied ones.
-    """
+    """One portfolio's answer, in request order, cash first; ``current_weights`` is the base
+    the decision used (sent or implied)."""
 
     asset_ids: tuple[str, ...]
     raw_weights: Float64Array
@@ -105,8 +74,8 @@ class DecisionOutput:
 
 @dataclass(frozen=True, slots=True)
 class _PolicyOutput:
-    """What the policy decided for a batch: float64 raw weights per slot, the action, and the
-    flat raw observations the ICM reads (valid on the ``icm_ready`` rows)."""
+    """Raw weights per slot, the action, and the flat observations the ICM reads (on the
+    ``icm_ready`` rows)."""
 
     raw: Float64Array
     action: Float32Array
@@ -115,7 +84,6 @@ class _PolicyOutput:
 
 
 def _flat_policy(model: LoadedModel, rows: SlotBatch) -> _PolicyOutput:
-    """The flat graph maps the raw observation to its action and weights."""
     fs = model.manifest.feature_spec
     spec = FeatureSpec(max_assets=fs.max_assets, window=fs.window, clip=fs.clip)
     observations = build_raw_observation(rows.prices, rows.current, rows.mask, spec)
@@ -125,11 +93,7 @@ def _flat_policy(model: LoadedModel, rows: SlotBatch) -> _PolicyOutput:
 
 
 def _shared_policy(model: LoadedModel, policy: SetPolicy, rows: SlotBatch) -> _PolicyOutput:
-    """Raw features -> the shared graph's action -> the tilt of the anchor, in numpy.
-
-    The ICM's flat observation is the first ``max_assets`` slots of the raw features, weights
-    and mask, usable for the rows laid out within those slots.
-    """
+    """The ICM's observation is the first ``max_assets`` slots, for rows that fit them."""
     features = asset_features(rows.prices, rows.mask, policy.features)
     action = model.run_sets(features, rows.current, rows.mask)
     anchor = anchor_weights(rows.prices, rows.mask, policy.anchor)
@@ -146,8 +110,7 @@ def _shared_policy(model: LoadedModel, policy: SetPolicy, rows: SlotBatch) -> _P
 
 
 def _smooth(rows: SlotBatch, raw: Float64Array, beta: float) -> Float64Array:
-    """The executed weights: EMA from the previous smoothed weights; a new portfolio's are
-    its raw weights (``ema_smooth`` without a previous)."""
+    """EMA from the previous smoothed weights; a new portfolio's are its raw weights."""
     has_previous = rows.has_previous
     if has_previous.all():
         return ema_smooth(rows.previous, raw, rows.mask, beta)
@@ -164,8 +127,7 @@ def _smooth(rows: SlotBatch, raw: Float64Array, beta: float) -> Float64Array:
 def _icm_rewards(
     model: LoadedModel, rows: SlotBatch, decided: _PolicyOutput, batch: int
 ) -> list[float | None]:
-    """``icm(previous observation, previous action, this observation, mask)`` per row that
-    has those inputs; ``None`` elsewhere and where the graph answers a non-finite value."""
+    """Per row with the inputs; ``None`` elsewhere and for a non-finite value."""
     icm: list[float | None] = [None] * batch
     use = [j for j, i in enumerate(rows.icm_rows) if decided.icm_ready[i]]
     if not use:
@@ -185,10 +147,8 @@ def _icm_rewards(
 
 @dataclass(frozen=True, slots=True)
 class Decisions:
-    """A batch's answers per row (``outputs``, ``states``) and as whole arrays, for whoever
-    encodes them in bulk: ``raw``, ``smoothed`` and ``current`` in request order, cash first,
-    row i's first ``sizes[i]`` entries being its own (the rest repeat cash: padding);
-    read-only, the outputs' vectors are row views of them."""
+    """A batch's answers per row and as whole read-only arrays in request order, cash first;
+    row i's first ``sizes[i]`` entries are its own (the rest is padding)."""
 
     outputs: list[DecisionOutput]
     states: list[PortfolioState]
@@ -203,12 +163,7 @@ def decide_batch(
     requests: Sequence[ValidRequest],
     states: Sequence[PortfolioState | None],
 ) -> list[tuple[DecisionOutput, PortfolioState]]:
-    """Decide for every request with one model call; ``states[i]`` is request i's previous state.
-
-    Returns each request's answer and its new state, in request order. Pure: nothing is stored;
-    ``serving.step`` persists the new states under the portfolios' locks. The requests were
-    checked against this model's shape by ``serving.validation``; nothing is checked again.
-    """
+    """Each request's answer and new state with one model call; pure, nothing is stored."""
     decided = decide_many(model, requests, states)
     return list(zip(decided.outputs, decided.states, strict=True))
 
@@ -218,7 +173,6 @@ def decide_many(
     requests: Sequence[ValidRequest],
     states: Sequence[PortfolioState | None],
 ) -> Decisions:
-    """``decide_batch``, with the batch's arrays kept whole (``Decisions``)."""
     batch = len(requests)
     if len(states) != batch:
         raise ValueError(f"{batch} requests but {len(states)} states")
@@ -281,5 +235,4 @@ def decide_many(
 def decide(
     model: LoadedModel, request: ValidRequest, state: PortfolioState | None
 ) -> tuple[DecisionOutput, PortfolioState]:
-    """``decide_batch`` for one portfolio."""
     return decide_batch(model, (request,), (state,))[0]

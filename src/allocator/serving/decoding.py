@@ -1,26 +1,13 @@
 """Requests whose bytes are not a message: INVALID_ARGUMENT naming the method, never INTERNAL.
 
-grpcio decodes a request with its handler's ``request_deserializer`` before any servicer code
-runs. When that raises (``ff``, a truncated field, a string field that is not UTF-8), grpcio
-answers ``INTERNAL: Exception deserializing request!``, logs a traceback, and the call reaches
-neither the handler nor the request metrics. Any client can send any bytes, so that is the
-client's error to fix, and the server must say so.
-
-``DecodeGuardInterceptor`` hands grpcio, for every method of every service (health and
-reflection included), a handler that decodes the bytes with the method's own deserializer
-inside the call. A failure aborts the call with INVALID_ARGUMENT, ``request: ...``
-naming the method and the message type; it is reported to ``on_undecodable`` (the server counts
-it in its request metrics) and logged as one line, without a traceback. The servicers see
-decoded messages exactly as before, and the generated code stays as ``make proto`` writes it.
-
-It runs on the server's event loop (``grpc.aio``): the method's deserializer is wrapped so that
-it never raises, and the handler refuses what it returned in place of a message.
-
-Inside a client stream each message is framed on its own, so one undecodable message need not
-end the call: for the methods named ``per_message`` (``AllocateStream``) the handler's request
-iterator yields an ``Undecodable`` in that message's place, and the handler answers it with
-an error reply of its own while the stream goes on. Other streaming methods (reflection) end
-with INVALID_ARGUMENT as unary calls do.
+grpcio decodes a request before any servicer code runs; when that raises it answers
+``INTERNAL: Exception deserializing request!`` and the call reaches neither the handler nor the
+metrics. Any client can send any bytes, so the server must say it is the client's error.
+``DecodeGuardInterceptor`` hands grpcio, for every method, a handler whose deserializer never
+raises (an ``Undecodable`` in place of the message) and which refuses that with
+INVALID_ARGUMENT, one log line and no traceback. Inside a client stream (``per_message``,
+``AllocateStream``) an undecodable message reaches the handler as an ``Undecodable`` item, which
+gets an error reply of its own while the stream goes on.
 """
 
 from __future__ import annotations
@@ -41,33 +28,23 @@ __all__ = ["DecodeGuardInterceptor", "Undecodable", "UndecodableHandler"]
 log = logging.getLogger("allocator.serving")
 
 UndecodableHandler = Callable[[str, float], None]
-"""Told the full method name (``/allocator.v1.Allocator/Allocate``) of each refused call and the
-seconds spent on it."""
+"""Told the full method name of each refused call and the seconds spent on it."""
 
 Deserializer = Callable[[bytes], Any]
 
 
 @dataclass(frozen=True, slots=True)
 class Undecodable:
-    """A request (or stream message) that did not decode, in its place (``per_message``).
-
-    ``message`` is what a unary call is refused with, ``request: ...``; ``seconds`` the time
-    spent on it.
-    """
+    """A request or stream message that did not decode, in its place, and the refusal."""
 
     message: str
     seconds: float = 0.0
 
 
 class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
-    """Decode requests inside the call, refusing undecodable bytes with INVALID_ARGUMENT.
-
-    It must come after interceptors that refuse calls without reading them (the token check),
-    so a call without a token is UNAUTHENTICATED whatever its bytes. A method's guarded handler
-    is built once and reused while the service keeps the same handler. ``per_message``: full
-    names of client-streaming methods whose handlers take ``Undecodable`` items (they count
-    them; ``on_undecodable`` is not told).
-    """
+    """Decode requests inside the call; place it after the token check, so a call without a
+    token is UNAUTHENTICATED whatever its bytes. ``per_message``: full names of streaming
+    methods whose handlers take (and count) ``Undecodable`` items."""
 
     def __init__(
         self,
@@ -93,8 +70,6 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
         return guarded
 
     def _guard(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        """The handler with a deserializer that never raises (an ``Undecodable`` in place of
-        what does not decode) and a behavior that refuses an ``Undecodable`` request."""
         deserialize: Deserializer = handler.request_deserializer
         type_name = _type_name(deserialize)
 
@@ -124,10 +99,11 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
                 return request
             return checked(request, context)
 
-        kind = _kind(handler)
+        streaming = (handler.request_streaming, handler.response_streaming)
+        kind = "_".join("stream" if s else "unary" for s in streaming)
         behavior = getattr(handler, kind)
 
-        async def unary(request: Any, context: Context) -> Any:
+        async def awaited(request: Any, context: Context) -> Any:  # a unary answer, or writes
             if isinstance(request, Undecodable):
                 await refuse(request, context)
             return await behavior(request_of(request, context), context)
@@ -138,17 +114,7 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
             async for response in behavior(request_of(request, context), context):
                 yield response
 
-        async def written(request: Any, context: Context) -> None:  # responses via context.write
-            if isinstance(request, Undecodable):
-                await refuse(request, context)
-            await behavior(request_of(request, context), context)
-
-        if not handler.response_streaming:
-            wrapped: Any = unary
-        elif inspect.isasyncgenfunction(behavior):
-            wrapped = streamed
-        else:
-            wrapped = written
+        wrapped = streamed if inspect.isasyncgenfunction(behavior) else awaited
         make = getattr(grpc, f"{kind}_rpc_method_handler")
         guarded: grpc.RpcMethodHandler = make(
             wrapped, request_deserializer=decode, response_serializer=handler.response_serializer
@@ -156,15 +122,7 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
         return guarded
 
 
-def _kind(handler: grpc.RpcMethodHandler) -> str:
-    """``unary_unary``, ``unary_stream``, ``stream_unary`` or ``stream_stream``."""
-    request = "stream" if handler.request_streaming else "unary"
-    response = "stream" if handler.response_streaming else "unary"
-    return f"{request}_{response}"
-
-
 def _refusal(method: str, type_name: str, raw: bytes, exc: Exception) -> str:
-    """The client's message for undecodable bytes, logged as one line (no traceback)."""
     reason = _reason(exc)
     log.warning("%s: refused %d bytes, not a valid %s (%s)", method, len(raw), type_name, reason)
     return (
@@ -174,8 +132,7 @@ def _refusal(method: str, type_name: str, raw: bytes, exc: Exception) -> str:
 
 
 def _type_name(deserialize: Deserializer) -> str:
-    """``allocator.v1.AllocateRequest`` for ``AllocateRequest.FromString``; else the callable's
-    name (a deserializer that is not a message class's)."""
+    """The message's full name for ``AllocateRequest.FromString``, else the callable's name."""
     owner = getattr(deserialize, "__self__", None)
     descriptor = getattr(owner, "DESCRIPTOR", None)
     full_name = getattr(descriptor, "full_name", None)

@@ -1,10 +1,8 @@
 """The serving leg of ``allocator demo``: serve the exported demo model, ask it, stop it.
 
-Starts the real gRPC server (SQLite recording, port chosen by the OS), replays the last
-``steps`` market days of the embedded S&P 500 data for one portfolio through the Python client
-(so the server's smoothing state carries from one day to the next), prints the final
-allocation and the client-measured latency, then stops the server the way SIGTERM does and
-counts the recorded decisions.
+Replays the last ``steps`` market days for one portfolio through the real server and client
+(so the smoothing state carries over), prints the last allocation and the latency, stops the
+server as SIGTERM does and counts the recorded decisions.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ from allocator.serving.server import AllocationServer, ServerConfig, build_serve
 
 
 def local_server(registry: Path, out_dir: Path, db_name: str, spool: str) -> AllocationServer:
-    """A started server on an OS-chosen port, recording to a migrated SQLite file in
-    ``out_dir``: what the demo's serving and paper-trading legs each ask."""
+    """A started server on an OS-chosen port, recording to a migrated SQLite file in ``out_dir``."""
     url = f"sqlite:///{out_dir / db_name}"
     upgrade(url)
     config = ServerConfig(
@@ -46,11 +43,8 @@ def serve_demo(
     steps: int = 300,
     echo: Callable[[str], None] = print,
 ) -> dict[str, float]:
-    """Serve ``registry``, send ``steps`` daily allocations for the first assets, stop.
-
-    ``prices`` is ``(dates, assets)``; assets with a gap in the used span are skipped.
-    Returns the latency figures and counts it printed.
-    """
+    """``prices``: ``(dates, assets)``, assets with a gap in the span skipped; returns the
+    figures it printed."""
     db = out_dir / "trades.db"
     server = local_server(registry, out_dir, db.name, "spool")
     model = server.registry.snapshot.default

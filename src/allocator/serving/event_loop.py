@@ -1,9 +1,5 @@
-"""The server's one event loop, on a thread of its own.
-
-Every call a server process answers runs on this loop (``grpc.aio``): handlers, the decision
-batcher, the wait for the recorder's acknowledgements. It runs on its own thread so that the
-process's main thread stays free for what must happen there (signals, ``serving.stop_signals``)
-and so that tests and the demos can start and stop a server from ordinary synchronous code.
+"""The server's one event loop (``grpc.aio``), on a thread of its own, so the main thread stays
+free for signals and tests and demos can drive a server from synchronous code.
 """
 
 from __future__ import annotations
@@ -31,11 +27,10 @@ class EventLoopThread:
         self.loop.run_forever()
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coroutine`` on the loop and return its result (from any other thread)."""
+        """Run ``coroutine`` on the loop from any other thread; its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def close(self) -> None:
-        """Stop the loop, cancel what still runs on it, and end the thread."""
         if self.loop.is_closed():
             return
         if self._thread.is_alive():

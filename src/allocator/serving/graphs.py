@@ -1,11 +1,10 @@
 """What an exported graph must look like before it may serve: names, types, shapes, a probe run.
 
-Two kinds of policy graph exist. The flat (``mlp``) graph takes one fixed-width observation and
-returns the action and the weights, every tensor ``[batch, width]``. The shared graph takes a
-set of assets of any size N: ``asset_features [batch, N, F]``, ``weights`` and ``mask``
-``[batch, N + 1]``, and returns the ``action [batch, N + 1]``. A graph whose asset axis was
-frozen at export would serve only one universe size, so both the declared shapes and a probe
-run at two sizes are checked: a server must refuse such a graph at load, not on a request.
+The flat (``mlp``) graph maps ``[batch, width]`` tensors to ``[batch, width]`` tensors. The
+shared graph takes a set of N assets, ``asset_features [batch, N, F]``, ``weights`` and ``mask``
+``[batch, N + 1]``, and returns ``action [batch, N + 1]``. A graph whose asset axis was frozen
+at export would serve one universe size only, so the declared shapes are checked and the graph
+is probed at two sizes: a server refuses such a graph at load, not on a request.
 """
 
 from __future__ import annotations
@@ -29,12 +28,10 @@ from allocator.registry.layout import (
 __all__ = [
     "PROBE_SIZES",
     "Signature",
-    "check_shared_signature",
-    "check_signature",
+    "check_flat",
+    "check_shared",
     "icm_signature",
     "model_signature",
-    "probe",
-    "probe_shared",
 ]
 
 FLOAT = "tensor(float)"
@@ -51,7 +48,6 @@ class Signature:
 
 
 def model_signature(obs_dim: int, n_slots: int) -> Signature:
-    """The flat policy graph: raw observation and mask in, action and weights out."""
     return Signature(
         inputs=dict(zip(POLICY_INPUTS, (obs_dim, n_slots), strict=True)),
         outputs=dict(zip(POLICY_OUTPUTS, (n_slots, n_slots), strict=True)),
@@ -59,23 +55,26 @@ def model_signature(obs_dim: int, n_slots: int) -> Signature:
 
 
 def icm_signature(obs_dim: int, n_slots: int) -> Signature:
-    """The curiosity graph: two flat observations, the action between them, the mask."""
     return Signature(
         inputs=dict(zip(ICM_INPUTS, (obs_dim, n_slots, obs_dim, n_slots), strict=True)),
         outputs={ICM_OUTPUT: 1},
     )
 
 
-def _check_names(
-    path: Path, inputs: set[str], outputs: set[str], want_in: set[str], want_out: set[str]
-) -> None:
-    if inputs != want_in:
+def _args(
+    path: Path, session: Any, want_in: set[str], want_out: set[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The graph's inputs and outputs by name, refused unless they are the expected ones."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = {o.name: o for o in session.get_outputs()}
+    if set(inputs) != want_in:
         raise ModelLoadError(f"{path}: graph inputs {sorted(inputs)}, expected {sorted(want_in)}")
-    missing = sorted(want_out - outputs)
+    missing = sorted(want_out - set(outputs))
     if missing:
         raise ModelLoadError(
             f"{path}: graph outputs {sorted(outputs)} lack {missing} (expected {sorted(want_out)})"
         )
+    return inputs, outputs
 
 
 def _check_arg(path: Path, kind: str, arg: Any, rank: int) -> list[Any]:
@@ -95,11 +94,27 @@ def _check_arg(path: Path, kind: str, arg: Any, rank: int) -> list[Any]:
     return shape
 
 
-def check_signature(path: Path, session: Any, expected: Signature) -> None:
-    """Names, float32 type, dynamic batch and widths of a flat graph against the feature spec."""
-    inputs = {i.name: i for i in session.get_inputs()}
-    outputs = {o.name: o for o in session.get_outputs()}
-    _check_names(path, set(inputs), set(outputs), set(expected.inputs), set(expected.outputs))
+def _probe(
+    path: Path, session: Any, feeds: dict[str, Any], want: dict[str, tuple[int, int]]
+) -> list[Any]:
+    """Run the graph on ``feeds``: output shapes are real, not declared."""
+    try:
+        values = list(session.run(list(want), feeds))
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: a probe batch failed to run: {exc}") from exc
+    for (name, shape), value in zip(want.items(), values, strict=True):
+        if tuple(np.shape(value)) != shape:
+            raise ModelLoadError(
+                f"{path}: output {name!r} has shape {tuple(np.shape(value))} for a batch of "
+                f"{shape[0]}, expected {shape}"
+            )
+    return values
+
+
+def check_flat(path: Path, session: Any, expected: Signature) -> None:
+    """Names, float32, dynamic batch and widths against the feature spec, then a probe of two
+    neutral rows."""
+    inputs, outputs = _args(path, session, set(expected.inputs), set(expected.outputs))
     for kind, args, widths in (
         ("input", inputs, expected.inputs),
         ("output", outputs, expected.outputs),
@@ -112,16 +127,18 @@ def check_signature(path: Path, session: Any, expected: Signature) -> None:
                     f"{path}: {kind} {name!r} has shape {shape}, the manifest's feature spec "
                     f"needs [batch, {width}]"
                 )
+    feeds = {
+        name: (np.ones if name == "mask" else np.zeros)((2, width), np.float32)
+        for name, width in expected.inputs.items()
+    }
+    _probe(path, session, feeds, {name: (2, w) for name, w in expected.outputs.items()})
 
 
-def check_shared_signature(path: Path, session: Any, n_features: int) -> None:
-    """A shared graph: ``F`` fixed at the manifest's feature count, the asset axis dynamic."""
-    inputs = {i.name: i for i in session.get_inputs()}
-    outputs = {o.name: o for o in session.get_outputs()}
-    _check_names(
-        path, set(inputs), set(outputs), set(SHARED_POLICY_INPUTS), set(SHARED_POLICY_OUTPUTS)
-    )
-    features_name = SHARED_POLICY_INPUTS[0]
+def check_shared(path: Path, session: Any, n_features: int) -> None:
+    """``F`` fixed at the manifest's feature count, the asset axis dynamic; then a probe at each
+    of ``PROBE_SIZES`` assets, whose outputs must be finite."""
+    inputs, outputs = _args(path, session, set(SHARED_POLICY_INPUTS), set(SHARED_POLICY_OUTPUTS))
+    features_name, weights_name, mask_name = SHARED_POLICY_INPUTS
     shape = _check_arg(path, "input", inputs[features_name], 3)
     if shape[2] != n_features:
         raise ModelLoadError(
@@ -143,46 +160,13 @@ def check_shared_signature(path: Path, session: Any, n_features: int) -> None:
                 f"{path}: {kind} {name!r} has a fixed slot axis {slot_axis}; a shared policy "
                 "must be exported with a dynamic number of assets"
             )
-
-
-def _run(path: Path, session: Any, names: list[str], feeds: dict[str, Any]) -> list[Any]:
-    try:
-        return list(session.run(names, feeds))
-    except Exception as exc:
-        raise ModelLoadError(f"{path}: a probe batch failed to run: {exc}") from exc
-
-
-def _check_probe_shape(path: Path, name: str, value: Any, want: tuple[int, ...]) -> None:
-    if tuple(np.shape(value)) != want:
-        raise ModelLoadError(
-            f"{path}: output {name!r} has shape {tuple(np.shape(value))} for a batch of "
-            f"{want[0]}, expected {want}"
-        )
-
-
-def probe(path: Path, session: Any, expected: Signature) -> None:
-    """Run a flat graph on a batch of two neutral rows: output shapes are real, not declared."""
-    feeds = {}
-    for name, width in expected.inputs.items():
-        feeds[name] = (
-            np.ones((2, width), np.float32) if name == "mask" else np.zeros((2, width), np.float32)
-        )
-    names = list(expected.outputs)
-    for name, value in zip(names, _run(path, session, names, feeds), strict=True):
-        _check_probe_shape(path, name, value, (2, expected.outputs[name]))
-
-
-def probe_shared(path: Path, session: Any, n_features: int) -> None:
-    """Run a shared graph on two rows at each of ``PROBE_SIZES`` assets: finite, right shape."""
-    features_name, weights_name, mask_name = SHARED_POLICY_INPUTS
-    names = list(SHARED_POLICY_OUTPUTS)
     for n in PROBE_SIZES:
         feeds = {
             features_name: np.zeros((2, n, n_features), np.float32),
             weights_name: np.full((2, n + 1), 1.0 / (n + 1), np.float32),
             mask_name: np.ones((2, n + 1), np.float32),
         }
-        for name, value in zip(names, _run(path, session, names, feeds), strict=True):
-            _check_probe_shape(path, name, value, (2, n + 1))
+        want = {name: (2, n + 1) for name in SHARED_POLICY_OUTPUTS}
+        for name, value in zip(want, _probe(path, session, feeds, want), strict=True):
             if not np.all(np.isfinite(value)):
                 raise ModelLoadError(f"{path}: output {name!r} is not finite on a probe batch")

@@ -1,19 +1,11 @@
 """What makes a retry the same request, and the request ids a process remembers.
 
-A client that lost an answer (timeout, dropped connection) resends the same request with the
-same ``request_id``. Deciding it again would step the portfolio's smoothing a second time and
-record a second decision. The answer to a portfolio's latest request therefore travels with its
-smoothing state (``PortfolioState.last``), in the same store and under the same lock: a retry is
-answered from it on any replica, and after a restart. Memory grows with portfolios, not with
-requests.
-
-Only the *latest* answer of a portfolio is kept. A request id that was answered but is no
-longer its portfolio's latest cannot be answered again; ``RecentRequests`` (per process,
-bounded) remembers the ids it saw lately so such a request, and an id reused for another
-portfolio or with other inputs, is refused rather than decided twice. An id older than that
-memory, and not the latest of its portfolio, is not recognised: it is decided as a new request
-(and the database, unique on the request id, keeps the first row). Clients retry their latest
-request with its id, and use a fresh id for every new one.
+Deciding a resent request again would step the portfolio's smoothing twice and record twice,
+so a portfolio's latest answer travels with its state (``PortfolioState.last``), under the same
+lock: a retry is answered from it on any replica and after a restart. Only the latest is kept;
+``RecentRequests`` (per process, bounded) remembers recent ids so that an older one, or an id
+reused for another portfolio or other inputs, is refused rather than decided twice. An id
+older than that memory is decided as new (the database keeps the first row).
 """
 
 from __future__ import annotations
@@ -50,26 +42,19 @@ def _ids_part(asset_ids: tuple[str, ...]) -> bytes:
 
 
 def _float64_le(values: NDArray[np.float64]) -> bytes | memoryview:
-    """The array's little-endian float64 bytes, without a copy when it already is that."""
     if _LITTLE and values.dtype == np.float64 and values.flags.c_contiguous:
         return values.data
     return np.ascontiguousarray(values, dtype="<f8").tobytes()
 
 
 def request_fingerprint(r: ValidRequest) -> bytes:
-    """A stable digest of a request's inputs (assets, prices, current weights, model pin).
-
-    Not only the id decides a retry: an answer for other assets, returned under a reused id,
-    would be applied to the wrong assets. blake2b rather than ``hash()``, which differs from
-    process to process, so a replica or a restarted server computes the same digest. Every
-    variable-length part is length-prefixed, so no two inputs share an encoding.
-    """
+    """A digest of a request's inputs, so a reused id with other inputs is not answered as a
+    retry: blake2b (the same in every process), every variable part length-prefixed."""
     return request_fingerprints((r,))[0]
 
 
 def request_fingerprints(requests: Sequence[ValidRequest]) -> list[bytes]:
-    """``request_fingerprint`` of each request; the encoding of an asset list or a model pin
-    shared by many requests of a batch is made once, and the arrays are hashed in place."""
+    """Each shared asset list or pin encoded once; the arrays hashed in place."""
     ids_parts: dict[tuple[str, ...], bytes] = {}
     pin_parts: dict[tuple[str | None, str | None], bytes] = {}
     out: list[bytes] = []
@@ -102,8 +87,7 @@ def _reused(r: ValidRequest) -> InvalidRequest:
 
 
 def check_last(r: ValidRequest, fingerprint: bytes, last: LastAnswer | None) -> bytes | None:
-    """The serialized answer if ``r`` retries its portfolio's ``last`` request, else None;
-    the same id with other inputs raises ``InvalidRequest`` naming ``request_id``."""
+    """The stored answer if ``r`` retries ``last``, else None; ``InvalidRequest`` if reused."""
     if last is None or last.request_id != r.request_id:
         return None
     if last.fingerprint != fingerprint:
@@ -112,9 +96,8 @@ def check_last(r: ValidRequest, fingerprint: bytes, last: LastAnswer | None) -> 
 
 
 class RecentRequests:
-    """The last ``capacity`` request ids this process decided: portfolio and fingerprint only
-    (about 0.3 kB each, no answers), to refuse an id reused for another portfolio, reused with
-    other inputs, or retried after a later request of its portfolio replaced its answer."""
+    """The last ``capacity`` request ids decided here: portfolio and fingerprint only (no
+    answers)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -122,8 +105,8 @@ class RecentRequests:
         self._items: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
 
     def check(self, r: ValidRequest, fingerprint: bytes) -> None:
-        """Raise ``InvalidRequest`` if ``r.request_id`` was decided here for something else,
-        or for this request but is no longer its portfolio's latest (checked after the state)."""
+        """Raise ``InvalidRequest`` if the id was decided here for something else, or is no
+        longer its portfolio's latest (checked after the state)."""
         with self._lock:
             seen = self._items.get(r.request_id)
         if seen is None:

@@ -1,19 +1,11 @@
 """Load exported models from the registry and run them with onnxruntime.
 
-A version directory (``allocator.registry.layout``; which directories are versions:
-``allocator.registry.versions``) holds ``model.onnx``, optionally ``icm.onnx``, and
-``manifest.json`` whose ``files`` lists both with their sha256. Serving trusts nothing it has
-not verified: the manifest's schema version, every listed file's checksum, and the graph's
-input/output signature against the manifest (``serving.graphs``).
-
-Two policy kinds are served. A flat (``mlp``) policy's graph maps a fixed ``max_assets``-slot
-observation to its action and weights. A shared policy's graph maps a set of any number of
-assets (raw per-asset features, weights, mask) to its action; the anchor and the tilt that turn
-that action into weights are computed by the server in numpy (``SetPolicy``), with the very
-``portfolio`` functions the training environment used.
-
-House rule: this module reads ONNX and JSON only. It never imports torch and never unpickles
-(a training run's ``model.zip`` is refused, unopened).
+Serving trusts nothing it has not verified: the manifest's schema version, every listed file's
+sha256, and each graph's signature and a probe run (``serving.graphs``). A flat (``mlp``)
+policy's graph maps a fixed-width observation to its weights; a shared policy's graph maps a
+set of any number of assets to an action, which the server turns into weights in numpy
+(``SetPolicy``) with the environment's own ``portfolio`` functions. House rule: ONNX and JSON
+only; never torch, never unpickling (a training run's ``model.zip`` is refused unopened).
 """
 
 from __future__ import annotations
@@ -52,14 +44,7 @@ from allocator.registry.layout import (
     SHARED_POLICY_OUTPUTS,
 )
 from allocator.registry.versions import resolve
-from allocator.serving.graphs import (
-    check_shared_signature,
-    check_signature,
-    icm_signature,
-    model_signature,
-    probe,
-    probe_shared,
-)
+from allocator.serving.graphs import check_flat, check_shared, icm_signature, model_signature
 from allocator.serving.providers import CPU, CUDA, cuda_usable, ort
 
 logger = logging.getLogger("allocator.serving")
@@ -68,22 +53,16 @@ SHARED_POLICY = "shared"
 ASSET_FEATURES = "asset_v1"
 
 ALLOWED_SUFFIXES = frozenset({".onnx", ".json"})
-"""What a manifest of an exported model may list: everything else is refused unopened."""
 PICKLE_SUFFIXES = frozenset(
     {".zip", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npz", ".npy"}
 )
-"""Files that are (or may hold) pickles: their presence means this is not an exported model."""
 
 Float32Array = NDArray[np.float32]
 
 
 @dataclass(frozen=True)
 class SetPolicy:
-    """How a shared policy is served: its feature set, its anchor and tilt, its asset limit.
-
-    ``prices_per_asset`` is what every request must carry per asset: enough closes for the
-    features and for the anchor, the same history the environment gave each decision.
-    """
+    """How a shared policy is served: its feature set, its anchor and tilt, its asset limit."""
 
     features: AssetFeatureSpec
     anchor: AnchorSpec
@@ -96,7 +75,6 @@ class SetPolicy:
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> SetPolicy:
-        """The manifest's settings, or ``ModelLoadError`` saying which one is missing."""
         fs = manifest.feature_spec
         if fs.kind != ASSET_FEATURES:
             raise ModelLoadError(
@@ -122,10 +100,7 @@ class SetPolicy:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A verified exported model with its onnxruntime session(s), ready to serve batches.
-
-    ``set_policy`` is ``None`` for a flat policy, whose graph also maps actions to weights.
-    """
+    """A verified exported model and its sessions; ``set_policy`` ``None``: a flat policy."""
 
     name: str
     version: str
@@ -148,12 +123,12 @@ class LoadedModel:
 
     @property
     def obs_dim(self) -> int:
-        """Width of the flat raw observation (the flat policy's and every ICM's input)."""
+        """Width of the flat raw observation (the flat policy's and every ICM's input):
+        M * F asset features + (M + 1) weights + (M + 1) mask."""
         return _obs_dim(self.manifest)
 
     @property
     def max_request_assets(self) -> int:
-        """Most assets one request may carry."""
         return self.max_assets if self.set_policy is None else self.set_policy.max_assets
 
     @property
@@ -166,11 +141,8 @@ class LoadedModel:
     def run(
         self, raw_observations: ArrayLike, masks: ArrayLike
     ) -> tuple[Float32Array, Float32Array]:
-        """Actions and portfolio weights, each ``(batch, max_assets + 1)``, for a batch.
-
-        ``raw_observations`` come from ``portfolio.build_raw_observation``: the graph applies
-        the manifest's normalization itself, so the server never normalizes twice.
-        """
+        """Actions and weights, each ``(batch, max_assets + 1)``, for raw observations (the graph
+        normalizes them itself)."""
         if self.set_policy is not None:
             raise TypeError(f"{self.name} {self.version} is a shared policy: use run_sets")
         obs = _batch(raw_observations, self.obs_dim, "raw_observations")
@@ -182,11 +154,8 @@ class LoadedModel:
     def run_sets(
         self, raw_features: ArrayLike, weights: ArrayLike, masks: ArrayLike
     ) -> Float32Array:
-        """A shared policy's actions ``(batch, N + 1)`` for ``N`` asset rows per portfolio.
-
-        ``raw_features`` ``(batch, N, F)`` come from ``portfolio.asset_features``: the graph
-        normalizes them with the manifest's statistics itself. Masked slots' actions are 0.
-        """
+        """A shared policy's actions ``(batch, N + 1)`` for raw features ``(batch, N, F)`` (the
+        graph normalizes them itself); masked slots' actions are 0."""
         if self.set_policy is None:
             raise TypeError(f"{self.name} {self.version} is a flat policy: use run")
         n_features = self.set_policy.features.n_features
@@ -212,7 +181,7 @@ class LoadedModel:
         observations: ArrayLike,
         masks: ArrayLike,
     ) -> Float32Array:
-        """The ICM's curiosity signal, one value per row (shape ``(batch,)``), for monitoring."""
+        """The ICM's curiosity signal, shape ``(batch,)``, for monitoring."""
         if self.icm_session is None:
             raise ModelLoadError(
                 f"{self.directory / ICM_FILE}: this model was exported without an ICM"
@@ -230,7 +199,6 @@ class LoadedModel:
 
 
 def _batch(values: ArrayLike, width: int, what: str) -> Float32Array:
-    """A C-contiguous float32 ``(batch, width)`` array, or a ValueError saying what is wrong."""
     a = np.ascontiguousarray(values, dtype=np.float32)
     if a.ndim != 2 or a.shape[1] != width:
         raise ValueError(f"{what} must have shape (batch, {width}), got {a.shape}")
@@ -246,13 +214,11 @@ def _same_batch(*arrays: Float32Array) -> None:
 
 
 def _obs_dim(manifest: Manifest) -> int:
-    """The flat raw observation width: M * F asset features + (M + 1) weights + (M + 1) mask."""
     m = manifest.feature_spec.max_assets
     return m * manifest.feature_spec.n_features + 2 * (m + 1)
 
 
 def _check_listing(directory: Path, manifest: Manifest) -> None:
-    """Refuse, before opening anything, directories that are not exported models."""
     manifest_path = directory / MANIFEST_FILE
     for name in manifest.files:
         if Path(name).name != name or name in {"", ".", ".."}:
@@ -287,35 +253,16 @@ def _check_listing(directory: Path, manifest: Manifest) -> None:
         )
 
 
-def _read_verified(path: Path, expected_sha256: str) -> bytes:
-    """The file's bytes, hashed again as read so the session gets exactly what was verified."""
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != expected_sha256:
-        raise ModelLoadError(
-            f"{path}: sha256 changed while loading (altered during load?)", CHECKSUM_MISMATCH
-        )
-    return data
-
-
-def _providers(prefer_cuda: bool) -> list[str]:
-    if prefer_cuda and cuda_usable():
-        return [CUDA, CPU]
-    return [CPU]
-
-
 NO_SPINNING = {
     "session.intra_op.allow_spinning": "0",
     "session.inter_op.allow_spinning": "0",
 }
-"""Session config entries that stop any onnxruntime pool thread busy-waiting between runs (a
-spinning intra-op thread kept a whole core busy at 150 requests/s)."""
+"""No onnxruntime pool thread busy-waits between runs (a spinning one kept a core busy)."""
 
 
 def session_options() -> Any:
-    """The options every serving session gets: runs on the calling thread (one intra-op
-    thread), and no pool thread that spins. A policy network answers a batch in microseconds
-    to a millisecond: handing that to a pool thread costs a wake-up per call (about 0.4 ms of
-    a concurrency-1 call on 2 cores) and buys no speed, and the other core is the recorder's."""
+    """One intra-op thread, run on the caller's: a batch takes microseconds, and handing it to
+    a pool thread costs a wake-up per call (about 0.4 ms) for no speed."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     for key, value in NO_SPINNING.items():
@@ -323,33 +270,23 @@ def session_options() -> Any:
     return options
 
 
-def _make_session(path: Path, data: bytes, prefer_cuda: bool) -> Any:
-    """An InferenceSession, CUDA first when wanted and usable here, CPU when CUDA cannot start.
-
-    Usable means the CUDA provider's libraries load and the driver sees a GPU
-    (``serving.providers``); even then ``session.get_providers()[0]`` is what really runs.
-    """
-    providers = _providers(prefer_cuda)
-    try:
-        return ort.InferenceSession(data, session_options(), providers=providers)
-    except Exception as exc:
-        if providers[0] != CUDA:
-            raise ModelLoadError(f"{path}: onnxruntime cannot load it: {exc}") from exc
-        logger.warning("%s: CUDA session failed (%s); retrying on CPU", path, exc)
+def _make_session(path: Path, expected_sha256: str, prefer_cuda: bool) -> Any:
+    """The file hashed again as read (the session gets exactly what was verified), on CUDA first
+    when wanted and usable (``serving.providers``), else or on failure on the CPU."""
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != expected_sha256:
+        raise ModelLoadError(
+            f"{path}: sha256 changed while loading (altered during load?)", CHECKSUM_MISMATCH
+        )
+    if prefer_cuda and cuda_usable():
+        try:
+            return ort.InferenceSession(data, session_options(), providers=[CUDA, CPU])
+        except Exception as exc:
+            logger.warning("%s: CUDA session failed (%s); retrying on CPU", path, exc)
     try:
         return ort.InferenceSession(data, session_options(), providers=[CPU])
     except Exception as exc:
         raise ModelLoadError(f"{path}: onnxruntime cannot load it: {exc}") from exc
-
-
-def _set_policy(directory: Path, manifest: Manifest) -> SetPolicy | None:
-    """A shared policy's serving settings (``None`` for a flat one); refusals name the file."""
-    if manifest.policy.kind != SHARED_POLICY:
-        return None
-    try:
-        return SetPolicy.from_manifest(manifest)
-    except ModelLoadError as exc:
-        raise ModelLoadError(f"{directory / MANIFEST_FILE}: {exc}", exc.reason) from exc
 
 
 def load_model(
@@ -359,10 +296,7 @@ def load_model(
     name: str | None = None,
     version: str | None = None,
 ) -> LoadedModel:
-    """Verify and load ``directory`` (``REGISTRY/NAME/VERSION``); refusals name the file.
-
-    ``name`` and ``version`` default to the directory layout's NAME and VERSION.
-    """
+    """Verify and load ``REGISTRY/NAME/VERSION``; refusals name the file."""
     d = Path(directory)
     if not d.is_dir():
         raise ModelNotFoundError(f"{d}: no such model directory")
@@ -378,35 +312,30 @@ def load_model(
 
     obs_dim = _obs_dim(manifest)
     n_slots = manifest.feature_spec.max_assets + 1
-    set_policy = _set_policy(d, manifest)
+    set_policy = None
+    if manifest.policy.kind == SHARED_POLICY:
+        try:
+            set_policy = SetPolicy.from_manifest(manifest)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{d / MANIFEST_FILE}: {exc}", exc.reason) from exc
 
     model_path = d / MODEL_FILE
-    session = _make_session(
-        model_path, _read_verified(model_path, manifest.files[MODEL_FILE]), prefer_cuda
-    )
+    session = _make_session(model_path, manifest.files[MODEL_FILE], prefer_cuda)
     provider = session.get_providers()[0]
     if set_policy is None:
-        check_signature(model_path, session, model_signature(obs_dim, n_slots))
-        probe(model_path, session, model_signature(obs_dim, n_slots))
+        check_flat(model_path, session, model_signature(obs_dim, n_slots))
     else:
-        check_shared_signature(model_path, session, set_policy.features.n_features)
-        probe_shared(model_path, session, set_policy.features.n_features)
+        check_shared(model_path, session, set_policy.features.n_features)
 
     icm_session = None
     if ICM_FILE in manifest.files:
         icm_path = d / ICM_FILE
-        icm_session = _make_session(
-            icm_path, _read_verified(icm_path, manifest.files[ICM_FILE]), prefer_cuda
-        )
-        check_signature(icm_path, icm_session, icm_signature(obs_dim, n_slots))
-        probe(icm_path, icm_session, icm_signature(obs_dim, n_slots))
+        icm_session = _make_session(icm_path, manifest.files[ICM_FILE], prefer_cuda)
+        check_flat(icm_path, icm_session, icm_signature(obs_dim, n_slots))
 
     if prefer_cuda and cuda_usable() and provider != CUDA:
         logger.warning(
-            "%s: %s looked usable but the session runs on %s",
-            model_path,
-            CUDA,
-            provider,
+            "%s: %s looked usable but the session runs on %s", model_path, CUDA, provider
         )
     model = LoadedModel(
         name=name if name is not None else d.resolve().parent.name,
@@ -437,6 +366,5 @@ def load_from_registry(
     *,
     prefer_cuda: bool = True,
 ) -> LoadedModel:
-    """``load_model(resolve(registry, name, version))``."""
     d = resolve(registry, name, version)
     return load_model(d, prefer_cuda=prefer_cuda, name=name, version=d.name)

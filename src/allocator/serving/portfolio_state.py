@@ -1,20 +1,17 @@
 """A portfolio's serving state: what its next decision needs, and its compact byte form.
 
-A state belongs to a slot layout: ``slots[k]`` is the asset in slot ``k + 1``. A flat policy
-has exactly ``max_assets`` slots; a shared policy's portfolios keep at least the training slots
-and grow past them when a request carries more assets, so ``n_slots`` is the state's own width.
-The byte form is what the Redis store keeps, on the request path: a struct header and raw
-array bytes, no JSON or base64.
-
-A state also carries the portfolio's last answer (``LastAnswer``: its request id, a digest of
-its inputs and the serialized response), so a retry is answered from wherever the state lives,
-under the same lock: another replica, or the same one after a restart.
+``slots[k]`` is the asset in slot ``k + 1``; a flat policy has exactly ``max_assets`` slots, a
+shared policy's portfolios at least the training slots, so ``n_slots`` is the state's own width.
+The state also carries the portfolio's last answer (``LastAnswer``), so a retry is answered
+wherever the state lives, under the same lock. The byte form is what Redis keeps, on the
+request path: a struct header and raw array bytes, no JSON or base64.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -31,11 +28,7 @@ class StateDecodeError(ValueError):
 
 
 class ModelKey(NamedTuple):
-    """The model a state was made under, and the state's slot count (cash included).
-
-    Under a flat policy only ``n_slots`` decides whether a state continues (it must equal the
-    model's); a shared policy continues any state, mapping its assets by id.
-    """
+    """The model a state was made under, and the state's slot count (cash included)."""
 
     name: str
     version: str
@@ -43,11 +36,7 @@ class ModelKey(NamedTuple):
 
 
 class LastAnswer(NamedTuple):
-    """A portfolio's last answer: what a retry of ``request_id`` gets back.
-
-    ``fingerprint`` is ``request_fingerprint`` of the request's inputs (a stable digest, the
-    same in every process); ``response`` the serialized ``AllocateResponse``.
-    """
+    """What a retry of ``request_id`` gets back: ``response``, if its ``fingerprint`` matches."""
 
     request_id: str
     fingerprint: bytes
@@ -55,7 +44,6 @@ class LastAnswer(NamedTuple):
 
 
 FINGERPRINT_BYTES = 16
-"""Size of a request fingerprint (blake2b digest)."""
 
 # Layout of ``PortfolioState.to_bytes``: a fixed 24-byte header (magic, format, flags, slot count,
 # string count, observation width, steps, response length), then the arrays (8-aligned first, so
@@ -74,15 +62,9 @@ _HAS_LAST = 4
 
 @dataclass(frozen=True, eq=False, slots=True)
 class PortfolioState:
-    """What a portfolio's next decision needs; immutable (its arrays are read-only).
-
-    ``slots[k]`` is the asset in slot ``k + 1`` (``""`` when free); ``smoothed`` the executed
-    weights per slot (``n_slots``); ``observation`` and ``action`` the previous decision's raw
-    observation and policy action (the ICM's inputs; ``None`` before the first decision and
-    under a model without ICM, which keeps such states ~10x smaller); ``steps`` the decisions
-    made since the state started; ``last`` the answer to the portfolio's latest request
-    (``None`` for a state that has none, such as one written by an older server).
-    """
+    """Immutable (read-only arrays). ``slots[k]``: the asset in slot ``k + 1`` (``""``: free);
+    ``observation`` and ``action``: the previous decision's, the ICM's inputs (``None`` without
+    an ICM, keeping such states ~10x smaller); ``steps``: decisions since the state started."""
 
     model: ModelKey
     slots: tuple[str, ...]
@@ -108,17 +90,13 @@ class PortfolioState:
     __hash__ = None  # type: ignore[assignment]  # mutable-looking arrays: never a dict key
 
     def with_last(self, last: LastAnswer) -> PortfolioState:
-        """This state carrying ``last``; the constructor directly, once per decision on the
-        request path (``dataclasses.replace`` costs several times more)."""
+        """The constructor directly: ``dataclasses.replace`` costs several times more."""
         return PortfolioState(
             self.model, self.slots, self.smoothed, self.observation, self.action, self.steps, last
         )
 
     def to_bytes(self) -> bytes:
-        """Compact binary form for Redis: a struct header, raw array bytes, then the ids.
-
-        On the request path, so no JSON or base64: about 3 kB for 20 assets and a window of 30.
-        """
+        """About 3 kB for 20 assets and a window of 30."""
         last = self.last
         strings = (self.model.name, self.model.version, *self.slots)
         if last is not None:
@@ -200,11 +178,8 @@ class PortfolioState:
         text = str(view[at + 4 * n_strings :], "utf-8")  # one decode, then slices
         if sum(lengths) != len(text):
             raise StateDecodeError("portfolio state length does not match its header")
-        strings = []
-        at = 0
-        for n in lengths:
-            strings.append(text[at : at + n])
-            at += n
+        ends = list(accumulate(lengths))
+        strings = [text[end - n : end] for end, n in zip(ends, lengths, strict=True)]
         last = None
         if last_bytes is not None:
             last = LastAnswer(strings.pop(), *last_bytes)

@@ -1,9 +1,8 @@
 """Which onnxruntime execution provider can run here: CUDA only where it can really start.
 
-The onnxruntime-gpu wheel lists ``CUDAExecutionProvider`` on every machine. Asked for it where
-the CUDA libraries (libcublasLt, cuDNN) or a GPU are missing, onnxruntime prints red errors on
-stderr and then runs on the CPU anyway. Loading the provider's library and asking the driver for
-a device first answers the same question quietly: once per process, in one plain log line.
+The onnxruntime-gpu wheel lists ``CUDAExecutionProvider`` everywhere; where the CUDA libraries
+or a GPU are missing, asking for it prints red errors and runs on the CPU anyway. Loading the
+provider's library and asking the driver for a device answers quietly, once per process.
 """
 
 from __future__ import annotations
@@ -30,22 +29,12 @@ CUDA_DRIVER = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
 
 
 def cuda_provider_library() -> Path:
-    """The shared library onnxruntime loads for its CUDA provider (beside its own)."""
     name = (
         "onnxruntime_providers_cuda.dll"
         if sys.platform == "win32"
         else "libonnxruntime_providers_cuda.so"
     )
     return Path(ort.__file__).parent / "capi" / name
-
-
-def gpu_count() -> int:
-    """Devices the CUDA driver sees (0 when it cannot initialise); raises OSError without one."""
-    driver = ctypes.CDLL(CUDA_DRIVER)
-    count = ctypes.c_int(0)
-    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
-        return 0
-    return count.value
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -58,15 +47,18 @@ def cuda_unavailable_reason() -> str | None:
     except OSError as exc:
         return str(exc).replace(f"{library}: ", "")
     try:
-        devices = gpu_count()
+        driver = ctypes.CDLL(CUDA_DRIVER)
     except OSError:
         return f"no NVIDIA driver ({CUDA_DRIVER} not found)"
-    return None if devices > 0 else "the CUDA driver sees no GPU"
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) or driver.cuDeviceGetCount(ctypes.byref(count)) or count.value < 1:
+        return "the CUDA driver sees no GPU"
+    return None
 
 
 @cache
 def cuda_usable() -> bool:
-    """Whether to ask onnxruntime for CUDA; when not, say why once, plainly."""
+    """Whether to ask onnxruntime for CUDA; when not, say why once."""
     reason = cuda_unavailable_reason()
     if reason is not None:
         logger.info(

@@ -1,20 +1,12 @@
 """Serving-path backtest: replay a price history decision by decision through the server's code.
 
-Each date is one ``AllocateRequest``, built as a client would build it, and answered by
-``serving.step.DecisionStep``, the very step the server runs (validation, the portfolio's lock,
-slots, observation, one ONNX call, smoothing, an optional recorder, the state write), for one
-portfolio held in a ``MemoryStateStore``. The holdings are tracked like ``PortfolioEnv``: the
-weights sent as "current" are the holdings drifted by the last price moves; trading to the
-smoothed weights costs ``cost_bps`` of the traded value, taken out of NAV; prices then move to
-the next close.
-
-The live set may change: an asset is in the request at date t when its closes on t - window ..
-t + 1 are all finite and positive (a backtest knows its listing calendar: a position must still
-have a price at the next close to be valued). An asset leaving the request is sold at its close
-into cash before the decision; that sale is part of the step's turnover and costs.
-
-This is the reference for the server's parity test (``inputs`` are exactly the requests sent,
-as validated) and for walk-forward backtests. numpy only; ``to_frames`` imports pandas when asked.
+Each date is one ``AllocateRequest``, built as a client would, answered by the server's own
+``DecisionStep`` for one portfolio in a ``MemoryStateStore``. Holdings are tracked like
+``PortfolioEnv``: the "current" weights sent are the holdings drifted by the last price moves,
+trading to the smoothed weights costs ``cost_bps`` of the traded value, then prices move.
+An asset is requested at date t when its closes t - window .. t + 1 are all finite and positive;
+one leaving the request is sold into cash first, a sale counted in the step's turnover and
+costs. The reference for the server's parity test and for walk-forward backtests.
 """
 
 from __future__ import annotations
@@ -43,11 +35,8 @@ Float64Array = NDArray[np.float64]
 
 @dataclass
 class ReplayResult:
-    """Every request sent, every answer, and the portfolio's path (``n`` decisions).
-
-    ``nav`` has ``n + 1`` entries (the start value, then after each decision's next close);
-    ``turnover`` and ``costs`` include the sale of assets that left the request.
-    """
+    """Every request sent, every answer, and the portfolio's path: ``nav`` has ``n + 1`` entries
+    for ``n`` decisions (the start value first)."""
 
     model_name: str
     model_version: str
@@ -77,8 +66,7 @@ class ReplayResult:
         return out
 
     def to_frames(self) -> dict[str, Any]:
-        """pandas DataFrames of the wide weights, and NAV/turnover/costs Series (needs pandas)."""
-        import pandas as pd
+        import pandas as pd  # optional: only this export needs it
 
         columns = [CASH_ID, *self.assets]
         idx = pd.Index(self.decision_dates)
@@ -93,7 +81,7 @@ class ReplayResult:
 
 
 def live_assets(prices: Float64Array, window: int) -> NDArray[np.bool_]:
-    """``(dates, assets)``: True at row t when closes t - window .. t + 1 are finite and > 0."""
+    """True at row t when closes t - window .. t + 1 are finite and > 0."""
     ok = np.isfinite(prices) & (prices > 0.0)
     bad = np.concatenate([np.zeros((1, ok.shape[1]), np.int64), np.cumsum(~ok, axis=0)])
     live = np.zeros(ok.shape, dtype=bool)
@@ -117,7 +105,6 @@ def _row(value: Any, dates: NDArray[Any] | None, what: str, first: bool) -> int:
 def _price_table(
     prices: Any, assets: Sequence[str] | None, dates: Sequence[Any] | ArrayLike | None
 ) -> tuple[Float64Array, tuple[str, ...], Any]:
-    """``(dates x assets)`` closes as float64, the asset ids and the dates (or None)."""
     if hasattr(prices, "columns") and hasattr(prices, "to_numpy"):
         names = tuple(str(c) for c in prices.columns) if assets is None else tuple(assets)
         dates = prices.index if dates is None else dates
@@ -137,7 +124,6 @@ def _price_table(
 
 
 def _decision_rows(n_dates: int, window: int, dates: Any, start: Any, end: Any) -> tuple[int, int]:
-    """Rows ``t0`` (first decision) and ``t1`` (last valuation) of the replay."""
     date_arr = None if dates is None else np.asarray(dates)
     t0 = window if start is None else _row(start, date_arr, "start", first=True)
     t1 = n_dates - 1 if end is None else _row(end, date_arr, "end", first=False)
@@ -149,11 +135,7 @@ def _decision_rows(n_dates: int, window: int, dates: Any, start: Any, end: Any) 
 
 
 class _Book:
-    """The portfolio's holdings and value, accounted like ``PortfolioEnv``.
-
-    ``holdings`` are the drifted weights (cash, then every column); trading to the smoothed
-    weights costs ``rate`` of the traded value, taken out of the value before prices move.
-    """
+    """Drifted weights (cash, then every column) and value, accounted like ``PortfolioEnv``."""
 
     def __init__(self, n_assets: int, value: float, rate: float) -> None:
         self.holdings = np.zeros(1 + n_assets)
@@ -162,11 +144,11 @@ class _Book:
         self.rate = rate
 
     def sell_departed(self, cols: NDArray[np.intp]) -> float:
-        """Sell into cash what is held of assets not in ``cols``; the weight sold."""
+        """Sell into cash what is held outside ``cols``; the weight sold."""
         gone = np.ones(self.holdings.size - 1, dtype=bool)
         gone[cols] = False
         sold = float(self.holdings[1:][gone].sum())
-        if sold > 0.0:  # assets that left the request are sold into cash first
+        if sold > 0.0:
             self.holdings[0] += sold
             self.holdings[1:][gone] = 0.0
         return sold
@@ -174,8 +156,7 @@ class _Book:
     def trade_and_grow(
         self, smoothed: Float64Array, traded: float, cols: NDArray[np.intp], growth: Float64Array
     ) -> float:
-        """Trade to ``smoothed`` (weights of cash and ``cols``), pay the costs, let prices move
-        by ``growth`` (cash first); the cost paid."""
+        """Trade to ``smoothed``, pay the costs, let prices move by ``growth``; the cost paid."""
         cost = self.rate * traded * self.value
         invested = self.value - cost
         grown = smoothed * growth
@@ -194,8 +175,6 @@ def _date_request(
     cols: NDArray[np.intp],
     holdings: Float64Array,
 ) -> pb.AllocateRequest:
-    """Decision k's request as a client sends it: the live assets' ``window + 1`` closes
-    (``closes``, oldest first) flat asset by asset, and the drifted holdings, cash first."""
     return pb.AllocateRequest(
         portfolio_id=portfolio_id,
         request_id=f"{portfolio_id}-{k}",
@@ -219,14 +198,10 @@ def replay(
     recorder: Recorder | None = None,
     portfolio_id: str = "replay",
 ) -> ReplayResult:
-    """Replay ``prices`` (dates x assets, NaN where an asset is not listed) through serving.
-
-    ``prices`` may be a pandas DataFrame (its columns and index give ``assets`` and ``dates``)
-    or an array with ``assets`` (and optionally ``dates``). Decisions run at rows ``start`` ..
-    ``end - 1`` (defaults: the first row with a full window, the last row); ``start``/``end``
-    are row indices or dates (first date >= start, last date <= end). ``cost_bps`` defaults to
-    the manifest's. ``store`` defaults to a fresh ``MemoryStateStore``; ``recorder`` (default
-    none) records every decision as the server would, request ids ``{portfolio_id}-{k}``.
+    """Replay ``prices`` (dates x assets, NaN where unlisted; a DataFrame, or an array with
+    ``assets``) through serving, deciding at rows ``start`` .. ``end - 1`` (row indices or
+    dates; default: the first full window to the last row). ``cost_bps`` defaults to the
+    manifest's; ``recorder`` records every decision, request ids ``{portfolio_id}-{k}``.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model, prefer_cuda=False)
     p, names, row_dates = _price_table(prices, assets, dates)

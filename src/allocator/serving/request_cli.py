@@ -1,8 +1,7 @@
 """The ``allocator request`` command: ask a running server for one portfolio's weights.
 
-Built on ``serving.client`` and, like it, needs grpcio, numpy and click only (no onnxruntime,
-no torch): the prices come from a wide CSV or a synthetic random walk, the model from the
-server's own list (``pick_model`` applies the server's default and newest-version rules).
+Like ``serving.client``, needs no onnxruntime or torch; the prices come from a wide CSV or a
+synthetic random walk, the model from the server's own list.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ def pick_model(models: Sequence[ModelInfo], name: str | None, version: str | Non
 def read_prices_csv(
     path: Path, rows: int, assets: Sequence[str] | None = None
 ) -> tuple[list[str], Float64Array]:
-    """The last ``rows`` closes of a wide CSV (date first, one column per asset), per asset."""
+    """The last ``rows`` closes per asset of a wide CSV (date first, one column per asset)."""
     with path.open(newline="") as handle:
         table = list(csv.reader(handle))
     table = [row for row in table if any(cell.strip() for cell in row)]
@@ -96,7 +95,6 @@ def synthetic_prices(n_assets: int, rows: int, seed: int) -> tuple[list[str], Fl
 
 
 def format_allocation(allocation: Allocation, current: Float64Array | None = None) -> str:
-    """A table a person can read: one row per slot, then the model and the figures."""
     width = max(len("asset"), *(len(a) for a in allocation.asset_ids))
     head = f"{'asset':<{width}}  {'raw':>8}  {'smoothed':>8}"
     if current is not None:

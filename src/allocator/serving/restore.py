@@ -1,21 +1,13 @@
 """Rebuild portfolio states from the recorded decisions, so a restart is invisible to clients.
 
-With the in-memory store a restarted server would start every portfolio again (its first
-smoothed weights equal to its raw ones: a jump). But each decision row holds what the next
-decision needs: the smoothed weights, the slot layout (``decisions.slots``), the model, and
-the answer itself with its request's fingerprint. At start, before the recorder replays its
-spool, the server reads the latest row per portfolio (one query with a window function, on
-SQLite and Postgres alike), lets any later record still in the spool (not yet in the
-database) take its place, and puts the rebuilt states into the store.
-
-Restored per portfolio: the slots, the smoothed weights (exactly: the recorded floats are the
-served ones), the model that made them, the number of recorded decisions as ``steps``, and the
-last answer, so a retry of the latest request is answered again and not decided twice. Not
-restored: the ICM's previous observation and action (the request's prices are not recorded),
-so the first decision after a restart carries no ICM reward, as after a universe change.
-Rows recorded before ``slots`` existed, and decisions accepted but not yet durable when a
-process was killed, cannot be restored: those portfolios start again. A portfolio reset
-(``ResetPortfolio``) is not recorded, so a restart brings its last recorded state back.
+Each decision row holds what the next decision needs: the smoothed weights, the slot layout,
+the model, and the answer with its request's fingerprint. At start, before the recorder
+replays its spool, the server reads the latest row per portfolio (one window-function query),
+lets a later record still in the spool take its place, and puts the states into the store; a
+retry of the latest request is then answered, not decided twice. Not restored: the ICM's
+previous observation and action (prices are not recorded), so the first decision after a
+restart has no ICM reward; rows without slots (and decisions never made durable) start again;
+a reset is not recorded, so a restart brings the last recorded state back.
 """
 
 from __future__ import annotations
@@ -47,8 +39,6 @@ _CHUNK = 1_000
 
 @dataclass(frozen=True, slots=True)
 class Latest:
-    """A portfolio's latest decision and how many it has recorded."""
-
     record: DecisionRecord
     count: int
 
@@ -59,7 +49,7 @@ def _utc(t: dt.datetime) -> dt.datetime:
 
 def latest_decisions(database_url: str) -> dict[str, Latest]:
     """The latest recorded decision of every portfolio (by ``decided_at``, then row id), without
-    its current weights (not needed to continue, and JSON decoding dominates the time)."""
+    its current weights (unneeded, and their JSON decoding dominates the time)."""
     d = Decision.__table__
     m = ModelVersion.__table__
     order = (d.c.decided_at.desc(), d.c.id.desc())
@@ -106,8 +96,7 @@ def latest_decisions(database_url: str) -> dict[str, Latest]:
 
 
 def spooled_decisions(spool: Spool) -> Iterator[DecisionRecord]:
-    """The decisions still in the spool, oldest segment first (some may be in the database
-    too: a segment replayed just before a crash; the later-wins merge absorbs them)."""
+    """Oldest segment first (some may be in the database too: the later-wins merge absorbs it)."""
     for segment in spool.segments():
         for frame in spool.read(segment):
             for row in frame.get("d", ()):
@@ -115,7 +104,6 @@ def spooled_decisions(spool: Spool) -> Iterator[DecisionRecord]:
 
 
 def merge_spooled(latest: dict[str, Latest], spooled: Iterable[DecisionRecord]) -> None:
-    """Let a spooled record that is later than a portfolio's latest row take its place."""
     for record in spooled:
         known = latest.get(record.portfolio_id)
         if known is None:
@@ -127,8 +115,7 @@ def merge_spooled(latest: dict[str, Latest], spooled: Iterable[DecisionRecord]) 
 
 
 def answer_of(record: DecisionRecord) -> bytes:
-    """The bytes the record was answered with (what ``step.Answer.data`` held), encoded from
-    the row by the live path's own encoder."""
+    """The bytes the record was answered with, by the live path's own encoder."""
     raw = np.asarray(record.raw_weights, dtype="<f8").tobytes()
     smoothed = np.asarray(record.smoothed_weights, dtype="<f8").tobytes()
     return AnswerEncoder(record.model_name, record.model_version).encode(
@@ -143,7 +130,6 @@ def answer_of(record: DecisionRecord) -> bytes:
 
 
 def state_from_record(record: DecisionRecord, steps: int) -> PortfolioState | None:
-    """The state the decision left its portfolio in; None when the record has no slots."""
     if record.slots is None or record.asset_ids[:1] != (CASH_ID,):
         return None
     weight = dict(zip(record.asset_ids, record.smoothed_weights, strict=True))
@@ -167,12 +153,9 @@ def state_from_record(record: DecisionRecord, steps: int) -> PortfolioState | No
 
 
 def restore_states(database_url: str, spool: Spool | None, store: StateStore) -> int:
-    """Put every portfolio's latest recorded state into ``store``; the number restored.
-
-    Call it before the recorder starts (its writer replays and deletes spool segments). A
-    database that cannot be read is logged as an error and only the spool is restored: the
-    server still starts (as it does to spool through an outage), its other portfolios anew.
-    """
+    """Put every portfolio's latest recorded state into ``store``; the number restored. Call it
+    before the recorder starts (its writer deletes spool segments). An unreadable database is
+    logged and only the spool is restored: the server still starts."""
     try:
         latest = latest_decisions(database_url)
     except sa.exc.DBAPIError as exc:

@@ -1,10 +1,8 @@
 """Bearer-token authentication and TLS/mTLS credentials of the allocation server.
 
-The token check is a server interceptor (``grpc.aio``, the server's event loop), so no handler
-can forget it; it compares digests in
-constant time (``hmac.compare_digest``), so the time it takes says nothing about the token.
-Health checks and reflection stay open: Kubernetes' gRPC probes send no metadata, and neither
-service reveals or changes anything about portfolios.
+The token check is a server interceptor, so no handler can forget it, and compares digests in
+constant time. Health checks and reflection stay open: Kubernetes' gRPC probes send no
+metadata, and neither service reveals or changes anything about portfolios.
 """
 
 from __future__ import annotations
@@ -36,11 +34,7 @@ OPEN_SERVICES = (
 
 
 def read_tokens(path: str | Path) -> tuple[str, ...]:
-    """The tokens in ``path``, one per line (blank lines and ``#`` comments skipped).
-
-    Several lines let a rotation overlap: add the new token, roll the clients, then remove the
-    old one, with no moment where either is refused.
-    """
+    """One token per line (several let a rotation overlap); blanks and ``#`` comments skipped."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -55,12 +49,8 @@ def read_tokens(path: str | Path) -> tuple[str, ...]:
 
 
 def bearer_token(header: object) -> str | None:
-    """The token of an ``authorization`` value ``Bearer <token>``, else ``None``.
-
-    The scheme is matched without case (``bearer``, ``BEARER``), as HTTP authentication schemes
-    are (RFC 9110, section 11.1), and spaces around the token are ignored: clients differ in both,
-    and a token file's lines are stripped, so no accepted token begins or ends with a space.
-    """
+    """The token of ``Bearer <token>``, else ``None``; the scheme in any case (RFC 9110 11.1) and
+    spaces around the token ignored, as clients differ in both."""
     if not isinstance(header, str):
         return None
     scheme, _, token = header.partition(" ")
@@ -78,8 +68,7 @@ Kind = tuple[bool, bool]
 
 
 def _deny(message: str) -> dict[Kind, grpc.RpcMethodHandler]:
-    """Handlers refusing a call UNAUTHENTICATED, one per kind of method: a client-streaming
-    call is refused at once, without waiting for (or reading) a message."""
+    """A refusing handler per kind of method: a streaming call is refused without reading."""
 
     async def abort(request: Any, context: Context) -> Any:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
@@ -99,11 +88,8 @@ Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandl
 
 
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Requires ``authorization: Bearer <token>`` on every call except ``OPEN_SERVICES`` (the
-    scheme in any case, ``bearer_token``).
-
-    ``on_denied`` is told the method of each refused call (for the request metrics).
-    """
+    """Requires ``authorization: Bearer <token>`` except on ``OPEN_SERVICES``; ``on_denied`` is
+    told the method of each refused call."""
 
     def __init__(
         self, tokens: str | Sequence[str], on_denied: Callable[[str], None] | None = None
@@ -122,20 +108,16 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if method.startswith(OPEN_SERVICES):
             return await continuation(handler_call_details)
-        header = None
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == "authorization":
-                header = value
-                break
-        token = bearer_token(header)
-        if token is None:
-            return await self._denied(method, self._missing, continuation, handler_call_details)
-        given = _digest(token)
-        # Compare with every accepted token, no early exit: the time says nothing about which.
-        matches = [hmac.compare_digest(given, expected) for expected in self._expected]
-        if not any(matches):
-            return await self._denied(method, self._wrong, continuation, handler_call_details)
-        return await continuation(handler_call_details)
+        metadata = handler_call_details.invocation_metadata or ()
+        token = bearer_token(next((v for k, v in metadata if k == "authorization"), None))
+        deny = self._missing
+        if token is not None:
+            given = _digest(token)
+            # Compare with every accepted token, no early exit: the time says nothing about which.
+            if any([hmac.compare_digest(given, expected) for expected in self._expected]):
+                return await continuation(handler_call_details)
+            deny = self._wrong
+        return await self._denied(method, deny, continuation, handler_call_details)
 
     async def _denied(
         self,
@@ -144,7 +126,6 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         continuation: Continuation,
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        """The refusal of the method's kind (unary for a method the server does not have)."""
         if self._on_denied is not None:
             self._on_denied(method.rsplit("/", 1)[-1])
         handler = await continuation(handler_call_details)
@@ -156,7 +137,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
 def server_credentials(
     cert: str | Path, key: str | Path, client_ca: str | Path | None = None
 ) -> grpc.ServerCredentials:
-    """TLS credentials; with ``client_ca`` the server requires and verifies client certs."""
+    """With ``client_ca`` the server requires and verifies client certificates."""
     files = {"--tls-cert": cert, "--tls-key": key}
     if client_ca is not None:
         files["--tls-client-ca"] = client_ca

@@ -2,27 +2,16 @@
 ``serving.event_loop``) answers every call; decisions are made in batches under the
 portfolios' locks, recorded, then answered.
 
-One request, step by step: the handler (``serving.servicer``) resolves the model (its pin,
-else the default from the registry's current snapshot) and validates the request against that
-model's shape (``DecisionStep.unary_items``, ``batch_items``: a unary call is a batch of one),
-then hands it to the process's ``DecisionBatcher`` (``serving.batcher``). The batcher decides
-every call that arrived within ``batch_window_ms`` together, with ``serving.step``'s steps (the
-path the replay runs too): holding the portfolios' locks (in memory, or in Redis when replicas
-share portfolios), read their states, decide (``decision.decide_many``: observation, one ONNX
-call per model, mask-and-renormalize, EMA, ICM), hand the records to the recorder as one
-ticket, wait on the loop until they are durable in one commit (``--ack durable``, the default;
-``--ack queued`` answers once they are queued), and only then store the new states. If the
-recorder refuses the records (its spool is full) or cannot make them durable, no state
-advances and the calls get UNAVAILABLE: no decision is acted on that was not recorded. A record
-that becomes durable only after a call's deadline still advances the state (the client got
-DEADLINE_EXCEEDED and fetches that decision by retrying its request id), so the recorded
-history and the states never part.
+A handler (``serving.servicer``) resolves the model, validates the request against its shape
+and hands it to the process's ``DecisionBatcher``, which decides every call of a
+``batch_window_ms`` window together through ``serving.step``: lock, read, decide, record as one
+ticket, wait until durable (``--ack durable``; ``queued`` answers once queued), and only then
+store the new states. A recorder that refuses or cannot make records durable advances no state
+(UNAVAILABLE): no decision is acted on that was not recorded.
 
-Failure modes map to status codes a client can act on: INVALID_ARGUMENT (names the field, or
-the method whose request bytes do not decode: ``serving.decoding``), NOT_FOUND (unknown model
-pin), UNAUTHENTICATED, RESOURCE_EXHAUSTED (over the concurrency limit, refused at once),
-DEADLINE_EXCEEDED, UNAVAILABLE (recording or Redis down). Nothing a client sends gives INTERNAL:
-only a bug does; the server stays SERVING through all of them.
+Failures map to status codes a client can act on (``serving.status``): INVALID_ARGUMENT naming
+the field (or the method whose bytes do not decode), NOT_FOUND, UNAUTHENTICATED,
+RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, UNAVAILABLE. Only a bug gives INTERNAL.
 """
 
 from __future__ import annotations
@@ -33,7 +22,7 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -51,6 +40,7 @@ from allocator.serving.config import ServerConfig
 from allocator.serving.decoding import DecodeGuardInterceptor
 from allocator.serving.event_loop import EventLoopThread
 from allocator.serving.loader import LoadedModel
+from allocator.serving.proto import SERVICE_NAME
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 from allocator.serving.restore import restore_states
@@ -66,12 +56,8 @@ log = logging.getLogger("allocator.serving")
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Allocator"]
 """The allocation service's descriptor: its name and methods label the standard gRPC metrics."""
-
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Allocator"].full_name
 _DRAIN_QUIET_SECONDS = 0.1
 """The drain ends once no call came for this long: the clients have moved on."""
-T = TypeVar("T")
-Context = grpc.aio.ServicerContext[Any, Any]
 
 
 def _model_record(model: LoadedModel) -> ModelRecord:
@@ -83,11 +69,8 @@ def _model_record(model: LoadedModel) -> ModelRecord:
 
 @dataclass(eq=False)
 class AllocationServer:
-    """A built server: start it, read its port, stop it gracefully (what SIGTERM does).
-
-    Its methods are called from ordinary threads (the CLI's main thread, tests); they run what
-    belongs on the server's event loop there (``loop``).
-    """
+    """A built server: start it, read its port, stop it gracefully (what SIGTERM does). Its
+    methods are called from ordinary threads and run loop work on ``loop``."""
 
     config: ServerConfig
     loop: EventLoopThread
@@ -138,7 +121,7 @@ class AllocationServer:
         await self.health.set(SERVICE_NAME, status)
 
     def stop(self, grace: float | None = None) -> None:
-        """Drain: NOT_SERVING, refuse new calls, finish in-flight ones, flush the recorder."""
+        """NOT_SERVING, refuse new calls, finish in-flight ones, flush the recorder."""
         if self._stopped.is_set():
             return
         self._stopped.set()
@@ -184,11 +167,8 @@ def build_server(
     *,
     reuse_port: bool = False,
 ) -> AllocationServer:
-    """Load the registry, open the recorder and state store, and bind (not start) the server.
-
-    ``reuse_port`` binds with SO_REUSEPORT, for worker processes sharing one port
-    (``serving.workers``); off, a second server on a taken port fails to bind instead.
-    """
+    """Load the registry, open the recorder and state store, and bind (not start) the server;
+    ``reuse_port``: SO_REUSEPORT, for workers sharing one port."""
     metrics_registry = metrics_registry if metrics_registry is not None else CollectorRegistry()
     metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3, SERVICE)
     registry = ModelCatalog(
@@ -231,7 +211,6 @@ def build_server(
 
 
 def _open_recorder(config: ServerConfig, metrics_registry: CollectorRegistry) -> Recorder | None:
-    """The recorder (not started yet), or None when recording is off."""
     if not config.record:
         return None
     return Recorder(
@@ -250,8 +229,8 @@ def _load_models(
     metrics: ServingMetrics,
     recorder: Recorder | None,
 ) -> None:
-    """Load every model of the registry, registering each with the recorder and publishing the
-    default's identity as metrics (again on every reload); refuse to serve with no model."""
+    """Load every model, registering each with the recorder and publishing the default's
+    identity as metrics on every reload; refuse to serve with no model."""
 
     def on_change(snapshot: CatalogSnapshot) -> None:
         if recorder is not None:
@@ -282,8 +261,7 @@ async def _grpc_server(
     servicer: AllocatorServicer,
     reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
-    """On the server's loop: the bound gRPC server with the allocator, health and reflection
-    services (auth if asked), its health servicer and its port."""
+    """On the server's loop: the bound server, its health servicer and its port."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if config.auth_token_file is not None:
 
@@ -331,7 +309,6 @@ async def _grpc_server(
 
 
 def _bind(config: ServerConfig, server: grpc.aio.Server) -> int:
-    """Bind the configured address (TLS when a certificate is given); the bound port."""
     address = f"{config.host}:{config.port}"
     if config.tls_cert is not None and config.tls_key is not None:
         credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)

@@ -1,9 +1,9 @@
 """The ``allocator.v1.Allocator`` service's handlers, on the server's event loop.
 
-A handler only translates between gRPC and the decision path: it resolves and validates a
-call into items (``DecisionStep.unary_items``, ``batch_items``), awaits their answers from the
-process's ``DecisionBatcher`` and maps what refused them to a status code (``serving.status``),
-timing every call by outcome. ``AllocateStream`` is ``serving.stream``'s.
+A handler only translates between gRPC and the decision path: it turns a call into validated
+items, awaits their answers from the process's ``DecisionBatcher``, maps what refused them to a
+status (``serving.status``) and times the call by outcome. ``AllocateStream`` is
+``serving.stream``'s.
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ T = TypeVar("T")
 
 
 class _Refusal(Exception):  # noqa: N818  (control flow, never leaves this module)
-    """A call refused with a status code and a message for the client (a draining server)."""
-
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
@@ -49,11 +47,8 @@ class _Refusal(Exception):  # noqa: N818  (control flow, never leaves this modul
 
 
 class AllocatorServicer(pb_grpc.AllocatorServicer):
-    """The ``allocator.v1.Allocator`` service over a registry, a state store and a recorder.
-
-    Its handlers run on the server's event loop; ``batcher`` (started on that loop by the
-    server) decides for all of them; ``executor`` runs the state store's blocking calls.
-    """
+    """The service over a registry, a state store and a recorder; ``executor`` runs the store's
+    blocking calls."""
 
     def __init__(
         self,
@@ -102,8 +97,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         handler: Callable[[], Awaitable[T]],
         decisions: int = 1,
     ) -> T:
-        """Run ``handler``, map refusals to status codes, and time the call by outcome (per
-        decision: ``decisions`` is a batch's size)."""
+        """Run ``handler``, map refusals to status codes, time the call per decision."""
         start = time.perf_counter()
         self.last_call = time.monotonic()
         self.metrics.observe_started(method)
@@ -119,9 +113,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             return result
         except _Refusal as exc:
             code, message = exc.code, exc.message
-        except (
-            asyncio.CancelledError
-        ):  # grpc ends the handler: its deadline passed, or the client left
+        except asyncio.CancelledError:  # grpc ends the handler: deadline passed, or client left
             remaining = context.time_remaining()
             expired = remaining is not None and remaining <= 0
             code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
@@ -144,9 +136,8 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
 
     @contextlib.contextmanager
     def _slot(self) -> Iterator[None]:
-        """One of the ``max_concurrent_rpcs`` calls, or RESOURCE_EXHAUSTED at once. Counted
-        here, on the loop, when a call reaches its handler: exact whatever order calls arrive
-        in, and health checks and reflection are never refused."""
+        """One of the ``max_concurrent_rpcs`` calls, or RESOURCE_EXHAUSTED at once; counted on
+        the loop, so exact, and never refusing health checks or reflection."""
         if self.in_flight >= self.limit:
             raise _Refusal(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -221,8 +212,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
 
 
 def _answered_by(response: object) -> tuple[str, str]:
-    """The model version that answered a call, for its metric labels: the one model of its
-    decisions, or empty when it made none (``ListModels``) or more than one answered."""
+    """The one model version that answered a call, for its metric labels, else empty."""
     if isinstance(response, pb.AllocateResponse):
         return response.model.name, response.model.version
     if isinstance(response, pb.AllocateBatchResponse):

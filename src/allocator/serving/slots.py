@@ -1,14 +1,11 @@
 """A batch of requests laid out in slots: which asset sits where, ready for one model call.
 
-An asset keeps its slot while it stays in a portfolio's requests; a new asset takes the lowest
-free slot; an asset missing from a request frees its slot, and the previous smoothed mass of a
-slot whose asset left (or changed) is dropped before smoothing, so ``ema_smooth``'s
-mask-and-renormalize never hands a departed asset's weight to its successor.
-
-A flat policy has exactly ``max_assets`` slots. A shared policy has at least its training
-slots (so a portfolio that fits them is laid out as in training, and the ICM can read it) and
-as many more as the portfolio's assets need: a row's slot count is its own, and the batch is
-padded with masked slots to its widest row, which a set policy ignores.
+An asset keeps its slot while it stays in a portfolio's requests; a new one takes the lowest
+free slot; the smoothed mass of a slot whose asset left (or changed) is dropped before
+smoothing, so a departed asset's weight never passes to its successor. A flat policy has
+exactly ``max_assets`` slots; a shared policy at least its training slots (so the ICM can read
+a portfolio that fits them) and as many more as a request needs, the batch padded with masked
+slots to its widest row.
 """
 
 from __future__ import annotations
@@ -33,12 +30,9 @@ Float32Array = NDArray[np.float32]
 def assign_slots(
     ids: tuple[str, ...], old: tuple[str, ...] | None, min_slots: int, grow: bool
 ) -> tuple[tuple[str, ...], list[int] | None]:
-    """New slot occupants (``""`` = free) and each requested asset's slot (1-based).
-
-    ``min_slots`` asset slots at least; with ``grow`` (a shared policy) as many more as the
-    assets need, keeping every staying asset's slot, else exactly ``len(old)``. The slots are
-    ``None`` when they are simply 1..n in request order (the common case).
-    """
+    """New slot occupants (``""`` = free) and each requested asset's slot (1-based; ``None``
+    when simply 1..n). At least ``min_slots``; with ``grow`` as many more as needed, else
+    exactly ``len(old)``."""
     n = len(ids)
     if old is None:
         return ids + ("",) * (max(min_slots, n) - n), None
@@ -71,15 +65,9 @@ def assign_slots(
 
 @dataclass(slots=True)
 class SlotBatch:
-    """A batch laid out in slots, row i for request i, ready for one model call.
-
-    ``prices`` holds 1.0 in empty slots (a finite, positive filler the mask hides);
-    ``previous`` is the smoothing base, with the mass of departed assets dropped;
-    ``implied`` marks rows whose current weights are the previous smoothed ones (none were
-    sent); ``gather[i]`` lists request i's slots, cash first, to answer in request order;
-    ``widths[i]`` is row i's own slot count (cash included; the rest is padding);
-    ``icm_rows`` are the rows whose previous observation and action feed the ICM.
-    """
+    """Row i for request i. ``prices`` holds 1.0 in empty slots (a positive filler the mask
+    hides); ``implied`` rows use the previous smoothed weights as current ones; ``gather[i]``
+    lists request i's slots, cash first; ``widths[i]`` is row i's own slot count."""
 
     prices: Float64Array
     current: Float64Array
@@ -121,10 +109,7 @@ class SlotBatch:
         )
 
     def place(self, i: int, request: ValidRequest, req: list[int] | None, implied: bool) -> None:
-        """Row i: the request's assets in their slots, its prices, current weights and mask.
-
-        ``implied``: no weights were sent and a previous state stands in for them.
-        """
+        """``implied``: no weights were sent and a previous state stands in for them."""
         n = request.n_assets
         self.sizes[i] = n
         slots: slice | list[int]
@@ -147,8 +132,7 @@ class SlotBatch:
             self.current[i, 0] = 1.0  # a new portfolio holds cash
 
     def continue_from(self, i: int, state: PortfolioState, model: LoadedModel) -> None:
-        """Row i carries on from ``state``: its smoothed weights, and its ICM inputs when the
-        slots did not change (a transition across a universe change is none the ICM saw)."""
+        """Row i carries on from ``state``; its ICM inputs only if the slots did not change."""
         self.has_previous[i] = True
         new = self.slot_assets[i]
         if new != state.slots:  # a departed (or replaced) asset's smoothed mass is dropped
@@ -174,8 +158,8 @@ def lay_out(
     requests: Sequence[ValidRequest],
     states: Sequence[PortfolioState | None],
 ) -> SlotBatch:
-    """Every request in its slots. Under a flat policy a state made under another slot count
-    starts again; a shared policy continues any state, its assets matched by id."""
+    """Under a flat policy a state of another slot count starts again; a shared policy continues
+    any state, its assets matched by id."""
     shared = model.set_policy is not None
     kept: list[PortfolioState | None] = []
     slot_assets: list[tuple[str, ...]] = []

@@ -1,37 +1,20 @@
 """Per-portfolio decision state, in memory (one process) or in Redis (replicas sharing the load).
 
-A decision is read state -> decide -> write state, and it must be atomic per portfolio: two
-server replicas answering the same portfolio must never interleave its steps (the second would
-smooth from a state the first is about to replace). Both stores therefore hand out a *locked
-session* for a set of portfolios::
+Read state -> decide -> write state must be atomic per portfolio, so both stores hand out a
+*locked session* for a set of portfolios: ``with store.locked(ids) as session``, then
+``session.get()`` (None for a new portfolio) and ``session.put(new_states)``, which writes and
+releases the locks.
 
-    with store.locked(portfolio_ids) as session:
-        states = session.get()            # one entry per id, None for a new portfolio
-        ...                               # decide_batch(...)
-        session.put(new_states)           # writes, then releases the locks
-
-``serving.step.DecisionStep`` does exactly that for the replay, and ``serving.batcher`` for each
-batch the server decides (on its event loop: ``MemoryStateStore.try_locked`` takes free locks
-without waiting; anything that may wait, and every Redis call, runs on a thread).
-
-Redis design: pessimistic per-portfolio locks taken *all at once* by a Lua script that also reads
-the states (one round trip), and released by a second script that writes the new states only if
-every lock is still ours (one round trip). Why not WATCH/MULTI: optimistic retries would re-run
-the model (and anything already decided) on every conflict, and a batch touching hundreds of
-portfolios would keep conflicting; why not redis-py's ``Lock``: one key and two round trips per
-portfolio, where a batch needs all of its portfolios in two. Acquiring all-or-nothing atomically
-means a waiting caller never holds a lock, so there is no deadlock to order around; it backs off
-and retries until ``lock_wait_seconds``.
-
-A lock names its owner: each store (one per process) has an owner id and keeps a liveness key
-``owner_prefix + id`` alive with a heartbeat thread (``liveness_seconds`` to live, refreshed four
-times as often). A lock whose owner's liveness key is gone is free to take: a replica killed
-mid-decision (SIGKILL, OOM) releases its portfolios within ``liveness_seconds``, not after the
-lock's own ``lock_ttl_seconds``, which stays as the bound for an owner that is alive but stuck.
-The token check at write time is the fence either way: a replica whose lock expired or was taken
-over (a heartbeat that fell behind) writes nothing and gets ``StateLockLostError``. The acquire
-script reads liveness keys it is not handed in ``KEYS``, so every key of a call must live on one
-Redis node (single Redis, or Sentinel; not Cluster).
+Redis: a Lua script takes every lock of a batch at once and reads the states (one round trip);
+a second writes only if every lock is still ours, and releases (one round trip). Not
+WATCH/MULTI (a conflict would re-run the model) nor redis-py's ``Lock`` (two round trips per
+portfolio). All-or-nothing acquisition means a waiting caller holds nothing: no deadlock; it
+backs off until ``lock_wait_seconds``. A lock names its owner, whose liveness key a heartbeat
+keeps alive: a lock whose owner's key is gone (a killed replica) is free within
+``liveness_seconds``; ``lock_ttl_seconds`` bounds an owner alive but stuck. The token check at
+write time is the fence: a replica whose lock was lost writes nothing (``StateLockLostError``).
+The script reads keys not passed in ``KEYS``, so a call's keys must live on one Redis node (not
+Cluster).
 """
 
 from __future__ import annotations
@@ -70,13 +53,10 @@ class StateLockLostError(RuntimeError):
 class StateSession(Protocol):
     """Locked access to some portfolios' states; ``put`` at most once, inside the ``with``."""
 
-    @property
-    def portfolio_ids(self) -> tuple[str, ...]: ...
-
     def get(self) -> list[PortfolioState | None]: ...
 
     def put(self, states: Sequence[PortfolioState | None]) -> None:
-        """New states in ``portfolio_ids`` order (``None`` deletes); releases the locks."""
+        """New states in the locked ids' order (``None`` deletes); releases the locks."""
         ...
 
 
@@ -118,10 +98,6 @@ class _MemorySession:
         self._ids = ids
         self._done = False
 
-    @property
-    def portfolio_ids(self) -> tuple[str, ...]:
-        return self._ids
-
     def get(self) -> list[PortfolioState | None]:
         states = self._store._states
         return [states.get(pid) for pid in self._ids]
@@ -138,13 +114,8 @@ class _MemorySession:
 
 
 class MemoryStateStore:
-    """States in a dict, one process; portfolios are serialized by striped locks.
-
-    Striped (a fixed array of locks, a portfolio's lock chosen by its hash) rather than one lock
-    per portfolio: memory stays bounded however many portfolios pass, and there is no race in
-    creating or retiring per-portfolio locks. Two portfolios sharing a stripe merely wait for
-    each other. A batch takes its stripes in index order, so batches cannot deadlock.
-    """
+    """States in a dict, one process, under striped locks (bounded memory, no per-portfolio lock
+    lifecycle); a batch takes its stripes in index order, so batches cannot deadlock."""
 
     def __init__(self, stripes: int = 4096, lock_wait_seconds: float = 30.0) -> None:
         if stripes < 1:
@@ -178,8 +149,7 @@ class MemoryStateStore:
     def try_locked(
         self, portfolio_ids: Sequence[str]
     ) -> AbstractContextManager[StateSession] | None:
-        """``locked`` when every lock is free at once, else None (holding nothing): for an
-        event loop, which must not wait on a lock another thread holds."""
+        """``locked`` when every lock is free now, else None: an event loop must not wait."""
         ids = _unique_ids(portfolio_ids)
         held: list[threading.Lock] = []
         for lock in self._stripes(ids):
@@ -288,10 +258,6 @@ class _RedisSession:
         self._states: list[PortfolioState | None] = []
         self._done = False
 
-    @property
-    def portfolio_ids(self) -> tuple[str, ...]:
-        return self._ids
-
     def get(self) -> list[PortfolioState | None]:
         return list(self._states)
 
@@ -309,12 +275,8 @@ class _RedisSession:
 
 
 class RedisStateStore:
-    """States in Redis as ``PortfolioState.to_bytes``, shared by server replicas.
-
-    State keys are ``prefix + portfolio_id`` (expiring after ``ttl_seconds`` without a decision
-    when given); lock keys ``lock_prefix + portfolio_id`` (default ``"lock:" + prefix``). See the
-    module docstring for the lock design.
-    """
+    """States in Redis as ``PortfolioState.to_bytes``, under ``prefix + portfolio_id`` (expiring
+    after ``ttl_seconds`` without a decision when given), shared by server replicas."""
 
     def __init__(
         self,
@@ -367,11 +329,9 @@ class RedisStateStore:
 
     @property
     def owner_key(self) -> str:
-        """This store's liveness key: while it exists, its locks are held."""
         return self.owner_prefix + self.owner
 
     def _beat(self, interval: float) -> None:
-        """Keep the liveness key alive until ``close``; a Redis error is retried next beat."""
         import redis
 
         while not self._closed.wait(interval):
@@ -441,7 +401,7 @@ class RedisStateStore:
             session._release_unwritten()
 
     def _decode(self, portfolio_id: str, data: bytes | None) -> PortfolioState | None:
-        """A stored state; an unreadable one restarts the portfolio rather than wedging it."""
+        """An unreadable state restarts the portfolio rather than wedging it."""
         if data is None:
             return None
         try:
@@ -455,14 +415,13 @@ class RedisStateStore:
             return None
 
     def reset(self, portfolio_id: str) -> bool:
-        """Delete the stored bytes under the lock, whether or not they decode."""
         ids = _unique_ids([portfolio_id])
         keys, token, raw = self._acquire(ids)
         self._release(keys, token, "D", [b""])
         return raw[0] is not None
 
     def close(self) -> None:
-        """Stop the heartbeat and drop the liveness key: any lock still held here is free."""
+        """Drop the liveness key: any lock still held here is free."""
         import redis
 
         self._closed.set()
@@ -475,12 +434,6 @@ class RedisStateStore:
 
 
 class _EmptySession:
-    """The session of an empty id list: nothing to lock, read or write."""
-
-    @property
-    def portfolio_ids(self) -> tuple[str, ...]:
-        return ()
-
     def get(self) -> list[PortfolioState | None]:
         return []
 

@@ -1,7 +1,5 @@
-"""Which gRPC status a failed decision gets, and the message the client reads.
-
-One mapping for every method: a unary call aborts with it, and a stream message that decided
-nothing carries it in its error reply while the stream goes on (``serving.stream``).
+"""Which gRPC status a failed decision gets, and the message the client reads: one mapping for a
+unary call's abort and a stream message's error reply alike.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ def error_status(exc: Exception) -> tuple[grpc.StatusCode, str]:
 
 
 def _naming_field(exc: Exception) -> str:
-    """``field: message``, the field from the note a validator attached (``requests[2].model``),
-    so an unknown pin in a batch says which item named it."""
+    """``field: message``, the field from a validator's note, so a batch names the bad pin."""
     notes = getattr(exc, "__notes__", None)
     return f"{notes[-1]}: {exc}" if notes else str(exc)
 

@@ -1,45 +1,20 @@
 """The decision step: the one path from a request to its recorded, stored answer.
 
-resolve the model -> validate the request against its shape (``unary_items``, ``batch_items``:
-a unary call is a batch of one) -> lock the portfolios -> read their states (``prepare``:
-retries get their stored answers) -> ``decide`` (``decide_many``, one onnxruntime call per
-model; the records to the recorder as one ticket) -> wait until they are durable -> write the
-new states (``settle``) -> answer (``observe`` counts it).
+validate against the resolved model (``unary_items``, ``batch_items``: a unary call is a batch
+of one) -> lock the portfolios -> ``prepare`` (retries get their stored answers) -> ``decide``
+(one onnxruntime call per model, the records to the recorder as one ticket) -> wait until they
+are durable -> ``settle`` (the new states, carrying their answers) -> ``observe``. The server's
+batcher runs these steps for each batch of concurrent calls; ``DecisionStep.run`` runs them for
+one call synchronously (the serving-path replay, so a backtest is what the server would answer).
 
-The gRPC server runs these steps on its event loop for every batch of concurrent calls
-(``serving.batcher``); ``DecisionStep.run`` runs them for one call synchronously, which the
-serving-path replay (and through it the walk-forward and retraining evaluations) uses with a
-``MemoryStateStore`` and no recorder: a backtest of an exported model is what the server would
-have answered.
-
-What the order guarantees:
-
-* Validation comes first and is all or nothing: one bad item of a batch decides nothing.
-* The recorder accepts the records before the states advance. If it refuses them (its spool is
-  full) the states stay as they were and ``RecorderRefusedError`` reaches the caller: no
-  decision is acted on that was not recorded.
-* With durable acknowledgement (the recorder's default) the step then waits, still under the
-  locks and before the states (with their last answers) are written, until the records are
-  committed or fsync'd (``Recorder.wait_durable``, bounded by the caller's deadline). Waiting
-  here, not after the locks, is the point: no retry or later request can see an advanced state
-  or a stored answer whose record a crash could still lose.
-* A decision that becomes durable after the caller's deadline is kept, not dropped: the step
-  goes on waiting (up to ``LATE_DURABLE_SECONDS`` more, still under the locks), then advances
-  the states with the stored answers as for any decision, and raises ``DeadlineExceededError``
-  (``late=True``). The recorded history and the states therefore never part: the client whose
-  call ended DEADLINE_EXCEEDED fetches that very decision by retrying its request id, and the
-  portfolio's next decision smooths from it. Only when the record is still not durable after
-  that wait, or the writer can keep nothing (``NotDurableError``), does nothing advance; a
-  record that lands even later is then the first row of its request id, which a retry decides
-  again from the same state and inputs (so answers alike unless another request advanced the
-  portfolio in between).
-* A retried request (same ``request_id`` and inputs) gets its first answer back, with no second
-  step and no second record: a portfolio's state carries the answer to its latest request
-  (``PortfolioState.last``), read under the portfolio's lock, so a duplicate that was in flight
-  while this call waited, or a retry on another replica or after a restart, gets that answer.
-  Only the latest answer is kept; see ``serving.idempotency`` for older ids.
-* A call whose deadline passed while it waited for the locks decides nothing
-  (``DeadlineExceededError``).
+Invariants: validation is all or nothing; the recorder accepts the records before any state
+advances (a refusal advances nothing); with durable acknowledgement the wait happens under the
+locks, so no retry or later request sees a state whose record a crash could lose. A record that
+becomes durable after the caller's deadline (within ``LATE_DURABLE_SECONDS``) still advances the
+state and raises ``DeadlineExceededError(late=True)``: the client fetches that decision by
+retrying its request id, so the recorded history and the states never part. A retry (same id
+and inputs) gets the portfolio's stored last answer, with no second step or record; older ids:
+``serving.idempotency``.
 """
 
 from __future__ import annotations
@@ -99,10 +74,8 @@ TimeRemaining = Callable[[], float | None]
 
 
 LATE_DURABLE_SECONDS = 30.0
-"""How much longer than the caller's deadline a decision's record may take to become durable
-and still advance its portfolio (the writer's own database timeouts, then its spool, normally
-settle it within seconds)."""
-
+"""How long past the caller's deadline a record may become durable and still advance its
+portfolio."""
 
 LATE_MESSAGE = (
     "deadline exceeded before the decision was durable; it was recorded since: retry the "
@@ -111,9 +84,8 @@ LATE_MESSAGE = (
 
 
 class DeadlineExceededError(Exception):
-    """The caller's deadline passed: before deciding (``late`` False: nothing decided, nothing
-    stored), or before the decision was durable (``late`` True: it was recorded and stored
-    anyway, and a retry of its request id gets it)."""
+    """The caller's deadline passed before deciding (nothing stored), or with ``late``, before
+    the decision was durable (stored anyway: a retry of its request id gets it)."""
 
     def __init__(self, message: str, *, late: bool = False) -> None:
         super().__init__(message)
@@ -122,10 +94,8 @@ class DeadlineExceededError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """One request, as validated, and its answer: ``data`` is the serialized
-    ``AllocateResponse`` (encoded once, ``serving.answers``: the bytes stored for a retry are
-    the bytes sent); ``output`` (the decision with the current weights it used) is ``None``
-    when a retry got its stored answer."""
+    """A validated request and its answer's bytes (the same stored for a retry and sent);
+    ``output`` is ``None`` when a retry got its stored answer."""
 
     request: ValidRequest
     data: bytes
@@ -133,14 +103,12 @@ class Answer:
 
     @property
     def response(self) -> pb.AllocateResponse:
-        """The answer as a message (parsed from ``data`` on each access)."""
         return parse(self.data)
 
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """One request to decide: the model it resolved to, the request as validated against that
-    model, its fingerprint (``serving.idempotency``) and when its call arrived
+    """One request to decide, validated against its model; ``started`` is when its call arrived
     (``time.perf_counter()``, for the recorded latency)."""
 
     model: LoadedModel
@@ -151,8 +119,8 @@ class Item:
 
 @dataclass(frozen=True, slots=True)
 class Decided:
-    """Decided items, not stored yet: per model, the items' indices and their decisions, and
-    the recorder's ticket for all of their records (``None``: nothing is recorded)."""
+    """Decided items, not stored yet: per model, the items' indices and decisions, and the
+    recorder's ticket for all their records (``None``: nothing recorded)."""
 
     items: list[Item]
     groups: list[tuple[LoadedModel, list[int], Decisions]]
@@ -160,32 +128,26 @@ class Decided:
 
 
 def batch_response(answers: Sequence[Answer]) -> pb.AllocateBatchResponse:
-    """The batch call's response, parsed from the answers' bytes in one call."""
+    """Parsed from the answers' bytes in one C call."""
     return pb.AllocateBatchResponse.FromString(framed(1, [a.data for a in answers]))
 
 
 def stream_response(sequence: int, answers: Sequence[Answer]) -> pb.AllocateStreamResponse:
-    """A stream message's response, parsed from the answers' bytes in one call."""
     response = pb.AllocateStreamResponse(sequence=sequence)
     response.MergeFromString(framed(2, [a.data for a in answers]))
     return response
 
 
 def model_shape(model: LoadedModel) -> ModelShape:
-    """What ``model`` accepts, for validation: its asset limit and the closes per asset its
-    features (and, for a shared policy, its anchor) need."""
     if model.set_policy is None:
         return ModelShape(model.max_assets, model.prices_per_asset - 1)
     return ModelShape(model.max_request_assets, model.prices_per_asset - 1, "max_served_assets")
 
 
 class DecisionStep:
-    """Decide, record and store, for one state store and recorder.
+    """Decide, record and store, for one state store and recorder (``None``: records nothing).
 
-    ``recorder`` ``None`` records nothing (replays, experiments); ``metrics`` ``None`` observes
-    nothing; ``recent_requests`` is how many request ids this process remembers to refuse a
-    reused or superseded id (``serving.idempotency.RecentRequests``; 0: none). Retries of a
-    portfolio's latest request are answered from its state whatever this is.
+    ``recent_requests``: request ids remembered to refuse a reused or superseded one (0: none).
     """
 
     def __init__(
@@ -209,8 +171,8 @@ class DecisionStep:
         started: float | None = None,
         time_remaining: TimeRemaining | None = None,
     ) -> Answer:
-        """One request, from the wire to its answer. ``started`` (``time.perf_counter()``
-        when the call arrived) dates the recorded latency."""
+        """One request, from the wire to its answer; ``started``: ``time.perf_counter()`` at
+        the call's arrival."""
         started = time.perf_counter() if started is None else started
         (answer,) = self.run(self.unary_items(request, resolve, started), time_remaining)
         return answer
@@ -223,14 +185,12 @@ class DecisionStep:
         started: float | None = None,
         time_remaining: TimeRemaining | None = None,
     ) -> list[Answer]:
-        """A batch, all validated before any is decided; one locked step for all of it."""
         started = time.perf_counter() if started is None else started
         return self.run(self.batch_items(batch, resolve, started), time_remaining)
 
     def unary_items(
         self, request: pb.AllocateRequest, resolve: ModelResolver, started: float
     ) -> list[Item]:
-        """A unary call as a batch of one: its model resolved, the request validated."""
         models: list[LoadedModel] = []
 
         def shape_for(name: str | None, version: str | None) -> ModelShape:
@@ -248,8 +208,7 @@ class DecisionStep:
     def batch_items(
         self, batch: pb.AllocateBatchRequest, resolve: ModelResolver, started: float
     ) -> list[Item]:
-        """A batch call's items, all validated (each against its own model) before any is
-        decided: one bad item refuses the call."""
+        """All validated, each against its own model, before any is decided."""
         models: dict[tuple[str | None, str | None], LoadedModel] = {}
 
         def shape_for(name: str | None, version: str | None) -> ModelShape:
@@ -272,21 +231,14 @@ class DecisionStep:
         started: float | None = None,
         time_remaining: TimeRemaining | None = None,
     ) -> list[Answer]:
-        """``run`` for requests validated against ``model``'s shape, naming each portfolio once
-        (``validate_batch`` refuses repeats: two steps of one portfolio in one call would have
-        no defined order)."""
+        """``run`` for requests validated against ``model``, each portfolio named once."""
         started = time.perf_counter() if started is None else started
         fingerprints = request_fingerprints(requests)
         items = [Item(model, r, f, started) for r, f in zip(requests, fingerprints, strict=True)]
         return self.run(items, time_remaining)
 
     def run(self, items: Sequence[Item], time_remaining: TimeRemaining | None) -> list[Answer]:
-        """Decide for distinct portfolios under their locks; record; then store the states.
-
-        A retry of a portfolio's latest request gets the stored answer. The server's batcher
-        (``serving.batcher``) runs the same steps, ``prepare``, ``decide``, ``settle`` and
-        ``observe``, on its event loop for many calls at once.
-        """
+        """Decide for distinct portfolios under their locks; record; then store the states."""
         late = False
         with self.store.locked([item.request.portfolio_id for item in items]) as session:
             if time_remaining is not None:
@@ -313,8 +265,8 @@ class DecisionStep:
     def prepare(
         self, items: Sequence[Item], states: Sequence[PortfolioState | None]
     ) -> list[Answer | None]:
-        """Per item, the stored answer when it retries its portfolio's latest request, else
-        None (to decide); a reused or superseded id raises ``InvalidRequest``."""
+        """Per item, the stored answer of a retry, else None (to decide); a reused or superseded
+        id raises ``InvalidRequest``."""
         answers: list[Answer | None] = []
         for item, state in zip(items, states, strict=True):
             r = item.request
@@ -327,9 +279,8 @@ class DecisionStep:
         return answers
 
     def decide(self, items: Sequence[Item], states: Sequence[PortfolioState | None]) -> Decided:
-        """Decide ``items`` (distinct portfolios; ``states`` their previous states) with one
-        onnxruntime call per model, and hand all their records to the recorder as one ticket
-        (one durable commit). Raises ``RecorderRefusedError`` when it refuses them."""
+        """One onnxruntime call per model, all records as one ticket (one durable commit);
+        raises ``RecorderRefusedError`` when the recorder refuses them."""
         groups: dict[tuple[str, str], list[int]] = {}
         for i, item in enumerate(items):
             groups.setdefault((item.model.name, item.model.version), []).append(i)
@@ -347,8 +298,7 @@ class DecisionStep:
         return Decided(list(items), done, ticket)
 
     def settle(self, decided: Decided) -> list[tuple[PortfolioState, Answer]]:
-        """Each decided item's new state (carrying its answer as the portfolio's last) and
-        answer, in item order: what is stored once the records are durable."""
+        """Each item's new state (carrying its answer) and answer, in item order."""
         out: list[tuple[PortfolioState, Answer] | None] = [None] * len(decided.items)
         for model, members, decisions in decided.groups:
             data = self._encode(model, [decided.items[i].request for i in members], decisions)
@@ -362,7 +312,6 @@ class DecisionStep:
         return out  # type: ignore[return-value]  # every member was settled above
 
     def observe(self, decided: Decided) -> None:
-        """After the states were stored: remember the request ids, count the decisions."""
         for item in decided.items:
             self.recent.put(item.request, item.fingerprint)
         if self.metrics is not None:
@@ -374,12 +323,11 @@ class DecisionStep:
                 )
 
     def _wait_durable(self, ticket: int, time_remaining: TimeRemaining | None) -> bool:
-        """Wait until the records up to ``ticket`` are durable; True when that came after the
-        caller's deadline (within ``LATE_DURABLE_SECONDS`` more). ``DeadlineExceededError``
-        when not even then, ``NotDurableError`` when the writer can keep nothing."""
+        """True when the records became durable only after the caller's deadline (within
+        ``LATE_DURABLE_SECONDS``); ``DeadlineExceededError`` when not even then."""
         assert self.recorder is not None
         try:
-            self.recorder.wait_durable(ticket, _seconds_left(time_remaining))
+            self.recorder.wait_durable(ticket, None if time_remaining is None else time_remaining())
             return False
         except NotDurableError as exc:
             if not exc.timed_out:
@@ -395,8 +343,7 @@ class DecisionStep:
     def _encode(
         self, model: LoadedModel, requests: Sequence[ValidRequest], decided: Decisions
     ) -> list[bytes]:
-        """Every answer's bytes: the weights' bytes taken once per batch, the model reference
-        and the asset lists encoded once per model and universe."""
+        """Every answer's bytes; the weights converted once per batch."""
         key = (model.name, model.version)
         encoder = self._encoders.get(key)
         if encoder is None:
@@ -429,11 +376,6 @@ def call_deadline(time_remaining: TimeRemaining) -> float | None:
     return None if remaining is None else time.monotonic() + remaining
 
 
-def _seconds_left(time_remaining: TimeRemaining | None) -> float | None:
-    """How long the recorder may take to acknowledge: the caller's deadline, if any."""
-    return None if time_remaining is None else time_remaining()
-
-
 def _records(
     model: LoadedModel,
     items: Sequence[Item],
@@ -441,10 +383,8 @@ def _records(
     decided_at: dt.datetime,
     now: float,
 ) -> list[DecisionRecord]:
-    """The decisions' rows; with the new slot layouts and the requests' fingerprints, so a
-    restarted server can rebuild each portfolio's state and last answer from its row
-    (``serving.restore``). The recorded current weights are the ones the request sent; each
-    row's latency runs from its own call's arrival."""
+    """The decisions' rows, with the slot layouts and fingerprints ``serving.restore`` rebuilds
+    states from."""
     requests = [item.request for item in items]
     return DecisionRecord.batch_from_validated(
         request_ids=[r.request_id for r in requests],
@@ -467,7 +407,7 @@ def _records(
 
 
 def decision_gaps(decided: Decisions) -> list[float]:
-    """Each decision's raw-vs-smoothed L1 gap (cash included), on the batch's arrays at once."""
+    """Each decision's raw-vs-smoothed L1 gap (cash included)."""
     diff = np.abs(decided.raw - decided.smoothed)
     width = diff.shape[1]
     if min(decided.sizes) < width:  # rows narrower than the batch: their padding is not theirs

@@ -1,11 +1,9 @@
 """SIGTERM and SIGINT as a request to drain, recorded without taking a lock.
 
-A Python signal handler runs in the main thread between bytecodes, possibly while that thread
-holds a lock: a handler that calls ``threading.Event.set`` while the main thread is inside
-``Event.wait`` (which holds the Event's non-reentrant lock on its way in and out) can block
-forever, and the process never drains. So the handler only appends to a list, and the main
-thread polls it. Install before the slow imports and the model load: a signal that arrives
-then is kept, and the server drains as soon as it has started instead of dying half-built.
+A handler runs in the main thread between bytecodes, maybe while it holds a lock: one calling
+``threading.Event.set`` during ``Event.wait`` (the Event's lock is not reentrant) can block
+forever. So the handler only appends to a list, and the main thread polls it. Install it before
+the slow imports and the model load, so a signal arriving then drains the server once started.
 """
 
 from __future__ import annotations

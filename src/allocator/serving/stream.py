@@ -1,18 +1,11 @@
 """``AllocateStream``: many allocations over one call, each message a batch with its own answer.
 
-Every message is validated as an ``AllocateBatch`` call is (``DecisionStep.batch_items``) and
-decided through the server's ``DecisionBatcher`` with every other call arriving meanwhile
-(idempotency, the portfolio locks, recording before the state advances), one message at a time,
-so responses come in request order. A message that decides nothing gets a response carrying its
-error (the status code and message a unary call would have been refused with,
-``serving.status``) and the stream goes on; so does a message whose bytes do not decode
-(``serving.decoding.Undecodable``). Each message is counted in the request metrics under
-``AllocateStream``, its time divided by its decisions, as a batch is.
-
-A reader task per stream takes messages off the wire into a short in-order inbox, so the
-handler can notice a drain while the client is quiet: a draining server answers the messages
-it has already received, then ends the stream with UNAVAILABLE (the client resends what was
-not answered, with the same request ids, on a new stream). Both run on the server's event loop.
+Each message is validated and decided as an ``AllocateBatch`` call is, one at a time, so
+responses come in request order. A message that decides nothing (or does not decode) gets a
+response carrying the status a unary call would have got, and the stream goes on. A reader
+task per stream moves messages into a short inbox, so the handler notices a drain while the
+client is quiet: a draining server answers what it has received, then ends the stream with
+UNAVAILABLE (the client resends the rest, same request ids, on a new stream).
 """
 
 from __future__ import annotations
@@ -50,8 +43,6 @@ _DRAINED: Final = object()
 
 
 class _Inbox:
-    """Messages in arrival order between one stream's reader task and its handler."""
-
     def __init__(self, limit: int) -> None:
         self._items: deque[Any] = deque()
         self._limit = limit
@@ -61,7 +52,7 @@ class _Inbox:
         self._drain_left: int | None = None  # messages still to answer once draining
 
     async def put(self, item: Any) -> bool:
-        """Queue ``item``, waiting while the inbox is full; False once the handler left."""
+        """Wait while full; False once the handler left."""
         async with self._cond:
             while len(self._items) >= self._limit and not self._closed:
                 await self._cond.wait()
@@ -72,7 +63,6 @@ class _Inbox:
             return True
 
     async def get(self, draining: Callable[[], bool]) -> Any:
-        """The next message, ``_END`` or ``_DRAINED``; waits while there is none."""
         async with self._cond:
             while True:
                 if draining() and self._drain_left is None:
@@ -89,23 +79,15 @@ class _Inbox:
                     return _END
                 await self._cond.wait()
 
-    async def end(self) -> None:
+    async def wake(self, *, ended: bool = False, closed: bool = False) -> None:
+        """Wake the waiters; ``ended``: the reader finished, ``closed``: the handler did."""
         async with self._cond:
-            self._ended = True
-            self._cond.notify_all()
-
-    async def close(self) -> None:
-        async with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    async def wake(self) -> None:
-        async with self._cond:
+            self._ended |= ended
+            self._closed |= closed
             self._cond.notify_all()
 
 
 async def _read(requests: AsyncIterator[Any], inbox: _Inbox) -> None:
-    """Move the call's messages into ``inbox`` until the client closes or the call ends."""
     try:
         async for item in requests:
             if not await inbox.put(item):
@@ -113,17 +95,13 @@ async def _read(requests: AsyncIterator[Any], inbox: _Inbox) -> None:
     except Exception:  # a cancelled or finished call: the handler sees _END
         pass
     finally:
-        await inbox.end()
+        await inbox.wake(ended=True)
 
 
 @dataclass(eq=False)
 class AllocationStreams:
-    """The open ``AllocateStream`` calls of one servicer, and how each is answered.
-
-    ``resolver`` gives the current model resolver (the catalog's snapshot of the moment, read
-    per message); ``draining`` says whether the server drains; ``touch`` is told of every
-    message (the drain waits until messages stop coming).
-    """
+    """The open ``AllocateStream`` calls of one servicer. ``resolver`` is read per message (the
+    catalog's snapshot of the moment); ``touch`` is told of every message (for the drain)."""
 
     step: DecisionStep
     batcher: DecisionBatcher
@@ -138,15 +116,13 @@ class AllocationStreams:
         return len(self._open)
 
     async def wake(self) -> None:
-        """Make every open stream look at the drain flag now (the server is draining)."""
+        """Make every open stream look at the drain flag now."""
         for inbox in list(self._open):
             await inbox.wake()
 
     async def serve(
         self, requests: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[pb.AllocateStreamResponse]:
-        """The responses of one call, in request order (``requests`` yield decoded messages,
-        or ``Undecodable`` in place of one that did not decode)."""
         start = time.perf_counter()
         self.metrics.observe_started(METHOD)
         code = grpc.StatusCode.CANCELLED  # unless it ends otherwise: the client went away
@@ -169,7 +145,7 @@ class AllocationStreams:
                     )
                 yield await self.answer(item, context)
         finally:
-            await inbox.close()
+            await inbox.wake(closed=True)
             self._open.discard(inbox)
             reader.cancel()
             self.metrics.observe_stream_end(METHOD, code, time.perf_counter() - start)
@@ -177,7 +153,6 @@ class AllocationStreams:
     async def answer(
         self, item: pb.AllocateStreamRequest | Undecodable, context: Context
     ) -> pb.AllocateStreamResponse:
-        """One message's response: its allocations, or the error that decided nothing."""
         start = time.perf_counter()
         self.touch()
         if isinstance(item, Undecodable):

@@ -1,13 +1,9 @@
 """Turn ``AllocateRequest`` messages into checked, typed requests, or say which field is wrong.
 
-Bad input must become INVALID_ARGUMENT naming the field, never a crash deeper in the server, so
-everything the model and the smoothing state will touch is checked here first. Pure functions of
-numpy and the generated messages (no torch, no server state): the server resolves model pins to
-a ``ModelShape`` and maps ``InvalidRequest`` to a status.
-
+Bad input must become INVALID_ARGUMENT naming the field, never a crash deeper in the server.
 A single call and a batch take one path: the numbers are converted one array per group of
-requests of equal length and checked by a few whole-array reductions; the per-element search
-for the culprit only runs once something is known to be wrong.
+requests of equal length and checked by whole-array reductions; the search for the culprit
+runs only once something is known to be wrong.
 """
 
 from __future__ import annotations
@@ -45,8 +41,6 @@ __all__ = [
 Float64Array = NDArray[np.float64]
 
 _CASH_FOLDED = CASH_ID.casefold()
-"""What the cheap test for a reserved asset id looks for in the folded, joined ids."""
-
 # The ufuncs' reduce, bound once: a little cheaper per call than the ndarray methods.
 _min = np.minimum.reduce
 _max = np.maximum.reduce
@@ -55,7 +49,7 @@ _EMPTY = np.empty(0)
 
 
 class InvalidRequest(ValueError):  # noqa: N818 - the name the server and clients use
-    """A request the server must refuse; ``field`` is the path a client can find it at."""
+    """A request the server must refuse; ``field`` is its path in the message."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -63,16 +57,12 @@ class InvalidRequest(ValueError):  # noqa: N818 - the name the server and client
         self.message = message
 
     def within(self, prefix: str) -> InvalidRequest:
-        """The same error seen from an enclosing message, e.g. ``requests[2].prices``."""
         return InvalidRequest(f"{prefix}.{self.field}", self.message)
 
 
 class ModelShape(NamedTuple):
-    """What a model accepts: at most ``max_assets`` assets, ``window + 1`` prices each.
-
-    ``limit`` names the manifest field the asset limit comes from, for the error message: a
-    flat policy has one slot per asset (``max_assets``), a shared one a served limit.
-    """
+    """At most ``max_assets`` assets, ``window + 1`` prices each; ``limit`` names the manifest
+    field of the asset limit, for the error message."""
 
     max_assets: int
     window: int
@@ -80,16 +70,12 @@ class ModelShape(NamedTuple):
 
 
 ShapeResolver = Callable[[str | None, str | None], ModelShape]
-"""Maps a model pin (name, version; ``None`` = default / newest) to the model's shape."""
+"""Model pin (name, version; ``None``: default / newest) -> the model's shape."""
 
 
 @dataclass(frozen=True, slots=True)
 class ValidRequest:
-    """A checked ``AllocateRequest``: arrays are float64, read-only and correctly shaped.
-
-    The decision step (``decision.decide_batch``) trusts these invariants and checks nothing
-    again, so every caller, the server and the replay alike, reaches it through validation.
-    """
+    """A checked ``AllocateRequest`` (float64 read-only arrays): the decision step trusts it."""
 
     portfolio_id: str
     request_id: str
@@ -98,10 +84,8 @@ class ValidRequest:
     """Shape ``(len(asset_ids), window + 1)``, oldest first, finite and > 0."""
     current_weights: Float64Array | None
     """Shape ``(len(asset_ids) + 1,)``, cash first, a distribution; ``None`` when not sent."""
-    model_name: str | None
-    """``None``: the default model."""
-    model_version: str | None
-    """``None``: the newest loaded version of the model."""
+    model_name: str | None  # None: the default model
+    model_version: str | None  # None: the newest loaded version
 
     @property
     def n_assets(self) -> int:
@@ -109,9 +93,7 @@ class ValidRequest:
 
 
 def required_id(value: str, field: str) -> str:
-    """A portfolio or request id, checked by the one rule every RPC applies (non-empty, at most
-    ``MAX_ID_LENGTH`` characters, no NUL): the same id cannot be refused by one method and
-    accepted by another."""
+    """The one id rule every RPC applies, so no method accepts an id another refuses."""
     return check_id(value, field, error=InvalidRequest)
 
 
@@ -120,7 +102,6 @@ def _optional_id(value: str, field: str, max_length: int) -> str | None:
 
 
 def model_pin(request: pb.AllocateRequest) -> tuple[str | None, str | None]:
-    """The request's model pin as (name, version), ``None`` where unset; checks the strings."""
     if not request.HasField("model"):
         return None, None
     model = request.model
@@ -154,8 +135,8 @@ def _check_asset_ids(ids: Sequence[str], shape: ModelShape) -> tuple[str, ...]:
 
 
 def _explain_asset_ids(assets: tuple[str, ...]) -> None:
-    """Raise for the first bad asset id, if any: the cheap test above may flag good ids too
-    (``CASH`` across two neighbours), so finding none here means they are fine."""
+    """Raise for the first bad asset id; the cheap test may flag good ids (``CASH`` across two
+    neighbours), so finding none means they are fine."""
     first: dict[str, int] = {}
     for i, asset in enumerate(assets):
         field = f"asset_ids[{i}]"
@@ -170,8 +151,6 @@ def _explain_asset_ids(assets: tuple[str, ...]) -> None:
 
 
 class _Head(NamedTuple):
-    """What is checked of a request one by one: everything but its numbers."""
-
     portfolio_id: str
     request_id: str
     assets: tuple[str, ...]
@@ -181,30 +160,21 @@ class _Head(NamedTuple):
 
 
 def validate_request(request: pb.AllocateRequest, shape: ModelShape) -> ValidRequest:
-    """Check one request against the shape of the model that will answer it; raises
-    ``InvalidRequest`` naming the first bad field."""
     return _validate((request,), lambda name, version: shape, indexed=False)[0]
 
 
 def validate_call(request: pb.AllocateRequest, shape_for: ShapeResolver) -> ValidRequest:
-    """A unary call; what ``shape_for`` raises for the pin propagates unchanged."""
     return _validate((request,), shape_for, indexed=False)[0]
 
 
 def validate_reset(request: pb.ResetPortfolioRequest) -> str:
-    """The portfolio id of a reset, by the rule ``Allocate`` applies to it: an id no allocation
-    can create is refused, not looked up."""
     return required_id(request.portfolio_id, "portfolio_id")
 
 
 def validate_batch(batch: pb.AllocateBatchRequest, shape_for: ShapeResolver) -> list[ValidRequest]:
-    """Check a whole batch, all or nothing; errors name ``requests[i].<field>``.
-
-    ``shape_for`` resolves each distinct model pin once per batch. What it raises (the server's
-    unknown-model error, say) propagates unchanged, with a note naming ``requests[i].model``.
-    request_ids and portfolio_ids must be distinct within a batch: two steps of one portfolio
-    in one call would have no defined order.
-    """
+    """All or nothing; errors name ``requests[i].<field>``. What ``shape_for`` raises
+    propagates with a note naming ``requests[i].model``. Ids must be distinct in a batch: two
+    steps of one portfolio in one call would have no defined order."""
     requests = batch.requests
     if not requests:
         raise InvalidRequest("requests", "empty batch: at least one request is required")
@@ -214,15 +184,8 @@ def validate_batch(batch: pb.AllocateBatchRequest, shape_for: ShapeResolver) -> 
 def _validate(
     requests: Sequence[pb.AllocateRequest], shape_for: ShapeResolver, *, indexed: bool
 ) -> list[ValidRequest]:
-    """The one path every request is accepted by, alone or in a batch.
-
-    Per request only what is per request (ids, the model pin, lengths; a distinct asset list is
-    checked once); prices and current weights are converted one array per group of equal
-    length and checked by whole-array reductions, since a batch carries tens of thousands of
-    decisions a second. Whatever fails is named as checking the requests one by one would name
-    it: the numbers of the requests before it are explained first (``_explain_numbers``), and
-    within a request its lengths are checked before its numbers.
-    """
+    """The one path every request is accepted by. Whatever fails is named as checking the
+    requests one by one would name it: earlier requests' numbers are explained first."""
     shapes: dict[tuple[str | None, str | None], ModelShape] = {}
     checked: dict[tuple[tuple[str, ...], ModelShape], tuple[str, ...]] = {}
     seen: dict[str, dict[str, int]] = {"request_id": {}, "portfolio_id": {}}
@@ -276,8 +239,7 @@ def _head(
     shapes: dict[tuple[str | None, str | None], ModelShape],
     checked: dict[tuple[tuple[str, ...], ModelShape], tuple[str, ...]],
 ) -> _Head:
-    """Everything of one request but its numbers, in the order a client reads the message;
-    ``shapes`` and ``checked`` remember what the batch has resolved and checked already."""
+    """Everything of one request but its numbers; ``shapes`` and ``checked`` cache per batch."""
     if not (
         request.portfolio_id or request.request_id or len(request.asset_ids) or len(request.prices)
     ):
@@ -311,15 +273,12 @@ def _head(
 
 
 def _finite_positive(block: Float64Array) -> bool:
-    """Every price finite and > 0: ``min > 0`` is False for NaN (it propagates) and for
-    non-positive prices; ``max < inf`` is False for +inf."""
+    """``min > 0`` is False for NaN and non-positive prices; ``max < inf`` for +inf."""
     return bool(_min(block, None) > 0.0 and _max(block, None) < np.inf)
 
 
 def _distributions(block: Float64Array) -> bool:
-    """Every row a distribution: every weight in [0, 1] first (so finite but huge ones fail
-    without overflowing a sum), then each row summed along its contiguous axis, as one
-    request's weights alone would be."""
+    """Every row a distribution; bounds first, so huge weights fail without overflowing a sum."""
     if not (_min(block, None) >= 0.0 and _max(block, None) <= 1.0 + WEIGHT_SUM_TOLERANCE):
         return False
     totals = _sum(block, axis=1)
@@ -329,8 +288,7 @@ def _distributions(block: Float64Array) -> bool:
 def _rows(
     fields: Sequence[Sequence[float]], ok: Callable[[Float64Array], bool]
 ) -> list[Float64Array] | None:
-    """The repeated fields as read-only float64 rows: one conversion and one ``ok`` test per
-    group of equal length; None when a test fails."""
+    """Read-only float64 rows, converted and tested per group of equal length; None: failed."""
     groups: dict[int, list[int]] = {}
     for k, values in enumerate(fields):
         groups.setdefault(len(values), []).append(k)
@@ -348,8 +306,7 @@ def _rows(
 def _explain_numbers(
     requests: Sequence[pb.AllocateRequest], heads: Sequence[_Head], indexed: bool
 ) -> None:
-    """Raise for the first bad price or weight among the requests ``heads`` describes, in order
-    (only called once something is known to be wrong, or before naming a later request)."""
+    """Raise for the first bad price or weight among the requests ``heads`` describes."""
     for i, head in enumerate(heads):
         try:
             _explain_prices(requests[i].prices, head)

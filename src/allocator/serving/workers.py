@@ -1,27 +1,14 @@
 """``allocator serve --workers N``: N server processes on one port, under one supervisor.
 
-One Python process answers gRPC calls on about one core (the GIL), so a host with more cores
-runs several. The supervisor (the ``allocator serve`` process) reserves the port with a bound,
-never listening, SO_REUSEPORT socket (what grpc's multiprocessing example does), so the port
+One Python process answers on about one core (the GIL), so a bigger host runs several. The
+supervisor reserves the port with a bound, never listening, SO_REUSEPORT socket, so the port
 stays theirs across worker restarts and ``--port 0`` has a number before any worker binds.
-Each worker is a fresh interpreter (``python -m allocator.serving.workers``: no grpc state
-inherited through fork) that builds its own server with ``build_server(reuse_port=True)``: its
-own onnxruntime sessions, registry scan (hot reload), recorder and spool directory (worker 0
-keeps ``--spool-dir`` itself, so a switch from one process to several strands nothing;
-worker K > 0 uses ``--spool-dir/worker-K``), and its own health service. The kernel spreads
-new connections over the workers' listening sockets, so a portfolio's calls reach any of them:
-the smoothing state must live in Redis (``ServerConfig`` refuses ``--workers`` > 1 without
-``--redis-url``).
-
-Metrics use prometheus-client's multiprocess mode: the workers write their values to files in
-a directory of the supervisor's (``PROMETHEUS_MULTIPROC_DIR``, set before they import
-prometheus_client), and the supervisor alone serves ``--metrics-port``, summing counters and
-histograms over workers (``metrics.multiprocess``). A worker that dies is marked dead there
-(its live gauges go) and started again; ``allocator_serving_worker_restarts_total`` counts it.
-SIGTERM or SIGINT to the supervisor is forwarded to every worker, each drains as a single
-server does (health NOT_SERVING, in-flight calls finish, recorder flushed) and the supervisor
-exits 0 once all did. If the supervisor itself is killed, the kernel kills its workers
-(``PR_SET_PDEATHSIG``), so no orphan keeps the port.
+Each worker is a fresh interpreter (no grpc state inherited through fork) building its own
+server (``build_server(reuse_port=True)``) with its own spool: worker 0 keeps ``--spool-dir``,
+worker K uses ``--spool-dir/worker-K``. The kernel spreads connections over the workers, so
+smoothing state must live in Redis. Metrics use prometheus-client's multiprocess mode; the
+supervisor alone serves ``--metrics-port``. SIGTERM to the supervisor drains every worker; if
+the supervisor is killed, the kernel kills its workers (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -47,19 +34,16 @@ __all__ = ["Supervisor", "reserve_port", "worker_config"]
 log = logging.getLogger("allocator.serving.workers")
 
 CONFIG_ENV = "ALLOCATOR_WORKER_CONFIG"
-"""The worker's ``ServerConfig`` as JSON (its index and port already filled in)."""
 INDEX_ENV = "ALLOCATOR_WORKER_INDEX"
 PARENT_ENV = "ALLOCATOR_WORKER_PARENT"
 READY = b"ready\n"
 RESTART_DELAY_SECONDS = 1.0
-"""A worker that dies is started again after this long, doubled (up to ``MAX_RESTART_DELAY``)
-for each death in a row within ``STABLE_SECONDS`` of its start: a crash loop (Redis down at
-start, say) costs little CPU and log."""
+"""Doubled (up to the max) for each death in a row within ``STABLE_SECONDS`` of a start."""
 MAX_RESTART_DELAY_SECONDS = 30.0
 STABLE_SECONDS = 30.0
 _PR_SET_PDEATHSIG = 1
 METRICS_DIR_PREFIX = "allocator-metrics-"
-"""The workers' metric files live in ``TMPDIR/allocator-metrics-<supervisor pid>-<random>``."""
+"""``TMPDIR/allocator-metrics-<supervisor pid>-<random>`` holds the workers' metric files."""
 
 
 def _sweep_metrics_dirs() -> None:
@@ -77,12 +61,8 @@ def _sweep_metrics_dirs() -> None:
 
 
 def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
-    """Bind (not listen) SO_REUSEPORT sockets on every address of ``host``: the port number and
-    the sockets, kept open for as long as the workers may bind it.
-
-    A socket that does not listen takes no connections; it only keeps any process without
-    SO_REUSEPORT off the port, and picks a number for port 0.
-    """
+    """Bind (not listen) SO_REUSEPORT sockets on every address of ``host``, keeping processes
+    without SO_REUSEPORT off the port; the port and the sockets to keep open."""
     addresses = socket.getaddrinfo(
         host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )
@@ -107,8 +87,6 @@ def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
 
 
 def worker_config(config: ServerConfig, index: int, port: int) -> ServerConfig:
-    """Worker ``index``'s settings: the reserved port, no metrics port of its own (the
-    supervisor serves them all), its own spool directory, one process."""
     spool = config.spool_dir if index == 0 else config.spool_dir / f"worker-{index}"
     return config.model_copy(
         update={"port": port, "metrics_port": None, "spool_dir": spool, "workers": 1}
@@ -116,8 +94,6 @@ def worker_config(config: ServerConfig, index: int, port: int) -> ServerConfig:
 
 
 class _Worker:
-    """One worker process and the pipe it announces readiness on."""
-
     def __init__(self, index: int, config: ServerConfig, env: dict[str, str]) -> None:
         self.index = index
         child_env = {
@@ -136,7 +112,6 @@ class _Worker:
         self.ready = False
 
     def read_ready(self) -> bool:
-        """Read the readiness line if it came (call once select says the pipe is readable)."""
         assert self.proc.stdout is not None
         if os.read(self.proc.stdout.fileno(), len(READY)) == READY:
             self.ready = True
@@ -182,9 +157,7 @@ class Supervisor:
         return _Worker(index, worker_config(self.config, index, self.port), self._env)
 
     def start(self, timeout: float = 300.0) -> Supervisor:
-        """Start every worker and wait until each serves; a worker that fails first fails all.
-
-        Raises ``RuntimeError`` naming the worker (its own error is on stderr above)."""
+        """Start every worker and wait until each serves; ``RuntimeError`` if one fails first."""
         self._warn_stranded_spools()
         self._prepare_database()
         log.info(
@@ -216,8 +189,7 @@ class Supervisor:
         return self
 
     def _prepare_database(self) -> None:
-        """Switch a SQLite trade database to WAL here, once, so the workers starting together
-        find it done instead of racing each other for the lock that switch takes."""
+        """Switch a SQLite database to WAL once, so the workers do not race for its lock."""
         if not self.config.record:
             return
         import sqlite3
@@ -233,7 +205,6 @@ class Supervisor:
             log.warning("cannot switch %s to WAL before the workers start: %s", url, exc)
 
     def _warn_stranded_spools(self) -> None:
-        """Spools of workers this run does not have (an earlier, larger ``--workers``)."""
         if not self.config.record:
             return
         for path in sorted(self.config.spool_dir.glob("worker-*")):
@@ -257,8 +228,7 @@ class Supervisor:
                 log.info("worker %d (pid %d) serving", worker.index, worker.proc.pid)
 
     def run(self) -> None:
-        """Until ``stop()``: restart any worker that exits (after a pause, longer when it keeps
-        dying)."""
+        """Until ``stop()``: restart any worker that exits, after a growing pause."""
         while not self._stopping:
             for k, worker in enumerate(self.workers):
                 code = worker.proc.poll()
@@ -282,11 +252,9 @@ class Supervisor:
             self._read_pipes(0.1)
 
     def stop(self) -> None:
-        """Ask ``run`` to return (a signal handler may call it)."""
         self._stopping = True
 
     def _sleep(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; True when asked to stop meanwhile."""
         deadline = time.monotonic() + seconds
         while not self._stopping and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -340,8 +308,6 @@ class Supervisor:
 
 
 def _die_with_parent(parent: int) -> None:
-    """Have the kernel SIGKILL this process when the supervisor dies (Linux), so no orphan
-    holds the port; if it died already, go now."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -350,8 +316,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def worker_main() -> int:
-    """A worker: build the server from the supervisor's settings, announce it, serve until
-    SIGTERM/SIGINT, drain. Exits 2 when the server cannot be built (the reason on stderr)."""
+    """Build, announce, serve until SIGTERM/SIGINT, drain; exit 2 when it cannot be built."""
     index = int(os.environ[INDEX_ENV])
     _die_with_parent(int(os.environ[PARENT_ENV]))
     # stdout is the readiness pipe, read once: keep it aside and send anything else printed to
