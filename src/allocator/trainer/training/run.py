@@ -1,11 +1,4 @@
-"""One training run, start to finish: data split, environment, algorithm, artifacts, audits.
-
-The run directory holds everything needed to judge and reuse the run: the SB3 model, the ICM
-weights, normalization statistics, the resolved config, the state-scale and saturation audits,
-TensorBoard logs, the training curves, and a validation backtest next to equal weight. With
-``selection`` enabled the kept model is the best one on the inner span (``selection.py``);
-with ``checkpoint_every`` a crashed run resumes from its last checkpoint (``checkpointing.py``).
-"""
+"""One training run, start to finish: data split, environment, algorithm, artifacts, audits."""
 
 from __future__ import annotations
 
@@ -190,12 +183,8 @@ def _copy(src: Path, dst: Path) -> None:
 
 
 class TrainingSession:
-    """A run in progress: its data, model and callbacks, started fresh or from a checkpoint.
-
-    ``train`` is ``start`` + ``learn`` + ``finish``; ``resume`` is the same from the last
-    checkpoint of a run that did not finish. ``learn(until=...)`` stops early, as a crash
-    would, leaving the checkpoints written so far.
-    """
+    """A run in progress: its data, model and callbacks, started fresh or from a checkpoint;
+    ``learn(until=...)`` stops early, as a crash would."""
 
     def __init__(
         self,
@@ -261,11 +250,8 @@ class TrainingSession:
 
     @classmethod
     def resume(cls, run_dir: Path, config: TrainConfig | None = None) -> TrainingSession:
-        """The run in ``run_dir`` from its last checkpoint, with its own config.
-
-        ``config``, when given, must equal the run's ``config.yaml`` but for the keys that only
-        say where and how visibly it runs; a finished run is refused.
-        """
+        """The run in ``run_dir`` from its last checkpoint, with its own config (``config``
+        may differ only in ``RESUME_FREE_KEYS``); a finished run is refused."""
         run_dir = Path(run_dir)
         config = resume_config(load_config(run_dir / CONFIG_FILE), config, run_dir)
         if (run_dir / RUN_SUMMARY_FILE).exists():
@@ -307,11 +293,8 @@ class TrainingSession:
         }
 
     def learn(self, until: int | None = None, stop: threading.Event | None = None) -> None:
-        """Train to ``total_timesteps`` (or to step ``until``), continuing the step count.
-
-        When ``stop`` is set while it learns, it returns after that step with a checkpoint
-        written there and raises ``TrainingStoppedError``: the run continues with ``resume``.
-        """
+        """Train to ``total_timesteps`` (or to step ``until``), continuing the step count; a
+        ``stop`` set meanwhile checkpoints and raises ``TrainingStoppedError``."""
         model = self.model
         if self.finished:
             return
@@ -453,8 +436,6 @@ def write_validation(
         "assets": agent.settings["assets"],
         "metrics": metrics,
     }
-    # Equal weight is the bar a policy must clear net of costs; a tilt policy's anchor is what
-    # it holds at a zero action, so beating it is what the learning adds.
     for key, benchmark in (("equal_weight", "equal-weight"), ("anchor", ANCHOR)):
         if benchmark in validation:
             excess = excess_over(validation, algorithm, benchmark, config.seed)
@@ -474,11 +455,8 @@ def train(
     callbacks: Sequence[BaseCallback] = (),
     stop: threading.Event | None = None,
 ) -> TrainingRun:
-    """Train, save and audit one run; returns where it went and what it measured.
-
-    ``callbacks`` join the run's own (a caller watching the steps: walk-forward progress).
-    ``stop`` set while it learns ends the run at a checkpoint (``TrainingStoppedError``).
-    """
+    """Train, save and audit one run; ``callbacks`` join the run's own, and ``stop`` set while
+    it learns ends the run at a checkpoint (``TrainingStoppedError``)."""
     return TrainingSession.start(config, run_dir).complete(callbacks, stop)
 
 

@@ -1,15 +1,8 @@
-"""A training run's copy in MLflow, for people who compare runs side by side in its UI.
+"""A training run's copy in MLflow, for comparing runs side by side; the run directory stays
+the record, and its ``tracking.json`` names the MLflow run (so a resume continues it).
 
-The run directory stays the record (its CSV and TensorBoard logs, audits, plots, manifest);
-with ``tracking.backend: mlflow`` the same things also go to an MLflow run: the flattened
-config as parameters, every scalar SB3 logs (``progress.csv``'s columns) by step through a
-logger output format, the validation figures and audits as metrics, the run directory's files
-as artifacts. ``tracking.json`` in the run directory names the MLflow run, so a resumed run
-continues it and an export can register its version against it.
-
-Everything goes through one ``MlflowClient`` with an explicit run id (never MLflow's global
-active run), so runs started side by side in one process (walk-forward, tuning) never log
-into each other.
+Everything goes through an ``MlflowClient`` with an explicit run id, never MLflow's global
+active run, so runs side by side in one process never log into each other.
 """
 
 from __future__ import annotations
