@@ -94,14 +94,6 @@ def probe_parts(
     return ProbeParts(features.astype(np.float32), weights.astype(np.float32), mask)
 
 
-def random_probes(spec: FeatureSpec, n: int = PROBE_COUNT, seed: int = PROBE_SEED) -> ProbeParts:
-    """``n`` seeded observations with random masks (each asset slot live with probability 1/2)."""
-    rng = np.random.default_rng(seed + 1)
-    live = (rng.random((n, spec.max_assets)) < 0.5).astype(np.float32)
-    masks = np.concatenate([np.ones((n, 1), np.float32), live], axis=1)
-    return probe_parts(spec, masks, 1, seed)
-
-
 @dataclass(frozen=True)
 class ProbeReport:
     """What the post-migration check compared and found (the canonical figures: widening only)."""
@@ -120,8 +112,10 @@ def _max_abs(a: NDArray[np.floating[Any]], b: NDArray[np.floating[Any]]) -> floa
 
 
 def check_same_actions(algorithm: str, before: Path, after: Path, spec: FeatureSpec) -> ProbeReport:
-    """Same-shape migration: the probe actions must be bit-identical."""
-    parts = random_probes(spec)
+    """Same-shape migration: the probe actions must be bit-identical (random masks)."""
+    live = np.random.default_rng(PROBE_SEED + 1).random((PROBE_COUNT, spec.max_assets)) < 0.5
+    masks = np.concatenate([np.ones((PROBE_COUNT, 1)), live], axis=1).astype(np.float32)
+    parts = probe_parts(spec, masks, 1)
     obs = parts.observations(spec)
     old, new = load_model(algorithm, before / MODEL_FILE), load_model(algorithm, after / MODEL_FILE)
     diff = _max_abs(

@@ -79,12 +79,6 @@ class LoadedRun:
         return sets.numpy().astype(np.float32)
 
 
-def _algorithm_class(name: str) -> type[Algorithm]:
-    if name not in ALGORITHMS:
-        raise ExportError(f"algorithm {name!r} cannot be exported (known: td3, sac)")
-    return ALGORITHMS[name]
-
-
 def _check_saved(run_dir: Path, field: str, file: str, ours: Any) -> None:
     """The manifest's statistics must be those the run saved in ``file`` (the manifest has no
     checksum)."""
@@ -130,9 +124,10 @@ def load_run(run_dir: str | Path) -> LoadedRun:
         raise ExportError(f"{d / MODEL_FILE}: missing")
     spec = manifest.feature_spec.layout
     stats = NormalizationStats(mean=manifest.normalization.mean, std=manifest.normalization.std)
-    cls = _algorithm_class(manifest.algorithm)
+    if manifest.algorithm not in ALGORITHMS:
+        raise ExportError(f"algorithm {manifest.algorithm!r} cannot be exported (known: td3, sac)")
     try:
-        model = cls.load(d / MODEL_FILE, device="cpu")
+        model = ALGORITHMS[manifest.algorithm].load(d / MODEL_FILE, device="cpu")
     except Exception as exc:
         raise ExportError(
             f"{d / MODEL_FILE}: cannot load the {manifest.algorithm} model: {exc}"

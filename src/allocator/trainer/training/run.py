@@ -6,7 +6,7 @@ import shutil
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -289,7 +289,7 @@ class TrainingSession:
             "replay_buffer_size": int(buffer.size()) if buffer is not None else 0,
             "smooth_lambda": float(getattr(self.model, "smooth_lambda", 0.0)),
             "selection": self.selection.state.to_dict() if self.selection else None,
-            "saturation_watch": self.watch.state.to_dict(),
+            "saturation_watch": asdict(self.watch.state),
         }
 
     def learn(self, until: int | None = None, stop: threading.Event | None = None) -> None:

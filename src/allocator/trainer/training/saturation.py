@@ -133,13 +133,6 @@ class WatchState:
     last: dict[str, Any] | None = None
     last_check_step: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> WatchState:
-        return cls(**raw)
-
 
 class SaturationWatch(BaseCallback):
     """Measures the actor on the probe set every ``every`` steps (0: only when asked), warning
@@ -196,7 +189,7 @@ class SaturationWatch(BaseCallback):
             "collapse_share": COLLAPSE_SHARE,
             "probe_observations": int(self.probe.observations.shape[0]),
             "every": self.every,
-            **state.to_dict(),
+            **asdict(state),
             "collapsed": state.first_collapsed_step is not None,
         }
         out.pop("last_check_step")
@@ -217,7 +210,7 @@ def make_watch(
     env = PortfolioEnv(fit, config.env, stats=stats, feature_norm=feature_norm)
     probe = SaturationProbe.from_env(env, config.seed + PROBE_SEED_OFFSET)
     record = saved.get("saturation_watch")
-    state = WatchState.from_dict(record) if record else None
+    state = WatchState(**record) if record else None
     return SaturationWatch(probe, config.saturation_watch.every, state)
 
 

@@ -138,22 +138,22 @@ class TrackedRun:
         client.update_run(record["run_id"], status="RUNNING")
         return cls(client, record["run_id"])
 
-    @property
-    def uri(self) -> str:
-        return str(self.client.tracking_uri)
-
     def child_settings(self, settings: TrackingSettings) -> TrackingSettings:
         """``settings`` for a run nested under this one, on this run's server by URI (a worker
         elsewhere may not have ``$MLFLOW_TRACKING_URI``)."""
-        return settings.model_copy(update={"parent_run_id": self.run_id, "uri": self.uri})
+        uri = str(self.client.tracking_uri)
+        return settings.model_copy(update={"parent_run_id": self.run_id, "uri": uri})
+
+    def _log_batches(self, kind: str, items: list[Any]) -> None:
+        for i in range(0, len(items), BATCH):
+            self.client.log_batch(self.run_id, **{kind: items[i : i + BATCH]})
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         # the optional extra is loaded: a TrackedRun exists only once its client was built
         from mlflow.entities import Param
 
         items = [Param(mlflow_key(k), str(v)[:MAX_PARAM]) for k, v in sorted(params.items())]
-        for i in range(0, len(items), BATCH):
-            self.client.log_batch(self.run_id, params=items[i : i + BATCH])
+        self._log_batches("params", items)
 
     def log_metrics(self, values: Mapping[str, float], step: int) -> None:
         # the optional extra is loaded: a TrackedRun exists only once its client was built
@@ -161,8 +161,7 @@ class TrackedRun:
 
         now = int(time.time() * 1000)
         items = [Metric(mlflow_key(k), v, now, step) for k, v in sorted(values.items())]
-        for i in range(0, len(items), BATCH):
-            self.client.log_batch(self.run_id, metrics=items[i : i + BATCH])
+        self._log_batches("metrics", items)
 
     def log_run_dir(self, run_dir: Path) -> None:
         """The checkpoint under ``model/`` (a run directory ``allocator export`` can read once
