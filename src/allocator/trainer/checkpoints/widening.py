@@ -49,11 +49,7 @@ def observation_embedding(spec: FeatureSpec, max_assets: int) -> Embedding:
     follow the old ones, and each new slot's weight and mask entry follows the old slots' own."""
     m, w, big = spec.max_assets, spec.window, max_assets
     index = np.concatenate(
-        [
-            np.arange(m * w),
-            big * w + np.arange(m + 1),
-            big * w + (big + 1) + np.arange(m + 1),
-        ]
+        [np.arange(m * w), big * w + np.arange(m + 1), big * w + (big + 1) + np.arange(m + 1)]
     )
     return Embedding(index, big * w + 2 * (big + 1))
 

@@ -88,10 +88,7 @@ def random_weights(live: NDArray[np.bool_], rng: np.random.Generator) -> Float32
 
 
 def random_raw_observations(
-    spec: FeatureSpec,
-    n: int,
-    rng: np.random.Generator,
-    live: NDArray[np.bool_] | None = None,
+    spec: FeatureSpec, n: int, rng: np.random.Generator, live: NDArray[np.bool_] | None = None
 ) -> tuple[Float32Array, Float32Array]:
     """``n`` raw flat observations and masks: Student-t returns, calm to crisis, some clipping."""
     live = random_live_masks(n, spec.n_slots, rng) if live is None else live

@@ -147,10 +147,7 @@ def measure_parity(
         return policy_parity(session, members, obs)
 
     real = rollout(first, n, seed=seed)
-    on_rollout = {
-        **measure(real.inputs),
-        "max_abs_observation_diff": real.max_abs_observation_diff,
-    }
+    on_rollout = {**measure(real.inputs), "max_abs_observation_diff": real.max_abs_observation_diff}
     if first.shared:
         if len(members) == 1:  # SB3's flat call on the first member: not an ensemble's figure
             on_rollout["max_abs_flat_action_diff"] = real.max_abs_flat_action_diff

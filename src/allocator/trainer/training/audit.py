@@ -32,10 +32,7 @@ def _abs_quantiles(x: ArrayLike) -> dict[str, float]:
 
 
 def state_scale_summary(
-    train_prices: ArrayLike,
-    stats: NormalizationStats,
-    clip: float,
-    weights: ArrayLike,
+    train_prices: ArrayLike, stats: NormalizationStats, clip: float, weights: ArrayLike
 ) -> dict[str, Any]:
     """Per-feature p95/p99 of |x| before and after normalization, and the scale spread against
     the observed ``weights``, which enter the observation unnormalized."""

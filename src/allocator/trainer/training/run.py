@@ -56,10 +56,7 @@ from allocator.trainer.training.config import (
 )
 from allocator.trainer.training.host import host_info
 from allocator.trainer.training.inputs import TrainingData, make_env, prepare_data
-from allocator.trainer.training.policy_eval import (
-    excess_over,
-    validate_policy,
-)
+from allocator.trainer.training.policy_eval import excess_over, validate_policy
 from allocator.trainer.training.run_dir import (
     BEST_ICM_FILE,
     BEST_MODEL_FILE,
@@ -385,8 +382,7 @@ class TrainingSession:
         summary = self.summary(chosen, metrics)
         write_json(run_dir / RUN_SUMMARY_FILE, summary)
         write_manifest(
-            run_dir,
-            build_manifest(config, data.stats, list(data.train.assets), metrics, run_dir),
+            run_dir, build_manifest(config, data.stats, list(data.train.assets), metrics, run_dir)
         )
         shutil.rmtree(run_dir / CHECKPOINTS_DIR, ignore_errors=True)  # the run is complete
         if self.tracked is not None:

@@ -88,10 +88,7 @@ class MLflowOutputFormat(KVWriter):
         self.run = run
 
     def write(
-        self,
-        key_values: dict[str, Any],
-        key_excluded: dict[str, tuple[str, ...]],
-        step: int = 0,
+        self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]], step: int = 0
     ) -> None:
         figures = {
             key: float(value)
