@@ -23,7 +23,7 @@ from allocator.trainer.checkpoints.versions import STEPS, detect_version
 from allocator.trainer.checkpoints.widening import widen
 from allocator.trainer.market.data import DataError
 from allocator.trainer.training.config import load_config
-from allocator.trainer.training.run_dir import CONFIG_FILE, MODEL_FILE
+from allocator.trainer.training.run_dir import CONFIG_FILE, MODEL_FILE, fresh_path
 from allocator.typed_config import ConfigError
 
 
@@ -44,10 +44,7 @@ class UpgradeResult:
 def backup_dir(run_dir: Path, version: int) -> Path:
     """Copy ``run_dir`` to a fresh sibling ``<name>.bak-v<version>-<timestamp>``."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = run_dir.with_name(f"{run_dir.name}.bak-v{version}-{stamp}")
-    target, i = base, 1
-    while target.exists():
-        target, i = Path(f"{base}-{i}"), i + 1
+    target = fresh_path(run_dir.with_name(f"{run_dir.name}.bak-v{version}-{stamp}"))
     shutil.copytree(run_dir, target, symlinks=True)
     return target
 

@@ -38,6 +38,7 @@ from allocator.trainer.training.run_dir import (
     CHECKPOINTS_DIR,
     ICM_FILE,
     MODEL_FILE,
+    fresh_path,
 )
 from allocator.typed_config import ConfigError, flatten
 
@@ -127,10 +128,7 @@ def write_checkpoint(run_dir: Path, model: OffPolicyAlgorithm, state: dict[str, 
         for item in stage.iterdir():
             fsync_path(item)
         os.chmod(stage, 0o755)
-        final = root / name
-        k = 1
-        while final.exists():
-            final, k = root / f"{name}-{k}", k + 1
+        final = fresh_path(root / name)
         os.replace(stage, final)
         fsync_path(root)
     except BaseException:

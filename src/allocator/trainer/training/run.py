@@ -72,6 +72,7 @@ from allocator.trainer.training.run_dir import (
     SELECTION_FILE,
     VALIDATION_FILE,
     build_manifest,
+    fresh_path,
 )
 from allocator.trainer.training.saturation import make_watch
 from allocator.trainer.training.selection import SelectionCallback, SelectionState, inner_scorer
@@ -159,16 +160,6 @@ def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> 
     return SmoothSAC(policy, env, ent_coef=algo.ent_coef, **common)
 
 
-def _make_run_dir(config: TrainConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(config.output_dir) / f"{config.name}-{stamp}"
-    run_dir, i = base, 1
-    while run_dir.exists():
-        run_dir, i = Path(f"{base}-{i}"), i + 1
-    run_dir.mkdir(parents=True)
-    return run_dir
-
-
 def _seed(config: TrainConfig, offset: int) -> None:
     set_random_seed(config.seed + offset)
     if config.torch_threads:
@@ -238,8 +229,10 @@ class TrainingSession:
             require_mlflow()  # before the data: a missing extra fails at once
         _seed(config, 0)
         data = prepare_data(config)
-        run_dir = run_dir or _make_run_dir(config)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        fresh = run_dir is None  # a directory of its own, never one a concurrent run just made
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = run_dir or fresh_path(Path(config.output_dir) / f"{config.name}-{stamp}")
+        run_dir.mkdir(parents=True, exist_ok=not fresh)
         (run_dir / CONFIG_FILE).write_text(dump_config(config))
         model = build_model(config, make_env(config, data), None)
         assert isinstance(model, OffPolicyAlgorithm)

@@ -3,6 +3,7 @@ refuse files changed after training."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import zipfile
 from pathlib import Path
@@ -48,6 +49,12 @@ CHECKPOINT_FILES = [
     CONFIG_FILE,
 ]
 """The files whose checksums the manifest records (those absent from a run are skipped)."""
+
+
+def fresh_path(base: Path) -> Path:
+    """``base``, or the first of ``base-1``, ``base-2``, ... that does not exist yet."""
+    candidates = itertools.chain([base], (Path(f"{base}-{i}") for i in itertools.count(1)))
+    return next(p for p in candidates if not p.exists())
 
 
 def saved_feature_normalization(run_dir: Path, spec: AssetFeatureSpec) -> FeatureNormalization:
