@@ -38,11 +38,6 @@ def split_change(out: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
     return actions, (next_actions - actions).pow(2).sum(dim=-1)
 
 
-def action_change(actor: th.nn.Module, obs: th.Tensor, next_obs: th.Tensor) -> th.Tensor:
-    """Per-sample ``C = ||pi(s') - pi(s)||^2`` (shape (B,)), differentiable in the actor."""
-    return split_change(actor(th.cat([obs, next_obs])))[1]
-
-
 class SmoothnessLambda:
     """Holds lambda and applies its update rule after every actor step."""
 

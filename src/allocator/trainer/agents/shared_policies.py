@@ -138,11 +138,9 @@ class SharedCritic(BaseModel):
         super().__init__(observation_space, action_space, normalize_images=normalize_images)
         self.layout = ObservationLayout.from_spaces(observation_space, action_space, n_features)
         self.n_critics = n_critics
-        self.q_networks: list[SharedQNet] = []
-        for idx in range(n_critics):
-            q_net = SharedQNet(n_features, hidden, activation_fn)
+        self.q_networks = [SharedQNet(n_features, hidden, activation_fn) for _ in range(n_critics)]
+        for idx, q_net in enumerate(self.q_networks):
             self.add_module(f"qf{idx}", q_net)
-            self.q_networks.append(q_net)
 
     def forward(self, obs: th.Tensor, actions: th.Tensor) -> tuple[th.Tensor, ...]:
         return tuple(stacked_q(self.q_networks, *self.layout.split(obs), actions).unbind(0))

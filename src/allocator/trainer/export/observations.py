@@ -65,9 +65,6 @@ class SetObservations:
         return assemble_observation(self.features, self.weights, self.masks, layout)
 
 
-# --- random inputs -------------------------------------------------------------------------
-
-
 def random_live_masks(n: int, n_slots: int, rng: np.random.Generator) -> NDArray[np.bool_]:
     """Random live masks (cash live) of every density; every tenth row is cash only."""
     density = rng.uniform(0.0, 1.0, size=(n, 1))
@@ -146,9 +143,6 @@ def random_set_observations(
     start = rng.uniform(5.0, 500.0, size=(n, n_assets, 1))
     prices = start * np.exp(np.concatenate([np.zeros_like(start), np.cumsum(steps, -1)], -1))
     return _set_observations(prices, live, spec, rng)
-
-
-# --- real inputs ---------------------------------------------------------------------------
 
 
 def training_data(loaded: LoadedRun) -> MarketData:

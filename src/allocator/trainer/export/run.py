@@ -96,11 +96,11 @@ def graph_metadata(members: Sequence[LoadedRun], graph: str) -> dict[str, str]:
     return meta
 
 
-def _policy_io(shared: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The policy graph's input and output names."""
-    if shared:
-        return SHARED_POLICY_INPUTS, SHARED_POLICY_OUTPUTS
-    return POLICY_INPUTS, POLICY_OUTPUTS
+POLICY_IO = {
+    True: (SHARED_POLICY_INPUTS, SHARED_POLICY_OUTPUTS),
+    False: (POLICY_INPUTS, POLICY_OUTPUTS),
+}
+"""The policy graph's input and output names, by whether the policy is shared."""
 
 
 def export_policy(members: Sequence[LoadedRun], path: Path) -> Path:
@@ -114,7 +114,7 @@ def export_policy(members: Sequence[LoadedRun], path: Path) -> Path:
         if first.shared
         else (torch.zeros(4, spec.obs_size), mask)
     )
-    inputs, outputs = _policy_io(first.shared)
+    inputs, outputs = POLICY_IO[first.shared]
     metadata = graph_metadata(members, "policy")
     axes = policy_axes(first.shared)
     return export_graph(PolicyGraph(members), example, inputs, outputs, path, metadata, axes)
@@ -143,7 +143,7 @@ def _export_info(
 ) -> dict[str, Any]:
     """The manifest's ``export`` section: parity, opset, provenance and the graphs' names."""
     first = members[0]
-    inputs, outputs = _policy_io(first.shared)
+    inputs, outputs = POLICY_IO[first.shared]
     graph: dict[str, Any] = {"inputs": list(inputs), "outputs": list(outputs)}
     if first.shared:
         graph["asset_axis"] = "dynamic"

@@ -113,9 +113,7 @@ def _policy(config: TrainConfig) -> tuple[Any, dict[str, Any]]:
     cls = SharedTD3Policy if isinstance(algo, TD3Settings) else SharedSACPolicy
     shared = config.shared
     kwargs = {"n_features": config.env.n_features, "hidden": shared.hidden}
-    # Only when on: the policy's own default is off, so a checkpoint saved without the key
-    # (before centring existed) loads uncentred, as it was trained.
-    if shared.center_assets:
+    if shared.center_assets:  # only when on: a policy saved without the key loads uncentred
         kwargs["center_assets"] = True
     return cls, kwargs
 
@@ -305,9 +303,7 @@ class TrainingSession:
         seconds = time.perf_counter() - self._learning_since
         self._learning_since = None
         if not self.finished:
-            # Stopped by ``until``: that step's transition was never stored, so the next
-            # ``learn`` starts a new episode rather than continue from a stale observation.
-            model._last_obs = None
+            model._last_obs = None  # stopped by ``until``: its transition was never stored
         self.train_seconds += seconds
         self.session_seconds += seconds
         self.session_steps += model.num_timesteps - first
