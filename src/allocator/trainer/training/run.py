@@ -122,14 +122,9 @@ def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> 
     """The configured SB3 algorithm on ``env`` (CPU by default, CUDA when present)."""
     algo = config.algorithm
     policy, policy_kwargs = _policy(config)
+    sb3 = "gamma batch_size buffer_size learning_starts tau train_freq gradient_steps"
     common: dict[str, Any] = {
-        "gamma": algo.gamma,
-        "batch_size": algo.batch_size,
-        "buffer_size": algo.buffer_size,
-        "learning_starts": algo.learning_starts,
-        "tau": algo.tau,
-        "train_freq": algo.train_freq,
-        "gradient_steps": algo.gradient_steps,
+        **algo.model_dump(include=set(sb3.split())),
         "policy_kwargs": policy_kwargs,
         "actor_learning_rate": _schedule(algo.actor_learning_rate),
         "critic_learning_rate": _schedule(algo.critic_learning_rate),
@@ -140,17 +135,16 @@ def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> 
         "verbose": 0,
     }
     if isinstance(algo, TD3Settings):
+        td3 = (
+            "critic_loss huber_delta max_grad_norm policy_delay target_policy_noise "
+            "target_noise_clip"
+        )
         return SmoothTD3(
             policy,
             env,
-            critic_loss=algo.critic_loss,
-            huber_delta=algo.huber_delta,
-            max_grad_norm=algo.max_grad_norm,
+            **algo.model_dump(include=set(td3.split())),
             smoothness=algo.smoothness,
             action_bound=algo.action_bound,
-            policy_delay=algo.policy_delay,
-            target_policy_noise=algo.target_policy_noise,
-            target_noise_clip=algo.target_noise_clip,
             action_noise=make_action_noise(config.noise, env.action_space.shape[0]),
             **common,
         )

@@ -59,11 +59,7 @@ def split_training_span(
     when the training part could not hold one episode with its observation window."""
     dates = train_data.dates
     n = len(dates)
-    inner = (
-        settings.inner_days
-        if settings.inner_days is not None
-        else round(settings.inner_fraction * n)
-    )
+    inner = settings.inner_days or round(settings.inner_fraction * n)  # inner_days >= 5 if set
     fit_days = n - inner - settings.purge_days
     need = env.history + env.episode_length + 1
     if inner < 5 or fit_days < need:
