@@ -39,11 +39,8 @@ class ObservationLayout:
     def from_spaces(
         cls, observation_space: spaces.Space[Any], action_space: spaces.Space[Any], n_features: int
     ) -> ObservationLayout:
-        """The layout of an environment's spaces (``M + 1`` action slots, cash first).
-
-        ``n_features`` is explicit so a mismatched ``F`` raises instead of reading weights as
-        features.
-        """
+        """The layout of an environment's spaces; ``n_features`` is explicit so a mismatched
+        ``F`` raises instead of reading weights as features."""
         obs_shape = observation_space.shape
         act_shape = action_space.shape
         if obs_shape is None or len(obs_shape) != 1 or act_shape is None or len(act_shape) != 1:

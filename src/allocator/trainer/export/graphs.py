@@ -1,12 +1,9 @@
 """The graphs ``allocator export`` writes, as torch modules, and their export to ONNX.
 
-A policy graph of k >= 1 members (a run or a seed ensemble) normalizes the raw input with each
-member's own statistics and outputs the mean of their deterministic actions, so an ensemble has
-a single model's inputs and outputs (under the tilt the mean action is the geometric mean of
-the members' tilts). Flat MLP: raw observation and mask -> action and weights (the affine
-mapping in the graph). Shared: raw per-asset features of any N, weights and mask -> action;
-the tilt's anchor comes from the request's prices, so the server applies it. Normalization
-lives in the graph so a server cannot apply stale statistics.
+A policy graph of k >= 1 members normalizes the raw input with each member's own statistics
+(in the graph: a server cannot apply stale ones) and outputs the mean of their actions, so an
+ensemble has a single model's inputs and outputs. A flat graph also maps the action to weights;
+a shared graph's tilt needs the request's prices, so the server applies it.
 """
 
 from __future__ import annotations
@@ -203,11 +200,8 @@ def export_graph(
     metadata: dict[str, str] | None = None,
     dynamic_shapes: tuple[Any, ...] | None = None,
 ) -> Path:
-    """Export ``module`` (dynamo) to one self-contained file that passes the full ONNX check.
-
-    Axis 0 of every input is dynamic unless ``dynamic_shapes`` says more; ``metadata`` goes
-    into ``metadata_props`` so a server can see what it loaded.
-    """
+    """Export ``module`` (dynamo) to one self-contained file that passes the full ONNX check;
+    axis 0 of every input is dynamic unless ``dynamic_shapes`` says more."""
     module = module.eval()
     batch = torch.export.Dim("batch", min=1)
     dynamic = dynamic_shapes or tuple({0: batch} for _ in example)  # positional: names differ

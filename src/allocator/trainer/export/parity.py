@@ -60,12 +60,9 @@ def _member_action(member: LoadedRun, obs: FlatObservations | SetObservations) -
 def policy_parity(
     session: Any, members: Sequence[LoadedRun], obs: FlatObservations | SetObservations
 ) -> dict[str, Any]:
-    """The ONNX policy vs the torch mean of its members' actions.
-
-    A flat graph's weights are checked against numpy ``action_to_weights`` of the graph's own
-    action: near-zero preferences amplify float32 action differences, so the torch-to-ONNX
-    weight gap (``end_to_end_weight_diff``) is reported, not checked, as is ``member_spread``.
-    """
+    """The ONNX policy vs the torch mean of its members' actions; a flat graph's weights are
+    checked against numpy's mapping of the graph's own action (near-zero preferences amplify
+    float32 action gaps, so ``end_to_end_weight_diff`` is reported, not checked)."""
     outputs = session.run(None, obs.feeds())
     action = outputs[0]
     actions = [_member_action(m, obs) for m in members]

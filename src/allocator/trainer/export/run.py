@@ -217,9 +217,8 @@ def export_runs(
 ) -> Path:
     """Export one run, or several as a seed ensemble, to ``registry/NAME/VERSION``; return it.
 
-    NAME defaults to the first run's manifest name, VERSION to the next integer. Any refusal or
-    parity above ``tolerance`` raises ``ExportError`` with nothing written to the registry. A
-    single run tracked in MLflow is registered there too.
+    Any refusal or parity above ``tolerance`` raises ``ExportError`` with nothing written to
+    the registry; a single run tracked in MLflow is registered there too.
     """
     if not run_dirs:
         raise ExportError("nothing to export: no run directory given")

@@ -80,9 +80,7 @@ class SaturationProbe:
     """A fixed batch of observations and which action slots are live in each."""
 
     def __init__(self, observations: np.ndarray, n_slots: int) -> None:
-        self.observations = np.asarray(observations, dtype=np.float32)
-        if self.observations.ndim != 2 or self.observations.shape[0] < 2:
-            raise ValueError("a probe set needs a (>= 2, obs_dim) batch of observations")
+        self.observations = np.asarray(observations, dtype=np.float32)  # (n >= 2, obs_dim)
         # The flat observation ends with the mask (cash first); cash is always live.
         self.live = self.observations[:, -n_slots:] > 0.5
         self.live[:, 0] = True
