@@ -114,8 +114,8 @@ def _max_abs(a: NDArray[np.floating[Any]], b: NDArray[np.floating[Any]]) -> floa
 def check_same_actions(algorithm: str, before: Path, after: Path, spec: FeatureSpec) -> ProbeReport:
     """Same-shape migration: the probe actions must be bit-identical (random masks)."""
     live = np.random.default_rng(PROBE_SEED + 1).random((PROBE_COUNT, spec.max_assets)) < 0.5
-    masks = np.concatenate([np.ones((PROBE_COUNT, 1)), live], axis=1).astype(np.float32)
-    parts = probe_parts(spec, masks, 1)
+    cash_and_live = np.concatenate([np.ones((PROBE_COUNT, 1)), live], axis=1)
+    parts = probe_parts(spec, cash_and_live.astype(np.float32), 1)
     obs = parts.observations(spec)
     old, new = load_model(algorithm, before / MODEL_FILE), load_model(algorithm, after / MODEL_FILE)
     diff = _max_abs(
