@@ -26,7 +26,7 @@ from allocator.trainer.agents.regularizer import (
     SmoothMode,
     SmoothnessLambda,
     SmoothnessSettings,
-    action_change,
+    split_change,
 )
 from allocator.trainer.agents.td3 import SmoothTD3, clip_and_step, critic_loss, target_policy_noise
 from tests.trainer.agents.tiny import (
@@ -45,7 +45,7 @@ def params(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def hand_mean_change(actor: nn.Module, obs: torch.Tensor, next_obs: torch.Tensor) -> torch.Tensor:
-    """E_batch sum_j (pi(s')_j - pi(s)_j)^2, written out independently of ``action_change``."""
+    """E_batch sum_j (pi(s')_j - pi(s)_j)^2, written out independently of ``split_change``."""
     diff = actor(next_obs) - actor(obs)
     return (diff * diff).sum(dim=1).mean()
 
@@ -160,7 +160,7 @@ def test_clip_and_step_leaves_small_or_unclipped_gradients_alone(max_norm: float
     assert torch.allclose(p.detach(), torch.tensor([1.0 - 1.5, 2.0 - 2.0]), atol=1e-6)
 
 
-# --- action_change --------------------------------------------------------------------------
+# --- split_change ---------------------------------------------------------------------------
 
 
 def linear_tanh_actor() -> nn.Sequential:
@@ -177,7 +177,7 @@ def test_action_change_is_squared_distance_between_consecutive_actions() -> None
     a = np.tanh(obs.double().numpy() @ w.numpy().T + b.numpy())
     a_next = np.tanh(next_obs.double().numpy() @ w.numpy().T + b.numpy())
     expected = ((a_next - a) ** 2).sum(axis=1)
-    change = action_change(actor, obs, next_obs)
+    change = split_change(actor(torch.cat([obs, next_obs])))[1]
     assert change.shape == (3,)
     np.testing.assert_allclose(change.detach().numpy(), expected, rtol=1e-5, atol=1e-7)
     assert change[2].item() == 0.0  # identical states: no change
@@ -188,7 +188,7 @@ def test_action_change_gradient_flows_into_actor_as_derived_by_hand() -> None:
     lin = actor[0]
     obs = torch.tensor([[0.1, -0.3, 0.5], [1.0, 0.0, -1.0]])
     next_obs = torch.tensor([[0.2, -0.1, 0.4], [-1.0, 0.5, 0.3]])
-    action_change(actor, obs, next_obs).mean().backward()
+    split_change(actor(torch.cat([obs, next_obs])))[1].mean().backward()
     # C = sum_j (a'_j - a_j)^2 with a = tanh(W x + b):
     # dC/dW_jk = 2 (a'_j - a_j) ((1 - a'_j^2) x'_k - (1 - a_j^2) x_k), dC/db_j likewise with x = 1.
     w, b = lin.weight.detach().double().numpy(), lin.bias.detach().double().numpy()

@@ -1,9 +1,5 @@
-"""Wiring the Intrinsic Curiosity Module into SB3's off-policy algorithms without forking them.
-
-The ICM acts on replay batches: every batch the critic sees first trains the ICM one step (on
-its own optimizer) and then has its rewards mixed with the normalized, clipped intrinsic reward.
-Doing this in the replay buffer's ``sample`` lets TD3 and SAC share it unchanged.
-"""
+"""The ICM in SB3's off-policy algorithms: the replay buffer's ``sample`` trains it on each batch
+and mixes in its bonus, so TD3 and SAC share it unchanged."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
 """Intrinsic Curiosity Module (Pathak et al. 2017) for continuous actions.
 
-The ICM learns features ``phi`` that predict the action between two observations (inverse model)
-and a forward model that predicts ``phi(s')`` from ``phi(s)`` and the action. Its forward error is
-a novelty signal: transitions the agent has seen often are predicted well. TD3/SAC add that
-signal, normalized by running statistics, to the extrinsic reward of each replay batch:
-
-    stats = icm.update(obs, actions, next_obs)
-    r_int = icm.intrinsic_reward(obs, actions, next_obs)
-    rewards = icm.mix(rewards, r_int, num_timesteps)
-
-The ICM owns its parameters and optimizer, and detaches every input, so its losses never
-push gradients into the actor or the critics.
+The forward model's error predicting ``phi(s')`` is a novelty signal, added (normalized by
+running statistics) to each replay batch's reward. The ICM owns its optimizer and detaches
+every input, so its losses never push gradients into the actor or the critics.
 """
 
 from __future__ import annotations
@@ -57,12 +49,8 @@ def _mlp(in_dim: int, hidden_dim: int, out_dim: int) -> nn.Sequential:
 
 
 class CuriosityNet(nn.Module):
-    """Encoder, inverse and forward models plus the running statistics of the raw error.
-
-    The statistics are float64 buffers (float64 so that the count and the variance stay exact
-    over millions of samples), so they travel with the state_dict and into an ONNX export of
-    ``forward``.
-    """
+    """Encoder, inverse and forward models plus the raw error's running statistics: float64
+    buffers (exact over millions of samples) that travel with the state_dict and into ONNX."""
 
     reward_mean: torch.Tensor
     reward_var: torch.Tensor
@@ -112,19 +100,13 @@ class CuriosityNet(nn.Module):
     def forward(
         self, obs: torch.Tensor, action: torch.Tensor, next_obs: torch.Tensor
     ) -> torch.Tensor:
-        """Normalized, clipped intrinsic reward (B, 1); reads the statistics, never updates them.
-
-        Pure tensor code with no data-dependent branches, so that it traces for ONNX export.
-        """
+        """Normalized, clipped intrinsic reward (B, 1); reads the statistics, never updates
+        them; no data-dependent branches, so it traces for ONNX."""
         return self.normalize(self.raw_error(obs, action, next_obs))
 
     @torch.no_grad()
     def update_statistics(self, raw: torch.Tensor) -> None:
-        """Fold a batch of raw errors into the running mean/var (parallel-variance update).
-
-        Population variance, as SB3's ``RunningMeanStd`` but starting from a count of 0, so the
-        statistics equal numpy's mean/var over every raw error seen.
-        """
+        """Fold a batch into the running mean/var: equal to numpy's over every error seen."""
         batch = raw.detach().reshape(-1).to(torch.float64)
         batch_count = float(batch.numel())
         if batch_count == 0:

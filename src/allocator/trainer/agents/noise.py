@@ -1,9 +1,5 @@
-"""Exploration noise for TD3 from SB3's noise classes, with sigma annealed over training.
-
-Start exploring widely (sigma 0.2-0.4) and anneal toward ~0.01: early on, wide noise visits
-allocations the untrained actor would never try; late in training, the same noise would keep
-the portfolio thrashing around what was learned instead of exploiting it.
-"""
+"""Exploration noise for TD3 from SB3's noise classes, sigma annealed: wide early to visit new
+allocations, narrow late so it does not thrash around what was learned."""
 
 from __future__ import annotations
 

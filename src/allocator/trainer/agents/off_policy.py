@@ -1,9 +1,5 @@
-"""What ``SmoothTD3`` and ``SmoothSAC`` add to SB3 alike: two learning rates and curiosity.
-
-SB3 gives an off-policy algorithm one learning rate (schedule) for every optimizer. Here the
-actor (and SAC's entropy coefficient) and the critics each follow their own schedule: critics
-usually learn an order of magnitude faster than the policy they judge.
-"""
+"""What ``SmoothTD3`` and ``SmoothSAC`` add to SB3 alike: curiosity, and separate actor and
+critic learning-rate schedules (critics usually learn an order of magnitude faster)."""
 
 from __future__ import annotations
 

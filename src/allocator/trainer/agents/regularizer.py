@@ -1,11 +1,8 @@
-"""The actor's regularizers: smoothness ``lambda * E||pi(s') - pi(s)||^2`` with its lambda, and
-the bound penalty that keeps a tanh actor off its bounds.
+"""The actor's regularizers: smoothness ``lambda * E||pi(s') - pi(s)||^2`` and the bound penalty.
 
-The problem it solves: with no penalty TD3 thrashes between allocations; with a large fixed
-lambda it becomes too timid to take profits. The adaptive mode treats smoothness as a
-constraint instead of a price: lambda is a Lagrange multiplier raised by dual ascent while the
-mean squared action change ``E[C]`` exceeds a budget ``d`` and lowered (to 0) while it is
-under, so the agent pays for smoothness only when it actually over-trades.
+Adaptive smoothness is a constraint, not a price: lambda rises by dual ascent while the mean
+action change ``E[C]`` exceeds a budget and falls (to 0) under it, so the agent pays only when it
+over-trades (no penalty thrashes; a large fixed one is too timid).
 """
 
 from __future__ import annotations
@@ -36,18 +33,9 @@ class SmoothnessSettings(StrictModel):
 
 
 def split_change(out: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-    """``pi(s)`` and per-sample ``C = ||pi(s') - pi(s)||^2`` from the actor's output on ``[s; s']``.
-
-    The actor loss needs ``pi(s)`` anyway; one forward over ``[s; s']`` saves two of the three
-    passes (and their backward) a naive ``actor(s')``, ``actor(s)``, ``actor(s)`` would cost.
-    """
+    """``pi(s)`` and per-sample ``C = ||pi(s') - pi(s)||^2`` from one actor pass on ``[s; s']``."""
     actions, next_actions = out.chunk(2)
     return actions, (next_actions - actions).pow(2).sum(dim=-1)
-
-
-def action_change(actor: th.nn.Module, obs: th.Tensor, next_obs: th.Tensor) -> th.Tensor:
-    """Per-sample ``C = ||pi(s') - pi(s)||^2`` (shape (B,)), differentiable in the actor."""
-    return split_change(actor(th.cat([obs, next_obs])))[1]
 
 
 class SmoothnessLambda:
@@ -70,15 +58,10 @@ class SmoothnessLambda:
 
 
 class ActionBoundSettings(StrictModel):
-    """A penalty on pre-tanh scores past ``atanh(limit)``: the actor stays where tanh has a
-    gradient.
+    """A penalty on pre-tanh scores past ``atanh(limit)``; ``weight`` 0 is off.
 
-    A tanh actor pushed to +-1 (the critic asks for more tilt than ``k`` allows, or for no cash
-    at all) loses its gradient there, ``1 - a^2 ~ 0``, and stops learning in that dimension:
-    the saturation the watch reports. Penalising the action itself cannot pull it back (its
-    gradient is gated by the same ``1 - a^2``); penalising the score ``u`` before the tanh
-    can. The loss adds ``weight * E[sum_slots relu(|u| - atanh(limit))^2]``; masked slots
-    score 0 and add nothing. ``weight`` 0 is off.
+    A tanh actor at +-1 has no gradient (``1 - a^2 ~ 0``) and stops learning; a penalty on the
+    action is gated by the same factor, one on the score ``u`` is not.
     """
 
     weight: float = Field(0.0, ge=0, description="penalty per squared unit of score past the limit")

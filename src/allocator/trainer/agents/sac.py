@@ -13,12 +13,7 @@ from allocator.trainer.agents.shared_networks import slot_order_sums
 
 
 class SmoothSAC(SmoothOffPolicy, SAC):
-    """SAC whose actor (and entropy coefficient) and critic follow their own schedules.
-
-    :param actor_learning_rate: actor and entropy-coefficient learning rate or schedule
-    :param critic_learning_rate: critic learning rate or schedule
-    :param icm: Intrinsic Curiosity Module settings (off unless ``enabled``)
-    """
+    """SAC whose actor (and entropy coefficient) and critic follow their own schedules."""
 
     def __init__(
         self,

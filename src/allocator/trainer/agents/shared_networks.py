@@ -1,18 +1,9 @@
-"""Per-asset shared networks ("identical independent evaluators", Deep Sets) for actor and critic.
+"""Per-asset shared networks (Deep Sets) for actor and critic.
 
-A flat MLP over ``[asset block, weights, mask]`` learns a separate function for every asset slot:
-what it learns about slot 3 does not transfer to slot 5, its output depends on which slot an
-asset happens to sit in, and it cannot take more assets than it was built for. Here every asset
-is scored by the same small network from its own features and weight, plus a context pooled
-over all live assets (masked mean and max, which ignore order and count). The consequences,
-which the tests hold:
-
-- permuting live assets (features, weights, mask) permutes the actor's asset actions and leaves
-  the critics' Q unchanged;
-- masked slots influence nothing (their rows are replaced by zeros before any arithmetic, so
-  even NaN there is harmless) and get action 0;
-- the actor runs on any number of assets (``forward_sets``), not only the ``M`` slots of the
-  flat observation it was trained on.
+Every asset is scored by the same small network from its own features and weight plus a
+context pooled over the live assets (masked mean and max). So: permuting live assets permutes
+the actor's asset actions and leaves Q unchanged; masked slots (even NaN) influence nothing and
+get action 0; the actor runs on any number of assets, not only the ``M`` slots it trained on.
 """
 
 from __future__ import annotations
@@ -48,12 +39,8 @@ class ObservationLayout:
     def from_spaces(
         cls, observation_space: spaces.Space[Any], action_space: spaces.Space[Any], n_features: int
     ) -> ObservationLayout:
-        """The layout of an environment's spaces; refuses an ``n_features`` that does not fit.
-
-        ``M`` comes from the action (``M + 1`` slots, cash first); ``n_features`` is passed
-        explicitly rather than inferred, so a feature set and a policy built for different
-        ``F`` fail here instead of silently reading weights as features.
-        """
+        """The layout of an environment's spaces; ``n_features`` is explicit so a mismatched
+        ``F`` raises instead of reading weights as features."""
         obs_shape = observation_space.shape
         act_shape = action_space.shape
         if obs_shape is None or len(obs_shape) != 1 or act_shape is None or len(act_shape) != 1:
@@ -108,13 +95,9 @@ _EXACT_SUMS: ContextVar[bool] = ContextVar("allocator_exact_pooled_sums", defaul
 def slot_order_sums() -> Iterator[None]:
     """Training arithmetic inside this block: slot-order sums and live-rows-only passes.
 
-    Outside it every pooled sum runs over the values sorted first, so a permutation of the
-    assets gives the same bits, which the exported graph and every inference path keep. Gradient
-    steps do not need the bits, so the trainers' ``train`` runs here, where the networks take
-    shortcuts that change results by rounding only: sums in slot order (sorting costs a few ms
-    per batch), and, for ReLU networks on CPU, the per-asset layers run on the live rows alone
-    (``LiveRows``; an episode holds 2 to 20 of the 20 slots, so about half the rows are masked)
-    with the first ``rho`` layer split into its per-asset and per-portfolio halves.
+    Outside it pooled sums run over sorted values, so a permutation of the assets gives the same
+    bits (as the exported graph does). Gradient steps do not need the bits, so ``train`` runs
+    here, with shortcuts that change results by rounding only.
     """
     token = _EXACT_SUMS.set(False)
     try:
@@ -142,15 +125,11 @@ def slot_live(mask: th.Tensor) -> th.Tensor:
 
 
 def masked_mean_max(h: th.Tensor, live: th.Tensor, nonneg: bool = False) -> th.Tensor:
-    """``[mean, max]`` of ``h`` (..., B, N, H) over live rows, (..., B, 2H); zeros when none is
-    live (``live`` is (B, N); leading dims, such as a critic axis, broadcast).
+    """``[mean, max]`` of ``h`` (..., B, N, H) over live rows (``live`` (B, N)): (..., B, 2H),
+    zeros when none is live.
 
-    ``where`` rather than multiplying by the mask: ``0 * NaN`` would let a masked row through.
-    The sum runs over the values sorted along the asset axis (``order_free_sum``): float
-    addition is not associative, and summing in slot order would make the context (and every
-    action) depend on the assets' order by a few ulps; sorted, a permutation gives the same bits.
-    ``nonneg`` says ``h`` is never negative (a ReLU's output): the max over the zeroed rows is
-    then the same value, zero when none is live, and one masking pass is saved.
+    ``where``, not a mask product: ``0 * NaN`` would let a masked row through. ``nonneg`` (a
+    ReLU's output) lets the max run over the zeroed rows, saving a masking pass.
     """
     m = live.unsqueeze(-1)
     count = m.sum(dim=-2).clamp(min=1).to(h.dtype)
@@ -171,13 +150,7 @@ def zeroed_mean_max(dense: th.Tensor, live: th.Tensor) -> th.Tensor:
 
 
 class LiveRows:
-    """The live asset rows of a (B, N) batch of sets, for per-asset layers that skip the rest.
-
-    The per-asset layers are most of a gradient step's arithmetic, and with 2 to 20 assets an
-    episode leaves about half the slots masked; their outputs are discarded (pooling and the
-    final scores ignore them), so computing them is waste. Masked rows are never read, so NaN
-    there stays harmless.
-    """
+    """The live asset rows of a (B, N) batch of sets: per-asset layers skip the masked half."""
 
     def __init__(self, live: th.Tensor) -> None:
         self.shape = (int(live.shape[0]), int(live.shape[1]))
@@ -195,29 +168,21 @@ class LiveRows:
 
 
 def live_rows_only(x: th.Tensor, activation: type[nn.Module]) -> bool:
-    """Whether a pass may run its per-asset layers on the live rows alone (``LiveRows``).
-
-    Only while training (``slot_order_sums``), only for ReLU networks (the zero-filled masked
-    rows then leave the max unchanged), and only on CPU: finding the live rows takes a host
-    sync, which a GPU pays for more than it saves on these small layers.
-    """
+    """Whether per-asset layers may run on the live rows alone: while training, for ReLU (zero
+    rows leave the max unchanged), on CPU (finding the rows costs a GPU a host sync)."""
     return not _EXACT_SUMS.get() and issubclass(activation, nn.ReLU) and x.device.type == "cpu"
 
 
 def centered(scores: th.Tensor, live: th.Tensor) -> th.Tensor:
-    """``scores`` (B, N) less their mean over live assets (summed sorted, as in
-    ``masked_mean_max``, so a permutation gives the same bits); masked entries are left as
-    they are (the caller zeroes them)."""
+    """``scores`` (B, N) less their mean over live assets; masked entries are the caller's."""
     count = live.sum(dim=1, keepdim=True).clamp(min=1).to(scores.dtype)
     total = order_free_sum(th.where(live, scores, 0.0), dim=1)
     return scores - total.unsqueeze(1) / count
 
 
 def asset_inputs(features: th.Tensor, per_slot: th.Tensor, live: th.Tensor) -> th.Tensor:
-    """Per-asset rows ``[features_i, per_slot_i...]`` (B, N, F + K), masked rows set to zero.
-
-    ``per_slot`` is (B, N + 1, K) with cash first; cash is dropped here (it has no features).
-    """
+    """Rows ``[features_i, per_slot_i...]`` (B, N, F + K), masked rows zero; ``per_slot`` is
+    (B, N + 1, K) with cash first, which is dropped."""
     rows = th.cat([features, per_slot[:, 1:]], dim=-1)
     return th.where(live.unsqueeze(-1), rows, 0.0)
 
@@ -225,17 +190,13 @@ def asset_inputs(features: th.Tensor, per_slot: th.Tensor, live: th.Tensor) -> t
 class SharedActorNet(nn.Module):
     """Scores every slot from its own row and a pooled context: ``(B, N + 1, n_outputs)``.
 
-    ``h_i = phi([f_i, w_i])``; ``c = context([mean h, max h, w_cash])``;
-    asset score ``rho([h_i, c])``; cash score ``cash_head(c)`` (its bias is the learned cash
-    preference). ``n_outputs`` is 1 for TD3 (the pre-tanh score) and 2 for SAC (mean, log std).
+    ``h_i = phi([f_i, w_i])``; ``c = context([mean h, max h, w_cash])``; asset score
+    ``rho([h_i, c])``; cash score ``cash_head(c)``. ``n_outputs``: 1 for TD3, 2 for SAC.
 
-    ``center_assets`` subtracts the live assets' mean from their first output (the pre-tanh
-    score or mean; never the log std). Adding the same amount to every asset's score changes
-    no asset's weight against another, only the book against cash, and the cash head already
-    has that say: uncentred, that common shift is free to drift until every asset action sits
-    at +1 (an equal-weight book with tanh's gradient gone). Centred, an asset's action says
-    how it differs from the others. Training configs turn it on (``shared.center_assets``);
-    here it stays off by default, so a policy saved without the flag loads as it was trained.
+    ``center_assets`` subtracts the live assets' mean from the first output: a shift common to
+    every asset is the cash head's say, and uncentred it can drift until every action sits at
+    +1 with tanh's gradient gone. Off by default so a policy saved without the flag loads as
+    it was trained.
     """
 
     def __init__(
@@ -276,13 +237,8 @@ class SharedActorNet(nn.Module):
     def _live_assets(
         self, features: th.Tensor, weights: th.Tensor, live: th.Tensor
     ) -> tuple[th.Tensor, th.Tensor]:
-        """Asset scores (B, N, n_outputs), zero on masked slots, and the context, computed on
-        the live rows only (``LiveRows``).
-
-        ``rho``'s first layer is applied in two halves, ``W_h h_i + (W_c c + b)``: the context
-        half is the same for every asset of a portfolio, so it runs once per portfolio instead
-        of once per asset, and the ``[h_i, c]`` rows are never built.
-        """
+        """Asset scores (zero on masked slots) and the context from the live rows only; ``rho``'s
+        first layer runs as ``W_h h_i + (W_c c + b)``, the context half once per portfolio."""
         rows = LiveRows(live)
         h = self.encoder(rows.gather(th.cat([features, weights[:, 1:].unsqueeze(-1)], dim=-1)))
         c = self.context(th.cat([zeroed_mean_max(rows.scatter(h), live), weights[:, :1]], dim=-1))
@@ -298,13 +254,8 @@ class SharedActorNet(nn.Module):
 
 class SharedQNet(nn.Module):
     """One critic: ``Q = head([mean g, max g, w_cash, a_cash, log(1 + n_live)])`` with
-    ``g_i = phi([f_i, w_i, a_i])`` over live assets.
-
-    The live count enters because mean pooling alone cannot tell two assets from twenty, and
-    a portfolio's value depends on how many assets share it; the critic only ever sees the
-    ``M`` slots it was trained on, so this costs no generality (the actor, which must run on
-    other set sizes, gets no count).
-    """
+    ``g_i = phi([f_i, w_i, a_i])`` over live assets; the count because mean pooling cannot tell
+    two assets from twenty (the critic never leaves its ``M`` slots, unlike the actor)."""
 
     def __init__(
         self, n_features: int, hidden: int = 64, activation_fn: type[nn.Module] = nn.ReLU
@@ -322,14 +273,8 @@ class SharedQNet(nn.Module):
 
 
 def stacked_mlp(layers: Sequence[nn.Sequential], x: th.Tensor, shared: bool) -> th.Tensor:
-    """Apply C same-shaped MLPs in one pass: (C, ..., out) from ``x`` (..., K), the same input
-    for every member (``shared``), or (C, ..., K), each member its own.
-
-    A shared input meets the first Linear layers as one matrix product with their weights side
-    by side; other layers run as one batched product over the leading member axis. Each
-    member's weights stay its own parameters (stacked on the fly, a few small copies), so the
-    result equals running the members one by one, up to rounding, gradients included.
-    """
+    """Apply C same-shaped MLPs in one pass: (C, ..., out) from ``x`` (..., K) shared by every
+    member, or (C, ..., K) each its own; equal to running them one by one, up to rounding."""
     n = len(layers)
     lead = x.shape[:-1] if shared else x.shape[1:-1]
     out = x.reshape(-1, x.shape[-1]) if shared else x.reshape(n, -1, x.shape[-1])
@@ -358,12 +303,8 @@ def stacked_q(
     mask: th.Tensor,
     actions: th.Tensor,
 ) -> th.Tensor:
-    """Q (C, B, 1) of every critic in ``nets`` (same sizes, own weights) in one batched pass.
-
-    The twin critics read the same asset rows; evaluated together they share the input
-    masking and pooling passes and run each layer as one product instead of one per critic,
-    which matters on small CPU networks where every operator call has a fixed cost.
-    """
+    """Q (C, B, 1) of every critic in ``nets`` (same sizes, own weights) in one batched pass:
+    on small CPU networks every operator call has a fixed cost."""
     activation = nets[0].activation_fn
     live = live_assets(mask)
     per_slot = th.stack([weights, actions], dim=-1)

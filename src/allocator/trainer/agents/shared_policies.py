@@ -1,16 +1,9 @@
 """SB3 policies whose actor and twin critics are the per-asset shared networks.
 
-``SharedTD3Policy`` and ``SharedSACPolicy`` keep SB3's ``TD3Policy`` / ``SACPolicy`` (optimizers,
-target networks, save and load) and replace only what ``make_actor`` and ``make_critic`` build,
-so ``SmoothTD3`` and ``SmoothSAC`` train them unchanged: the actor is called on flat observation
-batches, the critics return one Q per critic and offer ``q1_forward``. Select them with
-``policy=SharedTD3Policy`` and ``policy_kwargs={"n_features": F, "hidden": 64}`` (optionally
-``"center_assets": True``); ``net_arch`` is accepted (SB3 passes it) and ignored, the width is
-``hidden``.
-
-Masked slots always get action 0 (TD3 and SAC alike, sampled or not), and SAC's log-probability
-counts live slots only: the entropy bonus is then about choices that matter, not about noise on
-slots the mapping discards.
+Only ``make_actor`` and ``make_critic`` change, so SB3's optimizers, targets and save/load and
+our trainers work unchanged. ``policy_kwargs={"n_features": F, "hidden": 64}``; ``net_arch`` is
+ignored. Masked slots always get action 0, and SAC's log-probability counts live slots only, so
+the entropy bonus is about choices that matter.
 """
 
 from __future__ import annotations
@@ -78,9 +71,7 @@ class SharedActorBase(BasePolicy):
         return self.net(features, weights, mask), slot_live(mask)
 
     def forward_sets(self, features: th.Tensor, weights: th.Tensor, mask: th.Tensor) -> th.Tensor:
-        """Deterministic action ``tanh(score)`` (B, N + 1) for ``features`` (B, N, F),
-        ``weights`` and ``mask`` (B, N + 1): any number of assets N, not only the M slots of
-        the training observation (SAC's score is its mean)."""
+        """Deterministic action ``tanh(score)`` (B, N + 1) for any number of assets N."""
         return th.tanh(self.net(features, weights, mask)[..., 0])
 
 
@@ -95,11 +86,7 @@ class SharedTD3Actor(SharedActorBase):
 
 
 class SharedSACActor(SharedActorBase):
-    """Squashed-Gaussian actor: per-slot mean and log std from the shared trunk.
-
-    Offers what SB3's SAC and the exporter call on its own actor: ``forward(obs,
-    deterministic)``, ``action_log_prob`` and ``get_action_dist_params``. gSDE is not supported.
-    """
+    """Squashed-Gaussian actor: per-slot mean and log std from the shared trunk (no gSDE)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **{**kwargs, "n_outputs": 2})
@@ -135,12 +122,8 @@ class SharedSACActor(SharedActorBase):
 
 
 class SharedCritic(BaseModel):
-    """``n_critics`` independent ``SharedQNet``s behind SB3's ``ContinuousCritic`` interface.
-
-    Each critic keeps its own module and parameters (``qf0``, ``qf1``: the saved layout), and
-    ``forward`` evaluates them together (``stacked_q``), so checkpoints and optimizer states
-    are unchanged by the batching.
-    """
+    """``n_critics`` ``SharedQNet``s (``qf0``, ``qf1``: the saved layout) behind SB3's
+    ``ContinuousCritic`` interface, evaluated together."""
 
     def __init__(
         self,
@@ -155,14 +138,11 @@ class SharedCritic(BaseModel):
         super().__init__(observation_space, action_space, normalize_images=normalize_images)
         self.layout = ObservationLayout.from_spaces(observation_space, action_space, n_features)
         self.n_critics = n_critics
-        self.q_networks: list[SharedQNet] = []
-        for idx in range(n_critics):
-            q_net = SharedQNet(n_features, hidden, activation_fn)
+        self.q_networks = [SharedQNet(n_features, hidden, activation_fn) for _ in range(n_critics)]
+        for idx, q_net in enumerate(self.q_networks):
             self.add_module(f"qf{idx}", q_net)
-            self.q_networks.append(q_net)
 
     def forward(self, obs: th.Tensor, actions: th.Tensor) -> tuple[th.Tensor, ...]:
-        """Every critic's Q (B, 1), evaluated together in one batched pass (``stacked_q``)."""
         return tuple(stacked_q(self.q_networks, *self.layout.split(obs), actions).unbind(0))
 
     def q1_forward(self, obs: th.Tensor, actions: th.Tensor) -> th.Tensor:
@@ -171,12 +151,7 @@ class SharedCritic(BaseModel):
 
 
 class SharedPolicyMixin:
-    """What both shared policies add to SB3's: the set-network sizes and their two builders.
-
-    :param n_features: features per asset ``F`` in the flat observation (checked against it)
-    :param hidden: width of every hidden layer of the set networks
-    :param center_assets: centre the asset scores over live assets (``SharedActorNet``)
-    """
+    """What both shared policies add to SB3's: the set-network sizes and their two builders."""
 
     actor_class: type[SharedTD3Actor | SharedSACActor]
     n_features: int
@@ -200,7 +175,6 @@ class SharedPolicyMixin:
         center_assets: bool = False,
         **kwargs: Any,
     ) -> None:
-        """Remember the sizes before SB3's ``__init__``, which builds the networks."""
         if kwargs.get("use_sde"):
             raise ValueError("the shared policies do not support gSDE (use_sde)")
         if kwargs.get("share_features_extractor"):
@@ -214,9 +188,7 @@ class SharedPolicyMixin:
             not kwargs.get("optimizer_kwargs")
             and kwargs.get("optimizer_class", th.optim.Adam) is th.optim.Adam
         ):
-            # One fused kernel per parameter instead of a dozen operator calls per parameter
-            # (the default on CPU): Adam was about a tenth of a gradient step.
-            kwargs["optimizer_kwargs"] = {"fused": True}
+            kwargs["optimizer_kwargs"] = {"fused": True}  # one kernel per parameter on CPU
         super().__init__(observation_space, action_space, lr_schedule, **kwargs)  # type: ignore[call-arg]
 
     def _net_kwargs(self) -> dict[str, Any]:
@@ -237,9 +209,7 @@ class SharedPolicyMixin:
         return data
 
     def set_training_mode(self, mode: bool) -> None:
-        """SB3 switches modes twice per env step (rollout, then gradient step), walking every
-        module each time; the shared networks have no dropout or batch norm, so a call that
-        changes nothing returns at once."""
+        """A no-op call returns at once: SB3 walks every module twice per env step."""
         actor, critic = self.actor, self.critic  # type: ignore[attr-defined]
         if mode == self.training == actor.training == critic.training:
             return
@@ -254,15 +224,13 @@ class SharedPolicyMixin:
         return critic.to(self.device)
 
 
-# The mixin's make_actor and make_critic return the shared networks: SB3 uses them through
-# its Actor's and ContinuousCritic's interfaces, they are not those by class.
 class SharedTD3Policy(SharedPolicyMixin, TD3Policy):  # type: ignore[misc]
-    """TD3 policy with the per-asset shared actor and twin critics (see the module docstring)."""
+    """TD3 policy with the per-asset shared actor and twin critics."""
 
     actor_class = SharedTD3Actor
 
 
 class SharedSACPolicy(SharedPolicyMixin, SACPolicy):  # type: ignore[misc]
-    """SAC policy with the per-asset shared actor and twin critics (see the module docstring)."""
+    """SAC policy with the per-asset shared actor and twin critics."""
 
     actor_class = SharedSACActor

@@ -1,11 +1,5 @@
-"""``SmoothTD3``: SB3's TD3 with separate learning rates, Huber critics and a smoothness term.
-
-SB3 keeps the rollout loop; this class overrides ``train()`` only. Added: Huber or MSE critic
-loss, separate actor and critic learning rates (each a schedule), gradient-norm clipping, and
-the actor smoothness term with a fixed or dual-ascent lambda. Target-policy noise is sampled
-fresh for every batch with the actions' shape and clipped (as SB3 does): one value drawn per
-call would shift every target in the batch the same way instead of smoothing them.
-"""
+"""``SmoothTD3``: SB3's TD3 with two learning rates, Huber critics, clipping and a smoothness
+term; SB3 keeps the rollout loop, only ``train()`` is overridden."""
 
 from __future__ import annotations
 
@@ -42,7 +36,8 @@ def critic_loss(
 
 
 def target_policy_noise(actions: th.Tensor, sigma: float, clip: float) -> th.Tensor:
-    """Fresh Gaussian noise of the actions' shape, clipped to ``[-clip, clip]`` (TD3 smoothing)."""
+    """Fresh Gaussian noise of the actions' shape (one draw per batch would shift every
+    target alike), clipped to ``[-clip, clip]``."""
     return th.randn_like(actions).mul_(sigma).clamp_(-clip, clip)
 
 
@@ -58,10 +53,8 @@ def actor_scores(actor: th.nn.Module, obs: th.Tensor) -> th.Tensor:
 def clip_and_step(
     optimizer: th.optim.Optimizer, params: Any, max_norm: float | None
 ) -> th.Tensor | None:
-    """Clip the gradient norm (if set) and step; returns the pre-clip norm (None unclipped).
-
-    The norm stays a tensor so logging does not force a device sync every step.
-    """
+    """Clip the gradient norm (if set) and step; returns the pre-clip norm as a tensor (no
+    device sync), None unclipped."""
     norm = th.nn.utils.clip_grad_norm_(params, max_norm) if max_norm else None
     optimizer.step()
     return norm
@@ -80,17 +73,7 @@ TRAIN_FIGURES = (
 
 
 class SmoothTD3(SmoothOffPolicy, TD3):
-    """TD3 with Huber critics, two learning rates, gradient clipping and a smoothness term.
-
-    :param actor_learning_rate: actor Adam learning rate or schedule (default 1e-4)
-    :param critic_learning_rate: critic Adam learning rate or schedule (default 1e-3)
-    :param critic_loss: ``"huber"`` (default) or ``"mse"``
-    :param huber_delta: where the Huber loss turns from quadratic to linear
-    :param max_grad_norm: gradient-norm clip for actor and critic (None: off)
-    :param smoothness: the actor smoothness regularizer (``none``, ``fixed``, ``adaptive``)
-    :param action_bound: the penalty on pre-tanh scores past a limit (off unless a weight)
-    :param icm: Intrinsic Curiosity Module settings (off unless ``enabled``)
-    """
+    """TD3 with Huber critics, two learning rates, gradient clipping and a smoothness term."""
 
     def __init__(
         self,
@@ -124,7 +107,6 @@ class SmoothTD3(SmoothOffPolicy, TD3):
         ``policy_delay``-th step; the figures are logged once, averaged."""
         self.policy.set_training_mode(True)
         self._update_learning_rate([self.actor.optimizer, self.critic.optimizer])
-        # Figures stay tensors until the end so a GPU is not synced on every step.
         logs: dict[str, list[th.Tensor]] = {k: [] for k in TRAIN_FIGURES}
         with slot_order_sums():
             for _ in range(gradient_steps):
@@ -166,9 +148,7 @@ class SmoothTD3(SmoothOffPolicy, TD3):
         """Maximize Q1, minus lambda * E||pi(s') - pi(s)||^2 and the bound penalty; then the
         dual-ascent step on lambda with the batch's measured E[C] (one device sync per step)."""
         actions, change, bound = self._actor_outputs(batch)
-        # The critic's weight gradients from this loss would be discarded (the critic step
-        # clears them first); frozen, backward skips computing them.
-        self.critic.requires_grad_(False)
+        self.critic.requires_grad_(False)  # its gradients here would be discarded
         try:
             loss_a = -self.critic.q1_forward(batch.observations, actions).mean()
             if change is not None:
@@ -211,11 +191,8 @@ class SmoothTD3(SmoothOffPolicy, TD3):
         return actions, change, bound
 
     def _update_targets(self) -> None:
-        """The target networks slowly track the online ones (batch-norm statistics copied).
-
-        SB3's ``polyak_update`` (``target * (1 - tau) + tau * online``) rather than a fused
-        lerp: a lerp rounds differently, and a seeded run's figures should not move for a saving
-        of about one percent of a step."""
+        """Targets track the online networks by SB3's ``polyak_update``, not a fused lerp,
+        which rounds differently and would move a seeded run's figures."""
         polyak_update(self.critic.parameters(), self.critic_target.parameters(), self.tau)
         polyak_update(self.actor.parameters(), self.actor_target.parameters(), self.tau)
         polyak_update(self.critic_batch_norm_stats, self.critic_batch_norm_stats_target, 1.0)

@@ -1,11 +1,6 @@
-"""Canonical float64 evaluation: forward passes in which summation order cannot matter.
-
-Identity after widening is checked here. With every dot product summed in a canonical order
-(``canonical_forward``) the inserted zero terms add nothing, so the old slots' actions, the
-critics' Q values, the target networks and the ICM of a widened model must agree bit for bit
-with the original's. The float32 models as deployed (``model.predict``) may not: BLAS groups a
-longer row's terms differently, which moves float32 results by an ulp or two.
-"""
+"""Canonical float64 evaluation: forward passes in which summation order cannot matter, so a
+widened model's inserted zero terms add nothing and it must match the original bit for bit
+(float32 BLAS groups a longer row's terms differently, by an ulp or two)."""
 
 from __future__ import annotations
 
@@ -39,12 +34,8 @@ def _elementwise(module: nn.Module, x: Array) -> Array:
 
 
 def canonical_linear(x: Array, w: Array, b: Array) -> Array:
-    """``x @ w.T + b`` with each dot product's terms sorted and added one by one in float64.
-
-    The sum then depends only on the multiset of its terms, and exact zeros (the padding times
-    a masked input) add nothing; BLAS instead splits rows into blocks and SIMD lanes by their
-    length, so a longer row regroups the same terms.
-    """
+    """``x @ w.T + b`` with each dot product's terms sorted and added one by one in float64:
+    the sum depends only on the multiset of its terms."""
     out = np.empty((len(x), w.shape[0]))
     chunk = max(1, 4_000_000 // (w.shape[0] * (w.shape[1] + 1)))
     for s in range(0, len(x), chunk):
@@ -57,12 +48,7 @@ def canonical_linear(x: Array, w: Array, b: Array) -> Array:
 
 
 def canonical_forward(layers: Iterable[nn.Module], x: NDArray[np.floating[Any]]) -> Array:
-    """A float64 forward pass in which summation order cannot matter (``canonical_linear``).
-
-    A widened network on an embedded observation and the original network on the original
-    observation then give bit-identical outputs exactly when their weights compute the same
-    function; the first layer's products of float32 values are even exact in float64.
-    """
+    """A float64 forward pass in which summation order cannot matter (``canonical_linear``)."""
     out = np.asarray(x, dtype=np.float64)
     for module in layers:
         if isinstance(module, nn.Sequential):

@@ -1,10 +1,5 @@
-"""Proof that an upgraded or widened checkpoint acts exactly as its backup did.
-
-Every upgrade is checked on a fixed, seeded probe set of observations: a same-shape upgrade
-must give bit-identical ``predict`` actions. A widened model is compared on every mask over the
-old slots (new slots masked) in ``canonical_forward``, where it must be bit-identical too; its
-float32 ``predict`` difference is reported and bounded by ``FLOAT32_ATOL``.
-"""
+"""Proof, on seeded probes, that an upgraded or widened checkpoint acts exactly as its backup
+did: bit-identical ``predict`` actions, or for a widened model bit-identical canonical outputs."""
 
 from __future__ import annotations
 
@@ -40,11 +35,8 @@ PROBE_SEED = 0
 MAX_PROBE_MASKS = 256
 """Masks over the old slots checked when widening: all 2^m of them up to this many."""
 FLOAT32_ATOL = 1e-5
-"""Bound on the float32 ``predict`` difference after widening (a few ulps of BLAS reordering).
-
-The identity itself is checked exactly (``canonical_max_diff`` must be 0); this bound only
-catches a deployed float32 model that is wrong in a way the canonical check could not see.
-"""
+"""Bound on the float32 ``predict`` difference after widening (a few ulps of BLAS reordering);
+the identity itself is checked exactly in ``canonical_forward``."""
 EVALUATOR_ATOL = 1e-4
 """The canonical evaluator must agree this closely with the float32 model it re-computes."""
 
@@ -102,23 +94,9 @@ def probe_parts(
     return ProbeParts(features.astype(np.float32), weights.astype(np.float32), mask)
 
 
-def random_probes(spec: FeatureSpec, n: int = PROBE_COUNT, seed: int = PROBE_SEED) -> ProbeParts:
-    """``n`` seeded observations with random masks (each asset slot live with probability 1/2)."""
-    rng = np.random.default_rng(seed + 1)
-    live = (rng.random((n, spec.max_assets)) < 0.5).astype(np.float32)
-    masks = np.concatenate([np.ones((n, 1), np.float32), live], axis=1)
-    return probe_parts(spec, masks, 1, seed)
-
-
 @dataclass(frozen=True)
 class ProbeReport:
-    """What the post-migration check compared and found.
-
-    ``float32_max_diff``: old vs migrated ``model.predict`` (as deployed), old slots only.
-    ``canonical_max_diff``: the same in ``canonical_forward`` (widening only; must be 0), with
-    ``critic_canonical_max_diff`` (Q values, target networks too) and ``icm_canonical_max_diff``.
-    ``new_slot_max_action``: largest |action| of a new slot (0 by construction).
-    """
+    """What the post-migration check compared and found (the canonical figures: widening only)."""
 
     observations: int
     masks: int
@@ -134,8 +112,10 @@ def _max_abs(a: NDArray[np.floating[Any]], b: NDArray[np.floating[Any]]) -> floa
 
 
 def check_same_actions(algorithm: str, before: Path, after: Path, spec: FeatureSpec) -> ProbeReport:
-    """Same-shape migration: the probe actions must be bit-identical."""
-    parts = random_probes(spec)
+    """Same-shape migration: the probe actions must be bit-identical (random masks)."""
+    live = np.random.default_rng(PROBE_SEED + 1).random((PROBE_COUNT, spec.max_assets)) < 0.5
+    cash_and_live = np.concatenate([np.ones((PROBE_COUNT, 1)), live], axis=1)
+    parts = probe_parts(spec, cash_and_live.astype(np.float32), 1)
     obs = parts.observations(spec)
     old, new = load_model(algorithm, before / MODEL_FILE), load_model(algorithm, after / MODEL_FILE)
     diff = _max_abs(
@@ -181,11 +161,8 @@ def _check_icm(
 
 
 def _widened_probes(spec: FeatureSpec, max_assets: int) -> tuple[Obs, Obs, int]:
-    """The probe observations in the old and the widened layout, and how many masks they cover.
-
-    The widened ones must be the old ones at ``observation_embedding``'s positions and zero
-    elsewhere, or the comparison below would prove nothing.
-    """
+    """The probe observations in the old and the widened layout (checked to embed), and how
+    many masks they cover."""
     new_spec = FeatureSpec(max_assets, spec.window, spec.clip)
     masks = probe_masks(spec.max_assets)
     parts = probe_parts(spec, masks, max(1, math.ceil(PROBE_COUNT / len(masks))))
@@ -221,8 +198,7 @@ def _probe_actions(n: int, n_act: int, max_assets: int, old_assets: int) -> tupl
 
 
 def _widening_problems(report: ProbeReport, consistency: float) -> list[str]:
-    """Why the widened model is refused: any canonical difference, an evaluator that does not
-    compute what the float32 model computes, or a float32 difference past ``FLOAT32_ATOL``."""
+    """Why the widened model is refused (empty: it is not)."""
     canonical, critic = report.canonical_max_diff, report.critic_canonical_max_diff
     icm, float32 = report.icm_canonical_max_diff, report.float32_max_diff
     problems = []
@@ -241,9 +217,8 @@ def _widening_problems(report: ProbeReport, consistency: float) -> list[str]:
 def check_widened(
     algorithm: str, before: Path, after: Path, spec: FeatureSpec, max_assets: int
 ) -> ProbeReport:
-    """Widened vs original on every mask over the old slots (new slots masked): old slots'
-    actions, Q values, targets and ICM bit-identical in ``canonical_forward``; float32
-    reported (and bounded by ``FLOAT32_ATOL``)."""
+    """Widened vs original on every mask over the old slots: actions, Q values, targets and ICM
+    bit-identical in ``canonical_forward``, float32 within ``FLOAT32_ATOL``."""
     obs_old, obs_new, masks = _widened_probes(spec, max_assets)
     old, new = load_model(algorithm, before / MODEL_FILE), load_model(algorithm, after / MODEL_FILE)
     n_act = spec.n_slots

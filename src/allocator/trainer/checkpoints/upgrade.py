@@ -1,12 +1,5 @@
-"""``allocator checkpoint migrate``: upgrade a run directory to the current schema, and widen it.
-
-``upgrade_run`` refuses a bad request before touching anything, then copies the directory to a
-sibling ``<dir>.bak-v<from>-<timestamp>``, applies the version steps one at a time
-(``checkpoints.versions``), widens the networks if asked (``checkpoints.widening``) and proves
-the result acts exactly as the backup does (``checkpoints.probes``). Any failure restores the
-directory from the backup. Each step leaves a ``MigrationRecord`` in the manifest naming the
-backup and what the probe found.
-"""
+"""``allocator checkpoint migrate``: upgrade a run directory to the current schema, and widen it,
+behind a backup that any failure restores; the result must act exactly as the backup did."""
 
 from __future__ import annotations
 
@@ -30,7 +23,7 @@ from allocator.trainer.checkpoints.versions import STEPS, detect_version
 from allocator.trainer.checkpoints.widening import widen
 from allocator.trainer.market.data import DataError
 from allocator.trainer.training.config import load_config
-from allocator.trainer.training.run_dir import CONFIG_FILE, MODEL_FILE
+from allocator.trainer.training.run_dir import CONFIG_FILE, MODEL_FILE, fresh_path
 from allocator.typed_config import ConfigError
 
 
@@ -51,10 +44,7 @@ class UpgradeResult:
 def backup_dir(run_dir: Path, version: int) -> Path:
     """Copy ``run_dir`` to a fresh sibling ``<name>.bak-v<version>-<timestamp>``."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = run_dir.with_name(f"{run_dir.name}.bak-v{version}-{stamp}")
-    target, i = base, 1
-    while target.exists():
-        target, i = Path(f"{base}-{i}"), i + 1
+    target = fresh_path(run_dir.with_name(f"{run_dir.name}.bak-v{version}-{stamp}"))
     shutil.copytree(run_dir, target, symlinks=True)
     return target
 
@@ -76,8 +66,7 @@ def current_max_assets(run_dir: Path, version: int) -> int:
 
 
 def is_shared(run_dir: Path, version: int) -> bool:
-    """Whether a run directory holds a shared policy: its schema-3 manifest says so, or (older
-    versions, which could not record it) its config does."""
+    """Whether a run directory holds a shared policy (its schema-3 manifest, else its config)."""
     if version == SCHEMA_VERSION:
         return read_manifest(run_dir).policy.kind == "shared"
     try:
@@ -137,12 +126,10 @@ def preflight(d: Path, to_version: int, max_assets: int | None) -> tuple[int, in
 def _apply_and_check(
     d: Path, backup: Path, version: int, to_version: int, widen_to: int | None, at: str
 ) -> tuple[Manifest, ProbeReport]:
-    """Run the version steps, widen to ``widen_to`` slots (None: no widening), and probe
-    against the backup; the manifest afterwards and what the probe found."""
+    """Run the version steps, widen (``widen_to`` not None), and probe against the backup."""
     for step in range(version, to_version):
         STEPS[step](d, at)
     manifest = read_manifest(d)
-    # The flat observation layout the manifest records (features per slot as ``window``).
     algorithm, spec = manifest.algorithm, manifest.feature_spec.layout
     if not (d / MODEL_FILE).is_file():  # an exported version: only its manifest changed
         return manifest, ProbeReport(observations=0, masks=0, float32_max_diff=0.0)
@@ -166,8 +153,7 @@ def _probe_summary(probe: ProbeReport) -> str:
 def _note_backup_and_probe(
     d: Path, manifest: Manifest, records_before: int, backup: Path, probe: ProbeReport
 ) -> Manifest:
-    """Append the backup's path and the probe's summary to this upgrade's records, write the
-    manifest and verify the checksums once more."""
+    """Note the backup and the probe in this upgrade's records; write and verify the manifest."""
     tail = f"; backup {backup}; {_probe_summary(probe)}"
     records = [
         r.model_copy(update={"note": r.note + tail}) if i >= records_before else r
@@ -182,12 +168,8 @@ def _note_backup_and_probe(
 def upgrade_run(
     run_dir: str | Path, to_version: int = SCHEMA_VERSION, max_assets: int | None = None
 ) -> UpgradeResult:
-    """Upgrade ``run_dir`` to ``to_version`` (and widen it to ``max_assets`` slots), in place.
-
-    Refused before anything is touched: a missing or non-run directory, an unknown or lower
-    target version, ``max_assets`` below the current width, and nothing to do. Otherwise the
-    directory is backed up first and restored from the backup if any step or check fails.
-    """
+    """Upgrade ``run_dir`` to ``to_version`` (and widen it to ``max_assets`` slots), in place;
+    a bad request is refused before anything is touched."""
     d = Path(run_dir).resolve()
     try:
         version, current, widening = preflight(d, to_version, max_assets)

@@ -1,13 +1,7 @@
 """Schema versions of a run directory, and the steps that upgrade one version to the next.
 
-* 1: the layout written before manifests existed (``model.zip``, ``config.yaml``,
-  ``normalization.json``, optional ``icm.pt``, ``run.json``, ``validation.json``), no manifest;
-* 2: the same plus ``manifest.json`` (``allocator.artifacts.manifest``, schema version 2);
-* 3: the manifest also records the policy kind, the feature set and its normalization, the
-  action mapping's settings and, for a shared policy, how many assets it may serve.
-
-``STEPS[n]`` rewrites a version-n directory in place as version n + 1; ``checkpoints.upgrade``
-runs them one at a time, behind a backup.
+1: no manifest; 2: ``manifest.json``; 3: the manifest also records the policy kind, the feature
+set and its normalization, the action mapping and a shared policy's served assets.
 """
 
 from __future__ import annotations
@@ -107,12 +101,8 @@ def resolve_dataset(run_dir: Path, dataset: str) -> str | Path:
 
 
 def training_universe(run_dir: Path, config: TrainConfig) -> tuple[list[str], str]:
-    """The assets training drew from, and where that came from.
-
-    ``data.assets`` when the config lists them (no data needed); else the dataset's assets with
-    prices in the training period, as ``train`` computes it. ``validation.json`` lists only the
-    validation period's slots, so it is not a substitute.
-    """
+    """The assets training drew from (``data.assets``, else the dataset's in the training
+    period), and where that came from."""
     if config.data.assets:
         return list(config.data.assets), "config data.assets"
     source = resolve_dataset(run_dir, config.data.dataset)
@@ -162,14 +152,8 @@ def v1_to_v2(run_dir: Path, at: str) -> Manifest:
 
 
 def v2_to_v3(run_dir: Path, at: str) -> Manifest:
-    """Rewrite a version-2 manifest as version 3, its representation read from the run's config.
-
-    A version-2 manifest could not record the policy kind, the per-asset feature set or the
-    tilt mapping, so a run trained with them before the schema could say so would otherwise
-    read as a flat MLP on returns. The run's ``config.yaml`` says what it was; without one (an
-    exported registry version, which could only be a flat MLP) the defaults are what schema 2
-    meant. Files and their checksums are kept as they are.
-    """
+    """Rewrite a version-2 manifest as version 3, its representation read from the run's config
+    (without one, an exported flat MLP: the defaults are what schema 2 meant)."""
     try:
         manifest = read_manifest(run_dir)
     except ManifestError as exc:

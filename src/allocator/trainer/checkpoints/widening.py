@@ -1,13 +1,8 @@
 """Widening: a policy trained on ``m`` asset slots, padded to run in an ``M``-slot layout.
 
-The SB3 networks get zero input columns for the new slots' features, weights and mask (and, in
-the critics, actions), and new actor output rows with zero weights and zero bias. Zero bias puts
-the new slots' pre-tanh output at 0, the unsaturated middle of tanh: the action is 0 (preference
-0.5) and fine-tuning gets a gradient there, where a large negative bias (action -1, "never
-hold") would start the new slots dead. The new slots are masked until an asset fills them, so
-their action does not change any allocation until then. SAC's log-std rows get zero bias too
-(std 1, a fresh policy's exploration). Adam moments are padded with zeros the same way, so
-training can resume. ``checkpoints.probes`` then proves the widened model acts like the old one.
+New slots get zero input columns and zero actor output rows: a pre-tanh output of 0 has tanh's
+gradient for fine-tuning (a large negative bias would start them dead), and masked until filled
+they change no allocation. Adam moments are zero-padded alike, so training can resume.
 """
 
 from __future__ import annotations
@@ -54,11 +49,7 @@ def observation_embedding(spec: FeatureSpec, max_assets: int) -> Embedding:
     follow the old ones, and each new slot's weight and mask entry follows the old slots' own."""
     m, w, big = spec.max_assets, spec.window, max_assets
     index = np.concatenate(
-        [
-            np.arange(m * w),
-            big * w + np.arange(m + 1),
-            big * w + (big + 1) + np.arange(m + 1),
-        ]
+        [np.arange(m * w), big * w + np.arange(m + 1), big * w + (big + 1) + np.arange(m + 1)]
     )
     return Embedding(index, big * w + 2 * (big + 1))
 
@@ -165,10 +156,7 @@ def pad_state(state: dict[str, th.Tensor], plan: Plan) -> dict[str, th.Tensor]:
 def pad_optimizer(
     state: dict[str, Any], names: list[str], old: dict[str, th.Tensor], plan: Plan
 ) -> dict[str, Any]:
-    """Adam state with its moments padded like the parameters they belong to (new entries 0).
-
-    ``names`` are the optimizer's parameters in order (its state is keyed by position).
-    """
+    """Adam state with its moments padded like their parameters (``names``, in order)."""
     ids = [i for group in state["param_groups"] for i in group["params"]]
     if len(ids) != len(names):
         raise CheckpointUpgradeError(
@@ -217,13 +205,8 @@ def _torch_bytes(obj: Any) -> bytes:
 
 
 def widen_model_zip(src: Path, dst: Path, spec: FeatureSpec, max_assets: int) -> None:
-    """Rewrite an SB3 ``model.zip`` for ``max_assets`` slots, entry by entry.
-
-    Only the tensors and the shape-dependent data change (spaces, action noise, SAC's automatic
-    target entropy; the last rollout observation is dropped so training resets the env); every
-    other entry is copied byte for byte, so ``SmoothTD3.load`` / ``SmoothSAC.load`` read it
-    like any saved model.
-    """
+    """Rewrite an SB3 ``model.zip`` for ``max_assets`` slots: tensors and shape-dependent data
+    change (the last rollout observation is dropped), every other entry is copied byte for byte."""
     obs, act = observation_embedding(spec, max_assets), action_embedding(spec, max_assets)
     with zipfile.ZipFile(src) as archive:
         infos = archive.infolist()

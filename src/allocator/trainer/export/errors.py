@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["ExportError"]
-
 
 class ExportError(ValueError):
     """An export that cannot be made or failed its checks; nothing was written to the registry."""

@@ -1,25 +1,9 @@
 """The graphs ``allocator export`` writes, as torch modules, and their export to ONNX.
 
-A policy graph holds k >= 1 members (one run, or a seed ensemble): each member normalizes the
-one raw input with the statistics its own run fitted and runs its deterministic actor, and the
-graph outputs the mean of their actions, so an ensemble has a single model's inputs and outputs.
-The representation decides the rest:
-
-* ``PolicyGraph`` (``model.onnx``) of a flat MLP: the *raw* observation
-  (``portfolio.build_raw_observation``) and the mask -> the action and the portfolio weights
-  (``portfolio.action_to_weights`` of the mean action, in torch ops); of a shared per-asset
-  policy: the raw per-asset features of any number of assets N (``portfolio.asset_features``),
-  the weights and the mask -> the action, with a dynamic asset axis. The tilt mapping needs the
-  anchor, which the server computes from the request's own prices with
-  ``portfolio.anchor_weights`` (as the environment does), so it stays out of the graph.
-* ``CuriosityGraph`` (``icm.onnx``, runs trained with curiosity): the intrinsic reward of a
-  transition.
-
-Normalization and the affine mapping are part of the graph, so a server never re-implements
-either and cannot apply stale statistics. Why the mean of actions: the action is the one output
-both representations share, and the mapping stays the one the manifest names; for the tilt
-``w ~ anchor * exp(k a)`` the mean action is the geometric mean of the members' tilts, so one
-member's extreme bet is damped, and masked slots stay 0.
+A policy graph of k >= 1 members normalizes the raw input with each member's own statistics
+(in the graph: a server cannot apply stale ones) and outputs the mean of their actions, so an
+ensemble has a single model's inputs and outputs. A flat graph also maps the action to weights;
+a shared graph's tilt needs the request's prices, so the server applies it.
 """
 
 from __future__ import annotations
@@ -40,36 +24,17 @@ from allocator.trainer.agents.icm import CuriosityNet
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import LoadedRun
 
-__all__ = [
-    "ONNX_OPSET",
-    "ActionToWeights",
-    "CuriosityGraph",
-    "FeatureNormalizer",
-    "Member",
-    "ObservationNormalizer",
-    "PolicyGraph",
-    "export_graph",
-    "graph_opset",
-    "live_slots",
-    "policy_axes",
-]
-
 ONNX_OPSET = 18
 
 
 def live_slots(mask: torch.Tensor) -> torch.Tensor:
-    """Boolean live slots (B, N + 1) of a mask of any width: non-zero entries, cash always live
-    (``portfolio.live_mask``)."""
+    """Boolean live slots (B, N + 1): non-zero entries, cash always live."""
     cash = torch.ones_like(mask[:, :1], dtype=torch.bool)
     return torch.cat([cash, mask[:, 1:] != 0], dim=1)
 
 
 class ActionToWeights(nn.Module):
-    """``portfolio.action_to_weights`` in torch ops (float64 inside, as numpy; float32 out).
-
-    Preference ``min((a + 1) / 2, 1)``, NaN and negatives as zero, masked slots zero (cash
-    always live), renormalized; a row with no positive live preference goes all to cash.
-    """
+    """``portfolio.action_to_weights`` in torch ops (float64 inside, as numpy; float32 out)."""
 
     cash_only: torch.Tensor
 
@@ -92,13 +57,8 @@ class ActionToWeights(nn.Module):
 
 
 class FeatureNormalizer(nn.Module):
-    """``portfolio.normalize_features`` in torch ops: ``(raw - mean) / std``, clipped, masked
-    rows zeroed; one mean and standard deviation (the return window's ``NormalizationStats``)
-    or one per feature (``FeatureNormalization``).
-
-    The standardization runs in float64, as numpy does, so the result matches numpy bit for bit;
-    ``where`` (not a product with the mask) zeroes masked rows even when they hold NaN.
-    """
+    """``portfolio.normalize_features`` in torch ops, in float64 as numpy (bit for bit); ``where``
+    zeroes masked rows even when they hold NaN."""
 
     mean: torch.Tensor
     std: torch.Tensor
@@ -119,14 +79,9 @@ class FeatureNormalizer(nn.Module):
 
 
 class ObservationNormalizer(nn.Module):
-    """A raw flat observation ``[M*F raw features, weights, mask]`` -> the normalized
-    observation the training environment produced: ``portfolio.normalize_observation`` for the
-    return window, ``portfolio.build_asset_observation`` for per-asset features.
-
-    The ``mask`` input decides which slots are live (non-zero, cash forced live, as
-    ``portfolio.live_mask``); it replaces the observation's mask block, so the actor never sees
-    a mask other than the one its weights are mapped under.
-    """
+    """A raw flat observation -> the normalized one the training environment produced; the
+    ``mask`` input replaces the observation's mask block, so the actor sees the mask its
+    weights are mapped under."""
 
     def __init__(
         self, layout: FeatureSpec, stats: NormalizationStats | FeatureNormalization
@@ -147,18 +102,9 @@ class ObservationNormalizer(nn.Module):
 
 
 class Member(nn.Module):
-    """One run of a policy graph: the graph's raw inputs, normalized with the run's own
-    statistics, -> the run's deterministic action.
-
-    Flat: (observation, mask) -> the actor on the normalized observation. SB3's docs export SAC
-    as ``actor(obs, deterministic=True)``, which builds a ``torch.distributions.Normal`` whose
-    argument validation branches on data, and ``torch.export`` refuses that; the squashed
-    Gaussian's mode ``tanh(mean)`` is computed here directly (parity checks it against SB3).
-
-    Shared: (asset_features, weights, mask) -> ``forward_sets`` (TD3's ``tanh(score)``, SAC's
-    ``tanh(mean)``, masked slots 0). The actor sees the graph's own liveness (0/1, cash live),
-    the slots the features were masked with, whatever non-zero values the caller used.
-    """
+    """One run of a policy graph: raw inputs, normalized with the run's statistics -> its
+    deterministic action. SAC's mode is ``tanh(mean)`` computed directly: SB3's
+    ``deterministic=True`` builds a ``Normal`` whose validation ``torch.export`` refuses."""
 
     def __init__(self, loaded: LoadedRun) -> None:
         super().__init__()
@@ -185,9 +131,7 @@ class Member(nn.Module):
 
 
 class PolicyGraph(nn.Module):
-    """The raw inputs of k >= 1 members' representation -> their mean action, and a flat
-    graph's weights (``ActionToWeights``); the inputs are positional, as ``Member`` takes them.
-    """
+    """The raw inputs of k >= 1 members -> their mean action (and a flat graph's weights)."""
 
     def __init__(self, members: Sequence[LoadedRun]) -> None:
         super().__init__()
@@ -204,10 +148,7 @@ class PolicyGraph(nn.Module):
 
 
 class CuriosityGraph(nn.Module):
-    """Raw transition and mask -> normalized, clipped intrinsic reward: ``icm.onnx``.
-
-    One mask serves both observations: an episode's assets do not change between steps.
-    """
+    """Raw transition and mask (one: an episode's assets do not change) -> intrinsic reward."""
 
     def __init__(self, loaded: LoadedRun) -> None:
         super().__init__()
@@ -242,9 +183,7 @@ def _quiet_exporter() -> Iterator[None]:
 
 
 def policy_axes(shared: bool) -> tuple[tuple[dict[int, Any], ...]]:
-    """Dynamic shapes of a ``PolicyGraph``'s inputs, nested in one tuple as ``forward(*inputs)``
-    takes them: the batch axis, and for a shared graph the asset axis N of the features
-    (B, N, F), whose other inputs are per slot (B, N + 1) (cash first)."""
+    """Dynamic shapes of a ``PolicyGraph``'s ``*inputs``: batch, and a shared graph's assets N."""
     batch = torch.export.Dim("batch", min=1)
     if not shared:
         return (({0: batch}, {0: batch}),)
@@ -261,14 +200,8 @@ def export_graph(
     metadata: dict[str, str] | None = None,
     dynamic_shapes: tuple[Any, ...] | None = None,
 ) -> Path:
-    """Export ``module`` (dynamo exporter) to one self-contained file.
-
-    Every input's axis 0 is a dynamic batch axis unless ``dynamic_shapes`` (positional, as
-    ``torch.export`` takes them: one dict per parameter, one tuple of dicts for ``*inputs``)
-    says more, e.g. ``policy_axes``.
-    ``onnx.checker.check_model(full_check=True)`` must pass; ``metadata`` goes into the
-    model's ``metadata_props`` so a server can see what it loaded.
-    """
+    """Export ``module`` (dynamo) to one self-contained file that passes the full ONNX check;
+    axis 0 of every input is dynamic unless ``dynamic_shapes`` says more."""
     module = module.eval()
     batch = torch.export.Dim("batch", min=1)
     dynamic = dynamic_shapes or tuple({0: batch} for _ in example)  # positional: names differ

@@ -28,19 +28,14 @@ from allocator.trainer.training.run_dir import (
     NORMALIZATION_FILE,
 )
 
-__all__ = ["Float32Array", "LoadedRun", "load_run"]
-
 Float32Array = NDArray[np.float32]
 FloatArray = NDArray[np.floating[Any]]
 
 
 @dataclass
 class LoadedRun:
-    """A run's model, optional curiosity module and the contract they were trained under.
-
-    ``spec`` is the flat training observation's layout (``window`` = features per slot);
-    ``feature_norm`` the per-asset statistics of the ``asset_v1`` feature set (else None).
-    """
+    """A run's model, optional curiosity module and the contract they were trained under;
+    ``spec`` is the flat observation's layout, ``feature_norm`` set for ``asset_v1`` only."""
 
     run_dir: Path
     manifest: Manifest
@@ -78,22 +73,15 @@ class LoadedRun:
     def reference_set_action(
         self, features: FloatArray, weights: FloatArray, mask: FloatArray
     ) -> Float32Array:
-        """The torch reference of a shared actor on any number of assets: ``forward_sets`` on
-        normalized features (B, N, F), weights and mask (B, N + 1) of any float width."""
+        """The torch reference of a shared actor on any number of assets (``forward_sets``)."""
         args = (torch.as_tensor(np.asarray(x, dtype=np.float32)) for x in (features, weights, mask))
         sets = self.model.actor.forward_sets(*args)  # type: ignore[operator]
         return sets.numpy().astype(np.float32)
 
 
-def _algorithm_class(name: str) -> type[Algorithm]:
-    if name not in ALGORITHMS:
-        raise ExportError(f"algorithm {name!r} cannot be exported (known: td3, sac)")
-    return ALGORITHMS[name]
-
-
 def _check_saved(run_dir: Path, field: str, file: str, ours: Any) -> None:
-    """The manifest's statistics (``field``: mean and std) must be those the run saved in
-    ``file``, when it has one (manifest.json has no checksum)."""
+    """The manifest's statistics must be those the run saved in ``file`` (the manifest has no
+    checksum)."""
     path = run_dir / file
     if ours is None or not path.is_file():
         return
@@ -136,9 +124,10 @@ def load_run(run_dir: str | Path) -> LoadedRun:
         raise ExportError(f"{d / MODEL_FILE}: missing")
     spec = manifest.feature_spec.layout
     stats = NormalizationStats(mean=manifest.normalization.mean, std=manifest.normalization.std)
-    cls = _algorithm_class(manifest.algorithm)
+    if manifest.algorithm not in ALGORITHMS:
+        raise ExportError(f"algorithm {manifest.algorithm!r} cannot be exported (known: td3, sac)")
     try:
-        model = cls.load(d / MODEL_FILE, device="cpu")
+        model = ALGORITHMS[manifest.algorithm].load(d / MODEL_FILE, device="cpu")
     except Exception as exc:
         raise ExportError(
             f"{d / MODEL_FILE}: cannot load the {manifest.algorithm} model: {exc}"

@@ -1,12 +1,5 @@
-"""The runs an export is made of: one run, or a seed ensemble, and what may be exported together.
-
-A representation is exported only as a graph kind serves it (``check_exportable``). A seed
-ensemble is k runs that differ only in their seed and the statistics fitted from it
-(``check_members``); its manifest lists the members (``ensemble_info``: run, seed, sha256 of
-``model.zip``, their own statistics). An ensemble exports no curiosity graph: each member's
-curiosity module models its own policy's transitions, and the monitoring signal of an averaged
-policy would be none of theirs.
-"""
+"""The runs an export is made of: one run, or a seed ensemble of runs that differ only in their
+seed and the statistics fitted from it."""
 
 from __future__ import annotations
 
@@ -25,16 +18,6 @@ from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import LoadedRun
 from allocator.trainer.training.run_dir import MODEL_FILE as RUN_MODEL_FILE
 
-__all__ = [
-    "COMBINE",
-    "CURIOSITY_NOTE",
-    "MEMBER_FIELDS",
-    "check_exportable",
-    "check_members",
-    "ensemble_info",
-    "model_sha256",
-]
-
 COMBINE: Final = "mean_action"
 MEMBER_FIELDS = (
     "algorithm",
@@ -51,9 +34,7 @@ MEMBER_FIELDS = (
     "icm",
     "widened_from",
 )
-"""Manifest fields every member must share: the representation (features, window, clip,
-max_assets, mapping, k, anchor), the training setup and data. Only the seed, and the statistics
-each run fitted, may differ."""
+"""Manifest fields every member of an ensemble must share."""
 
 CURIOSITY_NOTE = (
     "none: an ensemble exports no icm.onnx; each member's curiosity module models its own "
@@ -62,9 +43,7 @@ CURIOSITY_NOTE = (
 
 
 def check_exportable(manifest: Manifest, run_dir: Path) -> None:
-    """Refuse a representation no graph kind serves: a flat MLP is exported with return
-    features and the affine mapping baked in; a shared policy with the per-asset feature set
-    and the tilt mapping applied by the server."""
+    """Refuse a representation no graph kind serves."""
     fs, kind = manifest.feature_spec, manifest.policy.kind
     if kind == "mlp":
         ok = fs.kind == "returns" and manifest.tilt is None

@@ -1,11 +1,6 @@
-"""The inputs parity is measured on: random and real observations of either representation.
-
-Random inputs have realistic scales and beyond (calm to crisis markets, masks of every density);
-real ones come from the run's training data, rebuilt from its manifest, and from a rollout of
-the policy in its own training environment. Every input is built from prices with the
-contract's functions (``portfolio.build_raw_observation``, ``portfolio.asset_features``), exactly
-as the server builds it, never by inverting the clipped normalization.
-"""
+"""The inputs parity is measured on: random (calm to crisis markets, masks of every density) and
+real (training data, a rollout) observations, built from prices with the contract's functions
+exactly as the server builds them."""
 
 from __future__ import annotations
 
@@ -31,24 +26,6 @@ from allocator.trainer.export.loaded_run import Float32Array, LoadedRun
 from allocator.trainer.market.data import DataError, MarketData, load_dataset
 from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
 from allocator.trainer.sim.representation import ActionSettings, AnchorSettings
-
-__all__ = [
-    "FlatObservations",
-    "Rollout",
-    "SetObservations",
-    "max_abs",
-    "normalize_flat",
-    "parity_sizes",
-    "random_inputs",
-    "random_live_masks",
-    "random_raw_observations",
-    "random_set_observations",
-    "random_weights",
-    "real_set_observations",
-    "rollout",
-    "training_data",
-    "training_env",
-]
 
 
 def max_abs(a: NDArray[Any], b: NDArray[Any]) -> float:
@@ -88,9 +65,6 @@ class SetObservations:
         return assemble_observation(self.features, self.weights, self.masks, layout)
 
 
-# --- random inputs -------------------------------------------------------------------------
-
-
 def random_live_masks(n: int, n_slots: int, rng: np.random.Generator) -> NDArray[np.bool_]:
     """Random live masks (cash live) of every density; every tenth row is cash only."""
     density = rng.uniform(0.0, 1.0, size=(n, 1))
@@ -111,16 +85,9 @@ def random_weights(live: NDArray[np.bool_], rng: np.random.Generator) -> Float32
 
 
 def random_raw_observations(
-    spec: FeatureSpec,
-    n: int,
-    rng: np.random.Generator,
-    live: NDArray[np.bool_] | None = None,
+    spec: FeatureSpec, n: int, rng: np.random.Generator, live: NDArray[np.bool_] | None = None
 ) -> tuple[Float32Array, Float32Array]:
-    """``n`` raw flat observations and their masks, of realistic scale and beyond.
-
-    Daily log returns are Student-t (3 dof) with a per-row scale from calm (0.5%) to crisis
-    (5%) markets, so some normalized features hit the clip; weights are ``random_weights``.
-    """
+    """``n`` raw flat observations and masks: Student-t returns, calm to crisis, some clipping."""
     live = random_live_masks(n, spec.n_slots, rng) if live is None else live
     scale = rng.choice([0.005, 0.01, 0.02, 0.05], size=(n, 1, 1))
     returns = scale * rng.standard_t(3.0, size=(n, spec.max_assets, spec.window))
@@ -129,8 +96,7 @@ def random_raw_observations(
 
 
 def parity_sizes(max_assets: int) -> tuple[int, ...]:
-    """The universe sizes a shared graph is compared at: half, once and twice the training
-    slots, since it is served for any number of assets."""
+    """The universe sizes a shared graph is compared at: half, once and twice the training slots."""
     return tuple(sorted({max(1, max_assets // 2), max_assets, 2 * max_assets}))
 
 
@@ -140,8 +106,7 @@ def _set_observations(
     spec: AssetFeatureSpec,
     rng: np.random.Generator,
 ) -> SetObservations:
-    """The raw features of ``prices`` as float32, with large values (and NaN) written into
-    masked rows (the graph must ignore whatever a caller leaves there), and random weights."""
+    """The raw features of ``prices``, garbage (and NaN) in masked rows, random weights."""
     out = asset_features(prices, live, spec).astype(np.float32)
     noise = (100.0 * rng.standard_normal(out.shape)).astype(np.float32)
     noise[::5] = np.nan
@@ -169,9 +134,7 @@ def random_set_observations(
     rng: np.random.Generator,
     live: NDArray[np.bool_] | None = None,
 ) -> SetObservations:
-    """``n`` decisions over ``n_assets`` random price histories, calm (0.5% a day) to crisis
-    (5%), Student-t (3 dof) returns with a drift, so that some normalized features clip;
-    random masks of every density unless ``live`` is given."""
+    """``n`` decisions over ``n_assets`` random price histories, calm to crisis, some clipping."""
     spec = loaded.asset_spec
     live = random_live_masks(n, n_assets + 1, rng) if live is None else live
     scale = rng.choice([0.005, 0.01, 0.02, 0.05], size=(n, 1, 1))
@@ -180,9 +143,6 @@ def random_set_observations(
     start = rng.uniform(5.0, 500.0, size=(n, n_assets, 1))
     prices = start * np.exp(np.concatenate([np.zeros_like(start), np.cumsum(steps, -1)], -1))
     return _set_observations(prices, live, spec, rng)
-
-
-# --- real inputs ---------------------------------------------------------------------------
 
 
 def training_data(loaded: LoadedRun) -> MarketData:

@@ -1,13 +1,6 @@
-"""Parity of the exported graphs with torch: the comparison, its figures and the check.
-
-A policy graph of k >= 1 members is compared with the torch mean of its members' actions, each
-computed exactly as a single export's reference is (the member's SB3 actor on the input
-normalized in numpy with that member's own statistics): on ``PARITY_SAMPLES`` random and as
-many real inputs (``export.observations``), and for a shared graph at half, once and twice the
-training slots. A curiosity graph is compared with its module on random and real transitions.
-The figures go into the exported manifest; an export whose graphs disagree with torch by more
-than ``PARITY_TOLERANCE`` fails and leaves the registry untouched.
-"""
+"""Parity of the exported graphs with torch: a policy graph against the torch mean of its
+members' SB3 actors on numpy-normalized inputs, a curiosity graph against its module; the
+figures go into the manifest, and any above ``PARITY_TOLERANCE`` fails the export."""
 
 from __future__ import annotations
 
@@ -40,18 +33,6 @@ from allocator.trainer.export.observations import (
     rollout,
 )
 
-__all__ = [
-    "PARITY_SAMPLES",
-    "PARITY_TOLERANCE",
-    "Transitions",
-    "check_parity",
-    "curiosity_parity",
-    "format_parity",
-    "measure_parity",
-    "onnx_session",
-    "policy_parity",
-]
-
 PARITY_TOLERANCE = 1e-5
 """Largest absolute ONNX-vs-torch difference (actions, weights, rewards) an export accepts."""
 PARITY_SAMPLES = 1000
@@ -79,17 +60,9 @@ def _member_action(member: LoadedRun, obs: FlatObservations | SetObservations) -
 def policy_parity(
     session: Any, members: Sequence[LoadedRun], obs: FlatObservations | SetObservations
 ) -> dict[str, Any]:
-    """The ONNX policy vs the torch mean of its members' actions.
-
-    Flat: the graph's weights are checked against numpy ``action_to_weights`` of the graph's
-    *own* action, apart from the network. When every live preference is near 0 (actions near
-    -1, common on random observations) renormalizing divides by a small sum and multiplies any
-    float32 action difference, so a torch-to-ONNX weight comparison would fail a correct graph
-    (seen: 1.6e-5 from a 5e-7 action difference); that figure is still reported
-    (``end_to_end_weight_diff``), not checked. Shared: ``max_abs_masked_action``, the graph's
-    largest |action| on a masked slot, must be 0. An ensemble also reports how far its members
-    disagree (``member_spread``, not checked).
-    """
+    """The ONNX policy vs the torch mean of its members' actions; a flat graph's weights are
+    checked against numpy's mapping of the graph's own action (near-zero preferences amplify
+    float32 action gaps, so ``end_to_end_weight_diff`` is reported, not checked)."""
     outputs = session.run(None, obs.feeds())
     action = outputs[0]
     actions = [_member_action(m, obs) for m in members]
@@ -160,10 +133,8 @@ def measure_parity(
     n: int = PARITY_SAMPLES,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Parity of the exported graphs of ``members`` (one run, or a seed ensemble) with torch on
-    ``n`` random and ``n`` real inputs (a shared graph's at each ``parity_sizes`` size, and on a
-    rollout); the curiosity graph ``icm_path`` is the first member's, compared on transitions
-    of the training slots."""
+    """Parity of the exported graphs with torch on ``n`` random and ``n`` real inputs (a shared
+    graph's at each ``parity_sizes`` size) and the first member's curiosity graph."""
     rng = np.random.default_rng(seed)
     session = onnx_session(model_path)
     first = members[0]
@@ -173,10 +144,7 @@ def measure_parity(
         return policy_parity(session, members, obs)
 
     real = rollout(first, n, seed=seed)
-    on_rollout = {
-        **measure(real.inputs),
-        "max_abs_observation_diff": real.max_abs_observation_diff,
-    }
+    on_rollout = {**measure(real.inputs), "max_abs_observation_diff": real.max_abs_observation_diff}
     if first.shared:
         if len(members) == 1:  # SB3's flat call on the first member: not an ensemble's figure
             on_rollout["max_abs_flat_action_diff"] = real.max_abs_flat_action_diff

@@ -1,13 +1,5 @@
-"""Export finished runs to ONNX for serving, checked against torch before they are published.
-
-One pipeline for one run and for a seed ensemble of runs: ``export_runs`` loads and checks the
-members (``export.members``), writes the policy graph of their representation (and a single
-run's curiosity graph) to a scratch directory (``export.graphs``), compares them with torch
-(``export.parity``), and only then publishes ``registry/NAME/VERSION/{model.onnx, icm.onnx?,
-manifest.json}`` (``allocator.registry.publish``): staged in a hidden directory beside the
-version and renamed into place, so a version appears whole. An ensemble has a single model's
-inputs and outputs, so the server loads and serves it unchanged.
-"""
+"""Export finished runs to ONNX for serving: graphs written to a scratch directory, checked
+against torch, and only then published whole as ``registry/NAME/VERSION``."""
 
 from __future__ import annotations
 
@@ -59,15 +51,6 @@ from allocator.trainer.export.parity import (
 from allocator.trainer.training.tracked_models import register_export
 from allocator.trainer.training.tracking import read_tracking, require_mlflow
 
-__all__ = [
-    "SHARED_POSTPROCESSING",
-    "export_curiosity",
-    "export_policy",
-    "export_run",
-    "export_runs",
-    "graph_metadata",
-]
-
 SHARED_POSTPROCESSING = (
     "not in the graph: weights = portfolio.tilt_weights(action, portfolio.anchor_weights("
     "prices, mask, tilt.anchor), mask, tilt.k) in numpy, the functions the environment uses"
@@ -113,18 +96,16 @@ def graph_metadata(members: Sequence[LoadedRun], graph: str) -> dict[str, str]:
     return meta
 
 
-def _policy_io(shared: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The policy graph's input and output names."""
-    if shared:
-        return SHARED_POLICY_INPUTS, SHARED_POLICY_OUTPUTS
-    return POLICY_INPUTS, POLICY_OUTPUTS
+POLICY_IO = {
+    True: (SHARED_POLICY_INPUTS, SHARED_POLICY_OUTPUTS),
+    False: (POLICY_INPUTS, POLICY_OUTPUTS),
+}
+"""The policy graph's input and output names, by whether the policy is shared."""
 
 
 def export_policy(members: Sequence[LoadedRun], path: Path) -> Path:
-    """Write ``model.onnx`` of one run or a seed ensemble: raw observation + mask -> (action,
-    weights) for a flat MLP; raw asset features (B, N, F), weights and mask (B, N + 1) ->
-    action (B, N + 1) with a dynamic asset axis N for a shared policy (traced at the training
-    slots)."""
+    """Write ``model.onnx`` of one run or a seed ensemble (a shared one traced at the training
+    slots, its asset axis dynamic)."""
     first = members[0]
     spec = first.spec
     weights, mask = torch.zeros(4, spec.n_slots), torch.ones(4, spec.n_slots)
@@ -133,7 +114,7 @@ def export_policy(members: Sequence[LoadedRun], path: Path) -> Path:
         if first.shared
         else (torch.zeros(4, spec.obs_size), mask)
     )
-    inputs, outputs = _policy_io(first.shared)
+    inputs, outputs = POLICY_IO[first.shared]
     metadata = graph_metadata(members, "policy")
     axes = policy_axes(first.shared)
     return export_graph(PolicyGraph(members), example, inputs, outputs, path, metadata, axes)
@@ -162,7 +143,7 @@ def _export_info(
 ) -> dict[str, Any]:
     """The manifest's ``export`` section: parity, opset, provenance and the graphs' names."""
     first = members[0]
-    inputs, outputs = _policy_io(first.shared)
+    inputs, outputs = POLICY_IO[first.shared]
     graph: dict[str, Any] = {"inputs": list(inputs), "outputs": list(outputs)}
     if first.shared:
         graph["asset_axis"] = "dynamic"
@@ -193,9 +174,8 @@ def _export_info(
 
 
 def _manifest(members: Sequence[LoadedRun], export: dict[str, Any], name: str) -> Manifest:
-    """The first member's manifest with the export section; an ensemble's lists its members and
-    has no curiosity and no single run's validation metrics, validated again (``model_copy``
-    would not)."""
+    """The first member's manifest with the export section; an ensemble's lists its members, has
+    no curiosity or metrics, and is validated again (``model_copy`` would not)."""
     first = members[0].manifest
     update = {"name": name, "export": export, "schema_version": SCHEMA_VERSION}
     if len(members) == 1:
@@ -215,8 +195,7 @@ def _refused_as_export_error() -> Iterator[None]:
 
 
 def _reserve_version(registry: str | Path, name: str, version: str | None) -> tuple[str, Path, str]:
-    """The checked name, its directory in the registry and the version to publish (the next
-    integer unless given), refused before any slow work when it exists."""
+    """Name, its registry directory and the version to publish, refused before any slow work."""
     with _refused_as_export_error():
         name = check_name("name", name)
         model_dir = Path(registry) / name
@@ -238,12 +217,8 @@ def export_runs(
 ) -> Path:
     """Export one run, or several as a seed ensemble, to ``registry/NAME/VERSION``; return it.
 
-    NAME defaults to the (first) run's manifest name, VERSION to the next integer. Raises
-    ``ExportError`` (and writes nothing to the registry) when a run cannot be loaded, the runs
-    differ in more than their seed, the version exists, or ONNX and torch (the mean of an
-    ensemble's members) differ by more than ``tolerance``. A single run tracked in MLflow
-    names its MLflow run in the manifest's ``export`` section, and the published version is
-    registered there too (``training/tracked_models.py``).
+    Any refusal or parity above ``tolerance`` raises ``ExportError`` with nothing written to
+    the registry; a single run tracked in MLflow is registered there too.
     """
     if not run_dirs:
         raise ExportError("nothing to export: no run directory given")

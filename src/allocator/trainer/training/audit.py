@@ -1,9 +1,5 @@
-"""Two audits written with every run: is the state well scaled, is the actor saturated?
-
-A tanh actor fed features of very different scales pushes its outputs to +-1 where the gate
-``kappa = 1 - a^2`` is ~0 and gradients vanish: the policy freezes while the critic still moves.
-These two files make that visible after every run.
-"""
+"""Two audits written with every run: is the state well scaled, is the actor saturated (a tanh
+actor at +-1 has no gradient, ``kappa = 1 - a^2`` ~0, and freezes)?"""
 
 from __future__ import annotations
 
@@ -36,16 +32,10 @@ def _abs_quantiles(x: ArrayLike) -> dict[str, float]:
 
 
 def state_scale_summary(
-    train_prices: ArrayLike,
-    stats: NormalizationStats,
-    clip: float,
-    weights: ArrayLike,
+    train_prices: ArrayLike, stats: NormalizationStats, clip: float, weights: ArrayLike
 ) -> dict[str, Any]:
-    """Per-feature p95/p99 of |x| before and after normalization, and the scale spread.
-
-    ``weights`` are observed weight vectors (e.g. from a rollout); they enter the observation
-    unnormalized, so their scale is the reference the return features are compared with.
-    """
+    """Per-feature p95/p99 of |x| before and after normalization, and the scale spread against
+    the observed ``weights``, which enter the observation unnormalized."""
     raw = log_returns(train_prices, axis=0)
     raw = raw[np.isfinite(raw)]
     after = normalize_returns(raw, stats, clip)
@@ -77,14 +67,9 @@ def action_saturation(
     mapping: str | None = None,
     k: float = 1.0,
 ) -> dict[str, Any]:
-    """How often actions sit at the tanh bounds, repeat themselves, and the mean gate kappa.
-
-    ``actions`` is (steps, action_dim) of deterministic actions in [-1, 1] on one path. With a
-    ``mask`` ((action_dim,) or (steps, action_dim)) the ratios count live slots only: a masked
-    slot's action is ignored by every mapping, so its saturation says nothing. ``mapping``
-    adds what the bound means there: under ``tilt`` an action at +-1 multiplies the anchor
-    weight by ``exp(+-k)``, the most one decision can move away from the anchor.
-    """
+    """How often actions (steps, action_dim) sit at the tanh bounds, repeat themselves, and the
+    mean gate kappa; with a ``mask`` over live slots only, and ``mapping`` adds what the bound
+    means there (under ``tilt``: the anchor weight times ``exp(+-k)``)."""
     a = np.asarray(actions, dtype=np.float64)
     if a.ndim != 2 or a.shape[0] < 2:
         raise ValueError("need a (steps >= 2, action_dim) array of actions")

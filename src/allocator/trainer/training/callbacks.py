@@ -31,11 +31,8 @@ class TurnoverCallback(BaseCallback):
 
 
 class StopAtStep(BaseCallback):
-    """Ends ``learn`` once ``step`` timesteps are done, as an interruption would.
-
-    The schedules still run to the full budget (``learn`` was asked for all of it); the run
-    continues from its last checkpoint, in this process or after a restart.
-    """
+    """Ends ``learn`` once ``step`` timesteps are done, as an interruption would (schedules
+    still span the full budget)."""
 
     def __init__(self, step: int) -> None:
         super().__init__()
@@ -46,11 +43,8 @@ class StopAtStep(BaseCallback):
 
 
 class StopWhenAsked(BaseCallback):
-    """Ends ``learn`` after the step during which ``event`` was set (a SIGTERM, a Ctrl-C).
-
-    Between two steps the model, its replay buffer and the schedules agree, so the run can be
-    checkpointed there and resumed; a signal acted on mid-step would lose that.
-    """
+    """Ends ``learn`` after the step during which ``event`` was set (a SIGTERM, a Ctrl-C):
+    between steps the model, buffer and schedules agree, so it can be checkpointed."""
 
     def __init__(self, event: threading.Event) -> None:
         super().__init__()

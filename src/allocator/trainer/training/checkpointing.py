@@ -1,17 +1,9 @@
 """Resumable checkpoints: a crashed run continues from its last one instead of starting over.
 
-A checkpoint is a directory ``checkpoints/step-NNNNNNNNN/`` in the run directory with the SB3
-model (weights, optimizers, step counters, the smoothness lambda, the action noise), the replay
-buffer (pickled as SB3's ``save_replay_buffer`` does, filled rows only), the ICM (``icm.pt``),
-the best model so far, and ``state.json`` (steps done, training seconds, the selection state),
-loaded back by SB3's ``load`` and ``load_replay_buffer``. It is written into a hidden
-directory and renamed into place, then ``checkpoints/latest.json`` is replaced to name it: a
-crash at any moment leaves the previous checkpoint whole and named. Older ones are removed.
-
-Resuming loads all of it, continues SB3's ``learn`` with ``reset_num_timesteps=False`` so step
-counts, learning-rate schedules and noise annealing go on from where they were, and starts a
-fresh episode (the environment's mid-episode state is not saved). Random draws after the resume
-differ from those of an uninterrupted run.
+``checkpoints/step-NNNNNNNNN/`` holds the SB3 model, the filled rows of the replay buffer, the
+ICM, the best model so far and ``state.json``; it is staged hidden and renamed, then
+``latest.json`` names it, so a crash leaves the previous one whole. A resume starts a fresh
+episode, and its random draws differ from an uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -37,16 +29,16 @@ from stable_baselines3.common.save_util import save_to_pkl
 from stable_baselines3.common.utils import get_device
 
 from allocator.artifacts.files import atomic_write_text, fsync_path, write_json
+from allocator.trainer.agents.algorithms import ALGORITHMS
 from allocator.trainer.agents.curiosity import CuriosityReplayBuffer
-from allocator.trainer.agents.sac import SmoothSAC
-from allocator.trainer.agents.td3 import SmoothTD3
-from allocator.trainer.training.config import TD3Settings, TrainConfig
+from allocator.trainer.training.config import TrainConfig
 from allocator.trainer.training.run_dir import (
     BEST_ICM_FILE,
     BEST_MODEL_FILE,
     CHECKPOINTS_DIR,
     ICM_FILE,
     MODEL_FILE,
+    fresh_path,
 )
 from allocator.typed_config import ConfigError, flatten
 
@@ -91,13 +83,8 @@ class Checkpoint:
 
 
 def trimmed_buffer(buffer: ReplayBuffer) -> ReplayBuffer:
-    """A shallow copy of ``buffer`` fit to pickle: its filled rows only, no curiosity module.
-
-    SB3 pickles the whole preallocated buffer (hundreds of MB for 100,000 rows of a 20-asset
-    observation) however little of it is filled. The curiosity buffer holds the ICM, saved on
-    its own (``icm.pt``), and a clock closure that cannot be pickled: both are left out and put
-    back by ``restore_model``.
-    """
+    """A shallow copy of ``buffer`` fit to pickle: its filled rows only (SB3 pickles the whole
+    preallocation), without the ICM and clock ``restore_model`` puts back."""
     clone = copy.copy(buffer)
     if isinstance(clone, CuriosityReplayBuffer):
         clone.curiosity, clone.clock = None, None
@@ -141,10 +128,7 @@ def write_checkpoint(run_dir: Path, model: OffPolicyAlgorithm, state: dict[str, 
         for item in stage.iterdir():
             fsync_path(item)
         os.chmod(stage, 0o755)
-        final = root / name
-        k = 1
-        while final.exists():
-            final, k = root / f"{name}-{k}", k + 1
+        final = fresh_path(root / name)
         os.replace(stage, final)
         fsync_path(root)
     except BaseException:
@@ -177,15 +161,8 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
 
 
 def restore_model(config: TrainConfig, env: Any, checkpoint: Checkpoint) -> OffPolicyAlgorithm:
-    """The checkpoint's model on ``env``, with its replay buffer and ICM, ready to learn on.
-
-    SB3's ``load`` restores weights, optimizers, step counters and everything the algorithm
-    pickles (the smoothness lambda, the action noise); its ``force_reset`` makes the next
-    ``learn`` start a new episode. The ICM and the replay buffer are loaded beside it, and the
-    buffer is attached to the ICM again as a fresh model's would be.
-    """
-    cls = SmoothTD3 if isinstance(config.algorithm, TD3Settings) else SmoothSAC
-    model: OffPolicyAlgorithm = cls.load(
+    """The checkpoint's model on ``env``, with its replay buffer and ICM, ready to learn on."""
+    model: OffPolicyAlgorithm = ALGORITHMS[config.algorithm.name].load(
         checkpoint.path / MODEL_FILE, env=env, device=get_device(config.device)
     )
     icm = getattr(model, "icm", None)
@@ -212,11 +189,8 @@ def restore_best(run_dir: Path, checkpoint: Checkpoint) -> None:
 
 
 def resume_config(saved: TrainConfig, given: TrainConfig | None, run_dir: Path) -> TrainConfig:
-    """The config a resumed run continues with: ``given`` if it matches the run's own.
-
-    Only ``RESUME_FREE_KEYS`` may differ; anything else would continue a different run than
-    the one that was checkpointed, and is refused naming every differing key.
-    """
+    """The config a resumed run continues with: ``given`` if it matches the run's own but for
+    ``RESUME_FREE_KEYS``, else refused naming every differing key."""
     if given is None:
         return saved
     old = flatten(saved.model_dump(mode="json"))
@@ -237,10 +211,7 @@ def resume_config(saved: TrainConfig, given: TrainConfig | None, run_dir: Path) 
 
 
 def keep_progress_before(run_dir: Path, step: int) -> None:
-    """Before a resume: set aside the logged rows up to ``step`` (SB3 truncates progress.csv).
-
-    Rows after the checkpoint belong to steps about to be redone and are dropped.
-    """
+    """Before a resume: set aside the logged rows up to ``step`` (SB3 truncates progress.csv)."""
     frames = [
         pd.read_csv(p)
         for p in (Path(run_dir) / EARLIER_PROGRESS_FILE, Path(run_dir) / PROGRESS_FILE)
@@ -268,12 +239,8 @@ def merge_progress(run_dir: Path) -> None:
 
 
 class CheckpointCallback(BaseCallback):
-    """Writes a resumable checkpoint every ``every`` steps, at the end of a rollout.
-
-    At a rollout's end the step's transition is already in the replay buffer and its gradient
-    steps are not yet taken, so a resumed run redoes nothing twice. ``extra_state`` adds what
-    the trainer keeps outside the model (the selection state, training seconds).
-    """
+    """Writes a resumable checkpoint every ``every`` steps at a rollout's end: the transition
+    is stored and its gradient steps not yet taken, so a resume redoes nothing twice."""
 
     def __init__(
         self, run_dir: Path, every: int, extra_state: Callable[[], dict[str, Any]], last_step: int

@@ -1,8 +1,5 @@
-"""Typed training configuration: YAML in, validated models out, errors naming the key.
-
-A run is fully described by one ``TrainConfig``; the resolved config is written into every
-run directory so the run can be repeated exactly.
-"""
+"""Typed training configuration: YAML in, validated models out, errors naming the key; the
+resolved config is written into every run directory so the run can be repeated exactly."""
 
 from __future__ import annotations
 
@@ -133,14 +130,8 @@ SelectionMetric = Literal["sharpe", "sortino", "calmar", "annual_return", "total
 
 
 class SelectionSettings(StrictModel):
-    """Keep the checkpoint that scores best on an inner span cut from the end of training.
-
-    Without it a run keeps its last model, however it scores, and the only span left to judge
-    it on is the validation (in walk-forward, the test) span: choosing there would look ahead.
-    With it the model trains on the first part of ``data.train_start..train_end`` only; after
-    ``purge_days`` trading days left unused, the rest is the inner validation span, where the
-    deterministic policy is backtested with costs every ``eval_every`` steps.
-    """
+    """Keep the checkpoint that scores best on an inner span cut from the end of training
+    (``training/selection.py``)."""
 
     enabled: bool = Field(False, description="choose the best checkpoint on the inner span")
     inner_fraction: float = Field(
@@ -171,11 +162,7 @@ class SaturationWatchSettings(StrictModel):
 
 
 class TrackingSettings(StrictModel):
-    """Where a run is also logged for side-by-side comparison (``training/tracking.py``).
-
-    Off by default: the run directory, its CSV and TensorBoard logs are always written; MLflow
-    gets a copy of them when asked for.
-    """
+    """Where a run is also logged for side-by-side comparison (``training/tracking.py``)."""
 
     backend: Literal["none", "mlflow"] = Field(
         "none", description="'mlflow': log the run to MLflow (the `mlflow` extra); 'none': do not"
@@ -255,15 +242,8 @@ class TrainConfig(StrictModel):
 
     @model_validator(mode="after")
     def _no_flat_tilt(self) -> TrainConfig:
-        """Refuse the flat MLP under the tilt mapping.
-
-        The tilt ignores a shift common to every action (cash included): all actions at +1
-        hold the anchor, as all at 0 do. The flat MLP has nothing that pins that common shift
-        (the shared actor centres its asset scores and gives cash its own head), so it can
-        drift into the corner where every action sits at +1 and tanh's gradient is gone, the
-        frozen book this trainer must not produce. No graph serves that combination either
-        (export takes a flat MLP with the affine mapping only), so it is refused, not patched.
-        """
+        """Refuse the flat MLP under the tilt mapping: nothing pins the shift common to every
+        action, which the tilt ignores, and no graph serves the combination."""
         if self.policy == "mlp" and self.env.action.mapping == "tilt":
             raise ValueError(
                 "policy: mlp with env.action.mapping: tilt is refused: the tilt ignores a shift "
@@ -283,14 +263,12 @@ TRAINER_HELP = (
 def load_job_tree(
     path: str | Path | None, overrides: Sequence[str] | None, what: str
 ) -> tuple[dict[str, Any], str | None]:
-    """The settings tree of a job config (walk-forward, retrain) that embeds a trainer config.
+    """The settings tree of a job config that embeds a trainer config, and the trainer file it
+    inlined, if any.
 
-    ``trainer`` is a trainer YAML path or an inline mapping. ``--set trainer=other.yaml``
-    swaps the file first; a path is then inlined (read from the working directory, else next
-    to the job config) so ``--set trainer.total_timesteps=1000`` works either way. A
-    ``trainer_changes`` mapping is merged into the trainer next, key by key, so a job file can
-    say "that trainer, with these differences" instead of copying it; ``--set`` comes last.
-    Returns the tree and the trainer file it inlined, if any.
+    ``--set trainer=other.yaml`` swaps the file first; a path is then inlined (working
+    directory, else beside the job config) so ``--set trainer.x`` works either way;
+    ``trainer_changes`` is merged next, key by key; the other ``--set`` come last.
     """
     tree, source = load_tree(path, None, what)
     overrides = list(overrides or [])

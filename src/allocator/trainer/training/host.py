@@ -1,10 +1,5 @@
-"""The machine a run trained on, recorded in ``run.json``.
-
-The same config and seed can take another floating-point path on another CPU: torch picks its
-CPU kernels by instruction set (AVX2, AVX-512), and a 20,000-step trajectory amplifies the last
-bits into a different kept checkpoint. With the host on record, two runs that disagree can be
-told apart from a change in the code.
-"""
+"""The machine a run trained on, recorded in ``run.json``: torch picks CPU kernels by instruction
+set, so the same config and seed can end elsewhere on another CPU."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""What a run learns from: the data cut into spans, and statistics fitted on the right one.
-
-Without selection the environment trains on the whole training span; with it, on the first
-part only (``selection.split_training_span``), and the normalization is fitted on that part
-too: the inner span must be as unseen as the validation span.
-"""
+"""What a run learns from: the data cut into spans, and statistics fitted on the part it trains
+on (with selection, the inner span must be as unseen as the validation span)."""
 
 from __future__ import annotations
 
@@ -58,7 +54,6 @@ def prepare_data(config: TrainConfig) -> TrainingData:
     if config.selection.enabled:
         split = split_training_span(train_data, config.selection, config.env)
         fit = train_data.between(None, split.fit_end)
-        # Refuse now, not at the first evaluation, an inner span no asset can be backtested on.
         backtest_span(train_data, split.inner_start, split.inner_end, None, config.env.history)
     stats = fit_normalization(fit.prices, axis=0)
     feature_norm = None

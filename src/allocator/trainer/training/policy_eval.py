@@ -1,8 +1,5 @@
-"""Backtests of a trained policy: the validation span after training, the inner span during it.
-
-Both go through the same code so a checkpoint is chosen on exactly the figures (costs, smoothing,
-representation, training-span normalization) that the final validation reports.
-"""
+"""Backtests of a trained policy, one path for the validation span and the inner span, so a
+checkpoint is chosen on exactly the figures the final validation reports."""
 
 from __future__ import annotations
 
@@ -28,11 +25,8 @@ def backtest_model(
     stats: NormalizationStats,
     feature_norm: FeatureNormalization | None = None,
 ) -> tuple[BacktestResult, np.ndarray]:
-    """The deterministic policy over ``span`` of ``data``, with the run's costs and smoothing.
-
-    Returns the backtest and the actions the policy took. Only ``data`` is read, so a caller
-    that must not see some dates passes data that ends before them.
-    """
+    """The deterministic policy over ``span`` of ``data`` (only ``data`` is read), with the
+    run's costs and smoothing: the backtest and the actions taken."""
     env_cfg = config.env
     t0 = data.date_index(span[0], "left")
     t1 = data.date_index(span[1], "right")
@@ -44,7 +38,6 @@ def backtest_model(
         actions.append(np.asarray(action))
         return action
 
-    # The policy sees the representation it was trained with.
     result = run_backtest(
         ActionPolicy(actor, name=config.algorithm.name),
         data=data,
@@ -69,13 +62,8 @@ def validate_policy(
     stats: NormalizationStats,
     feature_norm: FeatureNormalization | None = None,
 ) -> tuple[dict[str, BacktestResult], np.ndarray]:
-    """Backtest the deterministic policy, equal weight and HRP on the validation period, and a
-    tilt policy's anchor (``anchor``).
-
-    Equal weight is the bar a policy must clear net of costs; HRP (skfolio, refitted every 21
-    days on trailing prices) is the strongest simple baseline in the walk-forward runs; the
-    anchor is what a tilt policy holds at a zero action, so beating it is what the learning adds.
-    """
+    """Backtest the deterministic policy, equal weight, HRP (the strongest simple baseline) and
+    a tilt policy's anchor on the validation period."""
     d = config.data
     span = (d.validation_start, d.validation_end)
     agent, actions = backtest_model(model, config, data, span, stats, feature_norm)
@@ -99,11 +87,8 @@ def validate_policy(
 def excess_over(
     validation: dict[str, BacktestResult], agent_name: str, benchmark: str, seed: int
 ) -> ExcessSharpe:
-    """The agent's excess Sharpe over ``benchmark`` on the validation days, with its interval.
-
-    One span of a few years puts a Sharpe within about half a unit of its truth, so the
-    difference is reported with a stationary-bootstrap interval rather than as a bare number.
-    """
+    """The agent's excess Sharpe over ``benchmark`` on the validation days, with a bootstrap
+    interval (one span of a few years pins a Sharpe to about half a unit)."""
     days = pd.concat(
         [validation[agent_name].returns, validation[benchmark].returns], axis=1, join="inner"
     )

@@ -1,11 +1,4 @@
-"""One training run, start to finish: data split, environment, algorithm, artifacts, audits.
-
-The run directory holds everything needed to judge and reuse the run: the SB3 model, the ICM
-weights, normalization statistics, the resolved config, the state-scale and saturation audits,
-TensorBoard logs, the training curves, and a validation backtest next to equal weight. With
-``selection`` enabled the kept model is the best one on the inner span (``selection.py``);
-with ``checkpoint_every`` a crashed run resumes from its last checkpoint (``checkpointing.py``).
-"""
+"""One training run, start to finish: data split, environment, algorithm, artifacts, audits."""
 
 from __future__ import annotations
 
@@ -13,7 +6,7 @@ import shutil
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +56,7 @@ from allocator.trainer.training.config import (
 )
 from allocator.trainer.training.host import host_info
 from allocator.trainer.training.inputs import TrainingData, make_env, prepare_data
-from allocator.trainer.training.policy_eval import (
-    excess_over,
-    validate_policy,
-)
+from allocator.trainer.training.policy_eval import excess_over, validate_policy
 from allocator.trainer.training.run_dir import (
     BEST_ICM_FILE,
     BEST_MODEL_FILE,
@@ -82,6 +72,7 @@ from allocator.trainer.training.run_dir import (
     SELECTION_FILE,
     VALIDATION_FILE,
     build_manifest,
+    fresh_path,
 )
 from allocator.trainer.training.saturation import make_watch
 from allocator.trainer.training.selection import SelectionCallback, SelectionState, inner_scorer
@@ -122,9 +113,7 @@ def _policy(config: TrainConfig) -> tuple[Any, dict[str, Any]]:
     cls = SharedTD3Policy if isinstance(algo, TD3Settings) else SharedSACPolicy
     shared = config.shared
     kwargs = {"n_features": config.env.n_features, "hidden": shared.hidden}
-    # Only when on: the policy's own default is off, so a checkpoint saved without the key
-    # (before centring existed) loads uncentred, as it was trained.
-    if shared.center_assets:
+    if shared.center_assets:  # only when on: a policy saved without the key loads uncentred
         kwargs["center_assets"] = True
     return cls, kwargs
 
@@ -133,14 +122,9 @@ def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> 
     """The configured SB3 algorithm on ``env`` (CPU by default, CUDA when present)."""
     algo = config.algorithm
     policy, policy_kwargs = _policy(config)
+    sb3 = "gamma batch_size buffer_size learning_starts tau train_freq gradient_steps"
     common: dict[str, Any] = {
-        "gamma": algo.gamma,
-        "batch_size": algo.batch_size,
-        "buffer_size": algo.buffer_size,
-        "learning_starts": algo.learning_starts,
-        "tau": algo.tau,
-        "train_freq": algo.train_freq,
-        "gradient_steps": algo.gradient_steps,
+        **algo.model_dump(include=set(sb3.split())),
         "policy_kwargs": policy_kwargs,
         "actor_learning_rate": _schedule(algo.actor_learning_rate),
         "critic_learning_rate": _schedule(algo.critic_learning_rate),
@@ -151,32 +135,21 @@ def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> 
         "verbose": 0,
     }
     if isinstance(algo, TD3Settings):
+        td3 = (
+            "critic_loss huber_delta max_grad_norm policy_delay target_policy_noise "
+            "target_noise_clip"
+        )
         return SmoothTD3(
             policy,
             env,
-            critic_loss=algo.critic_loss,
-            huber_delta=algo.huber_delta,
-            max_grad_norm=algo.max_grad_norm,
+            **algo.model_dump(include=set(td3.split())),
             smoothness=algo.smoothness,
             action_bound=algo.action_bound,
-            policy_delay=algo.policy_delay,
-            target_policy_noise=algo.target_policy_noise,
-            target_noise_clip=algo.target_noise_clip,
             action_noise=make_action_noise(config.noise, env.action_space.shape[0]),
             **common,
         )
     assert isinstance(algo, SACSettings)
     return SmoothSAC(policy, env, ent_coef=algo.ent_coef, **common)
-
-
-def _make_run_dir(config: TrainConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(config.output_dir) / f"{config.name}-{stamp}"
-    run_dir, i = base, 1
-    while run_dir.exists():
-        run_dir, i = Path(f"{base}-{i}"), i + 1
-    run_dir.mkdir(parents=True)
-    return run_dir
 
 
 def _seed(config: TrainConfig, offset: int) -> None:
@@ -190,12 +163,8 @@ def _copy(src: Path, dst: Path) -> None:
 
 
 class TrainingSession:
-    """A run in progress: its data, model and callbacks, started fresh or from a checkpoint.
-
-    ``train`` is ``start`` + ``learn`` + ``finish``; ``resume`` is the same from the last
-    checkpoint of a run that did not finish. ``learn(until=...)`` stops early, as a crash
-    would, leaving the checkpoints written so far.
-    """
+    """A run in progress: its data, model and callbacks, started fresh or from a checkpoint;
+    ``learn(until=...)`` stops early, as a crash would."""
 
     def __init__(
         self,
@@ -252,8 +221,10 @@ class TrainingSession:
             require_mlflow()  # before the data: a missing extra fails at once
         _seed(config, 0)
         data = prepare_data(config)
-        run_dir = run_dir or _make_run_dir(config)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        fresh = run_dir is None  # a directory of its own, never one a concurrent run just made
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = run_dir or fresh_path(Path(config.output_dir) / f"{config.name}-{stamp}")
+        run_dir.mkdir(parents=True, exist_ok=not fresh)
         (run_dir / CONFIG_FILE).write_text(dump_config(config))
         model = build_model(config, make_env(config, data), None)
         assert isinstance(model, OffPolicyAlgorithm)
@@ -261,11 +232,8 @@ class TrainingSession:
 
     @classmethod
     def resume(cls, run_dir: Path, config: TrainConfig | None = None) -> TrainingSession:
-        """The run in ``run_dir`` from its last checkpoint, with its own config.
-
-        ``config``, when given, must equal the run's ``config.yaml`` but for the keys that only
-        say where and how visibly it runs; a finished run is refused.
-        """
+        """The run in ``run_dir`` from its last checkpoint, with its own config (``config``
+        may differ only in ``RESUME_FREE_KEYS``); a finished run is refused."""
         run_dir = Path(run_dir)
         config = resume_config(load_config(run_dir / CONFIG_FILE), config, run_dir)
         if (run_dir / RUN_SUMMARY_FILE).exists():
@@ -303,15 +271,12 @@ class TrainingSession:
             "replay_buffer_size": int(buffer.size()) if buffer is not None else 0,
             "smooth_lambda": float(getattr(self.model, "smooth_lambda", 0.0)),
             "selection": self.selection.state.to_dict() if self.selection else None,
-            "saturation_watch": self.watch.state.to_dict(),
+            "saturation_watch": asdict(self.watch.state),
         }
 
     def learn(self, until: int | None = None, stop: threading.Event | None = None) -> None:
-        """Train to ``total_timesteps`` (or to step ``until``), continuing the step count.
-
-        When ``stop`` is set while it learns, it returns after that step with a checkpoint
-        written there and raises ``TrainingStoppedError``: the run continues with ``resume``.
-        """
+        """Train to ``total_timesteps`` (or to step ``until``), continuing the step count; a
+        ``stop`` set meanwhile checkpoints and raises ``TrainingStoppedError``."""
         model = self.model
         if self.finished:
             return
@@ -332,9 +297,7 @@ class TrainingSession:
         seconds = time.perf_counter() - self._learning_since
         self._learning_since = None
         if not self.finished:
-            # Stopped by ``until``: that step's transition was never stored, so the next
-            # ``learn`` starts a new episode rather than continue from a stale observation.
-            model._last_obs = None
+            model._last_obs = None  # stopped by ``until``: its transition was never stored
         self.train_seconds += seconds
         self.session_seconds += seconds
         self.session_steps += model.num_timesteps - first
@@ -402,8 +365,7 @@ class TrainingSession:
         summary = self.summary(chosen, metrics)
         write_json(run_dir / RUN_SUMMARY_FILE, summary)
         write_manifest(
-            run_dir,
-            build_manifest(config, data.stats, list(data.train.assets), metrics, run_dir),
+            run_dir, build_manifest(config, data.stats, list(data.train.assets), metrics, run_dir)
         )
         shutil.rmtree(run_dir / CHECKPOINTS_DIR, ignore_errors=True)  # the run is complete
         if self.tracked is not None:
@@ -453,8 +415,6 @@ def write_validation(
         "assets": agent.settings["assets"],
         "metrics": metrics,
     }
-    # Equal weight is the bar a policy must clear net of costs; a tilt policy's anchor is what
-    # it holds at a zero action, so beating it is what the learning adds.
     for key, benchmark in (("equal_weight", "equal-weight"), ("anchor", ANCHOR)):
         if benchmark in validation:
             excess = excess_over(validation, algorithm, benchmark, config.seed)
@@ -474,11 +434,8 @@ def train(
     callbacks: Sequence[BaseCallback] = (),
     stop: threading.Event | None = None,
 ) -> TrainingRun:
-    """Train, save and audit one run; returns where it went and what it measured.
-
-    ``callbacks`` join the run's own (a caller watching the steps: walk-forward progress).
-    ``stop`` set while it learns ends the run at a checkpoint (``TrainingStoppedError``).
-    """
+    """Train, save and audit one run; ``callbacks`` join the run's own, and ``stop`` set while
+    it learns ends the run at a checkpoint (``TrainingStoppedError``)."""
     return TrainingSession.start(config, run_dir).complete(callbacks, stop)
 
 

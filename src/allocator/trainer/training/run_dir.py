@@ -1,13 +1,9 @@
-"""The files one training run writes, and the manifest that describes them.
-
-A run directory is a checkpoint: ``model.zip`` (SB3), ``icm.pt`` (curiosity, when enabled),
-``normalization.json``, the resolved ``config.yaml`` and ``manifest.json`` (schema in
-``allocator.artifacts.manifest``) with a checksum of each checkpoint file, so that export and
-upgrades can refuse files changed after training.
-"""
+"""The files one training run writes, and the manifest whose checksums let export and upgrades
+refuse files changed after training."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import zipfile
 from pathlib import Path
@@ -55,6 +51,12 @@ CHECKPOINT_FILES = [
 """The files whose checksums the manifest records (those absent from a run are skipped)."""
 
 
+def fresh_path(base: Path) -> Path:
+    """``base``, or the first of ``base-1``, ``base-2``, ... that does not exist yet."""
+    candidates = itertools.chain([base], (Path(f"{base}-{i}") for i in itertools.count(1)))
+    return next(p for p in candidates if not p.exists())
+
+
 def saved_feature_normalization(run_dir: Path, spec: AssetFeatureSpec) -> FeatureNormalization:
     """The run's ``feature_normalization.json``, refused unless fitted for ``spec``."""
     path = Path(run_dir) / FEATURE_NORMALIZATION_FILE
@@ -72,12 +74,8 @@ def saved_feature_normalization(run_dir: Path, spec: AssetFeatureSpec) -> Featur
 
 def saved_center_assets(model_zip: Path) -> bool | None:
     """Whether the shared actor saved in ``model_zip`` centres its asset scores (None: no
-    readable model there).
-
-    The model's own ``policy_kwargs`` decide, not the config: a run whose ``config.yaml`` was
-    written before ``shared.center_assets`` existed reads today's default (on) from it, while
-    its policy was saved without the flag and so loads uncentred.
-    """
+    readable model); its ``policy_kwargs`` decide, since a config without the key reads the
+    default (on) while the policy saved without the flag loads uncentred."""
     try:
         with zipfile.ZipFile(model_zip) as archive:
             data = json.loads(archive.read("data"))
@@ -88,12 +86,8 @@ def saved_center_assets(model_zip: Path) -> bool | None:
 
 
 def representation_fields(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
-    """The manifest fields that say what the policy sees and what its action means.
-
-    Today's defaults (flat MLP, return window, affine mapping) give the schema's defaults; the
-    per-asset feature set also records its normalization, read from the run directory (it was
-    fitted on the training span and saved there before the manifest is built).
-    """
+    """The manifest fields that say what the policy sees and what its action means; the
+    per-asset feature set's normalization is read from the run directory."""
     env = config.env
     fields: dict[str, Any] = {}
     if env.features == "asset_v1":
@@ -132,11 +126,8 @@ def build_manifest(
     metrics: dict[str, Any],
     run_dir: Path,
 ) -> Manifest:
-    """The manifest of a finished run, with checksums of the files now in ``run_dir``.
-
-    The representation fields (``representation_fields``) need ``feature_normalization.json``
-    to be in ``run_dir`` already when the run uses the per-asset feature set.
-    """
+    """The manifest of a finished run, with checksums of the files now in ``run_dir`` (which
+    must hold ``feature_normalization.json`` already for the per-asset feature set)."""
     env = config.env
     return Manifest(
         name=config.name,

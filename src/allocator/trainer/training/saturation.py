@@ -1,25 +1,10 @@
-"""The saturation watch: an actor frozen at its tanh bounds is found while it trains.
+"""The saturation watch: an actor frozen at its tanh bounds (gate ``kappa = 1 - a^2`` ~0, the
+policy no longer moves) is found while it trains, so the run warns and selection can refuse it.
 
-A tanh actor whose outputs sit at +-1 has lost its gradient (the gate ``kappa = 1 - a^2`` is
-~0): the critic keeps learning, the policy no longer moves, and every later checkpoint is the
-same frozen book. ``audit.action_saturation`` shows it after the run, on the validation path;
-this watch measures it during the run, so the run says so when it happens (a WARNING, logger
-scalars, ``run.json``) and selection can refuse a collapsed checkpoint.
-
-What is measured: the deterministic actor's actions on a fixed probe set, ``PROBE_SIZE``
-observations of the training environment (a separate instance, seeded from the run's seed, its
-own random actions so the recorded weights vary), the same set at every check and after a
-resume. Measuring touches no random state the training draws from.
-
-The rule, one for the watch and for selection: the actor is **collapsed** when at least
-``COLLAPSE_SHARE`` (90%) of the live action values on the probe set lie within 0.05 of a bound
-(``|a| >= NEAR_BOUND``, the audit's threshold). There the gate is below 0.0975 on nine values
-in ten, so the actor's gradient is a tenth of what it was or less. A fresh actor sits near 0
-(0%); the collapse this guards against had 100%. A policy that still decides something keeps
-some dimensions or some states off the bounds, and an actor that pins a single dimension
-(always no cash, never one asset) is a choice, not a collapse: so the rule asks for the bulk of
-all live values, not one dimension. The per-dimension shares are logged beside it, for the
-stricter bar "every dimension under 20%" that a suite may hold default runs to.
+It measures the deterministic actor on a fixed probe set from a separate, seeded environment
+(touching no random state training draws from). The rule, shared with selection: **collapsed**
+when at least ``COLLAPSE_SHARE`` of the live action values have ``|a| >= NEAR_BOUND``. The bulk
+of all values, not one dimension: pinning one (always no cash) is a choice, not a collapse.
 """
 
 from __future__ import annotations
@@ -95,9 +80,7 @@ class SaturationProbe:
     """A fixed batch of observations and which action slots are live in each."""
 
     def __init__(self, observations: np.ndarray, n_slots: int) -> None:
-        self.observations = np.asarray(observations, dtype=np.float32)
-        if self.observations.ndim != 2 or self.observations.shape[0] < 2:
-            raise ValueError("a probe set needs a (>= 2, obs_dim) batch of observations")
+        self.observations = np.asarray(observations, dtype=np.float32)  # (n >= 2, obs_dim)
         # The flat observation ends with the mask (cash first); cash is always live.
         self.live = self.observations[:, -n_slots:] > 0.5
         self.live[:, 0] = True
@@ -134,7 +117,7 @@ class SaturationProbe:
             near_bound_ratio=ratio,
             near_bound_ratio_per_dim=audit["near_bound_ratio_per_dim"],
             mean_kappa=float(audit["mean_kappa"]),
-            collapsed=ratio >= COLLAPSE_SHARE,  # the collapse rule (module docstring)
+            collapsed=ratio >= COLLAPSE_SHARE,
         )
 
 
@@ -148,22 +131,10 @@ class WatchState:
     last: dict[str, Any] | None = None
     last_check_step: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> WatchState:
-        return cls(**raw)
-
 
 class SaturationWatch(BaseCallback):
-    """Measures the actor on the probe set every ``every`` steps (0: only when asked).
-
-    Each check logs ``train/saturation_near_bound``, ``train/saturation_max_dim``,
-    ``train/saturation_mean_kappa`` and ``train/actor_collapsed`` (0 or 1). The first check
-    that finds the actor collapsed, and the first after it had recovered, log a WARNING
-    naming the step and the figures. ``init_callback`` must have run before ``check``.
-    """
+    """Measures the actor on the probe set every ``every`` steps (0: only when asked), warning
+    on entering collapse; ``init_callback`` must have run before ``check``."""
 
     def __init__(self, probe: SaturationProbe, every: int, state: WatchState | None = None) -> None:
         super().__init__()
@@ -216,7 +187,7 @@ class SaturationWatch(BaseCallback):
             "collapse_share": COLLAPSE_SHARE,
             "probe_observations": int(self.probe.observations.shape[0]),
             "every": self.every,
-            **state.to_dict(),
+            **asdict(state),
             "collapsed": state.first_collapsed_step is not None,
         }
         out.pop("last_check_step")
@@ -233,11 +204,11 @@ def make_watch(
     saved: dict[str, Any],
 ) -> SaturationWatch:
     """The run's watch, its probe drawn from the prices it trains on; a resumed run's record
-    (``saved["saturation_watch"]``, from its checkpoint) carries on."""
+    carries on."""
     env = PortfolioEnv(fit, config.env, stats=stats, feature_norm=feature_norm)
     probe = SaturationProbe.from_env(env, config.seed + PROBE_SEED_OFFSET)
     record = saved.get("saturation_watch")
-    state = WatchState.from_dict(record) if record else None
+    state = WatchState(**record) if record else None
     return SaturationWatch(probe, config.saturation_watch.every, state)
 
 

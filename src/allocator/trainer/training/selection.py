@@ -1,26 +1,11 @@
 """Choosing the checkpoint to keep without looking ahead: an inner span cut from training.
 
-A run that keeps its last model keeps whatever the last gradient steps left, and the only span
-left to tell a good checkpoint from a bad one is the validation span, which in walk-forward is
-the test year: choosing there would look ahead. So the training span is split. The model
-learns from its first part; ``purge_days`` trading days are left to neither side, so no reward
-the model learned from is realized inside the inner span; the rest is the inner validation
-span. Every ``eval_every`` steps the deterministic policy is backtested there with costs, and
-the best scorer is saved as ``best_model.zip``. Only the training span's prices reach the inner
-backtest, so nothing after ``data.train_end`` can influence which checkpoint is chosen.
-
-SB3's ``EvalCallback`` scores mean episode reward of a gym environment via ``evaluate_policy``;
-here the score is a backtest figure over a fixed date span, so ``SelectionCallback`` subclasses
-``BaseCallback`` and keeps EvalCallback's habits: deterministic actions, ``best_model.zip``,
-scores logged and dumped at the evaluation's step. Unlike ``StopTrainingOnNoModelImprovement``
-(which stops after *more than* N stale evaluations), ``patience: N`` stops after N.
-
-A checkpoint whose actor has collapsed (``saturation.py``: nine action values in ten at the
-tanh bounds on the probe set, gradients gone) is never kept, however it scores: its evaluation
-is recorded with its saturation and counts as one without improvement. When no evaluation was
-eligible the run keeps its last model, as it does when no score is finite (there is no earlier
-model to fall back on: the first candidate is the first evaluation), and says so: a ``warning``
-in ``run.json``'s ``selection``, printed by the CLI, beside the watch's own.
+The model learns from the first part of the training span; after ``purge_days`` left to neither
+side, the rest is the inner span where the deterministic policy is backtested every
+``eval_every`` steps, so nothing after ``data.train_end`` influences the choice. The score is a
+backtest figure, not episode reward, hence no ``EvalCallback``; ``patience: N`` stops after N
+stale evaluations. A collapsed actor (``saturation.py``) is never kept; with no eligible
+evaluation the last model is kept, with a warning in ``run.json``.
 """
 
 from __future__ import annotations
@@ -70,19 +55,11 @@ class InnerSplit:
 def split_training_span(
     train_data: MarketData, settings: SelectionSettings, env: EnvConfig
 ) -> InnerSplit:
-    """Cut ``train_data``'s trading days into training part, purge gap and inner span.
-
-    The inner span is the last ``inner_days`` (else ``inner_fraction`` of the) trading days;
-    ``purge_days`` days before it belong to neither part. Refused (naming the keys) when the
-    training part could not hold one episode with its observation window.
-    """
+    """Cut ``train_data``'s trading days into training part, purge gap and inner span; refused
+    when the training part could not hold one episode with its observation window."""
     dates = train_data.dates
     n = len(dates)
-    inner = (
-        settings.inner_days
-        if settings.inner_days is not None
-        else round(settings.inner_fraction * n)
-    )
+    inner = settings.inner_days or round(settings.inner_fraction * n)  # inner_days >= 5 if set
     fit_days = n - inner - settings.purge_days
     need = env.history + env.episode_length + 1
     if inner < 5 or fit_days < need:
@@ -144,12 +121,8 @@ class SelectionState:
 
 
 class SelectionCallback(BaseCallback):
-    """Backtests the policy on the inner span every ``eval_every`` steps; keeps the best.
-
-    Logs ``selection/inner_<figure>`` and ``selection/best_score``, saves the best policy as
-    ``best_model.zip`` (and its ICM as ``best_icm.pt``) atomically, writes ``selection.json``,
-    and stops training once ``patience`` evaluations in a row did not improve on the best.
-    """
+    """Backtests the policy on the inner span every ``eval_every`` steps; saves the best
+    atomically and stops after ``patience`` evaluations in a row without improvement."""
 
     def __init__(
         self,

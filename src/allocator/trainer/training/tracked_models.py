@@ -1,14 +1,6 @@
-"""The registry's versions in MLflow's model registry: a version per export, the alias per
-promotion.
-
-The on-disk registry stays what serves (``allocator.registry``); MLflow mirrors it so its UI
-shows which run produced a version and which version is production. An export of a tracked run
-logs the published version directory (ONNX graphs and manifest) as artifacts of the run that
-trained it and registers them as a version of the MLflow registered model, tagged with the
-registry version; a promotion moves the ``production`` alias to that MLflow version. The
-ONNX files are registered as plain artifacts rather than an MLflow model flavor: what serves
-them is the allocation server, which reads them with the manifest, not an MLflow runtime.
-"""
+"""The registry's versions mirrored in MLflow's model registry: a version per export, the
+``production`` alias per promotion. The on-disk registry stays what serves, so the ONNX files
+are plain artifacts, not an MLflow model flavor."""
 
 from __future__ import annotations
 

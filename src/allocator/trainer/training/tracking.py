@@ -1,15 +1,8 @@
-"""A training run's copy in MLflow, for people who compare runs side by side in its UI.
+"""A training run's copy in MLflow, for comparing runs side by side; the run directory stays
+the record, and its ``tracking.json`` names the MLflow run (so a resume continues it).
 
-The run directory stays the record (its CSV and TensorBoard logs, audits, plots, manifest);
-with ``tracking.backend: mlflow`` the same things also go to an MLflow run: the flattened
-config as parameters, every scalar SB3 logs (``progress.csv``'s columns) by step through a
-logger output format, the validation figures and audits as metrics, the run directory's files
-as artifacts. ``tracking.json`` in the run directory names the MLflow run, so a resumed run
-continues it and an export can register its version against it.
-
-Everything goes through one ``MlflowClient`` with an explicit run id (never MLflow's global
-active run), so runs started side by side in one process (walk-forward, tuning) never log
-into each other.
+Everything goes through an ``MlflowClient`` with an explicit run id, never MLflow's global
+active run, so runs side by side in one process never log into each other.
 """
 
 from __future__ import annotations
@@ -95,10 +88,7 @@ class MLflowOutputFormat(KVWriter):
         self.run = run
 
     def write(
-        self,
-        key_values: dict[str, Any],
-        key_excluded: dict[str, tuple[str, ...]],
-        step: int = 0,
+        self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]], step: int = 0
     ) -> None:
         figures = {
             key: float(value)
@@ -145,22 +135,22 @@ class TrackedRun:
         client.update_run(record["run_id"], status="RUNNING")
         return cls(client, record["run_id"])
 
-    @property
-    def uri(self) -> str:
-        return str(self.client.tracking_uri)
-
     def child_settings(self, settings: TrackingSettings) -> TrackingSettings:
         """``settings`` for a run nested under this one, on this run's server by URI (a worker
         elsewhere may not have ``$MLFLOW_TRACKING_URI``)."""
-        return settings.model_copy(update={"parent_run_id": self.run_id, "uri": self.uri})
+        uri = str(self.client.tracking_uri)
+        return settings.model_copy(update={"parent_run_id": self.run_id, "uri": uri})
+
+    def _log_batches(self, kind: str, items: list[Any]) -> None:
+        for i in range(0, len(items), BATCH):
+            self.client.log_batch(self.run_id, **{kind: items[i : i + BATCH]})
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         # the optional extra is loaded: a TrackedRun exists only once its client was built
         from mlflow.entities import Param
 
         items = [Param(mlflow_key(k), str(v)[:MAX_PARAM]) for k, v in sorted(params.items())]
-        for i in range(0, len(items), BATCH):
-            self.client.log_batch(self.run_id, params=items[i : i + BATCH])
+        self._log_batches("params", items)
 
     def log_metrics(self, values: Mapping[str, float], step: int) -> None:
         # the optional extra is loaded: a TrackedRun exists only once its client was built
@@ -168,8 +158,7 @@ class TrackedRun:
 
         now = int(time.time() * 1000)
         items = [Metric(mlflow_key(k), v, now, step) for k, v in sorted(values.items())]
-        for i in range(0, len(items), BATCH):
-            self.client.log_batch(self.run_id, metrics=items[i : i + BATCH])
+        self._log_batches("metrics", items)
 
     def log_run_dir(self, run_dir: Path) -> None:
         """The checkpoint under ``model/`` (a run directory ``allocator export`` can read once
