@@ -1,18 +1,14 @@
 """Out-of-sample evaluation: an exported model through the serving path, and the baselines.
 
-Walk-forward validation and scheduled retraining judge a model by what it would have done in
-production, so the model is the exported ONNX graph replayed decision by decision through
-``allocator.serving.replay`` (onnxruntime + ``portfolio/``), not the torch policy. The replay is
-turned into the same ``BacktestResult`` that ``run_backtest`` gives the baselines, over the same
-span, assets and costs, so every metric is computed by one function and compares like for like.
+The model is judged by what it would have done in production: the exported ONNX graph replayed
+through ``allocator.serving.replay``, turned into the same ``BacktestResult`` the baselines get
+over the same span, assets and costs, so every metric comes from one function.
 
 Fitted baselines (min-variance, HRP) must not see the test period. With ``fit="train"`` (the
-default) they are fitted once on the window's training span and then held as a constant mix,
-rebalanced every ``rebalance_every`` days: the same information the RL model had when it was
-frozen. ``fit="trailing"`` refits on the trailing ``lookback`` days ending at each rebalancing
-decision (the ``allocator backtest`` behaviour): still causal, but it keeps learning during the
-test span, which the exported model does not.
-"""
+default) they are fitted once on the training span and held as a constant mix: the information
+the RL model had when frozen. ``fit="trailing"`` refits on the trailing ``lookback`` days at
+each rebalance (the ``allocator backtest`` behaviour): causal, but it keeps learning during the
+test span, which the exported model does not."""
 
 from __future__ import annotations
 

@@ -1,20 +1,14 @@
-"""Where a batch job's runs go: one after another in this process, in a pool of worker
-processes on this machine, or as Ray tasks (this machine or a cluster).
+"""Where a batch job's runs go: in this process, in a pool of worker processes, or as Ray tasks.
 
-Walk-forward windows, tuning trials and the market suite's runs are each a pure function of a
-picklable job, so the executor changes the order and the wall time, never a result. Every
-executor takes jobs (``submit``) and hands back results as they finish (``next_done``): a job
-whose next run depends on the last results (a tuning study) submits while there is room
-(``capacity``); ``fan_out`` runs a fixed list. The process pool needs nothing beyond the
-standard library, so a many-core machine without Ray still runs its jobs side by side; Ray is
-an optional extra, asked for only by its executor.
+Every job run through here is a pure function of a picklable job, so the executor changes the
+order and wall time, never a result. ``submit`` and ``next_done`` let a job whose next run
+depends on the last results (a tuning study) submit while there is room (``capacity``);
+``fan_out`` runs a fixed list. Ray is an optional extra, asked for only by its executor.
 
 Failures: locally, a job that raises fails the run. With processes or Ray a job whose worker
-process dies (killed, out of memory, node lost) is rerun up to ``retries`` times (Ray's
-``max_retries``), then ``WorkerLostError`` names it; an exception raised inside the job is a
-bug or bad data and fails the run at once unless ``retry_exceptions`` is set (then also up to
-``retries`` times). A rerun starts clean, or from the last checkpoint its job wrote.
-"""
+dies (killed, out of memory, node lost) is rerun up to ``retries`` times, then
+``WorkerLostError`` names it; an exception raised inside the job fails the run at once unless
+``retry_exceptions`` is set."""
 
 from __future__ import annotations
 

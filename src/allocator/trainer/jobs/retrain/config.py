@@ -1,9 +1,4 @@
-"""The settings of one retraining job: what to train, on which spans, where to, how judged.
-
-A retrain YAML embeds a trainer config (a path to a trainer YAML or an inline mapping);
-``load_retrain_config`` inlines it before ``--set`` overrides apply, so a trainer key is
-overridden the same way whether the trainer came from a file or not.
-"""
+"""The settings of one retraining job: what to train, on which spans, where to, how judged."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The promotion gates: what a candidate must show on the held-out span to replace production.
-
-Each configured gate gives a ``GateResult`` with the measured value, the threshold and a
-sentence saying why it passed or failed; the candidate is promoted only when every gate
-passes. A metric that is not a number (NaN, infinite, missing) fails its gate, never passes it
-by accident of a comparison with NaN.
-"""
+"""The promotion gates. A metric that is not a number (NaN, infinite, missing) fails its gate,
+never passes by accident of a comparison with NaN."""
 
 from __future__ import annotations
 

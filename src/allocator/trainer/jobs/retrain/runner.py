@@ -1,9 +1,6 @@
-"""``retrain``: the job's steps in order (see the package docstring for what each one means).
-
-The trade database is checked before anything trains (a job that cannot record its decision
-must not spend an hour training); the Pushgateway is told last, and a failed push is reported
-on the decision without undoing it.
-"""
+"""``retrain``: the job's steps in order (the package docstring says what each means). The
+database is checked before anything trains; a failed push is reported without undoing the
+decision."""
 
 from __future__ import annotations
 

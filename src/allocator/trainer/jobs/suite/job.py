@@ -1,10 +1,5 @@
-"""One suite run: train the recipe on one draw of one market and score it beside its yardsticks.
-
-A pure function of its job (the fan-out may run it in any process): it trains on the draw's
-training span, then backtests on the same held-out days, assets, costs and smoothing the
-trained policy, its anchor (the zero action), equal weight, the best simple rule chosen on the
-training span only (top-k momentum or reversal) and, where the generator is known, its ceiling.
-"""
+"""One suite run: train the recipe on one draw of one market and score it beside its yardsticks
+on the same held-out days, assets, costs and smoothing."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """What a tuning study is asked to do: the base trainer, the search space, the budget, where.
 
-A tuning YAML embeds a trainer config (a path to a trainer YAML or an inline mapping), inlined
-before ``--set`` overrides apply, exactly as walk-forward and retraining read theirs. The search
-space is checked against that trainer config when the file is read, so a misspelt key or an
-impossible value is refused before any trial trains.
-"""
+The search space is checked against the trainer config when the file is read, so a misspelt
+key or an impossible value is refused before any trial trains."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """One trial: train the tuned config with selection, report inner scores, return the best one.
 
-A trial trains on the base config's training span only. ``selection`` is on, so the span is
-cut into the part the model learns from, a purge gap and the inner span; the trial's value is
-the best inner score its run reached (``best_score`` of its ``selection.json``). The run is
-never finished the way ``allocator train`` finishes one: no validation backtest, no audits, no
-manifest, so ``data.validation_*`` is never backtested and no price after ``data.train_end``
-can move a trial's value. A trial is a pure function of its job: the same job gives the same
-value in this process or on a Ray worker.
-"""
+The run is never finished as ``allocator train`` finishes one (no validation backtest, audits
+or manifest), so no price after ``data.train_end`` can move a trial's value. A trial is a pure
+function of its job, in this process or on a Ray worker."""
 
 from __future__ import annotations
 

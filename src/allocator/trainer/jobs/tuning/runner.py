@@ -1,11 +1,9 @@
 """The tuning driver: ask the study for trials, train them on the executor, tell the results.
 
-The driver alone draws values (``study.ask``, the seeded TPE sampler) and records results
-(``study.tell``); trials only report inner scores for the pruner. A study starts no new trial
-once ``n_trials`` were started, ``timeout_s`` has passed, or ``stop_after_failures`` trials in a
-row failed; running trials are waited for. If the driver itself is interrupted, trials still
-running are marked failed and the files are written before the error goes on.
-"""
+Only the driver draws values (seeded TPE) and records results; trials only report inner scores
+for the pruner. No new trial starts after ``n_trials``, ``timeout_s`` or ``stop_after_failures``
+failures in a row; running trials are waited for. If the driver is interrupted, running trials
+are marked failed and the files are written before the error goes on."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The Optuna study on disk: its journal storage, sampler and pruner, shared by driver and trials.
-
-The study lives in a journal file (``JournalStorage(JournalFileBackend(path))``): an append-only
-log that several processes may write at once under a file lock, with no database server. The
-driver creates the study, asks for each trial's values and tells each result; a trial, in this
-process or a Ray worker, opens the same file to report its inner scores and ask the pruner,
-so the pruner compares it with every other trial's reports, wherever those ran.
-"""
+"""The Optuna study on disk, shared by driver and trials: a journal file (append-only, file-locked,
+no database server) that a trial in any process or Ray worker opens to report its inner scores,
+so the pruner compares it with every other trial wherever those ran."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""What a walk-forward run is asked to do: the trainer, the windows, evaluation and recording.
-
-A walk-forward YAML embeds a trainer config (a path to a trainer YAML or an inline mapping);
-``load_walk_forward_config`` inlines it before ``--set`` overrides apply, so a trainer key is
-overridden the same way whether the trainer came from a file or not.
-"""
+"""What a walk-forward run is asked to do: the trainer, the windows, evaluation and recording."""
 
 from __future__ import annotations
 

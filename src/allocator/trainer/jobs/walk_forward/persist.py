@@ -1,14 +1,8 @@
 """Each finished window kept whole in the run directory, so a killed run resumes exactly.
 
-``windows/w03.json`` holds a window's entire ``WindowResult``: the window, the exported
-version, its manifest, the model's and every baseline's backtest (NAV, raw and executed
-weights, turnover, costs, settings), curiosity statistics and timings. The driver writes it
-atomically as the window finishes, before the window's database row, so ``--resume`` rebuilds
-the window from this file alone: no retraining and no replay, and the resumed run's summary,
-``returns.csv`` and statistics equal an uninterrupted run's. Floats go through Python's JSON
-(the shortest text that reads back to the same double; NaN as the ``NaN`` token Python reads),
-so the round trip is exact. The file is the job's own, read by nothing else.
-"""
+``windows/w03.json`` holds a window's entire ``WindowResult``, written atomically before its
+database row. ``--resume`` rebuilds the window from it alone, and Python's JSON floats round-trip
+exactly (NaN as its token), so a resumed run's figures equal an uninterrupted one's."""
 
 from __future__ import annotations
 

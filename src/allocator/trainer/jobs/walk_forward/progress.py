@@ -1,14 +1,9 @@
-"""How far each window is while it runs: a small JSON file in the window's run directory.
+"""How far each window is while it runs: ``window_progress.json`` in its run directory.
 
-A window's training writes ``window_progress.json`` every ``progress_every`` steps (an SB3
-callback, ``ProgressCallback``): steps done and total, the mean reward of the last episodes,
-and the latest inner-span score when checkpoint selection runs; the window then marks its
-export and evaluation phases. The file is replaced atomically, so a reader sees a whole one;
-the driver polls the running windows' files for its progress bar (``ProgressWatcher``) and
-``allocator walk-forward status RUN_DIR`` reads them from any shell, on any node that sees the
-run directory. The worker writes it (so it works the same under every executor), and the
-driver marks the window ``done`` with its Sharpe once it has kept the window.
-"""
+The worker writes it (so it works under every executor): steps, recent reward and inner-span
+score while training, then the export and evaluation phases; the driver marks it ``done`` once
+it has kept the window. It is replaced atomically, and read by the driver's progress bar and by
+``allocator walk-forward status`` from any shell that sees the run directory."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Baselines a finished run did not record, backtested as the run would have.
-
-``with_baselines`` answers a question asked after a run: how it fares against a baseline it
-did not run with (``allocator walk-forward stats --baseline anchor``). Each window's test span
-is backtested for that baseline alone, on the assets and costs the window's model was judged
-on (the ``WindowJob`` rebuilt from ``summary.json`` and the window's resolved ``config.yaml``),
-and joined to the recorded returns, which are left as they are. It only reads the run
-directory: the joined frame is returned, never written there.
-"""
+"""Baselines a finished run did not record, backtested as the run would have
+(``allocator walk-forward stats --baseline anchor``): each window's test span on the assets and
+costs its model was judged on, joined to the recorded returns. The run directory is only read."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""Walk-forward report: ``summary.json``, ``returns.csv`` (every window's daily net returns, see
-``returns``) and a folder with ``report.md`` and its PNG figures (``html_report`` adds the
-interactive ``report.html`` beside them).
-
-The report's tables: the summary per regime, each window, the intervals and tests of
-``significance`` (the same table ``allocator walk-forward stats`` prints), the baselines.
-
-Figures: equity of the exported model against every baseline, one panel per test window (NAVs
-restart at 1 in each); the excess Sharpe over equal weight per window, coloured by regime,
-with its distribution; the model's allocations over all test windows, raw vs smoothed
-(``plots.plot_allocations`` on the stitched windows).
-"""
+"""Walk-forward report: ``summary.json``, ``returns.csv`` and ``report/`` with ``report.md`` and
+its PNG figures (``html_report`` adds ``report.html``)."""
 
 from __future__ import annotations
 

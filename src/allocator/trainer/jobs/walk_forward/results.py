@@ -1,8 +1,4 @@
-"""What a walk-forward run produces: one ``WindowResult`` per window, one ``WalkForwardResult``.
-
-Plain data, read by the summary, the store, the report and the caller alike; nothing here
-trains or writes.
-"""
+"""What a walk-forward run produces: one ``WindowResult`` per window, one ``WalkForwardResult``."""
 
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
-"""``--resume RUN_DIR``: finish a walk-forward run that was killed or failed, without
-retraining the windows that finished.
+"""``--resume RUN_DIR``: finish a killed or failed walk-forward run without retraining the
+windows that finished.
 
-A window is finished when everything it produced is whole: its result file
-(``windows/w03.json``, written before its database row), its exported version in the registry
-and its training run directory (each a manifest whose checksums match). Those windows are
-taken from their files exactly as they were; the others run again, redoing only what they lack
-(a window killed after its export is only judged again, one killed while training continues
-from its last checkpoint when the trainer writes them, else starts over: see ``window``).
-
-The run keeps its identity: its label (so its version names), its directory and its run row,
-which is reopened (``finished`` back to NULL, the summary cleared until the run ends again);
-rows of windows that run again are replaced, a kept window whose row is missing gets it. The
-config must be the run's: only the keys of ``RESUME_FREE`` (how and where windows run, never
-what they compute) may differ, anything else is refused naming the key. Without a config of
-its own, a resume uses the run's (``walk_forward.json``) with the ``--set`` overrides applied.
-"""
+A window is finished when its result file, its registry version and its training run are all
+whole; it is taken from its file as it was, the others run again (``window``). The run keeps
+its label, directory and run row (reopened; rows of rerun windows replaced). Only the keys of
+``RESUME_FREE`` (how and where windows run, never what they compute) may differ from the run's
+config; without a config of its own, a resume uses the run's with the ``--set`` overrides."""
 
 from __future__ import annotations
 

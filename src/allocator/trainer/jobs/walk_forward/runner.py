@@ -1,14 +1,9 @@
-"""The walk-forward driver: plan the windows, run them, record, summarize (with intervals and
-tests from the windows' daily returns), report and push.
+"""The walk-forward driver: plan the windows, run them, record, summarize, report and push.
 
-The driver keeps every finished window at once: first its whole result in the run directory
-(``persist``, ``windows/w03.json``), then its database row (one transaction per window), so a
-crash keeps what finished and ``--resume`` (``resume``) continues from there. Then the summary,
-the report folder, and a push to the Pushgateway when one is configured. A run that fails
-closes its run row with the error and the number of windows done. A failed push never loses
-rows: it is reported in ``WalkForwardResult.push_error``. While windows run, the progress bar
-shows the windows done and the running windows' training steps (``progress``).
-"""
+Each finished window is kept at once, first its file (``persist``), then its database row (one
+transaction per window), so a crash keeps what finished and ``--resume`` continues from there.
+A failed run closes its row with the error and the windows done; a failed push never loses
+rows (``WalkForwardResult.push_error``)."""
 
 from __future__ import annotations
 

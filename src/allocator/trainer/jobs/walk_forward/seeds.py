@@ -1,22 +1,10 @@
 """Seed luck apart from period luck: several walk-forward runs of one recipe, seeds apart.
 
-A walk-forward figure mixes two kinds of luck: the test year's (period) and the training's
-(seed). One run cannot tell them apart; the same config run again with another ``seed``
-(``--set seed=100``) can. This reads the runs' ``returns.csv`` (nothing is trained or
-replayed) and reports:
-
-- per window, every seed's excess Sharpe over equal weight, their mean and spread;
-- a split of the variance of those figures into a seed part (the spread within a window) and a
-  period part (the spread of the window means beyond what seed noise alone puts there): the
-  one-way random-effects estimator, windows as groups and seeds as replicates;
-- per seed, the pooled excess Sharpe with its stationary-bootstrap interval and the number of
-  windows that beat equal weight, so a reader sees how far one run's headline could move;
-- the equal-capital mix of the seeds' books (their daily returns averaged: each seed's policy
-  run with 1/k of the capital, rebalanced daily), pooled, with its interval.
-
-Runs that are not the same recipe (other windows, days, baselines or trainer settings) are
-refused, naming the first difference: their spread would not be seed variance.
-"""
+From the runs' ``returns.csv`` (nothing is trained or replayed): per window every seed's excess
+Sharpe over equal weight; a one-way random-effects split of their variance into seed and period
+parts; per seed the pooled excess Sharpe with its bootstrap interval; and the equal-capital mix
+of the seeds' books. Runs of different recipes are refused, naming the first difference: their
+spread would not be seed variance."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""A run's identity, kept in its directory: ``walk_forward.json``, what ``--resume`` reads.
+"""A run's identity, ``walk_forward.json``: what ``--resume`` reads.
 
-Written when the run starts, before any window trains, and again on every resume: the
-resolved config, the label (versions are ``wf-<label>-w03``), the run row and the database it
-records to, the plan the config cut from the data (registry, dataset, windows) and one entry
-per session (when it started, which windows it kept from before, how the previous session
-ended).
-"""
+Written before any window trains and on every resume: the resolved config, the label, the run
+row and database, the plan cut from the data, and one entry per session."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """``allocator walk-forward status RUN_DIR``: how far a run is, from its files alone.
 
-Reads ``walk_forward.json`` (the plan), each window's result file (done) and progress file
-(its phase and training steps), and ``summary.json`` (the run finished). Nothing is written
-and nothing needs the database, so it can be run from any shell, while the run goes on or
-after it died: a window whose progress file was written by a process on this machine that no
-longer exists is shown as stopped, so a killed run reads as one (``--resume`` continues it).
-"""
+Needs no database and writes nothing; a window whose writer was a process on this machine that
+no longer exists shows as stopped, so a killed run reads as one."""
 
 from __future__ import annotations
 

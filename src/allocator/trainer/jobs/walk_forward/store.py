@@ -1,10 +1,4 @@
-"""The walk-forward rows of the trade database: runs, windows and the model versions they made.
-
-The driver writes one transaction per finished window, so a run that crashes keeps every
-window that finished; the run row is closed with the summary, or with the error and the number
-of windows done. ``--resume`` reopens the same run row (``finished`` back to NULL, the summary
-cleared until the run ends again) and adds the windows that were missing.
-"""
+"""The walk-forward rows of the trade database: runs, windows and the model versions they made."""
 
 from __future__ import annotations
 

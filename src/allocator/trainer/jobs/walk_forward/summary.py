@@ -1,10 +1,8 @@
-"""The walk-forward summary: how often the model's net Sharpe is positive and beats equal
-weight, the median excess Sharpe and mean turnover, overall, per market regime and per
-baseline, and whether the goals are met; then the intervals and tests (``significance``).
+"""The walk-forward summary: net Sharpe positive, beating equal weight, median excess Sharpe and
+turnover, overall, per regime and per baseline, and the goals met or not.
 
-Means and medians skip missing and non-finite values (a window whose Sharpe is NaN does not
-poison the mean); fractions count every window.
-"""
+Means and medians skip missing and non-finite values (one NaN window does not poison the mean);
+fractions count every window."""
 
 from __future__ import annotations
 

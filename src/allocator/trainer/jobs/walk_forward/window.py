@@ -1,23 +1,12 @@
 """One walk-forward window as a job: train on its training span, export, judge on its test span.
 
-A ``WindowJob`` holds everything a worker needs (absolute paths: a Ray worker may run on
-another machine), and ``run_window`` is a pure function of it: the window's seed is fixed by the
-plan and torch runs with the job's thread count, so the local and the Ray executor give the
-same figures. The exported graph is judged through the serving code path
-(``evaluation.replay_exported``), never through the torch policy that was trained.
-
-A window that is run again (a Ray retry after its worker died, or ``--resume``) redoes only
-what is missing. When its training run and its exported version are both whole it is only
-judged again (the export is what counts, and it is final); a whole training run without its
-version is exported again, not retrained. A training run cut short continues from its last
-checkpoint when the trainer writes them (``trainer.checkpoint_every > 0``: worth it for long
-budgets, where a window is hours of training), else its partial run directory is replaced and
-it trains from scratch. A continued run's random draws differ from an uninterrupted one's
-(``checkpointing``), so its figures are another draw of the same recipe; its ``run.json``
-and its row in the run's ``summary.json`` list the steps it resumed from. A registry version
-is never overwritten, so a whole version beside an unfinished training run is refused, naming
-it. While it trains, the window reports its steps in ``window_progress.json`` (``progress``).
-"""
+``run_window`` is a pure function of its ``WindowJob`` (absolute paths: a Ray worker may run on
+another machine). Run again (a retry, ``--resume``), a window redoes only what is missing: with
+its training run and exported version both whole it is only judged again; a whole run without
+its version is exported again; a run cut short continues from its last checkpoint when
+``trainer.checkpoint_every > 0`` (another draw of the recipe: ``resumed_from`` names it), else
+trains from scratch. A registry version is never overwritten, so a whole version beside an
+unfinished training run is refused."""
 
 from __future__ import annotations
 
