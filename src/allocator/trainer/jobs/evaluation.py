@@ -65,7 +65,7 @@ def evaluation_assets(
 
 @dataclass
 class ExportedEvaluation:
-    """A serving-path replay and its ``BacktestResult`` view (plus the per-decision ICM)."""
+    """A serving-path replay as a ``BacktestResult``, with the per-decision ICM."""
 
     result: BacktestResult
     icm_rewards: pd.Series  # NaN where the server gives none (first decision, no ICM)
@@ -83,12 +83,8 @@ def replay_exported(
     assets: Sequence[str] | None = None,
     name: str | None = None,
 ) -> ExportedEvaluation:
-    """Replay an exported model (a registry version directory or a ``LoadedModel``).
-
-    Decisions run at every close from the first date on/after ``start`` to the day before the
-    last date on/before ``end``, exactly the dates ``run_backtest`` decides on. ``assets``
-    default to those priced over the whole span (capped at the model's ``max_assets``).
-    """
+    """Replay an exported model (a version directory or a ``LoadedModel``) on the dates
+    ``run_backtest`` decides on; ``assets`` default to those priced over the whole span."""
     if isinstance(model_dir, LoadedModel):
         loaded = model_dir
     else:
@@ -155,11 +151,7 @@ def evaluate_exported(
     cost_bps: float,
     assets: Sequence[str] | None = None,
 ) -> BacktestResult:
-    """Backtest an exported ONNX model through the serving code path as a ``BacktestResult``.
-
-    NAV, raw and executed (smoothed) weights, turnover and costs follow ``PortfolioEnv``'s
-    accounting, so ``result.metrics()`` compares directly with ``evaluate_baselines``.
-    """
+    """``replay_exported``'s ``BacktestResult``: comparable with ``evaluate_baselines``."""
     return replay_exported(model_dir, data, start, end, cost_bps=cost_bps, assets=assets).result
 
 
@@ -167,11 +159,8 @@ def icm_statistics(
     rewards: pd.Series | NDArray[np.float64],
     reference: pd.Series | NDArray[np.float64] | None = None,
 ) -> dict[str, float] | None:
-    """Summary of a model's curiosity over a span (None when it has no ICM).
-
-    ``reference`` (e.g. the end of the training span) gives ``novelty_ratio``: how much more
-    surprising the test period was than data the model learned on.
-    """
+    """Summary of a model's curiosity over a span (None when it has no ICM); ``reference``
+    (data it learned on) gives ``novelty_ratio``."""
     r = np.asarray(rewards, dtype=np.float64)
     r = r[np.isfinite(r)]
     if r.size == 0:
@@ -221,11 +210,8 @@ class ConstantMix:
 def fit_baseline_weights(
     name: str, data: MarketData, assets: Sequence[str], train_start: DateLike, train_end: DateLike
 ) -> dict[str, float]:
-    """Fit a skfolio baseline (min-variance, HRP) on the daily returns of the training span.
-
-    Only dates in ``[train_start, train_end]`` are used, and only those on which every asset
-    has a close (an asset listed late shortens the fit, never reaches past ``train_end``).
-    """
+    """Fit a skfolio baseline on the training span's days where every asset has a close (an
+    asset listed late shortens the fit, never reaches past ``train_end``)."""
     span = data.select(list(assets))
     lo, hi = span.date_index(train_start, "left"), span.date_index(train_end, "right")
     prices = span.prices[lo : hi + 1]
@@ -258,12 +244,9 @@ def evaluate_baselines(
 ) -> dict[str, BacktestResult]:
     """Backtest baselines over ``[start, end]`` with the same costs and assets as the model.
 
-    Equal weight rebalances daily, buy-and-hold never. Min-variance and HRP are fitted, with
-    ``fit="train"``, once on ``[train_start, train_end]`` and rebalanced to those weights every
-    ``rebalance_every`` days; with ``fit="trailing"``, refitted every ``rebalance_every`` days on
-    the ``lookback`` days before the decision. Neither ever uses a price after its decision.
-    ``window`` only sets how many closes must precede ``start`` (use the model's window).
-    ``anchor`` is the tilt recipe's anchor, which the ``anchor`` baseline holds (daily).
+    Fitted baselines follow ``fit`` (module docstring), rebalanced every ``rebalance_every``
+    days; ``window`` only sets how many closes must precede ``start``; ``anchor`` is what the
+    ``anchor`` baseline holds.
     """
     names_ = list(assets) if assets is not None else evaluation_assets(data, start, end, window)
     if fit == "train" and any(n in FITTED_BASELINES for n in names):

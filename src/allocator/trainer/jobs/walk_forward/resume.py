@@ -37,10 +37,10 @@ from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
 from allocator.trainer.jobs.walk_forward.summary import window_row
 from allocator.trainer.jobs.walk_forward.window import (
     WindowJob,
-    exported,
     finished_training,
     nested,
     plan,
+    whole,
 )
 from allocator.trainer.training.config import UNION_TAGS
 from allocator.trainer.training.tracking import open_job_run
@@ -142,7 +142,7 @@ def kept_window(out: Path, job: WindowJob) -> WindowResult | None:
     except WalkForwardError:
         return None
     same = result.window == job.window and result.version == job.version
-    if not same or not exported(job.version_dir) or finished_training(job.run_dir) is None:
+    if not same or not whole(job.version_dir) or finished_training(job.run_dir) is None:
         return None
     return result
 

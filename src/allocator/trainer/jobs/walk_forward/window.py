@@ -60,7 +60,7 @@ from allocator.typed_config import ConfigError
 
 @dataclass(frozen=True)
 class WindowJob:
-    """Everything a worker needs for one window (absolute paths: workers may run elsewhere)."""
+    """Everything a worker needs for one window."""
 
     window: Window
     trainer: TrainConfig
@@ -139,9 +139,8 @@ def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob
 
 
 def nested(jobs: Sequence[WindowJob], parent: TrackedRun | None) -> list[WindowJob]:
-    """``jobs`` with each window's training run tracked as a child of the walk-forward's
-    ``parent`` MLflow run; the parent's id travels in the trainer config, so the process and
-    Ray executors nest them too."""
+    """``jobs`` with each training run tracked as a child of ``parent`` (MLflow); the parent's
+    id travels in the trainer config, so every executor nests them."""
     if parent is None:
         return list(jobs)
     return [
@@ -156,8 +155,8 @@ def nested(jobs: Sequence[WindowJob], parent: TrackedRun | None) -> list[WindowJ
 
 
 def whole(directory: Path) -> bool:
-    """A directory with a readable manifest whose every listed file matches its checksum: a
-    training run or a registry version is trusted only then (anything less was cut short)."""
+    """A manifest whose every file matches its checksum: a training run or registry version is
+    trusted only then (anything less was cut short)."""
     try:
         verify_checksums(directory, read_manifest(directory))
     except (ManifestError, OSError):
@@ -177,32 +176,21 @@ def finished_training(run_dir: str | Path) -> dict[str, Any] | None:
     return summary if isinstance(summary, dict) else None
 
 
-def exported(version_dir: str | Path) -> bool:
-    """A registry version that was published whole."""
-    return whole(Path(version_dir))
-
-
 def run_window(job: WindowJob) -> WindowResult:
     """Train on the window's training span, export, then evaluate on its test span."""
     started = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(job.torch_threads)  # the same in every executor: same float sums
     try:
-        result = train_export_evaluate(job)
+        cfg, label = job.trainer, job.window.label
+        summary = finished_training(job.run_dir)
+        if summary is None or not whole(job.version_dir):
+            summary = train_and_export(job, summary)
+        write_progress(job.run_dir, label, EVALUATING)
+        test = evaluate_test_span(job, job.version_dir)
+        icm = window_icm_statistics(job, test.model, test.data, test.agent)
     finally:
         torch.set_num_threads(threads)  # the local executor runs in the caller's process
-    result.seconds = time.perf_counter() - started
-    return result
-
-
-def train_export_evaluate(job: WindowJob) -> WindowResult:
-    """``run_window`` without the thread setting and timing."""
-    cfg, label = job.trainer, job.window.label
-    summary = finished_training(job.run_dir)
-    if summary is None or not exported(job.version_dir):
-        summary = train_and_export(job, summary)
-    write_progress(job.run_dir, label, EVALUATING)
-    test = evaluate_test_span(job, job.version_dir)
     result = WindowResult(
         window=job.window,
         version=job.version,
@@ -212,10 +200,10 @@ def train_export_evaluate(job: WindowJob) -> WindowResult:
         manifest=test.model.manifest.model_dump(mode="json"),
         agent=test.agent.result,
         baselines=test.baselines,
-        icm=window_icm_statistics(job, test.model, test.data, test.agent),
+        icm=icm,
         torch_validation=summary["validation"].get(cfg.algorithm.name, {}),
         train_seconds=float(summary["train_seconds"]),
-        seconds=0.0,
+        seconds=time.perf_counter() - started,
         resumed_from=[int(step) for step in summary.get("resumed_from", [])],
     )
     write_progress(job.run_dir, label, EVALUATED)
@@ -223,9 +211,8 @@ def train_export_evaluate(job: WindowJob) -> WindowResult:
 
 
 def train_and_export(job: WindowJob, trained: dict[str, Any] | None) -> dict[str, Any]:
-    """Train the window (or finish its training) and export it; returns the training run's
-    summary. ``trained`` is the summary of a run already whole (``finished_training``): only
-    exported again. Refused when the version already exists: versions are final."""
+    """Train (unless ``trained``, a whole run's summary, is given) and export; the run's
+    summary. Refused when the version already exists: versions are final."""
     run_dir = Path(job.run_dir)
     if job.version_dir.exists():
         raise WalkForwardError(
@@ -240,8 +227,7 @@ def train_and_export(job: WindowJob, trained: dict[str, Any] | None) -> dict[str
 
 
 def train_window(job: WindowJob) -> dict[str, object]:
-    """Train the window's run: from its last checkpoint when one is there, else from scratch
-    (whatever a cut-short run left is replaced)."""
+    """Train from the last checkpoint when there is one, else from scratch."""
     run_dir = Path(job.run_dir)
     progress = ProgressCallback(
         run_dir, job.window.label, job.trainer.total_timesteps, job.progress_every
@@ -279,8 +265,7 @@ class SpanEvaluation:
 def span_setup(
     job: WindowJob, version_dir: str | Path
 ) -> tuple[LoadedModel, MarketData, list[str]]:
-    """An exported version of the window, its data and the assets it is judged on over the
-    test span (priced throughout it and the observation window before, up to its slots)."""
+    """The window's exported model, its data and the assets it is judged on."""
     w, model = job.window, load_model(version_dir, prefer_cuda=False)
     data = universe(job.trainer)
     window = job.trainer.env.window
@@ -288,8 +273,7 @@ def span_setup(
 
 
 def evaluate_test_span(job: WindowJob, version_dir: str | Path) -> SpanEvaluation:
-    """Judge an exported version on the window's test span: the ONNX graph replayed through
-    the serving path, the baselines on the same assets and costs."""
+    """The exported graph replayed on the test span, and the baselines there."""
     w = job.window
     model, data, assets = span_setup(job, version_dir)
     ev = replay_exported(
@@ -301,8 +285,7 @@ def evaluate_test_span(job: WindowJob, version_dir: str | Path) -> SpanEvaluatio
 def window_baselines(
     job: WindowJob, data: MarketData, assets: list[str]
 ) -> dict[str, BacktestResult]:
-    """The baselines on the window's test span, same assets and costs as the model; fitted
-    ones see the training span only (``baseline_fit``)."""
+    """The baselines on the test span; fitted ones see the training span (``baseline_fit``)."""
     w = job.window
     return evaluate_baselines(
         data,
@@ -323,11 +306,8 @@ def window_baselines(
 def window_icm_statistics(
     job: WindowJob, model: LoadedModel, data: MarketData, ev: ExportedEvaluation
 ) -> dict[str, float] | None:
-    """Curiosity on the test span against a reference (None without an ICM graph).
-
-    The reference is the same number of decisions at the end of the training span: how novel
-    the test span looks to the model is the ratio of the two, not the raw reward.
-    """
+    """Curiosity on the test span against as many decisions at the end of the training span
+    (novelty is the ratio, not the raw reward); None without an ICM graph."""
     if model.icm_session is None:
         return None
     w, window = job.window, job.trainer.env.window
