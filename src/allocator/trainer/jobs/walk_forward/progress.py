@@ -26,9 +26,7 @@ from allocator.trainer.training.run_dir import SELECTION_FILE
 PROGRESS_FILE = "window_progress.json"
 STARTING, TRAINING, EXPORTING = "starting", "training", "exporting"
 EVALUATING, EVALUATED = "evaluating", "evaluated"
-DONE, FAILED = "done", "failed"
-"""Written by the driver: once it has kept the window (its file and its row), or when the run
-failed before the window finished."""
+DONE, FAILED = "done", "failed"  # written by the driver, not the worker
 
 
 def utc_now() -> str:
@@ -65,8 +63,8 @@ def write_progress(run_dir: str | Path, label: str, phase: str, **fields: Any) -
 
 
 def writer_alive(progress: dict[str, Any]) -> bool | None:
-    """Whether the process that last wrote a progress file still exists: None when it ran on
-    another machine (a Ray node), which this one cannot tell."""
+    """Whether the process that last wrote a progress file still exists (None: unknowable
+    from here, e.g. another machine)."""
     if progress.get("host") != socket.gethostname() or not progress.get("pid"):
         return None
     try:
@@ -94,11 +92,7 @@ def inner_score(run_dir: Path) -> dict[str, Any]:
 
 
 class ProgressCallback(BaseCallback):
-    """Writes the window's progress file at the start, every ``every`` steps and at the end.
-
-    A write is a few hundred bytes (plus, with selection, reading ``selection.json``): at the
-    default of every 1,000 steps it costs nothing next to the gradient steps between writes.
-    """
+    """Writes the window's progress file at the start, every ``every`` steps and at the end."""
 
     def __init__(self, run_dir: str | Path, label: str, total: int, every: int) -> None:
         super().__init__()
@@ -166,13 +160,9 @@ def updated_since(progress: dict[str, Any], since: dt.datetime) -> bool:
 
 
 class ProgressWatcher:
-    """A daemon thread that polls the running windows' progress files every ``interval`` s
-    and hands a one-line summary (``w03 40% w04 12%``) to ``show``.
-
-    ``running`` returns the run directories (by label) still worth watching; the driver
-    removes a window from it as it finishes. Files older than ``since`` (the session's start:
-    a resumed window's file from the killed session) are not shown. Disabled, it is inert.
-    """
+    """A daemon thread that polls the ``running`` windows' progress files every ``interval`` s
+    and hands ``show`` one line (``w03 40% w04 12%``). Files older than ``since`` (left by a
+    killed session) are not shown."""
 
     def __init__(
         self,

@@ -42,11 +42,8 @@ RECIPE = (
     "baseline_rebalance_every",
     "torch_threads",
 )
-"""Config keys that make the recipe and must be equal across a seed study: what is trained
-and how it is judged. The rest (seed, names, where a run writes and records, the executor)
-may differ."""
-TRAINER_SEED_FREE = frozenset({"seed", "name", "output_dir"})
-"""Trainer keys that may differ: the seed, and the name and folder of the run."""
+"""Config keys that must be equal across a seed study: what is trained and how it is judged."""
+TRAINER_SEED_FREE = frozenset({"seed", "name", "output_dir"})  # trainer keys that may differ
 
 
 @dataclass(frozen=True)
@@ -59,7 +56,7 @@ class SeedRun:
 
 
 def base_seed(config: dict[str, Any]) -> int:
-    """The seed window 0 trained with (window k trains with it + k)."""
+    """The seed window 0 trained with."""
     seed = config.get("seed")
     return int(config["trainer"]["seed"] if seed is None else seed)
 
@@ -129,13 +126,9 @@ def load_seed_runs(run_dirs: Sequence[str | Path]) -> list[SeedRun]:
 
 
 def variance_split(excess: np.ndarray) -> dict[str, float]:
-    """Seed and period variance of a ``(windows, seeds)`` matrix of excess Sharpe ratios.
-
-    Seed variance: the mean over windows of the sample variance across seeds. Period
-    variance: the sample variance of the window means less the seed variance's share of it
-    (``seed_variance / seeds``), floored at 0 (a negative estimate means no detectable period
-    effect beyond seed noise).
-    """
+    """Seed and period variance of a ``(windows, seeds)`` matrix of excess Sharpe ratios: seed
+    variance the mean within-window variance, period variance that of the window means less
+    ``seed_variance / seeds``, floored at 0 (no period effect detectable beyond seed noise)."""
     m = np.asarray(excess, dtype=np.float64)
     if m.ndim != 2 or m.shape[0] < 2 or m.shape[1] < 2:
         raise ValueError(f"need at least 2 windows and 2 seeds, got shape {m.shape}")
@@ -201,15 +194,12 @@ def seed_study(
         "variance": variance_split(per_seed.to_numpy()),
         "mix": {
             "description": "equal-capital mix of the seeds' books, rebalanced daily",
-            "windows_beating_equal_weight": int((window_excess_of(runs[0].returns, mix) > 0).sum()),
+            "windows_beating_equal_weight": int(
+                (window_excess(runs[0].returns.assign(**{AGENT: mix})) > 0).sum()
+            ),
             "pooled_excess_sharpe": excess_interval(mix, ew, settings).to_dict(),
         },
     }
-
-
-def window_excess_of(frame: pd.DataFrame, agent: np.ndarray) -> pd.Series:
-    """``window_excess`` of ``frame``'s days with ``agent`` as the model's returns."""
-    return window_excess(frame.assign(**{AGENT: agent}))
 
 
 def format_seed_study(study: dict[str, Any]) -> str:
