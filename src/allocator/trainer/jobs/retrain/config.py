@@ -45,7 +45,6 @@ class RetrainConfig(StrictModel):
     @field_validator("trainer", mode="before")
     @classmethod
     def _trainer_from_path(cls, value: Any) -> Any:
-        """A string (or path) names a trainer YAML file, read with the trainer's loader."""
         if isinstance(value, str | Path):
             return load_config(value)
         return value
@@ -60,15 +59,8 @@ def load_retrain_config(
 ) -> RetrainConfig:
     """Read a retraining YAML (``trainer`` a path or a mapping) and apply ``--set`` overrides.
 
-    Relative registry and dataset paths are taken from the working directory, as the
-    trainer's are; a trainer config path from there, else next to this file (see
-    ``config.load_job_tree``). ``--set trainer=other.yaml`` swaps the trainer config before any
-    ``--set trainer.key=value`` is applied to it. Errors name each bad key as the user wrote
-    it (``trainer.algorithm.gamma``).
-
-    ``ALLOCATOR_<KEY>`` environment variables (``ALLOCATOR_REGISTRY``,
-    ``ALLOCATOR_GATES__MAX_TURNOVER``) apply between the file and ``--set``; an error they
-    cause names them.
+    ``ALLOCATOR_<KEY>`` environment variables (``ALLOCATOR_GATES__MAX_TURNOVER``) apply between
+    the file and ``--set``; an error they cause names them.
     """
     source = str(path) if path else "(defaults)"
     from_env = env_overrides(RetrainConfig)

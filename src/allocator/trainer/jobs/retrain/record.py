@@ -91,8 +91,7 @@ def record_and_promote(
     started: float,
 ) -> None:
     """Record the decision; on promotion also publish the version and move the pointer, all
-    or nothing: the pointer moves inside the record's transaction and is put back if the
-    commit fails."""
+    or nothing (module docstring)."""
     name = config.model_name
     details = promotion_details(config, decision)
     promotion = PendingPromotion(Path(config.registry), name)

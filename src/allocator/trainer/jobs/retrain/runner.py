@@ -46,7 +46,7 @@ log = logging.getLogger("allocator.retrain")
 
 @dataclass(frozen=True)
 class RetrainPlan:
-    """What this run will do, fixed before training: data, spans, production, new version."""
+    """What this run will do, fixed before training."""
 
     data: MarketData
     spans: RetrainSpans
@@ -64,8 +64,7 @@ class RetrainPlan:
 
 
 def universe(config: RetrainConfig, as_of: DateLike | None = None) -> MarketData:
-    """The trainer's dataset up to ``as_of`` (else its ``data.as_of``), restricted to its asset
-    list when it has one. ``dataset: database`` reads the newest prices ingested."""
+    """The trainer's dataset up to ``as_of`` (else its ``data.as_of``), on its asset list."""
     d = config.trainer.data
     check_price_database(d.dataset, config.database_url)
     data = load_dataset(d.dataset, as_of=d.as_of if as_of is None else as_of)
@@ -112,8 +111,8 @@ def trainer_for(config: RetrainConfig, spans: RetrainSpans) -> TrainConfig:
 def holdout_assets(
     data: MarketData, spans: RetrainSpans, model_dirs: list[Path]
 ) -> tuple[list[str], int]:
-    """The assets both models are judged on: priced throughout the held-out span and each
-    model's observation window before it, as many as the narrower model has slots."""
+    """The assets both models are judged on (as many as the narrower model has slots), and
+    the widest observation window."""
     manifests = [read_manifest(d) for d in model_dirs]
     window = max(m.feature_spec.window for m in manifests)
     slots = min(m.max_assets for m in manifests)
@@ -124,8 +123,7 @@ def holdout_assets(
 def judge(
     config: RetrainConfig, plan: RetrainPlan, run_dir: Path, candidate_dir: Path
 ) -> RetrainDecision:
-    """Backtest candidate, production and equal weight on the held-out span (same assets,
-    same costs, serving code path) and apply the gates."""
+    """Backtest candidate, production and equal weight on the held-out span; apply the gates."""
     registry, name = Path(config.registry), config.model_name
     data, spans = plan.data, plan.spans
     production_dir = registry / name / plan.production if plan.production else None
@@ -188,11 +186,11 @@ def retrain(
     echo: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
 ) -> RetrainDecision:
-    """Run the job once (see the package docstring); returns the decision, promoted or not.
+    """Run the job once; the decision, promoted or not.
 
     Raises ``RetrainError``, ``DataError``, ``ConfigError`` or ``ExportError`` when no
-    decision could be reached, and ``TrainingStoppedError`` when ``stop`` was set while it
-    trained; the pointer is then untouched. Set later, ``stop`` lets the decision finish.
+    decision could be reached, ``TrainingStoppedError`` when ``stop`` was set while it trained
+    (the pointer untouched); set later, ``stop`` lets the decision finish.
     """
     say = echo or (lambda line: log.info("%s", line))
     started = time.perf_counter()
@@ -230,10 +228,7 @@ def retrain(
 
 def mirror_promotion(config: RetrainConfig, version: str) -> str:
     """Move MLflow's ``production`` alias to the promoted version; what happened, as a line.
-
-    The registry's pointer has moved and the promotion is recorded: an MLflow server that
-    fails here leaves the alias behind, said in the line, without undoing the promotion.
-    """
+    A failure leaves the alias behind, never undoes the promotion."""
     name = config.model_name
     try:
         mirrored = set_production_alias(config.trainer.tracking, name, version)

@@ -10,7 +10,7 @@ import json
 import math
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +23,6 @@ from allocator.trainer.training.run_dir import SELECTION_FILE
 from allocator.trainer.training.tracking import ended_on_error, log_trial
 
 ERROR_FILE = "error.txt"
-"""A failed trial's traceback, in its run directory."""
 
 TrialState = Literal["COMPLETE", "PRUNED", "FAIL"]
 
@@ -64,15 +63,8 @@ class TrialOutcome:
 
     def attrs(self) -> dict[str, Any]:
         """The figures stored with the trial in the study (Optuna user attributes)."""
-        return {
-            "best_score": self.value,
-            "steps": self.steps,
-            "seconds": self.seconds,
-            "best_step": self.best_step,
-            "evaluations": self.evaluations,
-            "run_dir": self.run_dir,
-            "error": self.error,
-        }
+        rest = {k: v for k, v in asdict(self).items() if k not in ("number", "state", "value")}
+        return {"best_score": self.value, **rest}
 
 
 def train_trial(job: TrialJob) -> tuple[int, bool]:
@@ -95,12 +87,9 @@ def train_trial(job: TrialJob) -> tuple[int, bool]:
 
 
 def run_trial(job: TrialJob) -> TrialOutcome:
-    """Train one trial and read its value from its ``selection.json``; never raises.
-
-    A trial that fails (a diverging network, a value the environment refuses) comes back as
-    ``FAIL`` with the error, its traceback in ``error.txt``: one bad region of the space does
-    not end the study.
-    """
+    """Train one trial and read its value from its ``selection.json``; never raises: a failed
+    trial comes back as ``FAIL`` (traceback in ``error.txt``), so one bad region of the space
+    does not end the study."""
     started = time.perf_counter()
     job.run_dir.mkdir(parents=True, exist_ok=True)
     try:

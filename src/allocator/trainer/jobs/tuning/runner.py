@@ -34,7 +34,6 @@ from allocator.trainer.training.tracking import (
 from allocator.typed_config import ConfigError
 
 TRIALS_DIR = "trials"
-"""The trials' run directories, ``trial-0003`` and so on, inside the tuning folder."""
 
 Trials = Executor[TrialJob, TrialOutcome]
 
@@ -44,8 +43,7 @@ def trial_label(job: TrialJob) -> str:
 
 
 def next_outcome(executor: Trials) -> TrialOutcome:
-    """The next trial to finish; one whose worker died (out of memory, killed) is failed, and
-    the study goes on (``run_trial`` itself never raises)."""
+    """The next trial to finish; one whose worker died is failed and the study goes on."""
     try:
         return executor.next_done()
     except WorkerLostError as lost:
@@ -83,8 +81,7 @@ def trial_job(
     out: Path,
     parent: TrackedRun | None = None,
 ) -> TrialJob:
-    """Draw the trial's values and build its job: the tuned config plus the tuner's own keys
-    (tracked as a child of the study's ``parent`` MLflow run when there is one)."""
+    """Draw the trial's values and build its job (tracked under ``parent`` when given)."""
     params = space.suggest(trial)
     tuned = tuned_config(config.trainer, params)
     threads = config.torch_threads or (1 if config.executor == "ray" else tuned.torch_threads)

@@ -39,8 +39,7 @@ FIXED: dict[str, str] = {
 }
 """Keys a search space may not touch, and why: a trial's score must stay comparable."""
 
-PRIMITIVE = (str, int, float, bool, type(None))
-"""Choice values Optuna stores as they are; any other choice is stored as its JSON text."""
+PRIMITIVE = (str, int, float, bool, type(None))  # stored as they are; others as JSON text
 
 
 class ParamSpec(StrictModel):

@@ -27,7 +27,6 @@ from allocator.trainer.jobs.tuning.config import (
 )
 
 STORAGE_FILE = "study.journal"
-"""The study's journal in the tuning output folder."""
 
 
 def journal(path: str | Path) -> JournalStorage:
@@ -78,11 +77,8 @@ def create_study(
 
 
 def attach_trial(path: str, name: str, number: int, pruner: PrunerSettings) -> optuna.Trial:
-    """Trial ``number`` of the study in ``path``, opened by whoever trains it.
-
-    Its values were drawn by the driver; this handle only reports inner scores and asks the
-    pruner, so its own sampler is never used.
-    """
+    """Trial ``number`` of the study in ``path``, opened by whoever trains it: it only reports
+    inner scores and asks the pruner (the driver drew its values)."""
     storage = journal(path)
     study = optuna.load_study(
         study_name=name, storage=storage, sampler=RandomSampler(), pruner=make_pruner(pruner)

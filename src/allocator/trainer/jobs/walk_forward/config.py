@@ -54,11 +54,7 @@ class Goals(StrictModel):
 
 
 class StatisticsSettings(StrictModel):
-    """How the report's intervals and tests are drawn (``allocator.trainer.statistics``).
-
-    Every draw is seeded, so a run's statistics are reproduced exactly from its
-    ``returns.csv`` (``allocator walk-forward stats RUN_DIR``).
-    """
+    """How the report's intervals and tests are drawn (seeded: reproducible from returns.csv)."""
 
     level: float = Field(0.95, gt=0, lt=1, description="confidence level of the intervals")
     reps: int = Field(1000, ge=100, description="bootstrap replications per interval and test")
@@ -152,12 +148,8 @@ class WalkForwardConfig(StrictModel):
 def load_walk_forward_config(
     path: str | Path, overrides: Sequence[str] | None = None
 ) -> WalkForwardConfig:
-    """Read a walk-forward YAML; ``trainer`` is a trainer YAML path or an inline mapping.
-
-    A trainer path is read relative to the working directory, else to this file's folder, and
-    inlined before the other ``--set`` overrides apply, so ``--set trainer.total_timesteps=1000``
-    works either way; ``--set trainer=configs/sac_icm.yaml`` swaps the trainer file.
-    """
+    """Read a walk-forward YAML; ``trainer`` is a trainer YAML path or an inline mapping,
+    inlined before ``--set`` overrides apply (``--set trainer=other.yaml`` swaps it)."""
     p = Path(path)
     tree, trainer_file = load_job_tree(p, overrides, "config file")
     if trainer_file is not None:

@@ -58,9 +58,7 @@ RESUME_FREE = frozenset(
         "trainer.tracking",
     }
 )
-"""Config keys a resume may change: where and how the windows run, never what they compute
-(``trainer_source`` only says which file the trainer settings were read from,
-``trainer.tracking`` where the runs are also logged)."""
+"""Config keys a resume may change: where and how the windows run, never what they compute."""
 
 
 def config_differences(run: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -95,8 +93,7 @@ def check_same_config(state: RunState, config: WalkForwardConfig, run_dir: Path)
 def resume_config(
     state: RunState, run_dir: Path, config: WalkForwardConfig | None, overrides: Sequence[str]
 ) -> WalkForwardConfig:
-    """The config to resume with: the one given, else the run's with ``overrides`` applied;
-    either way checked against the run's."""
+    """The config given, else the run's with ``overrides``; checked against the run's."""
     if config is None:
         source = str(run_dir / STATE_FILE)
         tree = apply_overrides(copy.deepcopy(state.config), overrides, source)
@@ -106,8 +103,8 @@ def resume_config(
 
 
 def check_plan(state: RunState, jobs: Sequence[WindowJob], run_dir: Path) -> None:
-    """Refuse when the same config now cuts other windows (the data or the working directory
-    changed): the kept windows would not belong to this run."""
+    """Refuse when the same config now cuts other windows (the data or working directory
+    changed)."""
     now = plan_payload(jobs)
     for key in ("registry", "dataset", "windows"):
         if now[key] != state.plan.get(key):
@@ -119,8 +116,7 @@ def check_plan(state: RunState, jobs: Sequence[WindowJob], run_dir: Path) -> Non
 
 
 def check_not_running(jobs: Sequence[WindowJob], run_dir: Path) -> None:
-    """Refuse while a process of this machine still works on one of the run's windows: two
-    sessions of one run would train, publish and record the same windows."""
+    """Refuse while a process of this machine still works on one of the run's windows."""
     for job in jobs:
         progress = read_progress(job.run_dir)
         if progress is None or progress.get("phase") in (DONE, FAILED):
@@ -151,7 +147,7 @@ def reopen_rows(
     url: str, state: RunState, kept: Sequence[WindowResult], config: WalkForwardConfig
 ) -> tuple[WalkForwardStore, dict[str, Any] | None]:
     """The run's row, running again, with exactly the kept windows' rows; and the summary the
-    previous session closed it with (None when it was killed)."""
+    previous session closed it with (None: killed)."""
     if state.run_id is None:
         raise ResumeError(f"{state.name} recorded no run row; it cannot resume with record on")
     rows = WalkForwardStore(url)
@@ -165,8 +161,7 @@ def reopen_rows(
 
 
 def previous_outcome(closed: dict[str, Any] | None) -> dict[str, Any] | str | None:
-    """How the previous session ended, from the summary it closed the run row with: its error,
-    ``finished``, or None when it never closed the row (killed) or had no row."""
+    """How the previous session ended: its error, ``finished``, or None (killed, or no row)."""
     if closed is None:
         return None
     if "error" in closed:
@@ -181,8 +176,7 @@ def resume_walk_forward(
     *,
     progress: bool = True,
 ) -> WalkForwardResult:
-    """Finish the run in ``run_dir``: keep its finished windows, run the others, then
-    summarize, report and push over all of them."""
+    """Finish the run in ``run_dir``: keep its finished windows, run the others, report."""
     out = Path(run_dir)
     state = read_state(out)
     config = resume_config(state, out, config, overrides)

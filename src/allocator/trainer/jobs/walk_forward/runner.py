@@ -94,9 +94,8 @@ class WalkForwardSession:
 def window_stream(
     config: WalkForwardConfig, jobs: Sequence[WindowJob]
 ) -> Generator[WindowResult, None, None]:
-    """The configured executor's results, in the order the windows finish (the executor
-    opens on the first one, and closes with the stream); a window whose worker died too often
-    fails the run as a ``WalkForwardError``."""
+    """The windows' results as they finish; a window whose worker died too often fails the run
+    as a ``WalkForwardError``."""
     executor = open_executor(
         config.executor,
         run_window,
@@ -145,8 +144,7 @@ def collect_windows(
     done: list[WindowResult],
     progress: bool,
 ) -> None:
-    """Run ``jobs``, keeping each as it finishes, into ``done`` (kept on failure); the bar
-    counts every window of the run and shows the running ones' steps."""
+    """Run ``jobs``, keeping each into ``done`` as it finishes (kept on failure)."""
     stream = window_stream(session.config, jobs)
     bar = tqdm(
         total=len(session.jobs),
