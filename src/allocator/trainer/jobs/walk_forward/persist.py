@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -95,45 +96,35 @@ def backtest_from(payload: dict[str, Any]) -> BacktestResult:
     )
 
 
+def window_from(w: dict[str, Any]) -> Window:
+    """A ``Window`` from its ``to_dict``."""
+    spans = ("train_start", "train_end", "test_start", "test_end")
+    return Window(int(w["index"]), *(dt.date.fromisoformat(str(w[k])[:10]) for k in spans))
+
+
 def result_payload(result: WindowResult) -> dict[str, Any]:
     """A window's result as the JSON tree of its file."""
     return {
+        **{f.name: getattr(result, f.name) for f in fields(result)},
         "format": FORMAT,
         "window": result.window.to_dict(),
-        "version": result.version,
-        "version_dir": result.version_dir,
-        "run_dir": result.run_dir,
-        "algorithm": result.algorithm,
-        "manifest": result.manifest,
         "agent": backtest_payload(result.agent),
         "baselines": {name: backtest_payload(b) for name, b in result.baselines.items()},
-        "icm": result.icm,
-        "torch_validation": result.torch_validation,
-        "train_seconds": result.train_seconds,
-        "seconds": result.seconds,
-        "resumed_from": result.resumed_from,
     }
 
 
 def result_from(payload: dict[str, Any]) -> WindowResult:
     """The ``WindowResult`` a window file holds."""
-    w = payload["window"]
-    spans = ("train_start", "train_end", "test_start", "test_end")
-    window = Window(int(w["index"]), *(dt.date.fromisoformat(w[k]) for k in spans))
+    plain = {f.name: payload[f.name] for f in fields(WindowResult) if f.name in payload}
     return WindowResult(
-        window=window,
-        version=payload["version"],
-        version_dir=payload["version_dir"],
-        run_dir=payload["run_dir"],
-        algorithm=payload["algorithm"],
-        manifest=payload["manifest"],
-        agent=backtest_from(payload["agent"]),
-        baselines={name: backtest_from(b) for name, b in payload["baselines"].items()},
-        icm=payload["icm"],
-        torch_validation=payload["torch_validation"],
-        train_seconds=float(payload["train_seconds"]),
-        seconds=float(payload["seconds"]),
-        resumed_from=[int(step) for step in payload.get("resumed_from", [])],
+        **{
+            **plain,
+            "window": window_from(payload["window"]),
+            "agent": backtest_from(payload["agent"]),
+            "baselines": {name: backtest_from(b) for name, b in payload["baselines"].items()},
+            "train_seconds": float(payload["train_seconds"]),
+            "seconds": float(payload["seconds"]),
+        }
     )
 
 

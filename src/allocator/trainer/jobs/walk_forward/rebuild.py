@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from allocator.trainer.jobs.walk_forward.config import WalkForwardError
+from allocator.trainer.jobs.walk_forward.persist import window_from
 from allocator.trainer.jobs.walk_forward.returns import (
     DATE,
     WINDOW,
@@ -19,7 +20,6 @@ from allocator.trainer.jobs.walk_forward.returns import (
     read_summary,
 )
 from allocator.trainer.jobs.walk_forward.window import WindowJob, span_setup, window_baselines
-from allocator.trainer.market.windows import Window
 from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run_dir import CONFIG_FILE
 
@@ -37,13 +37,7 @@ def located(recorded: str, fallback: Path) -> Path:
 def rebuilt_job(run: Path, summary: dict[str, Any], entry: dict[str, Any]) -> WindowJob:
     """The ``WindowJob`` a window ran as, from ``summary.json`` and its training run's
     resolved ``config.yaml``."""
-    window = Window(
-        entry["index"],
-        *(
-            pd.Timestamp(entry[k]).date()
-            for k in ("train_start", "train_end", "test_start", "test_end")
-        ),
-    )
+    window = window_from(entry)
     run_dir = located(entry.get("run_dir", ""), run / "runs" / window.label)
     trainer = load_config(run_dir / CONFIG_FILE)
     return WindowJob(
