@@ -32,6 +32,7 @@ from allocator.trainer.jobs.walk_forward.returns import (
 from allocator.trainer.jobs.walk_forward.significance import baseline_columns, excess_interval
 from allocator.trainer.jobs.walk_forward.state import read_state
 from allocator.trainer.statistics.sharpe import annualized_sharpe
+from allocator.typed_config import flatten
 
 RECIPE = (
     "trainer",
@@ -69,18 +70,11 @@ def recipe(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def first_difference(a: Any, b: Any, path: str = "") -> str | None:
-    """The dotted key where two config trees first differ, or None when they are equal."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            where = f"{path}.{key}" if path else str(key)
-            if key not in a or key not in b:
-                return where
-            found = first_difference(a[key], b[key], where)
-            if found is not None:
-                return found
-        return None
-    return None if a == b else (path or "<root>")
+def first_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """The first dotted key where two config trees differ, or None when they are equal."""
+    x, y = flatten(a), flatten(b)
+    differ = [k for k in set(x) | set(y) if k not in x or k not in y or x[k] != y[k]]
+    return min(differ, default=None)
 
 
 def load_seed_runs(run_dirs: Sequence[str | Path]) -> list[SeedRun]:
