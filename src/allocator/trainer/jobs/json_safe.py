@@ -9,6 +9,15 @@ from pathlib import Path
 from typing import Any
 
 
+def finite(value: Any) -> float | None:
+    """A float for a JSON figure, or None (strict JSON has no NaN)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if isfinite(x) else None
+
+
 def json_safe(obj: Any) -> Any:
     """A copy of ``obj`` that any JSON column accepts (keys as text, NaN/inf as None)."""
     if isinstance(obj, float):

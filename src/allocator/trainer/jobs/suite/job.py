@@ -4,13 +4,13 @@ on the same held-out days, assets, costs and smoothing."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from allocator.trainer.jobs.json_safe import finite
 from allocator.trainer.market.data import MarketData, load_dataset
 from allocator.trainer.market.draws import SP500_DEV
 from allocator.trainer.market.generated import GeneratedMarket, market
@@ -96,11 +96,7 @@ def _metrics(result: BacktestResult | None) -> dict[str, float | None]:
     if result is None:
         return {"sharpe": None, "turnover": None}
     m = result.metrics()
-    return {"sharpe": _finite(m["sharpe"]), "turnover": _finite(m["turnover"])}
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
+    return {"sharpe": finite(m["sharpe"]), "turnover": finite(m["turnover"])}
 
 
 def held_out(run: TrainingRun, data: MarketData, policy: Policy) -> BacktestResult:
@@ -174,7 +170,7 @@ def score_run(run: TrainingRun, data: MarketData, job: SuiteJob) -> dict[str, An
         "seed": cfg.seed,
         "signal": spec.signal if spec is not None else False,
         "rule": repr(choice.rule),
-        "rule_training_sharpe": _finite(choice.sharpe),
+        "rule_training_sharpe": finite(choice.sharpe),
         "run_dir": job.run_dir,
         "train_seconds": run.summary.get("train_seconds"),
     }

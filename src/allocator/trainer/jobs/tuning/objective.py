@@ -7,13 +7,13 @@ function of its job, in this process or on a Ray worker."""
 from __future__ import annotations
 
 import json
-import math
 import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from allocator.trainer.jobs.json_safe import finite
 from allocator.trainer.jobs.tuning.config import PrunerSettings
 from allocator.trainer.jobs.tuning.pruning import PruningCallback
 from allocator.trainer.jobs.tuning.study import attach_trial
@@ -101,8 +101,7 @@ def run_trial(job: TrialJob) -> TrialOutcome:
             job.number, f"{type(exc).__name__}: {exc}", str(job.run_dir), seconds
         )
     selection = json.loads((job.run_dir / SELECTION_FILE).read_text())
-    best = selection["best_score"]
-    value = float(best) if best is not None and math.isfinite(best) else None
+    value = finite(selection["best_score"])
     state: TrialState = "PRUNED" if pruned else "COMPLETE"
     error: str | None = None
     if value is None and not pruned:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -28,7 +27,7 @@ class WalkForwardError(RuntimeError):
 class RegimeThresholds(StrictModel):
     """Market regime of a test window by equal weight's annualized net return over it."""
 
-    bull_above: float = Field(0.10, description="bull when the return is >= this")
+    bull_above: float = Field(0.10, allow_inf_nan=False, description="bull when the return >= this")
     bear_below: float = Field(0.0, description="bear when the return is < this")
 
     def classify(self, annual_return: float) -> str:
@@ -37,13 +36,6 @@ class RegimeThresholds(StrictModel):
         if annual_return < self.bear_below:
             return "bear"
         return "sideways"
-
-    @field_validator("bull_above")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be finite")
-        return v
 
 
 class Goals(StrictModel):

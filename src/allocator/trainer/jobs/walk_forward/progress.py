@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
 import socket
 import threading
@@ -21,6 +20,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.utils import safe_mean
 
 from allocator.artifacts.files import atomic_write_text
+from allocator.trainer.jobs.json_safe import finite
 from allocator.trainer.training.run_dir import SELECTION_FILE
 
 PROGRESS_FILE = "window_progress.json"
@@ -32,15 +32,6 @@ DONE, FAILED = "done", "failed"  # written by the driver, not the worker
 def utc_now() -> str:
     """Now, as the run's files stamp it (``status`` reads how long ago)."""
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def finite(value: Any) -> float | None:
-    """A float for the JSON file, or None (strict JSON has no NaN)."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def read_progress(run_dir: str | Path) -> dict[str, Any] | None:

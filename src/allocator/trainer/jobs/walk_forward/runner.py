@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from allocator.metrics.jobs import JobMetrics, JobPush
 from allocator.recording.settings import database_url as default_database_url
 from allocator.trainer.jobs.executors import WorkerLostError, fan_out, open_executor
+from allocator.trainer.jobs.json_safe import finite
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
 from allocator.trainer.jobs.walk_forward.html_report import write_html_report
 from allocator.trainer.jobs.walk_forward.persist import write_window_result
@@ -28,7 +29,6 @@ from allocator.trainer.jobs.walk_forward.progress import (
     DONE,
     FAILED,
     ProgressWatcher,
-    finite,
     read_progress,
     utc_now,
     write_progress,
