@@ -46,26 +46,14 @@ def job_label(job: SuiteJob) -> str:
 
 def draw_settings(kind: str, draw: int) -> dict[str, Any]:
     """The trainer keys a market's draw fixes: its dataset and its spans."""
+    keys = ("dataset", "train_start", "train_end", "validation_start", "validation_end")
     if kind == SP500_DEV:  # the draw is a test year; five years of training before it
-        return {
-            "data": {
-                "dataset": "sp500",
-                "train_start": f"{draw - 5}-01-01",
-                "train_end": f"{draw - 1}-12-31",
-                "validation_start": f"{draw}-01-01",
-                "validation_end": f"{draw}-12-31",
-            }
-        }
-    m = market(kind)
-    return {
-        "data": {
-            "dataset": m.dataset(draw),
-            "train_start": m.train_start,
-            "train_end": m.train_end,
-            "validation_start": m.validation_start,
-            "validation_end": m.validation_end,
-        }
-    }
+        first, last = f"{draw - 5}-01-01", f"{draw - 1}-12-31"
+        values: tuple[Any, ...] = ("sp500", first, last, f"{draw}-01-01", f"{draw}-12-31")
+    else:
+        m = market(kind)
+        values = (m.dataset(draw), m.train_start, m.train_end, m.validation_start, m.validation_end)
+    return {"data": dict(zip(keys, values, strict=True))}
 
 
 def job_trainer(
@@ -77,10 +65,7 @@ def job_trainer(
     tree["data"]["assets"] = None if kind != SP500_DEV else tree["data"].get("assets")
     if seed_per_draw:
         tree["seed"] = int(recipe.get("seed", 0)) + draw
-    tree["name"] = f"{kind}-{draw}"
-    tree["progress_bar"] = False
-    tree["tensorboard"] = False
-    tree["html_report"] = False
+    tree.update(name=f"{kind}-{draw}", progress_bar=False, tensorboard=False, html_report=False)
     return tree
 
 

@@ -72,28 +72,22 @@ def frame_from(payload: dict[str, Any]) -> pd.DataFrame:
     return frame.astype(dict(zip(columns, payload["dtypes"], strict=True)))
 
 
+SERIES, FRAMES = ("nav", "turnover", "costs"), ("raw_weights", "executed_weights")
+
+
 def backtest_payload(result: BacktestResult) -> dict[str, Any]:
     return {
         "name": result.name,
-        "nav": series_payload(result.nav),
-        "raw_weights": frame_payload(result.raw_weights),
-        "executed_weights": frame_payload(result.executed_weights),
-        "turnover": series_payload(result.turnover),
-        "costs": series_payload(result.costs),
         "settings": result.settings,
+        **{k: series_payload(getattr(result, k)) for k in SERIES},
+        **{k: frame_payload(getattr(result, k)) for k in FRAMES},
     }
 
 
 def backtest_from(payload: dict[str, Any]) -> BacktestResult:
-    return BacktestResult(
-        name=payload["name"],
-        nav=series_from(payload["nav"]),
-        raw_weights=frame_from(payload["raw_weights"]),
-        executed_weights=frame_from(payload["executed_weights"]),
-        turnover=series_from(payload["turnover"]),
-        costs=series_from(payload["costs"]),
-        settings=payload["settings"],
-    )
+    parts: dict[str, Any] = {k: series_from(payload[k]) for k in SERIES}
+    parts.update({k: frame_from(payload[k]) for k in FRAMES})
+    return BacktestResult(name=payload["name"], settings=payload["settings"], **parts)
 
 
 def window_from(w: dict[str, Any]) -> Window:

@@ -26,19 +26,14 @@ REGIME_COLORS = {"bull": "tab:green", "bear": "tab:red", "sideways": "tab:gray"}
 
 def summary_payload(result: WalkForwardResult) -> dict[str, Any]:
     """What ``summary.json`` holds: the summary, the run's identity, every window's metrics."""
+    kept = {"name", "executor", "model_name", "cost_bps", "baseline_fit", "baselines"}
+    kept |= {"baseline_rebalance_every", "configurations_tried"}
     return {
-        "name": result.config.name,
+        **result.config.model_dump(mode="json", include=kept),
         "label": result.label,
         "run_id": result.run_id,
-        "executor": result.config.executor,
         "seconds": round(result.seconds, 2),
-        "model_name": result.config.model_name,
         "registry": str(Path(result.config.registry).resolve()),
-        "cost_bps": result.config.cost_bps,
-        "baseline_fit": result.config.baseline_fit,
-        "baselines": list(result.config.baselines),
-        "baseline_rebalance_every": result.config.baseline_rebalance_every,
-        "configurations_tried": result.config.configurations_tried,
         "windows_spec": result.config.windows.model_dump(mode="json"),
         "summary": {k: v for k, v in result.summary.items() if k != "per_window"},
         "windows": [

@@ -28,10 +28,9 @@ class ResumeError(WalkForwardError):
 
 def plan_payload(jobs: Sequence[WindowJob]) -> dict[str, Any]:
     """What the config cut from the data: the registry, the dataset, the windows."""
-    first = jobs[0] if jobs else None
     return {
-        "registry": first.registry if first else None,
-        "dataset": first.trainer.data.dataset if first else None,
+        "registry": jobs[0].registry if jobs else None,
+        "dataset": jobs[0].trainer.data.dataset if jobs else None,
         "windows": [j.window.to_dict() for j in jobs],
     }
 
