@@ -37,9 +37,9 @@ from allocator.trainer.market.data import (
 )
 from allocator.trainer.sim.baselines import BaselineName
 from allocator.trainer.training.config import TrainConfig
+from allocator.trainer.training.inputs import restrict_universe
 from allocator.trainer.training.run import train
 from allocator.trainer.training.tracked_models import PRODUCTION_ALIAS, set_production_alias
-from allocator.typed_config import ConfigError
 
 log = logging.getLogger("allocator.retrain")
 
@@ -68,14 +68,7 @@ def universe(config: RetrainConfig, as_of: DateLike | None = None) -> MarketData
     d = config.trainer.data
     check_price_database(d.dataset, config.database_url)
     data = load_dataset(d.dataset, as_of=d.as_of if as_of is None else as_of)
-    if d.assets:
-        if len(d.assets) > config.trainer.env.max_assets:
-            raise ConfigError(
-                f"trainer.data.assets lists {len(d.assets)} assets but trainer.env.max_assets "
-                f"is {config.trainer.env.max_assets}"
-            )
-        data = data.select(d.assets)
-    return data
+    return restrict_universe(config.trainer, data)
 
 
 def plan_retrain(config: RetrainConfig, as_of: DateLike | None) -> RetrainPlan:

@@ -78,10 +78,6 @@ class WalkForwardSession:
     started: float = field(default_factory=time.perf_counter)
     tracked: TrackedRun | None = None  # the MLflow run the windows' runs nest under
 
-    @property
-    def label(self) -> str:
-        return self.state.label
-
     def ended(self, outcome: str, error: str | None = None) -> None:
         """Note in ``walk_forward.json`` how this session ended (``status`` shows it)."""
         entry = self.state.sessions[-1]
@@ -99,7 +95,7 @@ def window_stream(
     executor = open_executor(
         config.executor,
         run_window,
-        window_label,
+        lambda job: f"window {job.window.label}",
         workers=config.workers,
         address=config.ray_address,
         retries=config.retries,
@@ -109,10 +105,6 @@ def window_stream(
         yield from fan_out(executor, jobs)
     except WorkerLostError as exc:
         raise WalkForwardError(str(exc)) from exc
-
-
-def window_label(job: WindowJob) -> str:
-    return f"window {job.window.label}"
 
 
 def record_window(metrics: JobMetrics, result: WindowResult) -> None:
@@ -252,7 +244,7 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
     if rows is not None:
         rows.finish_run(summary)
     result = WalkForwardResult(
-        label=session.label,
+        label=session.state.label,
         config=config,
         out_dir=session.out,
         windows=results,
