@@ -161,8 +161,12 @@ def icm_statistics(
 ) -> dict[str, float] | None:
     """Summary of a model's curiosity over a span (None when it has no ICM); ``reference``
     (data it learned on) gives ``novelty_ratio``."""
-    r = np.asarray(rewards, dtype=np.float64)
-    r = r[np.isfinite(r)]
+
+    def finite_part(values: Any) -> NDArray[np.float64]:
+        a = np.asarray(values, dtype=np.float64)
+        return a[np.isfinite(a)]
+
+    r = finite_part(rewards)
     if r.size == 0:
         return None
     stats = {
@@ -173,14 +177,11 @@ def icm_statistics(
         "p95": float(np.quantile(r, 0.95)),
         "max": float(r.max()),
     }
-    if reference is not None:
-        ref = np.asarray(reference, dtype=np.float64)
-        ref = ref[np.isfinite(ref)]
-        if ref.size:
-            stats["reference_mean"] = float(ref.mean())
-            stats["novelty_ratio"] = (
-                float(r.mean() / ref.mean()) if ref.mean() != 0 else float("nan")
-            )
+    ref = finite_part([] if reference is None else reference)
+    if ref.size:
+        mean = float(ref.mean())
+        stats["reference_mean"] = mean
+        stats["novelty_ratio"] = stats["mean"] / mean if mean != 0 else float("nan")
     return stats
 
 

@@ -348,12 +348,7 @@ def render_markdown(result: WalkForwardResult, figures: dict[str, Path]) -> str:
         icm_lines(result.windows),
         ["## Figures", "", *(f"![{name}]({path.name})" for name, path in figures.items())],
     ]
-    lines: list[str] = []
-    for section in filter(None, sections):
-        if lines:
-            lines.append("")  # one blank line between sections
-        lines += section
-    return "\n".join(lines) + "\n"
+    return "\n\n".join("\n".join(section) for section in sections if section) + "\n"
 
 
 def write_report(result: WalkForwardResult, out_dir: str | Path) -> dict[str, Path]:
