@@ -27,7 +27,9 @@ class WalkForwardError(RuntimeError):
 class RegimeThresholds(StrictModel):
     """Market regime of a test window by equal weight's annualized net return over it."""
 
-    bull_above: float = Field(0.10, allow_inf_nan=False, description="bull when the return >= this")
+    bull_above: float = Field(
+        0.10, allow_inf_nan=False, description="bull when the return is >= this"
+    )
     bear_below: float = Field(0.0, description="bear when the return is < this")
 
     def classify(self, annual_return: float) -> str:
