@@ -182,13 +182,17 @@ def run_window(job: WindowJob) -> WindowResult:
     threads = torch.get_num_threads()
     torch.set_num_threads(job.torch_threads)  # the same in every executor: same float sums
     try:
-        cfg, label = job.trainer, job.window.label
+        cfg, w = job.trainer, job.window
         summary = finished_training(job.run_dir)
         if summary is None or not whole(job.version_dir):
             summary = train_and_export(job, summary)
-        write_progress(job.run_dir, label, EVALUATING)
-        test = evaluate_test_span(job, job.version_dir)
-        icm = window_icm_statistics(job, test.model, test.data, test.agent)
+        write_progress(job.run_dir, w.label, EVALUATING)
+        model, data, assets = span_setup(job, job.version_dir)
+        agent = replay_exported(
+            model, data, w.test_start, w.test_end, cost_bps=job.cost_bps, assets=assets, name=AGENT
+        )
+        baselines = window_baselines(job, data, assets)
+        icm = window_icm_statistics(job, model, data, agent)
     finally:
         torch.set_num_threads(threads)  # the local executor runs in the caller's process
     result = WindowResult(
@@ -197,16 +201,16 @@ def run_window(job: WindowJob) -> WindowResult:
         version_dir=str(job.version_dir),
         run_dir=job.run_dir,
         algorithm=cfg.algorithm.name,
-        manifest=test.model.manifest.model_dump(mode="json"),
-        agent=test.agent.result,
-        baselines=test.baselines,
+        manifest=model.manifest.model_dump(mode="json"),
+        agent=agent.result,
+        baselines=baselines,
         icm=icm,
         torch_validation=summary["validation"].get(cfg.algorithm.name, {}),
         train_seconds=float(summary["train_seconds"]),
         seconds=time.perf_counter() - started,
         resumed_from=[int(step) for step in summary.get("resumed_from", [])],
     )
-    write_progress(job.run_dir, label, EVALUATED)
+    write_progress(job.run_dir, w.label, EVALUATED)
     return result
 
 
@@ -252,16 +256,6 @@ def checkpoint_step(run_dir: Path) -> int | None:
         return None
 
 
-@dataclass
-class SpanEvaluation:
-    """The exported model replayed on a window's test span, and the baselines on that span."""
-
-    model: LoadedModel
-    data: MarketData
-    agent: ExportedEvaluation
-    baselines: dict[str, BacktestResult]
-
-
 def span_setup(
     job: WindowJob, version_dir: str | Path
 ) -> tuple[LoadedModel, MarketData, list[str]]:
@@ -270,16 +264,6 @@ def span_setup(
     data = universe(job.trainer)
     window = job.trainer.env.window
     return model, data, evaluation_assets(data, w.test_start, w.test_end, window, model.max_assets)
-
-
-def evaluate_test_span(job: WindowJob, version_dir: str | Path) -> SpanEvaluation:
-    """The exported graph replayed on the test span, and the baselines there."""
-    w = job.window
-    model, data, assets = span_setup(job, version_dir)
-    ev = replay_exported(
-        model, data, w.test_start, w.test_end, cost_bps=job.cost_bps, assets=assets, name=AGENT
-    )
-    return SpanEvaluation(model, data, ev, window_baselines(job, data, assets))
 
 
 def window_baselines(
