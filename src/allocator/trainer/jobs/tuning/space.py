@@ -81,9 +81,7 @@ class ParamSpec(StrictModel):
 
 def label(choice: Any) -> Any:
     """The value Optuna stores for a choice: itself if primitive, else its JSON text."""
-    if isinstance(choice, PRIMITIVE):
-        return choice
-    return json.dumps(choice, default=str)
+    return choice if isinstance(choice, PRIMITIVE) else json.dumps(choice, default=str)
 
 
 def lookup(tree: Mapping[str, Any], key: str) -> tuple[bool, Any]:
