@@ -16,7 +16,7 @@ from allocator.trainer.jobs.walk_forward.config import RegimeThresholds
 from allocator.trainer.jobs.walk_forward.persist import result_from, result_payload
 from allocator.trainer.jobs.walk_forward.progress import read_progress
 from allocator.trainer.jobs.walk_forward.summary import window_row
-from allocator.trainer.jobs.walk_forward.window import WindowJob, exported, plan, run_window
+from allocator.trainer.jobs.walk_forward.window import WindowJob, plan, run_window, whole
 from allocator.trainer.training.checkpointing import TrainingStoppedError, latest_checkpoint
 from allocator.trainer.training.run import train
 from allocator.trainer.training.run_dir import MODEL_FILE, RUN_SUMMARY_FILE
@@ -53,7 +53,7 @@ def test_a_window_cut_short_continues_from_its_checkpoint(tmp_path: Path) -> Non
     progress = read_progress(run_dir)
     assert progress is not None
     assert (progress["steps"], progress["resumed_from"]) == (TOTAL, step)
-    assert exported(job.version_dir)
+    assert whole(job.version_dir)
     assert result.version == job.version
     assert result.agent.raw_weights.shape[0] > 0
     # the run's summary and its window file name the continuation, not only run.json
@@ -87,5 +87,5 @@ def test_a_trained_window_whose_export_was_lost_is_exported_not_retrained(
     again = run_window(job)
 
     assert (model.stat().st_ino, model.stat().st_mtime_ns) == trained
-    assert exported(job.version_dir)
+    assert whole(job.version_dir)
     assert again.metrics() == first.metrics()

@@ -1,12 +1,5 @@
-"""The trade database as batch jobs open it: checked for the tables they write, before any work.
-
-Every job that records (``allocator train --database-url``, walk-forward, retraining) refuses a
-database it cannot reach or that lacks its tables before training (a typo in the URL must not
-cost a whole run), naming the URL with its password masked. ``allocator train`` writes one
-``training_runs`` row when the run finishes: its name, algorithm, directory, config and the
-summary of ``run.json``; an interrupted run writes nothing, the ``--resume`` that finishes it
-writes its row.
-"""
+"""The trade database as batch jobs open it: checked for the tables they write before any work
+(a typo in the URL must not cost a whole run), with the password masked in every message."""
 
 from __future__ import annotations
 

@@ -1,18 +1,14 @@
 """Out-of-sample evaluation: an exported model through the serving path, and the baselines.
 
-Walk-forward validation and scheduled retraining judge a model by what it would have done in
-production, so the model is the exported ONNX graph replayed decision by decision through
-``allocator.serving.replay`` (onnxruntime + ``portfolio/``), not the torch policy. The replay is
-turned into the same ``BacktestResult`` that ``run_backtest`` gives the baselines, over the same
-span, assets and costs, so every metric is computed by one function and compares like for like.
+The model is judged by what it would have done in production: the exported ONNX graph replayed
+through ``allocator.serving.replay``, turned into the same ``BacktestResult`` the baselines get
+over the same span, assets and costs, so every metric comes from one function.
 
 Fitted baselines (min-variance, HRP) must not see the test period. With ``fit="train"`` (the
-default) they are fitted once on the window's training span and then held as a constant mix,
-rebalanced every ``rebalance_every`` days: the same information the RL model had when it was
-frozen. ``fit="trailing"`` refits on the trailing ``lookback`` days ending at each rebalancing
-decision (the ``allocator backtest`` behaviour): still causal, but it keeps learning during the
-test span, which the exported model does not.
-"""
+default) they are fitted once on the training span and held as a constant mix: the information
+the RL model had when frozen. ``fit="trailing"`` refits on the trailing ``lookback`` days at
+each rebalance (the ``allocator backtest`` behaviour): causal, but it keeps learning during the
+test span, which the exported model does not."""
 
 from __future__ import annotations
 
@@ -69,7 +65,7 @@ def evaluation_assets(
 
 @dataclass
 class ExportedEvaluation:
-    """A serving-path replay and its ``BacktestResult`` view (plus the per-decision ICM)."""
+    """A serving-path replay as a ``BacktestResult``, with the per-decision ICM."""
 
     result: BacktestResult
     icm_rewards: pd.Series  # NaN where the server gives none (first decision, no ICM)
@@ -87,12 +83,8 @@ def replay_exported(
     assets: Sequence[str] | None = None,
     name: str | None = None,
 ) -> ExportedEvaluation:
-    """Replay an exported model (a registry version directory or a ``LoadedModel``).
-
-    Decisions run at every close from the first date on/after ``start`` to the day before the
-    last date on/before ``end``, exactly the dates ``run_backtest`` decides on. ``assets``
-    default to those priced over the whole span (capped at the model's ``max_assets``).
-    """
+    """Replay an exported model (a version directory or a ``LoadedModel``) on the dates
+    ``run_backtest`` decides on; ``assets`` default to those priced over the whole span."""
     if isinstance(model_dir, LoadedModel):
         loaded = model_dir
     else:
@@ -159,11 +151,7 @@ def evaluate_exported(
     cost_bps: float,
     assets: Sequence[str] | None = None,
 ) -> BacktestResult:
-    """Backtest an exported ONNX model through the serving code path as a ``BacktestResult``.
-
-    NAV, raw and executed (smoothed) weights, turnover and costs follow ``PortfolioEnv``'s
-    accounting, so ``result.metrics()`` compares directly with ``evaluate_baselines``.
-    """
+    """``replay_exported``'s ``BacktestResult``: comparable with ``evaluate_baselines``."""
     return replay_exported(model_dir, data, start, end, cost_bps=cost_bps, assets=assets).result
 
 
@@ -171,13 +159,14 @@ def icm_statistics(
     rewards: pd.Series | NDArray[np.float64],
     reference: pd.Series | NDArray[np.float64] | None = None,
 ) -> dict[str, float] | None:
-    """Summary of a model's curiosity over a span (None when it has no ICM).
+    """Summary of a model's curiosity over a span (None when it has no ICM); ``reference``
+    (data it learned on) gives ``novelty_ratio``."""
 
-    ``reference`` (e.g. the end of the training span) gives ``novelty_ratio``: how much more
-    surprising the test period was than data the model learned on.
-    """
-    r = np.asarray(rewards, dtype=np.float64)
-    r = r[np.isfinite(r)]
+    def finite_part(values: Any) -> NDArray[np.float64]:
+        a = np.asarray(values, dtype=np.float64)
+        return a[np.isfinite(a)]
+
+    r = finite_part(rewards)
     if r.size == 0:
         return None
     stats = {
@@ -188,14 +177,11 @@ def icm_statistics(
         "p95": float(np.quantile(r, 0.95)),
         "max": float(r.max()),
     }
-    if reference is not None:
-        ref = np.asarray(reference, dtype=np.float64)
-        ref = ref[np.isfinite(ref)]
-        if ref.size:
-            stats["reference_mean"] = float(ref.mean())
-            stats["novelty_ratio"] = (
-                float(r.mean() / ref.mean()) if ref.mean() != 0 else float("nan")
-            )
+    ref = finite_part([] if reference is None else reference)
+    if ref.size:
+        mean = float(ref.mean())
+        stats["reference_mean"] = mean
+        stats["novelty_ratio"] = stats["mean"] / mean if mean != 0 else float("nan")
     return stats
 
 
@@ -225,11 +211,8 @@ class ConstantMix:
 def fit_baseline_weights(
     name: str, data: MarketData, assets: Sequence[str], train_start: DateLike, train_end: DateLike
 ) -> dict[str, float]:
-    """Fit a skfolio baseline (min-variance, HRP) on the daily returns of the training span.
-
-    Only dates in ``[train_start, train_end]`` are used, and only those on which every asset
-    has a close (an asset listed late shortens the fit, never reaches past ``train_end``).
-    """
+    """Fit a skfolio baseline on the training span's days where every asset has a close (an
+    asset listed late shortens the fit, never reaches past ``train_end``)."""
     span = data.select(list(assets))
     lo, hi = span.date_index(train_start, "left"), span.date_index(train_end, "right")
     prices = span.prices[lo : hi + 1]
@@ -262,12 +245,9 @@ def evaluate_baselines(
 ) -> dict[str, BacktestResult]:
     """Backtest baselines over ``[start, end]`` with the same costs and assets as the model.
 
-    Equal weight rebalances daily, buy-and-hold never. Min-variance and HRP are fitted, with
-    ``fit="train"``, once on ``[train_start, train_end]`` and rebalanced to those weights every
-    ``rebalance_every`` days; with ``fit="trailing"``, refitted every ``rebalance_every`` days on
-    the ``lookback`` days before the decision. Neither ever uses a price after its decision.
-    ``window`` only sets how many closes must precede ``start`` (use the model's window).
-    ``anchor`` is the tilt recipe's anchor, which the ``anchor`` baseline holds (daily).
+    Fitted baselines follow ``fit`` (module docstring), rebalanced every ``rebalance_every``
+    days; ``window`` only sets how many closes must precede ``start``; ``anchor`` is what the
+    ``anchor`` baseline holds.
     """
     names_ = list(assets) if assets is not None else evaluation_assets(data, start, end, window)
     if fit == "train" and any(n in FITTED_BASELINES for n in names):

@@ -1,20 +1,14 @@
-"""Where a batch job's runs go: one after another in this process, in a pool of worker
-processes on this machine, or as Ray tasks (this machine or a cluster).
+"""Where a batch job's runs go: in this process, in a pool of worker processes, or as Ray tasks.
 
-Walk-forward windows, tuning trials and the market suite's runs are each a pure function of a
-picklable job, so the executor changes the order and the wall time, never a result. Every
-executor takes jobs (``submit``) and hands back results as they finish (``next_done``): a job
-whose next run depends on the last results (a tuning study) submits while there is room
-(``capacity``); ``fan_out`` runs a fixed list. The process pool needs nothing beyond the
-standard library, so a many-core machine without Ray still runs its jobs side by side; Ray is
-an optional extra, asked for only by its executor.
+Every job run through here is a pure function of a picklable job, so the executor changes the
+order and wall time, never a result. ``submit`` and ``next_done`` let a job whose next run
+depends on the last results (a tuning study) submit while there is room (``capacity``);
+``fan_out`` runs a fixed list. Ray is an optional extra, asked for only by its executor.
 
 Failures: locally, a job that raises fails the run. With processes or Ray a job whose worker
-process dies (killed, out of memory, node lost) is rerun up to ``retries`` times (Ray's
-``max_retries``), then ``WorkerLostError`` names it; an exception raised inside the job is a
-bug or bad data and fails the run at once unless ``retry_exceptions`` is set (then also up to
-``retries`` times). A rerun starts clean, or from the last checkpoint its job wrote.
-"""
+dies (killed, out of memory, node lost) is rerun up to ``retries`` times, then
+``WorkerLostError`` names it; an exception raised inside the job fails the run at once unless
+``retry_exceptions`` is set."""
 
 from __future__ import annotations
 
@@ -44,8 +38,7 @@ ResultT = TypeVar("ResultT")
 
 
 class WorkerLostError(RuntimeError):
-    """A job whose worker died more often than its retries allow; ``job`` is that job and the
-    cause the executor's own error."""
+    """A job whose worker died more often than its retries allow (``job``)."""
 
     def __init__(self, job: object, message: str) -> None:
         super().__init__(message)
@@ -53,8 +46,7 @@ class WorkerLostError(RuntimeError):
 
 
 class Executor(Generic[JobT, ResultT]):
-    """Runs ``work(job)`` for submitted jobs; ``label(job)`` names a job in errors. Closed
-    (running work ended, a Ray it started shut down) by ``close`` or as a context manager."""
+    """Runs ``work(job)`` for submitted jobs; ``label(job)`` names a job in errors."""
 
     capacity: int = 1
 
@@ -110,10 +102,9 @@ class LocalExecutor(Executor[JobT, ResultT]):
 class ProcessExecutor(Executor[JobT, ResultT]):
     """Each job in one of ``workers`` spawned processes (None: one per CPU).
 
-    Spawned, not forked: the parent may hold torch threads and open files that a fork would
-    copy mid-state. A dead worker breaks the whole pool (the standard library cannot say which
-    job it ran), so every job that was in flight is charged one attempt and resubmitted to a
-    fresh pool.
+    Spawned, not forked: a fork would copy the parent's torch threads and files mid-state. A
+    dead worker breaks the whole pool without saying which job it ran, so every job in flight
+    is charged one attempt and resubmitted to a fresh pool.
     """
 
     def __init__(
@@ -176,8 +167,7 @@ class ProcessExecutor(Executor[JobT, ResultT]):
             self.submit(job, attempts + 1)
 
     def _shut(self, finished: bool) -> None:
-        """Shut the pool; a run that failed or was abandoned must not wait for jobs it will
-        never use, so their processes are ended rather than awaited."""
+        """Shut the pool; unless ``finished``, its processes are ended rather than awaited."""
         pool, self.pool = self.pool, None
         if pool is None:
             return
@@ -200,9 +190,8 @@ class ProcessExecutor(Executor[JobT, ResultT]):
 class RayExecutor(Executor[JobT, ResultT]):
     """Each job a Ray task (1 CPU); ``capacity`` is ``workers`` (default: every CPU Ray sees).
 
-    Without ``address`` a local Ray is started with ``workers`` CPUs (and shut down on
-    ``close``); with one, ``ray.init(address=address)`` joins that cluster, whose nodes must
-    share the job's folders. An already initialized Ray (a caller's) is used as it is.
+    Without ``address`` a local Ray is started (and shut down on ``close``); with one, that
+    cluster is joined. An already initialized Ray is used as it is.
     """
 
     def __init__(
@@ -284,7 +273,7 @@ def fan_out(
     executor: Executor[JobT, ResultT], jobs: Iterable[JobT]
 ) -> Generator[ResultT, None, None]:
     """Every job submitted at once, each result yielded as it finishes; the executor is closed
-    however the loop ends (``close()`` on this generator included)."""
+    however the loop ends."""
     with executor:
         for job in jobs:
             executor.submit(job)

@@ -1,10 +1,5 @@
-"""JSON-safe copies of job figures for the database's JSON columns.
-
-Postgres ``JSON``/``JSONB`` refuses ``NaN`` and infinities, and neither it nor SQLite's JSON
-knows numpy scalars, dates or paths. A job's metrics routinely hold all of these (a Sharpe of
-a flat line divides 0 by 0), so every JSON value a job records goes through ``json_safe``:
-non-finite floats become ``null``, numpy scalars their Python value, dates and paths their text.
-"""
+"""JSON-safe copies of job figures for the database's JSON columns: Postgres refuses NaN and
+infinities, and no JSON column knows numpy scalars, dates or paths."""
 
 from __future__ import annotations
 
@@ -12,6 +7,15 @@ import datetime as dt
 from math import isfinite
 from pathlib import Path
 from typing import Any
+
+
+def finite(value: Any) -> float | None:
+    """A float for a JSON figure, or None (strict JSON has no NaN)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if isfinite(x) else None
 
 
 def json_safe(obj: Any) -> Any:

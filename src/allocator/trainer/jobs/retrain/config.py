@@ -1,9 +1,4 @@
-"""The settings of one retraining job: what to train, on which spans, where to, how judged.
-
-A retrain YAML embeds a trainer config (a path to a trainer YAML or an inline mapping);
-``load_retrain_config`` inlines it before ``--set`` overrides apply, so a trainer key is
-overridden the same way whether the trainer came from a file or not.
-"""
+"""The settings of one retraining job: what to train, on which spans, where to, how judged."""
 
 from __future__ import annotations
 
@@ -50,7 +45,6 @@ class RetrainConfig(StrictModel):
     @field_validator("trainer", mode="before")
     @classmethod
     def _trainer_from_path(cls, value: Any) -> Any:
-        """A string (or path) names a trainer YAML file, read with the trainer's loader."""
         if isinstance(value, str | Path):
             return load_config(value)
         return value
@@ -65,15 +59,8 @@ def load_retrain_config(
 ) -> RetrainConfig:
     """Read a retraining YAML (``trainer`` a path or a mapping) and apply ``--set`` overrides.
 
-    Relative registry and dataset paths are taken from the working directory, as the
-    trainer's are; a trainer config path from there, else next to this file (see
-    ``config.load_job_tree``). ``--set trainer=other.yaml`` swaps the trainer config before any
-    ``--set trainer.key=value`` is applied to it. Errors name each bad key as the user wrote
-    it (``trainer.algorithm.gamma``).
-
-    ``ALLOCATOR_<KEY>`` environment variables (``ALLOCATOR_REGISTRY``,
-    ``ALLOCATOR_GATES__MAX_TURNOVER``) apply between the file and ``--set``; an error they
-    cause names them.
+    ``ALLOCATOR_<KEY>`` environment variables (``ALLOCATOR_GATES__MAX_TURNOVER``) apply between
+    the file and ``--set``; an error they cause names them.
     """
     source = str(path) if path else "(defaults)"
     from_env = env_overrides(RetrainConfig)

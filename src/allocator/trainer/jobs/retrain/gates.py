@@ -1,10 +1,5 @@
-"""The promotion gates: what a candidate must show on the held-out span to replace production.
-
-Each configured gate gives a ``GateResult`` with the measured value, the threshold and a
-sentence saying why it passed or failed; the candidate is promoted only when every gate
-passes. A metric that is not a number (NaN, infinite, missing) fails its gate, never passes it
-by accident of a comparison with NaN.
-"""
+"""The promotion gates. A metric that is not a number (NaN, infinite, missing) fails its gate,
+never passes by accident of a comparison with NaN."""
 
 from __future__ import annotations
 
@@ -22,8 +17,7 @@ from allocator.typed_config import StrictModel
 class GateSettings(StrictModel):
     """What a candidate must show on the held-out span to replace production (None: gate off).
 
-    Metrics are net of the configured costs (``allocator.trainer.sim.performance``): Sharpe of
-    daily net returns, mean daily turnover as a fraction of NAV, compounded max drawdown.
+    Metrics are net of the configured costs.
     """
 
     max_sharpe_shortfall: float | None = Field(
@@ -63,17 +57,12 @@ class GateResult:
         return json_safe(self.__dict__)
 
 
-def not_a_number(x: float | None) -> bool:
-    """True for a missing, NaN or infinite metric: no gate can judge it."""
-    return x is None or not math.isfinite(x)
-
-
 def bounded(
     gate: str, what: str, value: float, bound: float, detail: str, *, floor: bool = True
 ) -> GateResult:
     """Pass when ``value`` is at least ``bound`` (a floor), or with ``floor=False`` at most
     ``bound`` (a limit); a value that is not a number fails."""
-    if not_a_number(value):
+    if not math.isfinite(value):
         return GateResult(gate, False, f"{what} is not a number ({value}): {detail}", value, bound)
     ok = value >= bound if floor else value <= bound
     verdict = ("meets" if ok else "is below") if floor else ("is within" if ok else "exceeds")
@@ -86,17 +75,14 @@ def bounded(
 def sharpe_vs_production(
     sharpe: float, production: Mapping[str, float] | None, shortfall: float
 ) -> GateResult:
-    """The candidate's net Sharpe against production's less ``shortfall``.
-
-    Without a production model (the first retrain), or when production's Sharpe is not a
-    number, there is nothing to compare with: the gate passes, saying so, and the absolute
-    gates decide.
-    """
+    """The candidate's net Sharpe against production's less ``shortfall``; with nothing to
+    compare with (no production, or its Sharpe not a number) it passes and the absolute
+    gates decide."""
     gate = "sharpe_vs_production"
     if production is None:
         reason = "no production model to compare with: the absolute gates decide"
         return GateResult(gate, True, reason, sharpe)
-    if not_a_number(float(production["sharpe"])):
+    if not math.isfinite(float(production["sharpe"])):
         reason = (
             f"production's net Sharpe is not a number ({production['sharpe']}): "
             "nothing to compare with, the absolute gates decide"
@@ -110,13 +96,10 @@ def sharpe_vs_production(
 def sharpe_vs_equal_weight(
     sharpe: float, equal_weight: Mapping[str, float] | None, shortfall: float
 ) -> GateResult:
-    """The candidate's net Sharpe against equal weight's less ``shortfall``.
-
-    Unlike production, equal weight always exists: when its Sharpe is unavailable the gate
-    fails, since the comparison it was configured for cannot be made.
-    """
+    """The candidate's net Sharpe against equal weight's less ``shortfall``; equal weight
+    always exists, so an unavailable Sharpe fails the gate."""
     gate = "sharpe_vs_equal_weight"
-    if equal_weight is None or not_a_number(float(equal_weight["sharpe"])):
+    if equal_weight is None or not math.isfinite(float(equal_weight["sharpe"])):
         reason = "equal weight's net Sharpe is unavailable: cannot check the candidate against it"
         return GateResult(gate, False, reason, sharpe)
     e = float(equal_weight["sharpe"])
@@ -130,33 +113,22 @@ def apply_gates(
     production: Mapping[str, float] | None,
     equal_weight: Mapping[str, float] | None = None,
 ) -> list[GateResult]:
-    """Every configured gate on held-out metrics (``BacktestResult.metrics()``), in order.
-
-    With no production model (the first retrain), the comparison passes, saying so: the
-    candidate is then judged by the absolute gates alone.
-    """
-    results: list[GateResult] = []
+    """Every configured gate on held-out metrics (``BacktestResult.metrics()``), in order."""
+    g, results = gates, list[GateResult]()
     sharpe = float(candidate["sharpe"])
-    if gates.max_sharpe_shortfall is not None:
-        results.append(sharpe_vs_production(sharpe, production, gates.max_sharpe_shortfall))
-    if gates.max_turnover is not None:
-        turnover, budget = float(candidate["turnover"]), "the turnover budget"
-        results.append(
-            bounded(
-                "turnover", "mean daily turnover", turnover, gates.max_turnover, budget, floor=False
-            )
-        )
-    if gates.max_drawdown is not None:
-        drawdown, limit = float(candidate["max_drawdown"]), "the drawdown limit"
-        results.append(
-            bounded(
-                "max_drawdown", "max drawdown", drawdown, gates.max_drawdown, limit, floor=False
-            )
-        )
-    if gates.min_sharpe is not None:
+    if g.max_sharpe_shortfall is not None:
+        results.append(sharpe_vs_production(sharpe, production, g.max_sharpe_shortfall))
+    for gate, what, limit, detail in (
+        ("turnover", "mean daily turnover", g.max_turnover, "the turnover budget"),
+        ("max_drawdown", "max drawdown", g.max_drawdown, "the drawdown limit"),
+    ):
+        if limit is not None:
+            value = float(candidate[gate])
+            results.append(bounded(gate, what, value, limit, detail, floor=False))
+    if g.min_sharpe is not None:
         floor = "the absolute Sharpe floor"
-        results.append(bounded("min_sharpe", "net Sharpe", sharpe, gates.min_sharpe, floor))
-    if gates.max_shortfall_vs_equal_weight is not None:
-        shortfall = gates.max_shortfall_vs_equal_weight
+        results.append(bounded("min_sharpe", "net Sharpe", sharpe, g.min_sharpe, floor))
+    if g.max_shortfall_vs_equal_weight is not None:
+        shortfall = g.max_shortfall_vs_equal_weight
         results.append(sharpe_vs_equal_weight(sharpe, equal_weight, shortfall))
     return results

@@ -1,11 +1,6 @@
-"""Recording a retraining decision, and promoting the candidate, all or nothing.
-
-The ``promotions`` row and the promotion's file-system steps (publish the candidate's
-directory, move the production pointer) succeed together or not at all: the pointer moves
-inside the row's transaction, after the row is flushed (so a row the database refuses never
-moves it), and if the commit then fails the pointer and the version directory are put back.
-A server therefore never follows a pointer to a promotion that has no record.
-"""
+"""Recording a retraining decision and promoting the candidate, all or nothing: the pointer moves
+inside the ``promotions`` row's transaction after the row is flushed, and is put back with the
+version directory if the commit fails, so a server never follows a pointer without a record."""
 
 from __future__ import annotations
 
@@ -96,8 +91,7 @@ def record_and_promote(
     started: float,
 ) -> None:
     """Record the decision; on promotion also publish the version and move the pointer, all
-    or nothing: the pointer moves inside the record's transaction and is put back if the
-    commit fails."""
+    or nothing (module docstring)."""
     name = config.model_name
     details = promotion_details(config, decision)
     promotion = PendingPromotion(Path(config.registry), name)

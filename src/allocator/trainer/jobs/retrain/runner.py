@@ -1,9 +1,6 @@
-"""``retrain``: the job's steps in order (see the package docstring for what each one means).
-
-The trade database is checked before anything trains (a job that cannot record its decision
-must not spend an hour training); the Pushgateway is told last, and a failed push is reported
-on the decision without undoing it.
-"""
+"""``retrain``: the job's steps in order (the package docstring says what each means). The
+database is checked before anything trains; a failed push is reported without undoing the
+decision."""
 
 from __future__ import annotations
 
@@ -40,16 +37,16 @@ from allocator.trainer.market.data import (
 )
 from allocator.trainer.sim.baselines import BaselineName
 from allocator.trainer.training.config import TrainConfig
+from allocator.trainer.training.inputs import restrict_universe
 from allocator.trainer.training.run import train
 from allocator.trainer.training.tracked_models import PRODUCTION_ALIAS, set_production_alias
-from allocator.typed_config import ConfigError
 
 log = logging.getLogger("allocator.retrain")
 
 
 @dataclass(frozen=True)
 class RetrainPlan:
-    """What this run will do, fixed before training: data, spans, production, new version."""
+    """What this run will do, fixed before training."""
 
     data: MarketData
     spans: RetrainSpans
@@ -67,19 +64,11 @@ class RetrainPlan:
 
 
 def universe(config: RetrainConfig, as_of: DateLike | None = None) -> MarketData:
-    """The trainer's dataset up to ``as_of`` (else its ``data.as_of``), restricted to its asset
-    list when it has one. ``dataset: database`` reads the newest prices ingested."""
+    """The trainer's dataset up to ``as_of`` (else its ``data.as_of``), on its asset list."""
     d = config.trainer.data
     check_price_database(d.dataset, config.database_url)
     data = load_dataset(d.dataset, as_of=d.as_of if as_of is None else as_of)
-    if d.assets:
-        if len(d.assets) > config.trainer.env.max_assets:
-            raise ConfigError(
-                f"trainer.data.assets lists {len(d.assets)} assets but trainer.env.max_assets "
-                f"is {config.trainer.env.max_assets}"
-            )
-        data = data.select(d.assets)
-    return data
+    return restrict_universe(config.trainer, data)
 
 
 def plan_retrain(config: RetrainConfig, as_of: DateLike | None) -> RetrainPlan:
@@ -115,8 +104,8 @@ def trainer_for(config: RetrainConfig, spans: RetrainSpans) -> TrainConfig:
 def holdout_assets(
     data: MarketData, spans: RetrainSpans, model_dirs: list[Path]
 ) -> tuple[list[str], int]:
-    """The assets both models are judged on: priced throughout the held-out span and each
-    model's observation window before it, as many as the narrower model has slots."""
+    """The assets both models are judged on (as many as the narrower model has slots), and
+    the widest observation window."""
     manifests = [read_manifest(d) for d in model_dirs]
     window = max(m.feature_spec.window for m in manifests)
     slots = min(m.max_assets for m in manifests)
@@ -127,8 +116,7 @@ def holdout_assets(
 def judge(
     config: RetrainConfig, plan: RetrainPlan, run_dir: Path, candidate_dir: Path
 ) -> RetrainDecision:
-    """Backtest candidate, production and equal weight on the held-out span (same assets,
-    same costs, serving code path) and apply the gates."""
+    """Backtest candidate, production and equal weight on the held-out span; apply the gates."""
     registry, name = Path(config.registry), config.model_name
     data, spans = plan.data, plan.spans
     production_dir = registry / name / plan.production if plan.production else None
@@ -191,11 +179,11 @@ def retrain(
     echo: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
 ) -> RetrainDecision:
-    """Run the job once (see the package docstring); returns the decision, promoted or not.
+    """Run the job once; the decision, promoted or not.
 
     Raises ``RetrainError``, ``DataError``, ``ConfigError`` or ``ExportError`` when no
-    decision could be reached, and ``TrainingStoppedError`` when ``stop`` was set while it
-    trained; the pointer is then untouched. Set later, ``stop`` lets the decision finish.
+    decision could be reached, ``TrainingStoppedError`` when ``stop`` was set while it trained
+    (the pointer untouched); set later, ``stop`` lets the decision finish.
     """
     say = echo or (lambda line: log.info("%s", line))
     started = time.perf_counter()
@@ -233,10 +221,7 @@ def retrain(
 
 def mirror_promotion(config: RetrainConfig, version: str) -> str:
     """Move MLflow's ``production`` alias to the promoted version; what happened, as a line.
-
-    The registry's pointer has moved and the promotion is recorded: an MLflow server that
-    fails here leaves the alias behind, said in the line, without undoing the promotion.
-    """
+    A failure leaves the alias behind, never undoes the promotion."""
     name = config.model_name
     try:
         mirrored = set_production_alias(config.trainer.tracking, name, version)

@@ -1,10 +1,5 @@
-"""The retraining spans: train, a purge gap, then the held-out span, counted in trading days.
-
-Counting back from the last trading date on or before ``as_of`` keeps the held-out span the
-most recent data, and no training day ever falls in it; a purge gap of ``purge_days``
-separates the two, so the candidate is judged on days that do not directly follow the last
-ones it learned from.
-"""
+"""The retraining spans, in trading days back from ``as_of``: train, a purge gap, then the
+held-out span (the most recent data, never trained on)."""
 
 from __future__ import annotations
 

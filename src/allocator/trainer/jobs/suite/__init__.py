@@ -1,8 +1,3 @@
 """The market suite: a recipe on generated markets whose right answer is known and on the S&P 500
 development years, scored beside its anchor, equal weight, the best simple rule chosen on the
-training span and the generator's ceiling (docs/suite.md).
-
-Modules, in the order a run uses them: ``config`` (what to run), ``job`` (one market draw:
-train, then score on held-out days), ``runner`` (plan, guard, fan out, write), ``report``
-(figures over draws: table, plot, summary).
-"""
+training span and the generator's ceiling (docs/suite.md)."""

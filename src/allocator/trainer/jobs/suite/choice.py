@@ -1,15 +1,11 @@
-"""The rule that chooses the default recipe, applied to screened candidates.
+"""The rule that chooses the default recipe among screened candidates (development ``suite.json``).
 
-Each candidate is a suite run in development mode (``suite.json``). A candidate qualifies when
-on every signal market its mean held-out Sharpe is above the best training-span rule's, on the
-markets where nothing is learnable its mean Sharpe is within ``ANCHOR_TOLERANCE`` of its
-anchor's, and no market saw an action dimension near its bound in ``NEAR_BOUND_LIMIT`` or
-more of the validation actions. The qualifier that closes the largest mean share of the
-rule-to-ceiling gap on the rotating markets is chosen (within ``GAP_TIE`` of the best, the
-cheaper recipe); when none qualifies, the candidate meeting most conditions, ties by the mean
-of policy minus rule over the signal markets. Held-out runs are refused: nothing may be chosen
-on them.
-"""
+A candidate qualifies when on every signal market its mean held-out Sharpe beats the best
+training-span rule's, on the no-harm markets it stays within ``ANCHOR_TOLERANCE`` of its anchor,
+and no action dimension sat near its bound in ``NEAR_BOUND_LIMIT`` or more of the actions. The
+qualifier closing the largest mean share of the rule-to-ceiling gap on the rotating markets wins
+(within ``GAP_TIE``, the cheaper recipe); with none, the one meeting most conditions, ties by
+mean policy minus rule. Held-out runs are refused: nothing may be chosen on them."""
 
 from __future__ import annotations
 

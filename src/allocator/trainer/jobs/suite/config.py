@@ -1,10 +1,7 @@
 """What a suite run is asked to do: the recipe, the markets, how many draws, which set, where.
 
-A suite YAML embeds the recipe under ``trainer`` (a trainer YAML path or an inline mapping), read
-as walk-forward and tuning read theirs, so ``--set trainer.total_timesteps=2000`` works. The
-mode decides which draws run: ``development`` (the default) the development draws, the only
-ones a choice may be made on; ``heldout`` the held-out draws, to measure a recipe already fixed.
-"""
+``development`` (the default) runs the development draws, the only ones a choice may be made
+on; ``heldout`` the held-out draws, to measure a recipe already fixed."""
 
 from __future__ import annotations
 

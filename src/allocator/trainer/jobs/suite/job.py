@@ -1,21 +1,16 @@
-"""One suite run: train the recipe on one draw of one market and score it beside its yardsticks.
-
-A pure function of its job (the fan-out may run it in any process): it trains on the draw's
-training span, then backtests on the same held-out days, assets, costs and smoothing the
-trained policy, its anchor (the zero action), equal weight, the best simple rule chosen on the
-training span only (top-k momentum or reversal) and, where the generator is known, its ceiling.
-"""
+"""One suite run: train the recipe on one draw of one market and score it beside its yardsticks
+on the same held-out days, assets, costs and smoothing."""
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from allocator.trainer.jobs.json_safe import finite
 from allocator.trainer.market.data import MarketData, load_dataset
 from allocator.trainer.market.draws import SP500_DEV
 from allocator.trainer.market.generated import GeneratedMarket, market
@@ -51,26 +46,14 @@ def job_label(job: SuiteJob) -> str:
 
 def draw_settings(kind: str, draw: int) -> dict[str, Any]:
     """The trainer keys a market's draw fixes: its dataset and its spans."""
+    keys = ("dataset", "train_start", "train_end", "validation_start", "validation_end")
     if kind == SP500_DEV:  # the draw is a test year; five years of training before it
-        return {
-            "data": {
-                "dataset": "sp500",
-                "train_start": f"{draw - 5}-01-01",
-                "train_end": f"{draw - 1}-12-31",
-                "validation_start": f"{draw}-01-01",
-                "validation_end": f"{draw}-12-31",
-            }
-        }
-    m = market(kind)
-    return {
-        "data": {
-            "dataset": m.dataset(draw),
-            "train_start": m.train_start,
-            "train_end": m.train_end,
-            "validation_start": m.validation_start,
-            "validation_end": m.validation_end,
-        }
-    }
+        first, last = f"{draw - 5}-01-01", f"{draw - 1}-12-31"
+        values: tuple[Any, ...] = ("sp500", first, last, f"{draw}-01-01", f"{draw}-12-31")
+    else:
+        m = market(kind)
+        values = (m.dataset(draw), m.train_start, m.train_end, m.validation_start, m.validation_end)
+    return {"data": dict(zip(keys, values, strict=True))}
 
 
 def job_trainer(
@@ -82,10 +65,7 @@ def job_trainer(
     tree["data"]["assets"] = None if kind != SP500_DEV else tree["data"].get("assets")
     if seed_per_draw:
         tree["seed"] = int(recipe.get("seed", 0)) + draw
-    tree["name"] = f"{kind}-{draw}"
-    tree["progress_bar"] = False
-    tree["tensorboard"] = False
-    tree["html_report"] = False
+    tree.update(name=f"{kind}-{draw}", progress_bar=False, tensorboard=False, html_report=False)
     return tree
 
 
@@ -101,11 +81,7 @@ def _metrics(result: BacktestResult | None) -> dict[str, float | None]:
     if result is None:
         return {"sharpe": None, "turnover": None}
     m = result.metrics()
-    return {"sharpe": _finite(m["sharpe"]), "turnover": _finite(m["turnover"])}
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
+    return {"sharpe": finite(m["sharpe"]), "turnover": finite(m["turnover"])}
 
 
 def held_out(run: TrainingRun, data: MarketData, policy: Policy) -> BacktestResult:
@@ -179,7 +155,7 @@ def score_run(run: TrainingRun, data: MarketData, job: SuiteJob) -> dict[str, An
         "seed": cfg.seed,
         "signal": spec.signal if spec is not None else False,
         "rule": repr(choice.rule),
-        "rule_training_sharpe": _finite(choice.sharpe),
+        "rule_training_sharpe": finite(choice.sharpe),
         "run_dir": job.run_dir,
         "train_seconds": run.summary.get("train_seconds"),
     }

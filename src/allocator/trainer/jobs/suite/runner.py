@@ -1,11 +1,7 @@
 """``run_suite``: the recipe on every draw of every market, fanned out, then one report.
 
-Development mode refuses any draw outside a market's development set before anything trains
-(``market.draws.require_development``); held-out mode runs only held-out draws, to measure a
-recipe already fixed. Each run is ``job.run_job``, dispatched in this process, in worker
-processes or as Ray tasks (``jobs.executors``); rows are written to ``rows.jsonl`` as
-they finish, then ``suite.json``, ``table.md`` and ``suite.png``.
-"""
+Development mode refuses any draw outside a market's development set before anything trains;
+held-out mode runs only held-out draws, to measure a recipe already fixed."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """What a tuning study is asked to do: the base trainer, the search space, the budget, where.
 
-A tuning YAML embeds a trainer config (a path to a trainer YAML or an inline mapping), inlined
-before ``--set`` overrides apply, exactly as walk-forward and retraining read theirs. The search
-space is checked against that trainer config when the file is read, so a misspelt key or an
-impossible value is refused before any trial trains.
-"""
+The search space is checked against the trainer config when the file is read, so a misspelt
+key or an impossible value is refused before any trial trains."""
 
 from __future__ import annotations
 
@@ -76,11 +73,7 @@ PrunerSettings = Annotated[
 
 
 class TuneConfig(StrictModel):
-    """A study: the base trainer config, the keys to search, the trial budget, the executor.
-
-    Every trial is the base config with the sampled values, ``selection.enabled`` forced on,
-    scored by the best inner-span figure of its run (``selection.metric``, higher is better).
-    """
+    """A study: the base trainer config, the keys to search, the trial budget, the executor."""
 
     name: str = Field("tune", pattern=r"^[A-Za-z0-9_.-]+$", description="study name")
     trainer: TrainConfig = Field(TrainConfig(), description=TRAINER_HELP)
@@ -116,11 +109,7 @@ class TuneConfig(StrictModel):
 
 
 def load_tune_config(path: str | Path, overrides: Sequence[str] | None = None) -> TuneConfig:
-    """Read a tuning YAML and check its search space against its trainer config.
-
-    ``trainer`` is a trainer YAML path (relative to the working directory, else to this file)
-    or an inline mapping; ``--set trainer.total_timesteps=1000`` works either way.
-    """
+    """Read a tuning YAML and check its search space against its trainer config."""
     p = Path(path)
     tree, trainer_file = load_job_tree(p, overrides, "config file")
     if trainer_file is not None:

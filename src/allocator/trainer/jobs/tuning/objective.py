@@ -1,24 +1,19 @@
 """One trial: train the tuned config with selection, report inner scores, return the best one.
 
-A trial trains on the base config's training span only. ``selection`` is on, so the span is
-cut into the part the model learns from, a purge gap and the inner span; the trial's value is
-the best inner score its run reached (``best_score`` of its ``selection.json``). The run is
-never finished the way ``allocator train`` finishes one: no validation backtest, no audits, no
-manifest, so ``data.validation_*`` is never backtested and no price after ``data.train_end``
-can move a trial's value. A trial is a pure function of its job: the same job gives the same
-value in this process or on a Ray worker.
-"""
+The run is never finished as ``allocator train`` finishes one (no validation backtest, audits
+or manifest), so no price after ``data.train_end`` can move a trial's value. A trial is a pure
+function of its job, in this process or on a Ray worker."""
 
 from __future__ import annotations
 
 import json
-import math
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from allocator.trainer.jobs.json_safe import finite
 from allocator.trainer.jobs.tuning.config import PrunerSettings
 from allocator.trainer.jobs.tuning.pruning import PruningCallback
 from allocator.trainer.jobs.tuning.study import attach_trial
@@ -28,7 +23,6 @@ from allocator.trainer.training.run_dir import SELECTION_FILE
 from allocator.trainer.training.tracking import ended_on_error, log_trial
 
 ERROR_FILE = "error.txt"
-"""A failed trial's traceback, in its run directory."""
 
 TrialState = Literal["COMPLETE", "PRUNED", "FAIL"]
 
@@ -69,15 +63,8 @@ class TrialOutcome:
 
     def attrs(self) -> dict[str, Any]:
         """The figures stored with the trial in the study (Optuna user attributes)."""
-        return {
-            "best_score": self.value,
-            "steps": self.steps,
-            "seconds": self.seconds,
-            "best_step": self.best_step,
-            "evaluations": self.evaluations,
-            "run_dir": self.run_dir,
-            "error": self.error,
-        }
+        rest = {k: v for k, v in asdict(self).items() if k not in ("number", "state", "value")}
+        return {"best_score": self.value, **rest}
 
 
 def train_trial(job: TrialJob) -> tuple[int, bool]:
@@ -100,12 +87,9 @@ def train_trial(job: TrialJob) -> tuple[int, bool]:
 
 
 def run_trial(job: TrialJob) -> TrialOutcome:
-    """Train one trial and read its value from its ``selection.json``; never raises.
-
-    A trial that fails (a diverging network, a value the environment refuses) comes back as
-    ``FAIL`` with the error, its traceback in ``error.txt``: one bad region of the space does
-    not end the study.
-    """
+    """Train one trial and read its value from its ``selection.json``; never raises: a failed
+    trial comes back as ``FAIL`` (traceback in ``error.txt``), so one bad region of the space
+    does not end the study."""
     started = time.perf_counter()
     job.run_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -117,8 +101,7 @@ def run_trial(job: TrialJob) -> TrialOutcome:
             job.number, f"{type(exc).__name__}: {exc}", str(job.run_dir), seconds
         )
     selection = json.loads((job.run_dir / SELECTION_FILE).read_text())
-    best = selection["best_score"]
-    value = float(best) if best is not None and math.isfinite(best) else None
+    value = finite(selection["best_score"])
     state: TrialState = "PRUNED" if pruned else "COMPLETE"
     error: str | None = None
     if value is None and not pruned:

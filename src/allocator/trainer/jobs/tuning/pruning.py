@@ -1,11 +1,7 @@
 """Reporting a trial's inner scores to Optuna as it trains, and stopping it when pruned.
 
-``SelectionCallback`` backtests the policy on the inner span every ``selection.eval_every``
-steps. This callback runs after it in the same callback list: each new evaluation is reported
-as the trial's intermediate value at that training step, then the pruner is asked whether the
-trial is still worth its budget. A pruned trial stops training there (``_on_step`` returns
-False), as SB3's own stopping callbacks do, rather than raising through ``learn``.
-"""
+Runs after ``SelectionCallback`` in the same list; a pruned trial stops by ``_on_step``
+returning False, as SB3's stopping callbacks do, rather than raising through ``learn``."""
 
 from __future__ import annotations
 

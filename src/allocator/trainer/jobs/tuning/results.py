@@ -1,10 +1,6 @@
-"""What a study leaves next to its journal: ``trials.csv``, ``best.yaml`` and ``tune.json``.
-
-``trials.csv`` lists every trial (pruned and failed ones too), ``best.yaml`` is the complete
-trainer config of the best completed trial (``allocator train --config best.yaml`` trains it
-again), and ``tune.json`` says what was searched, on which dates, and how many configurations
-were tried: the number a deflated Sharpe ratio of the chosen configuration must be told.
-"""
+"""What a study leaves next to its journal: ``trials.csv``, ``best.yaml`` (the best trial's full
+trainer config) and ``tune.json`` (what was searched, on which dates, and how many
+configurations were tried: what a deflated Sharpe of the chosen one must be told)."""
 
 from __future__ import annotations
 

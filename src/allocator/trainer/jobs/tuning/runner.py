@@ -1,11 +1,9 @@
 """The tuning driver: ask the study for trials, train them on the executor, tell the results.
 
-The driver alone draws values (``study.ask``, the seeded TPE sampler) and records results
-(``study.tell``); trials only report inner scores for the pruner. A study starts no new trial
-once ``n_trials`` were started, ``timeout_s`` has passed, or ``stop_after_failures`` trials in a
-row failed; running trials are waited for. If the driver itself is interrupted, trials still
-running are marked failed and the files are written before the error goes on.
-"""
+Only the driver draws values (seeded TPE) and records results; trials only report inner scores
+for the pruner. No new trial starts after ``n_trials``, ``timeout_s`` or ``stop_after_failures``
+failures in a row; running trials are waited for. If the driver is interrupted, running trials
+are marked failed and the files are written before the error goes on."""
 
 from __future__ import annotations
 
@@ -36,7 +34,6 @@ from allocator.trainer.training.tracking import (
 from allocator.typed_config import ConfigError
 
 TRIALS_DIR = "trials"
-"""The trials' run directories, ``trial-0003`` and so on, inside the tuning folder."""
 
 Trials = Executor[TrialJob, TrialOutcome]
 
@@ -46,8 +43,7 @@ def trial_label(job: TrialJob) -> str:
 
 
 def next_outcome(executor: Trials) -> TrialOutcome:
-    """The next trial to finish; one whose worker died (out of memory, killed) is failed, and
-    the study goes on (``run_trial`` itself never raises)."""
+    """The next trial to finish; one whose worker died is failed and the study goes on."""
     try:
         return executor.next_done()
     except WorkerLostError as lost:
@@ -85,8 +81,7 @@ def trial_job(
     out: Path,
     parent: TrackedRun | None = None,
 ) -> TrialJob:
-    """Draw the trial's values and build its job: the tuned config plus the tuner's own keys
-    (tracked as a child of the study's ``parent`` MLflow run when there is one)."""
+    """Draw the trial's values and build its job (tracked under ``parent`` when given)."""
     params = space.suggest(trial)
     tuned = tuned_config(config.trainer, params)
     threads = config.torch_threads or (1 if config.executor == "ray" else tuned.torch_threads)

@@ -1,12 +1,8 @@
 """The search space: dotted trainer keys mapped to Optuna distributions, checked before use.
 
-A key is a path into ``TrainConfig`` (``algorithm.actor_learning_rate``, ``env.action.k``); its
-value is a range (``low``, ``high``, optional ``log`` or ``step``) or a list of ``choices``.
-Whether a range draws integers follows the trainer key (``shared.hidden`` is an int, so it
-draws ints), never the way the bounds happen to be written. Every key must exist in the base
-config, each bound and choice must make a valid trainer config on its own, and keys that would
-change what a trial is scored on (the data spans, the inner span, the costs) are refused.
-"""
+Whether a range draws integers follows the trainer key's type, never how the bounds are written.
+Every key must exist in the base config, each bound and choice must make a valid trainer
+config, and keys that would change what a trial is scored on (``FIXED``) are refused."""
 
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ FIXED: dict[str, str] = {
 }
 """Keys a search space may not touch, and why: a trial's score must stay comparable."""
 
-PRIMITIVE = (str, int, float, bool, type(None))
-"""Choice values Optuna stores as they are; any other choice is stored as its JSON text."""
+PRIMITIVE = (str, int, float, bool, type(None))  # stored as they are; others as JSON text
 
 
 class ParamSpec(StrictModel):
@@ -86,9 +81,7 @@ class ParamSpec(StrictModel):
 
 def label(choice: Any) -> Any:
     """The value Optuna stores for a choice: itself if primitive, else its JSON text."""
-    if isinstance(choice, PRIMITIVE):
-        return choice
-    return json.dumps(choice, default=str)
+    return choice if isinstance(choice, PRIMITIVE) else json.dumps(choice, default=str)
 
 
 def lookup(tree: Mapping[str, Any], key: str) -> tuple[bool, Any]:

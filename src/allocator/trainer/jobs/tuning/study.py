@@ -1,11 +1,6 @@
-"""The Optuna study on disk: its journal storage, sampler and pruner, shared by driver and trials.
-
-The study lives in a journal file (``JournalStorage(JournalFileBackend(path))``): an append-only
-log that several processes may write at once under a file lock, with no database server. The
-driver creates the study, asks for each trial's values and tells each result; a trial, in this
-process or a Ray worker, opens the same file to report its inner scores and ask the pruner,
-so the pruner compares it with every other trial's reports, wherever those ran.
-"""
+"""The Optuna study on disk, shared by driver and trials: a journal file (append-only, file-locked,
+no database server) that a trial in any process or Ray worker opens to report its inner scores,
+so the pruner compares it with every other trial wherever those ran."""
 
 from __future__ import annotations
 
@@ -32,7 +27,6 @@ from allocator.trainer.jobs.tuning.config import (
 )
 
 STORAGE_FILE = "study.journal"
-"""The study's journal in the tuning output folder."""
 
 
 def journal(path: str | Path) -> JournalStorage:
@@ -83,11 +77,8 @@ def create_study(
 
 
 def attach_trial(path: str, name: str, number: int, pruner: PrunerSettings) -> optuna.Trial:
-    """Trial ``number`` of the study in ``path``, opened by whoever trains it.
-
-    Its values were drawn by the driver; this handle only reports inner scores and asks the
-    pruner, so its own sampler is never used.
-    """
+    """Trial ``number`` of the study in ``path``, opened by whoever trains it: it only reports
+    inner scores and asks the pruner (the driver drew its values)."""
     storage = journal(path)
     study = optuna.load_study(
         study_name=name, storage=storage, sampler=RandomSampler(), pruner=make_pruner(pruner)

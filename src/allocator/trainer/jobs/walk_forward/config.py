@@ -1,13 +1,7 @@
-"""What a walk-forward run is asked to do: the trainer, the windows, evaluation and recording.
-
-A walk-forward YAML embeds a trainer config (a path to a trainer YAML or an inline mapping);
-``load_walk_forward_config`` inlines it before ``--set`` overrides apply, so a trainer key is
-overridden the same way whether the trainer came from a file or not.
-"""
+"""What a walk-forward run is asked to do: the trainer, the windows, evaluation and recording."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -33,7 +27,9 @@ class WalkForwardError(RuntimeError):
 class RegimeThresholds(StrictModel):
     """Market regime of a test window by equal weight's annualized net return over it."""
 
-    bull_above: float = Field(0.10, description="bull when the return is >= this")
+    bull_above: float = Field(
+        0.10, allow_inf_nan=False, description="bull when the return is >= this"
+    )
     bear_below: float = Field(0.0, description="bear when the return is < this")
 
     def classify(self, annual_return: float) -> str:
@@ -42,13 +38,6 @@ class RegimeThresholds(StrictModel):
         if annual_return < self.bear_below:
             return "bear"
         return "sideways"
-
-    @field_validator("bull_above")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be finite")
-        return v
 
 
 class Goals(StrictModel):
@@ -59,11 +48,7 @@ class Goals(StrictModel):
 
 
 class StatisticsSettings(StrictModel):
-    """How the report's intervals and tests are drawn (``allocator.trainer.statistics``).
-
-    Every draw is seeded, so a run's statistics are reproduced exactly from its
-    ``returns.csv`` (``allocator walk-forward stats RUN_DIR``).
-    """
+    """How the report's intervals and tests are drawn (seeded: reproducible from returns.csv)."""
 
     level: float = Field(0.95, gt=0, lt=1, description="confidence level of the intervals")
     reps: int = Field(1000, ge=100, description="bootstrap replications per interval and test")
@@ -157,12 +142,8 @@ class WalkForwardConfig(StrictModel):
 def load_walk_forward_config(
     path: str | Path, overrides: Sequence[str] | None = None
 ) -> WalkForwardConfig:
-    """Read a walk-forward YAML; ``trainer`` is a trainer YAML path or an inline mapping.
-
-    A trainer path is read relative to the working directory, else to this file's folder, and
-    inlined before the other ``--set`` overrides apply, so ``--set trainer.total_timesteps=1000``
-    works either way; ``--set trainer=configs/sac_icm.yaml`` swaps the trainer file.
-    """
+    """Read a walk-forward YAML; ``trainer`` is a trainer YAML path or an inline mapping,
+    inlined before ``--set`` overrides apply (``--set trainer=other.yaml`` swaps it)."""
     p = Path(path)
     tree, trainer_file = load_job_tree(p, overrides, "config file")
     if trainer_file is not None:

@@ -1,12 +1,6 @@
-"""The walk-forward report as one interactive page: ``report/report.html`` beside ``report.md``.
-
-The test windows end to end (the model and every baseline, each chained over the windows as
-``report.stitch`` chains them) through ``sim.html_report``'s figures: NAV, drawdown, turnover
-and the model's allocations; then the excess Sharpe over equal weight per window with its
-bootstrap interval, coloured by regime, beside the pooled one; then the statistics table of
-``report.md``. Every number comes from the windows' backtests and the run's summary, as the
-markdown's do.
-"""
+"""The walk-forward report as one interactive page, ``report/report.html``: the test windows
+stitched end to end, the excess Sharpe per window with its interval, and ``report.md``'s
+statistics table."""
 
 from __future__ import annotations
 

@@ -1,19 +1,14 @@
 """Each finished window kept whole in the run directory, so a killed run resumes exactly.
 
-``windows/w03.json`` holds a window's entire ``WindowResult``: the window, the exported
-version, its manifest, the model's and every baseline's backtest (NAV, raw and executed
-weights, turnover, costs, settings), curiosity statistics and timings. The driver writes it
-atomically as the window finishes, before the window's database row, so ``--resume`` rebuilds
-the window from this file alone: no retraining and no replay, and the resumed run's summary,
-``returns.csv`` and statistics equal an uninterrupted run's. Floats go through Python's JSON
-(the shortest text that reads back to the same double; NaN as the ``NaN`` token Python reads),
-so the round trip is exact. The file is the job's own, read by nothing else.
-"""
+``windows/w03.json`` holds a window's entire ``WindowResult``, written atomically before its
+database row. ``--resume`` rebuilds the window from it alone, and Python's JSON floats round-trip
+exactly (NaN as its token), so a resumed run's figures equal an uninterrupted one's."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -77,69 +72,53 @@ def frame_from(payload: dict[str, Any]) -> pd.DataFrame:
     return frame.astype(dict(zip(columns, payload["dtypes"], strict=True)))
 
 
+SERIES, FRAMES = ("nav", "turnover", "costs"), ("raw_weights", "executed_weights")
+
+
 def backtest_payload(result: BacktestResult) -> dict[str, Any]:
     return {
         "name": result.name,
-        "nav": series_payload(result.nav),
-        "raw_weights": frame_payload(result.raw_weights),
-        "executed_weights": frame_payload(result.executed_weights),
-        "turnover": series_payload(result.turnover),
-        "costs": series_payload(result.costs),
         "settings": result.settings,
+        **{k: series_payload(getattr(result, k)) for k in SERIES},
+        **{k: frame_payload(getattr(result, k)) for k in FRAMES},
     }
 
 
 def backtest_from(payload: dict[str, Any]) -> BacktestResult:
-    return BacktestResult(
-        name=payload["name"],
-        nav=series_from(payload["nav"]),
-        raw_weights=frame_from(payload["raw_weights"]),
-        executed_weights=frame_from(payload["executed_weights"]),
-        turnover=series_from(payload["turnover"]),
-        costs=series_from(payload["costs"]),
-        settings=payload["settings"],
-    )
+    parts: dict[str, Any] = {k: series_from(payload[k]) for k in SERIES}
+    parts.update({k: frame_from(payload[k]) for k in FRAMES})
+    return BacktestResult(name=payload["name"], settings=payload["settings"], **parts)
+
+
+def window_from(w: dict[str, Any]) -> Window:
+    """A ``Window`` from its ``to_dict``."""
+    spans = ("train_start", "train_end", "test_start", "test_end")
+    return Window(int(w["index"]), *(dt.date.fromisoformat(str(w[k])[:10]) for k in spans))
 
 
 def result_payload(result: WindowResult) -> dict[str, Any]:
     """A window's result as the JSON tree of its file."""
     return {
+        **{f.name: getattr(result, f.name) for f in fields(result)},
         "format": FORMAT,
         "window": result.window.to_dict(),
-        "version": result.version,
-        "version_dir": result.version_dir,
-        "run_dir": result.run_dir,
-        "algorithm": result.algorithm,
-        "manifest": result.manifest,
         "agent": backtest_payload(result.agent),
         "baselines": {name: backtest_payload(b) for name, b in result.baselines.items()},
-        "icm": result.icm,
-        "torch_validation": result.torch_validation,
-        "train_seconds": result.train_seconds,
-        "seconds": result.seconds,
-        "resumed_from": result.resumed_from,
     }
 
 
 def result_from(payload: dict[str, Any]) -> WindowResult:
     """The ``WindowResult`` a window file holds."""
-    w = payload["window"]
-    spans = ("train_start", "train_end", "test_start", "test_end")
-    window = Window(int(w["index"]), *(dt.date.fromisoformat(w[k]) for k in spans))
+    plain = {f.name: payload[f.name] for f in fields(WindowResult) if f.name in payload}
     return WindowResult(
-        window=window,
-        version=payload["version"],
-        version_dir=payload["version_dir"],
-        run_dir=payload["run_dir"],
-        algorithm=payload["algorithm"],
-        manifest=payload["manifest"],
-        agent=backtest_from(payload["agent"]),
-        baselines={name: backtest_from(b) for name, b in payload["baselines"].items()},
-        icm=payload["icm"],
-        torch_validation=payload["torch_validation"],
-        train_seconds=float(payload["train_seconds"]),
-        seconds=float(payload["seconds"]),
-        resumed_from=[int(step) for step in payload.get("resumed_from", [])],
+        **{
+            **plain,
+            "window": window_from(payload["window"]),
+            "agent": backtest_from(payload["agent"]),
+            "baselines": {name: backtest_from(b) for name, b in payload["baselines"].items()},
+            "train_seconds": float(payload["train_seconds"]),
+            "seconds": float(payload["seconds"]),
+        }
     )
 
 

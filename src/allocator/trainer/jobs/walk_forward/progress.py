@@ -1,20 +1,14 @@
-"""How far each window is while it runs: a small JSON file in the window's run directory.
+"""How far each window is while it runs: ``window_progress.json`` in its run directory.
 
-A window's training writes ``window_progress.json`` every ``progress_every`` steps (an SB3
-callback, ``ProgressCallback``): steps done and total, the mean reward of the last episodes,
-and the latest inner-span score when checkpoint selection runs; the window then marks its
-export and evaluation phases. The file is replaced atomically, so a reader sees a whole one;
-the driver polls the running windows' files for its progress bar (``ProgressWatcher``) and
-``allocator walk-forward status RUN_DIR`` reads them from any shell, on any node that sees the
-run directory. The worker writes it (so it works the same under every executor), and the
-driver marks the window ``done`` with its Sharpe once it has kept the window.
-"""
+The worker writes it (so it works under every executor): steps, recent reward and inner-span
+score while training, then the export and evaluation phases; the driver marks it ``done`` once
+it has kept the window. It is replaced atomically, and read by the driver's progress bar and by
+``allocator walk-forward status`` from any shell that sees the run directory."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
 import socket
 import threading
@@ -26,28 +20,18 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.utils import safe_mean
 
 from allocator.artifacts.files import atomic_write_text
+from allocator.trainer.jobs.json_safe import finite
 from allocator.trainer.training.run_dir import SELECTION_FILE
 
 PROGRESS_FILE = "window_progress.json"
 STARTING, TRAINING, EXPORTING = "starting", "training", "exporting"
 EVALUATING, EVALUATED = "evaluating", "evaluated"
-DONE, FAILED = "done", "failed"
-"""Written by the driver: once it has kept the window (its file and its row), or when the run
-failed before the window finished."""
+DONE, FAILED = "done", "failed"  # written by the driver, not the worker
 
 
 def utc_now() -> str:
     """Now, as the run's files stamp it (``status`` reads how long ago)."""
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def finite(value: Any) -> float | None:
-    """A float for the JSON file, or None (strict JSON has no NaN)."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def read_progress(run_dir: str | Path) -> dict[str, Any] | None:
@@ -70,8 +54,8 @@ def write_progress(run_dir: str | Path, label: str, phase: str, **fields: Any) -
 
 
 def writer_alive(progress: dict[str, Any]) -> bool | None:
-    """Whether the process that last wrote a progress file still exists: None when it ran on
-    another machine (a Ray node), which this one cannot tell."""
+    """Whether the process that last wrote a progress file still exists (None: unknowable
+    from here, e.g. another machine)."""
     if progress.get("host") != socket.gethostname() or not progress.get("pid"):
         return None
     try:
@@ -99,11 +83,7 @@ def inner_score(run_dir: Path) -> dict[str, Any]:
 
 
 class ProgressCallback(BaseCallback):
-    """Writes the window's progress file at the start, every ``every`` steps and at the end.
-
-    A write is a few hundred bytes (plus, with selection, reading ``selection.json``): at the
-    default of every 1,000 steps it costs nothing next to the gradient steps between writes.
-    """
+    """Writes the window's progress file at the start, every ``every`` steps and at the end."""
 
     def __init__(self, run_dir: str | Path, label: str, total: int, every: int) -> None:
         super().__init__()
@@ -171,13 +151,9 @@ def updated_since(progress: dict[str, Any], since: dt.datetime) -> bool:
 
 
 class ProgressWatcher:
-    """A daemon thread that polls the running windows' progress files every ``interval`` s
-    and hands a one-line summary (``w03 40% w04 12%``) to ``show``.
-
-    ``running`` returns the run directories (by label) still worth watching; the driver
-    removes a window from it as it finishes. Files older than ``since`` (the session's start:
-    a resumed window's file from the killed session) are not shown. Disabled, it is inert.
-    """
+    """A daemon thread that polls the ``running`` windows' progress files every ``interval`` s
+    and hands ``show`` one line (``w03 40% w04 12%``). Files older than ``since`` (left by a
+    killed session) are not shown."""
 
     def __init__(
         self,

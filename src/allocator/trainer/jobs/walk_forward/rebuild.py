@@ -1,12 +1,6 @@
-"""Baselines a finished run did not record, backtested as the run would have.
-
-``with_baselines`` answers a question asked after a run: how it fares against a baseline it
-did not run with (``allocator walk-forward stats --baseline anchor``). Each window's test span
-is backtested for that baseline alone, on the assets and costs the window's model was judged
-on (the ``WindowJob`` rebuilt from ``summary.json`` and the window's resolved ``config.yaml``),
-and joined to the recorded returns, which are left as they are. It only reads the run
-directory: the joined frame is returned, never written there.
-"""
+"""Baselines a finished run did not record, backtested as the run would have
+(``allocator walk-forward stats --baseline anchor``): each window's test span on the assets and
+costs its model was judged on, joined to the recorded returns. The run directory is only read."""
 
 from __future__ import annotations
 
@@ -18,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from allocator.trainer.jobs.walk_forward.config import WalkForwardError
+from allocator.trainer.jobs.walk_forward.persist import window_from
 from allocator.trainer.jobs.walk_forward.returns import (
     DATE,
     WINDOW,
@@ -25,7 +20,6 @@ from allocator.trainer.jobs.walk_forward.returns import (
     read_summary,
 )
 from allocator.trainer.jobs.walk_forward.window import WindowJob, span_setup, window_baselines
-from allocator.trainer.market.windows import Window
 from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run_dir import CONFIG_FILE
 
@@ -43,13 +37,7 @@ def located(recorded: str, fallback: Path) -> Path:
 def rebuilt_job(run: Path, summary: dict[str, Any], entry: dict[str, Any]) -> WindowJob:
     """The ``WindowJob`` a window ran as, from ``summary.json`` and its training run's
     resolved ``config.yaml``."""
-    window = Window(
-        entry["index"],
-        *(
-            pd.Timestamp(entry[k]).date()
-            for k in ("train_start", "train_end", "test_start", "test_end")
-        ),
-    )
+    window = window_from(entry)
     run_dir = located(entry.get("run_dir", ""), run / "runs" / window.label)
     trainer = load_config(run_dir / CONFIG_FILE)
     return WindowJob(

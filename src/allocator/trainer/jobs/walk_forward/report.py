@@ -1,15 +1,5 @@
-"""Walk-forward report: ``summary.json``, ``returns.csv`` (every window's daily net returns, see
-``returns``) and a folder with ``report.md`` and its PNG figures (``html_report`` adds the
-interactive ``report.html`` beside them).
-
-The report's tables: the summary per regime, each window, the intervals and tests of
-``significance`` (the same table ``allocator walk-forward stats`` prints), the baselines.
-
-Figures: equity of the exported model against every baseline, one panel per test window (NAVs
-restart at 1 in each); the excess Sharpe over equal weight per window, coloured by regime,
-with its distribution; the model's allocations over all test windows, raw vs smoothed
-(``plots.plot_allocations`` on the stitched windows).
-"""
+"""Walk-forward report: ``summary.json``, ``returns.csv`` and ``report/`` with ``report.md`` and
+its PNG figures (``html_report`` adds ``report.html``)."""
 
 from __future__ import annotations
 
@@ -36,19 +26,14 @@ REGIME_COLORS = {"bull": "tab:green", "bear": "tab:red", "sideways": "tab:gray"}
 
 def summary_payload(result: WalkForwardResult) -> dict[str, Any]:
     """What ``summary.json`` holds: the summary, the run's identity, every window's metrics."""
+    kept = {"name", "executor", "model_name", "cost_bps", "baseline_fit", "baselines"}
+    kept |= {"baseline_rebalance_every", "configurations_tried"}
     return {
-        "name": result.config.name,
+        **result.config.model_dump(mode="json", include=kept),
         "label": result.label,
         "run_id": result.run_id,
-        "executor": result.config.executor,
         "seconds": round(result.seconds, 2),
-        "model_name": result.config.model_name,
         "registry": str(Path(result.config.registry).resolve()),
-        "cost_bps": result.config.cost_bps,
-        "baseline_fit": result.config.baseline_fit,
-        "baselines": list(result.config.baselines),
-        "baseline_rebalance_every": result.config.baseline_rebalance_every,
-        "configurations_tried": result.config.configurations_tried,
         "windows_spec": result.config.windows.model_dump(mode="json"),
         "summary": {k: v for k, v in result.summary.items() if k != "per_window"},
         "windows": [
@@ -363,12 +348,7 @@ def render_markdown(result: WalkForwardResult, figures: dict[str, Path]) -> str:
         icm_lines(result.windows),
         ["## Figures", "", *(f"![{name}]({path.name})" for name, path in figures.items())],
     ]
-    lines: list[str] = []
-    for section in filter(None, sections):
-        if lines:
-            lines.append("")  # one blank line between sections
-        lines += section
-    return "\n".join(lines) + "\n"
+    return "\n\n".join("\n".join(section) for section in sections if section) + "\n"
 
 
 def write_report(result: WalkForwardResult, out_dir: str | Path) -> dict[str, Path]:

@@ -1,8 +1,4 @@
-"""What a walk-forward run produces: one ``WindowResult`` per window, one ``WalkForwardResult``.
-
-Plain data, read by the summary, the store, the report and the caller alike; nothing here
-trains or writes.
-"""
+"""What a walk-forward run produces: one ``WindowResult`` per window, one ``WalkForwardResult``."""
 
 from __future__ import annotations
 
@@ -17,7 +13,7 @@ from allocator.trainer.market.windows import Window
 from allocator.trainer.sim.backtest import BacktestResult
 
 AGENT = "agent"
-"""The exported model's name among the policies of a window (its backtest and its column)."""
+"""The exported model's name among a window's policies."""
 
 
 @dataclass
@@ -37,8 +33,7 @@ class WindowResult:
     train_seconds: float
     seconds: float
     resumed_from: list[int] = field(default_factory=list)
-    """Steps its training continued from after a kill (empty: trained in one go). A continued
-    window is another draw of its recipe, so the summary names it."""
+    """Steps its training continued from after a kill: another draw of its recipe."""
 
     def metrics(self) -> dict[str, float]:
         return self.agent.metrics()
@@ -47,17 +42,10 @@ class WindowResult:
         return {name: r.metrics() for name, r in self.baselines.items()}
 
     def daily_returns(self) -> pd.DataFrame:
-        """Daily net returns on the test span: what the statistics resample, kept so they can
-        be recomputed without replaying anything (``policy_returns``)."""
-        return policy_returns(self.agent, self.baselines)
-
-
-def policy_returns(agent: BacktestResult, baselines: dict[str, BacktestResult]) -> pd.DataFrame:
-    """Daily net returns, one column per policy (the model first, then the baselines), indexed
-    by the day each return is realised."""
-    columns = {AGENT: agent.returns}
-    columns.update({name: r.returns for name, r in baselines.items()})
-    return pd.DataFrame(columns)
+        """Daily net returns on the test span, one column per policy (the model first)."""
+        columns = {AGENT: self.agent.returns}
+        columns.update({name: r.returns for name, r in self.baselines.items()})
+        return pd.DataFrame(columns)
 
 
 @dataclass

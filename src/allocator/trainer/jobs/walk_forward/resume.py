@@ -1,20 +1,11 @@
-"""``--resume RUN_DIR``: finish a walk-forward run that was killed or failed, without
-retraining the windows that finished.
+"""``--resume RUN_DIR``: finish a killed or failed walk-forward run without retraining the
+windows that finished.
 
-A window is finished when everything it produced is whole: its result file
-(``windows/w03.json``, written before its database row), its exported version in the registry
-and its training run directory (each a manifest whose checksums match). Those windows are
-taken from their files exactly as they were; the others run again, redoing only what they lack
-(a window killed after its export is only judged again, one killed while training continues
-from its last checkpoint when the trainer writes them, else starts over: see ``window``).
-
-The run keeps its identity: its label (so its version names), its directory and its run row,
-which is reopened (``finished`` back to NULL, the summary cleared until the run ends again);
-rows of windows that run again are replaced, a kept window whose row is missing gets it. The
-config must be the run's: only the keys of ``RESUME_FREE`` (how and where windows run, never
-what they compute) may differ, anything else is refused naming the key. Without a config of
-its own, a resume uses the run's (``walk_forward.json``) with the ``--set`` overrides applied.
-"""
+A window is finished when its result file, its registry version and its training run are all
+whole; it is taken from its file as it was, the others run again (``window``). The run keeps
+its label, directory and run row (reopened; rows of rerun windows replaced). Only the keys of
+``RESUME_FREE`` (how and where windows run, never what they compute) may differ from the run's
+config; without a config of its own, a resume uses the run's with the ``--set`` overrides."""
 
 from __future__ import annotations
 
@@ -46,10 +37,10 @@ from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
 from allocator.trainer.jobs.walk_forward.summary import window_row
 from allocator.trainer.jobs.walk_forward.window import (
     WindowJob,
-    exported,
     finished_training,
     nested,
     plan,
+    whole,
 )
 from allocator.trainer.training.config import UNION_TAGS
 from allocator.trainer.training.tracking import open_job_run
@@ -67,9 +58,7 @@ RESUME_FREE = frozenset(
         "trainer.tracking",
     }
 )
-"""Config keys a resume may change: where and how the windows run, never what they compute
-(``trainer_source`` only says which file the trainer settings were read from,
-``trainer.tracking`` where the runs are also logged)."""
+"""Config keys a resume may change: where and how the windows run, never what they compute."""
 
 
 def config_differences(run: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -104,8 +93,7 @@ def check_same_config(state: RunState, config: WalkForwardConfig, run_dir: Path)
 def resume_config(
     state: RunState, run_dir: Path, config: WalkForwardConfig | None, overrides: Sequence[str]
 ) -> WalkForwardConfig:
-    """The config to resume with: the one given, else the run's with ``overrides`` applied;
-    either way checked against the run's."""
+    """The config given, else the run's with ``overrides``; checked against the run's."""
     if config is None:
         source = str(run_dir / STATE_FILE)
         tree = apply_overrides(copy.deepcopy(state.config), overrides, source)
@@ -115,8 +103,8 @@ def resume_config(
 
 
 def check_plan(state: RunState, jobs: Sequence[WindowJob], run_dir: Path) -> None:
-    """Refuse when the same config now cuts other windows (the data or the working directory
-    changed): the kept windows would not belong to this run."""
+    """Refuse when the same config now cuts other windows (the data or working directory
+    changed)."""
     now = plan_payload(jobs)
     for key in ("registry", "dataset", "windows"):
         if now[key] != state.plan.get(key):
@@ -128,8 +116,7 @@ def check_plan(state: RunState, jobs: Sequence[WindowJob], run_dir: Path) -> Non
 
 
 def check_not_running(jobs: Sequence[WindowJob], run_dir: Path) -> None:
-    """Refuse while a process of this machine still works on one of the run's windows: two
-    sessions of one run would train, publish and record the same windows."""
+    """Refuse while a process of this machine still works on one of the run's windows."""
     for job in jobs:
         progress = read_progress(job.run_dir)
         if progress is None or progress.get("phase") in (DONE, FAILED):
@@ -151,7 +138,7 @@ def kept_window(out: Path, job: WindowJob) -> WindowResult | None:
     except WalkForwardError:
         return None
     same = result.window == job.window and result.version == job.version
-    if not same or not exported(job.version_dir) or finished_training(job.run_dir) is None:
+    if not same or not whole(job.version_dir) or finished_training(job.run_dir) is None:
         return None
     return result
 
@@ -160,7 +147,7 @@ def reopen_rows(
     url: str, state: RunState, kept: Sequence[WindowResult], config: WalkForwardConfig
 ) -> tuple[WalkForwardStore, dict[str, Any] | None]:
     """The run's row, running again, with exactly the kept windows' rows; and the summary the
-    previous session closed it with (None when it was killed)."""
+    previous session closed it with (None: killed)."""
     if state.run_id is None:
         raise ResumeError(f"{state.name} recorded no run row; it cannot resume with record on")
     rows = WalkForwardStore(url)
@@ -174,8 +161,7 @@ def reopen_rows(
 
 
 def previous_outcome(closed: dict[str, Any] | None) -> dict[str, Any] | str | None:
-    """How the previous session ended, from the summary it closed the run row with: its error,
-    ``finished``, or None when it never closed the row (killed) or had no row."""
+    """How the previous session ended: its error, ``finished``, or None (killed, or no row)."""
     if closed is None:
         return None
     if "error" in closed:
@@ -190,8 +176,7 @@ def resume_walk_forward(
     *,
     progress: bool = True,
 ) -> WalkForwardResult:
-    """Finish the run in ``run_dir``: keep its finished windows, run the others, then
-    summarize, report and push over all of them."""
+    """Finish the run in ``run_dir``: keep its finished windows, run the others, report."""
     out = Path(run_dir)
     state = read_state(out)
     config = resume_config(state, out, config, overrides)

@@ -1,10 +1,6 @@
-"""The daily net returns of a walk-forward run: ``returns.csv`` beside ``summary.json``.
-
-One row per test day of every window (in window order, so in time order), with the columns
-``date``, ``window`` (``w03``), ``agent`` (the exported model) and one per baseline. The
-statistics (``significance``) read nothing else, so they can be recomputed, with other
-settings, without training or replaying anything.
-"""
+"""``returns.csv``: one row per test day of every window (time order) with ``date``, ``window``,
+``agent`` and one column per baseline. The statistics read nothing else, so they can be
+recomputed without training or replaying anything."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""The walk-forward driver: plan the windows, run them, record, summarize (with intervals and
-tests from the windows' daily returns), report and push.
+"""The walk-forward driver: plan the windows, run them, record, summarize, report and push.
 
-The driver keeps every finished window at once: first its whole result in the run directory
-(``persist``, ``windows/w03.json``), then its database row (one transaction per window), so a
-crash keeps what finished and ``--resume`` (``resume``) continues from there. Then the summary,
-the report folder, and a push to the Pushgateway when one is configured. A run that fails
-closes its run row with the error and the number of windows done. A failed push never loses
-rows: it is reported in ``WalkForwardResult.push_error``. While windows run, the progress bar
-shows the windows done and the running windows' training steps (``progress``).
-"""
+Each finished window is kept at once, first its file (``persist``), then its database row (one
+transaction per window), so a crash keeps what finished and ``--resume`` continues from there.
+A failed run closes its row with the error and the windows done; a failed push never loses
+rows (``WalkForwardResult.push_error``)."""
 
 from __future__ import annotations
 
@@ -26,6 +21,7 @@ from tqdm.auto import tqdm
 from allocator.metrics.jobs import JobMetrics, JobPush
 from allocator.recording.settings import database_url as default_database_url
 from allocator.trainer.jobs.executors import WorkerLostError, fan_out, open_executor
+from allocator.trainer.jobs.json_safe import finite
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
 from allocator.trainer.jobs.walk_forward.html_report import write_html_report
 from allocator.trainer.jobs.walk_forward.persist import write_window_result
@@ -33,7 +29,6 @@ from allocator.trainer.jobs.walk_forward.progress import (
     DONE,
     FAILED,
     ProgressWatcher,
-    finite,
     read_progress,
     utc_now,
     write_progress,
@@ -83,10 +78,6 @@ class WalkForwardSession:
     started: float = field(default_factory=time.perf_counter)
     tracked: TrackedRun | None = None  # the MLflow run the windows' runs nest under
 
-    @property
-    def label(self) -> str:
-        return self.state.label
-
     def ended(self, outcome: str, error: str | None = None) -> None:
         """Note in ``walk_forward.json`` how this session ended (``status`` shows it)."""
         entry = self.state.sessions[-1]
@@ -99,13 +90,12 @@ class WalkForwardSession:
 def window_stream(
     config: WalkForwardConfig, jobs: Sequence[WindowJob]
 ) -> Generator[WindowResult, None, None]:
-    """The configured executor's results, in the order the windows finish (the executor
-    opens on the first one, and closes with the stream); a window whose worker died too often
-    fails the run as a ``WalkForwardError``."""
+    """The windows' results as they finish; a window whose worker died too often fails the run
+    as a ``WalkForwardError``."""
     executor = open_executor(
         config.executor,
         run_window,
-        window_label,
+        lambda job: f"window {job.window.label}",
         workers=config.workers,
         address=config.ray_address,
         retries=config.retries,
@@ -115,10 +105,6 @@ def window_stream(
         yield from fan_out(executor, jobs)
     except WorkerLostError as exc:
         raise WalkForwardError(str(exc)) from exc
-
-
-def window_label(job: WindowJob) -> str:
-    return f"window {job.window.label}"
 
 
 def record_window(metrics: JobMetrics, result: WindowResult) -> None:
@@ -150,8 +136,7 @@ def collect_windows(
     done: list[WindowResult],
     progress: bool,
 ) -> None:
-    """Run ``jobs``, keeping each as it finishes, into ``done`` (kept on failure); the bar
-    counts every window of the run and shows the running ones' steps."""
+    """Run ``jobs``, keeping each into ``done`` as it finishes (kept on failure)."""
     stream = window_stream(session.config, jobs)
     bar = tqdm(
         total=len(session.jobs),
@@ -259,7 +244,7 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
     if rows is not None:
         rows.finish_run(summary)
     result = WalkForwardResult(
-        label=session.label,
+        label=session.state.label,
         config=config,
         out_dir=session.out,
         windows=results,

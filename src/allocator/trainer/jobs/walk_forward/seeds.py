@@ -1,22 +1,10 @@
 """Seed luck apart from period luck: several walk-forward runs of one recipe, seeds apart.
 
-A walk-forward figure mixes two kinds of luck: the test year's (period) and the training's
-(seed). One run cannot tell them apart; the same config run again with another ``seed``
-(``--set seed=100``) can. This reads the runs' ``returns.csv`` (nothing is trained or
-replayed) and reports:
-
-- per window, every seed's excess Sharpe over equal weight, their mean and spread;
-- a split of the variance of those figures into a seed part (the spread within a window) and a
-  period part (the spread of the window means beyond what seed noise alone puts there): the
-  one-way random-effects estimator, windows as groups and seeds as replicates;
-- per seed, the pooled excess Sharpe with its stationary-bootstrap interval and the number of
-  windows that beat equal weight, so a reader sees how far one run's headline could move;
-- the equal-capital mix of the seeds' books (their daily returns averaged: each seed's policy
-  run with 1/k of the capital, rebalanced daily), pooled, with its interval.
-
-Runs that are not the same recipe (other windows, days, baselines or trainer settings) are
-refused, naming the first difference: their spread would not be seed variance.
-"""
+From the runs' ``returns.csv`` (nothing is trained or replayed): per window every seed's excess
+Sharpe over equal weight; a one-way random-effects split of their variance into seed and period
+parts; per seed the pooled excess Sharpe with its bootstrap interval; and the equal-capital mix
+of the seeds' books. Runs of different recipes are refused, naming the first difference: their
+spread would not be seed variance."""
 
 from __future__ import annotations
 
@@ -44,6 +32,7 @@ from allocator.trainer.jobs.walk_forward.returns import (
 from allocator.trainer.jobs.walk_forward.significance import baseline_columns, excess_interval
 from allocator.trainer.jobs.walk_forward.state import read_state
 from allocator.trainer.statistics.sharpe import annualized_sharpe
+from allocator.typed_config import flatten
 
 RECIPE = (
     "trainer",
@@ -54,11 +43,8 @@ RECIPE = (
     "baseline_rebalance_every",
     "torch_threads",
 )
-"""Config keys that make the recipe and must be equal across a seed study: what is trained
-and how it is judged. The rest (seed, names, where a run writes and records, the executor)
-may differ."""
-TRAINER_SEED_FREE = frozenset({"seed", "name", "output_dir"})
-"""Trainer keys that may differ: the seed, and the name and folder of the run."""
+"""Config keys that must be equal across a seed study: what is trained and how it is judged."""
+TRAINER_SEED_FREE = frozenset({"seed", "name", "output_dir"})  # trainer keys that may differ
 
 
 @dataclass(frozen=True)
@@ -71,7 +57,7 @@ class SeedRun:
 
 
 def base_seed(config: dict[str, Any]) -> int:
-    """The seed window 0 trained with (window k trains with it + k)."""
+    """The seed window 0 trained with."""
     seed = config.get("seed")
     return int(config["trainer"]["seed"] if seed is None else seed)
 
@@ -84,18 +70,11 @@ def recipe(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def first_difference(a: Any, b: Any, path: str = "") -> str | None:
-    """The dotted key where two config trees first differ, or None when they are equal."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            where = f"{path}.{key}" if path else str(key)
-            if key not in a or key not in b:
-                return where
-            found = first_difference(a[key], b[key], where)
-            if found is not None:
-                return found
-        return None
-    return None if a == b else (path or "<root>")
+def first_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """The first dotted key where two config trees differ, or None when they are equal."""
+    x, y = flatten(a), flatten(b)
+    differ = [k for k in set(x) | set(y) if k not in x or k not in y or x[k] != y[k]]
+    return min(differ, default=None)
 
 
 def load_seed_runs(run_dirs: Sequence[str | Path]) -> list[SeedRun]:
@@ -141,13 +120,9 @@ def load_seed_runs(run_dirs: Sequence[str | Path]) -> list[SeedRun]:
 
 
 def variance_split(excess: np.ndarray) -> dict[str, float]:
-    """Seed and period variance of a ``(windows, seeds)`` matrix of excess Sharpe ratios.
-
-    Seed variance: the mean over windows of the sample variance across seeds. Period
-    variance: the sample variance of the window means less the seed variance's share of it
-    (``seed_variance / seeds``), floored at 0 (a negative estimate means no detectable period
-    effect beyond seed noise).
-    """
+    """Seed and period variance of a ``(windows, seeds)`` matrix of excess Sharpe ratios: seed
+    variance the mean within-window variance, period variance that of the window means less
+    ``seed_variance / seeds``, floored at 0 (no period effect detectable beyond seed noise)."""
     m = np.asarray(excess, dtype=np.float64)
     if m.ndim != 2 or m.shape[0] < 2 or m.shape[1] < 2:
         raise ValueError(f"need at least 2 windows and 2 seeds, got shape {m.shape}")
@@ -213,15 +188,12 @@ def seed_study(
         "variance": variance_split(per_seed.to_numpy()),
         "mix": {
             "description": "equal-capital mix of the seeds' books, rebalanced daily",
-            "windows_beating_equal_weight": int((window_excess_of(runs[0].returns, mix) > 0).sum()),
+            "windows_beating_equal_weight": int(
+                (window_excess(runs[0].returns.assign(**{AGENT: mix})) > 0).sum()
+            ),
             "pooled_excess_sharpe": excess_interval(mix, ew, settings).to_dict(),
         },
     }
-
-
-def window_excess_of(frame: pd.DataFrame, agent: np.ndarray) -> pd.Series:
-    """``window_excess`` of ``frame``'s days with ``agent`` as the model's returns."""
-    return window_excess(frame.assign(**{AGENT: agent}))
 
 
 def format_seed_study(study: dict[str, Any]) -> str:

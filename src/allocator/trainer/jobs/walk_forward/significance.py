@@ -1,19 +1,10 @@
-"""Intervals and tests of a walk-forward run, per window and pooled, from its daily returns.
+"""Intervals and tests of a walk-forward run, per window and pooled (days in time order).
 
-Per test window and pooled over all of them (the windows' days concatenated in time order):
-
-- the model's excess Sharpe over equal weight with a stationary-bootstrap interval (paired
-  days resampled, so the common market noise cancels as it does in the point estimate);
-- Hansen's SPA of the model against every baseline: the largest consistent p-value over the
-  baselines, small when the model beats each of them;
-- the deflated Sharpe of the model's returns given ``configurations_tried``;
-- with an ``anchor`` column (a tilt recipe's zero action), the excess Sharpe over it, same
-  bootstrap: what the learned tilt adds to the portfolio it starts from.
-
-The input is the ``returns.csv`` frame (``returns``), so a run's statistics are recomputed
-from that file alone, with the seeds they were drawn with. A window too short for a statistic
-gets an ``error`` entry instead of stopping the report.
-"""
+The model's excess Sharpe over equal weight with a stationary-bootstrap interval (paired days,
+so common market noise cancels as in the point estimate); Hansen's SPA against every baseline
+(the largest consistent p-value); the deflated Sharpe given ``configurations_tried``; with an
+``anchor`` column, the excess Sharpe over it. The input is ``returns.csv`` alone, seeded, so a
+run's statistics are reproducible; a window too short for a statistic gets an ``error`` entry."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""A run's identity, kept in its directory: ``walk_forward.json``, what ``--resume`` reads.
+"""A run's identity, ``walk_forward.json``: what ``--resume`` reads.
 
-Written when the run starts, before any window trains, and again on every resume: the
-resolved config, the label (versions are ``wf-<label>-w03``), the run row and the database it
-records to, the plan the config cut from the data (registry, dataset, windows) and one entry
-per session (when it started, which windows it kept from before, how the previous session
-ended).
-"""
+Written before any window trains and on every resume: the resolved config, the label, the run
+row and database, the plan cut from the data, and one entry per session."""
 
 from __future__ import annotations
 
@@ -32,10 +28,9 @@ class ResumeError(WalkForwardError):
 
 def plan_payload(jobs: Sequence[WindowJob]) -> dict[str, Any]:
     """What the config cut from the data: the registry, the dataset, the windows."""
-    first = jobs[0] if jobs else None
     return {
-        "registry": first.registry if first else None,
-        "dataset": first.trainer.data.dataset if first else None,
+        "registry": jobs[0].registry if jobs else None,
+        "dataset": jobs[0].trainer.data.dataset if jobs else None,
         "windows": [j.window.to_dict() for j in jobs],
     }
 

@@ -1,11 +1,7 @@
 """``allocator walk-forward status RUN_DIR``: how far a run is, from its files alone.
 
-Reads ``walk_forward.json`` (the plan), each window's result file (done) and progress file
-(its phase and training steps), and ``summary.json`` (the run finished). Nothing is written
-and nothing needs the database, so it can be run from any shell, while the run goes on or
-after it died: a window whose progress file was written by a process on this machine that no
-longer exists is shown as stopped, so a killed run reads as one (``--resume`` continues it).
-"""
+Needs no database and writes nothing; a window whose writer was a process on this machine that
+no longer exists shows as stopped, so a killed run reads as one."""
 
 from __future__ import annotations
 
@@ -34,8 +30,7 @@ STATES = ("done", "running", "stopped", "failed", "waiting")
 
 @dataclass
 class WindowStatus:
-    """One window: done, running (its progress), stopped (its process is gone), failed (the
-    run failed before it finished) or waiting."""
+    """One window: its state (one of ``STATES``) and its progress file."""
 
     label: str
     state: str
@@ -44,15 +39,12 @@ class WindowStatus:
 
 def window_status(out: Path, label: str) -> WindowStatus:
     progress = read_progress(out / RUNS_DIR / label)
+    phase = (progress or {}).get("phase")
     if window_file(out, label).is_file():
-        return WindowStatus(
-            label, "done", progress if (progress or {}).get("phase") == DONE else None
-        )
-    if progress is None:
+        return WindowStatus(label, "done", progress if phase == DONE else None)
+    if progress is None or phase == DONE:  # none yet, or a kept result lost: it will rerun
         return WindowStatus(label, "waiting", None)
-    if progress.get("phase") == DONE:  # a result that was kept, then lost: it will rerun
-        return WindowStatus(label, "waiting", None)
-    if progress.get("phase") == FAILED:
+    if phase == FAILED:
         return WindowStatus(label, "failed", progress)
     gone = writer_alive(progress) is False
     return WindowStatus(label, "stopped" if gone else "running", progress)

@@ -1,10 +1,4 @@
-"""The walk-forward rows of the trade database: runs, windows and the model versions they made.
-
-The driver writes one transaction per finished window, so a run that crashes keeps every
-window that finished; the run row is closed with the summary, or with the error and the number
-of windows done. ``--resume`` reopens the same run row (``finished`` back to NULL, the summary
-cleared until the run ends again) and adds the windows that were missing.
-"""
+"""The walk-forward rows of the trade database: runs, windows and the model versions they made."""
 
 from __future__ import annotations
 
@@ -23,12 +17,9 @@ TABLES = ("walk_forward_runs", "walk_forward_windows", "model_versions")
 
 
 class WalkForwardStore:
-    """The rows of one walk-forward run (Postgres or SQLite): its run row, once started or
-    reopened (``run_id``), its windows and the model versions they made.
-
-    The schema comes from the alembic migrations only; a database without it is refused
-    before any window trains.
-    """
+    """The rows of one walk-forward run: its run row (``run_id``, once started or reopened),
+    its windows and their model versions. A database without the tables is refused before any
+    window trains."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -127,8 +118,8 @@ class WalkForwardStore:
 
 
 def window_metrics(result: WindowResult, row: dict[str, Any]) -> dict[str, Any]:
-    """The ``metrics`` column of a window: the model's test metrics, its excess over equal
-    weight and regime (from the summary ``row``), and how the window was run."""
+    """The ``metrics`` column of a window: the model's test metrics, the summary ``row``'s
+    excess and regime, and how the window was run."""
     return {
         **result.metrics(),
         **{k: row[k] for k in ("excess_sharpe", "regime", "equal_weight_annual_return")},

@@ -1,16 +1,14 @@
-"""The walk-forward summary: how often the model's net Sharpe is positive and beats equal
-weight, the median excess Sharpe and mean turnover, overall, per market regime and per
-baseline, and whether the goals are met; then the intervals and tests (``significance``).
+"""The walk-forward summary: net Sharpe positive, beating equal weight, median excess Sharpe and
+turnover, overall, per regime and per baseline, and the goals met or not.
 
-Means and medians skip missing and non-finite values (a window whose Sharpe is NaN does not
-poison the mean); fractions count every window.
-"""
+Means and medians skip missing and non-finite values (one NaN window does not poison the mean);
+fractions count every window."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from allocator.trainer.jobs.walk_forward.config import (
@@ -23,16 +21,12 @@ from allocator.trainer.jobs.walk_forward.results import WindowResult
 from allocator.trainer.jobs.walk_forward.significance import headline
 
 
-def finite_mean(values: Iterable[float | None]) -> float | None:
-    """Mean of the finite values; None when there is none."""
+def finite_mean(
+    values: Iterable[float | None], stat: Callable[[list[float]], float] = statistics.fmean
+) -> float | None:
+    """``stat`` (the mean) of the finite values; None when there is none."""
     v = [x for x in values if x is not None and math.isfinite(x)]
-    return float(statistics.fmean(v)) if v else None
-
-
-def finite_median(values: Iterable[float | None]) -> float | None:
-    """Median of the finite values; None when there is none."""
-    v = [x for x in values if x is not None and math.isfinite(x)]
-    return float(statistics.median(v)) if v else None
+    return float(stat(v)) if v else None
 
 
 def window_row(result: WindowResult, regimes: RegimeThresholds) -> dict[str, Any]:
@@ -67,7 +61,7 @@ def group_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "windows": n,
         "positive_sharpe": sum(r["sharpe"] > 0 for r in rows) / n,
         "beats_equal_weight": sum(r["excess_sharpe"] > 0 for r in rows) / n,
-        "median_excess_sharpe": finite_median(r["excess_sharpe"] for r in rows),
+        "median_excess_sharpe": finite_mean((r["excess_sharpe"] for r in rows), statistics.median),
         "mean_turnover": finite_mean(r["turnover"] for r in rows),
         "mean_sharpe": finite_mean(r["sharpe"] for r in rows),
     }

@@ -1,23 +1,12 @@
 """One walk-forward window as a job: train on its training span, export, judge on its test span.
 
-A ``WindowJob`` holds everything a worker needs (absolute paths: a Ray worker may run on
-another machine), and ``run_window`` is a pure function of it: the window's seed is fixed by the
-plan and torch runs with the job's thread count, so the local and the Ray executor give the
-same figures. The exported graph is judged through the serving code path
-(``evaluation.replay_exported``), never through the torch policy that was trained.
-
-A window that is run again (a Ray retry after its worker died, or ``--resume``) redoes only
-what is missing. When its training run and its exported version are both whole it is only
-judged again (the export is what counts, and it is final); a whole training run without its
-version is exported again, not retrained. A training run cut short continues from its last
-checkpoint when the trainer writes them (``trainer.checkpoint_every > 0``: worth it for long
-budgets, where a window is hours of training), else its partial run directory is replaced and
-it trains from scratch. A continued run's random draws differ from an uninterrupted one's
-(``checkpointing``), so its figures are another draw of the same recipe; its ``run.json``
-and its row in the run's ``summary.json`` list the steps it resumed from. A registry version
-is never overwritten, so a whole version beside an unfinished training run is refused, naming
-it. While it trains, the window reports its steps in ``window_progress.json`` (``progress``).
-"""
+``run_window`` is a pure function of its ``WindowJob`` (absolute paths: a Ray worker may run on
+another machine). Run again (a retry, ``--resume``), a window redoes only what is missing: with
+its training run and exported version both whole it is only judged again; a whole run without
+its version is exported again; a run cut short continues from its last checkpoint when
+``trainer.checkpoint_every > 0`` (another draw of the recipe: ``resumed_from`` names it), else
+trains from scratch. A registry version is never overwritten, so a whole version beside an
+unfinished training run is refused."""
 
 from __future__ import annotations
 
@@ -71,7 +60,7 @@ from allocator.typed_config import ConfigError
 
 @dataclass(frozen=True)
 class WindowJob:
-    """Everything a worker needs for one window (absolute paths: workers may run elsewhere)."""
+    """Everything a worker needs for one window."""
 
     window: Window
     trainer: TrainConfig
@@ -150,9 +139,8 @@ def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob
 
 
 def nested(jobs: Sequence[WindowJob], parent: TrackedRun | None) -> list[WindowJob]:
-    """``jobs`` with each window's training run tracked as a child of the walk-forward's
-    ``parent`` MLflow run; the parent's id travels in the trainer config, so the process and
-    Ray executors nest them too."""
+    """``jobs`` with each training run tracked as a child of ``parent`` (MLflow); the parent's
+    id travels in the trainer config, so every executor nests them."""
     if parent is None:
         return list(jobs)
     return [
@@ -167,8 +155,8 @@ def nested(jobs: Sequence[WindowJob], parent: TrackedRun | None) -> list[WindowJ
 
 
 def whole(directory: Path) -> bool:
-    """A directory with a readable manifest whose every listed file matches its checksum: a
-    training run or a registry version is trusted only then (anything less was cut short)."""
+    """A manifest whose every file matches its checksum: a training run or registry version is
+    trusted only then (anything less was cut short)."""
     try:
         verify_checksums(directory, read_manifest(directory))
     except (ManifestError, OSError):
@@ -188,55 +176,47 @@ def finished_training(run_dir: str | Path) -> dict[str, Any] | None:
     return summary if isinstance(summary, dict) else None
 
 
-def exported(version_dir: str | Path) -> bool:
-    """A registry version that was published whole."""
-    return whole(Path(version_dir))
-
-
 def run_window(job: WindowJob) -> WindowResult:
     """Train on the window's training span, export, then evaluate on its test span."""
     started = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(job.torch_threads)  # the same in every executor: same float sums
     try:
-        result = train_export_evaluate(job)
+        cfg, w = job.trainer, job.window
+        summary = finished_training(job.run_dir)
+        if summary is None or not whole(job.version_dir):
+            summary = train_and_export(job, summary)
+        write_progress(job.run_dir, w.label, EVALUATING)
+        model, data, assets = span_setup(job, job.version_dir)
+        agent = replay_exported(
+            model, data, w.test_start, w.test_end, cost_bps=job.cost_bps, assets=assets, name=AGENT
+        )
+        baselines = window_baselines(job, data, assets)
+        icm = window_icm_statistics(job, model, data, agent)
     finally:
         torch.set_num_threads(threads)  # the local executor runs in the caller's process
-    result.seconds = time.perf_counter() - started
-    return result
-
-
-def train_export_evaluate(job: WindowJob) -> WindowResult:
-    """``run_window`` without the thread setting and timing."""
-    cfg, label = job.trainer, job.window.label
-    summary = finished_training(job.run_dir)
-    if summary is None or not exported(job.version_dir):
-        summary = train_and_export(job, summary)
-    write_progress(job.run_dir, label, EVALUATING)
-    test = evaluate_test_span(job, job.version_dir)
     result = WindowResult(
         window=job.window,
         version=job.version,
         version_dir=str(job.version_dir),
         run_dir=job.run_dir,
         algorithm=cfg.algorithm.name,
-        manifest=test.model.manifest.model_dump(mode="json"),
-        agent=test.agent.result,
-        baselines=test.baselines,
-        icm=window_icm_statistics(job, test.model, test.data, test.agent),
+        manifest=model.manifest.model_dump(mode="json"),
+        agent=agent.result,
+        baselines=baselines,
+        icm=icm,
         torch_validation=summary["validation"].get(cfg.algorithm.name, {}),
         train_seconds=float(summary["train_seconds"]),
-        seconds=0.0,
+        seconds=time.perf_counter() - started,
         resumed_from=[int(step) for step in summary.get("resumed_from", [])],
     )
-    write_progress(job.run_dir, label, EVALUATED)
+    write_progress(job.run_dir, w.label, EVALUATED)
     return result
 
 
 def train_and_export(job: WindowJob, trained: dict[str, Any] | None) -> dict[str, Any]:
-    """Train the window (or finish its training) and export it; returns the training run's
-    summary. ``trained`` is the summary of a run already whole (``finished_training``): only
-    exported again. Refused when the version already exists: versions are final."""
+    """Train (unless ``trained``, a whole run's summary, is given) and export; the run's
+    summary. Refused when the version already exists: versions are final."""
     run_dir = Path(job.run_dir)
     if job.version_dir.exists():
         raise WalkForwardError(
@@ -251,8 +231,7 @@ def train_and_export(job: WindowJob, trained: dict[str, Any] | None) -> dict[str
 
 
 def train_window(job: WindowJob) -> dict[str, object]:
-    """Train the window's run: from its last checkpoint when one is there, else from scratch
-    (whatever a cut-short run left is replaced)."""
+    """Train from the last checkpoint when there is one, else from scratch."""
     run_dir = Path(job.run_dir)
     progress = ProgressCallback(
         run_dir, job.window.label, job.trainer.total_timesteps, job.progress_every
@@ -277,43 +256,20 @@ def checkpoint_step(run_dir: Path) -> int | None:
         return None
 
 
-@dataclass
-class SpanEvaluation:
-    """The exported model replayed on a window's test span, and the baselines on that span."""
-
-    model: LoadedModel
-    data: MarketData
-    agent: ExportedEvaluation
-    baselines: dict[str, BacktestResult]
-
-
 def span_setup(
     job: WindowJob, version_dir: str | Path
 ) -> tuple[LoadedModel, MarketData, list[str]]:
-    """An exported version of the window, its data and the assets it is judged on over the
-    test span (priced throughout it and the observation window before, up to its slots)."""
+    """The window's exported model, its data and the assets it is judged on."""
     w, model = job.window, load_model(version_dir, prefer_cuda=False)
     data = universe(job.trainer)
     window = job.trainer.env.window
     return model, data, evaluation_assets(data, w.test_start, w.test_end, window, model.max_assets)
 
 
-def evaluate_test_span(job: WindowJob, version_dir: str | Path) -> SpanEvaluation:
-    """Judge an exported version on the window's test span: the ONNX graph replayed through
-    the serving path, the baselines on the same assets and costs."""
-    w = job.window
-    model, data, assets = span_setup(job, version_dir)
-    ev = replay_exported(
-        model, data, w.test_start, w.test_end, cost_bps=job.cost_bps, assets=assets, name=AGENT
-    )
-    return SpanEvaluation(model, data, ev, window_baselines(job, data, assets))
-
-
 def window_baselines(
     job: WindowJob, data: MarketData, assets: list[str]
 ) -> dict[str, BacktestResult]:
-    """The baselines on the window's test span, same assets and costs as the model; fitted
-    ones see the training span only (``baseline_fit``)."""
+    """The baselines on the test span; fitted ones see the training span (``baseline_fit``)."""
     w = job.window
     return evaluate_baselines(
         data,
@@ -334,11 +290,8 @@ def window_baselines(
 def window_icm_statistics(
     job: WindowJob, model: LoadedModel, data: MarketData, ev: ExportedEvaluation
 ) -> dict[str, float] | None:
-    """Curiosity on the test span against a reference (None without an ICM graph).
-
-    The reference is the same number of decisions at the end of the training span: how novel
-    the test span looks to the model is the ratio of the two, not the raw reward.
-    """
+    """Curiosity on the test span against as many decisions at the end of the training span
+    (novelty is the ratio, not the raw reward); None without an ICM graph."""
     if model.icm_session is None:
         return None
     w, window = job.window, job.trainer.env.window
