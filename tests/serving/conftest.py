@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -24,11 +25,14 @@ from onnx import TensorProto, helper, numpy_helper
 from allocator.artifacts.manifest import checksums, write_manifest
 from allocator.recording.migrations import upgrade
 from allocator.serving import LoadedModel, load_model
+from allocator.serving.decision import DecisionOutput, PortfolioState, decide_many
+from allocator.serving.idempotency import request_fingerprints
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.server import AllocationServer, ServerConfig, build_server
-from allocator.serving.step import model_shape
-from allocator.serving.validation import ValidRequest, validate_request
+from allocator.serving.step import Item, model_shape
+from allocator.serving.validation import ValidRequest
 from tests.serving import IR_VERSION, OPSET, Spec, make_manifest, policy_model
+from tests.serving.requests import validate_one
 
 TINY = Spec(max_assets=4, window=5)
 REDIS_URL = os.environ.get("ALLOCATOR_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -157,7 +161,22 @@ def request_for(
     message = allocate_request(
         asset_ids, prices, current_weights, portfolio_id=portfolio_id, request_id=request_id
     )
-    return validate_request(message, model_shape(model))
+    return validate_one(message, model_shape(model))
+
+
+def items_for(model: LoadedModel, requests: Sequence[ValidRequest]) -> list[Item]:
+    """Requests of one model as the batcher hands them to ``DecisionStep.run``."""
+    started = time.perf_counter()
+    fingerprints = request_fingerprints(requests)
+    return [Item(model, r, f, started) for r, f in zip(requests, fingerprints, strict=True)]
+
+
+def decide_one(
+    model: LoadedModel, request: ValidRequest, state: PortfolioState | None
+) -> tuple[DecisionOutput, PortfolioState]:
+    """One portfolio's decision through the batch path the server runs."""
+    decided = decide_many(model, (request,), (state,))
+    return decided.outputs[0], decided.states[0]
 
 
 def delete_prefixed(client: object, *prefixes: str) -> None:

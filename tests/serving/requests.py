@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from allocator.serving.proto import allocator_pb2 as pb
-from allocator.serving.validation import InvalidRequest, ModelShape, validate_request
+from allocator.serving.validation import InvalidRequest, ModelShape, ValidRequest, validate_call
 
 SHAPE = ModelShape(max_assets=4, window=5)
 
@@ -36,7 +36,12 @@ def make_request(
     return request
 
 
+def validate_one(request: pb.AllocateRequest, shape: ModelShape) -> ValidRequest:
+    """One request checked as a call is, every model pin resolving to ``shape``."""
+    return validate_call(request, lambda name, version: shape)
+
+
 def refused(request: pb.AllocateRequest, shape: ModelShape = SHAPE) -> InvalidRequest:
     with pytest.raises(InvalidRequest) as info:
-        validate_request(request, shape)
+        validate_one(request, shape)
     return info.value

@@ -19,8 +19,8 @@ from allocator.serving.step import (
     model_shape,
     stream_response,
 )
-from allocator.serving.validation import validate_request
 from tests.serving.conftest import allocate_request
+from tests.serving.requests import validate_one
 
 
 def _message(
@@ -154,7 +154,7 @@ def test_decision_gaps_leave_out_a_narrower_rows_padding(tiny_model: LoadedModel
     """``decision_gaps`` per batch equals the L1 gap of each decision's own vectors."""
     rng = np.random.default_rng(9)
     requests = [
-        validate_request(
+        validate_one(
             allocate_request(
                 [f"A{j}" for j in range(n)],
                 100.0 + rng.random((n, tiny_model.prices_per_asset)),

@@ -29,8 +29,8 @@ from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 from allocator.serving.state import MemoryStateStore
 from allocator.serving.step import Answer, DecisionStep, Item, model_shape
-from allocator.serving.validation import validate_request
 from tests.recording.gated_sink import GatedSink, rows
+from tests.serving.requests import validate_one
 from tests.serving.server.helpers import make_request, start_server
 
 WAIT = 20.0
@@ -98,7 +98,7 @@ def gated(tmp_path: Path, tiny_model: LoadedModel) -> Iterator[tuple[Recorder, G
 
 
 def items(model: LoadedModel, request: pb.AllocateRequest) -> list[Item]:
-    valid = validate_request(request, model_shape(model))
+    valid = validate_one(request, model_shape(model))
     return [Item(model, valid, request_fingerprint(valid), time.perf_counter())]
 
 

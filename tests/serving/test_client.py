@@ -36,8 +36,8 @@ from allocator.serving.validation import (
     InvalidRequest,
     ModelShape,
     validate_batch,
-    validate_request,
 )
+from tests.serving.requests import validate_one
 
 TOKEN = "s3cret-token"
 MODELS = {
@@ -80,7 +80,7 @@ class EchoServicer(allocator_pb2_grpc.AllocatorServicer):
 
     def _answer(self, request: allocator_pb2.AllocateRequest) -> allocator_pb2.AllocateResponse:
         name, version = self._resolve(request.model.name or None, request.model.version or None)
-        valid = validate_request(request, MODELS[name, version])
+        valid = validate_one(request, MODELS[name, version])
         raw = raw_weights(valid.prices)
         previous = self.state.get(valid.portfolio_id)
         smoothed = (

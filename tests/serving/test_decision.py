@@ -19,12 +19,11 @@ from allocator.serving.decision import (
     ModelKey,
     PortfolioState,
     StateDecodeError,
-    decide,
-    decide_batch,
+    decide_many,
 )
 from allocator.serving.portfolio_state import LastAnswer
 from tests.serving import Spec, policy_weights, reference_policy
-from tests.serving.conftest import TINY, reference_icm, request_for, write_tiny_model
+from tests.serving.conftest import TINY, decide_one, reference_icm, request_for, write_tiny_model
 
 SPEC = FeatureSpec(max_assets=TINY.max_assets, window=TINY.window)
 BETA = 0.5  # make_manifest's
@@ -59,7 +58,7 @@ def expected_step(
 
 def test_first_decision_is_the_policy_on_the_raw_observation(tiny_model: LoadedModel) -> None:
     p = prices_for(3, seed=1)
-    out, state = decide(tiny_model, request_for(tiny_model, ("X", "Y", "Z"), p), None)
+    out, state = decide_one(tiny_model, request_for(tiny_model, ("X", "Y", "Z"), p), None)
     obs, action, raw = expected_step(p, [1, 2, 3], np.eye(SPEC.n_slots)[0])
     assert out.asset_ids == (CASH_ID, "X", "Y", "Z")
     np.testing.assert_allclose(out.raw_weights, raw[:4], atol=1e-6)
@@ -87,7 +86,7 @@ def test_sequence_smooths_with_the_manifest_beta_and_reads_the_icm_contract(
     for k in range(4):
         p = prices_for(3, seed=10 + k)
         current = np.array([0.1, 0.2, 0.3, 0.4]) if k % 2 else None
-        out, state = decide(tiny_model, request_for(tiny_model, ids, p, current), state)
+        out, state = decide_one(tiny_model, request_for(tiny_model, ids, p, current), state)
         base = (
             slot_layout(current, [1, 2, 3])
             if current is not None
@@ -114,11 +113,11 @@ def test_sequence_smooths_with_the_manifest_beta_and_reads_the_icm_contract(
 
 def test_request_order_does_not_move_assets_between_slots(tiny_model: LoadedModel) -> None:
     p = prices_for(3, seed=2)
-    _, s1 = decide(tiny_model, request_for(tiny_model, ("X", "Y", "Z"), p), None)
+    _, s1 = decide_one(tiny_model, request_for(tiny_model, ("X", "Y", "Z"), p), None)
     order = [2, 0, 1]
     q = prices_for(3, seed=3)
-    straight, s_straight = decide(tiny_model, request_for(tiny_model, ("X", "Y", "Z"), q), s1)
-    permuted, s_permuted = decide(
+    straight, s_straight = decide_one(tiny_model, request_for(tiny_model, ("X", "Y", "Z"), q), s1)
+    permuted, s_permuted = decide_one(
         tiny_model, request_for(tiny_model, ("Z", "X", "Y"), q[order]), s1
     )
     assert s_permuted.slots == s_straight.slots == ("X", "Y", "Z", "")
@@ -134,12 +133,12 @@ def test_request_order_does_not_move_assets_between_slots(tiny_model: LoadedMode
 def test_departed_asset_frees_its_slot_and_its_mass_is_not_inherited(
     tiny_model: LoadedModel,
 ) -> None:
-    _, s1 = decide(
+    _, s1 = decide_one(
         tiny_model, request_for(tiny_model, ("A", "B", "C"), prices_for(3, seed=4)), None
     )
     # B leaves, D arrives: D takes B's slot (the lowest free), without B's smoothed weight.
     p = prices_for(3, seed=5)
-    out, s2 = decide(tiny_model, request_for(tiny_model, ("A", "D", "C"), p), s1)
+    out, s2 = decide_one(tiny_model, request_for(tiny_model, ("A", "D", "C"), p), s1)
     assert s2.slots == ("A", "D", "C", "")
     _, _, raw = expected_step(
         p, [1, 2, 3], renormalize(s1.smoothed * [1, 1, 0, 1, 0], [1] * 4 + [0])
@@ -152,13 +151,13 @@ def test_departed_asset_frees_its_slot_and_its_mass_is_not_inherited(
     assert abs(inherited[2] - out.smoothed_weights[2]) > 1e-3
     assert out.icm_reward is None  # the universe changed: not a transition the ICM knows
     # A leaves too and E, F arrive: E takes slot 1, F slot 4; C stays in slot 3.
-    out3, s3 = decide(
+    out3, s3 = decide_one(
         tiny_model, request_for(tiny_model, ("C", "E", "D", "F"), prices_for(4, seed=6)), s2
     )
     assert s3.slots == ("E", "D", "C", "F")
     assert out3.asset_ids == (CASH_ID, "C", "E", "D", "F")
     assert out3.smoothed_weights.sum() == pytest.approx(1.0, abs=1e-12)
-    out4, _ = decide(
+    out4, _ = decide_one(
         tiny_model, request_for(tiny_model, ("C", "E", "D", "F"), prices_for(4, 7)), s3
     )
     assert out4.icm_reward is not None  # same universe again: the ICM answers
@@ -167,8 +166,8 @@ def test_departed_asset_frees_its_slot_and_its_mass_is_not_inherited(
 def test_a_shrinking_request_without_current_weights_renormalizes_the_survivors(
     tiny_model: LoadedModel,
 ) -> None:
-    _, s1 = decide(tiny_model, request_for(tiny_model, ("A", "B"), prices_for(2, seed=8)), None)
-    out, s2 = decide(tiny_model, request_for(tiny_model, ("B",), prices_for(1, seed=9)), s1)
+    _, s1 = decide_one(tiny_model, request_for(tiny_model, ("A", "B"), prices_for(2, seed=8)), None)
+    out, s2 = decide_one(tiny_model, request_for(tiny_model, ("B",), prices_for(1, seed=9)), s1)
     held = np.array(s1.smoothed)[[0, 2]]
     np.testing.assert_allclose(out.current_weights, held / held.sum(), atol=1e-12)
     assert s2.slots == ("", "B", "", "")
@@ -176,9 +175,9 @@ def test_a_shrinking_request_without_current_weights_renormalizes_the_survivors(
 
 def test_batch_equals_one_by_one(tiny_model: LoadedModel) -> None:
     """Mixed batch (new, continuing, changed universe, with/without current weights)."""
-    _, a = decide(tiny_model, request_for(tiny_model, ("A", "B"), prices_for(2, 20)), None)
-    _, b = decide(tiny_model, request_for(tiny_model, ("B", "C", "D"), prices_for(3, 21)), None)
-    _, b = decide(tiny_model, request_for(tiny_model, ("B", "C", "D"), prices_for(3, 22)), b)
+    _, a = decide_one(tiny_model, request_for(tiny_model, ("A", "B"), prices_for(2, 20)), None)
+    _, b = decide_one(tiny_model, request_for(tiny_model, ("B", "C", "D"), prices_for(3, 21)), None)
+    _, b = decide_one(tiny_model, request_for(tiny_model, ("B", "C", "D"), prices_for(3, 22)), b)
     inputs = [
         request_for(tiny_model, ("A", "B"), prices_for(2, 23)),
         request_for(tiny_model, ("C", "E"), prices_for(2, 24), np.array([0.5, 0.25, 0.25])),
@@ -186,22 +185,25 @@ def test_batch_equals_one_by_one(tiny_model: LoadedModel) -> None:
         request_for(tiny_model, ("B", "C", "D"), prices_for(3, 26), np.array([0.4, 0.2, 0.2, 0.2])),
     ]
     states = [a, b, None, b]
-    batch = decide_batch(tiny_model, inputs, states)
-    for (out, state), inp, prev in zip(batch, inputs, states, strict=True):
-        one, one_state = decide(tiny_model, inp, prev)
+    batch = decide_many(tiny_model, inputs, states)
+    pairs = zip(batch.outputs, batch.states, inputs, states, strict=True)
+    for out, state, inp, prev in pairs:
+        one, one_state = decide_one(tiny_model, inp, prev)
         for name in ("raw_weights", "smoothed_weights", "current_weights"):
             np.testing.assert_allclose(getattr(out, name), getattr(one, name), atol=1e-7)
         assert out.turnover == pytest.approx(one.turnover, abs=1e-7)
         assert (out.icm_reward is None) == (one.icm_reward is None)
         assert state.slots == one_state.slots
         assert state.steps == one_state.steps
-    assert batch[3][0].icm_reward is not None
-    assert batch[1][0].icm_reward is None
-    assert decide_batch(tiny_model, [], []) == []
+    assert batch.outputs[3].icm_reward is not None
+    assert batch.outputs[1].icm_reward is None
+    empty = decide_many(tiny_model, [], [])
+    assert empty.outputs == []
+    assert empty.states == []
 
 
 def test_outputs_and_states_are_read_only(tiny_model: LoadedModel) -> None:
-    out, state = decide(tiny_model, request_for(tiny_model, ("A",), prices_for(1, 30)), None)
+    out, state = decide_one(tiny_model, request_for(tiny_model, ("A",), prices_for(1, 30)), None)
     for a in (out.raw_weights, out.smoothed_weights, state.smoothed, state.observation):
         with pytest.raises(ValueError, match="read-only"):
             a[0] = 0.5
@@ -216,16 +218,16 @@ def test_a_state_from_a_model_with_other_max_assets_restarts(
         write_tiny_model(tmp_path / "wide" / "2", Spec(max_assets=6, window=TINY.window)),
         prefer_cuda=False,
     )
-    _, s = decide(tiny_model, request_for(tiny_model, ("A", "B"), prices_for(2, 31)), None)
-    _, s = decide(tiny_model, request_for(tiny_model, ("A", "B"), prices_for(2, 32)), s)
-    out, restarted = decide(wide, request_for(wide, ("A", "B"), prices_for(2, 33)), s)
+    _, s = decide_one(tiny_model, request_for(tiny_model, ("A", "B"), prices_for(2, 31)), None)
+    _, s = decide_one(tiny_model, request_for(tiny_model, ("A", "B"), prices_for(2, 32)), s)
+    out, restarted = decide_one(wide, request_for(wide, ("A", "B"), prices_for(2, 33)), s)
     assert restarted.steps == 1
     assert restarted.model == ModelKey("wide", "2", 7)
     np.testing.assert_array_equal(out.smoothed_weights, out.raw_weights)
     assert out.icm_reward is None
     # Same slot count, other name/version: the smoothing continues.
     same = load_model(write_tiny_model(tmp_path / "same" / "3"), prefer_cuda=False)
-    out2, continued = decide(same, request_for(same, ("A", "B"), prices_for(2, 34)), s)
+    out2, continued = decide_one(same, request_for(same, ("A", "B"), prices_for(2, 34)), s)
     assert continued.steps == 3
     assert continued.model == ModelKey("same", "3", TINY.n_slots)
     assert out2.icm_reward is not None
@@ -235,7 +237,7 @@ def test_a_state_from_a_model_with_other_max_assets_restarts(
 def test_model_without_icm_never_answers_a_reward(plain_model: LoadedModel) -> None:
     state = None
     for k in range(3):
-        out, state = decide(
+        out, state = decide_one(
             plain_model, request_for(plain_model, ("A", "B"), prices_for(2, 40 + k)), state
         )
         assert out.icm_reward is None
@@ -247,7 +249,7 @@ def test_model_without_icm_never_answers_a_reward(plain_model: LoadedModel) -> N
 
 
 def test_states_round_trip_through_bytes(tiny_model: LoadedModel) -> None:
-    _, s = decide(tiny_model, request_for(tiny_model, ("Ä", "B:1"), prices_for(2, 50)), None)
+    _, s = decide_one(tiny_model, request_for(tiny_model, ("Ä", "B:1"), prices_for(2, 50)), None)
     data = s.to_bytes()
     assert isinstance(data, bytes)
     back = PortfolioState.from_bytes(data)
@@ -297,7 +299,7 @@ def test_the_last_answer_travels_in_the_bytes_and_format_1_still_reads() -> None
 )
 def test_malformed_state_bytes_are_refused(tiny_model: LoadedModel, data: bytes | None) -> None:
     if data is None:  # a valid state cut short
-        _, s = decide(tiny_model, request_for(tiny_model, ("A",), prices_for(1, 51)), None)
+        _, s = decide_one(tiny_model, request_for(tiny_model, ("A",), prices_for(1, 51)), None)
         data = s.to_bytes()[:-3]
     with pytest.raises(StateDecodeError):
         PortfolioState.from_bytes(data)
@@ -328,7 +330,7 @@ def test_any_request_sequence_answers_distributions_over_the_request(
         if send:
             g = np.random.default_rng(seed).gamma(1.0, size=len(ids) + 1)
             current = g / g.sum()
-        out, state = decide(
+        out, state = decide_one(
             tiny_model,
             request_for(tiny_model, tuple(ids), prices_for(len(ids), seed), current),
             state,

@@ -97,10 +97,10 @@ SHARED_CHILD = textwrap.dedent(
     import numpy as np
 
     from allocator.serving import load_model
-    from allocator.serving.decision import decide
+    from allocator.serving.decision import decide_many
     from allocator.serving.proto.v1 import allocator_pb2 as pb
     from allocator.serving.step import model_shape
-    from allocator.serving.validation import validate_request
+    from allocator.serving.validation import validate_call
 
     model = load_model({directory!r}, prefer_cuda=False)
     n = 12
@@ -109,7 +109,8 @@ SHARED_CHILD = textwrap.dedent(
         portfolio_id="p", request_id="r", asset_ids=[f"A{{i}}" for i in range(n)],
         prices=prices.ravel().tolist(),
     )
-    out, state = decide(model, validate_request(request, model_shape(model)), None)
+    valid = validate_call(request, lambda name, version: model_shape(model))
+    out = decide_many(model, [valid], [None]).outputs[0]
     assert out.raw_weights.shape == (n + 1,), out.raw_weights.shape
     leaked = sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED))
     assert not leaked, leaked

@@ -25,7 +25,7 @@ from allocator.serving.step import DecisionStep
 from allocator.trainer.sim.backtest import run_backtest
 from allocator.trainer.sim.baselines import DecisionContext
 from tests.markets import random_walk_market
-from tests.serving.conftest import TINY
+from tests.serving.conftest import TINY, items_for
 
 SPEC = FeatureSpec(max_assets=TINY.max_assets, window=TINY.window)
 
@@ -155,7 +155,7 @@ def test_replayed_requests_reproduce_the_answers(tiny_model: LoadedModel) -> Non
     result = replay(tiny_model, changing_market())
     step = DecisionStep(MemoryStateStore())
     for inp, out in zip(result.inputs, result.outputs, strict=True):
-        (answer,) = step.decide_and_record(tiny_model, [replace(inp, portfolio_id="other")])
+        (answer,) = step.run(items_for(tiny_model, [replace(inp, portfolio_id="other")]), None)
         again = answer.output
         assert again is not None
         np.testing.assert_array_equal(again.raw_weights, out.raw_weights)

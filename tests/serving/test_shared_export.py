@@ -20,13 +20,12 @@ from allocator.portfolio import (
     tilt_weights,
 )
 from allocator.serving import load_model
-from allocator.serving.decision import decide
 from allocator.trainer.export.loaded_run import load_run
 from allocator.trainer.export.run import export_run
 from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run import train
 from tests.markets import random_walk_market, write_market
-from tests.serving.conftest import request_for
+from tests.serving.conftest import decide_one, request_for
 from tests.trainer.tiny import TINY_SHARED, TINY_TRAINING
 
 th.set_num_threads(1)
@@ -58,7 +57,9 @@ def test_an_exported_shared_run_serves_twelve_assets(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     prices = 30.0 * np.exp(np.cumsum(rng.normal(0, 0.02, (n, model.prices_per_asset)), axis=1))
     current = rng.dirichlet(np.ones(n + 1))
-    out, _ = decide(model, request_for(model, [f"Z{i}" for i in range(n)], prices, current), None)
+    out, _ = decide_one(
+        model, request_for(model, [f"Z{i}" for i in range(n)], prices, current), None
+    )
 
     loaded = load_run(run)
     actor = loaded.model.actor

@@ -32,11 +32,12 @@ from allocator.portfolio import (
 )
 from allocator.registry.errors import ModelLoadError
 from allocator.serving import LoadedModel, load_model
-from allocator.serving.decision import PortfolioState, decide, decide_batch
+from allocator.serving.decision import PortfolioState, decide_many
 from allocator.serving.step import model_shape
-from allocator.serving.validation import InvalidRequest, ModelShape, validate_request
+from allocator.serving.validation import InvalidRequest, ModelShape
 from tests.serving import Spec, policy_model
-from tests.serving.conftest import allocate_request, reference_icm, request_for
+from tests.serving.conftest import allocate_request, decide_one, reference_icm, request_for
+from tests.serving.requests import validate_one
 from tests.serving.shared_models import (
     BETA,
     MAX_SERVED,
@@ -107,7 +108,7 @@ def test_serves_fewer_and_more_assets_than_it_was_trained_with(
 ) -> None:
     prices = closes(shared, n, seed=n)
     current = np.random.default_rng(n).dirichlet(np.ones(n + 1))
-    out, state = decide(shared, request_for(shared, ids(n), prices, current), None)
+    out, state = decide_one(shared, request_for(shared, ids(n), prices, current), None)
     want, action, _ = reference(fixture, prices, current)
     np.testing.assert_allclose(out.raw_weights, want, atol=1e-6)
     np.testing.assert_allclose(out.smoothed_weights, out.raw_weights, atol=1e-15)  # new
@@ -132,7 +133,7 @@ def test_a_risk_anchor_in_the_manifest_is_the_anchor_served(
     n = 9
     prices = closes(model, n, seed=21)
     current = np.random.default_rng(21).dirichlet(np.ones(n + 1))
-    out, _ = decide(model, request_for(model, ids(n), prices, current), None)
+    out, _ = decide_one(model, request_for(model, ids(n), prices, current), None)
     inverse_vol, action, _ = reference(fixture, prices, current)
     mask = np.ones(n + 1, dtype=bool)
     want = tilt_weights(action, anchor_weights(prices, mask, anchor.spec()), mask, tilt.k)
@@ -145,9 +146,9 @@ def test_permuting_the_assets_permutes_the_answer(shared: LoadedModel) -> None:
     prices = closes(shared, n, seed=7)
     current = np.random.default_rng(7).dirichlet(np.ones(n + 1))
     names = ids(n)
-    first, _ = decide(shared, request_for(shared, names, prices, current), None)
+    first, _ = decide_one(shared, request_for(shared, names, prices, current), None)
     perm = np.random.default_rng(3).permutation(n)
-    second, _ = decide(
+    second, _ = decide_one(
         shared,
         request_for(shared, [names[j] for j in perm], prices[perm], current[np.r_[0, perm + 1]]),
         None,
@@ -164,9 +165,9 @@ def test_a_batch_of_mixed_sizes_answers_as_one_portfolio_at_a_time(shared: Loade
         request_for(shared, ids(n, f"P{k}_"), closes(shared, n, 40 + k), portfolio_id=f"p{k}")
         for k, n in enumerate(sizes)
     ]
-    together = decide_batch(shared, requests, [None] * len(requests))
-    for request, (out, state) in zip(requests, together, strict=True):
-        alone, alone_state = decide(shared, request, None)
+    together = decide_many(shared, requests, [None] * len(requests))
+    for request, out, state in zip(requests, together.outputs, together.states, strict=True):
+        alone, alone_state = decide_one(shared, request, None)
         np.testing.assert_allclose(out.raw_weights, alone.raw_weights, atol=1e-7)
         assert state.slots == alone_state.slots
         assert state.smoothed.size == max(SLOTS, request.n_assets) + 1
@@ -183,7 +184,7 @@ def test_the_state_follows_assets_as_the_universe_grows_and_shrinks(
     for k, cols in enumerate(steps):
         names = [universe[j] for j in cols]
         request = request_for(shared, names, prices[cols], request_id=f"r{k}")
-        out, state = decide(shared, request, state)
+        out, state = decide_one(shared, request, state)
         current = np.asarray(out.current_weights)
         raw, _, _ = reference(fixture, prices[cols], current)
         np.testing.assert_allclose(out.raw_weights, raw, atol=1e-6)
@@ -211,9 +212,9 @@ def test_icm_is_reported_only_while_the_portfolio_fits_the_training_slots(
     prices = closes(shared, n, seed=5)
     current = np.random.default_rng(5).dirichlet(np.ones(n + 1))
     request = request_for(shared, ids(n), prices, current)
-    first, state = decide(shared, request, None)
+    first, state = decide_one(shared, request, None)
     assert first.icm_reward is None
-    second, state2 = decide(shared, request, state)
+    second, state2 = decide_one(shared, request, state)
     _, action, raw_features = reference(fixture, prices, current)
     flat = np.zeros((SLOTS, fixture.n_features), np.float32)
     flat[:n] = raw_features
@@ -230,11 +231,11 @@ def test_icm_is_reported_only_while_the_portfolio_fits_the_training_slots(
     assert second.icm_reward == pytest.approx(expected, abs=1e-4)
 
     big = request_for(shared, ids(12), closes(shared, 12, seed=6))
-    grown, wide_state = decide(shared, big, state2)
+    grown, wide_state = decide_one(shared, big, state2)
     assert grown.icm_reward is None
     assert wide_state.observation is None
     assert wide_state.action is None
-    again, _ = decide(shared, big, wide_state)
+    again, _ = decide_one(shared, big, wide_state)
     assert again.icm_reward is None  # 12 assets do not fit the ICM's 6 slots
 
 
@@ -243,10 +244,10 @@ def test_requests_are_checked_against_the_served_limits(shared: LoadedModel) -> 
     too_many = MAX_SERVED + 1
     message = allocate_request(ids(too_many), closes(shared, too_many, seed=1))
     with pytest.raises(InvalidRequest, match=rf"at most {MAX_SERVED} \(max_served_assets\)"):
-        validate_request(message, shape)
+        validate_one(message, shape)
     short = allocate_request(ids(2), closes(shared, 2, seed=1)[:, 1:])
     with pytest.raises(InvalidRequest, match="expected 18 values") as info:
-        validate_request(short, shape)
+        validate_one(short, shape)
     assert info.value.field == "prices"
 
 

@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from allocator.serving import LoadedModel, load_model
-from allocator.serving.decision import DecisionOutput, PortfolioState, decide
+from allocator.serving.decision import DecisionOutput, PortfolioState
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.state import (
     MemoryStateStore,
@@ -33,8 +33,9 @@ from allocator.serving.state import (
     StateStore,
 )
 from allocator.serving.step import DecisionStep
-from allocator.serving.validation import InvalidRequest, ModelShape, ValidRequest, validate_request
-from tests.serving.conftest import TINY, allocate_request
+from allocator.serving.validation import InvalidRequest, ModelShape, ValidRequest
+from tests.serving.conftest import TINY, allocate_request, decide_one, items_for
+from tests.serving.requests import validate_one
 
 # --- a deterministic request history shared by the main process and the workers -----------------
 
@@ -51,14 +52,14 @@ def history_input(step: int, portfolio_id: str = "p") -> ValidRequest:
     message = allocate_request(
         ids, prices, current, portfolio_id=portfolio_id, request_id=f"{portfolio_id}-{step}"
     )
-    return validate_request(message, ModelShape(TINY.max_assets, TINY.window))
+    return validate_one(message, ModelShape(TINY.max_assets, TINY.window))
 
 
 def decide_in(
     store: StateStore, model: LoadedModel, requests: list[ValidRequest]
 ) -> list[DecisionOutput]:
     """The decision step for distinct portfolios, under ``store``'s locks, recording nothing."""
-    answers = DecisionStep(store).decide_and_record(model, requests)
+    answers = DecisionStep(store).run(items_for(model, requests), None)
     return [a.output for a in answers]  # type: ignore[misc]  # no cache: all decided
 
 
@@ -144,7 +145,7 @@ def make_states(model: LoadedModel, n: int) -> list[PortfolioState]:
     out = []
     state = None
     for k in range(n):
-        _, state = decide(model, history_input(k), state)
+        _, state = decide_one(model, history_input(k), state)
         out.append(state)
     return out
 

@@ -17,10 +17,9 @@ from allocator.serving.validation import (
     ModelShape,
     ValidRequest,
     model_pin,
-    validate_request,
     validate_reset,
 )
-from tests.serving.requests import SHAPE, make_request, price_rows, refused
+from tests.serving.requests import SHAPE, make_request, price_rows, refused, validate_one
 
 # --- the happy path -------------------------------------------------------------------------
 
@@ -28,7 +27,7 @@ from tests.serving.requests import SHAPE, make_request, price_rows, refused
 def test_valid_request_is_typed_and_shaped() -> None:
     request = make_request(3)
     request.model.name = "alpha"
-    valid = validate_request(request, SHAPE)
+    valid = validate_one(request, SHAPE)
     assert isinstance(valid, ValidRequest)
     assert valid.portfolio_id == "fund-1"
     assert valid.request_id == "req-1"
@@ -45,20 +44,20 @@ def test_valid_request_is_typed_and_shaped() -> None:
 
 
 def test_weights_and_pin_are_optional() -> None:
-    valid = validate_request(make_request(1, weights=False), SHAPE)
+    valid = validate_one(make_request(1, weights=False), SHAPE)
     assert valid.current_weights is None
     assert valid.model_name is None
     assert valid.model_version is None
 
 
 def test_exactly_max_assets_is_fine() -> None:
-    assert validate_request(make_request(SHAPE.max_assets), SHAPE).n_assets == SHAPE.max_assets
+    assert validate_one(make_request(SHAPE.max_assets), SHAPE).n_assets == SHAPE.max_assets
 
 
 def test_weights_within_tolerance_and_with_zeros() -> None:
     request = make_request(3, weights=False)
     request.current_weights.extend([0.0, 0.5, 0.5 + 5e-7, 0.0])
-    assert validate_request(request, SHAPE).current_weights is not None
+    assert validate_one(request, SHAPE).current_weights is not None
 
 
 def test_model_pin() -> None:
@@ -99,7 +98,7 @@ def test_bad_ids(field: str, value: str, words: str) -> None:
 
 
 def test_ids_of_200_characters_are_fine() -> None:
-    assert validate_request(make_request(portfolio_id="p" * 200), SHAPE).portfolio_id == "p" * 200
+    assert validate_one(make_request(portfolio_id="p" * 200), SHAPE).portfolio_id == "p" * 200
 
 
 def test_no_assets() -> None:
@@ -145,7 +144,7 @@ def test_ids_that_only_contain_cash_are_assets(ids: tuple[str, ...]) -> None:
     """The cheap test flags them (``CASH`` in the joined ids); the search clears them."""
     request = make_request(len(ids))
     request.asset_ids[:] = ids
-    assert validate_request(request, SHAPE).asset_ids == ids
+    assert validate_one(request, SHAPE).asset_ids == ids
 
 
 @pytest.mark.parametrize(
@@ -164,7 +163,7 @@ def test_reset_refuses_the_ids_allocate_refuses(value: str, words: str) -> None:
 def test_reset_takes_what_allocate_takes() -> None:
     for value in ("p" * 200, "fund-1", "üñí €"):
         assert validate_reset(pb.ResetPortfolioRequest(portfolio_id=value)) == value
-        assert validate_request(make_request(portfolio_id=value), SHAPE).portfolio_id == value
+        assert validate_one(make_request(portfolio_id=value), SHAPE).portfolio_id == value
 
 
 @pytest.mark.parametrize(
@@ -183,7 +182,7 @@ def test_long_but_valid_asset_ids() -> None:
     request = make_request(4)
     for i in range(4):
         request.asset_ids[i] = f"{i}" + "x" * 199
-    assert validate_request(request, SHAPE).asset_ids[3].startswith("3x")
+    assert validate_one(request, SHAPE).asset_ids[3].startswith("3x")
 
 
 @pytest.mark.parametrize("delta", [-1, 1, -SHAPE.window - 1])
@@ -314,7 +313,7 @@ def valid_requests(draw: st.DrawFn) -> tuple[pb.AllocateRequest, ModelShape]:
 @given(valid_requests())
 def test_valid_requests_pass_unchanged(case: tuple[pb.AllocateRequest, ModelShape]) -> None:
     request, shape = case
-    valid = validate_request(request, shape)
+    valid = validate_one(request, shape)
     assert valid.asset_ids == tuple(request.asset_ids)
     assert valid.prices.shape == (len(request.asset_ids), shape.window + 1)
     assert valid.prices.ravel().tolist() == list(request.prices)
@@ -361,7 +360,7 @@ def test_corrupted_requests_raise_invalid_request_only(
         request.request_id = ["", "\x00", "r" * 201][position % 3]
     error: InvalidRequest | None = None
     try:
-        validate_request(request, shape)
+        validate_one(request, shape)
     except InvalidRequest as exc:
         error = exc
     if error is not None:

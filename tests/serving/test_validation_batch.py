@@ -15,9 +15,8 @@ from allocator.serving.validation import (
     ModelShape,
     ValidRequest,
     validate_batch,
-    validate_request,
 )
-from tests.serving.requests import SHAPE, make_request, price_rows
+from tests.serving.requests import SHAPE, make_request, price_rows, validate_one
 
 # --- batches ----------------------------------------------------------------------------------
 
@@ -191,7 +190,7 @@ def test_batch_resolver_errors_propagate_with_the_index() -> None:
 
 def _each(batch: pb.AllocateBatchRequest, shape: ModelShape = SHAPE) -> list[ValidRequest]:
     """What validating each request alone gives (the reference for the whole-batch check)."""
-    return [validate_request(r, shape) for r in batch.requests]
+    return [validate_one(r, shape) for r in batch.requests]
 
 
 def test_whole_batch_check_gives_what_each_request_alone_gives() -> None:

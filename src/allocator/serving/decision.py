@@ -50,8 +50,6 @@ __all__ = [
     "ModelKey",
     "PortfolioState",
     "StateDecodeError",
-    "decide",
-    "decide_batch",
     "decide_many",
 ]
 
@@ -158,21 +156,12 @@ class Decisions:
     sizes: list[int]
 
 
-def decide_batch(
-    model: LoadedModel,
-    requests: Sequence[ValidRequest],
-    states: Sequence[PortfolioState | None],
-) -> list[tuple[DecisionOutput, PortfolioState]]:
-    """Each request's answer and new state with one model call; pure, nothing is stored."""
-    decided = decide_many(model, requests, states)
-    return list(zip(decided.outputs, decided.states, strict=True))
-
-
 def decide_many(
     model: LoadedModel,
     requests: Sequence[ValidRequest],
     states: Sequence[PortfolioState | None],
 ) -> Decisions:
+    """Each request's answer and new state with one model call; pure, nothing is stored."""
     batch = len(requests)
     if len(states) != batch:
         raise ValueError(f"{batch} requests but {len(states)} states")
@@ -230,9 +219,3 @@ def decide_many(
             )
         )
     return Decisions(outputs, new_states, raw_req, smoothed_req, current_req, sizes)
-
-
-def decide(
-    model: LoadedModel, request: ValidRequest, state: PortfolioState | None
-) -> tuple[DecisionOutput, PortfolioState]:
-    return decide_batch(model, (request,), (state,))[0]

@@ -223,20 +223,6 @@ class DecisionStep:
             for r, f in zip(valid, request_fingerprints(valid), strict=True)
         ]
 
-    def decide_and_record(
-        self,
-        model: LoadedModel,
-        requests: Sequence[ValidRequest],
-        *,
-        started: float | None = None,
-        time_remaining: TimeRemaining | None = None,
-    ) -> list[Answer]:
-        """``run`` for requests validated against ``model``, each portfolio named once."""
-        started = time.perf_counter() if started is None else started
-        fingerprints = request_fingerprints(requests)
-        items = [Item(model, r, f, started) for r, f in zip(requests, fingerprints, strict=True)]
-        return self.run(items, time_remaining)
-
     def run(self, items: Sequence[Item], time_remaining: TimeRemaining | None) -> list[Answer]:
         """Decide for distinct portfolios under their locks; record; then store the states."""
         late = False

@@ -34,7 +34,6 @@ __all__ = [
     "required_id",
     "validate_batch",
     "validate_call",
-    "validate_request",
     "validate_reset",
 ]
 
@@ -157,10 +156,6 @@ class _Head(NamedTuple):
     model_name: str | None
     model_version: str | None
     per_asset: int
-
-
-def validate_request(request: pb.AllocateRequest, shape: ModelShape) -> ValidRequest:
-    return _validate((request,), lambda name, version: shape, indexed=False)[0]
 
 
 def validate_call(request: pb.AllocateRequest, shape_for: ShapeResolver) -> ValidRequest:

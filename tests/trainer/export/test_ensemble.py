@@ -43,7 +43,6 @@ from allocator.portfolio import (
 )
 from allocator.registry.layout import ICM_FILE, MODEL_FILE
 from allocator.serving import LoadedModel, load_model
-from allocator.serving.decision import decide
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import LoadedRun, load_run
 from allocator.trainer.export.observations import (
@@ -55,7 +54,7 @@ from allocator.trainer.export.parity import check_parity, onnx_session
 from allocator.trainer.export.run import export_runs
 from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run import train
-from tests.serving.conftest import request_for
+from tests.serving.conftest import decide_one, request_for
 from tests.trainer.export import MAX_ASSETS, SHARED_MAX_ASSETS, TOL
 from tests.trainer.export.conftest import SHARED_PARITY_SAMPLES
 
@@ -326,7 +325,7 @@ def test_shared_ensemble_is_served_as_the_tilt_of_the_mean_action(
     prices = closes(n, model.prices_per_asset, seed=n)
     current = np.random.default_rng(n).dirichlet(np.ones(n + 1))
     ids = [f"A{i}" for i in range(n)]
-    out, _ = decide(model, request_for(model, ids, prices, current), None)
+    out, _ = decide_one(model, request_for(model, ids, prices, current), None)
     mask = np.ones(n + 1, dtype=bool)
     raw = asset_features(prices, mask, policy.features)[None].astype(np.float32)
     action = shared_mean_action(
@@ -354,7 +353,7 @@ def test_flat_ensemble_is_served_as_the_weights_of_the_mean_action(
     prices = closes(MAX_ASSETS, model.prices_per_asset, seed=3)
     current = np.random.default_rng(3).dirichlet(np.ones(MAX_ASSETS + 1))
     ids = [f"A{i}" for i in range(MAX_ASSETS)]
-    out, _ = decide(model, request_for(model, ids, prices, current), None)
+    out, _ = decide_one(model, request_for(model, ids, prices, current), None)
     mask = np.ones(MAX_ASSETS + 1, dtype=bool)
     raw = build_raw_observation(prices, current, mask, spec)[None]
     action = flat_mean_action(loaded_flat, raw)
