@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
@@ -20,6 +20,9 @@ from pydantic_settings import (
 )
 
 from allocator.typed_config import ConfigError, StrictModel
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = ["ENV_PREFIX", "ServerConfig", "ServerSettings", "load_server_config"]
 
@@ -101,21 +104,32 @@ class ServerConfig(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _check_tls(self) -> ServerConfig:
+    def _check_combinations(self) -> ServerConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
-        return self
-
-    @model_validator(mode="after")
-    def _check_workers(self) -> ServerConfig:
         if self.workers > 1 and self.redis_url is None:
             raise ValueError(
                 f"--workers {self.workers} needs --redis-url: each worker process answers any "
                 "portfolio, so the smoothing state must live in a store they share"
             )
         return self
+
+    def dial_target(self, port: int) -> str:
+        """``host:port`` for a client on this host: a wildcard bind address is dialled locally."""
+        host = "127.0.0.1" if self.host in {"0.0.0.0", "[::]", "::"} else self.host
+        return f"{host}:{port}"
+
+    def serve_metrics(self, registry: CollectorRegistry) -> tuple[Any, int | None]:
+        """Start ``/metrics`` on ``metrics_port``: the HTTP server and its port (Nones: off)."""
+        if self.metrics_port is None:
+            return None, None
+        from prometheus_client import start_http_server  # only a process serving /metrics needs it
+
+        addr = self.host.strip("[]")  # gRPC writes [::]; getaddrinfo wants ::
+        http, _ = start_http_server(self.metrics_port, addr=addr, registry=registry)
+        return http, http.server_port
 
 
 class ServerSettings(ServerConfig, BaseSettings):

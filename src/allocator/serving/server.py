@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.metrics.serving import ServingMetrics
@@ -88,19 +88,10 @@ class AllocationServer:
 
     @property
     def target(self) -> str:
-        host = self.config.host
-        host = "127.0.0.1" if host in {"0.0.0.0", "[::]", "::"} else host
-        return f"{host}:{self.port}"
+        return self.config.dial_target(self.port)
 
     def start(self) -> AllocationServer:
-        if self.config.metrics_port is not None:
-            http, _ = start_http_server(
-                self.config.metrics_port,
-                addr=self.config.host.strip("[]"),  # gRPC writes [::]; getaddrinfo wants ::
-                registry=self.metrics_registry,
-            )
-            self._metrics_http = http
-            self.metrics_port = http.server_port
+        self._metrics_http, self.metrics_port = self.config.serve_metrics(self.metrics_registry)
         self.loop.run(self._start())
         self.registry.watch(self.config.reload_interval)
         log.info("allocation server listening on %s", self.target)

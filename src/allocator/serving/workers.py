@@ -149,9 +149,7 @@ class Supervisor:
 
     @property
     def target(self) -> str:
-        host = self.config.host
-        host = "127.0.0.1" if host in {"0.0.0.0", "[::]", "::"} else host
-        return f"{host}:{self.port}"
+        return self.config.dial_target(self.port)
 
     def _spawn(self, index: int) -> _Worker:
         return _Worker(index, worker_config(self.config, index, self.port), self._env)
@@ -176,16 +174,7 @@ class Supervisor:
                 self._abort()
                 raise RuntimeError(f"the workers did not start within {timeout:g} s")
             self._read_pipes(0.2)
-        if self.config.metrics_port is not None:
-            from prometheus_client import start_http_server
-
-            http, _ = start_http_server(
-                self.config.metrics_port,
-                addr=self.config.host.strip("[]"),
-                registry=self.metrics_registry,
-            )
-            self._metrics_http = http
-            self.metrics_port = http.server_port
+        self._metrics_http, self.metrics_port = self.config.serve_metrics(self.metrics_registry)
         return self
 
     def _prepare_database(self) -> None:
