@@ -24,12 +24,12 @@ from allocator.recording.recorder import Recorder
 from allocator.recording.records import ModelRecord
 from allocator.serving import LoadedModel
 from allocator.serving.batcher import DecisionBatcher
-from allocator.serving.idempotency import request_fingerprint
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 from allocator.serving.state import MemoryStateStore
 from allocator.serving.step import Answer, DecisionStep, Item, model_shape
 from tests.recording.gated_sink import GatedSink, rows
+from tests.serving.conftest import items_for
 from tests.serving.requests import validate_one
 from tests.serving.server.helpers import make_request, start_server
 
@@ -98,8 +98,7 @@ def gated(tmp_path: Path, tiny_model: LoadedModel) -> Iterator[tuple[Recorder, G
 
 
 def items(model: LoadedModel, request: pb.AllocateRequest) -> list[Item]:
-    valid = validate_one(request, model_shape(model))
-    return [Item(model, valid, request_fingerprint(valid), time.perf_counter())]
+    return items_for(model, [validate_one(request, model_shape(model))])
 
 
 async def decide_all(

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 from allocator.serving.portfolio_state import FINGERPRINT_BYTES, LastAnswer
 from allocator.serving.validation import InvalidRequest, ValidRequest
 
-__all__ = ["RecentRequests", "check_last", "request_fingerprint", "request_fingerprints"]
+__all__ = ["RecentRequests", "check_last", "request_fingerprints"]
 
 _LITTLE = sys.byteorder == "little"
 
@@ -47,14 +47,10 @@ def _float64_le(values: NDArray[np.float64]) -> bytes | memoryview:
     return np.ascontiguousarray(values, dtype="<f8").tobytes()
 
 
-def request_fingerprint(r: ValidRequest) -> bytes:
-    """A digest of a request's inputs, so a reused id with other inputs is not answered as a
-    retry: blake2b (the same in every process), every variable part length-prefixed."""
-    return request_fingerprints((r,))[0]
-
-
 def request_fingerprints(requests: Sequence[ValidRequest]) -> list[bytes]:
-    """Each shared asset list or pin encoded once; the arrays hashed in place."""
+    """Digests of requests' inputs, so a reused id with other inputs is not answered as a retry:
+    blake2b (the same in every process), every variable part length-prefixed; each shared asset
+    list or pin encoded once, the arrays hashed in place."""
     ids_parts: dict[tuple[str, ...], bytes] = {}
     pin_parts: dict[tuple[str | None, str | None], bytes] = {}
     out: list[bytes] = []

@@ -157,7 +157,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         start = time.perf_counter()
 
         async def handle() -> pb.AllocateResponse:
-            items = self.step.unary_items(request, self.registry.snapshot.resolve, start)
+            items = self.step.items(request, self.registry.snapshot.resolve, start)
             (answer,) = await self.batcher.decide(items, call_deadline(context.time_remaining))
             return answer.response
 
@@ -169,7 +169,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         start = time.perf_counter()
 
         async def handle() -> pb.AllocateBatchResponse:
-            items = self.step.batch_items(request, self.registry.snapshot.resolve, start)
+            items = self.step.items(request, self.registry.snapshot.resolve, start)
             answers = await self.batcher.decide(items, call_deadline(context.time_remaining))
             return batch_response(answers)
 

@@ -1,11 +1,11 @@
 """The decision step: the one path from a request to its recorded, stored answer.
 
-validate against the resolved model (``unary_items``, ``batch_items``: a unary call is a batch
-of one) -> lock the portfolios -> ``prepare`` (retries get their stored answers) -> ``decide``
-(one onnxruntime call per model, the records to the recorder as one ticket) -> wait until they
-are durable -> ``settle`` (the new states, carrying their answers) -> ``observe``. The server's
-batcher runs these steps for each batch of concurrent calls; ``DecisionStep.run`` runs them for
-one call synchronously (the serving-path replay, so a backtest is what the server would answer).
+validate against the resolved model (``items``: a unary call is a batch of one) -> lock the
+portfolios -> ``prepare`` (retries get their stored answers) -> ``decide`` (one onnxruntime
+call per model, the records to the recorder as one ticket) -> wait until they are durable ->
+``settle`` (the new states, carrying their answers) -> ``observe``. The server's batcher runs
+these steps for each batch of concurrent calls; ``DecisionStep.run`` runs them for one call
+synchronously (the serving-path replay, so a backtest is what the server would answer).
 
 Invariants: validation is all or nothing; the recorder accepts the records before any state
 advances (a refusal advances nothing); with durable acknowledgement the wait happens under the
@@ -31,13 +31,11 @@ from allocator.metrics.serving import ServingMetrics
 from allocator.recording.recorder import Recorder
 from allocator.recording.records import DecisionRecord
 from allocator.recording.tickets import NotDurableError
-from allocator.registry.errors import ModelNotFoundError
 from allocator.serving.answers import AnswerEncoder, framed, parse, weight_bytes
 from allocator.serving.decision import DecisionOutput, Decisions, decide_many
 from allocator.serving.idempotency import (
     RecentRequests,
     check_last,
-    request_fingerprint,
     request_fingerprints,
 )
 from allocator.serving.loader import LoadedModel
@@ -174,50 +172,28 @@ class DecisionStep:
         """One request, from the wire to its answer; ``started``: ``time.perf_counter()`` at
         the call's arrival."""
         started = time.perf_counter() if started is None else started
-        (answer,) = self.run(self.unary_items(request, resolve, started), time_remaining)
+        (answer,) = self.run(self.items(request, resolve, started), time_remaining)
         return answer
 
-    def allocate_batch(
+    def items(
         self,
-        batch: pb.AllocateBatchRequest,
+        call: pb.AllocateRequest | pb.AllocateBatchRequest,
         resolve: ModelResolver,
-        *,
-        started: float | None = None,
-        time_remaining: TimeRemaining | None = None,
-    ) -> list[Answer]:
-        started = time.perf_counter() if started is None else started
-        return self.run(self.batch_items(batch, resolve, started), time_remaining)
-
-    def unary_items(
-        self, request: pb.AllocateRequest, resolve: ModelResolver, started: float
+        started: float,
     ) -> list[Item]:
-        models: list[LoadedModel] = []
-
-        def shape_for(name: str | None, version: str | None) -> ModelShape:
-            try:
-                model = resolve(name, version)
-            except ModelNotFoundError as exc:
-                exc.add_note("model")
-                raise
-            models.append(model)
-            return model_shape(model)
-
-        valid = validate_call(request, shape_for)
-        return [Item(models[-1], valid, request_fingerprint(valid), started)]
-
-    def batch_items(
-        self, batch: pb.AllocateBatchRequest, resolve: ModelResolver, started: float
-    ) -> list[Item]:
-        """All validated, each against its own model, before any is decided."""
+        """A call's requests, all validated, each against its own model, before any is decided."""
         models: dict[tuple[str | None, str | None], LoadedModel] = {}
 
         def shape_for(name: str | None, version: str | None) -> ModelShape:
             model = models[(name, version)] = resolve(name, version)
             return model_shape(model)
 
-        valid = validate_batch(batch, shape_for)
-        if self.metrics is not None:
-            self.metrics.observe_batch(len(valid))
+        if isinstance(call, pb.AllocateRequest):
+            valid = [validate_call(call, shape_for)]
+        else:
+            valid = validate_batch(call, shape_for)
+            if self.metrics is not None:
+                self.metrics.observe_batch(len(valid))
         return [
             Item(models[(r.model_name, r.model_version)], r, f, started)
             for r, f in zip(valid, request_fingerprints(valid), strict=True)

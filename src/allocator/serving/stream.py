@@ -160,7 +160,7 @@ class AllocationStreams:
             return _error(0, grpc.StatusCode.INVALID_ARGUMENT, item.message)
         decisions = len(item.batch.requests)
         try:
-            items = self.step.batch_items(item.batch, self.resolver(), started=start)
+            items = self.step.items(item.batch, self.resolver(), start)
             answers = await self.batcher.decide(items, call_deadline(context.time_remaining))
         except Exception as exc:
             code, message = error_status(exc)

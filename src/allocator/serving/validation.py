@@ -190,10 +190,10 @@ def _validate(
             head = _head(request, shape_for, shapes, checked)
         except Exception as exc:
             _explain_numbers(requests, heads, indexed)
-            if isinstance(exc, InvalidRequest) and indexed:
+            if not isinstance(exc, InvalidRequest):
+                exc.add_note(f"requests[{i}].model" if indexed else "model")
+            elif indexed:
                 raise exc.within(f"requests[{i}]") from None
-            if indexed:
-                exc.add_note(f"requests[{i}].model")
             raise
         heads.append(head)
         for field, key in (("request_id", head.request_id), ("portfolio_id", head.portfolio_id)):
