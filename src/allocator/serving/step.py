@@ -175,6 +175,17 @@ class DecisionStep:
         (answer,) = self.run(self.items(request, resolve, started), time_remaining)
         return answer
 
+    def allocate_batch(
+        self,
+        batch: pb.AllocateBatchRequest,
+        resolve: ModelResolver,
+        *,
+        started: float | None = None,
+        time_remaining: TimeRemaining | None = None,
+    ) -> list[Answer]:
+        started = time.perf_counter() if started is None else started
+        return self.run(self.items(batch, resolve, started), time_remaining)
+
     def items(
         self,
         call: pb.AllocateRequest | pb.AllocateBatchRequest,
