@@ -12,8 +12,8 @@ from typing import Any, Literal
 from pydantic import Field, PositiveInt, field_validator
 
 from allocator.trainer.market.draws import DRAWS, SP500_DEV
-from allocator.trainer.training.config import TRAINER_HELP, UNION_TAGS, TrainConfig, load_job_tree
-from allocator.typed_config import StrictModel, validate
+from allocator.trainer.training.config import TRAINER_HELP, TrainConfig, load_job_config
+from allocator.typed_config import StrictModel
 
 Mode = Literal["development", "heldout"]
 
@@ -74,8 +74,4 @@ class SuiteConfig(StrictModel):
 def load_suite_config(path: str | Path, overrides: Sequence[str] | None = None) -> SuiteConfig:
     """Read a suite YAML; ``trainer`` is a trainer YAML path (relative to the working
     directory, else to this file) or an inline mapping."""
-    p = Path(path)
-    tree, trainer_file = load_job_tree(p, overrides, "config file")
-    if trainer_file is not None:
-        tree["trainer_source"] = trainer_file
-    return validate(SuiteConfig, tree, str(p), "suite configuration", tags=UNION_TAGS)
+    return load_job_config(SuiteConfig, path, overrides, "suite configuration")

@@ -11,8 +11,8 @@ from pydantic import Field, field_validator, model_validator
 from allocator.trainer.jobs.evaluation import DEFAULT_BASELINES, BaselineFit
 from allocator.trainer.market.windows import WindowSpec
 from allocator.trainer.sim.baselines import ANCHOR, BaselineName
-from allocator.trainer.training.config import TRAINER_HELP, UNION_TAGS, TrainConfig, load_job_tree
-from allocator.typed_config import StrictModel, validate
+from allocator.trainer.training.config import TRAINER_HELP, TrainConfig, load_job_config
+from allocator.typed_config import StrictModel
 
 EQUAL_WEIGHT = BaselineName.EQUAL_WEIGHT.value
 """The reference baseline: excess Sharpe and the regime of a window are measured against it."""
@@ -144,8 +144,4 @@ def load_walk_forward_config(
 ) -> WalkForwardConfig:
     """Read a walk-forward YAML; ``trainer`` is a trainer YAML path or an inline mapping,
     inlined before ``--set`` overrides apply (``--set trainer=other.yaml`` swaps it)."""
-    p = Path(path)
-    tree, trainer_file = load_job_tree(p, overrides, "config file")
-    if trainer_file is not None:
-        tree["trainer_source"] = trainer_file
-    return validate(WalkForwardConfig, tree, str(p), "walk-forward configuration", tags=UNION_TAGS)
+    return load_job_config(WalkForwardConfig, path, overrides, "walk-forward configuration")
