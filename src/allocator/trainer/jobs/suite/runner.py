@@ -80,14 +80,7 @@ def run_suite(
     write_json(out / "suite_config.json", json_safe(config.model_dump(mode="json")))
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    executor = open_executor(
-        config.executor,
-        run_job,
-        job_label,
-        workers=config.workers,
-        address=config.ray_address,
-        retries=config.retries,
-    )
+    executor = open_executor(config, run_job, job_label)
     with (out / "rows.jsonl").open("w") as log:
         for row in fan_out(executor, jobs):
             rows.append(row)

@@ -17,7 +17,12 @@ import optuna
 from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
-from allocator.trainer.jobs.executors import Executor, WorkerLostError, open_executor
+from allocator.trainer.jobs.executors import (
+    Executor,
+    ExecutorSettings,
+    WorkerLostError,
+    open_executor,
+)
 from allocator.trainer.jobs.run_folder import make_label, run_directory
 from allocator.trainer.jobs.tuning.config import TuneConfig, TuneError
 from allocator.trainer.jobs.tuning.objective import TrialJob, TrialOutcome, run_trial
@@ -206,14 +211,13 @@ def run_tuning(
     driver = Driver(config, space, study, out, done, tracked)
     capacity = 1
     try:
-        trials = open_executor(
-            config.executor,
-            run_trial,
-            trial_label,
+        where = ExecutorSettings(
+            executor=config.executor,
             workers=config.parallel,
-            address=config.ray_address,
+            ray_address=config.ray_address,
             retries=0,
         )
+        trials = open_executor(where, run_trial, trial_label)
         with ended_on_error(tracked), trials as executor:
             capacity = executor.capacity
             driver.run(executor)

@@ -84,13 +84,7 @@ def window_stream(
     """The windows' results as they finish; a window whose worker died too often fails the run
     as a ``WalkForwardError``."""
     executor = open_executor(
-        config.executor,
-        run_window,
-        lambda job: f"window {job.window.label}",
-        workers=config.workers,
-        address=config.ray_address,
-        retries=config.retries,
-        retry_exceptions=config.retry_exceptions,
+        config, run_window, lambda job: f"window {job.window.label}", config.retry_exceptions
     )
     try:
         yield from fan_out(executor, jobs)
