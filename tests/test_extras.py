@@ -23,11 +23,11 @@ def test_a_missing_extra_is_named(monkeypatch, module, extra):
 
 def test_the_ray_executor_names_the_extra(monkeypatch):
     """Every job's Ray executor (walk-forward, tuning, suite) is this one."""
-    from allocator.trainer.jobs.executors import open_executor
+    from allocator.trainer.jobs.executors import ExecutorSettings, open_executor
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(MissingExtraError, match=r"allocator\[ray\]"):
-        open_executor("ray", str, str, workers=1)
+        open_executor(ExecutorSettings(executor="ray", workers=1), str, str)
 
 
 def test_tune_without_optuna_says_which_extra(monkeypatch, tmp_path):

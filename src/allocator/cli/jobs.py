@@ -163,17 +163,14 @@ def run_walk_forward_command(
     from allocator.registry.errors import ModelLoadError
     from allocator.trainer import MissingExtraError
     from allocator.trainer.export.errors import ExportError
+    from allocator.trainer.jobs.run_folder import make_label, run_directory
     from allocator.trainer.jobs.walk_forward.config import (
         WalkForwardError,
         load_walk_forward_config,
     )
     from allocator.trainer.jobs.walk_forward.report import format_statistics, format_summary
     from allocator.trainer.jobs.walk_forward.resume import resume_walk_forward
-    from allocator.trainer.jobs.walk_forward.runner import (
-        make_label,
-        run_directory,
-        run_walk_forward,
-    )
+    from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
     from allocator.trainer.jobs.walk_forward.state import STATE_FILE, ResumeError
     from allocator.trainer.market.data import DataError
     from allocator.trainer.market.windows import WindowError
@@ -186,7 +183,7 @@ def run_walk_forward_command(
     label = make_label()
     if resume_dir is None:
         assert config is not None  # the group refuses neither --config nor --resume
-        run_dir = run_directory(config, out, label)
+        run_dir = run_directory(config.output_dir, config.name, out, label)
     else:
         run_dir = Path(resume_dir)
 

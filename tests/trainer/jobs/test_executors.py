@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from allocator.trainer.jobs.executors import (
+    ExecutorSettings,
     LocalExecutor,
     ProcessExecutor,
     RayExecutor,
@@ -27,7 +28,9 @@ from tests.trainer.jobs.workers import die, die_once, fail_once, label, refuse, 
 @pytest.mark.parametrize("kind", ["local", "processes"])
 def test_every_executor_gives_every_result(kind: str) -> None:
     jobs = list(range(7))
-    results = list(fan_out(open_executor(kind, square, label, workers=2), jobs))
+    results = list(
+        fan_out(open_executor(ExecutorSettings(executor=kind, workers=2), square, label), jobs)
+    )
     assert sorted(results) == [j * j for j in jobs]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from allocator.artifacts.manifest import Manifest
+from allocator.trainer.training.selection import LOGGED
 
 
 def describe(manifest: Manifest) -> str:
@@ -50,8 +51,7 @@ def describe(manifest: Manifest) -> str:
             figures = ", ".join(
                 f"{k} {v:.4g}"
                 for k, v in values.items()
-                if k in ("sharpe", "total_return", "max_drawdown", "turnover")
-                and isinstance(v, (int, float))
+                if k in LOGGED and isinstance(v, (int, float))
             )
             lines.append(f"metrics         {name}: {figures}")
     if m.export:

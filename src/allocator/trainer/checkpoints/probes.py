@@ -107,8 +107,10 @@ class ProbeReport:
     new_slot_max_action: float | None = None
 
 
-def _max_abs(a: NDArray[np.floating[Any]], b: NDArray[np.floating[Any]]) -> float:
-    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+def max_abs(a: NDArray[Any], b: NDArray[Any]) -> float:
+    """The largest absolute difference of two arrays, in float64 (0 when empty)."""
+    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+    return float(np.max(diff)) if diff.size else 0.0
 
 
 def check_same_actions(algorithm: str, before: Path, after: Path, spec: FeatureSpec) -> ProbeReport:
@@ -118,9 +120,7 @@ def check_same_actions(algorithm: str, before: Path, after: Path, spec: FeatureS
     parts = probe_parts(spec, cash_and_live.astype(np.float32), 1)
     obs = parts.observations(spec)
     old, new = load_model(algorithm, before / MODEL_FILE), load_model(algorithm, after / MODEL_FILE)
-    diff = _max_abs(
-        old.predict(obs, deterministic=True)[0], new.predict(obs, deterministic=True)[0]
-    )
+    diff = max_abs(old.predict(obs, deterministic=True)[0], new.predict(obs, deterministic=True)[0])
     if diff != 0.0:
         raise CheckpointUpgradeError(
             f"probe actions differ after migration (max |diff| {diff:.3g})"
@@ -157,7 +157,7 @@ def _check_icm(
     inv_new = canonical_forward(new.inverse_model, pair_new)[:, :n_act]
     fwd_old = canonical_forward(old.forward_model, np.concatenate([phi_old, acts[0]], axis=1))
     fwd_new = canonical_forward(new.forward_model, np.concatenate([phi_new, acts[1]], axis=1))
-    return max(_max_abs(phi_old, phi_new), _max_abs(inv_old, inv_new), _max_abs(fwd_old, fwd_new))
+    return max(max_abs(phi_old, phi_new), max_abs(inv_old, inv_new), max_abs(fwd_old, fwd_new))
 
 
 def _widened_probes(spec: FeatureSpec, max_assets: int) -> tuple[Obs, Obs, int]:
@@ -224,17 +224,17 @@ def check_widened(
     n_act = spec.n_slots
     # The old slots' actions (actor and TD3's target actor), and the new slots' (0 by design).
     actors = _canonical_pairs(actor_layers(old), actor_layers(new), obs_old, obs_new)
-    canonical = max(_max_abs(a, b[:, :n_act]) for a, b in actors.values())
+    canonical = max(max_abs(a, b[:, :n_act]) for a, b in actors.values())
     new_slots = max(float(np.max(np.abs(b[:, n_act:]))) for _, b in actors.values())
     f32_old = old.predict(obs_old, deterministic=True)[0]
     f32_new = new.predict(obs_new, deterministic=True)[0]
-    float32 = _max_abs(f32_old, f32_new[:, :n_act])
-    consistency = _max_abs(actors["actor"][0], f32_old)
+    float32 = max_abs(f32_old, f32_new[:, :n_act])
+    consistency = max_abs(actors["actor"][0], f32_old)
 
     acts = _probe_actions(len(obs_old), n_act, max_assets, spec.max_assets)
     x_old, x_new = np.concatenate([obs_old, acts[0]], 1), np.concatenate([obs_new, acts[1]], 1)
     critics = _canonical_pairs(critic_layers(old), critic_layers(new), x_old, x_new)
-    critic = max(_max_abs(a, b) for a, b in critics.values())  # critics and their targets
+    critic = max(max_abs(a, b) for a, b in critics.values())  # critics and their targets
     icm = None
     if (before / ICM_FILE).is_file():
         icm = _check_icm(before / ICM_FILE, after / ICM_FILE, (obs_old, obs_new), acts, n_act)

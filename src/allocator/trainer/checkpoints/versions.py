@@ -165,7 +165,7 @@ def v2_to_v3(run_dir: Path, at: str) -> Manifest:
             fields = representation_fields(load_config(run_dir / CONFIG_FILE), run_dir)
         except (ConfigError, ValueError) as exc:
             raise CheckpointUpgradeError(f"{run_dir}: {exc}") from exc
-        source = f"{CONFIG_FILE}"
+        source = CONFIG_FILE
     if "feature_spec" in fields and fields["feature_spec"].kind == "returns":
         fields["feature_spec"] = manifest.feature_spec  # keep what v2 recorded, widening included
     note = f"policy, feature set and action mapping from {source}"

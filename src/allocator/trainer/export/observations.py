@@ -21,16 +21,12 @@ from allocator.portfolio import (
     normalize_observation,
 )
 from allocator.registry.layout import POLICY_INPUTS, SHARED_POLICY_INPUTS
+from allocator.trainer.checkpoints.probes import max_abs
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import Float32Array, LoadedRun
 from allocator.trainer.market.data import DataError, MarketData, load_dataset
 from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
 from allocator.trainer.sim.representation import ActionSettings, AnchorSettings
-
-
-def max_abs(a: NDArray[Any], b: NDArray[Any]) -> float:
-    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
-    return float(np.max(diff)) if diff.size else 0.0
 
 
 @dataclass

@@ -20,12 +20,12 @@ from allocator.portfolio import (
     normalize_observation,
 )
 from allocator.registry.layout import ICM_INPUTS, ICM_OUTPUTS
+from allocator.trainer.checkpoints.probes import max_abs
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import Float32Array, LoadedRun
 from allocator.trainer.export.observations import (
     FlatObservations,
     SetObservations,
-    max_abs,
     normalize_flat,
     parity_sizes,
     random_inputs,

@@ -21,10 +21,14 @@ from concurrent.futures.process import BrokenProcessPool
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar
 
+from pydantic import Field
+
 from allocator.trainer import require_extra
+from allocator.typed_config import StrictModel
 
 __all__ = [
     "Executor",
+    "ExecutorSettings",
     "LocalExecutor",
     "ProcessExecutor",
     "RayExecutor",
@@ -35,6 +39,7 @@ __all__ = [
 
 JobT = TypeVar("JobT")
 ResultT = TypeVar("ResultT")
+ExecutorKind = Literal["local", "processes", "ray"]
 
 
 class WorkerLostError(RuntimeError):
@@ -251,21 +256,34 @@ class RayExecutor(Executor[JobT, ResultT]):
             self.started = False
 
 
+class ExecutorSettings(StrictModel):
+    """The executor keys of a job config that fans its runs out (walk-forward, suite)."""
+
+    executor: ExecutorKind = "local"
+    workers: int | None = Field(
+        None, ge=1, description="runs at once: processes, or a local Ray's CPUs (None: all)"
+    )
+    ray_address: str | None = Field(None, description="None: start a local Ray")
+    retries: int = Field(
+        1,
+        ge=0,
+        description="processes and Ray: times a run is rerun when its worker process dies "
+        "(killed, out of memory, node lost)",
+    )
+
+
 def open_executor(
-    kind: Literal["local", "processes", "ray"],
+    settings: ExecutorSettings,
     work: Callable[[JobT], ResultT],
     label: Callable[[JobT], str],
-    *,
-    workers: int | None = None,
-    address: str | None = None,
-    retries: int = 1,
     retry_exceptions: bool = False,
 ) -> Executor[JobT, ResultT]:
     """The executor a job's config names (``executor: local | processes | ray``)."""
-    if kind == "ray":
-        return RayExecutor(work, label, address, workers, retries, retry_exceptions)
-    if kind == "processes":
-        return ProcessExecutor(work, label, workers, retries, retry_exceptions)
+    s = settings
+    if s.executor == "ray":
+        return RayExecutor(work, label, s.ray_address, s.workers, s.retries, retry_exceptions)
+    if s.executor == "processes":
+        return ProcessExecutor(work, label, s.workers, s.retries, retry_exceptions)
     return LocalExecutor(work, label)
 
 

@@ -17,6 +17,7 @@ from allocator.trainer.agents.regularizer import ActionBoundSettings, Smoothness
 from allocator.trainer.sim.env import EnvConfig
 from allocator.typed_config import (
     ConfigError,
+    Model,
     StrictModel,
     apply_overrides,
     load_tree,
@@ -289,6 +290,20 @@ def load_job_tree(
         tree["trainer"] = merged(tree.get("trainer") or {}, changes)
     tree = apply_overrides(tree, [o for o in overrides if o not in swaps], source)
     return tree, None if found is None else str(found)
+
+
+def load_job_config(
+    model: type[Model],
+    path: str | Path,
+    overrides: Sequence[str] | None,
+    what: str,
+    tags: frozenset[str] = UNION_TAGS,
+) -> Model:
+    """A job config read by ``load_job_tree``, its ``trainer_source`` the trainer file inlined."""
+    tree, trainer_file = load_job_tree(path, overrides, "config file")
+    if trainer_file is not None:
+        tree["trainer_source"] = trainer_file
+    return validate(model, tree, str(path), what, tags=tags)
 
 
 def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

@@ -11,9 +11,10 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, field_validator
 
+from allocator.trainer.jobs.executors import ExecutorKind, ExecutorSettings
 from allocator.trainer.market.draws import DRAWS, SP500_DEV
-from allocator.trainer.training.config import TRAINER_HELP, UNION_TAGS, TrainConfig, load_job_tree
-from allocator.typed_config import StrictModel, validate
+from allocator.trainer.training.config import TRAINER_HELP, TrainConfig, load_job_config
+from allocator.typed_config import StrictModel
 
 Mode = Literal["development", "heldout"]
 
@@ -26,7 +27,7 @@ class RuleGrid(StrictModel):
     ks: list[int] = Field([1, 2], min_length=1, description="how many assets a rule holds")
 
 
-class SuiteConfig(StrictModel):
+class SuiteConfig(ExecutorSettings):
     """A suite run: the recipe trained on every draw of every market and scored beside its
     yardsticks (anchor, equal weight, the best simple rule, the ceiling) on held-out days."""
 
@@ -55,10 +56,7 @@ class SuiteConfig(StrictModel):
         0.1, ge=0, description="ceiling - rule Sharpe below which a draw's gap closed is not read"
     )
     bootstrap_reps: int = Field(10_000, ge=100)
-    executor: Literal["local", "processes", "ray"] = "processes"
-    workers: int | None = Field(None, ge=1, description="processes or Ray CPUs (None: all)")
-    ray_address: str | None = None
-    retries: int = Field(1, ge=0, description="reruns of a run whose worker died")
+    executor: ExecutorKind = "processes"
     torch_threads: int = Field(1, ge=1, description="torch threads per run")
     output_dir: str = "runs/suite"
 
@@ -74,8 +72,4 @@ class SuiteConfig(StrictModel):
 def load_suite_config(path: str | Path, overrides: Sequence[str] | None = None) -> SuiteConfig:
     """Read a suite YAML; ``trainer`` is a trainer YAML path (relative to the working
     directory, else to this file) or an inline mapping."""
-    p = Path(path)
-    tree, trainer_file = load_job_tree(p, overrides, "config file")
-    if trainer_file is not None:
-        tree["trainer_source"] = trainer_file
-    return validate(SuiteConfig, tree, str(p), "suite configuration", tags=UNION_TAGS)
+    return load_job_config(SuiteConfig, path, overrides, "suite configuration")

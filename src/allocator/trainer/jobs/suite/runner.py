@@ -15,6 +15,7 @@ from typing import Any
 from allocator.artifacts.files import write_json
 from allocator.trainer.jobs.executors import fan_out, open_executor
 from allocator.trainer.jobs.json_safe import json_safe
+from allocator.trainer.jobs.run_folder import run_directory
 from allocator.trainer.jobs.suite.config import SuiteConfig
 from allocator.trainer.jobs.suite.job import SuiteJob, job_label, job_trainer, run_job
 from allocator.trainer.jobs.suite.report import plot, summarize, table
@@ -73,20 +74,13 @@ def run_suite(
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
 ) -> SuiteResult:
     """Run the suite and write its report into ``out_dir`` (default: output_dir/name-mode)."""
-    out = Path(out_dir) if out_dir else Path(config.output_dir) / f"{config.name}-{config.mode}"
+    out = run_directory(config.output_dir, config.name, out_dir, config.mode)
     jobs = plan(config, out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "suite_config.json", json_safe(config.model_dump(mode="json")))
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    executor = open_executor(
-        config.executor,
-        run_job,
-        job_label,
-        workers=config.workers,
-        address=config.ray_address,
-        retries=config.retries,
-    )
+    executor = open_executor(config, run_job, job_label)
     with (out / "rows.jsonl").open("w") as log:
         for row in fan_out(executor, jobs):
             rows.append(row)

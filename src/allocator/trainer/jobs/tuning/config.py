@@ -13,8 +13,8 @@ from pydantic import Field
 
 from allocator.trainer.jobs.tuning.space import ParamSpec, SearchSpace, check_space
 from allocator.trainer.market.draws import require_development_dataset
-from allocator.trainer.training.config import TRAINER_HELP, UNION_TAGS, TrainConfig, load_job_tree
-from allocator.typed_config import StrictModel, validate
+from allocator.trainer.training.config import TRAINER_HELP, UNION_TAGS, TrainConfig, load_job_config
+from allocator.typed_config import StrictModel
 
 TAGS = UNION_TAGS | {"median", "halving", "threshold"}
 """Union tags pydantic puts in an error location that no user typed (see ``key_path``)."""
@@ -110,12 +110,8 @@ class TuneConfig(StrictModel):
 
 def load_tune_config(path: str | Path, overrides: Sequence[str] | None = None) -> TuneConfig:
     """Read a tuning YAML and check its search space against its trainer config."""
-    p = Path(path)
-    tree, trainer_file = load_job_tree(p, overrides, "config file")
-    if trainer_file is not None:
-        tree["trainer_source"] = trainer_file
-    config = validate(TuneConfig, tree, str(p), "tuning configuration", tags=TAGS)
-    config.search_space(str(p))
+    config = load_job_config(TuneConfig, path, overrides, "tuning configuration", TAGS)
+    config.search_space(str(path))
     # A study chooses: a suite market's held-out draw may not be its data.
     require_development_dataset(config.trainer.data.dataset, "allocator tune")
     return config

@@ -7,7 +7,6 @@ are marked failed and the files are written before the error goes on."""
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +17,13 @@ import optuna
 from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
-from allocator.trainer.jobs.executors import Executor, WorkerLostError, open_executor
+from allocator.trainer.jobs.executors import (
+    Executor,
+    ExecutorSettings,
+    WorkerLostError,
+    open_executor,
+)
+from allocator.trainer.jobs.run_folder import make_label, run_directory
 from allocator.trainer.jobs.tuning.config import TuneConfig, TuneError
 from allocator.trainer.jobs.tuning.objective import TrialJob, TrialOutcome, run_trial
 from allocator.trainer.jobs.tuning.results import write_results
@@ -67,11 +72,6 @@ class TuneResult:
     @property
     def best(self) -> dict[str, Any] | None:
         return self.summary["best"]
-
-
-def make_label() -> str:
-    """A UTC timestamp: unique per study, sortable."""
-    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
 
 
 def trial_job(
@@ -192,7 +192,7 @@ def run_tuning(
     space = config.search_space()  # before any folder or trial: a bad key fails here
     prepare_data(tuned_config(config.trainer, {}))  # and data or an inner span that cannot work
     label = label or make_label()
-    out = Path(out_dir) if out_dir else Path(config.output_dir) / f"{config.name}-{label}"
+    out = run_directory(config.output_dir, config.name, out_dir, label)
     if (out / STORAGE_FILE).exists():
         raise TuneError(f"{out} already holds a study ({STORAGE_FILE}); choose another folder")
     out.mkdir(parents=True, exist_ok=True)
@@ -211,14 +211,13 @@ def run_tuning(
     driver = Driver(config, space, study, out, done, tracked)
     capacity = 1
     try:
-        trials = open_executor(
-            config.executor,
-            run_trial,
-            trial_label,
+        where = ExecutorSettings(
+            executor=config.executor,
             workers=config.parallel,
-            address=config.ray_address,
+            ray_address=config.ray_address,
             retries=0,
         )
+        trials = open_executor(where, run_trial, trial_label)
         with ended_on_error(tracked), trials as executor:
             capacity = executor.capacity
             driver.run(executor)

@@ -9,10 +9,11 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from allocator.trainer.jobs.evaluation import DEFAULT_BASELINES, BaselineFit
+from allocator.trainer.jobs.executors import ExecutorSettings
 from allocator.trainer.market.windows import WindowSpec
 from allocator.trainer.sim.baselines import ANCHOR, BaselineName
-from allocator.trainer.training.config import TRAINER_HELP, UNION_TAGS, TrainConfig, load_job_tree
-from allocator.typed_config import StrictModel, validate
+from allocator.trainer.training.config import TRAINER_HELP, TrainConfig, load_job_config
+from allocator.typed_config import StrictModel
 
 EQUAL_WEIGHT = BaselineName.EQUAL_WEIGHT.value
 """The reference baseline: excess Sharpe and the regime of a window are measured against it."""
@@ -65,7 +66,7 @@ class StatisticsSettings(StrictModel):
     )
 
 
-class WalkForwardConfig(StrictModel):
+class WalkForwardConfig(ExecutorSettings):
     """A walk-forward run: the trainer config, the windows, and how to evaluate and record."""
 
     name: str = Field("walk_forward", pattern=r"^[A-Za-z0-9_.-]+$")
@@ -88,19 +89,7 @@ class WalkForwardConfig(StrictModel):
     )
     pushgateway_url: str | None = None
     job_name: str = Field("allocator_walk_forward", min_length=1)
-    executor: Literal["local", "processes", "ray"] = "local"
-    ray_address: str | None = Field(None, description="None: start a local Ray")
-    workers: int | None = Field(
-        None, ge=1, description="windows at once: processes, or a local Ray's CPUs (None: all)"
-    )
     torch_threads: int = Field(1, ge=1, description="torch threads per window, every executor")
-    retries: int = Field(
-        1,
-        ge=0,
-        description="processes and Ray: times a window is rerun when its worker process dies "
-        "(killed, out of memory, node lost); an exception raised by the window is retried "
-        "only with retry_exceptions",
-    )
     retry_exceptions: bool = Field(
         False,
         description="processes and Ray: also rerun (up to retries times) a window that raised",
@@ -144,8 +133,4 @@ def load_walk_forward_config(
 ) -> WalkForwardConfig:
     """Read a walk-forward YAML; ``trainer`` is a trainer YAML path or an inline mapping,
     inlined before ``--set`` overrides apply (``--set trainer=other.yaml`` swaps it)."""
-    p = Path(path)
-    tree, trainer_file = load_job_tree(p, overrides, "config file")
-    if trainer_file is not None:
-        tree["trainer_source"] = trainer_file
-    return validate(WalkForwardConfig, tree, str(p), "walk-forward configuration", tags=UNION_TAGS)
+    return load_job_config(WalkForwardConfig, path, overrides, "walk-forward configuration")

@@ -22,6 +22,7 @@ from allocator.metrics.jobs import JobMetrics, JobPush
 from allocator.recording.settings import database_url as default_database_url
 from allocator.trainer.jobs.executors import WorkerLostError, fan_out, open_executor
 from allocator.trainer.jobs.json_safe import finite
+from allocator.trainer.jobs.run_folder import make_label, run_directory
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
 from allocator.trainer.jobs.walk_forward.html_report import write_html_report
 from allocator.trainer.jobs.walk_forward.persist import write_window_result
@@ -47,16 +48,6 @@ from allocator.trainer.training.tracking import (
     log_job_finished,
     open_job_run,
 )
-
-
-def make_label() -> str:
-    """A UTC timestamp: unique per run, sortable, valid in a registry version."""
-    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
-
-
-def run_directory(config: WalkForwardConfig, out_dir: str | Path | None, label: str) -> Path:
-    """Where a run writes: ``out_dir``, else ``output_dir/NAME-LABEL``."""
-    return Path(out_dir) if out_dir else Path(config.output_dir) / f"{config.name}-{label}"
 
 
 def database_url(config: WalkForwardConfig) -> str | None:
@@ -93,13 +84,7 @@ def window_stream(
     """The windows' results as they finish; a window whose worker died too often fails the run
     as a ``WalkForwardError``."""
     executor = open_executor(
-        config.executor,
-        run_window,
-        lambda job: f"window {job.window.label}",
-        workers=config.workers,
-        address=config.ray_address,
-        retries=config.retries,
-        retry_exceptions=config.retry_exceptions,
+        config, run_window, lambda job: f"window {job.window.label}", config.retry_exceptions
     )
     try:
         yield from fan_out(executor, jobs)
@@ -178,7 +163,7 @@ def run_walk_forward(
 ) -> WalkForwardResult:
     """Run every window on the configured executor, record, summarize, report and push."""
     label = label or make_label()
-    out = run_directory(config, out_dir, label)
+    out = run_directory(config.output_dir, config.name, out_dir, label)
     out.mkdir(parents=True, exist_ok=True)
     name = f"{config.name}-{label}"
     jobs = plan(config, out, label)
