@@ -91,7 +91,8 @@ def populated(registry: CollectorRegistry) -> tuple[ServingMetrics, RecorderMetr
     recorder.spooled_records.set(3)
     recorder.spool_bytes.set(4096)
     recorder.observe_write(64, 0.012)
-    recorder.observe_failed_write("unavailable", 1.5)
+    recorder.batch_write_latency.observe(1.5)  # a failed write, as the recorder records it
+    recorder.failed_writes.labels("unavailable").inc()
     recorder.replayed.inc(3)
     recorder.rejected.inc()
     jobs = JobMetrics(registry)

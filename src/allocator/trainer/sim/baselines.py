@@ -7,11 +7,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
+from skfolio.optimization import HierarchicalRiskParity, MeanRisk, ObjectiveFunction
 
 from allocator.portfolio import AnchorSpec, action_to_weights, anchor_weights
 
@@ -103,13 +105,11 @@ class _FittedOptimizer:
     """Refit a skfolio optimiser on trailing returns every ``rebalance_every`` days."""
 
     name = "optimizer"
+    estimator: Callable[[], Any]  # a fresh, unfitted skfolio optimiser
 
     def __init__(self, lookback: int = 252, rebalance_every: int = 21) -> None:
         self.lookback = lookback
         self.rebalance_every = rebalance_every
-
-    def _estimator(self) -> Any:
-        raise NotImplementedError
 
     def fit_weights(
         self, prices: NDArray[np.float64], assets: tuple[str, ...]
@@ -119,7 +119,7 @@ class _FittedOptimizer:
         returns = pd.DataFrame(window[1:] / window[:-1] - 1.0, columns=list(assets))
         if len(returns) < 2:
             raise ValueError(f"{self.name} needs at least 3 closes before its first decision")
-        model = self._estimator()
+        model = self.estimator()
         model.fit(returns)
         return np.clip(np.asarray(model.weights_, dtype=np.float64), 0.0, None)
 
@@ -133,22 +133,14 @@ class MinVariance(_FittedOptimizer):
     """skfolio's long-only minimum-variance portfolio."""
 
     name = "min-variance"
-
-    def _estimator(self) -> Any:
-        from skfolio.optimization import MeanRisk, ObjectiveFunction
-
-        return MeanRisk(objective_function=ObjectiveFunction.MINIMIZE_RISK)
+    estimator = partial(MeanRisk, objective_function=ObjectiveFunction.MINIMIZE_RISK)
 
 
 class HRP(_FittedOptimizer):
     """skfolio's hierarchical risk parity."""
 
     name = "hrp"
-
-    def _estimator(self) -> Any:
-        from skfolio.optimization import HierarchicalRiskParity
-
-        return HierarchicalRiskParity()
+    estimator = HierarchicalRiskParity
 
 
 class TopKMomentum:
