@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from allocator.metrics.pushgateway import PushError, push
+from allocator.metrics.pushgateway import push_reporting
 from allocator.portfolio import CASH_ID
 
 TRADE_JOB = "allocator-trade"
@@ -112,21 +112,11 @@ class TradingPush:
         self.metrics = TradingMetrics(CollectorRegistry())
 
     def push(self) -> str | None:
-        """Push; the error text, None when it went out (or no gateway is configured). A failed
-        push never undoes the trading it reports."""
-        if not self.gateway_url:
-            return None
-        try:
-            push(
-                self.metrics.registry,
-                self.gateway_url,
-                TRADE_JOB,
-                grouping_key={"account": self.account},
-                replace=False,
-            )
-        except PushError as exc:
-            return str(exc)
-        return None
+        """Push; the error text, None when it went out (or no gateway is configured)."""
+        key = {"account": self.account}
+        return push_reporting(
+            self.metrics.registry, self.gateway_url, TRADE_JOB, key, replace=False
+        )
 
 
 _DEFAULT: TradingMetrics | None = None
