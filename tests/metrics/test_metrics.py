@@ -82,7 +82,7 @@ def populated(registry: CollectorRegistry) -> tuple[ServingMetrics, RecorderMetr
     serving = ServingMetrics(registry, BUDGET, SERVICE)
     serving.observe_request("Allocate", "OK", 0.8e-3)
     serving.observe_request("Allocate", StatusCode.UNAVAILABLE, 5e-3)
-    serving.observe_decision([0.2, 0.5, 0.3], [0.25, 0.45, 0.3], 0.05, -1.5)
+    serving.observe_decisions([0.1], [0.05], [-1.5])
     serving.observe_batch(16)
     serving.set_model("us-equities", "3", "td3")
     serving.set_provider("CPUExecutionProvider")
@@ -91,7 +91,8 @@ def populated(registry: CollectorRegistry) -> tuple[ServingMetrics, RecorderMetr
     recorder.spooled_records.set(3)
     recorder.spool_bytes.set(4096)
     recorder.observe_write(64, 0.012)
-    recorder.observe_failed_write("unavailable", 1.5)
+    recorder.batch_write_latency.observe(1.5)  # a failed write, as the recorder records it
+    recorder.failed_writes.labels("unavailable").inc()
     recorder.replayed.inc(3)
     recorder.rejected.inc()
     jobs = JobMetrics(registry)
@@ -215,10 +216,9 @@ def test_status_codes_are_recorded_by_name(registry):
     )
 
 
-def test_observe_decision_records_the_l1_gap_turnover_and_icm_reward(registry):
+def test_observe_decisions_records_the_l1_gap_turnover_and_icm_reward(registry):
     serving = ServingMetrics(registry, BUDGET, SERVICE)
-    serving.observe_decision([0.1, 0.5, 0.4], [0.2, 0.4, 0.4], 0.3, 1.5)
-    serving.observe_decision([0.0, 1.0], [1.0, 0.0], 2.0, None)
+    serving.observe_decisions([0.2, 2.0], [0.3, 2.0], [1.5, None])
 
     get = registry.get_sample_value
     assert get("allocator_serving_smoothing_gap_count") == 2.0
@@ -234,27 +234,15 @@ def test_observe_decision_records_the_l1_gap_turnover_and_icm_reward(registry):
     assert get("allocator_serving_icm_reward_sum") is None
 
 
-def test_observe_decision_skips_non_finite_values_and_rejects_mismatched_shapes(registry):
+def test_observe_decisions_skips_only_the_non_finite_values(registry):
     serving = ServingMetrics(registry, BUDGET, SERVICE)
-    serving.observe_decision([0.5, math.nan], [0.5, 0.5], math.nan, math.inf)
+    serving.observe_decisions([math.nan, 0.2], [0.3, math.nan], [math.inf, 1.5])
+    serving.observe_decisions([math.nan], [math.inf], [math.nan])
     get = registry.get_sample_value
-    assert get("allocator_serving_smoothing_gap_count") == 0.0
-    assert get("allocator_serving_turnover_ratio_count") == 0.0
-    assert get("allocator_serving_icm_reward_count") == 0.0
-    with pytest.raises(ValueError, match="differ"):
-        serving.observe_decision([0.5, 0.5], [1.0], 0.0)
-
-
-def test_observe_decisions_is_observe_decision_for_a_batch(registry):
-    other = CollectorRegistry()
-    one, many = ServingMetrics(other, BUDGET, SERVICE), ServingMetrics(registry, BUDGET, SERVICE)
-    one.observe_decision([0.1, 0.5, 0.4], [0.2, 0.4, 0.4], 0.3, 1.5)
-    one.observe_decision([0.0, 1.0], [1.0, 0.0], 2.0, None)
-    many.observe_decisions([0.2, 2.0, math.nan], [0.3, 2.0, math.inf], [1.5, None, math.nan])
-    for name in ("smoothing_gap", "turnover_ratio", "icm_reward"):
-        for suffix in ("count", "sum"):
-            sample = f"allocator_serving_{name}_{suffix}"
-            assert registry.get_sample_value(sample) == other.get_sample_value(sample)
+    for name, total in (("smoothing_gap", 0.2), ("turnover_ratio", 0.3)):
+        assert get(f"allocator_serving_{name}_count") == 1.0
+        assert get(f"allocator_serving_{name}_sum") == pytest.approx(total)
+    assert get("allocator_serving_icm_reward_count") == 1.0
 
 
 def series(registry: CollectorRegistry, sample_name: str) -> list[dict[str, str]]:

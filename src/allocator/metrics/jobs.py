@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Mapping
 from enum import StrEnum
@@ -11,7 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from allocator.metrics.buckets import JOB_DURATION_BUCKETS_SECONDS
-from allocator.metrics.pushgateway import PushError, push
+from allocator.metrics.pushgateway import push_reporting
 
 
 class PromotionDecision(StrEnum):
@@ -119,22 +118,12 @@ class JobPush:
             return None
         self.metrics.observe_duration(seconds)
         self.metrics.mark_success()
-        try:
-            push(self.registry, self.gateway_url, self.job, grouping_key=self.grouping_key)
-        except PushError as exc:
-            return str(exc)
-        return None
+        return push_reporting(self.registry, self.gateway_url, self.job, self.grouping_key)
 
     def failed(self, seconds: float) -> None:
-        """Push a failed run; a push error is swallowed (the run's own error is reported)."""
-        if not self.gateway_url:
-            return
-        self.metrics.observe_duration(seconds)
-        with contextlib.suppress(PushError):
-            push(
-                self.registry,
-                self.gateway_url,
-                self.job,
-                grouping_key=self.grouping_key,
-                replace=False,
+        """Push a failed run; a push error is ignored (the run's own error is reported)."""
+        if self.gateway_url:
+            self.metrics.observe_duration(seconds)
+            push_reporting(
+                self.registry, self.gateway_url, self.job, self.grouping_key, replace=False
             )

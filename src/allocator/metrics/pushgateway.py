@@ -34,3 +34,22 @@ def push(
         raise PushError(
             f"could not push metrics of job {job!r} to the Pushgateway at {gateway_url}: {exc}"
         ) from exc
+
+
+def push_reporting(
+    registry: CollectorRegistry,
+    gateway_url: str | None,
+    job: str,
+    grouping_key: Mapping[str, str],
+    *,
+    replace: bool = True,
+) -> str | None:
+    """``push`` to the gateway when one is configured; the error text, None when it went out
+    (or there is no gateway). A failed push never undoes the work it reports."""
+    if not gateway_url:
+        return None
+    try:
+        push(registry, gateway_url, job, grouping_key=grouping_key, replace=replace)
+    except PushError as exc:
+        return str(exc)
+    return None

@@ -63,8 +63,3 @@ class RecorderMetrics:
         """One committed batch of ``rows`` rows that took ``seconds``."""
         self.batch_write_latency.observe(seconds)
         self.rows_written.inc(rows)
-
-    def observe_failed_write(self, reason: str, seconds: float) -> None:
-        """One failed batch; ``reason`` is a short fixed word (``unavailable``, ``integrity``)."""
-        self.batch_write_latency.observe(seconds)
-        self.failed_writes.labels(reason).inc()

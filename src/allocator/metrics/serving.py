@@ -10,8 +10,6 @@ import math
 from collections.abc import Iterable
 from enum import Enum
 
-import numpy as np
-from numpy.typing import ArrayLike
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from allocator.metrics.buckets import (
@@ -210,29 +208,15 @@ class ServingMetrics:
         """A streaming call ended with ``code`` after ``seconds``."""
         self.grpc.observe_handled(method, code, seconds)
 
-    def observe_decision(
-        self,
-        raw_weights: ArrayLike,
-        smoothed_weights: ArrayLike,
-        turnover: float,
-        icm_reward: float | None = None,
-    ) -> None:
-        """One allocation's raw-vs-smoothed L1 gap, turnover and ICM reward. Non-finite values
-        are skipped: one NaN would turn a histogram's ``_sum`` into NaN for good."""
-        raw = np.asarray(raw_weights, dtype=np.float64)
-        smoothed = np.asarray(smoothed_weights, dtype=np.float64)
-        if raw.shape != smoothed.shape:
-            raise ValueError(f"raw {raw.shape} and smoothed {smoothed.shape} weights differ")
-        self.observe_decisions([float(np.abs(raw - smoothed).sum())], [turnover], [icm_reward])
-
     def observe_decisions(
         self,
         gaps: Iterable[float],
         turnovers: Iterable[float],
         icm_rewards: Iterable[float | None],
     ) -> None:
-        """``observe_decision`` for a batch whose gaps the caller computed on its arrays at once
-        (a numpy reduction per decision costs more than observing)."""
+        """A batch's raw-vs-smoothed L1 gaps (the caller computes them on its arrays at once: a
+        numpy reduction per decision costs more than observing), turnovers and ICM rewards.
+        Non-finite values are skipped: one NaN would turn a histogram's ``_sum`` into NaN."""
         for histogram, values in (
             (self.smoothing_gap, gaps),
             (self.turnover, turnovers),

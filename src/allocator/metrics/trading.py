@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from allocator.metrics.pushgateway import PushError, push
+from allocator.metrics.pushgateway import push_reporting
 from allocator.portfolio import CASH_ID
 
 TRADE_JOB = "allocator-trade"
@@ -82,15 +82,11 @@ class TradingMetrics:
     def record_book(self, entry: Mapping[str, Any]) -> None:
         """The book of one account as ``trading.status.account_status`` reports it."""
         account = str(entry["account"])
-        self.halted.labels(account).set(1.0 if entry["halted"] else 0.0)
-        self.fees.labels(account).set(float(entry["fees"]))
-        self.rejected.labels(account).set(float(entry["rejected_orders"]))
-        if entry.get("nav") is not None:
-            self.nav.labels(account).set(float(entry["nav"]))
-        if entry.get("drawdown") is not None:
-            self.drawdown.labels(account).set(float(entry["drawdown"]))
-        if entry.get("turnover") is not None:
-            self.turnover.labels(account).set(float(entry["turnover"]))
+        gauges = {"halted": self.halted, "fees": self.fees, "rejected_orders": self.rejected}
+        gauges |= {"nav": self.nav, "drawdown": self.drawdown, "turnover": self.turnover}
+        for key, gauge in gauges.items():
+            if entry.get(key) is not None:  # no NAV, drawdown or turnover before a first cycle
+                gauge.labels(account).set(float(entry[key]))
         self.position_value.labels(account, CASH_ID).set(float(entry["cash"]))
         for position in entry["positions"]:
             if position["value"] is not None:
@@ -112,21 +108,11 @@ class TradingPush:
         self.metrics = TradingMetrics(CollectorRegistry())
 
     def push(self) -> str | None:
-        """Push; the error text, None when it went out (or no gateway is configured). A failed
-        push never undoes the trading it reports."""
-        if not self.gateway_url:
-            return None
-        try:
-            push(
-                self.metrics.registry,
-                self.gateway_url,
-                TRADE_JOB,
-                grouping_key={"account": self.account},
-                replace=False,
-            )
-        except PushError as exc:
-            return str(exc)
-        return None
+        """Push; the error text, None when it went out (or no gateway is configured)."""
+        key = {"account": self.account}
+        return push_reporting(
+            self.metrics.registry, self.gateway_url, TRADE_JOB, key, replace=False
+        )
 
 
 _DEFAULT: TradingMetrics | None = None

@@ -98,7 +98,6 @@ def done_cycles(
 ) -> list[TradeCycle]:
     """The account's finished cycles from ``start`` to ``end``, in bar order: at least two, all
     answered by one model (a span traded by two models has no single backtest)."""
-    account_name = account.name
     query = (
         select(TradeCycle)
         .where(TradeCycle.account_id == account.id, TradeCycle.status == DONE)
@@ -111,13 +110,13 @@ def done_cycles(
     cycles = list(session.scalars(query))
     if len(cycles) < 2:
         raise TradingError(
-            f"account {account_name!r} has {len(cycles)} finished cycle(s) in the span; "
+            f"account {account.name!r} has {len(cycles)} finished cycle(s) in the span; "
             "a comparison needs at least two"
         )
     models = sorted({f"{c.model_name}/{c.model_version}" for c in cycles})
     if len(models) > 1:
         raise TradingError(
-            f"account {account_name!r} traded the span with several models ({models}); "
+            f"account {account.name!r} traded the span with several models ({models}); "
             "compare each model's span on its own (--start/--end)"
         )
     return cycles
@@ -147,8 +146,7 @@ def execution_gaps(
     """Per decided cycle: traded value over NAV, the cash weight's gap to the target, and the
     L1 distance between the live target and the backtest's smoothed weights."""
     turnover = [navs[c.bar_date].traded_value / c.nav_before for c in decided]
-    gap = []
-    weight_gap = []
+    gap, weight_gap = [], []
     for k, c in enumerate(decided):
         after = navs[c.bar_date]
         gap.append(abs(after.cash / after.nav - targets[k].get(CASH_ID, 0.0)))

@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -71,12 +71,10 @@ class MarketData:
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.prices, index=self.dates, columns=list(self.assets))
 
-    def date_index(self, date: DateLike, side: str = "left") -> int:
+    def date_index(self, date: DateLike, side: Literal["left", "right"] = "left") -> int:
         """Position of the first date on or after ``date`` (``side='right'``: last on/before)."""
-        ts = pd.Timestamp(date)
-        if side == "left":
-            return int(self.dates.searchsorted(ts, side="left"))
-        return int(self.dates.searchsorted(ts, side="right")) - 1
+        i = int(self.dates.searchsorted(pd.Timestamp(date), side=side))
+        return i if side == "left" else i - 1
 
     def select(self, assets: Sequence[str]) -> MarketData:
         """The same calendar restricted to ``assets`` (in the order given)."""
@@ -126,6 +124,7 @@ class MarketData:
 
 def load_sp500() -> MarketData:
     """skfolio's embedded S&P 500 dataset: 20 stocks, daily closes 1990-2022, no download."""
+    # skfolio.datasets brings scikit-learn (~1.5 s): only the sp500 dataset needs it
     from skfolio.datasets import load_sp500_dataset
 
     frame = load_sp500_dataset()

@@ -7,11 +7,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
+from skfolio.optimization import HierarchicalRiskParity, MeanRisk, ObjectiveFunction
 
 from allocator.portfolio import AnchorSpec, action_to_weights, anchor_weights
 
@@ -75,17 +77,25 @@ class Cash:
         return ctx.slot_weights(np.zeros(len(ctx.assets)), cash=1.0)
 
 
-class EqualWeight:
-    """1/N over the live assets, rebalanced every ``rebalance_every`` days (1 = daily)."""
-
-    name = "equal-weight"
+class Rebalancing:
+    """Trades to ``target`` every ``rebalance_every`` decisions; the weights drift between."""
 
     def __init__(self, rebalance_every: int = 1) -> None:
         self.rebalance_every = rebalance_every
 
     def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        if ctx.step % self.rebalance_every:
-            return ctx.weights
+        return ctx.weights if ctx.step % self.rebalance_every else self.target(ctx)
+
+    def target(self, ctx: DecisionContext) -> NDArray[np.float64]:
+        raise NotImplementedError
+
+
+class EqualWeight(Rebalancing):
+    """1/N over the live assets, rebalanced every ``rebalance_every`` days (1 = daily)."""
+
+    name = "equal-weight"
+
+    def target(self, ctx: DecisionContext) -> NDArray[np.float64]:
         n = len(ctx.assets)
         return ctx.slot_weights(np.full(n, 1.0 / n))
 
@@ -99,17 +109,15 @@ class BuyAndHold(EqualWeight):
         super().__init__(rebalance_every=sys.maxsize)
 
 
-class _FittedOptimizer:
+class _FittedOptimizer(Rebalancing):
     """Refit a skfolio optimiser on trailing returns every ``rebalance_every`` days."""
 
     name = "optimizer"
+    estimator: Callable[[], Any]  # a fresh, unfitted skfolio optimiser
 
     def __init__(self, lookback: int = 252, rebalance_every: int = 21) -> None:
+        super().__init__(rebalance_every)
         self.lookback = lookback
-        self.rebalance_every = rebalance_every
-
-    def _estimator(self) -> Any:
-        raise NotImplementedError
 
     def fit_weights(
         self, prices: NDArray[np.float64], assets: tuple[str, ...]
@@ -119,13 +127,11 @@ class _FittedOptimizer:
         returns = pd.DataFrame(window[1:] / window[:-1] - 1.0, columns=list(assets))
         if len(returns) < 2:
             raise ValueError(f"{self.name} needs at least 3 closes before its first decision")
-        model = self._estimator()
+        model = self.estimator()
         model.fit(returns)
         return np.clip(np.asarray(model.weights_, dtype=np.float64), 0.0, None)
 
-    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        if ctx.step % self.rebalance_every:
-            return ctx.weights
+    def target(self, ctx: DecisionContext) -> NDArray[np.float64]:
         return ctx.slot_weights(self.fit_weights(ctx.prices, ctx.assets))
 
 
@@ -133,25 +139,17 @@ class MinVariance(_FittedOptimizer):
     """skfolio's long-only minimum-variance portfolio."""
 
     name = "min-variance"
-
-    def _estimator(self) -> Any:
-        from skfolio.optimization import MeanRisk, ObjectiveFunction
-
-        return MeanRisk(objective_function=ObjectiveFunction.MINIMIZE_RISK)
+    estimator = partial(MeanRisk, objective_function=ObjectiveFunction.MINIMIZE_RISK)
 
 
 class HRP(_FittedOptimizer):
     """skfolio's hierarchical risk parity."""
 
     name = "hrp"
-
-    def _estimator(self) -> Any:
-        from skfolio.optimization import HierarchicalRiskParity
-
-        return HierarchicalRiskParity()
+    estimator = HierarchicalRiskParity
 
 
-class TopKMomentum:
+class TopKMomentum(Rebalancing):
     """Equal weight over the ``k`` assets with the highest trailing ``lookback``-day return:
     the rule a trend-following allocator must beat. Fully invested; ties go to the earlier
     slot; an asset without a close at the start of the lookback ranks last; a shorter history
@@ -166,9 +164,9 @@ class TopKMomentum:
                 f"momentum needs lookback, k and rebalance_every >= 1, got {lookback}, {k}, "
                 f"{rebalance_every}"
             )
+        super().__init__(rebalance_every)
         self.lookback = lookback
         self.k = k
-        self.rebalance_every = rebalance_every
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(lookback={self.lookback}, k={self.k})"
@@ -183,9 +181,7 @@ class TopKMomentum:
         # A stable sort, lowest key first: the earlier slot wins a tie, no close ranks last.
         return np.argsort(np.where(np.isfinite(key), key, np.inf), kind="stable")[: self.k]
 
-    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        if ctx.step % self.rebalance_every:
-            return ctx.weights
+    def target(self, ctx: DecisionContext) -> NDArray[np.float64]:
         top = self.chosen(ctx.prices)
         w = np.zeros(len(ctx.assets))
         w[top] = 1.0 / len(top)
