@@ -20,7 +20,7 @@ from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import BacktestResult, run_backtest
 from allocator.trainer.sim.baselines import AnchorPolicy, Policy
 from allocator.trainer.sim.ceilings import RotationFilter
-from allocator.trainer.sim.rule_selection import MomentumChoice, select_momentum
+from allocator.trainer.sim.rule_selection import MomentumChoice, select_simple_rule
 from allocator.trainer.training.config import TrainConfig
 from allocator.trainer.training.policy_eval import backtest_model
 from allocator.trainer.training.run import TrainingRun
@@ -114,11 +114,12 @@ def momentum_for(
     never take part in the choice.
     """
     start = max(pd.Timestamp(config.data.train_start), data.dates[max(lookbacks)])
-    choice = select_momentum(
+    choice = select_simple_rule(
         data,
         start,
         config.data.train_end,
-        lookbacks=lookbacks,
+        momentum_lookbacks=lookbacks,
+        reversal_lookbacks=(),
         ks=ks,
         cost_bps=config.env.cost_bps,
         beta=config.env.beta,

@@ -1,9 +1,6 @@
-"""Anchor portfolios: what a tilt policy holds when its action is zero, so an untrained policy
-holds a diversified, fully invested portfolio. Cash gets ``cash_share``, live assets the rest.
-
-The risk-based kinds solve a small problem per decision with the assets in a canonical order
-(return rows sorted lexicographically; identical rows share their mean weight), so permuting
-the live assets permutes the anchor bit for bit although neither method is order-free.
+"""Anchor portfolios: what a tilt policy holds at a zero action, so an untrained policy holds a
+diversified portfolio. The risk-based kinds see the assets in a canonical order (sorted return
+rows; identical rows share their mean weight): permuting the assets permutes the anchor exactly.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ class AnchorKind(StrEnum):
 
 @dataclass(frozen=True)
 class AnchorSpec:
-    """Which anchor, its cash share, and the daily returns of its risk estimate (none for
-    EQUAL)."""
+    """Which anchor, its cash share, and the daily returns of its risk estimate."""
 
     kind: AnchorKind = AnchorKind.EQUAL
     cash_share: float = 0.05
@@ -83,9 +79,8 @@ RISK_ALLOCATIONS: dict[AnchorKind, Callable[[FloatArray], FloatArray]] = {
 def risk_allocation(
     returns: FloatArray, live: BoolArray, allocate: Callable[[FloatArray], FloatArray]
 ) -> FloatArray:
-    """Weights ``(..., N)`` of the live assets from their returns ``(..., N, T)``, 0 elsewhere:
-    ``allocate`` on the ``risk_covariance`` of the canonically ordered live rows, per decision.
-    """
+    """``allocate`` on the ``risk_covariance`` of each decision's canonically ordered live rows
+    of returns ``(..., N, T)``: weights ``(..., N)``, 0 on masked assets."""
     n, t = returns.shape[-2:]
     size = int(np.prod(returns.shape[:-2]))
     r = returns.reshape(size, n, t)
@@ -107,10 +102,8 @@ def risk_allocation(
 
 
 def anchor_weights(prices: ArrayLike, mask: ArrayLike, spec: AnchorSpec) -> FloatArray:
-    """Anchor weights ``(..., N + 1)``, cash first, from closes ``(..., N, P)`` and a mask; all
-    cash with no live asset. INVERSE_VOLATILITY weighs by ``1 / sigma``, sigma the std (ddof=0)
-    of the last ``vol_window`` log returns floored at ``VOL_FLOOR``.
-    """
+    """Anchor weights ``(..., N + 1)``, cash first, from closes ``(..., N, P)``; all cash with no
+    live asset. INVERSE_VOLATILITY: ``1 / max(std(last vol_window log returns), VOL_FLOOR)``."""
     p, live = live_price_window(prices, mask, spec.prices_per_asset)
     if spec.kind is AnchorKind.EQUAL:
         score = live.astype(np.float64)
@@ -130,10 +123,8 @@ def anchor_weights(prices: ArrayLike, mask: ArrayLike, spec: AnchorSpec) -> Floa
 
 
 def masked_anchor(anchor: ArrayLike, mask: ArrayLike) -> FloatArray:
-    """The anchor zeroed on masked slots, renormalized only when that removed mass (negative
-    or non-finite entries, a live sum 1e-9 from 1; none left: all cash). An anchor already a
-    distribution on live slots comes back bit for bit, so a zero tilt reproduces it exactly.
-    """
+    """The anchor zeroed on masked slots, renormalized only when that removed mass (or the live
+    sum is 1e-9 from 1): a live distribution comes back bit for bit, as a zero tilt needs."""
     live = live_mask(mask)
     a = np.asarray(anchor, dtype=np.float64)
     clean = np.where(live & (a > 0.0) & (a < np.inf), a, 0.0)  # NaN compares False

@@ -1,9 +1,5 @@
-"""The cost model the environment trains and backtests with, shared with live trading.
-
-A trade costs ``cost_bps`` basis points of its value. The environment charges it on the day's
-turnover times NAV; the paper broker charges it on each fill's value. One function for both,
-so a paper account's costs are the backtest's costs, not a copy that could drift.
-"""
+"""The cost model (``cost_bps`` basis points of traded value) of the environment and the paper
+broker: one function for both, so a paper account's costs are the backtest's, not a copy."""
 
 from __future__ import annotations
 
@@ -24,12 +20,10 @@ def cost_rate(cost_bps: float) -> float:
 
 
 def turnover(new: NDArray[np.float64], held: NDArray[np.float64]) -> Any:
-    """The fraction of NAV traded from ``held`` to ``new`` weights (cash first, over the last
-    axis): ``sum |new - held|`` over the assets; the environment and the server share it."""
+    """``sum |new - held|`` over the assets (cash first, last axis): the fraction of NAV traded."""
     return np.add.reduce(np.abs(new[..., 1:] - held[..., 1:]), axis=-1)
 
 
 def trade_cost(rate: float, traded: float, scale: float = 1.0) -> float:
-    """The cost of trading ``traded * scale`` (turnover and NAV, or a fill's value) at ``rate``,
-    multiplied in that order so the environment's figures keep their bits."""
+    """``rate * traded * scale`` (turnover and NAV, or a fill's value), in the env's order."""
     return rate * traded * scale

@@ -1,9 +1,5 @@
-"""The risk estimate of the risk-based anchors: a Ledoit-Wolf shrunk covariance of log returns.
-
-A sample covariance of 20 returns of 20 assets is singular, and its minimum-variance portfolio
-would bet on a combination that happened to be flat; shrinking towards ``mu * I`` keeps the
-estimate well conditioned exactly there.
-"""
+"""The risk-based anchors' Ledoit-Wolf covariance: 20 returns of 20 assets give a singular sample
+covariance, and shrinking towards ``mu * I`` keeps it well conditioned."""
 
 from __future__ import annotations
 
@@ -18,8 +14,8 @@ inverse-volatility score stays finite and a covariance stays invertible."""
 
 
 def ledoit_wolf(returns: ArrayLike) -> tuple[FloatArray, float]:
-    """``sklearn.covariance.ledoit_wolf(returns.T)`` of returns ``(N, T)``: the covariance and
-    the shrinkage, 0 where scikit-learn can divide 0 by 0 (no return moved)."""
+    """``sklearn.covariance.ledoit_wolf(returns.T)`` of returns ``(N, T)`` without sklearn; the
+    shrinkage is 0 where scikit-learn divides 0 by 0 (no return moved)."""
     r = np.asarray(returns, dtype=np.float64)
     if r.ndim != 2 or r.shape[1] < 1:
         raise ValueError(f"returns must be (N, T) with T >= 1, got shape {r.shape}")
@@ -43,8 +39,7 @@ def ledoit_wolf(returns: ArrayLike) -> tuple[FloatArray, float]:
 
 
 def risk_covariance(returns: ArrayLike) -> FloatArray:
-    """``ledoit_wolf(returns)`` plus ``VOL_FLOOR**2`` on the diagonal: invertible where
-    shrinkage cannot make it so, and a real estimate (~1e-4) moves by 1e-12 at most."""
+    """``ledoit_wolf(returns)`` plus ``VOL_FLOOR**2`` on the diagonal, so it is invertible."""
     cov, _ = ledoit_wolf(returns)
     cov[np.diag_indices(cov.shape[0])] += VOL_FLOOR * VOL_FLOOR
     return cov

@@ -9,8 +9,7 @@ so a shared network sees in each row all it needs. Order, ``F = window + 3 * len
    (0 when a single asset is live);
 6. ``market_h`` per horizon: the mean of ``sum_h`` over live assets.
 
-Every cross-sectional sum runs over sorted values, so permuting the live assets permutes the
-rows bit for bit: a permutation-equivariant network then sees exactly equivariant inputs.
+Cross-sectional sums run sorted: permuting the live assets permutes the rows bit for bit.
 """
 
 from __future__ import annotations
@@ -91,7 +90,6 @@ class AssetFeatureSpec:
 
     @property
     def n_own_features(self) -> int:
-        """The leading columns that depend on the asset's own closes (see ``own_features``)."""
         return self.window + len(self.horizons) + 2
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,8 +138,7 @@ def live_price_window(
     prices: ArrayLike, mask: ArrayLike, n_prices: int
 ) -> tuple[FloatArray, BoolArray]:
     """The last ``n_prices`` closes ``(..., N, P)`` with masked rows set to 1, and the live
-    assets. A live row that is not finite and positive raises ``ValueError`` naming its slot,
-    instead of turning into NaN features that would poison the network."""
+    assets; a live close not finite and positive raises (NaN features would poison the net)."""
     p = np.asarray(prices, dtype=np.float64)
     if p.ndim < 2:
         raise ValueError(f"prices must be (..., N, P), got shape {p.shape}")
@@ -168,8 +165,7 @@ def live_price_window(
 
 
 def cross_sectional_mean(values: FloatArray, live: BoolArray) -> FloatArray:
-    """Mean of ``values`` (..., N, H) over live assets -> (..., H), 0 with none live; summed
-    sorted, so independent of the assets' order."""
+    """Mean of ``values`` (..., N, H) over live assets -> (..., H), summed sorted."""
     v = np.sort(np.where(live[..., None], values, 0.0), axis=-2)
     n = live.sum(axis=-1)[..., None]
     return v.sum(axis=-2) / np.maximum(n, 1)
@@ -177,8 +173,7 @@ def cross_sectional_mean(values: FloatArray, live: BoolArray) -> FloatArray:
 
 def cross_sectional_rank(values: FloatArray, live: BoolArray) -> FloatArray:
     """Average rank of each live asset's value among live assets, scaled to [-1, 1]; ties share
-    their average rank, a lone live asset and masked rows get 0. Masked rows sort last as +inf
-    (live values are finite)."""
+    their average rank, a lone live asset and masked rows (sorted last as +inf) get 0."""
     v = np.where(live[..., None, :], np.swapaxes(values, -1, -2), np.inf)  # (..., H, N)
     v = np.ascontiguousarray(v)  # sorted along its last axis: make that axis the dense one
     order = np.argsort(v, axis=-1, kind="stable")
@@ -205,9 +200,8 @@ def cross_sectional_rank(values: FloatArray, live: BoolArray) -> FloatArray:
 
 
 def own_features(p: FloatArray, spec: AssetFeatureSpec) -> tuple[FloatArray, FloatArray]:
-    """The columns that depend on each asset's own checked closes only, and its horizon sums
-    ``(..., N, H)``: split so the environment computes them once per dataset and only the
-    cross-sectional part per episode."""
+    """Each asset's own columns and its horizon sums ``(..., N, H)``: the environment computes
+    them once per dataset, and only the cross-sectional part per episode."""
     r = log_returns(p)
     lookback = spec.lookback
     sums = np.stack([r[..., lookback - h :].sum(axis=-1) for h in spec.horizons], axis=-1)
@@ -227,8 +221,7 @@ def cross_sectional_features(sums: FloatArray, live: BoolArray) -> FloatArray:
 
 
 def asset_features(prices: ArrayLike, mask: ArrayLike, spec: AssetFeatureSpec) -> FloatArray:
-    """Raw features ``(..., N, F)`` from closes ``(..., N, P)``, oldest first (only the last
-    ``prices_per_asset`` are used), and a mask; N is any size."""
+    """Raw features ``(..., N, F)`` from closes ``(..., N, P)``, oldest first; N is any size."""
     p, live = live_price_window(prices, mask, spec.prices_per_asset)
     own, sums = own_features(p, spec)
     out = np.concatenate([own, cross_sectional_features(sums, live)], axis=-1)
@@ -238,10 +231,8 @@ def asset_features(prices: ArrayLike, mask: ArrayLike, spec: AssetFeatureSpec) -
 def rolling_asset_features(
     prices: ArrayLike, spec: AssetFeatureSpec, mask: ArrayLike | None = None
 ) -> tuple[FloatArray, BoolArray]:
-    """Features ``(T - lookback, N, F)`` at every date of closes ``(T, N)`` and the live assets;
-    row d is date ``lookback + d`` and uses closes up to it. An asset is live where ``mask``
-    (``(T, N + 1)`` or ``(N + 1,)``; all if None) says so and its window's closes are finite and
-    positive."""
+    """Features ``(T - lookback, N, F)`` at every date of closes ``(T, N)`` (row d: date
+    ``lookback + d``) and the live assets: in ``mask`` (all if None), with valid closes."""
     p = np.asarray(prices, dtype=np.float64)
     if p.ndim != 2:
         raise ValueError(f"prices must be (T, N), got shape {p.shape}")
@@ -269,9 +260,8 @@ def rolling_asset_features(
 def fit_feature_normalization(
     prices: ArrayLike, spec: AssetFeatureSpec, mask: ArrayLike | None = None
 ) -> FeatureNormalization:
-    """Mean and std (ddof=0) of every feature over the (date, live asset) pairs of
-    ``rolling_asset_features``. Fit on the training span only: later data would leak the future
-    into every observation."""
+    """Mean and std of every feature over ``rolling_asset_features``' live rows. Fit on the
+    training span only: later data would leak the future into every observation."""
     feats, live = rolling_asset_features(prices, spec, mask)
     rows = feats[live]
     if rows.shape[0] == 0:
@@ -305,8 +295,7 @@ def normalize_features(
 def standardize(
     raw: FloatArray, mean: Sequence[float], std: Sequence[float], clip: float
 ) -> FloatArray:
-    """``(raw - mean) / std`` clipped to ``[-clip, clip]``; elementwise, so a subset of columns
-    standardized alone gives the same numbers (the environment splits them)."""
+    """``(raw - mean) / std`` clipped; elementwise, so the environment may split the columns."""
     return np.clip((raw - np.asarray(mean)) / np.asarray(std), -clip, clip)
 
 
@@ -317,8 +306,7 @@ def build_asset_observation(
     spec: AssetFeatureSpec,
     norm: FeatureNormalization,
 ) -> NDArray[np.float32]:
-    """The flat float32 observation: ``build_observation``'s layout with F features per slot
-    instead of ``window`` returns."""
+    """``build_observation``'s layout with F features per slot instead of ``window`` returns."""
     if norm.n_features != spec.n_features:
         raise ValueError(
             f"normalization has {norm.n_features} features, the spec {spec.n_features}"

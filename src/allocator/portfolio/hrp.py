@@ -1,15 +1,10 @@
-"""Hierarchical risk parity (Lopez de Prado, 2016) of a covariance matrix.
+"""Hierarchical risk parity (Lopez de Prado, 2016): skfolio's ``HierarchicalRiskParity`` with
+variance risk, single linkage and no optimal leaf reordering, in numpy alone.
 
-1. Correlation distance ``d_ij = sqrt((1 - rho_ij) / 2)``.
-2. Single-linkage clustering of the distances; its dendrogram's leaves, left to right, are the
-   quasi-diagonal order (similar assets next to each other).
-3. Recursive bisection of that order: each list is cut in two halves, and the halves share
-   their parent's weight in inverse proportion to their variance, each half's variance taken
-   at its inverse-variance weights.
-
-skfolio's ``HierarchicalRiskParity`` with variance risk, single linkage and no optimal leaf
-reordering. The dendrogram is scipy's, whose order depends on the input rows' order: the
-anchors pass them in a canonical one.
+The single-linkage dendrogram of the correlation distances ``sqrt((1 - rho) / 2)`` orders the
+assets; recursive bisection of that order gives each half of a list its parent's weight in
+inverse proportion to its variance (at inverse-variance weights). The dendrogram depends on the
+rows' order: the anchors pass them in a canonical one.
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ IntArray = NDArray[np.int64]
 
 
 def correlation_distance(cov: ArrayLike) -> FloatArray:
-    """``sqrt((1 - rho) / 2)``, rho the correlation of a covariance with positive variances."""
     s = np.asarray(cov, dtype=np.float64)
     sd = np.sqrt(np.diag(s))
     rho = np.clip(s / np.outer(sd, sd), -1.0, 1.0)
@@ -32,8 +26,7 @@ def correlation_distance(cov: ArrayLike) -> FloatArray:
 
 def single_linkage_order(distance: ArrayLike) -> IntArray:
     """scipy's ``leaves_list(linkage(squareform(distance), "single"))`` when no distances tie:
-    the minimum spanning tree's edges (Prim) merged by length, merge k gets id ``N + k``, the
-    lower id drawn on the left."""
+    the minimum spanning tree's edges merged by length, the lower id drawn on the left."""
     d = np.asarray(distance, dtype=np.float64)
     n = d.shape[0]
     edges: list[tuple[float, int, int]] = []

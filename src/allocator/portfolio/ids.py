@@ -1,9 +1,5 @@
-"""Identifiers of the contract: the cash slot's name, and what makes an id storable.
-
-Weight vectors leaving the policy are labelled cash first under ``CASH_ID``, which no risky
-asset may take in any case (a case-insensitive reader would see two cash entries). Ids end up in
-``VARCHAR`` columns and Redis keys: non-empty, bounded, no NUL (PostgreSQL text refuses it).
-"""
+"""The cash slot's id, reserved in any case (a case-insensitive reader would see two cash
+entries), and what makes an id storable in ``VARCHAR`` columns and Redis keys."""
 
 from __future__ import annotations
 
@@ -31,8 +27,8 @@ def check_id(
     max_length: int = MAX_ID_LENGTH,
     error: Callable[[str, str], Exception] = IdError,
 ) -> str:
-    """``value`` when it is a storable id, else ``error(field, problem)``: each layer refuses
-    in its own terms, the rule stays here."""
+    """``value`` when it is a storable id (no NUL: PostgreSQL refuses it), else
+    ``error(field, problem)``: each layer refuses in its own terms, the rule stays here."""
     if not isinstance(value, str):
         raise error(field, f"must be a non-empty string, got {value!r}")
     if not value:
@@ -45,6 +41,5 @@ def check_id(
 
 
 def is_cash_id(value: str) -> bool:
-    """Whether ``value`` is ``CASH`` under Unicode case folding (which never shortens a string,
-    so a longer value is not folded)."""
+    """Whether ``value`` is ``CASH`` under case folding (which never shortens a string)."""
     return len(value) <= len(_CASH_FOLDED) and value.casefold() == _CASH_FOLDED

@@ -1,12 +1,8 @@
 """Long-only minimum variance: ``min w' S w`` subject to ``sum w = 1``, ``w >= 0``, solved exactly.
 
-With ``S = L L'`` the problem is a non-negative least squares problem,
-``min ||L' v - L^{-1} 1||`` over ``v >= 0``, and ``w = v / sum v``: the objective expands to
-``v' S v - 2 * sum v + n``, whose minimizer over the ray ``v = s * w`` is ``s = 1 / (w' S w)``,
-so the best ``v`` points along the minimum-variance ``w``. The Lawson-Hanson active-set method
-solves it exactly (up to rounding) in finitely many steps; it only ever needs ``A' A = S`` and
-``A' b = 1``, so it runs on ``S`` directly and no Cholesky factor (which a barely positive
-definite estimate can fail) is taken.
+With ``S = L L'`` it is the non-negative least squares ``min ||L' v - L^{-1} 1||`` over
+``v >= 0``, and ``w = v / sum v``. Lawson-Hanson solves that from ``A' A = S`` and ``A' b = 1``
+alone, so no Cholesky factor (which a barely positive definite estimate can fail) is taken.
 """
 
 from __future__ import annotations
@@ -21,9 +17,8 @@ _EPS = float(np.finfo(np.float64).eps)
 
 
 def nnls_normal(gram: ArrayLike, rhs: ArrayLike) -> FloatArray:
-    """Lawson-Hanson: ``argmin ||A v - b||`` over ``v >= 0`` from ``A' A`` (symmetric positive
-    definite) and ``A' b``; ties go to the lowest index, so the result depends only on the inputs.
-    """
+    """Lawson-Hanson: ``argmin ||A v - b||`` over ``v >= 0`` from ``A' A`` (positive definite)
+    and ``A' b``; ties go to the lowest index."""
     g = np.asarray(gram, dtype=np.float64)
     c = np.asarray(rhs, dtype=np.float64)
     n = c.shape[0]

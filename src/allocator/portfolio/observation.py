@@ -1,15 +1,9 @@
-"""The observation a policy sees, built by one function from raw prices, weights and mask.
+"""The observation a policy sees: a flat float32 vector of ``M * W`` asset features (per slot,
+the W latest daily log returns, oldest first, normalized and clipped; zeros on masked slots),
+``M + 1`` weights and ``M + 1`` mask entries (cash first, always live).
 
-Layout of the flat float32 vector (``max_assets`` = M, ``window`` = W):
-
-* ``M * W`` asset features: for each slot, the W most recent daily log returns (oldest first),
-  normalized with statistics fitted on the training period and clipped; zeros on masked slots;
-* ``M + 1`` current weights (cash first);
-* ``M + 1`` mask entries (1.0 live, 0.0 masked; cash always 1.0).
-
-Normalization matters: a tanh actor fed raw returns of order 1e-2 next to weights of order 1
-saturates at +-1, where its gradient vanishes. Statistics come from the training window only
-and travel in the model's manifest.
+A tanh actor fed raw returns of order 1e-2 next to weights of order 1 saturates, so returns
+are normalized with training-window statistics that travel in the model's manifest.
 """
 
 from __future__ import annotations
@@ -100,8 +94,8 @@ def normalize_returns(
 def assemble_observation(
     features: ArrayLike, weights: ArrayLike, mask: ArrayLike, spec: FeatureSpec
 ) -> Float32Array:
-    """Concatenate normalized features ``(..., max_assets, window)`` (masked slots zeroed
-    here) with weights and mask."""
+    """Normalized features ``(..., max_assets, window)``, masked slots zeroed, then weights
+    and mask."""
     live = live_mask(mask)
     w = np.asarray(weights, dtype=np.float32)
     if live.shape[-1] != spec.n_slots or w.shape[-1] != spec.n_slots:
@@ -153,9 +147,8 @@ def build_observation(
     spec: FeatureSpec,
     stats: NormalizationStats,
 ) -> Float32Array:
-    """The observation for one decision (or a batch) from closes ``(..., max_assets, window +
-    1)``, oldest first; masked rows may hold anything, live ones must be finite and positive.
-    """
+    """The observation of closes ``(..., max_assets, window + 1)``, oldest first; masked rows
+    may hold anything, live ones must be finite and positive."""
     live = live_mask(mask)
     features = normalize_returns(_checked_log_returns(prices, live, spec), stats, spec.clip)
     return assemble_observation(features, weights, live, spec)

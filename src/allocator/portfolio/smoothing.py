@@ -1,9 +1,5 @@
-"""EMA smoothing of mapped weights: the allocation the portfolio actually executes.
-
-``s_t = renorm(mask_t * (beta * s_{t-1} + (1 - beta) * w_t))`` with ``s_0 = w_0``.
-The training environment executes ``s_t``, so the policy learns under the smoothing it is
-served with; ``beta`` is stored in each model's manifest.
-"""
+"""EMA smoothing ``s_t = renorm(mask_t * (beta * s_{t-1} + (1 - beta) * w_t))``, ``s_0 = w_0``:
+what is executed, in training too, so a policy learns under the smoothing it is served with."""
 
 from __future__ import annotations
 
@@ -29,8 +25,8 @@ def validate_beta(beta: float) -> float:
 def ema_smooth(
     previous: ArrayLike | None, weights: ArrayLike, mask: ArrayLike, beta: float
 ) -> FloatArray:
-    """One EMA step toward the newly mapped weights (``previous=None`` starts at them). Mass
-    on slots the mask now closes is dropped, so a delisted asset never lingers."""
+    """One EMA step toward the newly mapped weights (``previous=None`` starts at them); mass on
+    slots the mask closes is dropped."""
     b = validate_beta(beta)
     w = np.asarray(weights, dtype=np.float64)
     if previous is None:

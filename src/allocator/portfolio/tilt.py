@@ -1,12 +1,8 @@
-"""Tilt mapping: an action multiplies an anchor portfolio's weights by ``exp(k * a_i)``.
+"""Tilt mapping ``w_i = anchor_i * exp(k * a_i) / sum_j anchor_j * exp(k * a_j)`` (live slots).
 
-    w_i = anchor_i * exp(k * a_i) / sum_j anchor_j * exp(k * a_j)      (live slots)
-
-A zero action is the anchor, so an untrained actor (outputs near 0) holds a diversified
-portfolio, and ``k`` bounds how far one step can move from it: a weight changes by at most a
-factor ``exp(2k)`` relative to another. The denominator is computed as ``1 + sum_j anchor_j *
-(exp(k * a_j) - 1)``: with an anchor summing to 1 it equals the sum above, and with ``a == 0``
-every term is exactly 0, so the result is the anchor bit for bit.
+A zero action is the anchor, and ``k`` bounds a step's move from it (a factor ``exp(2k)``
+between two weights). The denominator is computed as ``1 + sum_j anchor_j * expm1(k * a_j)``:
+with ``a == 0`` every term is exactly 0, so the result is the anchor bit for bit.
 """
 
 from __future__ import annotations
@@ -36,17 +32,15 @@ def check_tilt_strength(k: float) -> float:
 
 
 def tilt_weights(action: ArrayLike, anchor: ArrayLike, mask: ArrayLike, k: float) -> FloatArray:
-    """Weights ``(..., N + 1)`` from an action (clipped to [-1, 1], NaN as 0), an anchor through
-    ``masked_anchor`` and a mask; sums run sorted, so permuting live slots permutes the result.
-    """
+    """Weights ``(..., N + 1)`` of an action (clipped to [-1, 1], NaN as 0), an anchor and a
+    mask; sums run sorted, so permuting live slots permutes the result."""
     k = check_tilt_strength(k)
     live = live_mask(mask)
     return apply_tilt(action, masked_anchor(anchor, live), k)
 
 
 def apply_tilt(action: ArrayLike, base: FloatArray, k: float) -> FloatArray:
-    """``tilt_weights`` of an anchor already through ``masked_anchor`` and a checked ``k`` (the
-    environment masks an episode's anchors once at reset)."""
+    """``tilt_weights`` of an anchor already through ``masked_anchor`` and a checked ``k``."""
     a = np.asarray(action, dtype=np.float64)
     if a.shape[-1] != base.shape[-1]:
         raise ValueError(f"action has {a.shape[-1]} slots, the anchor {base.shape[-1]}")
@@ -77,8 +71,7 @@ def apply_tilt(action: ArrayLike, base: FloatArray, k: float) -> FloatArray:
 
 
 def _tilt_one(a: FloatArray, base: FloatArray, k: float) -> FloatArray | None:
-    """``apply_tilt`` of one action vector in fewer numpy calls, the same bits; ``None`` when
-    the general path is needed (a NaN, or a denominator lost to cancellation)."""
+    """``apply_tilt`` of one action in fewer numpy calls, or None for the general path."""
     ka = np.maximum(a, -1.0)
     np.minimum(ka, 1.0, out=ka)
     ka *= k

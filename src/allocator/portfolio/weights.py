@@ -1,10 +1,7 @@
-"""Action -> weights: the one mapping from a policy's output to a valid allocation, used by
-training, export (a graph tested against it), backtests and the server.
-
-Vectors have length ``max_assets + 1``, cash first; cash is live whatever the mask says. An
-action in ``[-1, 1]`` maps affinely to a preference ``(a + 1) / 2`` (a softmax could not put
-everything in one asset), zeroed on masked slots and renormalized. Actions outside saturate,
-NaN is zero preference, and no positive live preference means all cash: never NaN.
+"""Action -> weights, shared by training, export, backtests and the server. Vectors have
+``max_assets + 1`` slots, cash first and always live. An action maps affinely to a preference
+``(a + 1) / 2`` (a softmax could not put everything in one asset), zeroed on masked slots and
+renormalized; NaN is zero preference, and no positive live preference means all cash.
 """
 
 from __future__ import annotations
@@ -24,8 +21,8 @@ FloatArray = NDArray[np.float64]
 
 
 def live_mask(mask: ArrayLike) -> NDArray[np.bool_]:
-    """Boolean mask with the cash slot forced live; a 1-D bool array already so is returned as
-    is (the environment's per-step calls), so callers never write into the result."""
+    """Boolean mask with the cash slot forced live (a live 1-D bool mask is returned as is:
+    never write into the result)."""
     if (
         isinstance(mask, np.ndarray)
         and mask.dtype == np.bool_
@@ -42,9 +39,8 @@ def live_mask(mask: ArrayLike) -> NDArray[np.bool_]:
 
 
 def renormalize(x: ArrayLike, mask: ArrayLike) -> FloatArray:
-    """Zero masked slots (and negative or non-finite entries) and scale the rest to sum to 1;
-    all-zero rows become all-cash. Totals are summed sorted, so permuting the slots permutes the
-    result bit for bit."""
+    """Zero masked, negative and non-finite entries and scale to sum to 1 (all-zero: all cash);
+    totals are summed sorted, so permuting the slots permutes the result bit for bit."""
     live = live_mask(mask)
     v = np.array(x, dtype=np.float64)  # a copy: written into below
     check_mask_shape(v, live)
@@ -57,8 +53,7 @@ def check_mask_shape(v: FloatArray, live: NDArray[np.bool_]) -> None:
 
 
 def renormalize_owned(v: FloatArray, live: NDArray[np.bool_]) -> FloatArray:
-    """``renormalize`` in place, of a checked float64 array the caller owns (EMA smoothing's
-    fresh blend need not be copied again); fast path for the common finite case."""
+    """``renormalize`` in place, of a checked float64 array the caller owns."""
     np.fmax(v, 0.0, out=v)  # negatives and NaN -> 0 (fmax ignores NaN)
     v *= live
     if v.ndim == 1:
@@ -92,8 +87,7 @@ def action_to_weights(action: ArrayLike, mask: ArrayLike) -> FloatArray:
 
 
 def weights_to_action(weights: ArrayLike) -> FloatArray:
-    """An action that ``action_to_weights`` maps back to ``weights`` (scripted policies); the
-    largest weight becomes preference 1, keeping actions in range."""
+    """An action that ``action_to_weights`` maps back to ``weights`` (largest: preference 1)."""
     w = np.asarray(weights, dtype=np.float64)
     top = np.max(w, axis=-1, keepdims=True)
     pref = np.divide(w, top, out=np.zeros_like(w), where=top > 0)

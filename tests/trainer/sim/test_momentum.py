@@ -10,7 +10,7 @@ import pytest
 from allocator.trainer.market.data import MarketData, from_wide
 from allocator.trainer.sim.backtest import run_backtest
 from allocator.trainer.sim.baselines import BaselineName, TopKMomentum, make_baseline
-from allocator.trainer.sim.rule_selection import select_momentum
+from allocator.trainer.sim.rule_selection import select_simple_rule
 
 DATES = pd.bdate_range("2010-01-04", periods=120)
 
@@ -108,10 +108,11 @@ def two_regime_market() -> tuple[MarketData, pd.DatetimeIndex]:
 
 def test_selection_picks_the_lookback_that_wins_on_the_given_span():
     data, d = two_regime_market()
-    fast = select_momentum(data, d[60], d[299], lookbacks=(5, 60), cost_bps=10)
-    slow = select_momentum(data, d[360], d[-1], lookbacks=(5, 60), cost_bps=10)
+    grid = {"momentum_lookbacks": (5, 60), "reversal_lookbacks": (), "cost_bps": 10}
+    fast = select_simple_rule(data, d[60], d[299], **grid)
+    slow = select_simple_rule(data, d[360], d[-1], **grid)
     assert (fast.rule.lookback, slow.rule.lookback) == (5, 60)
-    assert fast.scores["lookback=5,k=1"] > fast.scores["lookback=60,k=1"]
+    assert fast.scores["momentum:lookback=5,k=1"] > fast.scores["momentum:lookback=60,k=1"]
     # The score is the candidate's own net Sharpe over the span, with the span's costs.
     again = run_backtest(TopKMomentum(60, 1), data, d[360], d[-1], cost_bps=10, window=60)
     assert slow.sharpe == pytest.approx(again.metrics()["sharpe"])
@@ -124,9 +125,9 @@ def test_selection_reads_nothing_after_its_span():
     prices = data.prices.copy()
     prices[300:] = prices[299] * np.exp(np.cumsum(rng.normal(0, 0.05, (300, 4)), axis=0))
     noisy = from_wide(pd.DataFrame(prices, index=d, columns=list("ABCD")), "noisy")
-    kwargs = {"lookbacks": (5, 20, 60), "ks": (1, 2), "cost_bps": 10}
-    clean = select_momentum(data, d[60], d[299], **kwargs)
-    dirty = select_momentum(noisy, d[60], d[299], **kwargs)
+    kwargs = {"momentum_lookbacks": (5, 20, 60), "reversal_lookbacks": (), "ks": (1, 2)}
+    clean = select_simple_rule(data, d[60], d[299], cost_bps=10, **kwargs)
+    dirty = select_simple_rule(noisy, d[60], d[299], cost_bps=10, **kwargs)
     assert clean.scores == dirty.scores
     assert repr(clean.rule) == repr(dirty.rule)
     assert clean.rule.lookback == 5

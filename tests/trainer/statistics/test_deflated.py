@@ -10,7 +10,6 @@ import pytest
 from scipy import stats
 
 from allocator.trainer.statistics.deflated import (
-    deflated_sharpe,
     deflated_sharpe_of_returns,
     expected_max_sharpe,
     null_sharpe_variance,
@@ -29,7 +28,8 @@ def test_the_papers_worked_example() -> None:
     sr = 2.5 / math.sqrt(days_per_year)
     variance = 0.5 / days_per_year
     assert expected_max_sharpe(100, variance) == pytest.approx(0.1132, abs=5e-5)
-    assert deflated_sharpe(sr, 1250, -3.0, 10.0, 100, variance) == pytest.approx(0.9004, abs=5e-5)
+    dsr = probabilistic_sharpe(sr, expected_max_sharpe(100, variance), 1250, -3.0, 10.0)
+    assert dsr == pytest.approx(0.9004, abs=5e-5)
 
 
 def test_the_expected_maximum_is_that_of_simulated_trials() -> None:
@@ -45,8 +45,9 @@ def test_the_expected_maximum_is_that_of_simulated_trials() -> None:
 def test_one_trial_deflates_nothing_and_more_trials_deflate_more() -> None:
     sr, days = 0.08, 500
     psr = probabilistic_sharpe(sr, 0.0, days, -0.5, 5.0)
-    assert deflated_sharpe(sr, days, -0.5, 5.0, 1, 0.01) == psr
-    dsr = [deflated_sharpe(sr, days, -0.5, 5.0, n, 0.001) for n in (1, 2, 10, 100, 1000)]
+    assert probabilistic_sharpe(sr, expected_max_sharpe(1, 0.01), days, -0.5, 5.0) == psr
+    trials = (1, 2, 10, 100, 1000)
+    dsr = [probabilistic_sharpe(sr, expected_max_sharpe(n, 0.001), days, -0.5, 5.0) for n in trials]
     assert all(a > b for a, b in itertools.pairwise(dsr))
     # Normal returns: PSR(0) is the t-test of a zero mean, to first order.
     assert probabilistic_sharpe(sr, 0.0, days, 0.0, 3.0) == pytest.approx(
@@ -65,7 +66,8 @@ def test_of_returns_uses_their_moments() -> None:
     skew, kurt = stats.skew(r), stats.kurtosis(r, fisher=False)
     assert res.sharpe == pytest.approx(annualized_sharpe(r))
     assert (res.skew, res.kurtosis) == pytest.approx((skew, kurt))
-    assert res.deflated == pytest.approx(deflated_sharpe(sr, 750, skew, kurt, 20, 0.8 / 252))
+    sr0 = expected_max_sharpe(20, 0.8 / 252)
+    assert res.deflated == pytest.approx(probabilistic_sharpe(sr, sr0, 750, skew, kurt))
     assert res.probabilistic == pytest.approx(probabilistic_sharpe(sr, 0.0, 750, skew, kurt))
     assert res.expected_max_sharpe == pytest.approx(
         expected_max_sharpe(20, 0.8 / 252) * math.sqrt(252)

@@ -1,8 +1,5 @@
-"""Market data: the embedded S&P 500 default and users' own price files, validated on load.
-
-Prices are held as a dense ``(dates, assets)`` float64 array so the environment indexes arrays,
-never pandas, on its hot path. An asset may start late or end early (NaN outside its span), but
-never has a hole inside its span.
+"""Market data, validated on load, as a dense ``(dates, assets)`` array the environment indexes
+on its hot path. An asset may start late or end early (NaN outside its span), never have a hole.
 """
 
 from __future__ import annotations
@@ -102,7 +99,6 @@ class MarketData:
         )
 
     def summary(self) -> pd.DataFrame:
-        """One row per asset: first and last date, observations, last close, annual return/vol."""
         rows = []
         first, last = self.first_valid(), self.last_valid()
         for j, name in enumerate(self.assets):
@@ -137,9 +133,8 @@ def load_dataset(
     min_history: int = DEFAULT_MIN_HISTORY,
     as_of: DateLike | None = None,
 ) -> MarketData:
-    """``'sp500'`` (embedded), ``'database'`` (``$DATABASE_URL``, else the SQLite default),
-    ``'generated:KIND:DRAW'`` (a suite market's draw), else a long-format CSV or Parquet file.
-    Dates after ``as_of`` are left out (the database's default: today)."""
+    """``'sp500'``, ``'database'`` (``$DATABASE_URL``), ``'generated:KIND:DRAW'`` or a long
+    CSV or Parquet file, without dates after ``as_of`` (the database's default: today)."""
     name = str(name_or_path)
     if name == DATABASE:
         return load_database(database_url(), as_of=as_of, min_history=min_history)
@@ -155,8 +150,8 @@ def load_dataset(
 
 
 def check_price_database(dataset: str, job_url: str | None) -> None:
-    """``dataset: database`` reads ``$DATABASE_URL`` (training and export read it too): refuse a
-    job whose own ``database_url`` names another database, rather than mix the two."""
+    """Refuse ``dataset: database`` (read from ``$DATABASE_URL``) for a job whose own
+    ``database_url`` names another database, rather than mix the two."""
     if dataset == DATABASE and job_url and job_url != database_url():
         raise ConfigError(
             "trainer.data.dataset: 'database' reads the prices from $DATABASE_URL "
@@ -222,17 +217,15 @@ class RowProblem:
 
 @dataclass(frozen=True)
 class CheckedRows:
-    """The rows that pass every row check (typed, indexed by 0-based file position) and the
-    problems of the rest."""
+    """The rows that pass every check (indexed by file position) and the others' problems."""
 
     frame: pd.DataFrame
     problems: list[RowProblem]
 
 
 def check_rows(frame: pd.DataFrame, source: str) -> CheckedRows:
-    """Every row's checks (none stops at the first): an asset id the server would refuse, an
-    unparseable date, a close that is not finite and positive, a repeated (date, asset). A
-    missing required column or an empty file raises ``DataError``."""
+    """Every row's checks, all of them (id, date, close, repeated pair); a missing column or an
+    empty file raises ``DataError``."""
     columns = {str(c).strip().lower(): c for c in frame.columns}
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
@@ -294,9 +287,8 @@ def id_problem(asset: str) -> str | None:
 def validate_long_frame(
     frame: pd.DataFrame, source: str, min_history: int = DEFAULT_MIN_HISTORY
 ) -> MarketData:
-    """Check a long-format frame (rows in any order) and pivot it to ``MarketData``; the first
-    problem raises: a ``check_rows`` problem, fewer than ``min_history`` closes, or a hole
-    inside an asset's span."""
+    """A checked long-format frame as ``MarketData``; the first problem (a ``check_rows`` one,
+    too short a history, a hole in a span) raises."""
     checked = check_rows(frame, source)
     if checked.problems:
         raise DataError(checked.problems[0].describe(source))

@@ -1,9 +1,6 @@
-"""Which draws of a suite market may choose something, and which only measure.
-
-A figure is worth something only on draws nothing was chosen on: choosing commands call
-``require_development``. Generated kinds: development draws 100-999, held-out 1000-1999; 0-99
-belong to neither (the learning tests' rotating draws). The S&P 500 development years
-(2005-2009) are one set for both modes: its real held-out years are never run by the suite.
+"""Which draws of a suite market may choose something (development), and which only measure
+(held-out): a figure is worth something only on draws nothing was chosen on. Draws 0-99 belong
+to neither; the S&P 500 development years are one set for both modes.
 """
 
 from __future__ import annotations
@@ -69,7 +66,7 @@ def require_development(kind: str, draws: Iterable[int], what: str = "this comma
 
 
 def refuse_held_out(kind: str, draws: Iterable[int], what: str = "this command") -> None:
-    """Refuse the held-out draws of ``kind`` only, for a study with its own development draws."""
+    """Refuse the held-out draws of ``kind`` only (a study with its own development draws)."""
     sets = draw_sets(kind)
     held = [d for d in draws if d in sets.held_out and d not in sets.development]
     if held:

@@ -1,9 +1,5 @@
-"""Generated markets whose right answer is known: the market suite's kinds and their generators.
-
-Each generator is a pure function of its parameters and ``seed`` (the draw number) returning a
-wide price frame (business days from ``FIRST_DAY``, NaN where an asset is not listed); a
-``GeneratedMarket`` fixes one kind's parameters and spans. ``load_dataset('generated:KIND:DRAW')``
-loads a draw like any price file.
+"""Generated markets whose right answer is known: pure functions of their parameters and
+``seed`` (the draw number) returning a wide price frame; ``GeneratedMarket`` fixes one kind's.
 """
 
 from __future__ import annotations
@@ -37,9 +33,8 @@ def drift_market(
 def _leaders(
     rng: np.random.Generator, n_days: int, n_states: int, period: float, irregular: bool = True
 ) -> np.ndarray:
-    """The leader per day, drawn first from the draw's stream (so a schedule replays it): a
-    uniform draw every ``period`` days, or (``irregular``) at each close with probability
-    ``1 / period``, the hidden Markov model ``sim.ceilings`` filters."""
+    """The leader per day, drawn first from the stream (so a schedule replays it): redrawn every
+    ``period`` days, or (``irregular``) with probability ``1 / period`` per close."""
     if not irregular:
         every = int(period)
         return np.repeat(rng.integers(0, n_states, size=n_days // every + 1), every)[:n_days]
@@ -58,9 +53,8 @@ def rotating_market(
     seed: int = 0,
     irregular: bool = False,
 ) -> pd.DataFrame:
-    """The trending asset changes every ``period`` days, or (``irregular``) at each close with
-    probability ``1 / period``; the others drift down by as much in total, so only following
-    the rotation pays. Day t's leader drives the return to close t (``rotating_schedule``)."""
+    """The trending asset changes (see ``_leaders``); the others drift down by as much in total,
+    so only following the rotation pays."""
     rng = np.random.default_rng(seed)
     leader = _leaders(rng, n_days, n_assets, period, irregular)
     mus = np.full((n_days, n_assets), -drift / (n_assets - 1))
@@ -79,16 +73,14 @@ def rotating_schedule(
 
 
 def _rng(seed: int, family: int) -> np.random.Generator:
-    """A family's own stream, so two families never share noise on one draw (drift and
-    rotating keep their plain ``seed`` streams)."""
+    """A family's own stream, so two families never share noise on one draw."""
     return np.random.default_rng([seed, family])
 
 
 def mean_reversion_market(
     n_days: int = 1500, n_assets: int = 4, phi: float = -0.2, vol: float = 0.01, seed: int = 0
 ) -> pd.DataFrame:
-    """Each asset's daily log return is AR(1) with a negative coefficient ``phi``: a day's loser
-    is expected to win back ``-phi`` of its loss the next day. No drift, equal volatility."""
+    """Each asset's daily log return is AR(1) with a negative ``phi``: losers bounce back."""
     rng = _rng(seed, 1)
     shocks = rng.normal(0.0, vol, size=(n_days, n_assets))
     returns = np.empty_like(shocks)
@@ -106,8 +98,7 @@ def sector_names(n_sectors: int, per_sector: int) -> list[str]:
 def sector_covariance(
     n_sectors: int, per_sector: int, market_vol: float, sector_vol: float, idio_vol: float
 ) -> np.ndarray:
-    """The daily return covariance of ``sector_market``: one market factor, one factor per
-    sector, independent noise per asset."""
+    """The daily return covariance of ``sector_market``: market, sector and own noise."""
     n = n_sectors * per_sector
     sector = np.repeat(np.arange(n_sectors), per_sector)
     same = (sector[:, None] == sector[None, :]).astype(float)
@@ -125,8 +116,8 @@ def sector_market(
     idio_vol: float = 0.006,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Correlated sectors (market and sector factors) with an irregularly rotating leading
-    sector that drifts up by ``drift``, the others down by as much: equal weight earns nothing."""
+    """Correlated sectors with an irregularly rotating leader drifting up, the others down by as
+    much: equal weight earns nothing."""
     rng = _rng(seed, 2)
     leader = _leaders(rng, n_days, n_sectors, period)
     mus = np.full((n_days, n_sectors), -drift / (n_sectors - 1))
@@ -157,8 +148,7 @@ def listing_market(
     listings: tuple[tuple[int, int | None], ...] = LISTINGS,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Assets listing and delisting (NaN outside their span); ``n_up`` of them (at least one
-    listed to the end) drift up by ``drift``: ``listing_drifters`` names them."""
+    """Assets listing and delisting (NaN outside their span); ``listing_drifters`` drift up."""
     rng = _rng(seed, 3)
     up = _listing_up(rng, n_up, listings)
     mus = np.where(up, drift, 0.0)
@@ -174,7 +164,6 @@ def listing_market(
 def _listing_up(
     rng: np.random.Generator, n_up: int, listings: tuple[tuple[int, int | None], ...]
 ) -> np.ndarray:
-    """Which assets drift: one among those listed to the end, the rest among all the others."""
     survivors = [j for j, (_, last) in enumerate(listings) if last is None]
     first = int(rng.choice(survivors))
     others = [j for j in range(len(listings)) if j != first]
@@ -214,8 +203,7 @@ GENERATORS: dict[str, Callable[..., pd.DataFrame]] = {
 
 @dataclass(frozen=True)
 class GeneratedMarket:
-    """One market kind: a generator with fixed parameters, the span a run trains on and the one
-    it is scored on (never seen while choosing)."""
+    """One market kind: a generator with fixed parameters, its training and scored spans."""
 
     kind: str
     generator: str
@@ -265,8 +253,7 @@ def market(kind: str) -> GeneratedMarket:
 
 
 def parse_generated(dataset: str) -> tuple[str, int] | None:
-    """``(kind, draw)`` of a ``generated:KIND:DRAW`` dataset name, None for any other name;
-    a ``ValueError`` for a malformed one."""
+    """``(kind, draw)`` of a ``generated:KIND:DRAW`` dataset name, else None."""
     if not dataset.startswith(GENERATED_PREFIX):
         return None
     kind, sep, draw = dataset[len(GENERATED_PREFIX) :].partition(":")

@@ -1,10 +1,6 @@
-"""``allocator data ingest``: price files into the trade database, one transaction per file.
-
-A file is all or nothing by default: a refused row stores none of the file's rows (a hole
-would refuse every later training run, and a bad row often means a cut or shifted file), so
-the operator fixes the file and ingests it again (the upsert is idempotent). ``keep_valid``
-stores the good rows anyway.
-"""
+"""``allocator data ingest``: price files into the trade database, one transaction per file, all
+or nothing unless ``keep_valid`` (a hole would refuse every later training run, and a bad row
+often means a cut or shifted file)."""
 
 from __future__ import annotations
 
@@ -51,7 +47,6 @@ class FileReport:
         return self.error is None and not self.rejected
 
     def lines(self) -> list[str]:
-        """The report an operator reads: one summary line, then one line per refused row."""
         name = self.path.name
         if self.error is not None:
             return [f"{name}: not ingested: {self.error}"]
@@ -118,8 +113,8 @@ def stored_state(url: str) -> str:
 
 
 def ingest(paths: Iterable[str | Path], url: str, *, keep_valid: bool = False) -> list[FileReport]:
-    """Ingest every price file named (directories: their price files), one report each. A
-    refused row stops only its file; an unwritable database (``PriceStoreError``) stops all."""
+    """One report per price file named (or in a directory named); an unwritable database
+    (``PriceStoreError``) stops all."""
     files = price_files(paths)
     if not files:
         raise DataError(

@@ -58,8 +58,8 @@ class UpsertCounts:
 
 
 def upsert_prices(conn: Connection, rows: pd.DataFrame, source: str) -> UpsertCounts:
-    """Insert or update ``rows`` (``date``, ``asset``, ``close``; unique pairs) in the caller's
-    transaction; an unchanged close is not written (its ``source`` keeps the first file)."""
+    """Upsert ``rows`` (``date``, ``asset``, ``close``) in the caller's transaction; an unchanged
+    close is not written (its ``source`` keeps the first file)."""
     if rows.empty:
         return UpsertCounts(0, 0, 0)
     frame = rows[["date", "asset", "close"]].copy()

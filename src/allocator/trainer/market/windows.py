@@ -1,12 +1,9 @@
 """Walk-forward windows: calendar-aligned train spans, a purge gap, then an unseen test span.
 
-Not skfolio's ``WalkForward`` (a test checks both agree where their semantics coincide): it
-anchors periods on the data's first date (a span from 2005-01-03 loses 2005) and always steps
-by the test length. Here periods are ``freq`` boundaries ``a_0 < a_1 < ...`` rolled back from
-``start``; window k tests ``[a_i, a_{i + test_periods})`` with ``i = train_periods + k * step``
-and trains on ``[a_{i - train_periods}, a_i)`` (or from ``start``, expanding) minus the last
-``purge_days``, so nothing near the boundary leaks. A test span shorter than ``min_test_days``
-and a rolling window whose training would start before ``start`` are dropped.
+Unlike skfolio's ``WalkForward`` (which anchors periods on the data's first date), periods are
+``freq`` boundaries ``a_0 < a_1 < ...`` rolled back from ``start``; window k tests
+``[a_i, a_{i + test_periods})`` with ``i = train_periods + k * step`` and trains on
+``[a_{i - train_periods}, a_i)`` (or from ``start``) minus the last ``purge_days``.
 """
 
 from __future__ import annotations
@@ -75,8 +72,7 @@ class WindowSpec(StrictModel):
 
 
 def _anchors(spec: WindowSpec, last: pd.Timestamp) -> pd.DatetimeIndex:
-    """Period boundaries from ``start`` rolled back onto the calendar, to one test length past
-    the last date (the last test span needs its end)."""
+    """Period boundaries from ``start`` rolled back, to one test length past the last date."""
     offset = to_offset(spec.freq)
     first = offset.rollback(pd.Timestamp(spec.start))
     return pd.date_range(first, last + (spec.test_periods + 1) * offset, freq=offset)

@@ -90,7 +90,7 @@ def backtest_span(
     window: int,
 ) -> tuple[int, int, list[str]]:
     """First and last decision row and the assets of a backtest, or a ``DataError`` saying why
-    the data cannot support it (short history, fewer than 3 dates, an asset without prices)."""
+    the data cannot support it."""
     t0 = window if start is None else data.date_index(start, "left")
     t1 = data.n_dates - 1 if end is None else data.date_index(end, "right")
     if t0 < window:
@@ -151,11 +151,8 @@ def run_backtest(
     env_config: EnvConfig | None = None,
     feature_norm: FeatureNormalization | None = None,
 ) -> BacktestResult:
-    """Run ``policy`` deciding at every close from ``start`` until the day before ``end``.
-
-    ``stats`` and ``feature_norm`` default to a fit on the data before ``start`` (no leak).
-    ``env_config`` gives a trained policy's representation; its ``window`` replaces ``window``.
-    """
+    """Run ``policy`` deciding at every close from ``start`` until the day before ``end``;
+    ``env_config`` gives a trained policy's representation (and ``window``)."""
     if isinstance(policy, str):
         name, pol = policy, make_baseline(policy)
     else:

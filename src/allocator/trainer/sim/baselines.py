@@ -40,7 +40,7 @@ class DecisionContext:
     def slot_weights(
         self, asset_weights: NDArray[np.float64], cash: float = 0.0
     ) -> NDArray[np.float64]:
-        """Put per-asset weights (in ``assets`` order) and a cash weight into slot layout."""
+        """Per-asset weights (in ``assets`` order) and a cash weight in slot layout, scaled to 1."""
         w = np.zeros(self.n_slots)
         w[0] = cash
         w[1 : 1 + len(self.assets)] = asset_weights
@@ -122,7 +122,6 @@ class _FittedOptimizer(Rebalancing):
     def fit_weights(
         self, prices: NDArray[np.float64], assets: tuple[str, ...]
     ) -> NDArray[np.float64]:
-        """Weights fitted on the last ``lookback`` daily returns of ``prices``."""
         window = prices[-(self.lookback + 1) :]
         returns = pd.DataFrame(window[1:] / window[:-1] - 1.0, columns=list(assets))
         if len(returns) < 2:
@@ -151,9 +150,7 @@ class HRP(_FittedOptimizer):
 
 class TopKMomentum(Rebalancing):
     """Equal weight over the ``k`` assets with the highest trailing ``lookback``-day return:
-    the rule a trend-following allocator must beat. Fully invested; ties go to the earlier
-    slot; an asset without a close at the start of the lookback ranks last; a shorter history
-    uses all the closes there are."""
+    the rule a trend-following allocator must beat (ties: the earlier slot)."""
 
     name = "momentum"
     sign = 1.0  # ranks by sign * trailing return, highest first
@@ -172,7 +169,6 @@ class TopKMomentum(Rebalancing):
         return f"{type(self).__name__}(lookback={self.lookback}, k={self.k})"
 
     def chosen(self, prices: NDArray[np.float64]) -> NDArray[np.intp]:
-        """Columns of ``prices`` (closes up to the decision, oldest first) the rule holds."""
         if len(prices) < 2:
             raise ValueError(f"{self.name} needs at least 2 closes before its first decision")
         window = prices[-(self.lookback + 1) :]
@@ -196,8 +192,7 @@ class TopKReversal(TopKMomentum):
 
 
 class Anchor:
-    """A tilt policy's zero-action portfolio, traded to daily: does the tilt add anything
-    beyond its anchor? Weights from ``portfolio.anchor_weights``, as the env and server use."""
+    """A tilt policy's zero-action portfolio, traded to daily: does the tilt add anything?"""
 
     name = "anchor"
 
@@ -221,7 +216,7 @@ class Anchor:
 
 class AnchorPolicy:
     """A tilt policy's zero action through the backtest's own environment: its anchor bit for
-    bit (``Anchor`` recomputes it from a spec, for runs without a tilt policy)."""
+    bit (``Anchor`` recomputes it from a spec)."""
 
     name = "anchor"
 
@@ -255,13 +250,6 @@ def make_baseline(name: str | BaselineName, **kwargs: Any) -> Policy:
     except ValueError:
         valid = ", ".join(b.value for b in BaselineName)
         raise ValueError(f"unknown baseline {name!r}; choose one of: {valid}") from None
-    classes: dict[BaselineName, Any] = {
-        BaselineName.EQUAL_WEIGHT: EqualWeight,
-        BaselineName.BUY_AND_HOLD: BuyAndHold,
-        BaselineName.CASH: Cash,
-        BaselineName.MIN_VARIANCE: MinVariance,
-        BaselineName.HRP: HRP,
-        BaselineName.MOMENTUM: TopKMomentum,
-        BaselineName.ANCHOR: Anchor,
-    }
-    return classes[key](**kwargs)
+    classes = (EqualWeight, BuyAndHold, Cash, MinVariance, HRP, TopKMomentum, Anchor)
+    policy: Policy = {c.name: c for c in classes}[key](**kwargs)
+    return policy

@@ -1,6 +1,5 @@
-"""Ceilings: the Bayes decision (or filter) of a ``market.generated`` generator given its true
-parameters, which no trained policy is told. A reference, not a strict bound: it guesses the
-state best but ignores costs, so a policy that trades less can beat it on a draw."""
+"""Ceilings: the Bayes decision (or filter) of a generated market given its true parameters. A
+reference, not a bound: it ignores costs, so a policy that trades less can beat it on a draw."""
 
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ from allocator.trainer.sim.baselines import DecisionContext, Policy
 
 
 class RegimeFilter:
-    """Forward filter of a hidden Markov model: the regime is redrawn uniformly with probability
-    ``1 / period`` at each close; subclasses give the Gaussian likelihood and the book."""
+    """Forward filter of a hidden regime redrawn with probability ``1 / period`` per close;
+    subclasses give the Gaussian likelihood and the book."""
 
     name = "regime-filter"
 
@@ -32,7 +31,6 @@ class RegimeFilter:
         self.reset()
 
     def reset(self) -> None:
-        """Forget every close: a uniform posterior, as before the first return."""
         self.posterior = np.full(self.n_states, 1.0 / self.n_states)
         self.seen = 1  # closes already folded into the posterior
 
@@ -41,8 +39,7 @@ class RegimeFilter:
         raise NotImplementedError
 
     def update(self, prices: NDArray[np.float64], step: int = -1) -> NDArray[np.float64]:
-        """Fold the closes not seen yet into the posterior (oldest first) and return it; a
-        backtest's first decision (``step`` 0) or a shorter history starts again."""
+        """The posterior after folding in the closes not seen yet (step 0 starts again)."""
         if step == 0 or len(prices) < self.seen:
             self.reset()
         returns = np.diff(np.log(prices[self.seen - 1 :]), axis=0)
@@ -55,9 +52,8 @@ class RegimeFilter:
 
 
 class RotationFilter(RegimeFilter):
-    """The Bayes filter of ``rotating_market``: the posterior over which asset leads (not the
-    calendar of the draws). ``book="leader"`` holds the most probable leader, fully invested;
-    ``book="posterior"`` holds each asset at its probability."""
+    """The Bayes filter of ``rotating_market``: holds the most probable leader (``book="leader"``)
+    or each asset at its probability of leading (``book="posterior"``)."""
 
     def __init__(
         self,
@@ -89,8 +85,7 @@ class RotationFilter(RegimeFilter):
 
 
 class SectorFilter(RegimeFilter):
-    """The Bayes filter of ``sector_market``: the posterior over the leading sector under the
-    true factor covariance; holds the most probable leader's assets in equal weight."""
+    """The Bayes filter of ``sector_market``: holds the most probable leader's assets equally."""
 
     name = "sector-filter"
 
@@ -143,8 +138,7 @@ class KnownDrift:
 
 
 class KnownReversal:
-    """The AR(1) rule with the true coefficient: hold the asset whose expected next log return,
-    ``phi`` times its last one, is highest (``phi < 0``: yesterday's biggest loser)."""
+    """The AR(1) rule with the true ``phi``: hold the highest expected next log return."""
 
     name = "known-reversal"
 

@@ -1,18 +1,13 @@
 """``PortfolioEnv``: cash plus a random subset of up to ``max_assets`` assets, daily rebalancing.
 
-One step at date t: the action maps to raw weights ``w``, smoothed into the executed target
-``s = ema_smooth(s_prev, w, mask, beta)``; the drifted holdings ``h`` trade to ``s`` at a cost
-of ``cost_bps/1e4 * (sold + sum|s - h|) * NAV``, taken out of NAV; prices then move to t+1 and
-the holdings drift. Holdings are fractional.
+One step: the action maps to raw weights ``w``, smoothed into the executed target
+``s = ema_smooth(s_prev, w, mask, beta)``; the drifted holdings ``h`` trade to ``s`` at
+``cost_bps/1e4 * (sold + sum|s - h|) * NAV``, then prices move and the holdings drift.
 
 A universe change (``change_universe`` or the ``universe_changes`` reset option) applies at the
-next decision: live slots stay a prefix (stayers in order, then joiners; ``sim/universe.py``),
-every carried vector and the history's columns move by asset id, the leavers' holdings are sold
-into cash (``sold``, paid in the next step's turnover) and the per-decision arrays are rebuilt
-so the next observation is the contract observation of the new universe.
-
-Everything runs on arrays prepared per universe span, so an agent's updates, not the
-environment, dominate training time.
+next decision (``sim/universe.py``): carried vectors move by asset id and the leavers are sold
+into cash (``sold``, paid in the next step's turnover). Arrays are prepared per universe span,
+so an agent's updates, not the environment, dominate training time.
 """
 
 from __future__ import annotations
@@ -118,7 +113,6 @@ class EnvConfig(StrictModel):
 
     @property
     def history(self) -> int:
-        """Daily returns every asset needs before a decision: the features' and the anchor's."""
         need = self.asset_feature_spec.lookback if self.features == "asset_v1" else self.window
         if self.action.mapping == "tilt":
             need = max(need, self.action.anchor.spec.prices_per_asset - 1)
@@ -133,10 +127,8 @@ class EnvConfig(StrictModel):
 class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     """Gymnasium environment over ``MarketData`` with the shared policy contract.
 
-    ``reset(options=...)`` pins an episode with ``assets`` (slot order), ``start`` (date or row:
-    the first decision) and ``episode_length``, and takes ``universe_changes`` (``{step:
-    names}``, the whole universe from decision ``step`` on). Every universe needs closes from
-    ``history`` rows before its first decision to the close its last one is valued at.
+    ``reset(options=...)`` takes ``assets`` (slot order), ``start`` (date or row),
+    ``episode_length`` and ``universe_changes`` (``{step: names}``, the universe from ``step``).
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's class attribute
@@ -159,13 +151,10 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.n_slots,), dtype=np.float32)
         # Features lie in [-clip, clip]; the weights and mask blocks in [0, 1].
         self._obs_size = self.spec_.obs_size  # read every step: kept, not recomputed
-        n_feat = self._n_block = self._obs_size - 2 * self.n_slots
-        clip = np.float32(self.config.obs_clip)
-        low = np.concatenate([np.full(n_feat, -clip), np.zeros(2 * self.n_slots)])
-        high = np.concatenate([np.full(n_feat, clip), np.ones(2 * self.n_slots)])
-        self.observation_space = gym.spaces.Box(
-            low.astype(np.float32), high.astype(np.float32), dtype=np.float32
-        )
+        self._n_block = self._obs_size - 2 * self.n_slots
+        low = np.zeros(self._obs_size, np.float32)
+        low[: self._n_block] = -self.config.obs_clip
+        self.observation_space = gym.spaces.Box(low, np.where(low < 0, -low, 1), dtype=np.float32)
         self._history = self.config.history
         self.asset_spec: AssetFeatureSpec | None = None
         self.feature_norm: FeatureNormalization | None = None
@@ -204,7 +193,6 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     def _universe(
         self, names: Sequence[str], first: int, last: int, span: str | None = None
     ) -> list[int]:
-        """Data columns of ``names``, each with closes on rows ``first .. last`` (``span``)."""
         idx = check_assets(names, self.data.assets, self.config.max_assets)
         span = span or f"rows {first}..{last}"
         for i in idx:
@@ -215,7 +203,6 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     def _sample_episode(
         self, options: dict[str, Any]
     ) -> tuple[list[int], int, int, dict[int, tuple[str, ...]]]:
-        """The first universe, the first decision row, the length and the checked schedule."""
         cfg, w = self.config, self._history
         length = int(options.get("episode_length", cfg.episode_length))
         if "start" in options:
@@ -268,8 +255,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         return self._observation(), {"assets": self.asset_names, "date": self.date, "nav": self.nav}
 
     def _install(self, idx: list[int], k0: int) -> None:
-        """Make ``idx`` the universe (slots 1..k in that order) from decision ``k0`` to the end
-        of its span (the next scheduled change, else the episode's end), preparing its
+        """Make ``idx`` the universe from decision ``k0`` to the end of its span, preparing its
         per-decision arrays in one go."""
         m, w, h = self.config.max_assets, self.config.window, self._history
         t = self._t0 + k0
@@ -298,9 +284,8 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     # --- universe changes ------------------------------------------------------------------
 
     def change_universe(self, assets: Sequence[str]) -> tuple[NDArray[np.float32], dict[str, Any]]:
-        """Make ``assets`` the universe from the next decision on; returns the observation and
-        ``{"assets", "date", "nav", "liquidation_turnover"}``. ``ValueError``, the environment
-        unchanged, for a finished episode or a list ``reset`` would refuse."""
+        """Make ``assets`` the universe from the next decision on; ``ValueError``, the
+        environment unchanged, for a finished episode or a list ``reset`` would refuse."""
         if self._done:
             raise ValueError("the episode is over: reset() before changing its universe")
         if isinstance(assets, str):
@@ -315,8 +300,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         return self._observation(), info | {"liquidation_turnover": self._sold}
 
     def _change(self, names: Sequence[str]) -> tuple[str, ...]:
-        """Apply a checked universe at the next decision: sell the leavers into cash, carry the
-        holdings, executed weights and history by asset id, rebuild the arrays."""
+        """Apply a checked universe at the next decision: sell the leavers, carry the rest."""
         order = universe_order(self.asset_names, names)
         source = slot_sources(self.asset_names, order, self.n_slots)
         sold = float(self.drifted[left_slots(self.asset_names, order)].sum())
@@ -334,12 +318,11 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
 
     @property
     def date(self) -> Any:
-        """The decision date of the next step (or the last close once the episode is over)."""
+        """The decision date of the next step."""
         return self.data.dates[self._t0 + self._k]
 
     @property
     def t(self) -> int:
-        """Row of the data the next decision is made at."""
         return self._t0 + self._k
 
     def _observation(self) -> NDArray[np.float32]:
@@ -363,7 +346,6 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     def action_weights(
         self, action: NDArray[np.float32] | NDArray[np.float64]
     ) -> NDArray[np.float64]:
-        """Raw target weights of ``action`` at the next decision, under the configured mapping."""
         return self._map_action(action, self.mask, self.anchor)
 
     def step(

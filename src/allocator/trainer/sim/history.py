@@ -1,9 +1,6 @@
-"""What an episode has done so far, in preallocated arrays that rewards and penalties read.
-
-Row 0 is the state before the first decision; row ``k + 1`` the state after step ``k``. The
-per-slot columns follow the current slot layout (``remap``): a joining asset's past is weight
-0 at a flat price, so no slot ever mixes the prices of two assets.
-"""
+"""What an episode has done so far, in preallocated arrays that rewards and penalties read: row
+0 before the first decision, row ``k + 1`` after step ``k``, per-slot columns in the current
+slot layout (a joining asset's past is weight 0 at a flat price)."""
 
 from __future__ import annotations
 
@@ -64,8 +61,8 @@ class EpisodeHistory:
     def remap(
         self, source: NDArray[np.intp], mask: NDArray[np.bool_], prices: NDArray[np.float64]
     ) -> None:
-        """Every recorded row in a new slot layout: new slot i takes old slot ``source[i]``'s
-        columns, or (``-1``) weight 0 and the flat price ``prices[i]`` (1 for an empty slot)."""
+        """Every recorded row in a new layout: slot i takes old slot ``source[i]``'s columns,
+        or (-1) weight 0 and the flat price ``prices[i]``."""
         rows = slice(0, self.steps + 1)
         kept = source >= 0
         weights = np.zeros((self.steps + 1, self.n_slots))
@@ -76,5 +73,4 @@ class EpisodeHistory:
         self.mask[:] = mask
 
     def window_start(self, window: int) -> int:
-        """Row where a trailing window of ``window`` steps begins (shorter at episode start)."""
         return max(0, self.steps - window)

@@ -1,6 +1,5 @@
-"""Interactive backtest reports: one self-contained ``report.html`` of plotly figures (what
-the PNGs of ``plots`` show, zoomable). plotly.js is embedded, not linked from a CDN: a report
-is opened from archives and CI artifacts, often offline, and must still draw years later."""
+"""One self-contained ``report.html`` of plotly figures; plotly.js is embedded, not linked from
+a CDN, so a report opened offline from archives still draws years later."""
 
 from __future__ import annotations
 
@@ -90,8 +89,7 @@ def write_backtest_report(
     title: str | None = None,
     extra: Mapping[str, go.Figure] | None = None,
 ) -> Path:
-    """``report.html`` at ``path``: every result's curves (``agent``'s first), ``agent``'s
-    allocations, then the ``extra`` figures (id -> figure), in order."""
+    """Every result's curves (``agent``'s first), ``agent``'s allocations, then ``extra``."""
     if agent not in results:
         raise ValueError(f"agent {agent!r} is not among the results ({', '.join(results)})")
     nav = results[agent].nav

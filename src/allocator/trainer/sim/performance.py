@@ -1,6 +1,5 @@
-"""Performance figures of a backtest, from skfolio's measures: daily net returns, 252 days a
-year, zero risk-free rate, ddof 1. Sortino uses the semi-deviation below zero; Calmar is the
-annual return over the compounded max drawdown."""
+"""Performance figures from skfolio's measures: daily net returns, 252 days a year, zero
+risk-free rate, ddof 1; Calmar is the annual return over the compounded max drawdown."""
 
 from __future__ import annotations
 

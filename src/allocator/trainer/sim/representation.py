@@ -1,6 +1,5 @@
-"""What the policy sees and what its action means: feature set and action mapping settings.
-Features and anchors come from the ``portfolio`` contract functions, vectorized over every
-decision date at reset, so stepping stays a slice and a small mapping."""
+"""Feature set and action mapping settings, and their ``portfolio`` contract functions
+vectorized over every decision date at reset, so stepping stays a slice and a small mapping."""
 
 from __future__ import annotations
 
@@ -66,18 +65,13 @@ class ActionSettings(StrictModel):
 
     @property
     def tilt_anchor(self) -> AnchorSpec | None:
-        """The portfolio a zero action holds under the tilt mapping (None for affine, whose
-        zero action is no portfolio anyone would pick): the ``anchor`` baseline's."""
+        """The tilt mapping's zero-action portfolio (None for affine): the ``anchor`` baseline's."""
         return self.anchor.spec if self.mapping == "tilt" else None
 
 
 class FeatureTable:
-    """The per-asset feature columns of a whole dataset, computed once, sliced per episode.
-
-    An asset's own columns do not depend on its episode's other assets, so they are normalized
-    once here; an episode adds only its subset's cross-sectional columns. Same functions as the
-    server's ``asset_features``. Memory: ``T x N x F`` float32 plus the sums.
-    """
+    """The per-asset feature columns of a whole dataset: the own columns normalized once, the
+    cross-sectional ones per episode. Memory: ``T x N x F`` float32 plus the sums."""
 
     def __init__(
         self,
@@ -108,8 +102,7 @@ class FeatureTable:
     def episode(
         self, assets: list[int], first: int, n_dates: int, max_assets: int
     ) -> NDArray[np.float32]:
-        """Normalized features ``(n_dates, max_assets * F)`` from the decision at row ``first``;
-        empty slots zero, as ``build_asset_observation`` does."""
+        """Normalized features ``(n_dates, max_assets * F)`` from the decision at row ``first``."""
         spec, n_own = self.spec, self.spec.n_own_features
         rows = slice(first - spec.lookback, first - spec.lookback + n_dates)
         if rows.start < 0 or rows.stop > self.own.shape[0]:
@@ -152,7 +145,6 @@ class ActionMapper:
         mask: NDArray[np.bool_],
         anchor: NDArray[np.float64] | None,
     ) -> NDArray[np.float64]:
-        """``anchor`` is a row of ``episode_anchors`` (already masked for ``mask``)."""
         if not self.tilt:
             return action_to_weights(action, mask)
         assert anchor is not None, "the tilt mapping needs the decision's anchor"

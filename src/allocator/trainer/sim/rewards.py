@@ -95,15 +95,14 @@ def soft_log(x: ArrayLike, k: float = 1.5) -> NDArray[np.float64]:
 
 
 def downside_sigma(returns: ArrayLike) -> float:
-    """Population std of the negative returns (0 when there are fewer than one)."""
+    """Population std of the negative returns (0 without any)."""
     r = np.asarray(returns, dtype=np.float64)
     neg = r[r < 0]
     return float(neg.std()) if neg.size else 0.0
 
 
 def sortino_potential(returns: ArrayLike, cap: float = 10.0) -> float:
-    """``mean(r) / sqrt(mean(min(r, 0)^2))`` clipped to ``[-cap, cap]``; 0 with < 2 returns
-    (no losing step: ``+-cap`` by the mean's sign)."""
+    """``mean(r) / sqrt(mean(min(r, 0)^2))`` clipped to ``[-cap, cap]``; 0 with < 2 returns."""
     r = np.asarray(returns, dtype=np.float64)
     if r.size < 2:
         return 0.0
@@ -115,8 +114,7 @@ def sortino_potential(returns: ArrayLike, cap: float = 10.0) -> float:
 
 
 def window_credit_inputs(h: EpisodeHistory, window: int) -> tuple[NDArray[np.float64], ...]:
-    """``(avg_alloc, slot_returns, live)`` over the trailing window; cash and masked slots
-    have return 0."""
+    """``(avg_alloc, slot_returns, live)`` over the trailing window; cash and masked: 0."""
     j0 = h.window_start(window)
     k = h.steps
     avg_alloc = h.weights[j0 + 1 : k + 1].mean(axis=0)
@@ -127,8 +125,7 @@ def window_credit_inputs(h: EpisodeHistory, window: int) -> tuple[NDArray[np.flo
 
 
 def shapley_values(avg_alloc: ArrayLike, slot_returns: ArrayLike) -> NDArray[np.float64]:
-    """Exact Shapley values ``a_i R_i`` of the game ``v(S) = sum_{i in S} a_i R_i`` (the rest
-    in cash): an additive game, so no Monte Carlo is needed."""
+    """Exact Shapley values ``a_i R_i`` of the additive game ``v(S) = sum_{i in S} a_i R_i``."""
     return np.asarray(avg_alloc, dtype=np.float64) * np.asarray(slot_returns, dtype=np.float64)
 
 
@@ -220,8 +217,7 @@ def turnover_penalty(h: EpisodeHistory, weight: float) -> float:
 
 
 def jitter_penalty(h: EpisodeHistory, weight: float, deadband: float) -> float:
-    """``weight * sum_i d_i^2`` over moves ``d_i = |s_t,i - s_{t-1},i|`` in (0, band): small
-    moves are the noise to punish; decisive moves and no move are free."""
+    """``weight * sum_i d_i^2`` over moves ``d_i = |s_t,i - s_{t-1},i|`` in (0, band): noise."""
     k = h.steps
     d = np.abs(h.weights[k] - h.weights[k - 1])
     small = d[(d > 0) & (d < deadband)]

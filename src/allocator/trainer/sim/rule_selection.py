@@ -18,32 +18,7 @@ class MomentumChoice:
 
     rule: TopKMomentum
     sharpe: float
-    scores: dict[str, float] = field(default_factory=dict)  # "lookback=20,k=1" -> Sharpe
-
-
-def select_momentum(
-    data: MarketData,
-    start: DateLike,
-    end: DateLike,
-    *,
-    lookbacks: Sequence[int],
-    ks: Sequence[int] = (1,),
-    cost_bps: float = 10.0,
-    beta: float = 0.0,
-    assets: Sequence[str] | None = None,
-    rebalance_every: int = 1,
-) -> MomentumChoice:
-    """The top-k momentum rule with the best net Sharpe over ``[start, end]`` (the first of a
-    tie). ``start`` needs ``max(lookbacks)`` closes before it; no later price than ``end`` counts.
-    """
-    if not lookbacks or not ks:
-        raise ValueError("select_momentum needs at least one lookback and one k")
-    rules: dict[str, TopKMomentum] = {
-        f"lookback={lookback},k={k}": TopKMomentum(lookback, k, rebalance_every)
-        for lookback in lookbacks
-        for k in ks
-    }
-    return best_rule(rules, data, start, end, cost_bps=cost_bps, beta=beta, assets=assets)
+    scores: dict[str, float] = field(default_factory=dict)  # "momentum:lookback=20,k=1" -> Sharpe
 
 
 def select_simple_rule(
@@ -58,8 +33,8 @@ def select_simple_rule(
     beta: float = 0.0,
     assets: Sequence[str] | None = None,
 ) -> MomentumChoice:
-    """The best of top-k momentum and reversal (keys ``momentum:lookback=L,k=K``, ...), with
-    ``select_momentum``'s rules for ties and for the closes ``start`` needs."""
+    """The best of top-k momentum and reversal (keys ``momentum:lookback=L,k=K``, ...) by net
+    Sharpe over ``[start, end]``; ``start`` needs ``max(lookbacks)`` closes before it."""
     if not (momentum_lookbacks or reversal_lookbacks) or not ks:
         raise ValueError("select_simple_rule needs at least one lookback and one k")
     families = ((TopKMomentum, momentum_lookbacks), (TopKReversal, reversal_lookbacks))

@@ -1,9 +1,5 @@
-"""An episode's universe: which assets sit in which slots, and how a change of it moves them.
-
-Live slots are a prefix (cash, then the assets): after a change the staying assets keep their
-order and the joiners follow as requested. ``slot_sources`` states that permutation once, and
-every per-slot vector the environment carries moves with it by asset id, as the server's does.
-"""
+"""An episode's universe: live slots are a prefix; after a change the staying assets keep their
+order, the joiners follow, and every per-slot vector moves by asset id (``slot_sources``)."""
 
 from __future__ import annotations
 
@@ -37,8 +33,7 @@ def universe_order(current: Sequence[str], requested: Sequence[str]) -> tuple[st
 
 
 def slot_sources(current: Sequence[str], new: Sequence[str], n_slots: int) -> IntArray:
-    """For every slot of the new layout, the slot its asset held before (cash: 0); -1 for a
-    joining asset and for empty slots."""
+    """Each new slot's previous slot (cash: 0; joiners and empty slots: -1)."""
     before = {a: j + 1 for j, a in enumerate(current)}
     source = np.full(n_slots, -1, dtype=np.intp)
     source[0] = 0
@@ -48,8 +43,7 @@ def slot_sources(current: Sequence[str], new: Sequence[str], n_slots: int) -> In
 
 
 def carry(vector: NDArray[np.float64], source: IntArray) -> NDArray[np.float64]:
-    """``vector`` in the new layout: staying entries moved, joining and empty slots 0, and the
-    entries of the assets that left dropped (so the result may sum to less than before)."""
+    """``vector`` in the new layout: joining and empty slots 0, leavers dropped."""
     out = np.zeros(source.size)
     kept = source >= 0
     out[kept] = vector[source[kept]]
@@ -63,8 +57,7 @@ def left_slots(current: Sequence[str], new: Sequence[str]) -> IntArray:
 
 
 def parse_schedule(changes: Any, length: int) -> dict[int, tuple[str, ...]]:
-    """The ``universe_changes`` reset option: ``{step: asset names}``, each entry the whole
-    universe from that decision on, at steps 1 .. length - 1, in step order."""
+    """The ``universe_changes`` reset option ``{step: asset names}``, checked, in step order."""
     if not isinstance(changes, Mapping):
         raise ValueError(f"universe_changes must map a step to asset names, got {changes!r}")
     for step in changes:
@@ -85,6 +78,5 @@ def parse_schedule(changes: Any, length: int) -> dict[int, tuple[str, ...]]:
 
 
 def segment_end(schedule: Mapping[int, Any], step: int, length: int) -> int:
-    """The last decision index a universe set at ``step`` lasts to: the next scheduled change
-    after ``step`` (its holdings are valued at that close), else the episode's end."""
+    """The next scheduled change after ``step``, else the episode's end."""
     return min((s for s in schedule if s > step), default=length)

@@ -1,5 +1,4 @@
-"""Input checks shared by the statistics: a NaN or mismatched lengths make a statistic
-silently wrong, so they are refused with a message naming the argument."""
+"""Input checks of the statistics: a NaN or mismatched lengths make a statistic silently wrong."""
 
 from __future__ import annotations
 

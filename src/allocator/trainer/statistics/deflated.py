@@ -32,8 +32,8 @@ def _finite(value: float, name: str) -> float:
 def probabilistic_sharpe(
     sharpe: float, benchmark: float, days: int, skew: float, kurtosis: float
 ) -> float:
-    """PSR: the probability that the true per-period Sharpe exceeds ``benchmark`` (both per
-    period; ``kurtosis`` plain, 3 for normal returns)."""
+    """PSR: the probability that the true per-period Sharpe exceeds ``benchmark`` (plain
+    kurtosis)."""
     sr = _finite(sharpe, "sharpe")
     if positive_int(days, "days") < 2:
         raise ValueError(f"days must be at least 2, got {days}")
@@ -49,8 +49,7 @@ def probabilistic_sharpe(
 
 
 def expected_max_sharpe(trials: int, variance: float) -> float:
-    """SR0: the expected largest of ``trials`` Sharpe estimates of zero-skill configurations
-    whose estimates vary with ``variance`` (per period). One trial: 0, nothing selected."""
+    """SR0: the expected best of ``trials`` zero-skill Sharpes of per-period ``variance``."""
     n = positive_int(trials, "trials")
     v = _finite(variance, "variance")
     if v < 0:
@@ -62,14 +61,6 @@ def expected_max_sharpe(trials: int, variance: float) -> float:
         1.0 - 1.0 / (n * math.e)
     )
     return float(math.sqrt(v) * z)
-
-
-def deflated_sharpe(
-    sharpe: float, days: int, skew: float, kurtosis: float, trials: int, variance: float
-) -> float:
-    """DSR = PSR(SR0): per-period Sharpe, plain kurtosis, per-period variance of the trials'
-    Sharpes."""
-    return probabilistic_sharpe(sharpe, expected_max_sharpe(trials, variance), days, skew, kurtosis)
 
 
 @dataclass(frozen=True)
@@ -90,29 +81,23 @@ class DeflatedSharpe:
         return asdict(self)
 
 
-def null_sharpe_variance(days: int, periods_per_year: int = PERIODS_PER_YEAR) -> float:
-    """Annualized variance ``periods_per_year / (days - 1)`` of a zero-skill Sharpe estimate:
-    the default, a floor, when the configurations' spread was not recorded."""
-    return positive_int(periods_per_year, "periods_per_year") / (positive_int(days, "days") - 1)
+def null_sharpe_variance(days: int) -> float:
+    """Annualized variance ``252 / (days - 1)`` of a zero-skill Sharpe estimate: the default, a
+    floor, when the configurations' spread was not recorded."""
+    return PERIODS_PER_YEAR / (positive_int(days, "days") - 1)
 
 
 def deflated_sharpe_of_returns(
     returns: ArrayLike,
     trials: int = 1,
     trials_sharpe_variance: float | None = None,
-    periods_per_year: int = PERIODS_PER_YEAR,
 ) -> DeflatedSharpe:
-    """PSR (against 0) and DSR of a daily net return series.
-
-    ``trials``: configurations tried, this one included; ``trials_sharpe_variance``: the
-    annualized variance of their Sharpes (None: ``null_sharpe_variance``). A flat series gets
-    the normal's skew 0 and kurtosis 3.
-    """
+    """PSR (against 0) and DSR of daily net returns: ``trials`` configurations tried, their
+    Sharpes' annualized variance (None: ``null_sharpe_variance``); a flat series is normal."""
     x = daily_returns(returns, "returns")
-    periods = positive_int(periods_per_year, "periods_per_year")
     n = positive_int(trials, "trials")
     if trials_sharpe_variance is None:
-        annual_variance = null_sharpe_variance(x.size, periods)
+        annual_variance = null_sharpe_variance(x.size)
     else:
         annual_variance = _finite(trials_sharpe_variance, "trials_sharpe_variance")
         if annual_variance < 0:
@@ -124,9 +109,8 @@ def deflated_sharpe_of_returns(
         raise ValueError("returns are constant and non-zero: their Sharpe ratio is undefined")
     else:
         sr, skew, kurt = 0.0, 0.0, 3.0
-    variance = annual_variance / periods
-    sr0 = expected_max_sharpe(n, variance)
-    scale = math.sqrt(periods)
+    sr0 = expected_max_sharpe(n, annual_variance / PERIODS_PER_YEAR)
+    scale = math.sqrt(PERIODS_PER_YEAR)
     return DeflatedSharpe(
         sharpe=sr * scale,
         probabilistic=probabilistic_sharpe(sr, 0.0, x.size, skew, kurt),

@@ -1,5 +1,4 @@
-"""Intervals over independent draws of a generated market: an IID bootstrap of whole draws,
-not days, says how far the mean over draws could move with other draws."""
+"""Intervals over independent draws of a generated market: an IID bootstrap of whole draws."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ def mean_interval(
     values: Sequence[float], reps: int = 10_000, seed: int = 0, size: float = 0.95
 ) -> tuple[float, float] | None:
     """The ``size`` bootstrap interval of the mean over draws; None from fewer than two draws,
-    the point itself where every draw gives the same figure (no spread to resample)."""
+    the point itself where every draw agrees."""
     x = np.asarray([v for v in values if np.isfinite(v)], dtype=np.float64)
     if x.size < 2:
         return None

@@ -1,10 +1,9 @@
 """The excess Sharpe ratio of a policy over a benchmark, with a stationary-bootstrap interval.
 
 The bootstrap resamples *paired* days (common market noise cancels) in blocks of random length
-(``arch``'s ``StationaryBootstrap``, mean block by Politis-White unless given), keeping the
-returns' autocorrelation. The default percentile interval is exact for a constant statistic;
-BCa, where it has no replicate on one side of the estimate, falls back to percentile and
-``method`` says so. Sharpe is ``performance``'s convention (ddof 1, sqrt(252), flat scores 0).
+(Politis-White mean unless given), keeping the returns' autocorrelation. BCa without a
+replicate on one side of the estimate falls back to percentile, and ``method`` says so.
+Sharpe is ``performance``'s convention (ddof 1, sqrt(252), flat scores 0).
 """
 
 from __future__ import annotations
@@ -34,8 +33,8 @@ INTERVAL_METHODS: tuple[str, ...] = ("percentile", "bca")
 def sharpe_columns(
     returns: NDArray[np.float64], periods_per_year: int = PERIODS_PER_YEAR
 ) -> NDArray[np.float64]:
-    """Annualized Sharpe of each column of a ``(days, k)`` array (no checks: the bootstrap's
-    inner loop). A flat column scores 0, a constant non-zero one NaN, as in ``performance``."""
+    """Annualized Sharpe of each ``(days, k)`` column, unchecked (the bootstrap's inner loop);
+    flat scores 0, constant non-zero NaN."""
     mean = returns.mean(axis=0)
     std = returns.std(axis=0, ddof=1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -43,10 +42,9 @@ def sharpe_columns(
     return ratio * math.sqrt(periods_per_year)
 
 
-def annualized_sharpe(returns: ArrayLike, periods_per_year: int = PERIODS_PER_YEAR) -> float:
+def annualized_sharpe(returns: ArrayLike) -> float:
     """The annualized Sharpe ratio of daily net returns (at least two finite values)."""
-    x = daily_returns(returns, "returns", min_days=2)
-    return float(sharpe_columns(x[:, None], positive_int(periods_per_year, "periods_per_year"))[0])
+    return float(sharpe_columns(daily_returns(returns, "returns", min_days=2)[:, None])[0])
 
 
 def block_size(data: ArrayLike) -> int:
@@ -82,11 +80,6 @@ class ExcessSharpe:
     reps: int
     seed: int
 
-    @property
-    def excludes_zero(self) -> bool:
-        """Whether the interval lies entirely on one side of zero."""
-        return self.low > 0 or self.high < 0
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -100,22 +93,19 @@ def excess_sharpe_interval(
     block: int | None = None,
     seed: int = 0,
     method: IntervalMethod = "percentile",
-    periods_per_year: int = PERIODS_PER_YEAR,
 ) -> ExcessSharpe:
-    """Excess annualized Sharpe of ``policy`` over ``benchmark`` (daily net returns of the same
-    days, in order) and its two-sided stationary-bootstrap interval at ``level``; ``block``
-    None: ``block_size``. To pool windows, concatenate their days in time order."""
+    """Excess annualized Sharpe of ``policy`` over ``benchmark`` (net returns of the same days)
+    and its two-sided interval at ``level``; to pool windows, concatenate their days in order."""
     data = paired_returns(policy, benchmark, ("policy", "benchmark"))
     if method not in INTERVAL_METHODS:
         raise ValueError(f"method must be one of {INTERVAL_METHODS}, got {method!r}")
     size = confidence_level(level)
     reps = positive_int(reps, "reps")
-    periods = positive_int(periods_per_year, "periods_per_year")
     mean_block = block_size(data) if block is None else positive_int(block, "block")
-    sharpes = sharpe_columns(data, periods)
+    sharpes = sharpe_columns(data)
 
     def excess(sample: NDArray[np.float64]) -> NDArray[np.float64]:
-        s = sharpe_columns(sample, periods)
+        s = sharpe_columns(sample)
         return np.array([s[0] - s[1]])
 
     used = method
@@ -150,8 +140,7 @@ def bootstrap_interval(
     size: float,
     method: IntervalMethod,
 ) -> tuple[float, float]:
-    """``arch``'s two-sided interval of a scalar statistic of ``data`` under a seeded
-    stationary bootstrap (a fresh generator per call: the same seed, the same draws)."""
+    """``arch``'s two-sided interval of a scalar statistic under a freshly seeded bootstrap."""
     boot = StationaryBootstrap(mean_block, data, seed=int(seed))
     with np.errstate(all="ignore"):
         bounds = boot.conf_int(statistic, reps=reps, method=method, size=size, tail="two")

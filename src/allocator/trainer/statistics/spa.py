@@ -1,11 +1,10 @@
 """Hansen's test of superior predictive ability (SPA) of a policy against baselines.
 
 Losses are negative daily net returns; ``arch.bootstrap.SPA`` tests "no model has a lower
-expected loss than the benchmark", and its *consistent* p-value (bounded by *lower* and
-*upper*) is the one to quote. ``policy_superiority`` runs one SPA per baseline and keeps the
-largest p-value (intersection-union: no multiplicity correction is due), plus the reverse SPA
-(does any baseline beat the policy?). arch does not floor the observed mean at zero, so a
-policy clearly worse than a baseline gets a p-value near 0.5, not 1.
+expected loss than the benchmark" (quote the *consistent* p-value). ``policy_superiority``
+keeps the largest p-value over one SPA per baseline (intersection-union: no multiplicity
+correction is due). arch does not floor the observed mean at zero, so a policy clearly worse
+than a baseline gets a p-value near 0.5, not 1.
 """
 
 from __future__ import annotations
@@ -50,9 +49,8 @@ def spa_pvalues(
     reps: int = 1000,
     seed: int = 0,
 ) -> SpaPValues:
-    """SPA p-values of the null "no model's expected loss is below the benchmark's":
-    ``benchmark_losses`` per day, ``model_losses`` days x models (or one model's days);
-    ``block`` None: ``block_size`` of the loss differentials."""
+    """SPA p-values of "no model's expected loss is below the benchmark's" from
+    ``benchmark_losses`` per day and ``model_losses`` days x models (or one model's days)."""
     bench = daily_returns(benchmark_losses, "benchmark_losses")
     raw = np.asarray(model_losses, dtype=np.float64)
     models = raw[:, None] if raw.ndim == 1 else raw
@@ -106,9 +104,8 @@ def policy_superiority(
     reps: int = 1000,
     seed: int = 0,
 ) -> PolicySuperiority:
-    """SPA of the policy's daily net returns against each baseline's on the same days:
-    ``pvalues`` the largest over the baselines, ``binding`` the hardest baseline to beat,
-    ``baselines_beat_policy`` the reverse test."""
+    """SPA of the policy's daily net returns against each baseline's on the same days, and the
+    reverse test (``baselines_beat_policy``)."""
     if not baselines:
         raise ValueError("baselines is empty: the policy needs at least one baseline to beat")
     returns = daily_returns(policy, "policy")
