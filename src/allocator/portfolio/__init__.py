@@ -1,11 +1,6 @@
 """The numpy-only policy contract that training, export, backtests and serving share."""
 
-from allocator.portfolio.anchors import (
-    AnchorKind,
-    AnchorSpec,
-    anchor_weights,
-    masked_anchor,
-)
+from allocator.portfolio.anchors import AnchorKind, AnchorSpec, anchor_weights, masked_anchor
 from allocator.portfolio.features import (
     AssetFeatureSpec,
     FeatureNormalization,
@@ -18,14 +13,7 @@ from allocator.portfolio.features import (
     rolling_asset_features,
     standardize,
 )
-from allocator.portfolio.ids import (
-    CASH_ID,
-    MAX_ID_LENGTH,
-    MAX_VERSION_LENGTH,
-    IdError,
-    check_id,
-    is_cash_id,
-)
+from allocator.portfolio.ids import CASH_ID, MAX_ID_LENGTH, MAX_VERSION_LENGTH, check_id, is_cash_id
 from allocator.portfolio.observation import (
     FeatureSpec,
     NormalizationStats,
@@ -37,7 +25,7 @@ from allocator.portfolio.observation import (
     normalize_observation,
     normalize_returns,
 )
-from allocator.portfolio.smoothing import ema_smooth, validate_beta
+from allocator.portfolio.smoothing import ema_smooth
 from allocator.portfolio.tilt import (
     MAX_TILT_STRENGTH,
     apply_tilt,
@@ -66,7 +54,6 @@ __all__ = [
     "AssetFeatureSpec",
     "FeatureNormalization",
     "FeatureSpec",
-    "IdError",
     "NormalizationStats",
     "action_to_weights",
     "anchor_weights",
@@ -95,6 +82,5 @@ __all__ = [
     "rolling_asset_features",
     "standardize",
     "tilt_weights",
-    "validate_beta",
     "weights_to_action",
 ]

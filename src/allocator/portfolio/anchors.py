@@ -14,10 +14,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from allocator.portfolio.covariance import VOL_FLOOR, risk_covariance
-from allocator.portfolio.features import live_price_window
 from allocator.portfolio.hrp import hrp_weights
 from allocator.portfolio.min_variance import min_variance_weights
-from allocator.portfolio.observation import log_returns
+from allocator.portfolio.observation import live_price_window, log_returns
 from allocator.portfolio.weights import CASH, live_mask
 
 FloatArray = NDArray[np.float64]

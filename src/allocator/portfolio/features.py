@@ -22,7 +22,12 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import ArrayLike, NDArray
 
-from allocator.portfolio.observation import FeatureSpec, assemble_observation, log_returns
+from allocator.portfolio.observation import (
+    FeatureSpec,
+    assemble_observation,
+    live_price_window,
+    log_returns,
+)
 from allocator.portfolio.weights import live_mask
 
 FloatArray = NDArray[np.float64]
@@ -132,36 +137,6 @@ class FeatureNormalization:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FeatureNormalization:
         return cls(mean=tuple(data["mean"]), std=tuple(data["std"]))
-
-
-def live_price_window(
-    prices: ArrayLike, mask: ArrayLike, n_prices: int
-) -> tuple[FloatArray, BoolArray]:
-    """The last ``n_prices`` closes ``(..., N, P)`` with masked rows set to 1, and the live
-    assets; a live close not finite and positive raises (NaN features would poison the net)."""
-    p = np.asarray(prices, dtype=np.float64)
-    if p.ndim < 2:
-        raise ValueError(f"prices must be (..., N, P), got shape {p.shape}")
-    live = live_mask(mask)[..., 1:]
-    if live.shape[-1] != p.shape[-2]:
-        raise ValueError(
-            f"mask has {live.shape[-1] + 1} slots, expected N + 1 = {p.shape[-2] + 1} "
-            f"for prices of shape {p.shape}"
-        )
-    if p.shape[-1] < n_prices:
-        raise ValueError(f"need at least {n_prices} prices per asset, got {p.shape[-1]}")
-    p = p[..., p.shape[-1] - n_prices :]
-    batch = np.broadcast_shapes(p.shape[:-2], live.shape[:-1])
-    p = np.broadcast_to(p, (*batch, *p.shape[-2:]))
-    live = np.broadcast_to(live, (*batch, live.shape[-1]))
-    bad = live[..., None] & ~(np.isfinite(p) & (p > 0))
-    if np.any(bad):
-        where = np.argwhere(bad)[0]
-        at = f" (batch index {tuple(int(i) for i in where[:-2])})" if len(where) > 2 else ""
-        raise ValueError(
-            f"prices for live slot {int(where[-2]) + 1}{at} must be finite and positive"
-        )
-    return np.where(live[..., None], p, 1.0), live
 
 
 def cross_sectional_mean(values: FloatArray, live: BoolArray) -> FloatArray:

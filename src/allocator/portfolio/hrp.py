@@ -40,13 +40,12 @@ def single_linkage_order(distance: ArrayLike) -> IntArray:
         closer = ~in_tree & (d[j] < best)
         best, parent = np.where(closer, d[j], best), np.where(closer, j, parent)
     edges.sort(key=lambda e: e[0])  # stable, like scipy's mergesort of the tree's edges
-    root_of = list(range(n))  # union-find over leaves: the cluster id each leaf is now in
+    cluster = np.arange(n)  # the cluster id each leaf is now in; merge k gets id n + k
     children: dict[int, tuple[int, int]] = {}
     for k, (_, a, b) in enumerate(edges):
-        ra, rb = _find(root_of, a), _find(root_of, b)
-        children[n + k] = (min(ra, rb), max(ra, rb))
-        root_of.append(n + k)
-        root_of[ra] = root_of[rb] = n + k
+        ra, rb = sorted((int(cluster[a]), int(cluster[b])))
+        children[n + k] = (ra, rb)
+        cluster[(cluster == ra) | (cluster == rb)] = n + k
     order: list[int] = []
     stack = [2 * n - 2]
     while stack:
@@ -57,13 +56,6 @@ def single_linkage_order(distance: ArrayLike) -> IntArray:
             left, right = children[node]
             stack += [right, left]
     return np.asarray(order, dtype=np.int64)
-
-
-def _find(root_of: list[int], node: int) -> int:
-    while root_of[node] != node:
-        root_of[node] = root_of[root_of[node]]
-        node = root_of[node]
-    return node
 
 
 def hrp_weights(cov: ArrayLike) -> FloatArray:

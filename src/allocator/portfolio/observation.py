@@ -16,6 +16,8 @@ from numpy.typing import ArrayLike, NDArray
 from allocator.portfolio.weights import live_mask
 
 Float32Array = NDArray[np.float32]
+FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,36 @@ def log_returns(prices: ArrayLike, axis: int = -1) -> NDArray[np.float64]:
     p = np.moveaxis(p, axis, -1)
     r = np.log(p[..., 1:] / p[..., :-1])
     return np.moveaxis(r, -1, axis)
+
+
+def live_price_window(
+    prices: ArrayLike, mask: ArrayLike, n_prices: int
+) -> tuple[FloatArray, BoolArray]:
+    """The last ``n_prices`` closes ``(..., N, P)`` with masked rows set to 1, and the live
+    assets; a live close not finite and positive raises (NaN features would poison the net)."""
+    p = np.asarray(prices, dtype=np.float64)
+    if p.ndim < 2:
+        raise ValueError(f"prices must be (..., N, P), got shape {p.shape}")
+    live = live_mask(mask)[..., 1:]
+    if live.shape[-1] != p.shape[-2]:
+        raise ValueError(
+            f"mask has {live.shape[-1] + 1} slots, expected N + 1 = {p.shape[-2] + 1} "
+            f"for prices of shape {p.shape}"
+        )
+    if p.shape[-1] < n_prices:
+        raise ValueError(f"need at least {n_prices} prices per asset, got {p.shape[-1]}")
+    p = p[..., p.shape[-1] - n_prices :]
+    batch = np.broadcast_shapes(p.shape[:-2], live.shape[:-1])
+    p = np.broadcast_to(p, (*batch, *p.shape[-2:]))
+    live = np.broadcast_to(live, (*batch, live.shape[-1]))
+    bad = live[..., None] & ~(np.isfinite(p) & (p > 0))
+    if np.any(bad):
+        where = np.argwhere(bad)[0]
+        at = f" (batch index {tuple(int(i) for i in where[:-2])})" if len(where) > 2 else ""
+        raise ValueError(
+            f"prices for live slot {int(where[-2]) + 1}{at} must be finite and positive"
+        )
+    return np.where(live[..., None], p, 1.0), live
 
 
 def fit_normalization(prices: ArrayLike, axis: int = 0) -> NormalizationStats:
@@ -132,12 +164,7 @@ def _checked_log_returns(
             f"prices shape {p.shape[-2:]} != (max_assets, window + 1) "
             f"{(spec.max_assets, spec.prices_per_asset)}"
         )
-    live_rows = np.broadcast_to(live[..., 1:, None], p.shape)
-    bad = live_rows & ~(np.isfinite(p) & (p > 0))
-    if np.any(bad):
-        slot = int(np.argwhere(bad)[0][-2]) + 1
-        raise ValueError(f"prices for live slot {slot} must be finite and positive")
-    return log_returns(np.where(live_rows, p, 1.0))
+    return log_returns(live_price_window(p, live, spec.prices_per_asset)[0])
 
 
 def build_observation(

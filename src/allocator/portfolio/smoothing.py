@@ -15,19 +15,14 @@ from allocator.portfolio.weights import (
 )
 
 
-def validate_beta(beta: float) -> float:
-    b = float(beta)
-    if not (0.0 <= b < 1.0):
-        raise ValueError(f"smoothing beta must be in [0, 1), got {beta!r}")
-    return b
-
-
 def ema_smooth(
     previous: ArrayLike | None, weights: ArrayLike, mask: ArrayLike, beta: float
 ) -> FloatArray:
     """One EMA step toward the newly mapped weights (``previous=None`` starts at them); mass on
     slots the mask closes is dropped."""
-    b = validate_beta(beta)
+    b = float(beta)
+    if not (0.0 <= b < 1.0):
+        raise ValueError(f"smoothing beta must be in [0, 1), got {beta!r}")
     w = np.asarray(weights, dtype=np.float64)
     if previous is None:
         return renormalize(w, mask)

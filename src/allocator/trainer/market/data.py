@@ -129,9 +129,7 @@ def load_sp500() -> MarketData:
 
 
 def load_dataset(
-    name_or_path: str | Path,
-    min_history: int = DEFAULT_MIN_HISTORY,
-    as_of: DateLike | None = None,
+    name_or_path: str | Path, min_history: int = DEFAULT_MIN_HISTORY, as_of: DateLike | None = None
 ) -> MarketData:
     """``'sp500'``, ``'database'`` (``$DATABASE_URL``), ``'generated:KIND:DRAW'`` or a long
     CSV or Parquet file, without dates after ``as_of`` (the database's default: today)."""

@@ -22,10 +22,6 @@ class DrawSets:
     development: range
     held_out: range
 
-    def __post_init__(self) -> None:
-        if self.development != self.held_out and set(self.development) & set(self.held_out):
-            raise ValueError("development and held-out draws overlap")
-
 
 GENERATED_DRAWS = DrawSets(development=range(100, 1000), held_out=range(1000, 2000))
 SP500_YEARS = DrawSets(development=range(2005, 2010), held_out=range(2005, 2010))

@@ -26,10 +26,7 @@ def daily_returns(values: ArrayLike, name: str, min_days: int = MIN_DAYS) -> NDA
 
 
 def paired_returns(
-    first: ArrayLike,
-    second: ArrayLike,
-    names: tuple[str, str],
-    min_days: int = MIN_DAYS,
+    first: ArrayLike, second: ArrayLike, names: tuple[str, str], min_days: int = MIN_DAYS
 ) -> NDArray[np.float64]:
     """Two return series on the same days as a ``(days, 2)`` array; lengths must match."""
     a = daily_returns(first, names[0], min_days)

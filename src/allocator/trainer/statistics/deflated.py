@@ -88,9 +88,7 @@ def null_sharpe_variance(days: int) -> float:
 
 
 def deflated_sharpe_of_returns(
-    returns: ArrayLike,
-    trials: int = 1,
-    trials_sharpe_variance: float | None = None,
+    returns: ArrayLike, trials: int = 1, trials_sharpe_variance: float | None = None
 ) -> DeflatedSharpe:
     """PSR (against 0) and DSR of daily net returns: ``trials`` configurations tried, their
     Sharpes' annualized variance (None: ``null_sharpe_variance``); a flat series is normal."""
