@@ -15,7 +15,6 @@ from allocator.trainer.export.run import export_run
 from allocator.trainer.jobs.evaluation import (
     DEFAULT_BASELINES,
     evaluate_baselines,
-    evaluate_exported,
     evaluation_assets,
     fit_baseline_weights,
     icm_statistics,
@@ -63,9 +62,9 @@ def test_the_exported_model_replays_like_the_torch_policy(exported: Exported) ->
     """Serving path (onnxruntime, slots, smoothing state) == torch actor in ``PortfolioEnv``,
     with one slot left empty (3 assets for 4 slots)."""
     assets = ["MSFT", "XOM", "AAPL"]
-    result = evaluate_exported(
+    result = replay_exported(
         exported.version_dir, exported.data, *TEST, cost_bps=10, assets=assets
-    )
+    ).result
     model = exported.run.model
 
     def actor(obs: np.ndarray) -> np.ndarray:
@@ -110,7 +109,7 @@ def test_default_assets_fill_the_model_slots_and_icm_is_absent(exported: Exporte
 def test_too_many_assets_for_the_model_are_refused(exported: Exported) -> None:
     data = load_sp500()
     with pytest.raises(DataError, match="has 4 slots"):
-        evaluate_exported(
+        replay_exported(
             exported.version_dir, data, *TEST, cost_bps=10, assets=list(data.assets[:5])
         )
     with pytest.raises(DataError, match="needs 10 closes before it"):
@@ -119,9 +118,9 @@ def test_too_many_assets_for_the_model_are_refused(exported: Exported) -> None:
 
 def test_baselines_run_on_the_same_span_assets_and_costs(exported: Exported) -> None:
     assets = ["AAPL", "JPM", "XOM"]
-    agent = evaluate_exported(
+    agent = replay_exported(
         exported.version_dir, exported.data, *TEST, cost_bps=25, assets=assets
-    )
+    ).result
     baselines = evaluate_baselines(
         exported.data,
         *TEST,

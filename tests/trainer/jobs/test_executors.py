@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from allocator.trainer.jobs.executors import (
+    Executor,
     ExecutorSettings,
-    LocalExecutor,
     ProcessExecutor,
     RayExecutor,
     WorkerLostError,
@@ -41,7 +41,7 @@ def test_the_local_executor_runs_in_order_when_a_result_is_asked_for() -> None:
         ran.append(job)
         return job
 
-    executor = LocalExecutor(work, label)
+    executor = Executor(work, label)
     executor.submit(1)
     executor.submit(2)
     assert (executor.capacity, executor.running, ran) == (1, 2, [])

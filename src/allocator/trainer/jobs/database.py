@@ -8,18 +8,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, inspect
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from allocator.recording.schema import TrainingRun as TrainingRunRow
 from allocator.recording.schema import utcnow
 from allocator.trainer.jobs.json_safe import json_safe
+from allocator.trainer.market.store import shown
 from allocator.typed_config import ConfigError
-
-
-def shown_url(url: str) -> str:
-    """A database URL as messages and files show it: any password masked."""
-    return make_url(url).render_as_string(hide_password=True)
 
 
 def checked_engine(
@@ -32,11 +27,11 @@ def checked_engine(
         missing = sorted(set(tables) - set(inspect(engine).get_table_names()))
     except Exception as exc:  # any driver error: say where and why
         engine.dispose()
-        raise error(f"cannot reach the database {shown_url(url)}: {exc}") from exc
+        raise error(f"cannot reach the database {shown(url)}: {exc}") from exc
     if missing:
         engine.dispose()
         raise error(
-            f"{shown_url(url)} has no {', '.join(missing)} table: run `allocator db upgrade` "
+            f"{shown(url)} has no {', '.join(missing)} table: run `allocator db upgrade` "
             "on it first (with --database-url, or DATABASE_URL set to it)"
         )
     return engine

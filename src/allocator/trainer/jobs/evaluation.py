@@ -12,7 +12,7 @@ test span, which the exported model does not."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,20 +31,6 @@ from allocator.trainer.sim.baselines import BaselineName, DecisionContext, make_
 DEFAULT_BASELINES: tuple[str, ...] = ("equal-weight", "buy-and-hold", "min-variance", "hrp")
 FITTED_BASELINES: frozenset[str] = frozenset({"min-variance", "hrp"})
 BaselineFit = Literal["train", "trailing"]
-
-__all__ = [
-    "DEFAULT_BASELINES",
-    "FITTED_BASELINES",
-    "BaselineFit",
-    "ConstantMix",
-    "ExportedEvaluation",
-    "evaluate_baselines",
-    "evaluate_exported",
-    "evaluation_assets",
-    "fit_baseline_weights",
-    "icm_statistics",
-    "replay_exported",
-]
 
 
 def evaluation_assets(
@@ -142,19 +128,6 @@ def replay_exported(
     return ExportedEvaluation(result, icm, loaded.name, loaded.version)
 
 
-def evaluate_exported(
-    model_dir: str | Path,
-    data: MarketData,
-    start: DateLike,
-    end: DateLike,
-    *,
-    cost_bps: float,
-    assets: Sequence[str] | None = None,
-) -> BacktestResult:
-    """``replay_exported``'s ``BacktestResult``: comparable with ``evaluate_baselines``."""
-    return replay_exported(model_dir, data, start, end, cost_bps=cost_bps, assets=assets).result
-
-
 def icm_statistics(
     rewards: pd.Series | NDArray[np.float64],
     reference: pd.Series | NDArray[np.float64] | None = None,
@@ -188,16 +161,14 @@ def icm_statistics(
 # --- baselines -----------------------------------------------------------------------------
 
 
+@dataclass
 class ConstantMix:
     """Fixed target weights per asset, traded back to every ``rebalance_every`` days."""
 
-    def __init__(
-        self, name: str, weights: Mapping[str, float], cash: float = 0.0, rebalance_every: int = 21
-    ) -> None:
-        self.name = name
-        self.weights = dict(weights)
-        self.cash = cash
-        self.rebalance_every = rebalance_every
+    name: str
+    weights: dict[str, float]
+    cash: float = 0.0
+    rebalance_every: int = 21
 
     def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
         if ctx.step % self.rebalance_every:

@@ -26,17 +26,6 @@ from pydantic import Field
 from allocator.trainer import require_extra
 from allocator.typed_config import StrictModel
 
-__all__ = [
-    "Executor",
-    "ExecutorSettings",
-    "LocalExecutor",
-    "ProcessExecutor",
-    "RayExecutor",
-    "WorkerLostError",
-    "fan_out",
-    "open_executor",
-]
-
 JobT = TypeVar("JobT")
 ResultT = TypeVar("ResultT")
 ExecutorKind = Literal["local", "processes", "ray"]
@@ -51,28 +40,30 @@ class WorkerLostError(RuntimeError):
 
 
 class Executor(Generic[JobT, ResultT]):
-    """Runs ``work(job)`` for submitted jobs; ``label(job)`` names a job in errors."""
+    """Runs ``work(job)`` for submitted jobs; ``label(job)`` names a job in errors. This base is
+    ``executor: local``: one job at a time, in this process, when its result is asked for."""
 
     capacity: int = 1
 
     def __init__(self, work: Callable[[JobT], ResultT], label: Callable[[JobT], str]) -> None:
         self.work = work
         self.label = label
+        self.queue: deque[JobT] = deque()
 
     @property
     def running(self) -> int:
         """Jobs submitted whose results were not handed back yet."""
-        raise NotImplementedError
+        return len(self.queue)
 
     def submit(self, job: JobT) -> None:
-        raise NotImplementedError
+        self.queue.append(job)
 
     def next_done(self) -> ResultT:
         """The next result to finish (blocks); at least one job must be running."""
-        raise NotImplementedError
+        return self.work(self.queue.popleft())
 
     def close(self) -> None:
-        raise NotImplementedError
+        self.queue.clear()
 
     def __enter__(self) -> Executor[JobT, ResultT]:
         return self
@@ -81,27 +72,6 @@ class Executor(Generic[JobT, ResultT]):
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-class LocalExecutor(Executor[JobT, ResultT]):
-    """One job at a time, run in this process when its result is asked for."""
-
-    def __init__(self, work: Callable[[JobT], ResultT], label: Callable[[JobT], str]) -> None:
-        super().__init__(work, label)
-        self.queue: deque[JobT] = deque()
-
-    @property
-    def running(self) -> int:
-        return len(self.queue)
-
-    def submit(self, job: JobT) -> None:
-        self.queue.append(job)
-
-    def next_done(self) -> ResultT:
-        return self.work(self.queue.popleft())
-
-    def close(self) -> None:
-        self.queue.clear()
 
 
 class ProcessExecutor(Executor[JobT, ResultT]):
@@ -284,7 +254,7 @@ def open_executor(
         return RayExecutor(work, label, s.ray_address, s.workers, s.retries, retry_exceptions)
     if s.executor == "processes":
         return ProcessExecutor(work, label, s.workers, s.retries, retry_exceptions)
-    return LocalExecutor(work, label)
+    return Executor(work, label)
 
 
 def fan_out(

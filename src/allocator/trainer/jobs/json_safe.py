@@ -3,10 +3,11 @@ infinities, and no JSON column knows numpy scalars, dates or paths."""
 
 from __future__ import annotations
 
-import datetime as dt
+import json
 from math import isfinite
-from pathlib import Path
 from typing import Any
+
+from allocator.artifacts.files import json_text
 
 
 def finite(value: Any) -> float | None:
@@ -19,15 +20,5 @@ def finite(value: Any) -> float | None:
 
 
 def json_safe(obj: Any) -> Any:
-    """A copy of ``obj`` that any JSON column accepts (keys as text, NaN/inf as None)."""
-    if isinstance(obj, float):
-        return obj if isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [json_safe(v) for v in obj]
-    if isinstance(obj, dt.date | Path):
-        return str(obj)
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return json_safe(obj.item())
-    return obj
+    """``obj`` as the JSON files hold it (keys as text, NaN/inf as None, dates as text)."""
+    return json.loads(json_text(obj))

@@ -21,8 +21,8 @@ from allocator.trainer.export.run import export_run
 from allocator.trainer.jobs.database import record_training_run
 from allocator.trainer.jobs.evaluation import (
     evaluate_baselines,
-    evaluate_exported,
     evaluation_assets,
+    replay_exported,
 )
 from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError
 from allocator.trainer.jobs.retrain.decision import RetrainDecision
@@ -124,18 +124,18 @@ def judge(
     assets, window = holdout_assets(data, spans, dirs)
     cost = config.holdout_cost_bps
     span = (spans.holdout_start, spans.holdout_end)
-    candidate = evaluate_exported(candidate_dir, data, *span, cost_bps=cost, assets=assets)
-    candidate_metrics = candidate.metrics()
+    candidate = replay_exported(candidate_dir, data, *span, cost_bps=cost, assets=assets)
+    candidate_metrics = candidate.result.metrics()
     production_metrics = None
     if production_dir is not None:
         try:
-            judged = evaluate_exported(production_dir, data, *span, cost_bps=cost, assets=assets)
+            judged = replay_exported(production_dir, data, *span, cost_bps=cost, assets=assets)
         except Exception as exc:
             raise RetrainError(
                 f"production model {production_dir} could not be backtested on the held-out "
                 f"span ({type(exc).__name__}: {exc}); fix or re-point production first"
             ) from exc
-        production_metrics = judged.metrics()
+        production_metrics = judged.result.metrics()
     ew = BaselineName.EQUAL_WEIGHT.value
     baselines = evaluate_baselines(
         data, *span, cost_bps=cost, assets=assets, names=(ew,), window=window

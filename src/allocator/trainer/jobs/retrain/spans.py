@@ -20,9 +20,6 @@ class RetrainSpans:
     holdout_start: dt.date
     holdout_end: dt.date
 
-    def to_dict(self) -> dict[str, str]:
-        return {k: str(v) for k, v in self.__dict__.items()}
-
 
 def retrain_spans(
     dates: pd.DatetimeIndex,

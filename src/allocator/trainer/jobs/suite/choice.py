@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,20 +120,17 @@ def read_screen(directory: Path) -> Verdict:
 
 def verdict_table(verdicts: Sequence[Verdict]) -> str:
     """A markdown table: one row per condition, one column per candidate."""
-    names = [v.name for v in verdicts]
-    lines = ["| condition | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+
+    def row(label: str, cells: Iterable[str]) -> str:
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    def signed(x: float | None) -> str:
+        return "-" if x is None else f"{x:+.2f}"
+
     keys = list(dict.fromkeys(k for v in verdicts for k in v.conditions))
-    for key in keys:
-        marks = ["yes" if v.conditions.get(key) else "no" for v in verdicts]
-        lines.append(f"| {key} | " + " | ".join(marks) + " |")
-    lines.append("| conditions met | " + " | ".join(f"{v.met} of {len(keys)}" for v in verdicts))
-    lines[-1] += " |"
-    for label, attr in (
-        ("mean policy - rule, signal markets", "excess"),
-        ("gap closed, rotating", "gap_closed"),
-    ):
-        values = [getattr(v, attr) for v in verdicts]
-        lines.append(
-            f"| {label} | " + " | ".join("-" if x is None else f"{x:+.2f}" for x in values) + " |"
-        )
+    lines = [row("condition", (v.name for v in verdicts)), "|---|" + "---|" * len(verdicts)]
+    lines += [row(k, ("yes" if v.conditions.get(k) else "no" for v in verdicts)) for k in keys]
+    lines.append(row("conditions met", (f"{v.met} of {len(keys)}" for v in verdicts)))
+    lines.append(row("mean policy - rule, signal markets", (signed(v.excess) for v in verdicts)))
+    lines.append(row("gap closed, rotating", (signed(v.gap_closed) for v in verdicts)))
     return "\n".join(lines)

@@ -35,13 +35,9 @@ class SuiteJob:
     rules: dict[str, list[int]]
     run_dir: str
 
-    @property
-    def label(self) -> str:
-        return f"suite run {self.kind} draw {self.draw}"
-
 
 def job_label(job: SuiteJob) -> str:
-    return job.label
+    return f"suite run {job.kind} draw {job.draw}"
 
 
 def draw_settings(kind: str, draw: int) -> dict[str, Any]:
@@ -71,17 +67,10 @@ def job_trainer(
 
 def run_job(job: SuiteJob) -> dict[str, Any]:
     """Train and score one draw: the row the suite's report aggregates."""
-    config = validate(TrainConfig, job.trainer, job.label, tags=UNION_TAGS)
+    config = validate(TrainConfig, job.trainer, job_label(job), tags=UNION_TAGS)
     run = train(config, Path(job.run_dir))
     data = load_dataset(config.data.dataset)
     return score_run(run, data, job)
-
-
-def _metrics(result: BacktestResult | None) -> dict[str, float | None]:
-    if result is None:
-        return {"sharpe": None, "turnover": None}
-    m = result.metrics()
-    return {"sharpe": finite(m["sharpe"]), "turnover": finite(m["turnover"])}
 
 
 def held_out(run: TrainingRun, data: MarketData, policy: Policy) -> BacktestResult:
@@ -167,7 +156,7 @@ def score_run(run: TrainingRun, data: MarketData, job: SuiteJob) -> dict[str, An
         "ceiling": ceiling,
     }
     for name, result in results.items():
-        for metric, value in _metrics(result).items():
-            row[f"{name}_{metric}"] = value
+        metrics = result.metrics() if result is not None else {}
+        row.update({f"{name}_{k}": finite(metrics.get(k)) for k in ("sharpe", "turnover")})
     row.update(saturation(Path(job.run_dir)))
     return row

@@ -4,7 +4,7 @@ rule-to-ceiling gap closed, turnover and saturation, as a JSON summary, a table 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,42 +104,31 @@ def _with_interval(cell: dict[str, Any]) -> str:
     return f"{text} [{interval[0]:+.2f}, {interval[1]:+.2f}]"
 
 
-COLUMNS = (
-    "market",
-    "draws",
-    "policy Sharpe [95%]",
-    "anchor",
-    "EW",
-    "rule",
-    "ceiling",
-    "policy - rule [95%]",
-    "policy - anchor [95%]",
-    "gap closed",
-    "turnover",
-    "near-bound (max dim)",
-)
+def _near_bound(s: dict[str, Any]) -> str:
+    return f"{_num(s['near_bound']['mean'])} ({_num(s['near_bound']['max_dim_max'])})"
+
+
+COLUMNS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "draws": lambda s: str(s["draws"]),
+    "policy Sharpe [95%]": lambda s: _with_interval(s["policy_sharpe"]),
+    "anchor": lambda s: _num(s["anchor_sharpe"]),
+    "EW": lambda s: _num(s["equal_weight_sharpe"]),
+    "rule": lambda s: _num(s["rule_sharpe"]),
+    "ceiling": lambda s: _num(s["ceiling_sharpe"]),
+    "policy - rule [95%]": lambda s: _with_interval(s["policy_minus_rule"]),
+    "policy - anchor [95%]": lambda s: _with_interval(s["policy_minus_anchor"]),
+    "gap closed": lambda s: _num(s["gap_closed"]["of_means"]),
+    "turnover": lambda s: _num(s["policy_turnover"]),
+    "near-bound (max dim)": _near_bound,
+}
+"""The table's columns after the market's name: each one's cell from the market's summary."""
 
 
 def table(summary: dict[str, dict[str, Any]]) -> str:
     """A markdown table, one row per market: Sharpe net of costs on held-out days."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = ["| market | " + " | ".join(COLUMNS) + " |", "|" + "---|" * (len(COLUMNS) + 1)]
     for name, s in summary.items():
-        near = s["near_bound"]
-        cells = [
-            name,
-            str(s["draws"]),
-            _with_interval(s["policy_sharpe"]),
-            _num(s["anchor_sharpe"]),
-            _num(s["equal_weight_sharpe"]),
-            _num(s["rule_sharpe"]),
-            _num(s["ceiling_sharpe"]),
-            _with_interval(s["policy_minus_rule"]),
-            _with_interval(s["policy_minus_anchor"]),
-            _num(s["gap_closed"]["of_means"]),
-            _num(s["policy_turnover"]),
-            f"{_num(near['mean'])} ({_num(near['max_dim_max'])})",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | " + " | ".join(cell(s) for cell in COLUMNS.values()) + " |")
     return "\n".join(lines)
 
 

@@ -1,7 +1,4 @@
-"""``run_suite``: the recipe on every draw of every market, fanned out, then one report.
-
-Development mode refuses any draw outside a market's development set before anything trains;
-held-out mode runs only held-out draws, to measure a recipe already fixed."""
+"""``run_suite``: the recipe on every draw of every market, fanned out, then one report."""
 
 from __future__ import annotations
 
@@ -77,7 +74,7 @@ def run_suite(
     out = run_directory(config.output_dir, config.name, out_dir, config.mode)
     jobs = plan(config, out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "suite_config.json", json_safe(config.model_dump(mode="json")))
+    write_json(out / "suite_config.json", config.model_dump(mode="json"))
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     executor = open_executor(config, run_job, job_label)
@@ -102,7 +99,7 @@ def run_suite(
         "summary": summary,
         "rows": rows,
     }
-    write_json(files["json"], json_safe(document))
+    write_json(files["json"], document)
     files["table"].write_text(text + "\n")
     plot(summary, rows, files["plot"])
     return SuiteResult(rows, summary, text, files, seconds)

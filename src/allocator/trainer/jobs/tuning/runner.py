@@ -59,15 +59,15 @@ def next_outcome(executor: Trials) -> TrialOutcome:
         return TrialOutcome.failed(job.number, error, str(job.run_dir))
 
 
-@dataclass
+@dataclass(frozen=True)
 class TuneResult:
     """Where a study went and what it found (``summary`` is ``tune.json``)."""
 
     config: TuneConfig
     out_dir: Path
     summary: dict[str, Any]
-    files: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
+    files: dict[str, str]
+    seconds: float
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -182,16 +182,12 @@ class Driver:
 
 
 def run_tuning(
-    config: TuneConfig,
-    *,
-    out_dir: str | Path | None = None,
-    label: str | None = None,
-    progress: bool = True,
+    config: TuneConfig, *, out_dir: str | Path | None = None, progress: bool = True
 ) -> TuneResult:
     """Run the study on the configured executor; write trials.csv, best.yaml and tune.json."""
     space = config.search_space()  # before any folder or trial: a bad key fails here
     prepare_data(tuned_config(config.trainer, {}))  # and data or an inner span that cannot work
-    label = label or make_label()
+    label = make_label()
     out = run_directory(config.output_dir, config.name, out_dir, label)
     if (out / STORAGE_FILE).exists():
         raise TuneError(f"{out} already holds a study ({STORAGE_FILE}); choose another folder")

@@ -138,10 +138,6 @@ class Param:
             return stored
         return next(c for c in self.spec.choices if label(c) == stored)
 
-    def encode(self, value: Any) -> Any:
-        """What Optuna stores for the trainer ``value`` (to enqueue it)."""
-        return label(value) if self.spec.choices is not None else value
-
     def contains(self, value: Any) -> bool:
         s = self.spec
         if s.choices is not None:
@@ -170,7 +166,7 @@ class SearchSpace:
 
     def base_params(self) -> dict[str, Any]:
         """The base config's values as Optuna stores them: trial 0 when ``enqueue_base``."""
-        return {p.key: p.encode(self.base_values[p.key]) for p in self.params}
+        return {p.key: label(self.base_values[p.key]) for p in self.params}
 
 
 def fixed_reason(key: str) -> str | None:

@@ -18,15 +18,17 @@ from optuna.samplers import RandomSampler, TPESampler
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from allocator.trainer.jobs.tuning.config import (
-    HalvingPrunerSettings,
-    MedianPrunerSettings,
-    PrunerSettings,
-    SamplerSettings,
-    ThresholdPrunerSettings,
-)
+from allocator.trainer.jobs.tuning.config import PrunerSettings, SamplerSettings
 
 STORAGE_FILE = "study.journal"
+
+PRUNERS: dict[str, type[BasePruner]] = {
+    "median": MedianPruner,
+    "halving": SuccessiveHalvingPruner,
+    "threshold": ThresholdPruner,
+    "none": NopPruner,
+}
+"""Optuna's pruner for each ``pruner.kind``; the other settings are its keyword arguments."""
 
 
 def journal(path: str | Path) -> JournalStorage:
@@ -36,31 +38,7 @@ def journal(path: str | Path) -> JournalStorage:
 
 def make_pruner(settings: PrunerSettings) -> BasePruner:
     """The configured pruner; its steps are training timesteps."""
-    if isinstance(settings, MedianPrunerSettings):
-        return MedianPruner(
-            n_startup_trials=settings.n_startup_trials,
-            n_warmup_steps=settings.n_warmup_steps,
-            interval_steps=settings.interval_steps,
-        )
-    if isinstance(settings, HalvingPrunerSettings):
-        return SuccessiveHalvingPruner(
-            min_resource=settings.min_resource,
-            reduction_factor=settings.reduction_factor,
-            min_early_stopping_rate=settings.min_early_stopping_rate,
-        )
-    if isinstance(settings, ThresholdPrunerSettings):
-        return ThresholdPruner(
-            lower=settings.lower, upper=settings.upper, n_warmup_steps=settings.n_warmup_steps
-        )
-    return NopPruner()
-
-
-def make_sampler(settings: SamplerSettings) -> TPESampler:
-    """Seeded TPE; with trials in parallel it assumes running trials score badly (constant
-    liar), so two workers do not get the same promising values."""
-    return TPESampler(
-        seed=settings.seed, n_startup_trials=settings.n_startup_trials, constant_liar=True
-    )
+    return PRUNERS[settings.kind](**settings.model_dump(exclude={"kind"}))
 
 
 def create_study(
@@ -70,7 +48,9 @@ def create_study(
     return optuna.create_study(
         storage=journal(path),
         study_name=name,
-        sampler=make_sampler(sampler),
+        # constant liar: with trials in parallel, running ones count as bad, so two workers
+        # are not handed the same promising values
+        sampler=TPESampler(**sampler.model_dump(), constant_liar=True),
         pruner=make_pruner(pruner),
         direction="maximize",
     )

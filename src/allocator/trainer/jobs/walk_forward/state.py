@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from allocator.artifacts.files import atomic_write_text
-from allocator.trainer.jobs.database import shown_url
 from allocator.trainer.jobs.json_safe import json_safe
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
 from allocator.trainer.jobs.walk_forward.progress import utc_now
 from allocator.trainer.jobs.walk_forward.window import WindowJob
+from allocator.trainer.market.store import shown
 
 STATE_FILE = "walk_forward.json"
 FORMAT = 1
@@ -69,7 +69,7 @@ def new_state(
         name=f"{config.name}-{label}",
         config=config.model_dump(mode="json"),
         run_id=run_id,
-        database=shown_url(url) if url else None,
+        database=shown(url) if url else None,
         plan=plan_payload(jobs),
         sessions=[{"started": utc_now(), "resumed": False}],
     )
