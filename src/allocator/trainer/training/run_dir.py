@@ -152,8 +152,3 @@ def build_manifest(
         files=checksums(run_dir, CHECKPOINT_FILES),
         **representation_fields(config, run_dir),
     )
-
-
-def refresh_checksums(run_dir: Path, manifest: Manifest) -> Manifest:
-    """The manifest with checksums recomputed for the checkpoint files now present."""
-    return manifest.model_copy(update={"files": checksums(run_dir, CHECKPOINT_FILES)})
