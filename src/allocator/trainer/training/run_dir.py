@@ -108,14 +108,9 @@ def representation_fields(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
             center_assets=shared.center_assets if center is None else center,
         )
     if env.action.mapping == "tilt":
-        anchor = env.action.anchor
         fields["action_mapping"] = TILT_MAPPING
-        fields["tilt"] = TiltInfo(
-            k=env.action.k,
-            anchor=AnchorInfo(
-                kind=anchor.kind, cash_share=anchor.cash_share, vol_window=anchor.vol_window
-            ),
-        )
+        anchor = AnchorInfo.model_validate(env.action.anchor.model_dump())
+        fields["tilt"] = TiltInfo(k=env.action.k, anchor=anchor)
     return fields
 
 
