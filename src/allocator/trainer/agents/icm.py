@@ -191,17 +191,11 @@ class IntrinsicCuriosity:
 
     @torch.no_grad()
     def intrinsic_reward(
-        self,
-        obs: torch.Tensor,
-        actions: torch.Tensor,
-        next_obs: torch.Tensor,
-        *,
-        update_stats: bool = True,
+        self, obs: torch.Tensor, actions: torch.Tensor, next_obs: torch.Tensor
     ) -> torch.Tensor:
         """Normalized, clipped bonus (B, 1); folds the batch into the statistics first."""
         raw = self.raw_error(obs, actions, next_obs)
-        if update_stats:
-            self.net.update_statistics(raw)
+        self.net.update_statistics(raw)
         reward = self.net.normalize(raw)
         self.last_stats["icm/intrinsic_reward_mean"] = float(reward.mean().item())
         self.last_stats["icm/intrinsic_reward_std"] = float(reward.std(unbiased=False).item())

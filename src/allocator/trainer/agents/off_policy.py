@@ -5,22 +5,28 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch as th
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.policies import ContinuousCritic
 from stable_baselines3.common.type_aliases import Schedule
 from stable_baselines3.common.utils import ConstantSchedule
 
-from allocator.trainer.agents.curiosity import CuriosityMixin
-from allocator.trainer.agents.icm import ICMSettings
+from allocator.trainer.agents.curiosity import CuriosityReplayBuffer
+from allocator.trainer.agents.icm import ICMSettings, IntrinsicCuriosity
 
 
-class SmoothOffPolicy(CuriosityMixin):
-    """Mixin placed before SB3's TD3 or SAC: two learning-rate schedules and an optional ICM."""
+class SmoothOffPolicy:
+    """Mixin placed before SB3's TD3 or SAC: two learning-rate schedules and an optional ICM,
+    logged under ``icm/``."""
 
     actor_lr_schedule: Schedule
     critic_lr_schedule: Schedule
+    icm: IntrinsicCuriosity | None
     # What the SB3 algorithm it is mixed into provides.
     _current_progress_remaining: float
     critic: ContinuousCritic
+    device: th.device
+    logger: Logger
 
     def _init_smooth(
         self,
@@ -34,14 +40,21 @@ class SmoothOffPolicy(CuriosityMixin):
             lr if callable(lr) else ConstantSchedule(lr)
             for lr in (actor_learning_rate, critic_learning_rate)
         )
-        self._init_curiosity(icm, kwargs)
+        self.icm_settings = icm or ICMSettings()
+        self.icm = None
+        if self.icm_settings.enabled:
+            kwargs["replay_buffer_class"] = CuriosityReplayBuffer
 
     def _setup_model(self) -> None:
         """SB3 builds every optimizer at the actor's rate: start the critic's at its own."""
         super()._setup_model()  # type: ignore[misc]
         for group in self.critic.optimizer.param_groups:
             group["lr"] = self.critic_lr_schedule(1.0)
-        self._setup_curiosity()
+        if self.icm_settings.enabled:
+            obs_dim = int(self.observation_space.shape[0])  # type: ignore[attr-defined]
+            act_dim = int(self.action_space.shape[0])  # type: ignore[attr-defined]
+            self.icm = IntrinsicCuriosity(obs_dim, act_dim, self.icm_settings, device=self.device)
+            self.replay_buffer.attach(self.icm, lambda: self.num_timesteps)  # type: ignore[attr-defined]
 
     def _update_learning_rate(self, optimizers: Any) -> None:
         """SB3 applies one schedule to all optimizers; apply each its own."""
@@ -54,3 +67,12 @@ class SmoothOffPolicy(CuriosityMixin):
                 group["lr"] = lr
         self.logger.record("train/actor_learning_rate", actor_lr)
         self.logger.record("train/critic_learning_rate", critic_lr)
+
+    def _log_curiosity(self) -> None:
+        if self.icm is not None:
+            for key, value in self.icm.last_stats.items():
+                self.logger.record(key, value)
+
+    def _excluded_save_params(self) -> list[str]:
+        # The ICM is saved beside the SB3 zip (icm.pt), never pickled into it.
+        return [*super()._excluded_save_params(), "icm"]  # type: ignore[misc]

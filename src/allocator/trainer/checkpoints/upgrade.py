@@ -49,12 +49,6 @@ def backup_dir(run_dir: Path, version: int) -> Path:
     return target
 
 
-def restore(run_dir: Path, backup: Path) -> None:
-    """Put the backed-up directory back in place of a failed upgrade's."""
-    shutil.rmtree(run_dir)
-    shutil.copytree(backup, run_dir, symlinks=True)
-
-
 def current_max_assets(run_dir: Path, version: int) -> int:
     """The asset slots a run directory has now: its manifest's, or a version-1 run's config's."""
     if version >= 2:
@@ -183,8 +177,9 @@ def upgrade_run(
         widen_to = max_assets if widening else None
         manifest, probe = _apply_and_check(d, backup, version, to_version, widen_to, at)
         manifest = _note_backup_and_probe(d, manifest, records_before, backup, probe)
-    except BaseException as exc:
-        restore(d, backup)
+    except BaseException as exc:  # put the backup back in place of the failed upgrade
+        shutil.rmtree(d)
+        shutil.copytree(backup, d, symlinks=True)
         if isinstance(exc, CheckpointUpgradeError | ManifestError | DataError | ConfigError):
             raise CheckpointUpgradeError(f"{exc} (restored {d} from {backup})") from exc
         raise

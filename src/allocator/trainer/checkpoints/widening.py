@@ -28,12 +28,13 @@ from allocator.artifacts.manifest import (
     SCHEMA_VERSION,
     Manifest,
     MigrationRecord,
+    checksums,
     read_manifest,
     write_manifest,
 )
 from allocator.portfolio import FeatureSpec
 from allocator.trainer.checkpoints.errors import CheckpointUpgradeError
-from allocator.trainer.training.run_dir import ICM_FILE, MODEL_FILE, refresh_checksums
+from allocator.trainer.training.run_dir import CHECKPOINT_FILES, ICM_FILE, MODEL_FILE
 
 
 @dataclass(frozen=True)
@@ -59,14 +60,10 @@ def action_embedding(spec: FeatureSpec, max_assets: int) -> Embedding:
     return Embedding(np.arange(spec.max_assets + 1), max_assets + 1)
 
 
-def critic_embedding(obs: Embedding, act: Embedding) -> Embedding:
-    """The critics read ``concat(observation, action)``."""
-    return Embedding(np.concatenate([obs.index, obs.size + act.index]), obs.size + act.size)
-
-
-def shifted(emb: Embedding, prefix: int) -> Embedding:
-    """``concat(x, v)`` with ``x`` of fixed length ``prefix`` and ``v`` embedded by ``emb``."""
-    return Embedding(np.concatenate([np.arange(prefix), prefix + emb.index]), prefix + emb.size)
+def joined(first: Embedding, second: Embedding) -> Embedding:
+    """``concat(x, v)`` with ``x`` embedded by ``first`` and ``v`` by ``second``."""
+    index = np.concatenate([first.index, first.size + second.index])
+    return Embedding(index, first.size + second.size)
 
 
 Plan = dict[str, tuple[Embedding | None, Embedding | None]]
@@ -118,7 +115,7 @@ def policy_plan(keys: list[str], obs: Embedding, act: Embedding) -> Plan:
                 _add(plan, f"{actor}.latent_pi.{latent[0]}", None, obs)
             for head in ("mu", "log_std"):
                 _add(plan, f"{actor}.{head}", act, None if latent else obs)
-    crit = critic_embedding(obs, act)
+    crit = joined(obs, act)  # the critics read concat(observation, action)
     for critic in ("critic", "critic_target"):
         for q in range(8):
             layers = _linear_indices(keys, f"{critic}.qf{q}")
@@ -141,7 +138,7 @@ def icm_plan(net: dict[str, th.Tensor], obs: Embedding, act: Embedding) -> Plan:
     plan: Plan = {}
     _add(plan, "encoder.0", None, obs)
     _add(plan, "inverse_model.0.2", act, None)
-    _add(plan, "forward_model.0", None, shifted(act, features))
+    _add(plan, "forward_model.0", None, joined(Embedding(np.arange(features), features), act))
     return plan
 
 
@@ -315,8 +312,8 @@ def widen(run_dir: Path, max_assets: int, at: str) -> Manifest:
             "feature_spec": fs.model_copy(update={"max_assets": max_assets}),
             "widened_from": spec.max_assets,
             "migrations": [*manifest.migrations, record],
+            "files": checksums(run_dir, CHECKPOINT_FILES),
         }
     )
-    widened = refresh_checksums(run_dir, widened)
     write_manifest(run_dir, widened)
     return widened

@@ -97,16 +97,6 @@ def _check_saved(run_dir: Path, field: str, file: str, ours: Any) -> None:
         )
 
 
-def _check_policy_kind(path: Path, manifest: Manifest, model: Algorithm) -> None:
-    """A shared manifest needs a shared actor (``forward_sets``), an mlp one a flat actor."""
-    shared = callable(getattr(model.actor, "forward_sets", None))
-    if shared != (manifest.policy.kind == "shared"):
-        kind = "shared" if shared else "mlp"
-        raise ExportError(
-            f"{path}: a {kind} policy, but the manifest says policy {manifest.policy.kind!r}"
-        )
-
-
 def load_run(run_dir: str | Path) -> LoadedRun:
     """Read, verify and load a run directory on CPU; every problem raises ``ExportError``."""
     d = Path(run_dir)
@@ -133,7 +123,12 @@ def load_run(run_dir: str | Path) -> LoadedRun:
             f"{d / MODEL_FILE}: cannot load the {manifest.algorithm} model: {exc}"
         ) from exc
     model.policy.set_training_mode(False)
-    _check_policy_kind(d / MODEL_FILE, manifest, model)
+    shared = callable(getattr(model.actor, "forward_sets", None))  # the shared actor's
+    if shared != (manifest.policy.kind == "shared"):
+        raise ExportError(
+            f"{d / MODEL_FILE}: a {'shared' if shared else 'mlp'} policy, but the manifest says "
+            f"policy {manifest.policy.kind!r}"
+        )
     obs_shape = tuple(model.observation_space.shape or ())
     act_space = model.action_space
     if obs_shape != (spec.obs_size,):

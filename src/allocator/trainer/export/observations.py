@@ -162,10 +162,7 @@ def training_env(loaded: LoadedRun) -> PortfolioEnv:
         spec = loaded.asset_spec
         action = ActionSettings()
         if m.tilt is not None:
-            a = m.tilt.anchor
-            anchor = AnchorSettings.model_validate(
-                {"kind": a.kind, "cash_share": a.cash_share, "vol_window": a.vol_window}
-            )
+            anchor = AnchorSettings.model_validate(m.tilt.anchor.model_dump())
             action = ActionSettings(mapping="tilt", k=m.tilt.k, anchor=anchor)
         settings = {
             "window": spec.window,

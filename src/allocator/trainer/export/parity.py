@@ -4,6 +4,7 @@ figures go into the manifest, and any above ``PARITY_TOLERANCE`` fails the expor
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -139,10 +140,7 @@ def measure_parity(
     session = onnx_session(model_path)
     first = members[0]
     m = first.spec.max_assets
-
-    def measure(obs: FlatObservations | SetObservations) -> dict[str, Any]:
-        return policy_parity(session, members, obs)
-
+    measure = functools.partial(policy_parity, session, members)
     real = rollout(first, n, seed=seed)
     on_rollout = {**measure(real.inputs), "max_abs_observation_diff": real.max_abs_observation_diff}
     if first.shared:

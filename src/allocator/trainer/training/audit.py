@@ -22,13 +22,8 @@ SCALE_FILE = "state_scale_summary.json"
 def _abs_quantiles(x: ArrayLike) -> dict[str, float]:
     a = np.abs(np.asarray(x, dtype=np.float64))
     a = a[np.isfinite(a)]
-    if a.size == 0:
-        return {"p95_abs": float("nan"), "p99_abs": float("nan"), "max_abs": float("nan")}
-    return {
-        "p95_abs": float(np.quantile(a, 0.95)),
-        "p99_abs": float(np.quantile(a, 0.99)),
-        "max_abs": float(a.max()),
-    }
+    p95, p99, top = np.quantile(a, [0.95, 0.99, 1.0]) if a.size else (np.nan,) * 3
+    return {"p95_abs": float(p95), "p99_abs": float(p99), "max_abs": float(top)}
 
 
 def state_scale_summary(

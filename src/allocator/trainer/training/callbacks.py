@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import threading
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
@@ -30,25 +30,13 @@ class TurnoverCallback(BaseCallback):
             self.logger.record("rollout/cost", float(np.mean(self.costs)))
 
 
-class StopAtStep(BaseCallback):
-    """Ends ``learn`` once ``step`` timesteps are done, as an interruption would (schedules
-    still span the full budget)."""
-
-    def __init__(self, step: int) -> None:
-        super().__init__()
-        self.step = step
-
-    def _on_step(self) -> bool:
-        return self.num_timesteps < self.step
-
-
-class StopWhenAsked(BaseCallback):
-    """Ends ``learn`` after the step during which ``event`` was set (a SIGTERM, a Ctrl-C):
+class StopWhen(BaseCallback):
+    """Ends ``learn`` after the step at which ``done()`` holds (a step count reached, a SIGTERM):
     between steps the model, buffer and schedules agree, so it can be checkpointed."""
 
-    def __init__(self, event: threading.Event) -> None:
+    def __init__(self, done: Callable[[], bool]) -> None:
         super().__init__()
-        self.event = event
+        self.done = done
 
     def _on_step(self) -> bool:
-        return not self.event.is_set()
+        return not self.done()

@@ -160,15 +160,20 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
     return Checkpoint(path, state)
 
 
+def load_icm(model: BaseAlgorithm, path: Path) -> Any:
+    """The model's ICM (None without one) with the state saved at ``path`` loaded into it."""
+    icm = getattr(model, "icm", None)
+    if icm is not None:
+        icm.load_state_dict(th.load(path, map_location=model.device, weights_only=True))
+    return icm
+
+
 def restore_model(config: TrainConfig, env: Any, checkpoint: Checkpoint) -> OffPolicyAlgorithm:
     """The checkpoint's model on ``env``, with its replay buffer and ICM, ready to learn on."""
     model: OffPolicyAlgorithm = ALGORITHMS[config.algorithm.name].load(
         checkpoint.path / MODEL_FILE, env=env, device=get_device(config.device)
     )
-    icm = getattr(model, "icm", None)
-    if icm is not None:
-        state = th.load(checkpoint.path / ICM_FILE, map_location=model.device, weights_only=True)
-        icm.load_state_dict(state)
+    icm = load_icm(model, checkpoint.path / ICM_FILE)
     model.load_replay_buffer(checkpoint.path / REPLAY_FILE)
     buffer = model.replay_buffer
     assert buffer is not None

@@ -88,8 +88,7 @@ class _AlgoBase(StrictModel):
 
 
 class TD3Settings(_AlgoBase):
-    """TD3 with Huber critics, gradient clipping, policy delay, the smoothness regularizer and
-    the bound penalty."""
+    """TD3 with Huber critics, clipping, policy delay, smoothness and the bound penalty."""
 
     name: Literal["td3"] = "td3"
     critic_loss: Literal["huber", "mse"] = "huber"

@@ -62,8 +62,7 @@ def validate_policy(
     stats: NormalizationStats,
     feature_norm: FeatureNormalization | None = None,
 ) -> tuple[dict[str, BacktestResult], np.ndarray]:
-    """Backtest the deterministic policy, equal weight, HRP (the strongest simple baseline) and
-    a tilt policy's anchor on the validation period."""
+    """The policy, equal weight, HRP (the strongest simple baseline) and a tilt's anchor."""
     d = config.data
     span = (d.validation_start, d.validation_end)
     agent, actions = backtest_model(model, config, data, span, stats, feature_norm)

@@ -33,12 +33,13 @@ from allocator.trainer.sim.baselines import ANCHOR
 from allocator.trainer.sim.html_report import REPORT_FILE, write_backtest_report
 from allocator.trainer.sim.plots import plot_allocations, plot_performance, plot_training_curves
 from allocator.trainer.training.audit import write_audits
-from allocator.trainer.training.callbacks import StopAtStep, StopWhenAsked, TurnoverCallback
+from allocator.trainer.training.callbacks import StopWhen, TurnoverCallback
 from allocator.trainer.training.checkpointing import (
     CheckpointCallback,
     TrainingStoppedError,
     keep_progress_before,
     latest_checkpoint,
+    load_icm,
     merge_progress,
     restore_best,
     restore_model,
@@ -80,7 +81,7 @@ from allocator.trainer.training.tracking import (
     MLflowOutputFormat,
     ended_on_error,
     log_finished,
-    open_run,
+    open_job_run,
     require_mlflow,
 )
 from allocator.typed_config import ConfigError
@@ -182,7 +183,8 @@ class TrainingSession:
         if config.tensorboard:  # SB3's tensorboard output: a clear error when it is missing
             require_extra("tensorboard", "tensorboard", "tensorboard: true (false: CSV logs only)")
         logger = configure(str(run_dir), ["csv", "tensorboard"] if config.tensorboard else ["csv"])
-        self.tracked = open_run(config, run_dir, resumed=bool(state))  # None: not tracked
+        params = config.model_dump(mode="json")  # None: not tracked
+        self.tracked = open_job_run(config.tracking, run_dir, run_dir.name, params, bool(state))
         if self.tracked is not None:
             logger.output_formats.append(MLflowOutputFormat(self.tracked))
         model.set_logger(logger)
@@ -281,10 +283,10 @@ class TrainingSession:
         if self.finished:
             return
         callbacks = list(self.callbacks)
-        if until is not None:
-            callbacks.append(StopAtStep(until))
+        if until is not None:  # schedules still span the full budget, as in an interruption
+            callbacks.append(StopWhen(lambda: model.num_timesteps >= until))
         if stop is not None:
-            callbacks.append(StopWhenAsked(stop))
+            callbacks.append(StopWhen(stop.is_set))
         first = model.num_timesteps
         self._learning_since = time.perf_counter()
         model.learn(
@@ -308,8 +310,7 @@ class TrainingSession:
     def complete(
         self, callbacks: Sequence[BaseCallback] = (), stop: threading.Event | None = None
     ) -> TrainingRun:
-        """``learn`` to the end, ``callbacks`` joining the run's own, then ``finish``; a run
-        that raises is marked so in MLflow."""
+        """``learn`` to the end, then ``finish``; a run that raises is marked so in MLflow."""
         self.callbacks.extend(callbacks)
         with ended_on_error(self.tracked):
             self.learn(stop=stop)
@@ -330,10 +331,7 @@ class TrainingSession:
         if icm is not None:
             _copy(run_dir / kept[1], run_dir / ICM_FILE)
         chosen = type(model).load(run_dir / MODEL_FILE, device=model.device)
-        chosen_icm = getattr(chosen, "icm", None)
-        if chosen_icm is not None:
-            state = th.load(run_dir / ICM_FILE, map_location=model.device, weights_only=True)
-            chosen_icm.load_state_dict(state)
+        load_icm(chosen, run_dir / ICM_FILE)
         return chosen
 
     def finish(self) -> TrainingRun:

@@ -108,14 +108,9 @@ def representation_fields(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
             center_assets=shared.center_assets if center is None else center,
         )
     if env.action.mapping == "tilt":
-        anchor = env.action.anchor
         fields["action_mapping"] = TILT_MAPPING
-        fields["tilt"] = TiltInfo(
-            k=env.action.k,
-            anchor=AnchorInfo(
-                kind=anchor.kind, cash_share=anchor.cash_share, vol_window=anchor.vol_window
-            ),
-        )
+        anchor = AnchorInfo.model_validate(env.action.anchor.model_dump())
+        fields["tilt"] = TiltInfo(k=env.action.k, anchor=anchor)
     return fields
 
 
@@ -152,8 +147,3 @@ def build_manifest(
         files=checksums(run_dir, CHECKPOINT_FILES),
         **representation_fields(config, run_dir),
     )
-
-
-def refresh_checksums(run_dir: Path, manifest: Manifest) -> Manifest:
-    """The manifest with checksums recomputed for the checkpoint files now present."""
-    return manifest.model_copy(update={"files": checksums(run_dir, CHECKPOINT_FILES)})

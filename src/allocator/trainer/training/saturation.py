@@ -86,31 +86,27 @@ class SaturationProbe:
         self.live[:, 0] = True
 
     @classmethod
-    def from_env(cls, env: PortfolioEnv, seed: int, size: int = PROBE_SIZE) -> SaturationProbe:
-        """``size`` observations of ``env`` under uniform random actions, in short episodes."""
+    def from_env(cls, env: PortfolioEnv, seed: int) -> SaturationProbe:
+        """``PROBE_SIZE`` observations of ``env`` under random actions, in short episodes."""
         rng = np.random.default_rng(seed)
         shape = env.action_space.shape
         assert shape is not None
         observations: list[np.ndarray] = []
         episode = 0
-        while len(observations) < size:
+        while len(observations) < PROBE_SIZE:
             obs, _ = env.reset(seed=seed + episode)
             episode += 1
             for _ in range(PROBE_EPISODE_STEPS):
                 observations.append(obs)
                 obs, _, terminated, truncated, _ = env.step(rng.uniform(-1.0, 1.0, shape))
-                if terminated or truncated or len(observations) >= size:
+                if terminated or truncated or len(observations) >= PROBE_SIZE:
                     break
         return cls(np.stack(observations), int(shape[0]))
 
     def measure(self, model: BaseAlgorithm, step: int) -> Saturation:
         """The deterministic actor's saturation on the probe set at ``step``."""
         actions, _ = model.predict(self.observations, deterministic=True)
-        return self.saturation_of(np.asarray(actions), step)
-
-    def saturation_of(self, actions: np.ndarray, step: int) -> Saturation:
-        """The saturation of actions taken on the probe set (one row per observation)."""
-        audit = action_saturation(actions, NEAR_BOUND, mask=self.live)
+        audit = action_saturation(np.asarray(actions), NEAR_BOUND, mask=self.live)
         ratio = float(audit["near_bound_ratio"])
         return Saturation(
             step=int(step),
@@ -150,18 +146,6 @@ class SaturationWatch(BaseCallback):
     def check(self) -> Saturation:
         """Measure the training model now; record, log and warn."""
         figures = self.probe.measure(self.model, int(self.model.num_timesteps))
-        self.record(figures)
-        return figures
-
-    def at_current_step(self) -> Saturation:
-        """The check at the model's current step: the one already made there, else a new one."""
-        last = self.state.last
-        if last is not None and last["step"] == self.model.num_timesteps:
-            return Saturation.from_dict(last)
-        return self.check()
-
-    def record(self, figures: Saturation) -> None:
-        """Add one measurement to the record and the logs."""
         state = self.state
         was_collapsed = bool(state.last and state.last["collapsed"])
         state.checks += 1
@@ -177,6 +161,14 @@ class SaturationWatch(BaseCallback):
         self.logger.record("train/saturation_max_dim", figures.max_dim_ratio)
         self.logger.record("train/saturation_mean_kappa", figures.mean_kappa)
         self.logger.record("train/actor_collapsed", float(figures.collapsed))
+        return figures
+
+    def at_current_step(self) -> Saturation:
+        """The check at the model's current step: the one already made there, else a new one."""
+        last = self.state.last
+        if last is not None and last["step"] == self.model.num_timesteps:
+            return Saturation.from_dict(last)
+        return self.check()
 
     def summary(self) -> dict[str, Any]:
         """``run.json``'s ``saturation_watch``: the rule, the record and a warning if any."""
@@ -203,8 +195,7 @@ def make_watch(
     feature_norm: FeatureNormalization | None,
     saved: dict[str, Any],
 ) -> SaturationWatch:
-    """The run's watch, its probe drawn from the prices it trains on; a resumed run's record
-    carries on."""
+    """The run's watch, probing the prices it trains on; a resumed run's record carries on."""
     env = PortfolioEnv(fit, config.env, stats=stats, feature_norm=feature_norm)
     probe = SaturationProbe.from_env(env, config.seed + PROBE_SEED_OFFSET)
     record = saved.get("saturation_watch")

@@ -23,7 +23,7 @@ from allocator.artifacts.manifest import MANIFEST_FILE
 from allocator.trainer import require_extra
 from allocator.trainer.training.audit import SATURATION_FILE
 from allocator.trainer.training.checkpointing import TrainingStoppedError
-from allocator.trainer.training.config import TrackingSettings, TrainConfig
+from allocator.trainer.training.config import TrackingSettings
 from allocator.trainer.training.run_dir import CHECKPOINT_FILES
 from allocator.typed_config import flatten
 
@@ -59,12 +59,8 @@ def mlflow_client(settings: TrackingSettings) -> Any:
     # the optional extra is there (checked just above); import its client class only now
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=tracking_uri(settings))
-
-
-def tracking_uri(settings: TrackingSettings) -> str | None:
-    """The configured URI, else ``$MLFLOW_TRACKING_URI``, else None (MLflow's own default)."""
-    return settings.uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+    # the configured URI, else $MLFLOW_TRACKING_URI, else None (MLflow's own default)
+    return MlflowClient(tracking_uri=settings.uri or os.environ.get("MLFLOW_TRACKING_URI") or None)
 
 
 def mlflow_key(key: str) -> str:
@@ -110,13 +106,13 @@ class TrackedRun:
         self.client, self.run_id = client, run_id
 
     @classmethod
-    def start(cls, settings: TrackingSettings, run_dir: Path, name: str) -> TrackedRun:
-        """A new run named ``name`` in the configured experiment (nested when it has a parent);
-        ``run_dir`` gets its ``tracking.json``."""
-        client = mlflow_client(settings)
-        experiment = experiment_id(client, settings.experiment)
+    def start(cls, settings: TrackingSettings, run_dir: Path, run_name: str) -> TrackedRun:
+        """A new run in the configured experiment, nested under its parent if any."""
+        client, name = mlflow_client(settings), settings.experiment
+        found = client.get_experiment_by_name(name)
+        experiment = str(found.experiment_id if found else client.create_experiment(name))
         tags = {PARENT_TAG: settings.parent_run_id} if settings.parent_run_id else {}
-        run = client.create_run(experiment, tags=tags, run_name=name)
+        run = client.create_run(experiment, tags=tags, run_name=run_name)
         record = {
             "run_id": run.info.run_id,
             "experiment_id": experiment,
@@ -176,12 +172,6 @@ class TrackedRun:
         self.client.set_terminated(self.run_id, status)
 
 
-def experiment_id(client: Any, name: str) -> str:
-    """The id of the experiment ``name``, created when it does not exist yet."""
-    found = client.get_experiment_by_name(name)
-    return str(found.experiment_id) if found is not None else str(client.create_experiment(name))
-
-
 def read_tracking(run_dir: Path) -> dict[str, str] | None:
     """``run_dir``'s ``tracking.json`` (the MLflow run that logged it), or None."""
     path = Path(run_dir) / TRACKING_FILE
@@ -193,13 +183,6 @@ def read_tracking(run_dir: Path) -> dict[str, str] | None:
     return record
 
 
-def open_run(config: TrainConfig, run_dir: Path, resumed: bool) -> TrackedRun | None:
-    """The MLflow run of a training session: None untracked, the run's own when it resumes,
-    else a new one named after the run directory, with the flattened config as parameters."""
-    params = config.model_dump(mode="json")
-    return open_job_run(config.tracking, run_dir, Path(run_dir).name, params, reopen=resumed)
-
-
 def open_job_run(
     settings: TrackingSettings,
     out_dir: Path,
@@ -207,9 +190,8 @@ def open_job_run(
     params: Mapping[str, Any],
     reopen: bool = True,
 ) -> TrackedRun | None:
-    """A batch job's own MLflow run (walk-forward, tuning), whose windows or trials nest under
-    it: None untracked, the run ``out_dir`` names when the job resumes (``reopen``), else a
-    new one."""
+    """The MLflow run of a training session or batch job: None untracked, the run ``out_dir``
+    names when it resumes (``reopen``), else a new one with ``params`` flattened."""
     if not settings.enabled:
         return None
     reopened = TrackedRun.reopen(settings, out_dir) if reopen else None
@@ -221,8 +203,7 @@ def open_job_run(
 
 
 def log_finished(run: TrackedRun, run_dir: Path, summary: dict[str, Any]) -> None:
-    """A finished run's figures at its last step (validation, selection, the saturation
-    watch and audit, speed), its files, then the run marked finished."""
+    """A finished run's figures at its last step and its files, then the run marked finished."""
     audit_file = Path(run_dir) / SATURATION_FILE
     audit = json.loads(audit_file.read_text()) if audit_file.is_file() else {}
     figures = {
