@@ -1,2 +1,2 @@
 """Learning algorithms: TD3, SAC (by name in ``algorithms``), what they share (``off_policy``),
-their exploration noise, regularizer and curiosity, and the old module paths of saved models."""
+their exploration noise, regularizer and curiosity."""
