@@ -1,10 +1,8 @@
 """Typed configuration files: strict models, YAML with ``--set`` overrides, errors by key.
 
-Every file a user writes (a training config, a walk-forward or retraining job, the server's
-options) is read the same way, so a typo is refused the same way everywhere: unknown keys are
-errors (``extra="forbid"``), models are frozen once validated, and each bad value is reported
-on its own line as the dotted key the user wrote (``trainer.algorithm.gamma``), never as
-pydantic's internal location with union and validator tags in it.
+Every file a user writes is read the same way, so a typo is refused the same way everywhere:
+unknown keys are errors, models are frozen once validated, and each bad value is reported as
+the dotted key the user wrote (``trainer.algorithm.gamma``), never as pydantic's location.
 """
 
 from __future__ import annotations
@@ -50,16 +48,6 @@ def key_path(loc: Sequence[Any], tags: Collection[str] = ()) -> str:
     return ".".join(parts)
 
 
-def format_errors(
-    source: str, exc: ValidationError, what: str = "configuration", tags: Collection[str] = ()
-) -> str:
-    """One line per bad key under a line naming the file: what a user needs to fix it."""
-    lines = [f"{source}: invalid {what}"]
-    for err in exc.errors():
-        lines.append(f"  {key_path(err['loc'], tags) or '(top level)'}: {err['msg']}")
-    return "\n".join(lines)
-
-
 def validate(
     model: type[Model],
     tree: Any,
@@ -67,11 +55,15 @@ def validate(
     what: str = "configuration",
     tags: Collection[str] = (),
 ) -> Model:
-    """``model.model_validate(tree)``, with a ``ConfigError`` naming file and keys on failure."""
+    """``model.model_validate(tree)``; on failure a ``ConfigError`` naming the file, then one
+    line per bad key: what a user needs to fix it."""
     try:
         return model.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(format_errors(source, exc, what, tags)) from exc
+        lines = [f"{source}: invalid {what}"]
+        for err in exc.errors():
+            lines.append(f"  {key_path(err['loc'], tags) or '(top level)'}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from exc
 
 
 def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
@@ -99,26 +91,23 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _set_dotted(tree: dict[str, Any], key: str, value: Any, source: str) -> None:
-    parts = key.split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"{source}: --set {key}: {part} is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
 def apply_overrides(
     tree: dict[str, Any], overrides: Sequence[str], source: str = "(defaults)"
 ) -> dict[str, Any]:
     """Apply ``key.sub=value`` strings (values parsed as YAML) to a raw config tree."""
     for item in overrides:
         key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise ConfigError(f"{source}: --set expects key=value, got {item!r}")
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw), source)
+        value = yaml.safe_load(raw)
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{source}: --set {key}: {part} is not a section")
+        node[leaf] = value
     return tree
 
 

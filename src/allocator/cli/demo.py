@@ -10,7 +10,6 @@ import datetime as dt
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -71,13 +70,24 @@ def demo(out: str, start: str, end: str, cost_bps: float, do_train: bool, config
         click.echo(f"wrote {path}")
     if do_train:
         validation = _train_and_export(out_dir, config_path)
-        # heavy (onnxruntime, grpc): imported only when the demo goes on to serve
+        # heavy (onnxruntime, grpc, sqlalchemy): imported only when the demo goes on to serve
         from allocator.serving.demo import serve_demo
+        from allocator.trading.demo import paper_trade_demo
 
         click.echo("")
         serve_demo(out_dir / "models", out_dir, md.prices, md.assets, echo=click.echo)
         _walk_forward(out_dir)
-        _paper_trade(out_dir, md, validation)
+        click.echo("")
+        paper_trade_demo(  # the exported model over the validation days, live NAV vs backtest
+            out_dir / "models",
+            out_dir,
+            [d.date() for d in md.dates],
+            md.prices,
+            md.assets,
+            dt.date.fromisoformat(validation[0]),
+            dt.date.fromisoformat(validation[1]),
+            echo=click.echo,
+        )
 
 
 def _train_and_export(out_dir: Path, config_path: str) -> tuple[str, str]:
@@ -138,25 +148,6 @@ def _train_and_export(out_dir: Path, config_path: str) -> tuple[str, str]:
     click.echo(f"ONNX vs torch, max abs difference (export fails above {PARITY_TOLERANCE:g}):")
     click.echo(format_parity(parity))
     return str(config.data.validation_start), str(config.data.validation_end)
-
-
-def _paper_trade(out_dir: Path, md: Any, validation: tuple[str, str]) -> None:
-    """Paper-trade the exported model over the validation days; print the live NAV beside the
-    backtest's."""
-    # heavy (sqlalchemy, onnxruntime, grpc): imported when the demo trades
-    from allocator.trading.demo import paper_trade_demo
-
-    click.echo("")
-    paper_trade_demo(
-        out_dir / "models",
-        out_dir,
-        [d.date() for d in md.dates],
-        md.prices,
-        md.assets,
-        dt.date.fromisoformat(validation[0]),
-        dt.date.fromisoformat(validation[1]),
-        echo=click.echo,
-    )
 
 
 def _walk_forward(out_dir: Path) -> None:

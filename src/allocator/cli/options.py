@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
@@ -51,12 +52,12 @@ def sigterm_stops() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@dataclass
 class StopRequest:
     """A stop asked for by SIGTERM or SIGINT, honoured where the job can stop cleanly."""
 
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.signum: int | None = None
+    event: threading.Event = field(default_factory=threading.Event)
+    signum: int | None = None
 
     @property
     def exit_code(self) -> int:

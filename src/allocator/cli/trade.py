@@ -179,7 +179,7 @@ def account_resume(name: str, database_url: str | None) -> None:
     with trade_engine(database_url) as engine:
         try:
             with Session(engine) as session, session.begin():
-                set_halt(session, load_account(session, name), None)
+                set_halt(load_account(session, name), None)
         except TradingError as exc:
             fail(str(exc))
     click.echo(f"resumed account {name}")

@@ -29,10 +29,8 @@ if (
     # Keep loggers other libraries already made: the CLI and tests live in the same process.
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
-target_metadata = metadata
 
-
-def include_name(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
+def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
     """Hand-written views are not in the metadata: never offer to drop them."""
     return not (type_ == "table" and name in VIEWS)
 
@@ -43,55 +41,40 @@ def resolve_url() -> str:
     return url or config.get_main_option("sqlalchemy.url") or database_url()
 
 
-def configure_options(dialect_name: str) -> dict[str, Any]:
-    """Options shared by online and offline runs; SQLite needs batch mode to ALTER tables."""
-    return {
-        "target_metadata": target_metadata,
-        "compare_type": True,
-        "include_name": include_name,
-        "render_as_batch": dialect_name == "sqlite",
-    }
+def run_migrations(dialect_name: str, **options: Any) -> None:
+    """Configure and run in one transaction; SQLite needs batch mode to ALTER tables."""
+    context.configure(
+        target_metadata=metadata,
+        compare_type=True,
+        include_name=include_name,
+        render_as_batch=dialect_name == "sqlite",
+        **options,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
 
 
 def run_migrations_offline() -> None:
     """Emit SQL to stdout (``alembic upgrade --sql``) without a database connection."""
     url = resolve_url()
     dialect_name = url.split(":", 1)[0].split("+", 1)[0]
-    context.configure(
-        url=url,
-        literal_binds=True,
-        dialect_opts={"paramstyle": "named"},
-        **configure_options(dialect_name),
-    )
-    with context.begin_transaction():
-        context.run_migrations()
-
-
-def run_with_connection(connection: Connection) -> None:
-    """Run the migrations on an open connection, in one transaction."""
-    context.configure(connection=connection, **configure_options(connection.dialect.name))
-    with context.begin_transaction():
-        context.run_migrations()
+    run_migrations(dialect_name, url=url, literal_binds=True, dialect_opts={"paramstyle": "named"})
 
 
 def run_migrations_online() -> None:
-    """Run against the handed-in connection, or open one for the resolved URL."""
+    """Run on the handed-in connection (the caller commits), or on an engine's, committed."""
     connectable = config.attributes.get("connection")
-    if connectable is not None:
-        if isinstance(connectable, Connection):
-            run_with_connection(connectable)
-        else:
-            with connectable.connect() as connection:
-                run_with_connection(connection)
-                connection.commit()
+    if isinstance(connectable, Connection):
+        run_migrations(connectable.dialect.name, connection=connectable)
         return
-    engine = create_engine(resolve_url(), poolclass=pool.NullPool)
+    engine = connectable or create_engine(resolve_url(), poolclass=pool.NullPool)
     try:
         with engine.connect() as connection:
-            run_with_connection(connection)
+            run_migrations(connection.dialect.name, connection=connection)
             connection.commit()
     finally:
-        engine.dispose()
+        if connectable is None:
+            engine.dispose()
 
 
 if context.is_offline_mode():

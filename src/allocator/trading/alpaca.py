@@ -79,9 +79,7 @@ def to_answer(order: Any) -> BrokerOrder | None:
 
 
 class AlpacaBroker:
-    """One Alpaca account (paper endpoint by default) as a ``Broker``."""
-
-    name = "alpaca"
+    """One Alpaca account (its paper endpoint) as a ``Broker``."""
 
     def __init__(
         self,
@@ -99,13 +97,13 @@ class AlpacaBroker:
         self.sleep = sleep
 
     @classmethod
-    def from_env(cls, *, paper: bool = True, **options: Any) -> AlpacaBroker:
+    def from_env(cls) -> AlpacaBroker:
         """A client on the credentials in ``ALPACA_API_KEY`` and ``ALPACA_SECRET_KEY``."""
         sdk = import_sdk()
         key, secret = os.environ.get(KEY_ENV), os.environ.get(SECRET_ENV)
         if not key or not secret:
             raise TradingError(f"the Alpaca broker needs {KEY_ENV} and {SECRET_ENV} set")
-        return cls(sdk.client(key, secret, paper=paper), sdk=sdk, **options)
+        return cls(sdk.client(key, secret, paper=True), sdk=sdk)
 
     def _order(self, client_order_id: str) -> Any | None:
         try:
@@ -114,13 +112,6 @@ class AlpacaBroker:
             if exc.status_code == 404:
                 return None
             raise TradingError(f"Alpaca refused the order lookup: {exc}") from exc
-
-    def lookup(self, account: str, client_order_id: str) -> BrokerOrder | None:
-        order = self._order(client_order_id)
-        if order is None:
-            return None
-        answer = to_answer(order)
-        return answer if answer is not None else BrokerOrder(client_order_id, "new")
 
     def submit(self, order: OrderRequest) -> BrokerOrder:
         """Send ``order`` unless Alpaca knows its client order id, then wait until it is final."""

@@ -115,11 +115,11 @@ def position(session: Session, account_id: int, asset: str) -> Position:
     return row
 
 
-def apply_fill(session: Session, order: Order, fill: BrokerFill, bar_date: dt.date) -> bool:
-    """Record ``fill`` of ``order`` and move the positions; False when it was recorded before."""
+def apply_fill(session: Session, order: Order, fill: BrokerFill, bar_date: dt.date) -> None:
+    """Record ``fill`` of ``order`` and move the positions, unless it was recorded before."""
     seen = session.scalar(select(Fill.id).where(Fill.broker_fill_id == fill.fill_id))
     if seen is not None:
-        return False
+        return
     held = position(session, order.account_id, order.asset)
     cash = position(session, order.account_id, CASH_ID)
     value = fill.quantity * fill.price
@@ -151,10 +151,9 @@ def apply_fill(session: Session, order: Order, fill: BrokerFill, bar_date: dt.da
             bar_date=bar_date,
         )
     )
-    return True
 
 
-def set_halt(session: Session, account: Account, reason: str | None) -> None:
+def set_halt(account: Account, reason: str | None) -> None:
     """Halt the account with ``reason``, or resume it with None."""
     account.halted = reason is not None
     account.halt_reason = reason

@@ -41,22 +41,12 @@ class BrokerOrder:
     fills: tuple[BrokerFill, ...] = ()
     reason: str | None = None
 
-    @property
-    def filled_quantity(self) -> float:
-        return sum(f.quantity for f in self.fills)
-
 
 class Broker(Protocol):
     """What the trading cycle needs from a broker."""
 
-    name: str
-
     def submit(self, order: OrderRequest) -> BrokerOrder:
         """Send ``order``; a second call with the same client order id changes nothing."""
-        ...
-
-    def lookup(self, account: str, client_order_id: str) -> BrokerOrder | None:
-        """The order with that client id, or None when the broker never received it."""
         ...
 
     def holdings(self, account: str) -> dict[str, float]:

@@ -364,7 +364,7 @@ def reconcile(engine: Engine, broker: Broker, account_name: str, metrics: Tradin
         if not differences:
             return
         reason = "reconciliation mismatch: " + "; ".join(differences)
-        book.set_halt(session, account, reason)
+        book.set_halt(account, reason)
     metrics.mismatches.labels(account_name).inc()
     metrics.halted.labels(account_name).set(1)
     raise ReconciliationError(

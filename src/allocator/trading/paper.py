@@ -33,8 +33,6 @@ FLOAT_SLACK = 1e-9
 class PaperBroker:
     """A simulated cash account per account name, persisted in the trade database."""
 
-    name = "paper"
-
     def __init__(
         self,
         engine: Engine,
@@ -54,13 +52,9 @@ class PaperBroker:
         self.fill_ratio = fill_ratio
         self.reject_assets = frozenset(reject_assets)
 
-    def fund(self, account: str, cash: float) -> None:
-        """Deposit ``cash`` into ``account`` (opening it at the broker)."""
-        with Session(self.engine) as session, session.begin():
-            self.fund_in(session, account, cash)
-
     def fund_in(self, session: Session, account: str, cash: float) -> None:
-        """``fund`` inside the caller's transaction: an account is created and funded at once."""
+        """Deposit ``cash`` into ``account`` inside the caller's transaction: an account is
+        created and funded at once."""
         if not cash > 0:
             raise ValueError(f"a deposit must be > 0, got {cash}")
         holding = self._holding(session, account, CASH_ID)

@@ -2,24 +2,16 @@
 
 Also creates the ``decision_weights`` view (one row per decision and asset) that Grafana
 queries; views are not in the SQLAlchemy metadata, so its SQL is written here per dialect.
-
-Revision ID: 0001
-Revises:
-Create Date: 2026-11-22 01:23:49.681713+00:00
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0001"
-down_revision: str | Sequence[str] | None = None
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = None
 
 # Frozen copies of the schema's types: a migration must not change when the models do.
 JSON = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")

@@ -1,22 +1,13 @@
-"""Promotions: every decision of the retraining job's promotion gate, with its reasons.
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2026-11-23 09:00:00.000000+00:00
-"""
+"""Promotions: every decision of the retraining job's promotion gate, with its reasons."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0002"
-down_revision: str | Sequence[str] | None = "0001"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = "0001"
 
 # Frozen copies of the schema's types: a migration must not change when the models do.
 JSON = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")

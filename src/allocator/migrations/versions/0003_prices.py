@@ -1,21 +1,12 @@
-"""Prices: the daily closes ``allocator data ingest`` stores and ``dataset: database`` reads.
-
-Revision ID: 0003
-Revises: 0002
-Create Date: 2026-11-25 04:00:00.000000+00:00
-"""
+"""Prices: the daily closes ``allocator data ingest`` stores and ``dataset: database`` reads."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0003"
-down_revision: str | Sequence[str] | None = "0002"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = "0002"
 
 # Frozen copies of the schema's types: a migration must not change when the models do.
 BIG_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")

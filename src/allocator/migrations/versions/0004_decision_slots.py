@@ -1,22 +1,13 @@
-"""Decisions carry the slot layout and the request fingerprint, so a restart can resume.
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-11-26 08:00:00.000000+00:00
-"""
+"""Decisions carry the slot layout and the request fingerprint, so a restart can resume."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0004"
-down_revision: str | Sequence[str] | None = "0003"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = "0003"
 
 # Frozen copies of the schema's types: a migration must not change when the models do.
 JSON = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")

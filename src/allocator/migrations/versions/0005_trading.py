@@ -1,24 +1,16 @@
 """The live book: accounts, trade cycles, orders, fills, positions, NAV per bar, paper books.
 
 Decisions gain the market date they were made for and a digest of the closes they saw.
-
-Revision ID: 0005
-Revises: 0004
-Create Date: 2026-11-28 12:41:05.170749+00:00
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0005"
-down_revision: str | Sequence[str] | None = "0004"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
+down_revision: str | None = "0004"
 
 # Frozen copies of the schema's types: a migration must not change when the models do.
 JSON = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")
