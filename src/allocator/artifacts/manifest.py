@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -347,14 +348,12 @@ def verify_checksums(directory: str | Path, manifest: Manifest) -> None:
 
 def library_versions() -> dict[str, str]:
     """Versions of the libraries a checkpoint depends on (those installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     names = "allocator numpy torch stable-baselines3 gymnasium onnx onnxruntime-gpu skfolio pandas"
     for pkg in names.split():
         try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
             continue
     return out
 
