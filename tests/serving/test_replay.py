@@ -178,9 +178,8 @@ def test_arrays_dates_and_model_directories_are_accepted(
     )
     assert by_array.dates == list(range(12, 31))
     np.testing.assert_array_equal(by_array.nav, by_frame.nav)
-    frames = by_frame.to_frames()
-    assert list(frames["raw_weights"].columns) == ["CASH", "A", "B", "C", "D"]
-    assert frames["nav"].index[0] == frame.index[12]
+    assert by_frame.assets == ("A", "B", "C", "D")
+    assert by_frame.wide("raw_weights").shape == (18, 5)  # cash, then every column
     with pytest.raises(ValueError, match="needs 5 earlier closes"):
         replay(tiny_model, frame, start=2)
     with pytest.raises(ValueError, match="assets are required"):

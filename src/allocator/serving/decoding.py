@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from allocator.serving.security import Context, Continuation
+from allocator.serving.security import Context, Continuation, method_kind
 
 __all__ = ["DecodeGuardInterceptor", "Undecodable", "UndecodableHandler"]
 
@@ -99,8 +99,7 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
                 return request
             return checked(request, context)
 
-        streaming = (handler.request_streaming, handler.response_streaming)
-        kind = "_".join("stream" if s else "unary" for s in streaming)
+        kind = method_kind(handler)
         behavior = getattr(handler, kind)
 
         async def awaited(request: Any, context: Context) -> Any:  # a unary answer, or writes

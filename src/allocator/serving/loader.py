@@ -43,7 +43,6 @@ from allocator.registry.layout import (
     SHARED_POLICY_INPUTS,
     SHARED_POLICY_OUTPUTS,
 )
-from allocator.registry.versions import resolve
 from allocator.serving.graphs import check_flat, check_shared, icm_signature, model_signature
 from allocator.serving.providers import CPU, CUDA, cuda_usable, ort
 
@@ -357,14 +356,3 @@ def load_model(
         "yes" if icm_session is not None else "no",
     )
     return model
-
-
-def load_from_registry(
-    registry: str | Path,
-    name: str,
-    version: str | None = None,
-    *,
-    prefer_cuda: bool = True,
-) -> LoadedModel:
-    d = resolve(registry, name, version)
-    return load_model(d, prefer_cuda=prefer_cuda, name=name, version=d.name)

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from allocator.portfolio import CASH_ID
 from allocator.recording.recorder import Recorder
 from allocator.serving.decision import DecisionOutput
 from allocator.serving.loader import LoadedModel, load_model
@@ -64,20 +63,6 @@ class ReplayResult:
             idx = [0, *(column[a] for a in o.asset_ids[1:])]
             out[k, idx] = getattr(o, what)
         return out
-
-    def to_frames(self) -> dict[str, Any]:
-        import pandas as pd  # optional: only this export needs it
-
-        columns = [CASH_ID, *self.assets]
-        idx = pd.Index(self.decision_dates)
-        frames: dict[str, Any] = {
-            w: pd.DataFrame(self.wide(w), index=idx, columns=columns)
-            for w in ("raw_weights", "smoothed_weights", "current_weights")
-        }
-        frames["nav"] = pd.Series(self.nav, index=pd.Index(self.dates), name="nav")
-        frames["turnover"] = pd.Series(self.turnover, index=idx, name="turnover")
-        frames["costs"] = pd.Series(self.costs, index=idx, name="costs")
-        return frames
 
 
 def live_assets(prices: Float64Array, window: int) -> NDArray[np.bool_]:
