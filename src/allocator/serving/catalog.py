@@ -112,13 +112,11 @@ class ModelCatalog:
         *,
         default_model: str | None = None,
         prefer_cuda: bool = True,
-        loader: Callable[..., LoadedModel] = load_model,
         metrics: ServingMetrics | None = None,
     ) -> None:
         self.root = Path(root)
         self.default_model = default_model
         self.prefer_cuda = prefer_cuda
-        self._load = loader
         self._metrics = metrics
         self._snapshot = CatalogSnapshot()
         self._refused: dict[Key, tuple[Fingerprint, Refusal]] = {}
@@ -204,7 +202,7 @@ class ModelCatalog:
         if previous is not None and previous[0] == fingerprint:
             return None
         try:
-            model = self._load(directory, prefer_cuda=self.prefer_cuda, name=name, version=version)
+            model = load_model(directory, prefer_cuda=self.prefer_cuda, name=name, version=version)
         except (ModelLoadError, OSError, ValueError) as exc:
             refusal = Refusal(_reason(exc), str(exc))
             self._refused[key] = (fingerprint, refusal)

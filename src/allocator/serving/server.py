@@ -168,7 +168,16 @@ def build_server(
         prefer_cuda=config.prefer_cuda,
         metrics=metrics,
     )
-    recorder = _open_recorder(config, metrics_registry)
+    recorder = None
+    if config.record:
+        recorder = Recorder(
+            config.database_url or database_url(),
+            config.spool_dir,
+            metrics=RecorderMetrics(metrics_registry),
+            spool_quota_bytes=config.spool_quota_bytes,
+            ack=config.ack,
+            commit_window=0.0,  # a batch is one ticket: the batcher's window is the commit's
+        )
     store: StateStore = (
         RedisStateStore(config.redis_url) if config.redis_url else MemoryStateStore()
     )
@@ -198,19 +207,6 @@ def build_server(
         recorder,
         store,
         metrics_registry,
-    )
-
-
-def _open_recorder(config: ServerConfig, metrics_registry: CollectorRegistry) -> Recorder | None:
-    if not config.record:
-        return None
-    return Recorder(
-        config.database_url or database_url(),
-        config.spool_dir,
-        metrics=RecorderMetrics(metrics_registry),
-        spool_quota_bytes=config.spool_quota_bytes,
-        ack=config.ack,
-        commit_window=0.0,  # a batch is one ticket: the batcher's window is the commit's
     )
 
 

@@ -28,7 +28,7 @@ from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 from allocator.serving.security import Context
 from allocator.serving.state import StateStore
 from allocator.serving.status import error_status
-from allocator.serving.step import DecisionStep, batch_response, call_deadline
+from allocator.serving.step import Answer, DecisionStep, batch_response, call_deadline
 from allocator.serving.stream import AllocationStreams
 from allocator.serving.validation import validate_reset
 
@@ -151,28 +151,30 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
 
     # --- the service ---------------------------------------------------------------------
 
+    def _decide(
+        self,
+        request: pb.AllocateRequest | pb.AllocateBatchRequest,
+        context: Context,
+        respond: Callable[[list[Answer]], T],
+    ) -> Callable[[], Awaitable[T]]:
+        start = time.perf_counter()
+
+        async def handle() -> T:
+            items = self.step.items(request, self.registry.snapshot.resolve, start)
+            return respond(await self.batcher.decide(items, call_deadline(context.time_remaining)))
+
+        return handle
+
     async def Allocate(  # noqa: N802  (gRPC method name)
         self, request: pb.AllocateRequest, context: Context
     ) -> pb.AllocateResponse:
-        start = time.perf_counter()
-
-        async def handle() -> pb.AllocateResponse:
-            items = self.step.items(request, self.registry.snapshot.resolve, start)
-            (answer,) = await self.batcher.decide(items, call_deadline(context.time_remaining))
-            return answer.response
-
+        handle = self._decide(request, context, lambda answers: answers[0].response)
         return await self._call("Allocate", context, handle)
 
     async def AllocateBatch(  # noqa: N802
         self, request: pb.AllocateBatchRequest, context: Context
     ) -> pb.AllocateBatchResponse:
-        start = time.perf_counter()
-
-        async def handle() -> pb.AllocateBatchResponse:
-            items = self.step.items(request, self.registry.snapshot.resolve, start)
-            answers = await self.batcher.decide(items, call_deadline(context.time_remaining))
-            return batch_response(answers)
-
+        handle = self._decide(request, context, batch_response)
         return await self._call("AllocateBatch", context, handle, len(request.requests))
 
     async def AllocateStream(  # noqa: N802
