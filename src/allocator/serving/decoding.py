@@ -48,7 +48,7 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(
         self,
-        on_undecodable: UndecodableHandler | None = None,
+        on_undecodable: UndecodableHandler,
         per_message: Collection[str] = (),
     ) -> None:
         self._on_undecodable = on_undecodable
@@ -84,8 +84,7 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
                 return Undecodable(message, time.perf_counter() - start)
 
         async def refuse(item: Undecodable, context: Context) -> None:
-            if self._on_undecodable is not None:
-                self._on_undecodable(method, item.seconds)
+            self._on_undecodable(method, item.seconds)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, item.message)
 
         async def checked(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:

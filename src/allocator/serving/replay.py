@@ -19,11 +19,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from allocator.recording.recorder import Recorder
 from allocator.serving.decision import DecisionOutput
 from allocator.serving.loader import LoadedModel, load_model
 from allocator.serving.proto.v1 import allocator_pb2 as pb
-from allocator.serving.state import MemoryStateStore, StateStore
+from allocator.serving.state import MemoryStateStore
 from allocator.serving.step import DecisionStep
 from allocator.serving.validation import ValidRequest
 
@@ -179,21 +178,19 @@ def replay(
     end: Any = None,
     cost_bps: float | None = None,
     initial_value: float = 1.0,
-    store: StateStore | None = None,
-    recorder: Recorder | None = None,
     portfolio_id: str = "replay",
 ) -> ReplayResult:
     """Replay ``prices`` (dates x assets, NaN where unlisted; a DataFrame, or an array with
     ``assets``) through serving, deciding at rows ``start`` .. ``end - 1`` (row indices or
     dates; default: the first full window to the last row). ``cost_bps`` defaults to the
-    manifest's; ``recorder`` records every decision, request ids ``{portfolio_id}-{k}``.
+    manifest's; request ids are ``{portfolio_id}-{k}``.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model, prefer_cuda=False)
     p, names, row_dates = _price_table(prices, assets, dates)
     window = loaded.prices_per_asset - 1  # daily returns each decision needs per asset
     t0, t1 = _decision_rows(p.shape[0], window, row_dates, start, end)
     rate = (loaded.manifest.cost_bps if cost_bps is None else float(cost_bps)) / 1e4
-    step = DecisionStep(MemoryStateStore() if store is None else store, recorder)
+    step = DecisionStep(MemoryStateStore())
 
     def resolve(name: str | None, version: str | None) -> LoadedModel:
         return loaded  # the requests name no model: the replayed one answers

@@ -59,9 +59,8 @@ def bearer_token(header: object) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def _digest(value: str | bytes) -> bytes:
-    data = value.encode() if isinstance(value, str) else value
-    return hashlib.sha256(data).digest()
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode()).digest()
 
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -90,13 +89,10 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     """Requires ``authorization: Bearer <token>`` except on ``OPEN_SERVICES``; ``on_denied`` is
     told the method of each refused call."""
 
-    def __init__(
-        self, tokens: str | Sequence[str], on_denied: Callable[[str], None] | None = None
-    ) -> None:
-        accepted = (tokens,) if isinstance(tokens, str) else tuple(tokens)
-        if not accepted or not all(accepted):
+    def __init__(self, tokens: Sequence[str], on_denied: Callable[[str], None]) -> None:
+        if not tokens or not all(tokens):
             raise ValueError("auth tokens must not be empty")
-        self._expected = tuple(_digest(t) for t in accepted)
+        self._expected = tuple(_digest(t) for t in tokens)
         self._on_denied = on_denied
 
     async def intercept_service(
@@ -114,8 +110,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
             if any([hmac.compare_digest(given, expected) for expected in self._expected]):
                 return await continuation(handler_call_details)
             message = "invalid bearer token"
-        if self._on_denied is not None:
-            self._on_denied(method.rsplit("/", 1)[-1])
+        self._on_denied(method.rsplit("/", 1)[-1])
         handler = await continuation(handler_call_details)
         return _deny(message, "unary_unary" if handler is None else method_kind(handler))
 

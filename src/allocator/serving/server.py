@@ -152,15 +152,10 @@ class AllocationServer:
         self.loop.run(self.server.wait_for_termination())
 
 
-def build_server(
-    config: ServerConfig,
-    metrics_registry: CollectorRegistry | None = None,
-    *,
-    reuse_port: bool = False,
-) -> AllocationServer:
+def build_server(config: ServerConfig, *, reuse_port: bool = False) -> AllocationServer:
     """Load the registry, open the recorder and state store, and bind (not start) the server;
     ``reuse_port``: SO_REUSEPORT, for workers sharing one port."""
-    metrics_registry = metrics_registry if metrics_registry is not None else CollectorRegistry()
+    metrics_registry = CollectorRegistry()
     metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3, SERVICE)
     registry = ModelCatalog(
         config.registry,

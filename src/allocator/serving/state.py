@@ -115,12 +115,12 @@ class MemoryStateStore:
     """States in a dict, one process, under striped locks (bounded memory, no per-portfolio lock
     lifecycle); a batch takes its stripes in index order, so batches cannot deadlock."""
 
-    def __init__(self, stripes: int = 4096, lock_wait_seconds: float = 30.0) -> None:
-        if stripes < 1:
-            raise ValueError(f"stripes must be >= 1, got {stripes}")
+    STRIPES = 4096
+    LOCK_WAIT_SECONDS = 30.0
+
+    def __init__(self) -> None:
         self._states: dict[str, PortfolioState] = {}
-        self._locks = [threading.Lock() for _ in range(stripes)]
-        self._wait = lock_wait_seconds
+        self._locks = [threading.Lock() for _ in range(self.STRIPES)]
 
     def __len__(self) -> int:
         return len(self._states)
@@ -143,9 +143,10 @@ class MemoryStateStore:
 
     def locked(self, portfolio_ids: Sequence[str]) -> AbstractContextManager[StateSession]:
         ids = _unique_ids(portfolio_ids)
-        held = self._acquire(ids, self._wait)
+        held = self._acquire(ids, self.LOCK_WAIT_SECONDS)
         if held is None:
-            raise StateLockTimeoutError(f"portfolio state locked for more than {self._wait:g} s")
+            wait = self.LOCK_WAIT_SECONDS
+            raise StateLockTimeoutError(f"portfolio state locked for more than {wait:g} s")
         return self._session(ids, held)
 
     def try_locked(
@@ -262,18 +263,16 @@ class RedisStateStore:
         ttl_seconds: float | None = None,
         *,
         lock_prefix: str | None = None,
-        owner_prefix: str | None = None,
         lock_ttl_seconds: float = 10.0,
         lock_wait_seconds: float = 5.0,
         liveness_seconds: float = 0.5,
-        client: Any | None = None,
     ) -> None:
         try:
             import redis
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise ImportError("RedisStateStore needs the `redis` package") from exc
         lock_prefix = "lock:" + prefix if lock_prefix is None else lock_prefix
-        owner_prefix = "owner:" + prefix if owner_prefix is None else owner_prefix
+        owner_prefix = "owner:" + prefix
         for a, b in ((prefix, lock_prefix), (prefix, owner_prefix), (lock_prefix, owner_prefix)):
             if a.startswith(b) or b.startswith(a):
                 raise ValueError(f"key prefixes {a!r} and {b!r} must not overlap")
@@ -288,7 +287,7 @@ class RedisStateStore:
         self.lock_prefix = lock_prefix
         self.owner_prefix = owner_prefix
         self.owner = os.urandom(8).hex()
-        self._client = client if client is not None else redis.Redis.from_url(url)
+        self._client = redis.Redis.from_url(url)
         self._ttl_ms = 0 if ttl_seconds is None else max(1, round(ttl_seconds * 1000))
         self._lock_ttl_ms = max(1, round(lock_ttl_seconds * 1000))
         self._liveness_ms = max(1, round(liveness_seconds * 1000))
