@@ -1,13 +1,9 @@
 """Requests whose bytes are not a message: INVALID_ARGUMENT naming the method, never INTERNAL.
 
-grpcio decodes a request before any servicer code runs; when that raises it answers
-``INTERNAL: Exception deserializing request!`` and the call reaches neither the handler nor the
-metrics. Any client can send any bytes, so the server must say it is the client's error.
-``DecodeGuardInterceptor`` hands grpcio, for every method, a handler whose deserializer never
-raises (an ``Undecodable`` in place of the message) and which refuses that with
-INVALID_ARGUMENT, one log line and no traceback. Inside a client stream (``per_message``,
-``AllocateStream``) an undecodable message reaches the handler as an ``Undecodable`` item, which
-gets an error reply of its own while the stream goes on.
+grpcio decodes a request before any servicer code runs and answers ``INTERNAL: Exception
+deserializing request!`` when that raises; any client can send any bytes, so the guard decodes
+inside the call instead, where an ``Undecodable`` in place of the message is refused (or, in an
+``AllocateStream``, answered with its own error reply while the stream goes on).
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """The gRPC allocation server: one event loop per process (``grpc.aio`` on the thread of
-``serving.event_loop``) answers every call; decisions are made in batches under the
-portfolios' locks, recorded, then answered.
-
-A handler (``serving.servicer``) resolves the model, validates the request against its shape
-and hands it to the process's ``DecisionBatcher``, which decides every call of a
-``batch_window_ms`` window together through ``serving.step``: lock, read, decide, record as one
-ticket, wait until durable (``--ack durable``; ``queued`` answers once queued), and only then
-store the new states. A recorder that refuses or cannot make records durable advances no state
-(UNAVAILABLE): no decision is acted on that was not recorded.
-
-Failures map to status codes a client can act on (``serving.status``): INVALID_ARGUMENT naming
-the field (or the method whose bytes do not decode), NOT_FOUND, UNAUTHENTICATED,
-RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, UNAVAILABLE. Only a bug gives INTERNAL.
+``serving.event_loop``) answers every call; the request path, step by step, is flow (a) of
+docs/architecture.md. Only a bug gives INTERNAL (``serving.status``).
 """
 
 from __future__ import annotations

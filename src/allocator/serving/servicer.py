@@ -181,16 +181,12 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         self, request_iterator: AsyncIterator[pb.AllocateStreamRequest], context: Context
     ) -> AsyncIterator[pb.AllocateStreamResponse]:
         try:
-            slot = self._slot()
-            slot.__enter__()
-        except _Refusal as exc:
+            with self._slot():
+                async for response in self.streams.serve(request_iterator, context):
+                    yield response
+        except _Refusal as exc:  # only the slot refuses: the stream never started
             self.metrics.observe_rejected("AllocateStream", exc.code, 0.0)
             await context.abort(exc.code, exc.message)
-        try:
-            async for response in self.streams.serve(request_iterator, context):
-                yield response
-        finally:
-            slot.__exit__(None, None, None)
 
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: Context
