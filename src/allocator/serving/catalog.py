@@ -62,22 +62,17 @@ class CatalogSnapshot:
             if self.default_name is None:
                 raise ModelNotFoundError("no model is loaded")
             name = self.default_name
-        if version is None:
-            chosen = self.defaults.get(name)
-            if chosen is None:
-                names = ", ".join(sorted(self.defaults)) or "none"
-                raise ModelNotFoundError(f"model {name!r} is not loaded (loaded: {names})")
-            version = chosen
-        model = self.models.get((name, version))
-        if model is None:
-            versions = sorted((v for n, v in self.models if n == name), key=version_key)
-            if not versions:
-                names = ", ".join(sorted(self.defaults)) or "none"
-                raise ModelNotFoundError(f"model {name!r} is not loaded (loaded: {names})")
-            raise ModelNotFoundError(
-                f"model {name!r} has no loaded version {version!r} (loaded: {', '.join(versions)})"
-            )
-        return model
+        chosen = self.defaults.get(name, "") if version is None else version
+        model = self.models.get((name, chosen))
+        if model is not None:
+            return model
+        versions = sorted((v for n, v in self.models if n == name), key=version_key)
+        if not versions:
+            names = ", ".join(sorted(self.defaults)) or "none"
+            raise ModelNotFoundError(f"model {name!r} is not loaded (loaded: {names})")
+        raise ModelNotFoundError(
+            f"model {name!r} has no loaded version {version!r} (loaded: {', '.join(versions)})"
+        )
 
     @property
     def default(self) -> LoadedModel:

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from allocator.serving.decision import PortfolioState, StateDecodeError
@@ -50,16 +51,6 @@ class StateLockLostError(RuntimeError):
     """A lock expired before the write; nothing was written (another replica may own it now)."""
 
 
-class StateSession(Protocol):
-    """Locked access to some portfolios' states; ``put`` at most once, inside the ``with``."""
-
-    def get(self) -> list[PortfolioState | None]: ...
-
-    def put(self, states: Sequence[PortfolioState | None]) -> None:
-        """New states in the locked ids' order (``None`` deletes); releases the locks."""
-        ...
-
-
 class StateStore(Protocol):
     """Where portfolio states live; see the module docstring for the locking contract."""
 
@@ -82,24 +73,21 @@ def _unique_ids(portfolio_ids: Sequence[str]) -> tuple[str, ...]:
     return ids
 
 
-class _Session:
-    """The states read under a session's locks; ``put`` hands the new ones to ``write`` once."""
+@dataclass(eq=False)
+class StateSession:
+    """Locked access to some portfolios' states, as read under the locks; ``put`` at most once,
+    inside the ``with``."""
 
-    def __init__(
-        self,
-        ids: tuple[str, ...],
-        states: list[PortfolioState | None],
-        write: Callable[[Sequence[PortfolioState | None]], None],
-    ) -> None:
-        self.ids = ids
-        self.states = states
-        self.write = write
-        self.done = False
+    ids: tuple[str, ...]
+    states: list[PortfolioState | None]
+    write: Callable[[Sequence[PortfolioState | None]], None]
+    done: bool = False
 
     def get(self) -> list[PortfolioState | None]:
         return list(self.states)
 
     def put(self, states: Sequence[PortfolioState | None]) -> None:
+        """New states in the locked ids' order (``None`` deletes); releases the locks."""
         if self.done:
             raise RuntimeError("session.put was already called; a session writes once")
         if len(states) != len(self.ids):
@@ -167,7 +155,7 @@ class MemoryStateStore:
                     self._states[pid] = state
 
         try:
-            yield _Session(ids, [self._states.get(pid) for pid in ids], write)
+            yield StateSession(ids, [self._states.get(pid) for pid in ids], write)
         finally:
             _release(held)
 
@@ -360,7 +348,7 @@ class RedisStateStore:
     def locked(self, portfolio_ids: Sequence[str]) -> Iterator[StateSession]:
         ids = _unique_ids(portfolio_ids)
         if not ids:
-            yield _Session(ids, [], lambda states: None)
+            yield StateSession(ids, [], lambda states: None)
             return
         keys, token, raw = self._acquire(ids)
 
@@ -371,7 +359,7 @@ class RedisStateStore:
 
         session = None
         try:
-            session = _Session(
+            session = StateSession(
                 ids, [self._decode(p, b) for p, b in zip(ids, raw, strict=True)], write
             )
             yield session

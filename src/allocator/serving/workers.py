@@ -3,12 +3,9 @@
 One Python process answers on about one core (the GIL), so a bigger host runs several. The
 supervisor reserves the port with a bound, never listening, SO_REUSEPORT socket, so the port
 stays theirs across worker restarts and ``--port 0`` has a number before any worker binds.
-Each worker is a fresh interpreter (no grpc state inherited through fork) building its own
-server (``build_server(reuse_port=True)``) with its own spool: worker 0 keeps ``--spool-dir``,
-worker K uses ``--spool-dir/worker-K``. The kernel spreads connections over the workers, so
-smoothing state must live in Redis. Metrics use prometheus-client's multiprocess mode; the
-supervisor alone serves ``--metrics-port``. SIGTERM to the supervisor drains every worker; if
-the supervisor is killed, the kernel kills its workers (``PR_SET_PDEATHSIG``).
+Each worker is a fresh interpreter (no grpc state inherited through fork) with its own spool
+(``worker_config``); if the supervisor is killed, the kernel kills its workers
+(``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
