@@ -301,10 +301,7 @@ def load_model(
         raise ModelNotFoundError(f"{d}: no such model directory")
     try:
         manifest = read_manifest(d)
-    except ManifestError as exc:
-        raise ModelLoadError(str(exc), exc.reason) from exc
-    _check_listing(d, manifest)
-    try:
+        _check_listing(d, manifest)
         verify_checksums(d, manifest)
     except ManifestError as exc:
         raise ModelLoadError(str(exc), exc.reason) from exc

@@ -88,8 +88,6 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
     def _touch(self) -> None:
         self.last_call = time.monotonic()
 
-    # --- plumbing ------------------------------------------------------------------------
-
     async def _call(
         self,
         method: str,
@@ -148,8 +146,6 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             yield
         finally:
             self.in_flight -= 1
-
-    # --- the service ---------------------------------------------------------------------
 
     def _decide(
         self,

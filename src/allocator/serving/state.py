@@ -96,9 +96,6 @@ class StateSession:
         self.write(states)
 
 
-# --- in memory ---------------------------------------------------------------------------------
-
-
 class MemoryStateStore:
     """States in a dict, one process, under striped locks (bounded memory, no per-portfolio lock
     lifecycle); a batch takes its stripes in index order, so batches cannot deadlock."""
@@ -173,8 +170,6 @@ def _release(held: list[threading.Lock]) -> None:
     for lock in reversed(held):
         lock.release()
 
-
-# --- Redis -------------------------------------------------------------------------------------
 
 # KEYS = n lock keys, then n state keys; ARGV = lock value (owner id ":" token), lock ttl (ms),
 # n, owner prefix, our liveness key, liveness ttl (ms). Refreshes our liveness key first (a lock

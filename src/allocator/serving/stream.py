@@ -109,10 +109,6 @@ class AllocationStreams:
     touch: Callable[[], None]
     _open: set[_Inbox] = field(default_factory=set, init=False)
 
-    @property
-    def open_streams(self) -> int:
-        return len(self._open)
-
     async def wake(self) -> None:
         """Make every open stream look at the drain flag now."""
         for inbox in list(self._open):
