@@ -47,10 +47,6 @@ class ReplayResult:
     costs: Float64Array
     settings: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def decision_dates(self) -> list[Any]:
-        return self.dates[:-1]
-
     def wide(self, what: str) -> Float64Array:
         """``(n, 1 + len(assets))`` of ``raw_weights``, ``smoothed_weights`` or
         ``current_weights``: cash then every asset in column order, 0 where not requested."""
