@@ -18,8 +18,9 @@ import allocator.artifacts.manifest as manifest_module
 from allocator.artifacts.manifest import MANIFEST_FILE, checksums, read_manifest, write_manifest
 from allocator.portfolio import FeatureSpec, build_raw_observation
 from allocator.registry.errors import ModelLoadError, ModelNotFoundError
-from allocator.serving import LoadedModel, load_from_registry, load_model
+from allocator.serving import LoadedModel, load_model
 from allocator.serving import loader as loader_module
+from allocator.serving.catalog import ModelCatalog
 from tests.registry import build_registry
 from tests.serving import (
     Spec,
@@ -347,7 +348,9 @@ def test_graph_for_more_assets_refused(tmp_path: Path) -> None:
 
 def test_load_from_registry(tmp_path: Path) -> None:
     registry = build_registry(tmp_path / "registry", SPEC)
-    model = load_from_registry(registry, "alpha", prefer_cuda=False)
+    catalog = ModelCatalog(registry, prefer_cuda=False)
+    catalog.refresh()
+    model = catalog.snapshot.resolve("alpha")
     assert (model.name, model.version) == ("alpha", "10")
     obs, mask = raw_batch(SPEC, 2)
     _, weights = model.run(obs, mask)

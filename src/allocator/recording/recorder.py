@@ -106,8 +106,6 @@ class Recorder(BacklogReplay):
             metrics.queue_depth.set_function(lambda: len(self._queue))
         self._update_spool_gauges()
 
-    # --- lifecycle -----------------------------------------------------------------------
-
     def start(self) -> Recorder:
         """Connect (a database that is down is retried in the background) and start writing;
         ``SchemaMissingError`` for a database never migrated (a deployment error, no outage)."""
@@ -153,8 +151,6 @@ class Recorder(BacklogReplay):
             self.sink.close()
             self.spool.close()
         return done
-
-    # --- producers -----------------------------------------------------------------------
 
     def register_model(self, model: ModelRecord) -> None:
         """Make a model version known; decisions name it by (name, version). Idempotent."""
@@ -265,8 +261,6 @@ class Recorder(BacklogReplay):
                 queue_depth=len(self._queue),
                 database_up=self._db_up,
             )
-
-    # --- the writer thread ---------------------------------------------------------------
 
     def _take(self, idle: bool = True) -> tuple[list[ModelRecord], list[DecisionRecord]] | None:
         """The next batch, or None once closing with nothing left; with ``idle`` False (a

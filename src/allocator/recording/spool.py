@@ -90,8 +90,6 @@ class Spool:
         self._current: Any = None  # open file of the newest segment
         self._recover()
 
-    # --- state ---------------------------------------------------------------------------
-
     @property
     def bytes(self) -> int:
         with self._lock:
@@ -110,8 +108,6 @@ class Spool:
         """Segments oldest first (a snapshot)."""
         with self._lock:
             return list(self._segments)
-
-    # --- opening -------------------------------------------------------------------------
 
     def _recover(self) -> None:
         """Index existing segments, truncating a torn tail and setting corrupt ones aside."""
@@ -157,8 +153,6 @@ class Spool:
         number = int(last.stem) + 1 if last is not None else 1
         return self.directory / f"{number:020d}{SEGMENT_SUFFIX}"
 
-    # --- writing -------------------------------------------------------------------------
-
     def append(self, payload: dict[str, Any]) -> int:
         """Append one frame and fsync it; returns the frame's size. Raises ``SpoolError``."""
         frame = encode_frame(payload)
@@ -201,8 +195,6 @@ class Spool:
             f.flush()
             os.fsync(f.fileno())
         return path
-
-    # --- replaying -----------------------------------------------------------------------
 
     def read(self, segment: Segment) -> Iterator[dict[str, Any]]:
         """The frames of ``segment``'s durable bytes, each decoded as it is reached."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_LOADER_NAMES = ("LoadedModel", "load_from_registry", "load_model")
+_LOADER_NAMES = ("LoadedModel", "load_model")
 
 __all__ = list(_LOADER_NAMES)
 

@@ -62,22 +62,17 @@ class CatalogSnapshot:
             if self.default_name is None:
                 raise ModelNotFoundError("no model is loaded")
             name = self.default_name
-        if version is None:
-            chosen = self.defaults.get(name)
-            if chosen is None:
-                names = ", ".join(sorted(self.defaults)) or "none"
-                raise ModelNotFoundError(f"model {name!r} is not loaded (loaded: {names})")
-            version = chosen
-        model = self.models.get((name, version))
-        if model is None:
-            versions = sorted((v for n, v in self.models if n == name), key=version_key)
-            if not versions:
-                names = ", ".join(sorted(self.defaults)) or "none"
-                raise ModelNotFoundError(f"model {name!r} is not loaded (loaded: {names})")
-            raise ModelNotFoundError(
-                f"model {name!r} has no loaded version {version!r} (loaded: {', '.join(versions)})"
-            )
-        return model
+        chosen = self.defaults.get(name, "") if version is None else version
+        model = self.models.get((name, chosen))
+        if model is not None:
+            return model
+        versions = sorted((v for n, v in self.models if n == name), key=version_key)
+        if not versions:
+            names = ", ".join(sorted(self.defaults)) or "none"
+            raise ModelNotFoundError(f"model {name!r} is not loaded (loaded: {names})")
+        raise ModelNotFoundError(
+            f"model {name!r} has no loaded version {version!r} (loaded: {', '.join(versions)})"
+        )
 
     @property
     def default(self) -> LoadedModel:
@@ -112,13 +107,11 @@ class ModelCatalog:
         *,
         default_model: str | None = None,
         prefer_cuda: bool = True,
-        loader: Callable[..., LoadedModel] = load_model,
         metrics: ServingMetrics | None = None,
     ) -> None:
         self.root = Path(root)
         self.default_model = default_model
         self.prefer_cuda = prefer_cuda
-        self._load = loader
         self._metrics = metrics
         self._snapshot = CatalogSnapshot()
         self._refused: dict[Key, tuple[Fingerprint, Refusal]] = {}
@@ -204,7 +197,7 @@ class ModelCatalog:
         if previous is not None and previous[0] == fingerprint:
             return None
         try:
-            model = self._load(directory, prefer_cuda=self.prefer_cuda, name=name, version=version)
+            model = load_model(directory, prefer_cuda=self.prefer_cuda, name=name, version=version)
         except (ModelLoadError, OSError, ValueError) as exc:
             refusal = Refusal(_reason(exc), str(exc))
             self._refused[key] = (fingerprint, refusal)

@@ -19,15 +19,12 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from allocator.typed_config import ConfigError, StrictModel
+from allocator.typed_config import ENV_PREFIX, ConfigError, StrictModel
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["ENV_PREFIX", "ServerConfig", "ServerSettings", "load_server_config"]
-
-ENV_PREFIX = "ALLOCATOR_"
-"""Every setting of every command reads ``ALLOCATOR_<FIELD>`` (``__`` between nested keys)."""
+__all__ = ["ServerConfig", "ServerSettings", "load_server_config"]
 
 
 class ServerConfig(StrictModel):

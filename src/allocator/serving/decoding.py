@@ -1,13 +1,9 @@
 """Requests whose bytes are not a message: INVALID_ARGUMENT naming the method, never INTERNAL.
 
-grpcio decodes a request before any servicer code runs; when that raises it answers
-``INTERNAL: Exception deserializing request!`` and the call reaches neither the handler nor the
-metrics. Any client can send any bytes, so the server must say it is the client's error.
-``DecodeGuardInterceptor`` hands grpcio, for every method, a handler whose deserializer never
-raises (an ``Undecodable`` in place of the message) and which refuses that with
-INVALID_ARGUMENT, one log line and no traceback. Inside a client stream (``per_message``,
-``AllocateStream``) an undecodable message reaches the handler as an ``Undecodable`` item, which
-gets an error reply of its own while the stream goes on.
+grpcio decodes a request before any servicer code runs and answers ``INTERNAL: Exception
+deserializing request!`` when that raises; any client can send any bytes, so the guard decodes
+inside the call instead, where an ``Undecodable`` in place of the message is refused (or, in an
+``AllocateStream``, answered with its own error reply while the stream goes on).
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from allocator.serving.security import Context, Continuation
+from allocator.serving.security import Context, Continuation, method_kind
 
 __all__ = ["DecodeGuardInterceptor", "Undecodable", "UndecodableHandler"]
 
@@ -48,7 +44,7 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(
         self,
-        on_undecodable: UndecodableHandler | None = None,
+        on_undecodable: UndecodableHandler,
         per_message: Collection[str] = (),
     ) -> None:
         self._on_undecodable = on_undecodable
@@ -84,8 +80,7 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
                 return Undecodable(message, time.perf_counter() - start)
 
         async def refuse(item: Undecodable, context: Context) -> None:
-            if self._on_undecodable is not None:
-                self._on_undecodable(method, item.seconds)
+            self._on_undecodable(method, item.seconds)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, item.message)
 
         async def checked(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
@@ -99,8 +94,7 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
                 return request
             return checked(request, context)
 
-        streaming = (handler.request_streaming, handler.response_streaming)
-        kind = "_".join("stream" if s else "unary" for s in streaming)
+        kind = method_kind(handler)
         behavior = getattr(handler, kind)
 
         async def awaited(request: Any, context: Context) -> Any:  # a unary answer, or writes

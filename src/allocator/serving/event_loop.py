@@ -17,18 +17,18 @@ T = TypeVar("T")
 class EventLoopThread:
     """An asyncio loop running on a daemon thread until ``close``."""
 
-    def __init__(self, name: str = "allocator-loop") -> None:
+    def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="allocator-loop", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on the loop from any other thread; its result."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def close(self) -> None:
         if self.loop.is_closed():

@@ -9,7 +9,6 @@ is probed at two sizes: a server refuses such a graph at load, not on a request.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from allocator.registry.layout import (
 
 __all__ = [
     "PROBE_SIZES",
-    "Signature",
+    "Widths",
     "check_flat",
     "check_shared",
     "icm_signature",
@@ -39,26 +38,18 @@ PROBE_SIZES = (1, 3)
 """Universe sizes a shared graph is probed with at load: a frozen asset axis fails one."""
 
 
-@dataclass(frozen=True)
-class Signature:
-    """Expected width of every named ``[batch, width]`` input and output of a flat graph."""
-
-    inputs: dict[str, int]
-    outputs: dict[str, int]
+Widths = tuple[dict[str, int], dict[str, int]]
+"""Expected width of every named ``[batch, width]`` input, then output, of a flat graph."""
 
 
-def model_signature(obs_dim: int, n_slots: int) -> Signature:
-    return Signature(
-        inputs=dict(zip(POLICY_INPUTS, (obs_dim, n_slots), strict=True)),
-        outputs=dict(zip(POLICY_OUTPUTS, (n_slots, n_slots), strict=True)),
-    )
+def model_signature(obs_dim: int, n_slots: int) -> Widths:
+    inputs = dict(zip(POLICY_INPUTS, (obs_dim, n_slots), strict=True))
+    return inputs, dict.fromkeys(POLICY_OUTPUTS, n_slots)
 
 
-def icm_signature(obs_dim: int, n_slots: int) -> Signature:
-    return Signature(
-        inputs=dict(zip(ICM_INPUTS, (obs_dim, n_slots, obs_dim, n_slots), strict=True)),
-        outputs={ICM_OUTPUT: 1},
-    )
+def icm_signature(obs_dim: int, n_slots: int) -> Widths:
+    inputs = dict(zip(ICM_INPUTS, (obs_dim, n_slots, obs_dim, n_slots), strict=True))
+    return inputs, {ICM_OUTPUT: 1}
 
 
 def _args(
@@ -111,14 +102,12 @@ def _probe(
     return values
 
 
-def check_flat(path: Path, session: Any, expected: Signature) -> None:
+def check_flat(path: Path, session: Any, expected: Widths) -> None:
     """Names, float32, dynamic batch and widths against the feature spec, then a probe of two
     neutral rows."""
-    inputs, outputs = _args(path, session, set(expected.inputs), set(expected.outputs))
-    for kind, args, widths in (
-        ("input", inputs, expected.inputs),
-        ("output", outputs, expected.outputs),
-    ):
+    want_in, want_out = expected
+    inputs, outputs = _args(path, session, set(want_in), set(want_out))
+    for kind, args, widths in (("input", inputs, want_in), ("output", outputs, want_out)):
         for name, width in widths.items():
             shape = _check_arg(path, kind, args[name], 2)
             # Inputs must state their width; outputs may leave it symbolic (probed below).
@@ -129,9 +118,9 @@ def check_flat(path: Path, session: Any, expected: Signature) -> None:
                 )
     feeds = {
         name: (np.ones if name == "mask" else np.zeros)((2, width), np.float32)
-        for name, width in expected.inputs.items()
+        for name, width in want_in.items()
     }
-    _probe(path, session, feeds, {name: (2, w) for name, w in expected.outputs.items()})
+    _probe(path, session, feeds, {name: (2, w) for name, w in want_out.items()})
 
 
 def check_shared(path: Path, session: Any, n_features: int) -> None:

@@ -43,7 +43,6 @@ from allocator.registry.layout import (
     SHARED_POLICY_INPUTS,
     SHARED_POLICY_OUTPUTS,
 )
-from allocator.registry.versions import resolve
 from allocator.serving.graphs import check_flat, check_shared, icm_signature, model_signature
 from allocator.serving.providers import CPU, CUDA, cuda_usable, ort
 
@@ -302,10 +301,7 @@ def load_model(
         raise ModelNotFoundError(f"{d}: no such model directory")
     try:
         manifest = read_manifest(d)
-    except ManifestError as exc:
-        raise ModelLoadError(str(exc), exc.reason) from exc
-    _check_listing(d, manifest)
-    try:
+        _check_listing(d, manifest)
         verify_checksums(d, manifest)
     except ManifestError as exc:
         raise ModelLoadError(str(exc), exc.reason) from exc
@@ -357,14 +353,3 @@ def load_model(
         "yes" if icm_session is not None else "no",
     )
     return model
-
-
-def load_from_registry(
-    registry: str | Path,
-    name: str,
-    version: str | None = None,
-    *,
-    prefer_cuda: bool = True,
-) -> LoadedModel:
-    d = resolve(registry, name, version)
-    return load_model(d, prefer_cuda=prefer_cuda, name=name, version=d.name)

@@ -19,12 +19,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from allocator.portfolio import CASH_ID
-from allocator.recording.recorder import Recorder
 from allocator.serving.decision import DecisionOutput
 from allocator.serving.loader import LoadedModel, load_model
 from allocator.serving.proto.v1 import allocator_pb2 as pb
-from allocator.serving.state import MemoryStateStore, StateStore
+from allocator.serving.state import MemoryStateStore
 from allocator.serving.step import DecisionStep
 from allocator.serving.validation import ValidRequest
 
@@ -49,10 +47,6 @@ class ReplayResult:
     costs: Float64Array
     settings: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def decision_dates(self) -> list[Any]:
-        return self.dates[:-1]
-
     def wide(self, what: str) -> Float64Array:
         """``(n, 1 + len(assets))`` of ``raw_weights``, ``smoothed_weights`` or
         ``current_weights``: cash then every asset in column order, 0 where not requested."""
@@ -64,20 +58,6 @@ class ReplayResult:
             idx = [0, *(column[a] for a in o.asset_ids[1:])]
             out[k, idx] = getattr(o, what)
         return out
-
-    def to_frames(self) -> dict[str, Any]:
-        import pandas as pd  # optional: only this export needs it
-
-        columns = [CASH_ID, *self.assets]
-        idx = pd.Index(self.decision_dates)
-        frames: dict[str, Any] = {
-            w: pd.DataFrame(self.wide(w), index=idx, columns=columns)
-            for w in ("raw_weights", "smoothed_weights", "current_weights")
-        }
-        frames["nav"] = pd.Series(self.nav, index=pd.Index(self.dates), name="nav")
-        frames["turnover"] = pd.Series(self.turnover, index=idx, name="turnover")
-        frames["costs"] = pd.Series(self.costs, index=idx, name="costs")
-        return frames
 
 
 def live_assets(prices: Float64Array, window: int) -> NDArray[np.bool_]:
@@ -194,21 +174,19 @@ def replay(
     end: Any = None,
     cost_bps: float | None = None,
     initial_value: float = 1.0,
-    store: StateStore | None = None,
-    recorder: Recorder | None = None,
     portfolio_id: str = "replay",
 ) -> ReplayResult:
     """Replay ``prices`` (dates x assets, NaN where unlisted; a DataFrame, or an array with
     ``assets``) through serving, deciding at rows ``start`` .. ``end - 1`` (row indices or
     dates; default: the first full window to the last row). ``cost_bps`` defaults to the
-    manifest's; ``recorder`` records every decision, request ids ``{portfolio_id}-{k}``.
+    manifest's; request ids are ``{portfolio_id}-{k}``.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model, prefer_cuda=False)
     p, names, row_dates = _price_table(prices, assets, dates)
     window = loaded.prices_per_asset - 1  # daily returns each decision needs per asset
     t0, t1 = _decision_rows(p.shape[0], window, row_dates, start, end)
     rate = (loaded.manifest.cost_bps if cost_bps is None else float(cost_bps)) / 1e4
-    step = DecisionStep(MemoryStateStore() if store is None else store, recorder)
+    step = DecisionStep(MemoryStateStore())
 
     def resolve(name: str | None, version: str | None) -> LoadedModel:
         return loaded  # the requests name no model: the replayed one answers

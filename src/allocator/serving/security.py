@@ -21,6 +21,7 @@ __all__ = [
     "Continuation",
     "TokenAuthInterceptor",
     "bearer_token",
+    "method_kind",
     "read_tokens",
     "server_credentials",
 ]
@@ -58,27 +59,8 @@ def bearer_token(header: object) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def _digest(value: str | bytes) -> bytes:
-    data = value.encode() if isinstance(value, str) else value
-    return hashlib.sha256(data).digest()
-
-
-Kind = tuple[bool, bool]
-"""A method's (request_streaming, response_streaming)."""
-
-
-def _deny(message: str) -> dict[Kind, grpc.RpcMethodHandler]:
-    """A refusing handler per kind of method: a streaming call is refused without reading."""
-
-    async def abort(request: Any, context: Context) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    return {
-        (False, False): grpc.unary_unary_rpc_method_handler(abort),
-        (False, True): grpc.unary_stream_rpc_method_handler(abort),
-        (True, False): grpc.stream_unary_rpc_method_handler(abort),
-        (True, True): grpc.stream_stream_rpc_method_handler(abort),
-    }
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode()).digest()
 
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -87,19 +69,30 @@ Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandl
 """The rest of an aio server's interceptor chain."""
 
 
+def method_kind(handler: grpc.RpcMethodHandler) -> str:
+    """``unary_unary`` .. ``stream_stream``: how grpc names the handler factory of its kind."""
+    streaming = (handler.request_streaming, handler.response_streaming)
+    return "_".join("stream" if s else "unary" for s in streaming)
+
+
+def _deny(message: str, kind: str) -> grpc.RpcMethodHandler:
+    """A handler refusing a call of ``kind``: a streaming call is refused without reading."""
+
+    async def abort(request: Any, context: Context) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    handler: grpc.RpcMethodHandler = getattr(grpc, f"{kind}_rpc_method_handler")(abort)
+    return handler
+
+
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     """Requires ``authorization: Bearer <token>`` except on ``OPEN_SERVICES``; ``on_denied`` is
     told the method of each refused call."""
 
-    def __init__(
-        self, tokens: str | Sequence[str], on_denied: Callable[[str], None] | None = None
-    ) -> None:
-        accepted = (tokens,) if isinstance(tokens, str) else tuple(tokens)
-        if not accepted or not all(accepted):
+    def __init__(self, tokens: Sequence[str], on_denied: Callable[[str], None]) -> None:
+        if not tokens or not all(tokens):
             raise ValueError("auth tokens must not be empty")
-        self._expected = tuple(_digest(t) for t in accepted)
-        self._missing = _deny("missing bearer token: send metadata 'authorization: Bearer <token>'")
-        self._wrong = _deny("invalid bearer token")
+        self._expected = tuple(_digest(t) for t in tokens)
         self._on_denied = on_denied
 
     async def intercept_service(
@@ -110,28 +103,16 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
             return await continuation(handler_call_details)
         metadata = handler_call_details.invocation_metadata or ()
         token = bearer_token(next((v for k, v in metadata if k == "authorization"), None))
-        deny = self._missing
+        message = "missing bearer token: send metadata 'authorization: Bearer <token>'"
         if token is not None:
             given = _digest(token)
             # Compare with every accepted token, no early exit: the time says nothing about which.
             if any([hmac.compare_digest(given, expected) for expected in self._expected]):
                 return await continuation(handler_call_details)
-            deny = self._wrong
-        return await self._denied(method, deny, continuation, handler_call_details)
-
-    async def _denied(
-        self,
-        method: str,
-        deny: dict[Kind, grpc.RpcMethodHandler],
-        continuation: Continuation,
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        if self._on_denied is not None:
-            self._on_denied(method.rsplit("/", 1)[-1])
+            message = "invalid bearer token"
+        self._on_denied(method.rsplit("/", 1)[-1])
         handler = await continuation(handler_call_details)
-        if handler is None:
-            return deny[(False, False)]
-        return deny[(bool(handler.request_streaming), bool(handler.response_streaming))]
+        return _deny(message, "unary_unary" if handler is None else method_kind(handler))
 
 
 def server_credentials(

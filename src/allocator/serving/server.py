@@ -1,17 +1,6 @@
 """The gRPC allocation server: one event loop per process (``grpc.aio`` on the thread of
-``serving.event_loop``) answers every call; decisions are made in batches under the
-portfolios' locks, recorded, then answered.
-
-A handler (``serving.servicer``) resolves the model, validates the request against its shape
-and hands it to the process's ``DecisionBatcher``, which decides every call of a
-``batch_window_ms`` window together through ``serving.step``: lock, read, decide, record as one
-ticket, wait until durable (``--ack durable``; ``queued`` answers once queued), and only then
-store the new states. A recorder that refuses or cannot make records durable advances no state
-(UNAVAILABLE): no decision is acted on that was not recorded.
-
-Failures map to status codes a client can act on (``serving.status``): INVALID_ARGUMENT naming
-the field (or the method whose bytes do not decode), NOT_FOUND, UNAUTHENTICATED,
-RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, UNAVAILABLE. Only a bug gives INTERNAL.
+``serving.event_loop``) answers every call; the request path, step by step, is flow (a) of
+docs/architecture.md. Only a bug gives INTERNAL (``serving.status``).
 """
 
 from __future__ import annotations
@@ -152,15 +141,10 @@ class AllocationServer:
         self.loop.run(self.server.wait_for_termination())
 
 
-def build_server(
-    config: ServerConfig,
-    metrics_registry: CollectorRegistry | None = None,
-    *,
-    reuse_port: bool = False,
-) -> AllocationServer:
+def build_server(config: ServerConfig, *, reuse_port: bool = False) -> AllocationServer:
     """Load the registry, open the recorder and state store, and bind (not start) the server;
     ``reuse_port``: SO_REUSEPORT, for workers sharing one port."""
-    metrics_registry = metrics_registry if metrics_registry is not None else CollectorRegistry()
+    metrics_registry = CollectorRegistry()
     metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3, SERVICE)
     registry = ModelCatalog(
         config.registry,
@@ -168,7 +152,16 @@ def build_server(
         prefer_cuda=config.prefer_cuda,
         metrics=metrics,
     )
-    recorder = _open_recorder(config, metrics_registry)
+    recorder = None
+    if config.record:
+        recorder = Recorder(
+            config.database_url or database_url(),
+            config.spool_dir,
+            metrics=RecorderMetrics(metrics_registry),
+            spool_quota_bytes=config.spool_quota_bytes,
+            ack=config.ack,
+            commit_window=0.0,  # a batch is one ticket: the batcher's window is the commit's
+        )
     store: StateStore = (
         RedisStateStore(config.redis_url) if config.redis_url else MemoryStateStore()
     )
@@ -198,19 +191,6 @@ def build_server(
         recorder,
         store,
         metrics_registry,
-    )
-
-
-def _open_recorder(config: ServerConfig, metrics_registry: CollectorRegistry) -> Recorder | None:
-    if not config.record:
-        return None
-    return Recorder(
-        config.database_url or database_url(),
-        config.spool_dir,
-        metrics=RecorderMetrics(metrics_registry),
-        spool_quota_bytes=config.spool_quota_bytes,
-        ack=config.ack,
-        commit_window=0.0,  # a batch is one ticket: the batcher's window is the commit's
     )
 
 

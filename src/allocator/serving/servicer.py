@@ -28,7 +28,7 @@ from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 from allocator.serving.security import Context
 from allocator.serving.state import StateStore
 from allocator.serving.status import error_status
-from allocator.serving.step import DecisionStep, batch_response, call_deadline
+from allocator.serving.step import Answer, DecisionStep, batch_response, call_deadline
 from allocator.serving.stream import AllocationStreams
 from allocator.serving.validation import validate_reset
 
@@ -87,8 +87,6 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
 
     def _touch(self) -> None:
         self.last_call = time.monotonic()
-
-    # --- plumbing ------------------------------------------------------------------------
 
     async def _call(
         self,
@@ -149,46 +147,42 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         finally:
             self.in_flight -= 1
 
-    # --- the service ---------------------------------------------------------------------
+    def _decide(
+        self,
+        request: pb.AllocateRequest | pb.AllocateBatchRequest,
+        context: Context,
+        respond: Callable[[list[Answer]], T],
+    ) -> Callable[[], Awaitable[T]]:
+        start = time.perf_counter()
+
+        async def handle() -> T:
+            items = self.step.items(request, self.registry.snapshot.resolve, start)
+            return respond(await self.batcher.decide(items, call_deadline(context.time_remaining)))
+
+        return handle
 
     async def Allocate(  # noqa: N802  (gRPC method name)
         self, request: pb.AllocateRequest, context: Context
     ) -> pb.AllocateResponse:
-        start = time.perf_counter()
-
-        async def handle() -> pb.AllocateResponse:
-            items = self.step.items(request, self.registry.snapshot.resolve, start)
-            (answer,) = await self.batcher.decide(items, call_deadline(context.time_remaining))
-            return answer.response
-
+        handle = self._decide(request, context, lambda answers: answers[0].response)
         return await self._call("Allocate", context, handle)
 
     async def AllocateBatch(  # noqa: N802
         self, request: pb.AllocateBatchRequest, context: Context
     ) -> pb.AllocateBatchResponse:
-        start = time.perf_counter()
-
-        async def handle() -> pb.AllocateBatchResponse:
-            items = self.step.items(request, self.registry.snapshot.resolve, start)
-            answers = await self.batcher.decide(items, call_deadline(context.time_remaining))
-            return batch_response(answers)
-
+        handle = self._decide(request, context, batch_response)
         return await self._call("AllocateBatch", context, handle, len(request.requests))
 
     async def AllocateStream(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.AllocateStreamRequest], context: Context
     ) -> AsyncIterator[pb.AllocateStreamResponse]:
         try:
-            slot = self._slot()
-            slot.__enter__()
-        except _Refusal as exc:
+            with self._slot():
+                async for response in self.streams.serve(request_iterator, context):
+                    yield response
+        except _Refusal as exc:  # only the slot refuses: the stream never started
             self.metrics.observe_rejected("AllocateStream", exc.code, 0.0)
             await context.abort(exc.code, exc.message)
-        try:
-            async for response in self.streams.serve(request_iterator, context):
-                yield response
-        finally:
-            slot.__exit__(None, None, None)
 
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: Context

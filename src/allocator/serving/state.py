@@ -24,8 +24,9 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from allocator.serving.decision import PortfolioState, StateDecodeError
@@ -50,16 +51,6 @@ class StateLockLostError(RuntimeError):
     """A lock expired before the write; nothing was written (another replica may own it now)."""
 
 
-class StateSession(Protocol):
-    """Locked access to some portfolios' states; ``put`` at most once, inside the ``with``."""
-
-    def get(self) -> list[PortfolioState | None]: ...
-
-    def put(self, states: Sequence[PortfolioState | None]) -> None:
-        """New states in the locked ids' order (``None`` deletes); releases the locks."""
-        ...
-
-
 class StateStore(Protocol):
     """Where portfolio states live; see the module docstring for the locking contract."""
 
@@ -82,68 +73,65 @@ def _unique_ids(portfolio_ids: Sequence[str]) -> tuple[str, ...]:
     return ids
 
 
-def _check_put(ids: tuple[str, ...], states: Sequence[PortfolioState | None], done: bool) -> None:
-    if done:
-        raise RuntimeError("session.put was already called; a session writes once")
-    if len(states) != len(ids):
-        raise ValueError(f"{len(states)} states for {len(ids)} portfolios")
+@dataclass(eq=False)
+class StateSession:
+    """Locked access to some portfolios' states, as read under the locks; ``put`` at most once,
+    inside the ``with``."""
 
-
-# --- in memory ---------------------------------------------------------------------------------
-
-
-class _MemorySession:
-    def __init__(self, store: MemoryStateStore, ids: tuple[str, ...]) -> None:
-        self._store = store
-        self._ids = ids
-        self._done = False
+    ids: tuple[str, ...]
+    states: list[PortfolioState | None]
+    write: Callable[[Sequence[PortfolioState | None]], None]
+    done: bool = False
 
     def get(self) -> list[PortfolioState | None]:
-        states = self._store._states
-        return [states.get(pid) for pid in self._ids]
+        return list(self.states)
 
     def put(self, states: Sequence[PortfolioState | None]) -> None:
-        _check_put(self._ids, states, self._done)
-        self._done = True
-        table = self._store._states
-        for pid, state in zip(self._ids, states, strict=True):
-            if state is None:
-                table.pop(pid, None)
-            else:
-                table[pid] = state
+        """New states in the locked ids' order (``None`` deletes); releases the locks."""
+        if self.done:
+            raise RuntimeError("session.put was already called; a session writes once")
+        if len(states) != len(self.ids):
+            raise ValueError(f"{len(states)} states for {len(self.ids)} portfolios")
+        self.done = True
+        self.write(states)
 
 
 class MemoryStateStore:
     """States in a dict, one process, under striped locks (bounded memory, no per-portfolio lock
     lifecycle); a batch takes its stripes in index order, so batches cannot deadlock."""
 
-    def __init__(self, stripes: int = 4096, lock_wait_seconds: float = 30.0) -> None:
-        if stripes < 1:
-            raise ValueError(f"stripes must be >= 1, got {stripes}")
+    STRIPES = 4096
+    LOCK_WAIT_SECONDS = 30.0
+
+    def __init__(self) -> None:
         self._states: dict[str, PortfolioState] = {}
-        self._locks = [threading.Lock() for _ in range(stripes)]
-        self._wait = lock_wait_seconds
+        self._locks = [threading.Lock() for _ in range(self.STRIPES)]
 
     def __len__(self) -> int:
         return len(self._states)
 
-    def _stripes(self, ids: tuple[str, ...]) -> list[threading.Lock]:
+    def _acquire(self, ids: tuple[str, ...], timeout: float) -> list[threading.Lock] | None:
+        """Every stripe of ``ids``, in index order, or None (holding none) when one stays taken
+        for ``timeout``."""
         n = len(self._locks)
-        return [self._locks[k] for k in sorted({hash(pid) % n for pid in ids})]
-
-    def locked(self, portfolio_ids: Sequence[str]) -> AbstractContextManager[StateSession]:
-        ids = _unique_ids(portfolio_ids)
         held: list[threading.Lock] = []
         try:
-            for lock in self._stripes(ids):
-                if not lock.acquire(timeout=self._wait):
-                    raise StateLockTimeoutError(
-                        f"portfolio state locked for more than {self._wait:g} s"
-                    )
-                held.append(lock)
+            for k in sorted({hash(pid) % n for pid in ids}):
+                if not self._locks[k].acquire(timeout=timeout):
+                    _release(held)
+                    return None
+                held.append(self._locks[k])
         except BaseException:
             _release(held)
             raise
+        return held
+
+    def locked(self, portfolio_ids: Sequence[str]) -> AbstractContextManager[StateSession]:
+        ids = _unique_ids(portfolio_ids)
+        held = self._acquire(ids, self.LOCK_WAIT_SECONDS)
+        if held is None:
+            wait = self.LOCK_WAIT_SECONDS
+            raise StateLockTimeoutError(f"portfolio state locked for more than {wait:g} s")
         return self._session(ids, held)
 
     def try_locked(
@@ -151,18 +139,20 @@ class MemoryStateStore:
     ) -> AbstractContextManager[StateSession] | None:
         """``locked`` when every lock is free now, else None: an event loop must not wait."""
         ids = _unique_ids(portfolio_ids)
-        held: list[threading.Lock] = []
-        for lock in self._stripes(ids):
-            if not lock.acquire(blocking=False):
-                _release(held)
-                return None
-            held.append(lock)
-        return self._session(ids, held)
+        held = self._acquire(ids, 0)
+        return None if held is None else self._session(ids, held)
 
     @contextmanager
     def _session(self, ids: tuple[str, ...], held: list[threading.Lock]) -> Iterator[StateSession]:
+        def write(states: Sequence[PortfolioState | None]) -> None:
+            for pid, state in zip(ids, states, strict=True):
+                if state is None:
+                    self._states.pop(pid, None)
+                else:
+                    self._states[pid] = state
+
         try:
-            yield _MemorySession(self, ids)
+            yield StateSession(ids, [self._states.get(pid) for pid in ids], write)
         finally:
             _release(held)
 
@@ -180,8 +170,6 @@ def _release(held: list[threading.Lock]) -> None:
     for lock in reversed(held):
         lock.release()
 
-
-# --- Redis -------------------------------------------------------------------------------------
 
 # KEYS = n lock keys, then n state keys; ARGV = lock value (owner id ":" token), lock ttl (ms),
 # n, owner prefix, our liveness key, liveness ttl (ms). Refreshes our liveness key first (a lock
@@ -247,33 +235,6 @@ _BACKOFF_START = 0.0002
 _BACKOFF_MAX = 0.005
 
 
-class _RedisSession:
-    def __init__(
-        self, store: RedisStateStore, ids: tuple[str, ...], keys: list[str], token: str
-    ) -> None:
-        self._store = store
-        self._ids = ids
-        self._keys = keys
-        self._token = token
-        self._states: list[PortfolioState | None] = []
-        self._done = False
-
-    def get(self) -> list[PortfolioState | None]:
-        return list(self._states)
-
-    def put(self, states: Sequence[PortfolioState | None]) -> None:
-        _check_put(self._ids, states, self._done)
-        self._done = True
-        ops = "".join("D" if s is None else "W" for s in states)
-        values = [b"" if s is None else s.to_bytes() for s in states]
-        self._store._release(self._keys, self._token, ops, values)
-
-    def _release_unwritten(self) -> None:
-        if not self._done:
-            self._done = True
-            self._store._release(self._keys, self._token, "K" * len(self._ids), [])
-
-
 class RedisStateStore:
     """States in Redis as ``PortfolioState.to_bytes``, under ``prefix + portfolio_id`` (expiring
     after ``ttl_seconds`` without a decision when given), shared by server replicas."""
@@ -285,18 +246,16 @@ class RedisStateStore:
         ttl_seconds: float | None = None,
         *,
         lock_prefix: str | None = None,
-        owner_prefix: str | None = None,
         lock_ttl_seconds: float = 10.0,
         lock_wait_seconds: float = 5.0,
         liveness_seconds: float = 0.5,
-        client: Any | None = None,
     ) -> None:
         try:
             import redis
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise ImportError("RedisStateStore needs the `redis` package") from exc
         lock_prefix = "lock:" + prefix if lock_prefix is None else lock_prefix
-        owner_prefix = "owner:" + prefix if owner_prefix is None else owner_prefix
+        owner_prefix = "owner:" + prefix
         for a, b in ((prefix, lock_prefix), (prefix, owner_prefix), (lock_prefix, owner_prefix)):
             if a.startswith(b) or b.startswith(a):
                 raise ValueError(f"key prefixes {a!r} and {b!r} must not overlap")
@@ -311,7 +270,7 @@ class RedisStateStore:
         self.lock_prefix = lock_prefix
         self.owner_prefix = owner_prefix
         self.owner = os.urandom(8).hex()
-        self._client = client if client is not None else redis.Redis.from_url(url)
+        self._client = redis.Redis.from_url(url)
         self._ttl_ms = 0 if ttl_seconds is None else max(1, round(ttl_seconds * 1000))
         self._lock_ttl_ms = max(1, round(lock_ttl_seconds * 1000))
         self._liveness_ms = max(1, round(liveness_seconds * 1000))
@@ -339,12 +298,6 @@ class RedisStateStore:
                 self._client.set(self.owner_key, b"1", px=self._liveness_ms)
             except redis.RedisError as exc:
                 logger.debug("state store heartbeat failed: %s", exc)
-
-    def state_key(self, portfolio_id: str) -> str:
-        return self.prefix + portfolio_id
-
-    def ping(self) -> bool:
-        return bool(self._client.ping())
 
     def _acquire(self, ids: tuple[str, ...]) -> tuple[list[str], str, list[Any]]:
         keys = [self.lock_prefix + pid for pid in ids] + [self.prefix + pid for pid in ids]
@@ -390,15 +343,24 @@ class RedisStateStore:
     def locked(self, portfolio_ids: Sequence[str]) -> Iterator[StateSession]:
         ids = _unique_ids(portfolio_ids)
         if not ids:
-            yield _EmptySession()
+            yield StateSession(ids, [], lambda states: None)
             return
         keys, token, raw = self._acquire(ids)
-        session = _RedisSession(self, ids, keys, token)
+
+        def write(states: Sequence[PortfolioState | None]) -> None:
+            ops = "".join("D" if s is None else "W" for s in states)
+            values = [b"" if s is None else s.to_bytes() for s in states]
+            self._release(keys, token, ops, values)
+
+        session = None
         try:
-            session._states = [self._decode(pid, b) for pid, b in zip(ids, raw, strict=True)]
+            session = StateSession(
+                ids, [self._decode(p, b) for p, b in zip(ids, raw, strict=True)], write
+            )
             yield session
         finally:
-            session._release_unwritten()
+            if session is None or not session.done:
+                self._release(keys, token, "K" * len(ids), [])
 
     def _decode(self, portfolio_id: str, data: bytes | None) -> PortfolioState | None:
         """An unreadable state restarts the portfolio rather than wedging it."""
@@ -409,7 +371,7 @@ class RedisStateStore:
         except StateDecodeError as exc:
             logger.warning(
                 "%s: unreadable portfolio state (%s); starting it again",
-                self.state_key(portfolio_id),
+                self.prefix + portfolio_id,
                 exc,
             )
             return None
@@ -431,11 +393,3 @@ class RedisStateStore:
         except redis.RedisError as exc:
             logger.debug("state store: liveness key not deleted (%s); it expires", exc)
         self._client.close()
-
-
-class _EmptySession:
-    def get(self) -> list[PortfolioState | None]:
-        return []
-
-    def put(self, states: Sequence[PortfolioState | None]) -> None:
-        _check_put((), states, False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterable
 
 POLL_SECONDS = 0.05
 """How often ``wait`` looks: a drain starts at most this late."""
@@ -19,16 +18,16 @@ POLL_SECONDS = 0.05
 class StopSignals:
     """The stop signals received so far, in order."""
 
-    def __init__(self, signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
+    def __init__(self) -> None:
         self.received: list[int] = []
-        for sig in signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._record)
 
     def _record(self, signum: int, _frame: object) -> None:
         self.received.append(signum)
 
-    def wait(self, poll: float = POLL_SECONDS) -> int:
+    def wait(self) -> int:
         """Block until a stop signal has arrived (at once if one already did); return it."""
         while not self.received:
-            time.sleep(poll)
+            time.sleep(POLL_SECONDS)
         return self.received[0]

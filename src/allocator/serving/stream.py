@@ -1,11 +1,9 @@
 """``AllocateStream``: many allocations over one call, each message a batch with its own answer.
 
-Each message is validated and decided as an ``AllocateBatch`` call is, one at a time, so
-responses come in request order. A message that decides nothing (or does not decode) gets a
-response carrying the status a unary call would have got, and the stream goes on. A reader
-task per stream moves messages into a short inbox, so the handler notices a drain while the
-client is quiet: a draining server answers what it has received, then ends the stream with
-UNAVAILABLE (the client resends the rest, same request ids, on a new stream).
+Each message is decided as an ``AllocateBatch`` call is, one at a time, in request order; one
+that decides nothing gets the status a unary call would have got, and the stream goes on. A
+reader task fills a short inbox so that a quiet stream notices a drain: the server answers what
+it received, then ends the stream with UNAVAILABLE (the client resends the rest, same ids).
 """
 
 from __future__ import annotations
@@ -110,10 +108,6 @@ class AllocationStreams:
     draining: Callable[[], bool]
     touch: Callable[[], None]
     _open: set[_Inbox] = field(default_factory=set, init=False)
-
-    @property
-    def open_streams(self) -> int:
-        return len(self._open)
 
     async def wake(self) -> None:
         """Make every open stream look at the drain flag now."""

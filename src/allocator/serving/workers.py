@@ -3,12 +3,9 @@
 One Python process answers on about one core (the GIL), so a bigger host runs several. The
 supervisor reserves the port with a bound, never listening, SO_REUSEPORT socket, so the port
 stays theirs across worker restarts and ``--port 0`` has a number before any worker binds.
-Each worker is a fresh interpreter (no grpc state inherited through fork) building its own
-server (``build_server(reuse_port=True)``) with its own spool: worker 0 keeps ``--spool-dir``,
-worker K uses ``--spool-dir/worker-K``. The kernel spreads connections over the workers, so
-smoothing state must live in Redis. Metrics use prometheus-client's multiprocess mode; the
-supervisor alone serves ``--metrics-port``. SIGTERM to the supervisor drains every worker; if
-the supervisor is killed, the kernel kills its workers (``PR_SET_PDEATHSIG``).
+Each worker is a fresh interpreter (no grpc state inherited through fork) with its own spool
+(``worker_config``); if the supervisor is killed, the kernel kills its workers
+(``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -41,6 +38,8 @@ RESTART_DELAY_SECONDS = 1.0
 """Doubled (up to the max) for each death in a row within ``STABLE_SECONDS`` of a start."""
 MAX_RESTART_DELAY_SECONDS = 30.0
 STABLE_SECONDS = 30.0
+START_SECONDS = 300.0
+"""How long the workers get to load their models and serve."""
 _PR_SET_PDEATHSIG = 1
 METRICS_DIR_PREFIX = "allocator-metrics-"
 """``TMPDIR/allocator-metrics-<supervisor pid>-<random>`` holds the workers' metric files."""
@@ -154,7 +153,7 @@ class Supervisor:
     def _spawn(self, index: int) -> _Worker:
         return _Worker(index, worker_config(self.config, index, self.port), self._env)
 
-    def start(self, timeout: float = 300.0) -> Supervisor:
+    def start(self) -> Supervisor:
         """Start every worker and wait until each serves; ``RuntimeError`` if one fails first."""
         self._warn_stranded_spools()
         self._prepare_database()
@@ -162,7 +161,7 @@ class Supervisor:
             "starting %d workers; their metrics files in %s", self.config.workers, self._metrics_dir
         )
         self.workers = [self._spawn(k) for k in range(self.config.workers)]
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + START_SECONDS
         while not all(w.ready for w in self.workers):
             for w in self.workers:
                 if not w.ready and w.proc.poll() is not None:
@@ -172,7 +171,7 @@ class Supervisor:
                     )
             if time.monotonic() > deadline:
                 self._abort()
-                raise RuntimeError(f"the workers did not start within {timeout:g} s")
+                raise RuntimeError(f"the workers did not start within {START_SECONDS:g} s")
             self._read_pipes(0.2)
         self._metrics_http, self.metrics_port = self.config.serve_metrics(self.metrics_registry)
         return self
@@ -249,11 +248,10 @@ class Supervisor:
             time.sleep(0.05)
         return self._stopping
 
-    def drain(self, timeout: float | None = None) -> bool:
+    def drain(self) -> bool:
         """SIGTERM every worker and wait for each to drain; True when all exited 0."""
         self._stopping = True
-        if timeout is None:
-            timeout = self.config.drain_seconds + self.config.grace_seconds + 90
+        timeout = self.config.drain_seconds + self.config.grace_seconds + 90
         for worker in self.workers:
             if worker.proc.poll() is None:
                 worker.proc.send_signal(signal.SIGTERM)

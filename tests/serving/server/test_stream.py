@@ -244,7 +244,7 @@ def test_a_drain_answers_what_arrived_then_ends_open_streams(
     stream = conn.stub.AllocateStream(iter(outbox.get, None), timeout=30)
     outbox.put(_message(1, make_request("drain", seed=1)))
     assert next(stream).sequence == 1  # answered; the client now stays quiet
-    wait_for(lambda: server.servicer.streams.open_streams == 1, "the stream to be open")
+    wait_for(lambda: server.servicer.in_flight == 1, "the stream to be open")
     stopper = threading.Thread(target=server.stop)
     stopper.start()
     try:
@@ -257,7 +257,7 @@ def test_a_drain_answers_what_arrived_then_ends_open_streams(
         stopper.join(WAIT)
         conn.channel.close()
     assert not stopper.is_alive()
-    assert server.servicer.streams.open_streams == 0
+    assert server.servicer.in_flight == 0
 
 
 def test_a_drain_mid_stream_leaves_no_decision_unanswered(
