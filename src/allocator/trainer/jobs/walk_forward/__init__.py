@@ -9,7 +9,7 @@ cannot leak. A window is a pure function of its job (seeded per window, torch li
 ``torch_threads``), so every executor (``jobs.executors``: local, processes, Ray; on a cluster
 the registry and output folders must be shared) gives identical metrics.
 
-Modules: ``config``, ``window`` (one window's job), ``progress`` (and ``status``), ``rundir``
-(the run directory's files), ``summary`` (and statistics), ``store`` (database rows),
-``report``, ``html_report``, ``runner`` (``run_walk_forward``, ``resume_walk_forward``),
-``seeds`` (seed luck apart from period luck)."""
+Modules: ``config``, ``window`` (one window's job), ``progress`` (per-window progress files and
+``allocator walk-forward status``), ``rundir`` (the run directory's files), ``summary`` (with
+the statistics), ``store`` (database rows), ``report``, ``html_report``, ``runner``
+(``run_walk_forward``, ``resume_walk_forward``), ``seeds`` (seed luck apart from period luck)."""
