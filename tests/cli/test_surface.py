@@ -309,14 +309,14 @@ def test_walk_forward_status_json_is_the_text_as_data(monkeypatch, tmp_path):
     import json
     from types import SimpleNamespace
 
-    from allocator.trainer.jobs.walk_forward import status
+    from allocator.trainer.jobs.walk_forward import progress
 
     state = SimpleNamespace(name="wf", run_id=None, database=None, sessions=[{"resumed": True}])
     windows = [
-        status.WindowStatus("w00", "done", None),
-        status.WindowStatus("w01", "waiting", None),
+        progress.WindowStatus("w00", "done", None),
+        progress.WindowStatus("w01", "waiting", None),
     ]
-    monkeypatch.setattr(status, "run_status", lambda run_dir: (state, windows, False))
+    monkeypatch.setattr(progress, "run_status", lambda run_dir: (state, windows, False))
     result = CliRunner().invoke(main, ["walk-forward", "status", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)

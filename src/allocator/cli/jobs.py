@@ -169,9 +169,8 @@ def run_walk_forward_command(
         load_walk_forward_config,
     )
     from allocator.trainer.jobs.walk_forward.report import format_statistics, format_summary
-    from allocator.trainer.jobs.walk_forward.resume import resume_walk_forward
-    from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
-    from allocator.trainer.jobs.walk_forward.state import STATE_FILE, ResumeError
+    from allocator.trainer.jobs.walk_forward.rundir import STATE_FILE, ResumeError
+    from allocator.trainer.jobs.walk_forward.runner import resume_walk_forward, run_walk_forward
     from allocator.trainer.market.data import DataError
     from allocator.trainer.market.windows import WindowError
     from allocator.typed_config import ConfigError
@@ -238,7 +237,7 @@ def walk_forward_status(run_dir: str, as_json: bool, json_out: str | None) -> No
     """
     # heavy (pandas, torch via the window modules): imported when the command runs
     from allocator.trainer.jobs.walk_forward.config import WalkForwardError
-    from allocator.trainer.jobs.walk_forward.status import format_status, status_report
+    from allocator.trainer.jobs.walk_forward.progress import format_status, status_report
 
     try:
         if as_json or json_out:
@@ -291,10 +290,10 @@ def walk_forward_stats(
     from allocator.registry.errors import ModelLoadError
     from allocator.trainer.jobs.json_safe import json_safe
     from allocator.trainer.jobs.walk_forward.config import StatisticsSettings, WalkForwardError
-    from allocator.trainer.jobs.walk_forward.rebuild import with_baselines
     from allocator.trainer.jobs.walk_forward.report import format_statistics
-    from allocator.trainer.jobs.walk_forward.returns import RETURNS_FILE, read_returns, read_summary
-    from allocator.trainer.jobs.walk_forward.significance import run_statistics
+    from allocator.trainer.jobs.walk_forward.rundir import RETURNS_FILE, read_returns, read_summary
+    from allocator.trainer.jobs.walk_forward.summary import run_statistics
+    from allocator.trainer.jobs.walk_forward.window import with_baselines
     from allocator.trainer.market.data import DataError
     from allocator.typed_config import ConfigError
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from allocator.trainer.jobs.walk_forward.results import WalkForwardResult
+from allocator.trainer.jobs.walk_forward.rundir import WalkForwardResult
 from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
 from tests.postgres import temporary_database
 from tests.trainer.jobs.helpers import free_address, migrated_sqlite, tiny

@@ -13,7 +13,7 @@ from allocator.registry.pointer import read_production_pointer
 from allocator.trainer.jobs.retrain.config import load_retrain_config
 from allocator.trainer.jobs.retrain.runner import retrain
 from allocator.trainer.jobs.tuning.runner import run_tuning
-from allocator.trainer.jobs.walk_forward.results import WalkForwardResult
+from allocator.trainer.jobs.walk_forward.rundir import WalkForwardResult
 from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
 from allocator.trainer.training.tracked_models import PRODUCTION_ALIAS, VERSION_TAG
 from allocator.trainer.training.tracking import PARENT_TAG, read_tracking

@@ -23,11 +23,8 @@ from allocator.trainer.jobs.walk_forward.config import (
     WalkForwardError,
     load_walk_forward_config,
 )
-from allocator.trainer.jobs.walk_forward.report import (
-    format_summary,
-    write_report,
-)
-from allocator.trainer.jobs.walk_forward.results import WalkForwardResult, WindowResult
+from allocator.trainer.jobs.walk_forward.report import format_summary, write_report
+from allocator.trainer.jobs.walk_forward.rundir import WalkForwardResult, WindowResult
 from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
 from allocator.trainer.jobs.walk_forward.summary import summarize
 from allocator.trainer.jobs.walk_forward.window import plan

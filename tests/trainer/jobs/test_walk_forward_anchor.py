@@ -11,8 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from allocator.cli import main
-from allocator.trainer.jobs.walk_forward.results import WalkForwardResult
-from allocator.trainer.jobs.walk_forward.returns import read_returns
+from allocator.trainer.jobs.walk_forward.rundir import WalkForwardResult, read_returns
 from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
 from allocator.trainer.statistics.sharpe import annualized_sharpe
 from allocator.typed_config import ConfigError

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from allocator.trainer.jobs.walk_forward.progress import (
     PROGRESS_FILE,
-    ProgressWatcher,
     describe,
     inner_score,
+    progress_line,
     read_progress,
     write_progress,
 )
@@ -57,5 +57,4 @@ def test_the_watcher_shows_only_this_sessions_running_windows(tmp_path: Path) ->
     (old / PROGRESS_FILE).write_text(json.dumps(stale))
     write_progress(new, "w01", "training", steps=40, total=100)
     since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
-    watcher = ProgressWatcher(lambda: [("w00", str(old)), ("w01", str(new))], print, since=since)
-    assert watcher.line() == "w01 40%"
+    assert progress_line([("w00", str(old)), ("w01", str(new))], since) == "w01 40%"

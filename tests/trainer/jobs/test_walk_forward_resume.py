@@ -23,21 +23,26 @@ from sqlalchemy.pool import NullPool
 
 from allocator.cli import main
 from allocator.trainer.jobs.walk_forward.config import (
+    RESUME_FREE,
     WalkForwardError,
+    config_differences,
     load_walk_forward_config,
 )
-from allocator.trainer.jobs.walk_forward.persist import read_window_result, window_file
 from allocator.trainer.jobs.walk_forward.progress import (
     PROGRESS_FILE,
     read_progress,
     write_progress,
 )
-from allocator.trainer.jobs.walk_forward.results import WalkForwardResult
-from allocator.trainer.jobs.walk_forward.resume import RESUME_FREE, config_differences
-from allocator.trainer.jobs.walk_forward.resume import resume_walk_forward as resume
-from allocator.trainer.jobs.walk_forward.returns import read_returns
+from allocator.trainer.jobs.walk_forward.rundir import (
+    STATE_FILE,
+    WalkForwardResult,
+    read_returns,
+    read_state,
+    read_window_result,
+    window_file,
+)
+from allocator.trainer.jobs.walk_forward.runner import resume_walk_forward as resume
 from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
-from allocator.trainer.jobs.walk_forward.state import STATE_FILE, read_state
 from allocator.trainer.training.run_dir import MODEL_FILE
 from tests.trainer.jobs.helpers import (
     TINY,

@@ -14,11 +14,15 @@ from click.testing import CliRunner
 
 from allocator.cli import main
 from allocator.trainer.jobs.walk_forward.config import EQUAL_WEIGHT, WalkForwardError
-from allocator.trainer.jobs.walk_forward.results import AGENT
-from allocator.trainer.jobs.walk_forward.returns import RETURNS_FILE, read_returns, write_returns
+from allocator.trainer.jobs.walk_forward.rundir import (
+    AGENT,
+    RETURNS_FILE,
+    STATE_FILE,
+    read_returns,
+    write_returns,
+)
 from allocator.trainer.jobs.walk_forward.runner import run_walk_forward
 from allocator.trainer.jobs.walk_forward.seeds import seed_study, variance_split
-from allocator.trainer.jobs.walk_forward.state import STATE_FILE
 from tests.trainer.jobs.conftest import LocalRun
 from tests.trainer.jobs.helpers import tiny
 

@@ -11,14 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from allocator.cli import main
-from allocator.trainer.jobs.walk_forward.config import (
-    WalkForwardConfig,
-)
-from allocator.trainer.jobs.walk_forward.report import (
-    format_statistics,
-)
-from allocator.trainer.jobs.walk_forward.returns import read_returns
-from allocator.trainer.jobs.walk_forward.significance import run_statistics
+from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
+from allocator.trainer.jobs.walk_forward.report import format_statistics
+from allocator.trainer.jobs.walk_forward.rundir import read_returns
+from allocator.trainer.jobs.walk_forward.summary import run_statistics
 from allocator.trainer.market.windows import WindowSpec
 from allocator.trainer.statistics.sharpe import annualized_sharpe
 from tests.trainer.jobs.conftest import LocalRun

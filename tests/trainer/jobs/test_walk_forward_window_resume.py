@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from allocator.trainer.jobs.walk_forward.config import RegimeThresholds
-from allocator.trainer.jobs.walk_forward.persist import result_from, result_payload
 from allocator.trainer.jobs.walk_forward.progress import read_progress
+from allocator.trainer.jobs.walk_forward.rundir import result_from, result_payload
 from allocator.trainer.jobs.walk_forward.summary import window_row
 from allocator.trainer.jobs.walk_forward.window import WindowJob, plan, run_window, whole
 from allocator.trainer.training.checkpointing import TrainingStoppedError, latest_checkpoint

@@ -9,9 +9,7 @@ cannot leak. A window is a pure function of its job (seeded per window, torch li
 ``torch_threads``), so every executor (``jobs.executors``: local, processes, Ray; on a cluster
 the registry and output folders must be shared) gives identical metrics.
 
-Modules, in the order a run uses them: ``config``, ``window`` (one window's job), ``progress``,
-``results``, ``persist`` (finished windows kept for ``--resume``), ``returns``
-(``returns.csv``), ``significance``, ``summary``, ``store`` (database rows), ``report``,
-``state`` (``walk_forward.json``), ``runner`` (``run_walk_forward``). ``resume`` finishes a
-killed run, ``status`` shows how far a run is, ``rebuild`` backtests a baseline a finished run
-did not record."""
+Modules: ``config``, ``window`` (one window's job), ``progress`` (per-window progress files and
+``allocator walk-forward status``), ``rundir`` (the run directory's files), ``summary`` (with
+the statistics), ``store`` (database rows), ``report``, ``html_report``, ``runner``
+(``run_walk_forward``, ``resume_walk_forward``), ``seeds`` (seed luck apart from period luck)."""

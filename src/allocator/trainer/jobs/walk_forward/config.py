@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -13,12 +13,25 @@ from allocator.trainer.jobs.executors import ExecutorSettings
 from allocator.trainer.market.windows import WindowSpec
 from allocator.trainer.sim.baselines import ANCHOR, BaselineName
 from allocator.trainer.training.config import TRAINER_HELP, TrainConfig, load_job_config
-from allocator.typed_config import StrictModel
+from allocator.typed_config import StrictModel, flatten
 
 EQUAL_WEIGHT = BaselineName.EQUAL_WEIGHT.value
 """The reference baseline: excess Sharpe and the regime of a window are measured against it."""
 
 REGIMES = ("bull", "bear", "sideways")
+RESUME_FREE = frozenset(
+    {
+        "executor",
+        "ray_address",
+        "workers",
+        "retries",
+        "retry_exceptions",
+        "progress_every",
+        "trainer_source",
+        "trainer.tracking",
+    }
+)
+"""Config keys a resume may change: where and how the windows run, never what they compute."""
 
 
 class WalkForwardError(RuntimeError):
@@ -134,3 +147,17 @@ def load_walk_forward_config(
     """Read a walk-forward YAML; ``trainer`` is a trainer YAML path or an inline mapping,
     inlined before ``--set`` overrides apply (``--set trainer=other.yaml`` swaps it)."""
     return load_job_config(WalkForwardConfig, path, overrides, "walk-forward configuration")
+
+
+def config_differences(
+    run: dict[str, Any], now: dict[str, Any], free: frozenset[str] = RESUME_FREE
+) -> list[tuple[str, Any, Any]]:
+    """The dotted keys whose values differ, in order, outside ``free``: (key, run's, now)."""
+    a, b = flatten(run), flatten(now)
+    missing = object()
+    return [
+        (k, a.get(k, missing), b.get(k, missing))
+        for k in sorted(set(a) | set(b))
+        if not any(k == f or k.startswith(f"{f}.") for f in free)
+        and a.get(k, missing) != b.get(k, missing)
+    ]

@@ -16,8 +16,8 @@ from allocator.trainer.jobs.walk_forward.report import (
     stitch,
     stitched_agent,
 )
-from allocator.trainer.jobs.walk_forward.results import AGENT, WalkForwardResult, WindowResult
-from allocator.trainer.jobs.walk_forward.significance import POOLED
+from allocator.trainer.jobs.walk_forward.rundir import AGENT, WalkForwardResult, WindowResult
+from allocator.trainer.jobs.walk_forward.summary import POOLED
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.html_report import REPORT_FILE, write_backtest_report
 

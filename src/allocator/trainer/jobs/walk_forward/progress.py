@@ -3,16 +3,20 @@
 The worker writes it (so it works under every executor): steps, recent reward and inner-span
 score while training, then the export and evaluation phases; the driver marks it ``done`` once
 it has kept the window. It is replaced atomically, and read by the driver's progress bar and by
-``allocator walk-forward status`` from any shell that sees the run directory."""
+``allocator walk-forward status`` from any shell that sees the run directory: it needs no
+database and writes nothing, and a window whose writer was a process on this machine that no
+longer exists shows as stopped, so a killed run reads as one."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,13 @@ from stable_baselines3.common.utils import safe_mean
 
 from allocator.artifacts.files import atomic_write_text
 from allocator.trainer.jobs.json_safe import finite
+from allocator.trainer.jobs.walk_forward.rundir import (
+    RUNS_DIR,
+    SUMMARY_FILE,
+    RunState,
+    read_state,
+    window_file,
+)
 from allocator.trainer.training.run_dir import SELECTION_FILE
 
 PROGRESS_FILE = "window_progress.json"
@@ -142,53 +153,158 @@ def short(progress: dict[str, Any] | None) -> str:
     return (progress or {}).get("phase", "starting")
 
 
-def updated_since(progress: dict[str, Any], since: dt.datetime) -> bool:
-    """Whether a progress file was written at or after ``since`` (not left by a killed run)."""
-    try:
-        return dt.datetime.fromisoformat(str(progress["updated"])) >= since.replace(microsecond=0)
-    except (KeyError, ValueError, TypeError):
-        return False
+def progress_line(running: Sequence[tuple[str, str]], since: dt.datetime) -> str:
+    """The running windows' progress as the bar shows it (``w03 40% w04 12%``), leaving out
+    files older than ``since`` (left by a killed session)."""
+    cutoff = since.replace(microsecond=0)
+    parts = []
+    for label, run_dir in running:
+        progress = read_progress(run_dir) or {}
+        fresh = False
+        with contextlib.suppress(KeyError, ValueError, TypeError):
+            fresh = dt.datetime.fromisoformat(str(progress["updated"])) >= cutoff
+        if fresh:
+            parts.append(f"{label} {short(progress)}")
+    return " ".join(parts)
 
 
-class ProgressWatcher:
-    """A daemon thread that polls the ``running`` windows' progress files every ``interval`` s
-    and hands ``show`` one line (``w03 40% w04 12%``). Files older than ``since`` (left by a
-    killed session) are not shown."""
+@contextlib.contextmanager
+def watching(
+    running: Callable[[], Sequence[tuple[str, str]]],
+    show: Callable[[str], None],
+    *,
+    since: dt.datetime,
+    interval: float = 2.0,
+    enabled: bool = True,
+) -> Iterator[None]:
+    """A daemon thread that hands ``show`` the ``running`` windows' ``progress_line`` every
+    ``interval`` s while the block runs."""
+    stop = threading.Event()
 
-    def __init__(
-        self,
-        running: Callable[[], Sequence[tuple[str, str]]],
-        show: Callable[[str], None],
-        *,
-        since: dt.datetime,
-        interval: float = 2.0,
-        enabled: bool = True,
-    ) -> None:
-        self.running, self.show, self.interval = running, show, interval
-        self.since, self.enabled = since, enabled
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self.loop, name="walk-forward-progress", daemon=True)
-
-    def line(self) -> str:
-        parts = []
-        for label, run_dir in self.running():
-            progress = read_progress(run_dir)
-            if progress is not None and updated_since(progress, self.since):
-                parts.append(f"{label} {short(progress)}")
-        return " ".join(parts)
-
-    def loop(self) -> None:
-        while not self.stop_event.wait(self.interval):
-            line = self.line()
+    def loop() -> None:
+        while not stop.wait(interval):
+            line = progress_line(running(), since)
             if line:
-                self.show(line)
+                show(line)
 
-    def __enter__(self) -> ProgressWatcher:
-        if self.enabled:
-            self.thread.start()
-        return self
+    thread = threading.Thread(target=loop, name="walk-forward-progress", daemon=True)
+    if enabled:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(timeout=interval + 5)
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop_event.set()
-        if self.thread.is_alive():
-            self.thread.join(timeout=self.interval + 5)
+
+STATES = ("done", "running", "stopped", "failed", "waiting")
+
+
+@dataclass
+class WindowStatus:
+    """One window: its state (one of ``STATES``) and its progress file."""
+
+    label: str
+    state: str
+    progress: dict[str, Any] | None
+
+
+def window_status(out: Path, label: str) -> WindowStatus:
+    progress = read_progress(out / RUNS_DIR / label)
+    phase = (progress or {}).get("phase")
+    if window_file(out, label).is_file():
+        return WindowStatus(label, "done", progress if phase == DONE else None)
+    if progress is None or phase == DONE:  # none yet, or a kept result lost: it will rerun
+        return WindowStatus(label, "waiting", None)
+    if phase == FAILED:
+        return WindowStatus(label, "failed", progress)
+    gone = writer_alive(progress) is False
+    return WindowStatus(label, "stopped" if gone else "running", progress)
+
+
+def run_status(run_dir: str | Path) -> tuple[RunState, list[WindowStatus], bool]:
+    """The run's state, each window's status, and whether the run finished."""
+    out = Path(run_dir)
+    state = read_state(out)
+    labels = [f"w{int(w['index']):02d}" for w in state.plan["windows"]]
+    windows = [window_status(out, label) for label in labels]
+    finished = (out / SUMMARY_FILE).is_file() and all(w.state == "done" for w in windows)
+    return state, windows, finished
+
+
+def ago(stamp: Any) -> str:
+    try:
+        then = dt.datetime.fromisoformat(str(stamp))
+    except ValueError:
+        return "?"
+    seconds = max(0, int((dt.datetime.now(dt.UTC) - then).total_seconds()))
+    if seconds < 120:
+        return f"{seconds} s ago"
+    if seconds < 7200:
+        return f"{seconds // 60} min ago"
+    return f"{seconds // 3600} h ago"
+
+
+def window_line(w: WindowStatus) -> str:
+    p = w.progress or {}
+    if w.state == "done":
+        if p.get("sharpe") is None:
+            return f"{w.label}  done"
+        excess = p.get("excess_sharpe")
+        tail = f", excess {excess:+.2f} over equal weight" if excess is not None else ""
+        return f"{w.label}  done      sharpe {p['sharpe']:+.2f}{tail}"
+    if w.state == "waiting":
+        return f"{w.label}  waiting"
+    if w.state == "failed":
+        return f"{w.label}  failed    {p.get('error', '?')} ({ago(p.get('updated'))})"
+    where = f"{p.get('host', '?')} pid {p.get('pid', '?')}"
+    line = f"{w.label}  {w.state:<8}  {describe(p)} (updated {ago(p.get('updated'))}, {where})"
+    return line + (": its process is gone" if w.state == "stopped" else "")
+
+
+def session_line(state: RunState, run_dir: str | Path, finished: bool) -> str | None:
+    """How the last session ended, and what to do about it."""
+    last = state.sessions[-1] if state.sessions else {}
+    resume = f"`allocator walk-forward --resume {run_dir}` continues it"
+    if last.get("outcome") == "failed":
+        return f"the run failed ({ago(last.get('ended'))}): {last.get('error', '?')}; {resume}"
+    if last.get("outcome") == "stopped":
+        return f"the run was stopped ({ago(last.get('ended'))}); {resume}"
+    if finished or last.get("outcome") == "finished":
+        return None
+    return f"if no process runs it any more, {resume}"
+
+
+def status_report(run_dir: str | Path) -> dict[str, Any]:
+    """What ``allocator walk-forward status --json`` prints: the text's facts, as data."""
+    state, windows, finished = run_status(run_dir)
+    return {
+        "run": state.name,
+        "run_dir": str(run_dir),
+        "run_id": state.run_id,
+        "database": state.database,
+        "finished": finished,
+        "windows": [asdict(w) for w in windows],
+        "resumed": sum(bool(s.get("resumed")) for s in state.sessions),
+        "advice": session_line(state, run_dir, finished),
+    }
+
+
+def format_status(run_dir: str | Path) -> str:
+    """The text ``allocator walk-forward status`` prints."""
+    report = status_report(run_dir)
+    windows = [WindowStatus(**w) for w in report["windows"]]
+    counts = {s: sum(w.state == s for w in windows) for s in STATES}
+    head = f"{report['run']}: {counts['done']} of {len(windows)} windows done"
+    head += "".join(f", {counts[s]} {s}" for s in ("running", "stopped", "failed") if counts[s])
+    if report["run_id"] is not None:
+        head += f" (run row {report['run_id']} in {report['database']})"
+    lines = [head, *("  " + window_line(w) for w in windows)]
+    if report["resumed"]:
+        lines.append(f"resumed {report['resumed']} time(s)")
+    if report["finished"]:
+        lines.append(f"finished: {Path(run_dir) / SUMMARY_FILE}")
+    if report["advice"]:
+        lines.append(report["advice"])
+    return "\n".join(lines)

@@ -15,9 +15,14 @@ import pandas as pd
 from matplotlib.patches import Patch
 
 from allocator.artifacts.files import write_json
-from allocator.trainer.jobs.walk_forward.results import WalkForwardResult, WindowResult
-from allocator.trainer.jobs.walk_forward.returns import SUMMARY_FILE, returns_frame, write_returns
-from allocator.trainer.jobs.walk_forward.significance import POOLED
+from allocator.trainer.jobs.walk_forward.rundir import (
+    SUMMARY_FILE,
+    WalkForwardResult,
+    WindowResult,
+    returns_frame,
+    write_returns,
+)
+from allocator.trainer.jobs.walk_forward.summary import POOLED
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.plots import plot_allocations, save_figure
 
@@ -108,10 +113,6 @@ def stitched_agent(windows: list[WindowResult]) -> BacktestResult:
 def stitch(parts: list[BacktestResult], name: str) -> BacktestResult:
     """Consecutive backtests as one: each NAV continues from the level the previous one ended
     at; weights of assets absent from a part are 0."""
-
-    def cat(frames: list[pd.DataFrame]) -> pd.DataFrame:
-        return pd.concat(frames).fillna(0.0)
-
     navs: list[pd.Series] = []
     level = 1.0
     for part in parts:
@@ -121,8 +122,8 @@ def stitch(parts: list[BacktestResult], name: str) -> BacktestResult:
     return BacktestResult(
         name=name,
         nav=pd.concat(navs),
-        raw_weights=cat([p.raw_weights for p in parts]),
-        executed_weights=cat([p.executed_weights for p in parts]),
+        raw_weights=pd.concat([p.raw_weights for p in parts]).fillna(0.0),
+        executed_weights=pd.concat([p.executed_weights for p in parts]).fillna(0.0),
         turnover=pd.concat([p.turnover for p in parts]),
         costs=pd.concat([p.costs for p in parts]),
     )

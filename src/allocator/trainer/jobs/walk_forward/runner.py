@@ -1,17 +1,23 @@
 """The walk-forward driver: plan the windows, run them, record, summarize, report and push.
 
-Each finished window is kept at once, first its file (``persist``), then its database row (one
-transaction per window), so a crash keeps what finished and ``--resume`` continues from there.
-A failed run closes its row with the error and the windows done; a failed push never loses
-rows (``WalkForwardResult.push_error``)."""
+Each finished window is kept at once, first its file, then its database row (one transaction
+per window), so a crash keeps what finished. A failed run closes its row with the error and the
+windows done; a failed push never loses rows (``WalkForwardResult.push_error``).
+
+``--resume RUN_DIR`` finishes a killed or failed run: a window whose result file, registry
+version and training run are all whole is taken from its file as it was, the others run again.
+The run keeps its label, directory and run row (reopened; rows of rerun windows replaced). Only
+the keys of ``RESUME_FREE`` may differ from the run's config; without a config of its own, a
+resume uses the run's with the ``--set`` overrides."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as dt
 import json
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,31 +29,61 @@ from allocator.recording.settings import database_url as default_database_url
 from allocator.trainer.jobs.executors import WorkerLostError, fan_out, open_executor
 from allocator.trainer.jobs.json_safe import finite
 from allocator.trainer.jobs.run_folder import make_label, run_directory
-from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
+from allocator.trainer.jobs.walk_forward.config import (
+    RESUME_FREE,
+    WalkForwardConfig,
+    WalkForwardError,
+    config_differences,
+)
 from allocator.trainer.jobs.walk_forward.html_report import write_html_report
-from allocator.trainer.jobs.walk_forward.persist import write_window_result
 from allocator.trainer.jobs.walk_forward.progress import (
     DONE,
     FAILED,
-    ProgressWatcher,
     read_progress,
     utc_now,
+    watching,
     write_progress,
+    writer_alive,
 )
 from allocator.trainer.jobs.walk_forward.report import write_report
-from allocator.trainer.jobs.walk_forward.results import WalkForwardResult, WindowResult
-from allocator.trainer.jobs.walk_forward.returns import returns_frame
-from allocator.trainer.jobs.walk_forward.significance import run_statistics
-from allocator.trainer.jobs.walk_forward.state import RunState, new_state, write_state
+from allocator.trainer.jobs.walk_forward.rundir import (
+    STATE_FILE,
+    ResumeError,
+    RunState,
+    WalkForwardResult,
+    WindowResult,
+    read_state,
+    read_window_result,
+    returns_frame,
+    window_file,
+    write_state,
+    write_window_result,
+)
 from allocator.trainer.jobs.walk_forward.store import WalkForwardStore
-from allocator.trainer.jobs.walk_forward.summary import attach_statistics, summarize, window_row
-from allocator.trainer.jobs.walk_forward.window import WindowJob, nested, plan, run_window
+from allocator.trainer.jobs.walk_forward.summary import (
+    attach_statistics,
+    run_statistics,
+    summarize,
+    window_row,
+)
+from allocator.trainer.jobs.walk_forward.window import (
+    WindowJob,
+    finished_training,
+    nested,
+    plan,
+    plan_payload,
+    run_window,
+    whole,
+)
+from allocator.trainer.market.store import shown
+from allocator.trainer.training.config import UNION_TAGS
 from allocator.trainer.training.tracking import (
     TrackedRun,
     ended_on_error,
     log_job_finished,
     open_job_run,
 )
+from allocator.typed_config import apply_overrides, validate
 
 
 def database_url(config: WalkForwardConfig) -> str | None:
@@ -78,40 +114,11 @@ class WalkForwardSession:
         write_state(self.out, self.state)
 
 
-def window_stream(
-    config: WalkForwardConfig, jobs: Sequence[WindowJob]
-) -> Generator[WindowResult, None, None]:
-    """The windows' results as they finish; a window whose worker died too often fails the run
-    as a ``WalkForwardError``."""
-    executor = open_executor(
-        config, run_window, lambda job: f"window {job.window.label}", config.retry_exceptions
-    )
-    try:
-        yield from fan_out(executor, jobs)
-    except WorkerLostError as exc:
-        raise WalkForwardError(str(exc)) from exc
-
-
 def record_window(metrics: JobMetrics, result: WindowResult) -> None:
     """A window's Sharpe and its training run's saturation watch, for the job's push."""
     run_json = Path(result.run_dir) / "run.json"
     watch = json.loads(run_json.read_text()).get("saturation_watch") if run_json.exists() else None
     metrics.record_window(result.window.label, result.metrics()["sharpe"], watch)
-
-
-def keep_window(
-    session: WalkForwardSession, result: WindowResult, metrics: JobMetrics, done: list[WindowResult]
-) -> dict[str, Any]:
-    """A finished window: its file (first), its row, its metric; returns its summary row."""
-    row = window_row(result, session.config.regimes)
-    write_window_result(session.out, result)
-    if session.rows is not None:
-        session.rows.add_window(result, row)
-    record_window(metrics, result)
-    done.append(result)
-    figures = {k: finite(row[k]) for k in ("sharpe", "excess_sharpe")}
-    write_progress(result.run_dir, result.window.label, DONE, **figures)
-    return row
 
 
 def collect_windows(
@@ -121,8 +128,14 @@ def collect_windows(
     done: list[WindowResult],
     progress: bool,
 ) -> None:
-    """Run ``jobs``, keeping each into ``done`` as it finishes (kept on failure)."""
-    stream = window_stream(session.config, jobs)
+    """Run ``jobs``, keeping each into ``done`` as it finishes (kept on failure): its file
+    first, then its row, its metric and its progress file's ``done``. A window whose worker
+    died too often fails the run as a ``WalkForwardError``."""
+    config = session.config
+    executor = open_executor(
+        config, run_window, lambda job: f"window {job.window.label}", config.retry_exceptions
+    )
+    stream = fan_out(executor, jobs)
     bar = tqdm(
         total=len(session.jobs),
         initial=len(done),
@@ -136,19 +149,26 @@ def collect_windows(
     def show(line: str) -> None:
         bar.set_postfix_str(f"{line} | {last[0]}" if last[0] else line)
 
-    watcher = ProgressWatcher(
-        lambda: list(running.items()), show, since=dt.datetime.now(dt.UTC), enabled=progress
-    )
+    since = dt.datetime.now(dt.UTC)
     try:
-        with watcher:
+        with watching(lambda: list(running.items()), show, since=since, enabled=progress):
             for result in stream:
-                row = keep_window(session, result, metrics, done)
+                row = window_row(result, config.regimes)
+                write_window_result(session.out, result)
+                if session.rows is not None:
+                    session.rows.add_window(result, row)
+                record_window(metrics, result)
+                done.append(result)
+                figures = {k: finite(row[k]) for k in ("sharpe", "excess_sharpe")}
+                write_progress(result.run_dir, result.window.label, DONE, **figures)
                 running.pop(result.window.label, None)
                 last[0] = f"{result.window.label} sharpe {row['sharpe']:+.2f}"
                 bar.set_postfix_str(last[0])
                 bar.update()
-    except BaseException:
+    except BaseException as exc:
         stream.close()  # a Ray generator shuts its local Ray down
+        if isinstance(exc, WorkerLostError):
+            raise WalkForwardError(str(exc)) from exc
         raise
     finally:
         bar.close()
@@ -174,18 +194,24 @@ def run_walk_forward(
         rows = WalkForwardStore(url) if url else None
         if rows is not None:
             rows.start_run(name, config.model_dump(mode="json"))
-        state = new_state(config, label, jobs, rows.run_id if rows else None, url)
+        state = RunState(
+            label=label,
+            name=name,
+            config=config.model_dump(mode="json"),
+            run_id=rows.run_id if rows else None,
+            database=shown(url) if url else None,
+            plan=plan_payload(jobs),
+            sessions=[{"started": utc_now(), "resumed": False}],
+        )
         write_state(out, state)
     session = WalkForwardSession(config, out, state, jobs, rows, url, tracked=tracked)
     return complete(session, progress)
 
 
-def mark_failed(jobs: Sequence[WindowJob], error: str) -> None:
-    """Say in their progress files that the windows this session had started will not end."""
-    for job in jobs:
-        progress = read_progress(job.run_dir)
-        if progress is not None and progress.get("phase") not in (DONE, FAILED):
-            write_progress(job.run_dir, job.window.label, FAILED, error=error)
+def open_windows(jobs: Sequence[WindowJob]) -> list[tuple[WindowJob, dict[str, Any]]]:
+    """The jobs whose progress file says they started and did not end, with that file."""
+    opened = [(job, read_progress(job.run_dir)) for job in jobs]
+    return [(j, p) for j, p in opened if p is not None and p.get("phase") not in (DONE, FAILED)]
 
 
 def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
@@ -207,7 +233,9 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
             rows.finish_run({"error": error, "windows_done": len(results)})
         done = {r.window.label for r in results}
         with contextlib.suppress(OSError):  # the run's own error is the one to report
-            mark_failed([j for j in todo if j.window.label not in done], error)
+            # the windows this session started will not end: their progress files say so
+            for job, _ in open_windows([j for j in todo if j.window.label not in done]):
+                write_progress(job.run_dir, job.window.label, FAILED, error=error)
             # Ctrl-C, or SIGTERM where the caller turned it into one (the CLI does)
             session.ended("stopped" if isinstance(exc, KeyboardInterrupt) else "failed", error)
         pusher.failed(time.perf_counter() - session.started)
@@ -248,3 +276,108 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
     result.push_error = pusher.succeeded(seconds)
     session.ended("finished")
     return result
+
+
+def resume_config(
+    state: RunState, run_dir: Path, config: WalkForwardConfig | None, overrides: Sequence[str]
+) -> WalkForwardConfig:
+    """The config given, else the run's with ``overrides``; refused (naming the key) when it
+    would compute something else than the run did."""
+    source = str(run_dir / STATE_FILE)
+    if config is None:
+        tree = apply_overrides(copy.deepcopy(state.config), overrides, source)
+        config = validate(WalkForwardConfig, tree, source, tags=UNION_TAGS)
+    run = validate(WalkForwardConfig, copy.deepcopy(state.config), source, tags=UNION_TAGS)
+    diffs = config_differences(run.model_dump(mode="json"), config.model_dump(mode="json"))
+    if not diffs:
+        return config
+    shown = ", ".join(f"{k} (run: {a!r}, now: {b!r})" for k, a, b in diffs[:5])
+    more = f" and {len(diffs) - 5} more" if len(diffs) > 5 else ""
+    raise ResumeError(
+        f"cannot resume {run_dir}: the config differs from the run's at {shown}{more}; only "
+        f"{', '.join(sorted(RESUME_FREE - {'trainer_source'}))} may change on a resume (leave "
+        "out --config to use the run's own)"
+    )
+
+
+def check_resumable(state: RunState, jobs: Sequence[WindowJob], run_dir: Path) -> None:
+    """Refuse when the same config now cuts other windows (the data or working directory
+    changed), or while a process of this machine still works on one of the run's windows."""
+    now = plan_payload(jobs)
+    for key in ("registry", "dataset", "windows"):
+        if now[key] != state.plan.get(key):
+            raise ResumeError(
+                f"cannot resume {run_dir}: the {key} resolves differently than when the run "
+                f"started (run: {state.plan.get(key)!r}, now: {now[key]!r}); resume from the "
+                "directory the run was started in, with the same data"
+            )
+    for job, progress in open_windows(jobs):
+        if writer_alive(progress):
+            raise ResumeError(
+                f"cannot resume {run_dir}: window {job.window.label} is still being worked on "
+                f"by process {progress['pid']} on this machine; stop that run first"
+            )
+
+
+def kept_window(out: Path, job: WindowJob) -> WindowResult | None:
+    """A window's kept result when every artifact of it is whole, else None (it reruns)."""
+    path = window_file(out, job.window.label)
+    if not path.is_file():
+        return None
+    try:
+        result = read_window_result(path)
+    except WalkForwardError:
+        return None
+    same = result.window == job.window and result.version == job.version
+    if not same or not whole(job.version_dir) or finished_training(job.run_dir) is None:
+        return None
+    return result
+
+
+def reopen_rows(
+    url: str, state: RunState, kept: Sequence[WindowResult], config: WalkForwardConfig
+) -> tuple[WalkForwardStore, dict[str, Any] | str | None]:
+    """The run's row, running again, with exactly the kept windows' rows; and how the previous
+    session ended: its error, ``finished``, or None (killed)."""
+    if state.run_id is None:
+        raise ResumeError(f"{state.name} recorded no run row; it cannot resume with record on")
+    rows = WalkForwardStore(url)
+    closed, recorded = rows.reopen_run(state.run_id, state.name, {r.window.index for r in kept})
+    for result in kept:
+        if result.window.index not in recorded:
+            rows.add_window(result, window_row(result, config.regimes))
+    if closed is None or "error" not in closed:
+        return rows, None if closed is None else "finished"
+    return rows, {k: closed[k] for k in ("error", "windows_done") if k in closed}
+
+
+def resume_walk_forward(
+    run_dir: str | Path,
+    config: WalkForwardConfig | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    progress: bool = True,
+) -> WalkForwardResult:
+    """Finish the run in ``run_dir``: keep its finished windows, run the others, report."""
+    out = Path(run_dir)
+    state = read_state(out)
+    config = resume_config(state, out, config, overrides)
+    jobs = plan(config, out, state.label)
+    check_resumable(state, jobs, out)
+    tracked = open_job_run(config.trainer.tracking, out, state.name, config.model_dump(mode="json"))
+    jobs = nested(jobs, tracked)
+    kept = [r for r in (kept_window(out, job) for job in jobs) if r is not None]
+    url = database_url(config)
+    rows, previous = reopen_rows(url, state, kept, config) if url else (None, None)
+    kept_labels = [r.window.label for r in kept]
+    entry = {
+        "started": utc_now(),
+        "resumed": True,
+        "kept": kept_labels,
+        "rerun": [j.window.label for j in jobs if j.window.label not in kept_labels],
+        "previous": previous,
+    }
+    state.sessions.append(entry)
+    write_state(out, state)
+    session = WalkForwardSession(config, out, state, jobs, rows, url, kept, tracked=tracked)
+    return complete(session, progress)

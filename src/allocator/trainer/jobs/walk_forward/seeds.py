@@ -21,18 +21,18 @@ from allocator.trainer.jobs.walk_forward.config import (
     EQUAL_WEIGHT,
     StatisticsSettings,
     WalkForwardError,
+    config_differences,
 )
-from allocator.trainer.jobs.walk_forward.results import AGENT
-from allocator.trainer.jobs.walk_forward.returns import (
+from allocator.trainer.jobs.walk_forward.rundir import (
+    AGENT,
     DATE,
     RETURNS_FILE,
     WINDOW,
     read_returns,
+    read_state,
 )
-from allocator.trainer.jobs.walk_forward.significance import baseline_columns, excess_interval
-from allocator.trainer.jobs.walk_forward.state import read_state
+from allocator.trainer.jobs.walk_forward.summary import baseline_columns, excess_interval
 from allocator.trainer.statistics.sharpe import annualized_sharpe
-from allocator.typed_config import flatten
 
 RECIPE = (
     "trainer",
@@ -49,11 +49,12 @@ TRAINER_SEED_FREE = frozenset({"seed", "name", "output_dir"})  # trainer keys th
 
 @dataclass(frozen=True)
 class SeedRun:
-    """One run of the study: where it is, its base seed and its daily returns."""
+    """One run of the study: where it is, its base seed, its daily returns and its recipe."""
 
     run_dir: str
     seed: int
     returns: pd.DataFrame
+    recipe: dict[str, Any]
 
 
 def base_seed(config: dict[str, Any]) -> int:
@@ -65,16 +66,8 @@ def base_seed(config: dict[str, Any]) -> int:
 def recipe(config: dict[str, Any]) -> dict[str, Any]:
     """The part of a run's resolved config that must match across the study."""
     out = {k: config.get(k) for k in RECIPE}
-    trainer = dict(out.get("trainer") or {})
-    out["trainer"] = {k: v for k, v in trainer.items() if k not in TRAINER_SEED_FREE}
+    out["trainer"] = {k: v for k, v in (out["trainer"] or {}).items() if k not in TRAINER_SEED_FREE}
     return out
-
-
-def first_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
-    """The first dotted key where two config trees differ, or None when they are equal."""
-    x, y = flatten(a), flatten(b)
-    differ = [k for k in set(x) | set(y) if k not in x or k not in y or x[k] != y[k]]
-    return min(differ, default=None)
 
 
 def load_seed_runs(run_dirs: Sequence[str | Path]) -> list[SeedRun]:
@@ -82,21 +75,19 @@ def load_seed_runs(run_dirs: Sequence[str | Path]) -> list[SeedRun]:
     if len(run_dirs) < 2:
         raise WalkForwardError("a seed study needs at least two runs of the same recipe")
     runs: list[SeedRun] = []
-    configs: list[dict[str, Any]] = []
     for run_dir in run_dirs:
         path = Path(run_dir) / RETURNS_FILE
         if not path.is_file():
             raise WalkForwardError(f"{run_dir} has no {RETURNS_FILE}: not a finished run")
         config = read_state(run_dir).config
-        configs.append(config)
-        runs.append(SeedRun(str(run_dir), base_seed(config), read_returns(path)))
+        runs.append(SeedRun(str(run_dir), base_seed(config), read_returns(path), recipe(config)))
     first = runs[0]
-    for run, config in zip(runs[1:], configs[1:], strict=True):
-        diff = first_difference(recipe(configs[0]), recipe(config))
-        if diff is not None:
+    for run in runs[1:]:
+        diffs = config_differences(first.recipe, run.recipe, free=frozenset())
+        if diffs:
             raise WalkForwardError(
                 f"{run.run_dir} is not the recipe of {first.run_dir}: their configs differ at "
-                f"{diff!r} (a seed study compares seeds of one recipe)"
+                f"{diffs[0][0]!r} (a seed study compares seeds of one recipe)"
             )
         same_days = run.returns[[DATE, WINDOW]].equals(first.returns[[DATE, WINDOW]])
         if not same_days:

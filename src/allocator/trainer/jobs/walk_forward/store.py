@@ -11,10 +11,13 @@ from allocator.recording.schema import ModelVersion, WalkForwardRun, WalkForward
 from allocator.trainer.jobs.database import checked_engine
 from allocator.trainer.jobs.json_safe import json_safe
 from allocator.trainer.jobs.walk_forward.config import WalkForwardError
-from allocator.trainer.jobs.walk_forward.results import WindowResult
+from allocator.trainer.jobs.walk_forward.rundir import WindowResult
 from allocator.trainer.market.store import shown
 
 TABLES = ("walk_forward_runs", "walk_forward_windows", "model_versions")
+ROW_KEYS = ("excess_sharpe", "regime", "equal_weight_annual_return")
+"""What a window's ``metrics`` column takes from its summary row, beside the model's test
+metrics and how the window was run."""
 
 
 class WalkForwardStore:
@@ -34,9 +37,12 @@ class WalkForwardStore:
             session.flush()
             self.run_id = int(row.id)
 
-    def reopen_run(self, run_id: int, name: str) -> dict[str, Any] | None:
-        """Mark a killed or failed run as running again; returns the summary it was closed
-        with (the error), if any. Refused unless the row exists under ``name``."""
+    def reopen_run(
+        self, run_id: int, name: str, keep: set[int]
+    ) -> tuple[dict[str, Any] | None, set[int]]:
+        """Mark a killed or failed run as running again, forgetting the rows of windows not in
+        ``keep`` (they run again); returns the summary it was closed with (the error), if any,
+        and the windows still recorded. Refused unless the row exists under ``name``."""
         with Session(self.engine) as session, session.begin():
             row = session.get(WalkForwardRun, run_id)
             if row is None or row.name != name:
@@ -49,22 +55,11 @@ class WalkForwardStore:
             row.finished = None
             row.summary = null()
             self.run_id = run_id
-            return previous
-
-    def window_indices(self) -> set[int]:
-        """The indices of the windows recorded for the run."""
-        with Session(self.engine) as session:
-            query = select(WalkForwardWindow.index).where(WalkForwardWindow.run_id == self.run_id)
-            return set(session.scalars(query))
-
-    def drop_windows(self, indices: set[int]) -> None:
-        """Forget the rows of windows that will run again (their files were not kept)."""
-        with Session(self.engine) as session, session.begin():
+            mine = WalkForwardWindow.run_id == run_id
             session.execute(
-                delete(WalkForwardWindow).where(
-                    WalkForwardWindow.run_id == self.run_id, WalkForwardWindow.index.in_(indices)
-                )
+                delete(WalkForwardWindow).where(mine, ~WalkForwardWindow.index.in_(keep))
             )
+            return previous, set(session.scalars(select(WalkForwardWindow.index).where(mine)))
 
     def add_window(self, result: WindowResult, row: dict[str, Any]) -> None:
         """The window row and, once per (name, version), the model-version row."""
@@ -80,7 +75,18 @@ class WalkForwardStore:
                     test_start=w.test_start,
                     test_end=w.test_end,
                     model_version_id=version.id,
-                    metrics=json_safe(window_metrics(result, row)),
+                    metrics=json_safe(
+                        {
+                            **result.metrics(),
+                            **{k: row[k] for k in ROW_KEYS},
+                            "version": result.version,
+                            "assets": result.agent.settings["assets"],
+                            "cost_bps": result.agent.settings["cost_bps"],
+                            "train_seconds": result.train_seconds,
+                            "seconds": result.seconds,
+                            "torch_validation": result.torch_validation,
+                        }
+                    ),
                     baseline_metrics=json_safe(result.baseline_metrics()),
                     # SQL NULL, not a JSON 'null', when the model has no ICM.
                     icm_stats=null() if result.icm is None else json_safe(result.icm),
@@ -116,18 +122,3 @@ class WalkForwardStore:
             row.summary = json_safe(summary)
             row.finished = utcnow()
         self.engine.dispose()
-
-
-def window_metrics(result: WindowResult, row: dict[str, Any]) -> dict[str, Any]:
-    """The ``metrics`` column of a window: the model's test metrics, the summary ``row``'s
-    excess and regime, and how the window was run."""
-    return {
-        **result.metrics(),
-        **{k: row[k] for k in ("excess_sharpe", "regime", "equal_weight_annual_return")},
-        "version": result.version,
-        "assets": result.agent.settings["assets"],
-        "cost_bps": result.agent.settings["cost_bps"],
-        "train_seconds": result.train_seconds,
-        "seconds": result.seconds,
-        "torch_validation": result.torch_validation,
-    }

@@ -6,7 +6,10 @@ its training run and exported version both whole it is only judged again; a whol
 its version is exported again; a run cut short continues from its last checkpoint when
 ``trainer.checkpoint_every > 0`` (another draw of the recipe: ``resumed_from`` names it), else
 trains from scratch. A registry version is never overwritten, so a whole version beside an
-unfinished training run is refused."""
+unfinished training run is refused.
+
+A baseline a finished run did not record is backtested here as the run would have
+(``allocator walk-forward stats --baseline anchor``), the run directory only read."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 
 from allocator.artifacts.manifest import ManifestError, read_manifest, verify_checksums
@@ -40,7 +44,16 @@ from allocator.trainer.jobs.walk_forward.progress import (
     ProgressCallback,
     write_progress,
 )
-from allocator.trainer.jobs.walk_forward.results import AGENT, WindowResult
+from allocator.trainer.jobs.walk_forward.rundir import (
+    AGENT,
+    DATE,
+    RUNS_DIR,
+    WINDOW,
+    WindowResult,
+    labelled,
+    read_summary,
+    window_from,
+)
 from allocator.trainer.market.data import (
     DATABASE,
     SP500,
@@ -51,9 +64,9 @@ from allocator.trainer.market.data import (
 from allocator.trainer.market.windows import Window, make_windows
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.training.checkpointing import latest_checkpoint
-from allocator.trainer.training.config import TrainConfig
+from allocator.trainer.training.config import TrainConfig, load_config
 from allocator.trainer.training.run import resume, train
-from allocator.trainer.training.run_dir import RUN_SUMMARY_FILE
+from allocator.trainer.training.run_dir import CONFIG_FILE, RUN_SUMMARY_FILE
 from allocator.trainer.training.tracking import TrackedRun
 from allocator.typed_config import ConfigError
 
@@ -118,7 +131,7 @@ def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob
     data = universe(config.trainer)
     windows = make_windows(data.dates, config.windows)
     registry = str(Path(config.registry).resolve())
-    run_root = (out_dir / "runs").resolve()
+    run_root = (out_dir / RUNS_DIR).resolve()
     return [
         WindowJob(
             window=w,
@@ -136,6 +149,15 @@ def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob
         )
         for w in windows
     ]
+
+
+def plan_payload(jobs: Sequence[WindowJob]) -> dict[str, Any]:
+    """What the config cut from the data: the registry, the dataset, the windows."""
+    return {
+        "registry": jobs[0].registry if jobs else None,
+        "dataset": jobs[0].trainer.data.dataset if jobs else None,
+        "windows": [j.window.to_dict() for j in jobs],
+    }
 
 
 def nested(jobs: Sequence[WindowJob], parent: TrackedRun | None) -> list[WindowJob]:
@@ -215,8 +237,9 @@ def run_window(job: WindowJob) -> WindowResult:
 
 
 def train_and_export(job: WindowJob, trained: dict[str, Any] | None) -> dict[str, Any]:
-    """Train (unless ``trained``, a whole run's summary, is given) and export; the run's
-    summary. Refused when the version already exists: versions are final."""
+    """Train (unless ``trained``, a whole run's summary, is given), from the last checkpoint
+    when there is one, and export; the run's summary. Refused when the version already exists:
+    versions are final."""
     run_dir = Path(job.run_dir)
     if job.version_dir.exists():
         raise WalkForwardError(
@@ -224,26 +247,21 @@ def train_and_export(job: WindowJob, trained: dict[str, Any] | None) -> dict[str
             f"training run {run_dir} or the version is not whole): registry versions are "
             "never overwritten; remove the version to train this window again"
         )
-    summary = trained if trained is not None else train_window(job)
+    if trained is None:
+        label, cfg = job.window.label, job.trainer
+        progress = ProgressCallback(run_dir, label, cfg.total_timesteps, job.progress_every)
+        step = checkpoint_step(run_dir) if cfg.checkpoint_every else None
+        if step is not None:
+            write_progress(run_dir, label, STARTING, resumed_from=step)
+            trained = resume(run_dir, cfg, callbacks=[progress]).summary
+        else:
+            if run_dir.exists():
+                shutil.rmtree(run_dir)
+            write_progress(run_dir, label, STARTING)  # data and model before step 0
+            trained = train(cfg, run_dir, callbacks=[progress]).summary
     write_progress(run_dir, job.window.label, EXPORTING)
     export_run(run_dir, job.registry, name=job.model_name, version=job.version)
-    return summary
-
-
-def train_window(job: WindowJob) -> dict[str, object]:
-    """Train from the last checkpoint when there is one, else from scratch."""
-    run_dir = Path(job.run_dir)
-    progress = ProgressCallback(
-        run_dir, job.window.label, job.trainer.total_timesteps, job.progress_every
-    )
-    step = checkpoint_step(run_dir) if job.trainer.checkpoint_every else None
-    if step is not None:
-        write_progress(run_dir, job.window.label, STARTING, resumed_from=step)
-        return resume(run_dir, job.trainer, callbacks=[progress]).summary
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    write_progress(run_dir, job.window.label, STARTING)  # data and model before step 0
-    return train(job.trainer, run_dir, callbacks=[progress]).summary
+    return trained
 
 
 def checkpoint_step(run_dir: Path) -> int | None:
@@ -303,3 +321,70 @@ def window_icm_statistics(
         model, data, ref_start, w.train_end, cost_bps=job.cost_bps, assets=ref_assets
     )
     return icm_statistics(ev.icm_rewards, ref.icm_rewards)
+
+
+def located(recorded: str, fallback: Path) -> Path:
+    """A recorded absolute path when it still exists, else where the run's layout puts it."""
+    path = Path(recorded) if recorded else fallback
+    if path.exists():
+        return path
+    if fallback.exists():
+        return fallback
+    raise WalkForwardError(f"neither {recorded} nor {fallback} exists: cannot replay this window")
+
+
+def rebuilt_job(
+    run: Path, summary: dict[str, Any], entry: dict[str, Any], baselines: Sequence[str]
+) -> WindowJob:
+    """The ``WindowJob`` a window ran as, judging ``baselines``, from ``summary.json`` and its
+    training run's resolved ``config.yaml``."""
+    window = window_from(entry)
+    run_dir = located(entry.get("run_dir", ""), run / RUNS_DIR / window.label)
+    trainer = load_config(run_dir / CONFIG_FILE)
+    return WindowJob(
+        window=window,
+        trainer=trainer,
+        run_dir=str(run_dir),
+        registry=summary["registry"],
+        model_name=summary["model_name"],
+        version=entry["version"],
+        cost_bps=float(summary["cost_bps"]),
+        baselines=tuple(baselines),
+        baseline_fit=summary["baseline_fit"],
+        rebalance_every=int(summary["baseline_rebalance_every"]),
+        torch_threads=1,
+    )
+
+
+def with_baselines(run_dir: str | Path, frame: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
+    """``frame`` (the run's daily returns) with a column for each of ``names`` it lacks,
+    backtested on every window's test span with the assets and costs its model was judged on.
+
+    The new columns must cover exactly the recorded days: a day missing on either side means
+    the span was not rebuilt as the run saw it, and that is an error, not a silent gap.
+    """
+    missing = [n for n in dict.fromkeys(names) if n not in frame.columns]
+    if not missing:
+        return frame
+    run = Path(run_dir)
+    summary = read_summary(run)
+    parts = []
+    for entry in summary["windows"]:
+        job = rebuilt_job(run, summary, entry, missing)
+        _, data, assets = span_setup(job, located(entry.get("version_dir", ""), job.version_dir))
+        results = window_baselines(job, data, assets)
+        returns = pd.DataFrame({n: results[n].returns for n in missing})
+        parts.append(labelled(returns, job.window.label))
+    added = pd.concat(parts, ignore_index=True)
+    keys = [DATE, WINDOW]
+    check = frame[keys].merge(added[keys], how="outer", indicator=True, validate="one_to_one")
+    unmatched = check[check["_merge"] != "both"]
+    if len(unmatched):
+        first = unmatched.iloc[0]
+        side = "recorded only" if first["_merge"] == "left_only" else "rebuilt only"
+        raise WalkForwardError(
+            f"{run}: {', '.join(missing)} rebuilt on other days than the run recorded "
+            f"({len(unmatched)} day(s), first {first[DATE]:%Y-%m-%d} in {first[WINDOW]}, "
+            f"{side}); the data or the run's config changed since"
+        )
+    return frame.merge(added, on=keys, how="left", validate="one_to_one")
