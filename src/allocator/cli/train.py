@@ -96,14 +96,7 @@ def train(
     summary = run.summary
     click.echo(f"run: {run.run_dir}")
     if database_url:
-        row = record_training_run(
-            database_url,
-            run.run_dir.name,
-            str(run.run_dir),
-            config.model_dump(mode="json"),
-            summary,
-            started,
-        )
+        row = record_training_run(database_url, run, started)
         click.echo(f"recorded as training run {row} in {shown_url(database_url)}")
     if "resumed_from" in summary:
         click.echo(f"resumed from step {summary['resumed_from'][-1]}")

@@ -14,6 +14,7 @@ from allocator.recording.schema import TrainingRun as TrainingRunRow
 from allocator.recording.schema import utcnow
 from allocator.trainer.jobs.json_safe import json_safe
 from allocator.trainer.market.store import shown
+from allocator.trainer.training.run import TrainingRun
 from allocator.typed_config import ConfigError
 
 
@@ -42,24 +43,17 @@ def check_training_table(url: str) -> None:
     checked_engine(url, ["training_runs"], ConfigError).dispose()
 
 
-def record_training_run(
-    url: str,
-    name: str,
-    run_dir: str,
-    config: dict[str, Any],
-    summary: dict[str, Any],
-    started: dt.datetime,
-) -> int:
+def record_training_run(url: str, run: TrainingRun, started: dt.datetime) -> int:
     """Insert the finished run; its row id."""
     engine = create_engine(url)
     try:
         with Session(engine) as session, session.begin():
             row = TrainingRunRow(
-                name=name,
-                algorithm=str(summary.get("algorithm", "")),
-                run_dir=run_dir,
-                config=json_safe(config),
-                metrics=json_safe(summary),
+                name=run.run_dir.name,
+                algorithm=str(run.summary.get("algorithm", "")),
+                run_dir=str(run.run_dir),
+                config=json_safe(run.config.model_dump(mode="json")),
+                metrics=json_safe(run.summary),
                 started=started,
                 finished=utcnow(),
             )

@@ -55,8 +55,6 @@ class ExportedEvaluation:
 
     result: BacktestResult
     icm_rewards: pd.Series  # NaN where the server gives none (first decision, no ICM)
-    model_name: str
-    model_version: str
 
 
 def replay_exported(
@@ -125,7 +123,7 @@ def replay_exported(
         index=decision_dates,
         name="icm_reward",
     )
-    return ExportedEvaluation(result, icm, loaded.name, loaded.version)
+    return ExportedEvaluation(result, icm)
 
 
 def icm_statistics(

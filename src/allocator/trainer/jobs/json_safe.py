@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from math import isfinite
+from pathlib import Path
 from typing import Any
 
 from allocator.artifacts.files import json_text
@@ -17,6 +18,16 @@ def finite(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return x if isfinite(x) else None
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object file's contents; None when it is missing, unreadable or not an object
+    (a file cut short by a kill reads as absent)."""
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return payload if isinstance(payload, dict) else None
 
 
 def json_safe(obj: Any) -> Any:

@@ -72,39 +72,29 @@ def bounded(
     return GateResult(gate, ok, reason, value, bound)
 
 
-def sharpe_vs_production(
-    sharpe: float, production: Mapping[str, float] | None, shortfall: float
+def sharpe_vs(
+    who: str, sharpe: float, other: Mapping[str, float] | None, shortfall: float
 ) -> GateResult:
-    """The candidate's net Sharpe against production's less ``shortfall``; with nothing to
-    compare with (no production, or its Sharpe not a number) it passes and the absolute
-    gates decide."""
-    gate = "sharpe_vs_production"
-    if production is None:
+    """The candidate's net Sharpe against ``who``'s (production or equal weight) less
+    ``shortfall``. With no production to compare with (none, or its Sharpe not a number) it
+    passes and the absolute gates decide; equal weight always exists, so its Sharpe
+    unavailable fails the gate."""
+    gate = f"sharpe_vs_{who.replace(' ', '_')}"
+    theirs = float("nan") if other is None else float(other["sharpe"])
+    if who == "equal weight" and not math.isfinite(theirs):
+        reason = "equal weight's net Sharpe is unavailable: cannot check the candidate against it"
+        return GateResult(gate, False, reason, sharpe)
+    if other is None:
         reason = "no production model to compare with: the absolute gates decide"
         return GateResult(gate, True, reason, sharpe)
-    if not math.isfinite(float(production["sharpe"])):
+    if not math.isfinite(theirs):
         reason = (
-            f"production's net Sharpe is not a number ({production['sharpe']}): "
+            f"production's net Sharpe is not a number ({other['sharpe']}): "
             "nothing to compare with, the absolute gates decide"
         )
         return GateResult(gate, True, reason, sharpe)
-    p = float(production["sharpe"])
-    detail = f"production {p:.4f} less the allowed shortfall {shortfall:g}"
-    return bounded(gate, "net Sharpe", sharpe, p - shortfall, detail)
-
-
-def sharpe_vs_equal_weight(
-    sharpe: float, equal_weight: Mapping[str, float] | None, shortfall: float
-) -> GateResult:
-    """The candidate's net Sharpe against equal weight's less ``shortfall``; equal weight
-    always exists, so an unavailable Sharpe fails the gate."""
-    gate = "sharpe_vs_equal_weight"
-    if equal_weight is None or not math.isfinite(float(equal_weight["sharpe"])):
-        reason = "equal weight's net Sharpe is unavailable: cannot check the candidate against it"
-        return GateResult(gate, False, reason, sharpe)
-    e = float(equal_weight["sharpe"])
-    detail = f"equal weight {e:.4f} less the allowed shortfall {shortfall:g}"
-    return bounded(gate, "net Sharpe", sharpe, e - shortfall, detail)
+    detail = f"{who} {theirs:.4f} less the allowed shortfall {shortfall:g}"
+    return bounded(gate, "net Sharpe", sharpe, theirs - shortfall, detail)
 
 
 def apply_gates(
@@ -117,7 +107,7 @@ def apply_gates(
     g, results = gates, list[GateResult]()
     sharpe = float(candidate["sharpe"])
     if g.max_sharpe_shortfall is not None:
-        results.append(sharpe_vs_production(sharpe, production, g.max_sharpe_shortfall))
+        results.append(sharpe_vs("production", sharpe, production, g.max_sharpe_shortfall))
     for gate, what, limit, detail in (
         ("turnover", "mean daily turnover", g.max_turnover, "the turnover budget"),
         ("max_drawdown", "max drawdown", g.max_drawdown, "the drawdown limit"),
@@ -130,5 +120,5 @@ def apply_gates(
         results.append(bounded("min_sharpe", "net Sharpe", sharpe, g.min_sharpe, floor))
     if g.max_shortfall_vs_equal_weight is not None:
         shortfall = g.max_shortfall_vs_equal_weight
-        results.append(sharpe_vs_equal_weight(sharpe, equal_weight, shortfall))
+        results.append(sharpe_vs("equal weight", sharpe, equal_weight, shortfall))
     return results

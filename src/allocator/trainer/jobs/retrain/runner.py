@@ -196,14 +196,7 @@ def retrain(
         began = utcnow()
         run = train(trainer_for(config, plan.spans), stop=stop)
         say(f"trained: {run.run_dir} ({run.summary['train_seconds']} s)")
-        record_training_run(
-            url,
-            run.run_dir.name,
-            str(run.run_dir),
-            run.config.model_dump(mode="json"),
-            run.summary,
-            began,
-        )
+        record_training_run(url, run, began)
         candidate_dir = export_run(
             run.run_dir, registry / CANDIDATES_DIR, name=name, version=plan.version
         )

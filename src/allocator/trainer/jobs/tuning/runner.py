@@ -193,8 +193,8 @@ def run_tuning(
         raise TuneError(f"{out} already holds a study ({STORAGE_FILE}); choose another folder")
     out.mkdir(parents=True, exist_ok=True)
     study = create_study(out / STORAGE_FILE, config.name, config.sampler, config.pruner)
-    if space.enqueue_base:
-        study.enqueue_trial(space.base_params())
+    if config.enqueue_base:
+        study.enqueue_trial(space.base_params)
     bar = tqdm(total=config.n_trials, desc="tune", unit="trial", disable=not progress)
 
     def done(outcome: TrialOutcome) -> None:

@@ -150,11 +150,11 @@ class Param:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """The checked keys, in the order they are drawn, and the base config's own values."""
+    """The checked keys, in the order they are drawn, and the base config's own values as
+    Optuna stores them (trial 0 when ``enqueue_base``)."""
 
     params: tuple[Param, ...]
-    base_values: dict[str, Any]
-    enqueue_base: bool
+    base_params: dict[str, Any]
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
         """Every key's value for ``trial``, as the trainer takes them."""
@@ -163,10 +163,6 @@ class SearchSpace:
     def decode(self, stored: Mapping[str, Any]) -> dict[str, Any]:
         """Trainer values of a finished trial's stored params."""
         return {p.key: p.decode(stored[p.key]) for p in self.params if p.key in stored}
-
-    def base_params(self) -> dict[str, Any]:
-        """The base config's values as Optuna stores them: trial 0 when ``enqueue_base``."""
-        return {p.key: label(self.base_values[p.key]) for p in self.params}
 
 
 def fixed_reason(key: str) -> str | None:
@@ -245,4 +241,4 @@ def check_space(
                 )
                 + "\n  (widen the space, or set enqueue_base: false)"
             )
-    return SearchSpace(params, base_values, enqueue_base)
+    return SearchSpace(params, {key: label(value) for key, value in base_values.items()})

@@ -24,7 +24,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.utils import safe_mean
 
 from allocator.artifacts.files import atomic_write_text
-from allocator.trainer.jobs.json_safe import finite
+from allocator.trainer.jobs.json_safe import finite, read_json_object
 from allocator.trainer.jobs.walk_forward.rundir import (
     RUNS_DIR,
     SUMMARY_FILE,
@@ -47,11 +47,7 @@ def utc_now() -> str:
 
 def read_progress(run_dir: str | Path) -> dict[str, Any] | None:
     """A window's progress file, or None when it has none (yet) or it cannot be read."""
-    try:
-        payload = json.loads((Path(run_dir) / PROGRESS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return payload if isinstance(payload, dict) else None
+    return read_json_object(Path(run_dir) / PROGRESS_FILE)
 
 
 def write_progress(run_dir: str | Path, label: str, phase: str, **fields: Any) -> None:
@@ -130,27 +126,23 @@ class ProgressCallback(BaseCallback):
             self.write()
 
 
-def describe(progress: dict[str, Any] | None) -> str:
-    """One line for a running window: its phase and, while training, its step count."""
+def describe(progress: dict[str, Any] | None, brief: bool = False) -> str:
+    """One line for a running window: its phase and, while training, its step count (only
+    the share done when ``brief``, as the progress bar shows it)."""
     if not progress:
         return "starting"
     phase = str(progress.get("phase", "?"))
     if phase != TRAINING or not progress.get("total"):
         return phase
     steps, total = int(progress.get("steps", 0)), int(progress["total"])
+    if brief:
+        return f"{steps / total:.0%}"
     text = f"{steps:,}/{total:,} steps ({steps / total:.0%})"
     if progress.get("reward") is not None:
         text += f", reward {progress['reward']:+.4g}"
     if progress.get("inner_score") is not None:
         text += f", inner {progress.get('inner_metric')} {progress['inner_score']:+.3g}"
     return text
-
-
-def short(progress: dict[str, Any] | None) -> str:
-    """The running window's step count as the progress bar shows it."""
-    if progress and progress.get("phase") == TRAINING and progress.get("total"):
-        return f"{int(progress.get('steps', 0)) / int(progress['total']):.0%}"
-    return (progress or {}).get("phase", "starting")
 
 
 def progress_line(running: Sequence[tuple[str, str]], since: dt.datetime) -> str:
@@ -164,7 +156,7 @@ def progress_line(running: Sequence[tuple[str, str]], since: dt.datetime) -> str
         with contextlib.suppress(KeyError, ValueError, TypeError):
             fresh = dt.datetime.fromisoformat(str(progress["updated"])) >= cutoff
         if fresh:
-            parts.append(f"{label} {short(progress)}")
+            parts.append(f"{label} {describe(progress, brief=True)}")
     return " ".join(parts)
 
 

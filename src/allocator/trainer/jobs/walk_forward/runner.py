@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as dt
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from tqdm.auto import tqdm
 from allocator.metrics.jobs import JobMetrics, JobPush
 from allocator.recording.settings import database_url as default_database_url
 from allocator.trainer.jobs.executors import WorkerLostError, fan_out, open_executor
-from allocator.trainer.jobs.json_safe import finite
+from allocator.trainer.jobs.json_safe import finite, read_json_object
 from allocator.trainer.jobs.run_folder import make_label, run_directory
 from allocator.trainer.jobs.walk_forward.config import (
     RESUME_FREE,
@@ -77,6 +76,7 @@ from allocator.trainer.jobs.walk_forward.window import (
 )
 from allocator.trainer.market.store import shown
 from allocator.trainer.training.config import UNION_TAGS
+from allocator.trainer.training.run_dir import RUN_SUMMARY_FILE
 from allocator.trainer.training.tracking import (
     TrackedRun,
     ended_on_error,
@@ -116,8 +116,8 @@ class WalkForwardSession:
 
 def record_window(metrics: JobMetrics, result: WindowResult) -> None:
     """A window's Sharpe and its training run's saturation watch, for the job's push."""
-    run_json = Path(result.run_dir) / "run.json"
-    watch = json.loads(run_json.read_text()).get("saturation_watch") if run_json.exists() else None
+    run = read_json_object(Path(result.run_dir) / RUN_SUMMARY_FILE) or {}
+    watch = run.get("saturation_watch")
     metrics.record_window(result.window.label, result.metrics()["sharpe"], watch)
 
 

@@ -13,7 +13,6 @@ A baseline a finished run did not record is backtested here as the run would hav
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from allocator.trainer.jobs.evaluation import (
     icm_statistics,
     replay_exported,
 )
+from allocator.trainer.jobs.json_safe import read_json_object
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig, WalkForwardError
 from allocator.trainer.jobs.walk_forward.progress import (
     EVALUATED,
@@ -189,13 +189,7 @@ def whole(directory: Path) -> bool:
 def finished_training(run_dir: str | Path) -> dict[str, Any] | None:
     """The ``run.json`` of a training run that finished (its manifest whole), else None."""
     run = Path(run_dir)
-    if not whole(run):
-        return None
-    try:
-        summary = json.loads((run / RUN_SUMMARY_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
+    return read_json_object(run / RUN_SUMMARY_FILE) if whole(run) else None
 
 
 def run_window(job: WindowJob) -> WindowResult:
