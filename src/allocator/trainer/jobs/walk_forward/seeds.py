@@ -57,12 +57,6 @@ class SeedRun:
     recipe: dict[str, Any]
 
 
-def base_seed(config: dict[str, Any]) -> int:
-    """The seed window 0 trained with."""
-    seed = config.get("seed")
-    return int(config["trainer"]["seed"] if seed is None else seed)
-
-
 def recipe(config: dict[str, Any]) -> dict[str, Any]:
     """The part of a run's resolved config that must match across the study."""
     out = {k: config.get(k) for k in RECIPE}
@@ -80,7 +74,8 @@ def load_seed_runs(run_dirs: Sequence[str | Path]) -> list[SeedRun]:
         if not path.is_file():
             raise WalkForwardError(f"{run_dir} has no {RETURNS_FILE}: not a finished run")
         config = read_state(run_dir).config
-        runs.append(SeedRun(str(run_dir), base_seed(config), read_returns(path), recipe(config)))
+        seed = config["trainer"]["seed"] if config.get("seed") is None else config["seed"]
+        runs.append(SeedRun(str(run_dir), int(seed), read_returns(path), recipe(config)))
     first = runs[0]
     for run in runs[1:]:
         diffs = config_differences(first.recipe, run.recipe, free=frozenset())
