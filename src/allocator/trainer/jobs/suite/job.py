@@ -3,13 +3,14 @@ on the same held-out days, assets, costs and smoothing."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from allocator.trainer.jobs.json_safe import finite, read_json_object
+from allocator.trainer.jobs.json_safe import finite
 from allocator.trainer.market.data import MarketData, load_dataset
 from allocator.trainer.market.draws import SP500_DEV
 from allocator.trainer.market.generated import GeneratedMarket, market
@@ -116,9 +117,10 @@ def best_simple_rule(run: TrainingRun, data: MarketData, rules: dict[str, list[i
 def saturation(run_dir: Path) -> dict[str, float | None]:
     """Near-bound share of the policy's actions on held-out days: overall and the worst live
     action dimension (``action_saturation.json``)."""
-    audit = read_json_object(run_dir / SATURATION_FILE)
-    if audit is None:
+    path = run_dir / SATURATION_FILE
+    if not path.is_file():  # a run too short to audit; a damaged audit is an error, not a pass
         return {"near_bound": None, "near_bound_max_dim": None}
+    audit = json.loads(path.read_text())
     per_dim = [x for x in audit.get("near_bound_ratio_per_dim", []) if x is not None]
     return {
         "near_bound": float(audit["near_bound_ratio"]),
