@@ -39,7 +39,6 @@ from allocator.portfolio.weights import (
     is_distribution,
     live_mask,
     renormalize,
-    weights_to_action,
 )
 
 __all__ = [
@@ -82,5 +81,4 @@ __all__ = [
     "rolling_asset_features",
     "standardize",
     "tilt_weights",
-    "weights_to_action",
 ]

@@ -86,14 +86,6 @@ def action_to_weights(action: ArrayLike, mask: ArrayLike) -> FloatArray:
     return renormalize(preference, mask)
 
 
-def weights_to_action(weights: ArrayLike) -> FloatArray:
-    """An action that ``action_to_weights`` maps back to ``weights`` (largest: preference 1)."""
-    w = np.asarray(weights, dtype=np.float64)
-    top = np.max(w, axis=-1, keepdims=True)
-    pref = np.divide(w, top, out=np.zeros_like(w), where=top > 0)
-    return pref * 2.0 - 1.0
-
-
 def is_distribution(weights: ArrayLike, mask: ArrayLike | None = None, atol: float = 1e-9) -> bool:
     """True when weights are finite, non-negative, sum to 1 and (if given) respect the mask."""
     w = np.asarray(weights, dtype=np.float64)

@@ -143,14 +143,12 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         super().__init__()
         self.config = config or EnvConfig()
         self.data = data
-        self.spec_ = self.config.feature_spec
         self.stats = stats if stats is not None else fit_normalization(data.prices, axis=0)
-        m = self.config.max_assets
-        self.n_slots = m + 1
+        self.n_slots = self.config.max_assets + 1
         self.n_features = self.config.n_features
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.n_slots,), dtype=np.float32)
         # Features lie in [-clip, clip]; the weights and mask blocks in [0, 1].
-        self._obs_size = self.spec_.obs_size  # read every step: kept, not recomputed
+        self._obs_size = self.config.feature_spec.obs_size  # read every step: kept
         self._n_block = self._obs_size - 2 * self.n_slots
         low = np.zeros(self._obs_size, np.float32)
         low[: self._n_block] = -self.config.obs_clip
@@ -180,12 +178,6 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.reward_fn = RewardFunction(self.config.reward)
         self._relative = self.reward_fn.relative
         self.history = EpisodeHistory(self.n_slots, capacity=1)
-        self._t0 = 0
-        self._length = 0
-        self._k = 0
-        self._row0 = 0  # decision index of row 0 of the per-decision arrays
-        self._changes: dict[int, tuple[str, ...]] = {}
-        self._sold = 0.0  # weight sold by universe changes since the last step
         self._done = True  # until the first reset
 
     # --- episode set-up ------------------------------------------------------------------
@@ -247,7 +239,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.drifted = np.zeros(self.n_slots)
         self.drifted[0] = 1.0
         self.executed: NDArray[np.float64] | None = None
-        self._sold = 0.0
+        self._sold = 0.0  # weight sold by universe changes since the last step
         if self.history.capacity < length:
             self.history = EpisodeHistory(self.n_slots, capacity=length)
         self.history.start(self.nav, self.drifted, self._slot_prices[0], self.mask)
@@ -266,7 +258,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.mask = np.zeros(self.n_slots, dtype=bool)
         self.mask[: k + 1] = True
         self._mask_f32 = self.mask.astype(np.float32)
-        self._row0 = k0
+        self._row0 = k0  # decision index of row 0 of the per-decision arrays
         self._slot_prices = np.ones((n + 1, self.n_slots))  # cash and empty slots fixed at 1
         self._slot_prices[:, 1 : k + 1] = self.data.prices[t : t + n + 1][:, idx]
         self._growth = self._slot_prices[1:] / self._slot_prices[:-1]
@@ -275,7 +267,6 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             self._episode_features[:, :k] = self._features[t - w + 1 : t + n + 1][:, idx]
         else:
             self._episode_features = self._table.episode(idx, t, n + 1, m)
-        self._anchors = None
         if self._map_action.tilt:
             window = self.data.prices[t - h : t + n + 1][:, idx]
             spec = self.config.action.anchor.spec

@@ -19,7 +19,6 @@ from allocator.portfolio import (
     action_to_weights,
     anchor_weights,
     apply_tilt,
-    check_tilt_strength,
     cross_sectional_features,
     masked_anchor,
     own_features,
@@ -28,7 +27,6 @@ from allocator.portfolio import (
 from allocator.typed_config import StrictModel
 
 FeatureSet = Literal["returns", "asset_v1"]
-ActionMappingName = Literal["affine", "tilt"]
 
 
 class AnchorSettings(StrictModel):
@@ -57,7 +55,7 @@ class AnchorSettings(StrictModel):
 class ActionSettings(StrictModel):
     """How an action in [-1, 1] per slot becomes target weights."""
 
-    mapping: ActionMappingName = Field(
+    mapping: Literal["affine", "tilt"] = Field(
         "affine", description="'affine': (a+1)/2 renormalized; 'tilt': anchor * exp(k a)"
     )
     k: float = Field(1.0, gt=0, le=MAX_TILT_STRENGTH, description="tilt strength (tilt only)")
@@ -74,11 +72,7 @@ class FeatureTable:
     cross-sectional ones per episode. Memory: ``T x N x F`` float32 plus the sums."""
 
     def __init__(
-        self,
-        prices: NDArray[np.float64],
-        spec: AssetFeatureSpec,
-        norm: FeatureNormalization,
-        chunk_dates: int = 512,
+        self, prices: NDArray[np.float64], spec: AssetFeatureSpec, norm: FeatureNormalization
     ) -> None:
         if norm.n_features != spec.n_features:
             raise ValueError(
@@ -94,8 +88,8 @@ class FeatureTable:
         mean, std = norm.mean[:n_own], norm.std[:n_own]
         # Windows that reach before an asset's first close hold NaN: their rows are never used.
         with np.errstate(invalid="ignore", divide="ignore"):
-            for start in range(0, n_dates, chunk_dates):
-                rows = slice(start, start + chunk_dates)
+            for start in range(0, n_dates, 512):  # bounded temporaries
+                rows = slice(start, start + 512)
                 own, self.sums[rows] = own_features(windows[rows], spec)
                 self.own[rows] = standardize(own, mean, std, spec.clip)
 
@@ -137,7 +131,7 @@ class ActionMapper:
 
     def __init__(self, settings: ActionSettings) -> None:
         self.tilt = settings.mapping == "tilt"
-        self.k = check_tilt_strength(settings.k)
+        self.k = settings.k  # ActionSettings checked it
 
     def __call__(
         self,
