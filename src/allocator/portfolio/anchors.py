@@ -6,7 +6,7 @@ rows; identical rows share their mean weight): permuting the assets permutes the
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -53,13 +53,6 @@ class AnchorSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "kind": str(self.kind)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AnchorSpec:
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown anchor spec field(s): {', '.join(sorted(unknown))}")
-        return cls(**data)
 
 
 def sorted_sum(x: FloatArray) -> FloatArray:

@@ -379,7 +379,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         benchmark = 0.0
         if self._relative and self._anchors is not None:
             benchmark = float(np.add.reduce(self._anchors[j] * self._growth[j])) - 1.0
-        self.history.record(self.nav, s, self._slot_prices[j + 1], cost, traded, benchmark)
+        self.history.record(self.nav, s, self._slot_prices[j + 1], benchmark)
         reward = self.reward_fn(self.history)
         terminated = self.nav <= 1e-9 * self.config.initial_value
         truncated = self._k >= self._length and not terminated

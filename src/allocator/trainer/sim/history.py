@@ -9,7 +9,7 @@ from numpy.typing import NDArray
 
 
 class EpisodeHistory:
-    """NAV, executed weights, slot prices and per-step figures of one episode."""
+    """NAV, executed weights, slot prices, net returns and the anchor's returns of one episode."""
 
     def __init__(self, n_slots: int, capacity: int) -> None:
         self.n_slots = n_slots
@@ -18,8 +18,6 @@ class EpisodeHistory:
         self.weights = np.zeros((capacity + 1, n_slots))  # executed (smoothed) target weights
         self.prices = np.ones((capacity + 1, n_slots))  # slot closes; cash and masked slots = 1
         self.returns = np.zeros(capacity)  # net one-step portfolio return
-        self.costs = np.zeros(capacity)  # costs paid, in currency
-        self.turnover = np.zeros(capacity)  # traded value / NAV before trading
         self.benchmark = np.zeros(capacity)  # the anchor's one-step gross return (0 if unused)
         self.mask = np.zeros(n_slots, dtype=bool)
         self.steps = 0
@@ -42,8 +40,6 @@ class EpisodeHistory:
         nav: float,
         weights: NDArray[np.float64],
         prices: NDArray[np.float64],
-        cost: float,
-        turnover: float,
         benchmark: float = 0.0,
     ) -> None:
         k = self.steps
@@ -53,8 +49,6 @@ class EpisodeHistory:
         self.weights[k + 1] = weights
         self.prices[k + 1] = prices
         self.returns[k] = nav / self.nav[k] - 1.0
-        self.costs[k] = cost
-        self.turnover[k] = turnover
         self.benchmark[k] = benchmark
         self.steps = k + 1
 

@@ -100,12 +100,7 @@ def write_backtest_report(
         "allocations": allocation_figure(results[agent]),
         **(extra or {}),
     }
-    return write_page(path, heading, figures)
-
-
-def write_page(path: str | Path, title: str, figures: Mapping[str, go.Figure]) -> Path:
-    """One HTML page: the title, then each figure in a div named by its id."""
-    divs = [
+    divs = [  # each figure in a div named by its id; plotly.js once, with the first
         pio.to_html(fig, include_plotlyjs=k == 0, full_html=False, div_id=div_id)
         for k, (div_id, fig) in enumerate(figures.items())
     ]
@@ -113,9 +108,9 @@ def write_page(path: str | Path, title: str, figures: Mapping[str, go.Figure]) -
         [
             "<!DOCTYPE html>",
             '<html lang="en">',
-            f'<head><meta charset="utf-8"><title>{html.escape(title)}</title></head>',
+            f'<head><meta charset="utf-8"><title>{html.escape(heading)}</title></head>',
             '<body style="font-family: sans-serif; margin: 1em 2em">',
-            f"<h1>{html.escape(title)}</h1>",
+            f"<h1>{html.escape(heading)}</h1>",
             *divs,
             "</body>",
             "</html>",
