@@ -28,7 +28,6 @@ from allocator.portfolio.observation import fit_normalization as fit_normalizati
 from allocator.portfolio.observation import log_returns as log_returns
 from allocator.portfolio.observation import normalize_observation as normalize_observation
 from allocator.portfolio.observation import normalize_returns as normalize_returns
-from allocator.portfolio.smoothing import ema_smooth as ema_smooth
 from allocator.portfolio.tilt import MAX_TILT_STRENGTH as MAX_TILT_STRENGTH
 from allocator.portfolio.tilt import apply_tilt as apply_tilt
 from allocator.portfolio.tilt import check_tilt_strength as check_tilt_strength
@@ -36,6 +35,7 @@ from allocator.portfolio.tilt import tilt_weights as tilt_weights
 from allocator.portfolio.weights import CASH as CASH
 from allocator.portfolio.weights import WEIGHT_SUM_TOLERANCE as WEIGHT_SUM_TOLERANCE
 from allocator.portfolio.weights import action_to_weights as action_to_weights
+from allocator.portfolio.weights import ema_smooth as ema_smooth
 from allocator.portfolio.weights import is_distribution as is_distribution
 from allocator.portfolio.weights import live_mask as live_mask
 from allocator.portfolio.weights import renormalize as renormalize

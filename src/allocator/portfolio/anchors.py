@@ -102,10 +102,8 @@ def anchor_weights(prices: ArrayLike, mask: ArrayLike, spec: AnchorSpec) -> Floa
     elif spec.kind is AnchorKind.INVERSE_VOLATILITY:
         sigma = np.maximum(log_returns(p).std(axis=-1), VOL_FLOOR)
         score = np.where(live, 1.0 / sigma, 0.0)
-    elif spec.kind in RISK_ALLOCATIONS:
+    else:  # a new kind must be given its rule here or in RISK_ALLOCATIONS
         score = risk_allocation(log_returns(p), live, RISK_ALLOCATIONS[spec.kind])
-    else:  # pragma: no cover - a new kind must be given its rule here
-        raise ValueError(f"unsupported anchor kind {spec.kind}")
     total = sorted_sum(score)
     assets = np.divide(
         score * (1.0 - spec.cash_share), total, out=np.zeros_like(score), where=total > 0

@@ -49,9 +49,6 @@ class FeatureSpec:
     def obs_size(self) -> int:
         return self.max_assets * self.window + 2 * self.n_slots
 
-    def to_dict(self) -> dict[str, float | int]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class NormalizationStats:

@@ -21,8 +21,6 @@ class RegimeFilter:
     """Forward filter of a hidden regime redrawn with probability ``1 / period`` per close;
     subclasses give the Gaussian likelihood and the book."""
 
-    name = "regime-filter"
-
     def __init__(self, n_states: int, period: float) -> None:
         redraw = 1.0 / period
         self.transition = np.full((n_states, n_states), redraw / n_states)

@@ -34,6 +34,7 @@ from allocator.portfolio import (
 )
 from allocator.portfolio.costs import cost_rate, trade_cost, turnover
 from allocator.trainer.market.data import MarketData
+from allocator.trainer.sim import universe
 from allocator.trainer.sim.history import EpisodeHistory
 from allocator.trainer.sim.representation import (
     ActionMapper,
@@ -43,15 +44,6 @@ from allocator.trainer.sim.representation import (
     episode_anchors,
 )
 from allocator.trainer.sim.rewards import RewardConfig, RewardFunction
-from allocator.trainer.sim.universe import (
-    carry,
-    check_assets,
-    left_slots,
-    parse_schedule,
-    segment_end,
-    slot_sources,
-    universe_order,
-)
 from allocator.typed_config import StrictModel
 
 
@@ -185,7 +177,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     def _universe(
         self, names: Sequence[str], first: int, last: int, span: str | None = None
     ) -> list[int]:
-        idx = check_assets(names, self.data.assets, self.config.max_assets)
+        idx = universe.check_assets(names, self.data.assets, self.config.max_assets)
         span = span or f"rows {first}..{last}"
         for i in idx:
             if self._first[i] > first or self._last[i] < last:
@@ -213,10 +205,10 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             raise ValueError(f"start needs {w} earlier closes for the observation window")
         if length < 1:
             raise ValueError("episode has no steps: start is at the end of the data")
-        changes = parse_schedule(options.get("universe_changes", {}), length)
+        changes = universe.parse_schedule(options.get("universe_changes", {}), length)
         for step, names in changes.items():
-            self._universe(names, t0 + step - w, t0 + segment_end(changes, step, length))
-        end = t0 + segment_end(changes, 0, length)
+            self._universe(names, t0 + step - w, t0 + universe.segment_end(changes, step, length))
+        end = t0 + universe.segment_end(changes, 0, length)
         if "assets" in options:
             span = "the whole episode" if not changes else None
             return self._universe(list(options["assets"]), t0 - w, end, span), t0, length, changes
@@ -251,7 +243,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         per-decision arrays in one go."""
         m, w, h = self.config.max_assets, self.config.window, self._history
         t = self._t0 + k0
-        n = segment_end(self._changes, k0, self._length) - k0  # decisions in the span
+        n = universe.segment_end(self._changes, k0, self._length) - k0  # decisions in the span
         k = len(idx)
         self.asset_index = np.asarray(idx, dtype=np.int64)
         self.asset_names = tuple(self.data.assets[i] for i in idx)
@@ -284,7 +276,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         names = list(assets)
         if not names:
             raise ValueError("a universe needs at least one asset")
-        end = self._t0 + segment_end(self._changes, self._k, self._length)
+        end = self._t0 + universe.segment_end(self._changes, self._k, self._length)
         self._universe(names, self.t - self._history, end)
         self._change(names)
         info = {"assets": self.asset_names, "date": self.date, "nav": self.nav}
@@ -292,15 +284,15 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
 
     def _change(self, names: Sequence[str]) -> tuple[str, ...]:
         """Apply a checked universe at the next decision: sell the leavers, carry the rest."""
-        order = universe_order(self.asset_names, names)
-        source = slot_sources(self.asset_names, order, self.n_slots)
-        sold = float(self.drifted[left_slots(self.asset_names, order)].sum())
+        order = universe.universe_order(self.asset_names, names)
+        source = universe.slot_sources(self.asset_names, order, self.n_slots)
+        sold = float(self.drifted[universe.left_slots(self.asset_names, order)].sum())
         self._install([self._column[a] for a in order], self._k)
-        drifted = carry(self.drifted, source)
+        drifted = universe.carry(self.drifted, source)
         drifted[0] += sold
         self.drifted = drifted
         if self.executed is not None:
-            self.executed = carry(self.executed, source)
+            self.executed = universe.carry(self.executed, source)
         self._sold += sold
         self.history.remap(source, self.mask, self._slot_prices[0])
         return self.asset_names
