@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from numpy.typing import ArrayLike
 from pydantic import ValidationError
 
-from allocator.trainer.sim.history import EpisodeHistory
 from allocator.trainer.sim.rewards import (
+    EpisodeHistory,
     PenaltySettings,
     RewardConfig,
     RewardFunction,

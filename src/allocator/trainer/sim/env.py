@@ -35,7 +35,6 @@ from allocator.portfolio import (
 from allocator.portfolio.costs import cost_rate, trade_cost, turnover
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim import universe
-from allocator.trainer.sim.history import EpisodeHistory
 from allocator.trainer.sim.representation import (
     ActionMapper,
     ActionSettings,
@@ -43,7 +42,7 @@ from allocator.trainer.sim.representation import (
     FeatureTable,
     episode_anchors,
 )
-from allocator.trainer.sim.rewards import RewardConfig, RewardFunction
+from allocator.trainer.sim.rewards import EpisodeHistory, RewardConfig, RewardFunction
 from allocator.typed_config import StrictModel
 
 
