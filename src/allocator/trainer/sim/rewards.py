@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -195,8 +195,14 @@ def shapley_values(avg_alloc: ArrayLike, slot_returns: ArrayLike) -> NDArray[np.
 # --- rewards -----------------------------------------------------------------------------
 
 
-class Reward:
-    """A reward computed from the episode history after each step."""
+Settings = TypeVar("Settings", bound=StrictModel)
+
+
+class Reward(Generic[Settings]):
+    """A reward computed from the episode history after each step, with its settings ``s``."""
+
+    def __init__(self, s: Settings) -> None:
+        self.s = s
 
     def reset(self) -> None:
         """Forget per-episode state (none by default)."""
@@ -205,26 +211,20 @@ class Reward:
         raise NotImplementedError
 
 
-class TransactionCostReward(Reward):
+class TransactionCostReward(Reward[TransactionCostSettings]):
     """Net one-step return (costs already taken out of NAV) plus the long-horizon bonus."""
 
-    def __init__(self, s: TransactionCostSettings) -> None:
-        self.n = s.long_horizon
-        self.bonus = s.long_weight / s.long_horizon
-
     def __call__(self, h: EpisodeHistory) -> float:
-        k = h.steps
+        k, n = h.steps, self.s.long_horizon
         r = h.returns[k - 1]
-        if self.bonus and k >= self.n:
-            r += self.bonus * (h.nav[k] / h.nav[k - self.n] - 1.0)
+        bonus = self.s.long_weight / n
+        if bonus and k >= n:
+            r += bonus * (h.nav[k] / h.nav[k - n] - 1.0)
         return float(r)
 
 
-class StructuredCreditReward(Reward):
+class StructuredCreditReward(Reward[StructuredCreditSettings]):
     """Allocation-weighted soft-log asset returns + cash hedge - downside sigma, clipped."""
-
-    def __init__(self, s: StructuredCreditSettings) -> None:
-        self.s = s
 
     def __call__(self, h: EpisodeHistory) -> float:
         avg_alloc, slot_ret, live = window_credit_inputs(h, self.s.window)
@@ -240,12 +240,10 @@ class StructuredCreditReward(Reward):
         )
 
 
-class SortinoReward(Reward):
+class SortinoReward(Reward[SortinoSettings]):
     """Net return + ``weight * (gamma F_t - F_{t-1})`` with F the rolling Sortino ratio."""
 
-    def __init__(self, s: SortinoSettings) -> None:
-        self.s = s
-        self.prev = 0.0
+    prev = 0.0  # F_{t-1}
 
     def reset(self) -> None:
         self.prev = 0.0
@@ -258,11 +256,8 @@ class SortinoReward(Reward):
         return float(h.returns[k - 1] + shaped)
 
 
-class ShapleyReward(Reward):
+class ShapleyReward(Reward[ShapleySettings]):
     """Sum of the exact Shapley credits over the window, clipped."""
-
-    def __init__(self, s: ShapleySettings) -> None:
-        self.s = s
 
     def __call__(self, h: EpisodeHistory) -> float:
         avg_alloc, slot_ret, _ = window_credit_inputs(h, self.s.window)
@@ -300,7 +295,7 @@ class RewardFunction:
     def __init__(self, config: RewardConfig) -> None:
         self.config = config
         self.scale = config.scale
-        builders: dict[RewardKind, Callable[[], Reward]] = {
+        builders: dict[RewardKind, Callable[[], Reward[Any]]] = {
             RewardKind.TRANSACTION_COST: lambda: TransactionCostReward(config.transaction_cost),
             RewardKind.STRUCTURED_CREDIT: lambda: StructuredCreditReward(config.structured_credit),
             RewardKind.SORTINO: lambda: SortinoReward(config.sortino),
