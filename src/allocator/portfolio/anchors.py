@@ -11,15 +11,12 @@ from enum import StrEnum
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
 from allocator.portfolio.hrp import hrp_weights
 from allocator.portfolio.min_variance import min_variance_weights
 from allocator.portfolio.observation import live_price_window, log_returns
-from allocator.portfolio.weights import CASH, live_mask
-
-FloatArray = NDArray[np.float64]
-BoolArray = NDArray[np.bool_]
+from allocator.portfolio.weights import CASH, BoolArray, FloatArray, live_mask
 
 VOL_FLOOR = 1e-8
 """A return series with zero volatility gets this sigma (its variance ``VOL_FLOOR**2``), so the

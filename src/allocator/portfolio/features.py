@@ -28,10 +28,7 @@ from allocator.portfolio.observation import (
     live_price_window,
     log_returns,
 )
-from allocator.portfolio.weights import live_mask
-
-FloatArray = NDArray[np.float64]
-BoolArray = NDArray[np.bool_]
+from allocator.portfolio.weights import BoolArray, FloatArray, live_mask
 
 FEATURE_SET_VERSIONS = (1,)
 """Feature-set versions this code computes; a model trained on another version is refused."""

@@ -13,11 +13,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from allocator.portfolio.weights import live_mask
+from allocator.portfolio.weights import BoolArray, FloatArray, live_mask
 
 Float32Array = NDArray[np.float32]
-FloatArray = NDArray[np.float64]
-BoolArray = NDArray[np.bool_]
 
 
 @dataclass(frozen=True)

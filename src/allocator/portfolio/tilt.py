@@ -10,12 +10,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
 from allocator.portfolio.anchors import masked_anchor, sorted_sum
-from allocator.portfolio.weights import live_mask
-
-FloatArray = NDArray[np.float64]
+from allocator.portfolio.weights import FloatArray, live_mask
 
 MAX_TILT_STRENGTH = 100.0
 """Largest ``k``: exp(2k) stays far from overflow, and beyond it the tilt is an argmax anyway."""

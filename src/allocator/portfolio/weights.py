@@ -21,6 +21,7 @@ WEIGHT_SUM_TOLERANCE = 1e-6
 float32 weights, whose sum misses 1 by a few 1e-8; a larger gap is a wrong vector, not rounding."""
 
 FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
 
 
 def live_mask(mask: ArrayLike) -> NDArray[np.bool_]:

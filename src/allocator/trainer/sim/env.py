@@ -246,8 +246,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         k = len(idx)
         self.asset_index = np.asarray(idx, dtype=np.int64)
         self.asset_names = tuple(self.data.assets[i] for i in idx)
-        self.mask = np.zeros(self.n_slots, dtype=bool)
-        self.mask[: k + 1] = True
+        self.mask = np.arange(self.n_slots) <= k  # live slots: cash and the k assets
         self._mask_f32 = self.mask.astype(np.float32)
         self._row0 = k0  # decision index of row 0 of the per-decision arrays
         self._slot_prices = np.ones((n + 1, self.n_slots))  # cash and empty slots fixed at 1

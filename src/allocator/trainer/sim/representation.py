@@ -121,9 +121,7 @@ def episode_anchors(
     live = np.ones((1, k + 1), dtype=bool)
     out = np.zeros((windows.shape[0], n_slots))
     out[:, : k + 1] = anchor_weights(windows, live, spec)
-    mask = np.zeros(n_slots, dtype=bool)
-    mask[: k + 1] = True
-    return masked_anchor(out, mask)
+    return masked_anchor(out, np.arange(n_slots) <= k)
 
 
 class ActionMapper:
