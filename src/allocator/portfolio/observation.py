@@ -121,8 +121,7 @@ def normalize_returns(
 def assemble_observation(
     features: ArrayLike, weights: ArrayLike, mask: ArrayLike, spec: FeatureSpec
 ) -> Float32Array:
-    """Normalized features ``(..., max_assets, window)``, masked slots zeroed, then weights
-    and mask."""
+    """Features ``(..., max_assets, window)`` (masked slots zeroed), then weights, then mask."""
     live = live_mask(mask)
     w = np.asarray(weights, dtype=np.float32)
     if live.shape[-1] != spec.n_slots or w.shape[-1] != spec.n_slots:

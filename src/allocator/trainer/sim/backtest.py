@@ -82,8 +82,7 @@ def backtest_span(
     assets: Sequence[str] | None,
     window: int,
 ) -> tuple[int, int, list[str]]:
-    """First and last decision row and the assets of a backtest, or a ``DataError`` saying why
-    the data cannot support it."""
+    """First and last decision row and the assets of a backtest, or a ``DataError`` on why not."""
     t0 = window if start is None else data.date_index(start, "left")
     t1 = data.n_dates - 1 if end is None else data.date_index(end, "right")
     if t0 < window:

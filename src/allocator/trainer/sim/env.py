@@ -116,11 +116,9 @@ class EnvConfig(StrictModel):
 
 
 class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
-    """Gymnasium environment over ``MarketData`` with the shared policy contract.
-
-    ``reset(options=...)`` takes ``assets`` (slot order), ``start`` (date or row),
-    ``episode_length`` and ``universe_changes`` (``{step: names}``, the universe from ``step``).
-    """
+    """Gymnasium environment over ``MarketData`` with the shared policy contract. Reset options:
+    ``assets`` (slot order), ``start`` (date or row), ``episode_length`` and ``universe_changes``
+    (``{step: names}``, the universe from ``step``)."""
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's class attribute
 
@@ -176,7 +174,17 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     def _universe(
         self, names: Sequence[str], first: int, last: int, span: str | None = None
     ) -> list[int]:
-        idx = universe.check_assets(names, self.data.assets, self.config.max_assets)
+        """Data columns of ``names``: each known, none repeated, at most ``max_assets`` of them,
+        every one with prices from row ``first`` to row ``last``."""
+        names = list(names)
+        unknown = [a for a in names if a not in self._column]
+        if unknown:
+            raise ValueError(f"unknown asset(s) {', '.join(map(str, unknown))}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate asset ids in {names}")
+        if len(names) > self.config.max_assets:
+            raise ValueError(f"{len(names)} assets exceed max_assets={self.config.max_assets}")
+        idx = [self._column[a] for a in names]
         span = span or f"rows {first}..{last}"
         for i in idx:
             if self._first[i] > first or self._last[i] < last:
@@ -238,8 +246,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         return self._observation(), {"assets": self.asset_names, "date": self.date, "nav": self.nav}
 
     def _install(self, idx: list[int], k0: int) -> None:
-        """Make ``idx`` the universe from decision ``k0`` to the end of its span, preparing its
-        per-decision arrays in one go."""
+        """Make ``idx`` the universe from decision ``k0`` to its span's end, arrays and all."""
         m, w, h = self.config.max_assets, self.config.window, self._history
         t = self._t0 + k0
         n = universe.segment_end(self._changes, k0, self._length) - k0  # decisions in the span

@@ -34,8 +34,7 @@ def select_simple_rule(
     assets: Sequence[str] | None = None,
 ) -> MomentumChoice:
     """The best of top-k momentum and reversal (keys ``momentum:lookback=L,k=K``, ...) by net
-    Sharpe over ``[start, end]``, the first of equal scores; ``start`` needs ``max(lookbacks)``
-    closes before it."""
+    Sharpe over ``[start, end]`` (first of equals); ``start`` needs ``max(lookbacks)`` closes."""
     if not (momentum_lookbacks or reversal_lookbacks) or not ks:
         raise ValueError("select_simple_rule needs at least one lookback and one k")
     families = ((TopKMomentum, momentum_lookbacks), (TopKReversal, reversal_lookbacks))

@@ -41,9 +41,8 @@ def annualized_sharpe(returns: ArrayLike) -> float:
 
 
 def block_size(data: ArrayLike) -> int:
-    """Mean block length for a stationary bootstrap of ``data`` (days, or days x series): the
-    largest Politis-White estimate rounded up, so the interval errs wide; constant series are
-    skipped, and with none left, 1."""
+    """Stationary-bootstrap mean block of ``data`` (days, or days x series): the largest
+    Politis-White estimate rounded up (the interval errs wide), 1 if every series is constant."""
     x = np.asarray(data, dtype=np.float64)
     x = x[:, None] if x.ndim == 1 else x
     varying = x[:, x.std(axis=0) > FLAT]
