@@ -1,9 +1,5 @@
 """The numpy-only policy contract that training, export, backtests and serving share."""
 
-from allocator.portfolio.anchors import AnchorKind as AnchorKind
-from allocator.portfolio.anchors import AnchorSpec as AnchorSpec
-from allocator.portfolio.anchors import anchor_weights as anchor_weights
-from allocator.portfolio.anchors import masked_anchor as masked_anchor
 from allocator.portfolio.features import AssetFeatureSpec as AssetFeatureSpec
 from allocator.portfolio.features import FeatureNormalization as FeatureNormalization
 from allocator.portfolio.features import asset_features as asset_features
@@ -29,8 +25,12 @@ from allocator.portfolio.observation import log_returns as log_returns
 from allocator.portfolio.observation import normalize_observation as normalize_observation
 from allocator.portfolio.observation import normalize_returns as normalize_returns
 from allocator.portfolio.tilt import MAX_TILT_STRENGTH as MAX_TILT_STRENGTH
+from allocator.portfolio.tilt import AnchorKind as AnchorKind
+from allocator.portfolio.tilt import AnchorSpec as AnchorSpec
+from allocator.portfolio.tilt import anchor_weights as anchor_weights
 from allocator.portfolio.tilt import apply_tilt as apply_tilt
 from allocator.portfolio.tilt import check_tilt_strength as check_tilt_strength
+from allocator.portfolio.tilt import masked_anchor as masked_anchor
 from allocator.portfolio.tilt import tilt_weights as tilt_weights
 from allocator.portfolio.weights import CASH as CASH
 from allocator.portfolio.weights import WEIGHT_SUM_TOLERANCE as WEIGHT_SUM_TOLERANCE

@@ -90,12 +90,7 @@ class EnvConfig(StrictModel):
 
     @property
     def asset_feature_spec(self) -> AssetFeatureSpec:
-        return AssetFeatureSpec(
-            window=self.window,
-            horizons=tuple(self.horizons),
-            vol_window=self.vol_window,
-            clip=self.obs_clip,
-        )
+        return AssetFeatureSpec(self.window, tuple(self.horizons), self.vol_window, self.obs_clip)
 
     @property
     def n_features(self) -> int:
