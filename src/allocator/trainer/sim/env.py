@@ -25,6 +25,8 @@ from allocator.portfolio import (
     FeatureNormalization,
     FeatureSpec,
     NormalizationStats,
+    action_to_weights,
+    apply_tilt,
     ema_smooth,
     fit_feature_normalization,
     fit_normalization,
@@ -36,7 +38,6 @@ from allocator.portfolio.costs import cost_rate, trade_cost, turnover
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim import universe
 from allocator.trainer.sim.representation import (
-    ActionMapper,
     ActionSettings,
     FeatureSet,
     FeatureTable,
@@ -152,7 +153,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
                 log_returns(data.prices, axis=0), self.stats, self.config.obs_clip
             )
             self._features = np.vstack([np.zeros((1, data.n_assets), np.float32), feats])
-        self._map_action = ActionMapper(self.config.action)
+        self._tilt = self.config.action.mapping == "tilt"
         self._anchors: NDArray[np.float64] | None = None
         self._column = {a: j for j, a in enumerate(data.assets)}
         self._first = data.first_valid()
@@ -259,7 +260,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             self._episode_features[:, :k] = self._features[t - w + 1 : t + n + 1][:, idx]
         else:
             self._episode_features = self._table.episode(idx, t, n + 1, m)
-        if self._map_action.tilt:
+        if self._tilt:
             window = self.data.prices[t - h : t + n + 1][:, idx]
             spec = self.config.action.anchor.spec
             self._anchors = episode_anchors(window, spec, self.n_slots, h + 1)
@@ -329,7 +330,10 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     def action_weights(
         self, action: NDArray[np.float32] | NDArray[np.float64]
     ) -> NDArray[np.float64]:
-        return self._map_action(action, self.mask, self.anchor)
+        anchor = self.anchor
+        if anchor is None:
+            return action_to_weights(action, self.mask)
+        return apply_tilt(action, anchor, self.config.action.k)
 
     def step(
         self, action: NDArray[np.float32] | NDArray[np.float64]

@@ -16,9 +16,7 @@ from allocator.portfolio import (
     AnchorSpec,
     AssetFeatureSpec,
     FeatureNormalization,
-    action_to_weights,
     anchor_weights,
-    apply_tilt,
     cross_sectional_features,
     masked_anchor,
     own_features,
@@ -122,22 +120,3 @@ def episode_anchors(
     out = np.zeros((windows.shape[0], n_slots))
     out[:, : k + 1] = anchor_weights(windows, live, spec)
     return masked_anchor(out, np.arange(n_slots) <= k)
-
-
-class ActionMapper:
-    """Maps an action to raw target weights at one decision: affine, or a tilt of the anchor."""
-
-    def __init__(self, settings: ActionSettings) -> None:
-        self.tilt = settings.mapping == "tilt"
-        self.k = settings.k  # ActionSettings checked it
-
-    def __call__(
-        self,
-        action: NDArray[np.float32] | NDArray[np.float64],
-        mask: NDArray[np.bool_],
-        anchor: NDArray[np.float64] | None,
-    ) -> NDArray[np.float64]:
-        if not self.tilt:
-            return action_to_weights(action, mask)
-        assert anchor is not None, "the tilt mapping needs the decision's anchor"
-        return apply_tilt(action, anchor, self.k)
