@@ -17,7 +17,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
 from allocator.portfolio import (
@@ -35,6 +34,8 @@ from allocator.portfolio import (
     normalize_returns,
 )
 from allocator.portfolio.costs import cost_rate, trade_cost, turnover
+from allocator.portfolio.observation import Float32Array
+from allocator.portfolio.weights import FloatArray
 from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim import universe
 from allocator.trainer.sim.representation import (
@@ -45,6 +46,9 @@ from allocator.trainer.sim.representation import (
 )
 from allocator.trainer.sim.rewards import EpisodeHistory, RewardConfig, RewardFunction
 from allocator.typed_config import StrictModel
+
+Step = tuple[Float32Array, float, bool, bool, dict[str, Any]]
+"""``gym.Env.step``'s answer: observation, reward, terminated, truncated, info."""
 
 
 class EnvConfig(StrictModel):
@@ -111,7 +115,7 @@ class EnvConfig(StrictModel):
         return self.features == "returns" and self.action.mapping == "affine"
 
 
-class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
+class PortfolioEnv(gym.Env[Float32Array, Float32Array]):
     """Gymnasium environment over ``MarketData`` with the shared policy contract. Reset options:
     ``assets`` (slot order), ``start`` (date or row), ``episode_length`` and ``universe_changes``
     (``{step: names}``, the universe from ``step``)."""
@@ -154,7 +158,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             )
             self._features = np.vstack([np.zeros((1, data.n_assets), np.float32), feats])
         self._tilt = self.config.action.mapping == "tilt"
-        self._anchors: NDArray[np.float64] | None = None
+        self._anchors: FloatArray | None = None
         self._column = {a: j for j, a in enumerate(data.assets)}
         self._first = data.first_valid()
         self._last = data.last_valid()
@@ -224,7 +228,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[NDArray[np.float32], dict[str, Any]]:
+    ) -> tuple[Float32Array, dict[str, Any]]:
         super().reset(seed=seed)
         idx, t0, length, changes = self._sample_episode(options or {})
         self._t0, self._length, self._k, self._changes = t0, length, 0, changes
@@ -233,7 +237,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.nav = self.config.initial_value
         self.drifted = np.zeros(self.n_slots)
         self.drifted[0] = 1.0
-        self.executed: NDArray[np.float64] | None = None
+        self.executed: FloatArray | None = None
         self._sold = 0.0  # weight sold by universe changes since the last step
         if self.history.capacity < length:
             self.history = EpisodeHistory(self.n_slots, capacity=length)
@@ -267,7 +271,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
 
     # --- universe changes ------------------------------------------------------------------
 
-    def change_universe(self, assets: Sequence[str]) -> tuple[NDArray[np.float32], dict[str, Any]]:
+    def change_universe(self, assets: Sequence[str]) -> tuple[Float32Array, dict[str, Any]]:
         """Make ``assets`` the universe from the next decision on; ``ValueError``, the
         environment unchanged, for a finished episode or a list ``reset`` would refuse."""
         if self._done:
@@ -309,7 +313,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     def t(self) -> int:
         return self._t0 + self._k
 
-    def _observation(self) -> NDArray[np.float32]:
+    def _observation(self) -> Float32Array:
         n = self._n_block
         j = self._k - self._row0
         obs = np.empty(self._obs_size, np.float32)
@@ -323,28 +327,22 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         return obs
 
     @property
-    def anchor(self) -> NDArray[np.float64] | None:
+    def anchor(self) -> FloatArray | None:
         """The tilt mapping's anchor at the next decision (None under the affine mapping)."""
         return None if self._anchors is None else self._anchors[self._k - self._row0]
 
-    def action_weights(
-        self, action: NDArray[np.float32] | NDArray[np.float64]
-    ) -> NDArray[np.float64]:
+    def action_weights(self, action: Float32Array | FloatArray) -> FloatArray:
         anchor = self.anchor
         if anchor is None:
             return action_to_weights(action, self.mask)
         return apply_tilt(action, anchor, self.config.action.k)
 
-    def step(
-        self, action: NDArray[np.float32] | NDArray[np.float64]
-    ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+    def step(self, action: Float32Array | FloatArray) -> Step:
         if self._done:
             raise RuntimeError("episode is over: call reset()")
         return self._advance(self.action_weights(action))
 
-    def step_weights(
-        self, weights: Sequence[float] | NDArray[np.float64]
-    ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+    def step_weights(self, weights: Sequence[float] | FloatArray) -> Step:
         """Step with raw target weights instead of an action (scripted policies, baselines)."""
         if self._done:
             raise RuntimeError("episode is over: call reset()")
@@ -356,9 +354,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             )
         return self._advance(w)
 
-    def _advance(
-        self, raw: NDArray[np.float64]
-    ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+    def _advance(self, raw: FloatArray) -> Step:
         j = self._k - self._row0
         s = ema_smooth(self.executed, raw, self.mask, self._beta)
         sold, self._sold = self._sold, 0.0

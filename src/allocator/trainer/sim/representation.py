@@ -100,8 +100,7 @@ class FeatureTable:
         if rows.start < 0 or rows.stop > self.own.shape[0]:
             raise ValueError(f"rows {first}..{first + n_dates - 1} lack the features' history")
         k = len(assets)
-        live = np.ones((1, k), dtype=bool)
-        cross = cross_sectional_features(self.sums[rows][:, assets], live)
+        cross = cross_sectional_features(self.sums[rows][:, assets], np.ones((1, k), dtype=bool))
         out = np.zeros((n_dates, max_assets, spec.n_features), np.float32)
         out[:, :k, :n_own] = self.own[rows][:, assets]
         out[:, :k, n_own:] = standardize(
@@ -116,7 +115,6 @@ def episode_anchors(
     """Masked anchor weights ``(D, n_slots)`` for every decision, from trailing windows."""
     windows = sliding_window_view(prices, n_prices, axis=0)
     k = windows.shape[1]
-    live = np.ones((1, k + 1), dtype=bool)
     out = np.zeros((windows.shape[0], n_slots))
-    out[:, : k + 1] = anchor_weights(windows, live, spec)
+    out[:, : k + 1] = anchor_weights(windows, np.ones((1, k + 1), dtype=bool), spec)
     return masked_anchor(out, np.arange(n_slots) <= k)

@@ -1,8 +1,7 @@
 """Rewards and penalties, selectable by name; each docstring gives its formula.
 
 Rewards read the ``EpisodeHistory`` after a step is recorded. Trailing windows use what history
-exists, so there is no cliff when a window fills. A zero penalty weight disables the penalty.
-"""
+exists, so there is no cliff when a window fills."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import Field
 
+from allocator.portfolio.weights import BoolArray, FloatArray
 from allocator.typed_config import StrictModel
 
 
@@ -34,13 +34,7 @@ class EpisodeHistory:
         self.mask = np.zeros(n_slots, dtype=bool)
         self.steps = 0
 
-    def start(
-        self,
-        nav: float,
-        weights: NDArray[np.float64],
-        prices: NDArray[np.float64],
-        mask: NDArray[np.bool_],
-    ) -> None:
+    def start(self, nav: float, weights: FloatArray, prices: FloatArray, mask: BoolArray) -> None:
         self.steps = 0
         self.nav[0] = nav
         self.weights[0] = weights
@@ -48,11 +42,7 @@ class EpisodeHistory:
         self.mask[:] = mask
 
     def record(
-        self,
-        nav: float,
-        weights: NDArray[np.float64],
-        prices: NDArray[np.float64],
-        benchmark: float = 0.0,
+        self, nav: float, weights: FloatArray, prices: FloatArray, benchmark: float = 0.0
     ) -> None:
         k = self.steps
         if k >= self.capacity:
@@ -64,9 +54,7 @@ class EpisodeHistory:
         self.benchmark[k] = benchmark
         self.steps = k + 1
 
-    def remap(
-        self, source: NDArray[np.intp], mask: NDArray[np.bool_], prices: NDArray[np.float64]
-    ) -> None:
+    def remap(self, source: NDArray[np.intp], mask: BoolArray, prices: FloatArray) -> None:
         """Every recorded row in a new layout: slot i takes old slot ``source[i]``'s columns,
         or (-1) weight 0 and the flat price ``prices[i]``."""
         rows = slice(0, self.steps + 1)
@@ -151,7 +139,7 @@ class RewardConfig(StrictModel):
 # --- maths -------------------------------------------------------------------------------
 
 
-def soft_log(x: ArrayLike, k: float = 1.5) -> NDArray[np.float64]:
+def soft_log(x: ArrayLike, k: float = 1.5) -> FloatArray:
     """Sign-preserving log squashing ``sign(x) log1p(k|x|) / log1p(k)``; +-1 at |x| = 1."""
     v = np.asarray(x, dtype=np.float64)
     return np.sign(v) * np.log1p(k * np.abs(v)) / math.log1p(k)
@@ -176,7 +164,7 @@ def sortino_potential(returns: ArrayLike, cap: float = 10.0) -> float:
     return float(np.clip(mean / dd, -cap, cap))
 
 
-def window_credit_inputs(h: EpisodeHistory, window: int) -> tuple[NDArray[np.float64], ...]:
+def window_credit_inputs(h: EpisodeHistory, window: int) -> tuple[FloatArray, ...]:
     """``(avg_alloc, slot_returns, live)`` over the trailing window; cash and masked: 0."""
     j0 = h.window_start(window)
     k = h.steps
@@ -187,7 +175,7 @@ def window_credit_inputs(h: EpisodeHistory, window: int) -> tuple[NDArray[np.flo
     return avg_alloc, slot_returns, h.mask
 
 
-def shapley_values(avg_alloc: ArrayLike, slot_returns: ArrayLike) -> NDArray[np.float64]:
+def shapley_values(avg_alloc: ArrayLike, slot_returns: ArrayLike) -> FloatArray:
     """Exact Shapley values ``a_i R_i`` of the additive game ``v(S) = sum_{i in S} a_i R_i``."""
     return np.asarray(avg_alloc, dtype=np.float64) * np.asarray(slot_returns, dtype=np.float64)
 
