@@ -45,9 +45,7 @@ class AnchorSettings(StrictModel):
 
     @property
     def spec(self) -> AnchorSpec:
-        return AnchorSpec(
-            kind=AnchorKind(self.kind), cash_share=self.cash_share, vol_window=self.vol_window
-        )
+        return AnchorSpec(AnchorKind(self.kind), self.cash_share, self.vol_window)
 
 
 class ActionSettings(StrictModel):
