@@ -36,14 +36,12 @@ def history(draw: st.DrawFn, max_dates: int = 25, max_assets: int = 4) -> np.nda
     return prices
 
 
-def reference_rows(prices: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+def reference_rows(prices: np.ndarray) -> np.ndarray:
     """Every (date, live asset) feature row, date by date from the one-date function."""
     rows = []
     for t in range(L, prices.shape[0]):
         window = prices[t - L : t + 1].T
         live = np.all(np.isfinite(window) & (window > 0), axis=1)
-        if mask is not None:
-            live &= mask[t, 1:]
         feats = asset_features(window, np.concatenate([[True], live]), SPEC)
         rows.extend(feats[live])
     return np.array(rows).reshape(-1, SPEC.n_features)
@@ -108,21 +106,6 @@ def test_a_constant_feature_gets_std_one() -> None:
     rank_cols = [SPEC.names.index(f"rank_{h}") for h in SPEC.horizons]
     assert all(norm.std[c] == 1.0 and norm.mean[c] == 0.0 for c in rank_cols)
     assert all(0.0 < norm.std[c] < 1.0 for c in range(SPEC.window))
-
-
-def test_a_mask_removes_asset_dates_from_the_fit() -> None:
-    rng = np.random.default_rng(4)
-    prices = np.exp(np.cumsum(rng.normal(0.0, 0.02, (30, 3)), axis=0))
-    mask = np.ones((30, 4), dtype=bool)
-    mask[:20, 3] = False
-    mask[25:, 1] = False
-    norm = fit_feature_normalization(prices, SPEC, mask)
-    rows = reference_rows(prices, mask)
-    np.testing.assert_allclose(norm.mean, rows.mean(axis=0), rtol=1e-12, atol=1e-15)
-    one_mask = fit_feature_normalization(prices, SPEC, [1, 1, 0, 1])
-    assert one_mask == fit_feature_normalization(prices[:, [0, 2]], SPEC)
-    with pytest.raises(ValueError, match="mask shape"):
-        fit_feature_normalization(prices, SPEC, np.ones((29, 4), dtype=bool))
 
 
 def test_rolling_features_in_small_chunks_equal_one_chunk(monkeypatch: pytest.MonkeyPatch) -> None:

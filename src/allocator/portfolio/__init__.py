@@ -1,86 +1,41 @@
 """The numpy-only policy contract that training, export, backtests and serving share."""
 
-from allocator.portfolio.anchors import AnchorKind, AnchorSpec, anchor_weights, masked_anchor
-from allocator.portfolio.features import (
-    AssetFeatureSpec,
-    FeatureNormalization,
-    asset_features,
-    build_asset_observation,
-    cross_sectional_features,
-    fit_feature_normalization,
-    normalize_features,
-    own_features,
-    rolling_asset_features,
-    standardize,
-)
-from allocator.portfolio.ids import CASH_ID, MAX_ID_LENGTH, MAX_VERSION_LENGTH, check_id, is_cash_id
-from allocator.portfolio.observation import (
-    FeatureSpec,
-    NormalizationStats,
-    assemble_observation,
-    build_observation,
-    build_raw_observation,
-    fit_normalization,
-    log_returns,
-    normalize_observation,
-    normalize_returns,
-)
-from allocator.portfolio.smoothing import ema_smooth
-from allocator.portfolio.tilt import (
-    MAX_TILT_STRENGTH,
-    apply_tilt,
-    check_tilt_strength,
-    tilt_weights,
-)
-from allocator.portfolio.weights import (
-    CASH,
-    WEIGHT_SUM_TOLERANCE,
-    action_to_weights,
-    is_distribution,
-    live_mask,
-    renormalize,
-    weights_to_action,
-)
-
-__all__ = [
-    "CASH",
-    "CASH_ID",
-    "MAX_ID_LENGTH",
-    "MAX_TILT_STRENGTH",
-    "MAX_VERSION_LENGTH",
-    "WEIGHT_SUM_TOLERANCE",
-    "AnchorKind",
-    "AnchorSpec",
-    "AssetFeatureSpec",
-    "FeatureNormalization",
-    "FeatureSpec",
-    "NormalizationStats",
-    "action_to_weights",
-    "anchor_weights",
-    "apply_tilt",
-    "assemble_observation",
-    "asset_features",
-    "build_asset_observation",
-    "build_observation",
-    "build_raw_observation",
-    "check_id",
-    "check_tilt_strength",
-    "cross_sectional_features",
-    "ema_smooth",
-    "fit_feature_normalization",
-    "fit_normalization",
-    "is_cash_id",
-    "is_distribution",
-    "live_mask",
-    "log_returns",
-    "masked_anchor",
-    "normalize_features",
-    "normalize_observation",
-    "normalize_returns",
-    "own_features",
-    "renormalize",
-    "rolling_asset_features",
-    "standardize",
-    "tilt_weights",
-    "weights_to_action",
-]
+from allocator.portfolio.features import AssetFeatureSpec as AssetFeatureSpec
+from allocator.portfolio.features import FeatureNormalization as FeatureNormalization
+from allocator.portfolio.features import asset_features as asset_features
+from allocator.portfolio.features import build_asset_observation as build_asset_observation
+from allocator.portfolio.features import cross_sectional_features as cross_sectional_features
+from allocator.portfolio.features import fit_feature_normalization as fit_feature_normalization
+from allocator.portfolio.features import normalize_features as normalize_features
+from allocator.portfolio.features import own_features as own_features
+from allocator.portfolio.features import rolling_asset_features as rolling_asset_features
+from allocator.portfolio.features import standardize as standardize
+from allocator.portfolio.ids import CASH_ID as CASH_ID
+from allocator.portfolio.ids import MAX_ID_LENGTH as MAX_ID_LENGTH
+from allocator.portfolio.ids import MAX_VERSION_LENGTH as MAX_VERSION_LENGTH
+from allocator.portfolio.ids import check_id as check_id
+from allocator.portfolio.ids import is_cash_id as is_cash_id
+from allocator.portfolio.observation import FeatureSpec as FeatureSpec
+from allocator.portfolio.observation import NormalizationStats as NormalizationStats
+from allocator.portfolio.observation import assemble_observation as assemble_observation
+from allocator.portfolio.observation import build_observation as build_observation
+from allocator.portfolio.observation import build_raw_observation as build_raw_observation
+from allocator.portfolio.observation import fit_normalization as fit_normalization
+from allocator.portfolio.observation import log_returns as log_returns
+from allocator.portfolio.observation import normalize_observation as normalize_observation
+from allocator.portfolio.observation import normalize_returns as normalize_returns
+from allocator.portfolio.tilt import MAX_TILT_STRENGTH as MAX_TILT_STRENGTH
+from allocator.portfolio.tilt import AnchorKind as AnchorKind
+from allocator.portfolio.tilt import AnchorSpec as AnchorSpec
+from allocator.portfolio.tilt import anchor_weights as anchor_weights
+from allocator.portfolio.tilt import apply_tilt as apply_tilt
+from allocator.portfolio.tilt import check_tilt_strength as check_tilt_strength
+from allocator.portfolio.tilt import masked_anchor as masked_anchor
+from allocator.portfolio.tilt import tilt_weights as tilt_weights
+from allocator.portfolio.weights import CASH as CASH
+from allocator.portfolio.weights import WEIGHT_SUM_TOLERANCE as WEIGHT_SUM_TOLERANCE
+from allocator.portfolio.weights import action_to_weights as action_to_weights
+from allocator.portfolio.weights import ema_smooth as ema_smooth
+from allocator.portfolio.weights import is_distribution as is_distribution
+from allocator.portfolio.weights import live_mask as live_mask
+from allocator.portfolio.weights import renormalize as renormalize

@@ -28,10 +28,7 @@ from allocator.portfolio.observation import (
     live_price_window,
     log_returns,
 )
-from allocator.portfolio.weights import live_mask
-
-FloatArray = NDArray[np.float64]
-BoolArray = NDArray[np.bool_]
+from allocator.portfolio.weights import BoolArray, FloatArray, live_mask
 
 FEATURE_SET_VERSIONS = (1,)
 """Feature-set versions this code computes; a model trained on another version is refused."""
@@ -204,10 +201,10 @@ def asset_features(prices: ArrayLike, mask: ArrayLike, spec: AssetFeatureSpec) -
 
 
 def rolling_asset_features(
-    prices: ArrayLike, spec: AssetFeatureSpec, mask: ArrayLike | None = None
+    prices: ArrayLike, spec: AssetFeatureSpec
 ) -> tuple[FloatArray, BoolArray]:
     """Features ``(T - lookback, N, F)`` at every date of closes ``(T, N)`` (row d: date
-    ``lookback + d``) and the live assets: in ``mask`` (all if None), with valid closes."""
+    ``lookback + d``) and the live assets: those with valid closes."""
     p = np.asarray(prices, dtype=np.float64)
     if p.ndim != 2:
         raise ValueError(f"prices must be (T, N), got shape {p.shape}")
@@ -216,12 +213,6 @@ def rolling_asset_features(
         raise ValueError(f"need at least {n_prices} dates, got {p.shape[0]}")
     windows = sliding_window_view(p.T, n_prices, axis=-1).transpose(1, 0, 2)  # (D, N, P)
     valid = np.all(np.isfinite(windows) & (windows > 0), axis=-1)
-    if mask is not None:
-        m = live_mask(mask)
-        m = np.broadcast_to(m, (p.shape[0], m.shape[-1])) if m.ndim == 1 else m
-        if m.shape != (p.shape[0], p.shape[1] + 1):
-            raise ValueError(f"mask shape {m.shape} != (T, N + 1) {(p.shape[0], p.shape[1] + 1)}")
-        valid &= m[n_prices - 1 :, 1:]
     live = np.concatenate([np.ones((valid.shape[0], 1), bool), valid], axis=-1)
     per_date = max(1, p.shape[1] ** 2 * len(spec.horizons))
     step = max(1, _FIT_CHUNK_ELEMENTS // per_date)
@@ -232,12 +223,10 @@ def rolling_asset_features(
     return out, valid
 
 
-def fit_feature_normalization(
-    prices: ArrayLike, spec: AssetFeatureSpec, mask: ArrayLike | None = None
-) -> FeatureNormalization:
+def fit_feature_normalization(prices: ArrayLike, spec: AssetFeatureSpec) -> FeatureNormalization:
     """Mean and std of every feature over ``rolling_asset_features``' live rows. Fit on the
     training span only: later data would leak the future into every observation."""
-    feats, live = rolling_asset_features(prices, spec, mask)
+    feats, live = rolling_asset_features(prices, spec)
     rows = feats[live]
     if rows.shape[0] == 0:
         raise ValueError(

@@ -14,18 +14,11 @@ MAX_VERSION_LENGTH = 100
 """Model versions are stored as ``VARCHAR(100)``."""
 
 
-class IdError(ValueError):
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-        self.problem = problem
-
-
 def check_id(
     value: object,
     field: str,
     max_length: int = MAX_ID_LENGTH,
-    error: Callable[[str, str], Exception] = IdError,
+    error: Callable[[str, str], Exception] = lambda f, p: ValueError(f"{f}: {p}"),
 ) -> str:
     """``value`` when it is a storable id (no NUL: PostgreSQL refuses it), else
     ``error(field, problem)``: each layer refuses in its own terms, the rule stays here."""

@@ -13,11 +13,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from allocator.portfolio.weights import live_mask
+from allocator.portfolio.weights import BoolArray, FloatArray, live_mask
 
 Float32Array = NDArray[np.float32]
-FloatArray = NDArray[np.float64]
-BoolArray = NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -48,9 +46,6 @@ class FeatureSpec:
     @property
     def obs_size(self) -> int:
         return self.max_assets * self.window + 2 * self.n_slots
-
-    def to_dict(self) -> dict[str, float | int]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -126,8 +121,7 @@ def normalize_returns(
 def assemble_observation(
     features: ArrayLike, weights: ArrayLike, mask: ArrayLike, spec: FeatureSpec
 ) -> Float32Array:
-    """Normalized features ``(..., max_assets, window)``, masked slots zeroed, then weights
-    and mask."""
+    """Features ``(..., max_assets, window)`` (masked slots zeroed), then weights, then mask."""
     live = live_mask(mask)
     w = np.asarray(weights, dtype=np.float32)
     if live.shape[-1] != spec.n_slots or w.shape[-1] != spec.n_slots:

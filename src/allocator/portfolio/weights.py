@@ -2,6 +2,9 @@
 ``max_assets + 1`` slots, cash first and always live. An action maps affinely to a preference
 ``(a + 1) / 2`` (a softmax could not put everything in one asset), zeroed on masked slots and
 renormalized; NaN is zero preference, and no positive live preference means all cash.
+
+EMA smoothing ``s_t = renorm(mask_t * (beta * s_{t-1} + (1 - beta) * w_t))``, ``s_0 = w_0``, is
+what is executed, in training too, so a policy learns under the smoothing it is served with.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ WEIGHT_SUM_TOLERANCE = 1e-6
 float32 weights, whose sum misses 1 by a few 1e-8; a larger gap is a wrong vector, not rounding."""
 
 FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
 
 
 def live_mask(mask: ArrayLike) -> NDArray[np.bool_]:
@@ -86,14 +90,6 @@ def action_to_weights(action: ArrayLike, mask: ArrayLike) -> FloatArray:
     return renormalize(preference, mask)
 
 
-def weights_to_action(weights: ArrayLike) -> FloatArray:
-    """An action that ``action_to_weights`` maps back to ``weights`` (largest: preference 1)."""
-    w = np.asarray(weights, dtype=np.float64)
-    top = np.max(w, axis=-1, keepdims=True)
-    pref = np.divide(w, top, out=np.zeros_like(w), where=top > 0)
-    return pref * 2.0 - 1.0
-
-
 def is_distribution(weights: ArrayLike, mask: ArrayLike | None = None, atol: float = 1e-9) -> bool:
     """True when weights are finite, non-negative, sum to 1 and (if given) respect the mask."""
     w = np.asarray(weights, dtype=np.float64)
@@ -104,3 +100,24 @@ def is_distribution(weights: ArrayLike, mask: ArrayLike | None = None, atol: flo
     if mask is not None:
         return bool(np.all(np.where(live_mask(mask), 0.0, np.abs(w)) <= atol))
     return True
+
+
+def ema_smooth(
+    previous: ArrayLike | None, weights: ArrayLike, mask: ArrayLike, beta: float
+) -> FloatArray:
+    """One EMA step toward the newly mapped weights (``previous=None`` starts at them); mass on
+    slots the mask closes is dropped."""
+    b = float(beta)
+    if not (0.0 <= b < 1.0):
+        raise ValueError(f"smoothing beta must be in [0, 1), got {beta!r}")
+    w = np.asarray(weights, dtype=np.float64)
+    if previous is None:
+        return renormalize(w, mask)
+    prev = np.asarray(previous, dtype=np.float64)
+    if prev.shape != w.shape:
+        raise ValueError(f"previous weights shape {prev.shape} != weights shape {w.shape}")
+    live = live_mask(mask)
+    blend = b * prev
+    blend += (1.0 - b) * w  # the blend is ours: renormalized in place
+    check_mask_shape(blend, live)
+    return renormalize_owned(blend, live)

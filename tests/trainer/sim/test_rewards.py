@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from numpy.typing import ArrayLike
 from pydantic import ValidationError
 
-from allocator.trainer.sim.history import EpisodeHistory
 from allocator.trainer.sim.rewards import (
+    EpisodeHistory,
     PenaltySettings,
     RewardConfig,
     RewardFunction,
@@ -74,7 +74,7 @@ def history(steps: int = N_STEPS) -> EpisodeHistory:
     h = EpisodeHistory(n_slots=4, capacity=N_STEPS)
     h.start(NAV[0], np.array(WEIGHTS[0]), np.array(PRICES[0]), MASK)
     for k in range(steps):
-        h.record(NAV[k + 1], np.array(WEIGHTS[k + 1]), np.array(PRICES[k + 1]), 0.0, 0.0)
+        h.record(NAV[k + 1], np.array(WEIGHTS[k + 1]), np.array(PRICES[k + 1]))
     return h
 
 
@@ -84,7 +84,7 @@ def play(reward: Callable[[EpisodeHistory], float]) -> list[float]:
     h.start(NAV[0], np.array(WEIGHTS[0]), np.array(PRICES[0]), MASK)
     out = []
     for k in range(N_STEPS):
-        h.record(NAV[k + 1], np.array(WEIGHTS[k + 1]), np.array(PRICES[k + 1]), 0.0, 0.0)
+        h.record(NAV[k + 1], np.array(WEIGHTS[k + 1]), np.array(PRICES[k + 1]))
         out.append(reward(h))
     return out
 
@@ -104,7 +104,7 @@ def test_history_records_net_returns_and_rows():
     assert h.window_start(3) == 1  # 4 steps, window 3 -> rows 1..4
     assert h.window_start(30) == 0  # shorter at episode start
     with pytest.raises(IndexError, match="full"):
-        h.record(1.0, np.array(WEIGHTS[0]), np.array(PRICES[0]), 0.0, 0.0)
+        h.record(1.0, np.array(WEIGHTS[0]), np.array(PRICES[0]))
 
 
 # --- TransactionCostReward ----------------------------------------------------------------

@@ -21,7 +21,6 @@ from allocator.trainer.market.store import PriceStoreError, read_price_frame, sh
 from allocator.typed_config import ConfigError
 
 REQUIRED_COLUMNS = ("date", "asset", "close")
-OPTIONAL_COLUMNS = ("open", "high", "low", "volume")
 DEFAULT_MIN_HISTORY = 60
 SP500 = "sp500"
 DATABASE = "database"
@@ -213,17 +212,9 @@ class RowProblem:
         return f"{source} row {self.row} ({asset} {self.date}): {self.reason}"
 
 
-@dataclass(frozen=True)
-class CheckedRows:
-    """The rows that pass every check (indexed by file position) and the others' problems."""
-
-    frame: pd.DataFrame
-    problems: list[RowProblem]
-
-
-def check_rows(frame: pd.DataFrame, source: str) -> CheckedRows:
-    """Every row's checks, all of them (id, date, close, repeated pair); a missing column or an
-    empty file raises ``DataError``."""
+def check_rows(frame: pd.DataFrame, source: str) -> tuple[pd.DataFrame, list[RowProblem]]:
+    """The rows that pass every check (id, date, close, repeated pair; indexed by file position)
+    and the others' problems; a missing column or an empty file raises ``DataError``."""
     columns = {str(c).strip().lower(): c for c in frame.columns}
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
@@ -231,8 +222,7 @@ def check_rows(frame: pd.DataFrame, source: str) -> CheckedRows:
             f"{source}: missing column(s) {', '.join(missing)}; "
             f"expected long format with columns {', '.join(REQUIRED_COLUMNS)}"
         )
-    df = frame.rename(columns={v: k for k, v in columns.items()})
-    df = df[[c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if c in df.columns]]
+    df = frame.rename(columns={v: k for k, v in columns.items()})[list(REQUIRED_COLUMNS)]
     df = df.reset_index(drop=True)
     if df.empty:
         raise DataError(f"{source}: no rows")
@@ -246,11 +236,8 @@ def check_rows(frame: pd.DataFrame, source: str) -> CheckedRows:
     close = pd.to_numeric(df["close"], errors="coerce").to_numpy(dtype=float)
     good_close = np.isfinite(close) & (close > 0)
 
-    reasons: dict[int, str] = {}
     id_problems = {a: id_problem(a) for a in df["asset"].unique()}
-    for i, asset in enumerate(df["asset"]):
-        if problem := id_problems[asset]:
-            reasons[i] = problem
+    reasons = {i: p for i, a in enumerate(df["asset"]) if (p := id_problems[a])}
     for row in np.flatnonzero(df["date"].isna().to_numpy()).tolist():
         reasons.setdefault(row, f"unparseable date {raw_dates.iloc[row]!r}")
     for row in np.flatnonzero(~good_close).tolist():
@@ -270,7 +257,7 @@ def check_rows(frame: pd.DataFrame, source: str) -> CheckedRows:
     ]
     clean = df.drop(index=list(reasons))
     clean["close"] = close[clean.index.to_numpy()]
-    return CheckedRows(clean, problems)
+    return clean, problems
 
 
 def id_problem(asset: str) -> str | None:
@@ -287,10 +274,9 @@ def validate_long_frame(
 ) -> MarketData:
     """A checked long-format frame as ``MarketData``; the first problem (a ``check_rows`` one,
     too short a history, a hole in a span) raises."""
-    checked = check_rows(frame, source)
-    if checked.problems:
-        raise DataError(checked.problems[0].describe(source))
-    df = checked.frame
+    df, problems = check_rows(frame, source)
+    if problems:
+        raise DataError(problems[0].describe(source))
 
     wide = df.pivot(index="date", columns="asset", values="close").sort_index()
     wide = wide[sorted(wide.columns)]

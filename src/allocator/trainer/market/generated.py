@@ -81,8 +81,7 @@ def mean_reversion_market(
     n_days: int = 1500, n_assets: int = 4, phi: float = -0.2, vol: float = 0.01, seed: int = 0
 ) -> pd.DataFrame:
     """Each asset's daily log return is AR(1) with a negative ``phi``: losers bounce back."""
-    rng = _rng(seed, 1)
-    shocks = rng.normal(0.0, vol, size=(n_days, n_assets))
+    shocks = _rng(seed, 1).normal(0.0, vol, size=(n_days, n_assets))
     returns = np.empty_like(shocks)
     returns[0] = shocks[0]
     for t in range(1, n_days):
@@ -184,10 +183,8 @@ def walk_market(
     n_days: int = 1500, n_assets: int = 4, vol: float = 0.01, seed: int = 0
 ) -> pd.DataFrame:
     """Independent driftless random walks of equal volatility: nothing to learn."""
-    rng = _rng(seed, 4)
-    return _prices(
-        rng.normal(0.0, vol, size=(n_days, n_assets)), [f"W{i}" for i in range(n_assets)]
-    )
+    returns = _rng(seed, 4).normal(0.0, vol, size=(n_days, n_assets))
+    return _prices(returns, [f"W{i}" for i in range(n_assets)])
 
 
 GENERATORS: dict[str, Callable[..., pd.DataFrame]] = {

@@ -80,18 +80,17 @@ def ingest_file(path: Path, url: str, *, keep_valid: bool = False) -> FileReport
     """Check every row of ``path`` and store it in one transaction (see the module docstring)."""
     report = FileReport(path)
     try:
-        checked = check_rows(read_long_frame(path), source=str(path))
+        rows, report.rejected = check_rows(read_long_frame(path), source=str(path))
     except DataError as exc:
         report.error = str(exc).removeprefix(f"{path}: ")
         return report
-    report.rows = len(checked.frame) + len(checked.problems)
-    report.rejected = checked.problems
-    if checked.problems and not keep_valid:
+    report.rows = len(rows) + len(report.rejected)
+    if report.rejected and not keep_valid:
         return report
     try:
         with price_engine(url) as engine, engine.begin() as conn:
             require_table(conn, url)
-            report.counts = upsert_prices(conn, checked.frame, source=path.name)
+            report.counts = upsert_prices(conn, rows, source=path.name)
     except SQLAlchemyError as exc:
         raise PriceStoreError(
             f"{shown(url)}: storing {path} failed, nothing from it stored ({exc})"

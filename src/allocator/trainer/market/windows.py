@@ -71,13 +71,6 @@ class WindowSpec(StrictModel):
         return self.step_periods or self.test_periods
 
 
-def _anchors(spec: WindowSpec, last: pd.Timestamp) -> pd.DatetimeIndex:
-    """Period boundaries from ``start`` rolled back, to one test length past the last date."""
-    offset = to_offset(spec.freq)
-    first = offset.rollback(pd.Timestamp(spec.start))
-    return pd.date_range(first, last + (spec.test_periods + 1) * offset, freq=offset)
-
-
 def make_windows(dates: Sequence[Any] | pd.DatetimeIndex, spec: WindowSpec) -> list[Window]:
     """Windows over the trading calendar ``dates`` (sorted); raises when none fits."""
     cal = pd.DatetimeIndex(dates)
@@ -86,7 +79,10 @@ def make_windows(dates: Sequence[Any] | pd.DatetimeIndex, spec: WindowSpec) -> l
     cal = cal[(cal >= pd.Timestamp(spec.start)) & (cal <= pd.Timestamp(spec.end))]
     if len(cal) < 2:
         raise WindowError(f"no trading dates between {spec.start} and {spec.end}")
-    anchors = _anchors(spec, cal[-1])
+    # Period boundaries from ``start`` rolled back, to one test length past the last date.
+    offset = to_offset(spec.freq)
+    last = cal[-1] + (spec.test_periods + 1) * offset
+    anchors = pd.date_range(offset.rollback(pd.Timestamp(spec.start)), last, freq=offset)
     pos = cal.searchsorted(anchors, side="left")  # first trading day of each period
     windows: list[Window] = []
     for i in range(spec.train_periods, len(anchors), spec.step):

@@ -52,18 +52,11 @@ class BacktestResult:
 
     def allocation_summary(self) -> dict[str, Any]:
         """Daily turnover and each holding's weight range: a frozen book shows at a glance."""
-        w = self.executed_weights
+        ranges = self.executed_weights.agg(["min", "mean", "max"])
         return {
             "mean_daily_turnover": float(self.turnover.mean()),
             "median_daily_turnover": float(self.turnover.median()),
-            "weights": {
-                str(col): {
-                    "min": float(w[col].min()),
-                    "mean": float(w[col].mean()),
-                    "max": float(w[col].max()),
-                }
-                for col in w.columns
-            },
+            "weights": {str(c): {k: float(v) for k, v in ranges[c].items()} for c in ranges},
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,8 +82,7 @@ def backtest_span(
     assets: Sequence[str] | None,
     window: int,
 ) -> tuple[int, int, list[str]]:
-    """First and last decision row and the assets of a backtest, or a ``DataError`` saying why
-    the data cannot support it."""
+    """First and last decision row and the assets of a backtest, or a ``DataError`` on why not."""
     t0 = window if start is None else data.date_index(start, "left")
     t1 = data.n_dates - 1 if end is None else data.date_index(end, "right")
     if t0 < window:

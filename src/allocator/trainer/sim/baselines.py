@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -47,7 +47,6 @@ class DecisionContext:
         return w / w.sum()
 
 
-@runtime_checkable
 class Policy(Protocol):
     """Anything that returns target weights for a decision."""
 

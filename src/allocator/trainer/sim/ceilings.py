@@ -21,9 +21,9 @@ class RegimeFilter:
     """Forward filter of a hidden regime redrawn with probability ``1 / period`` per close;
     subclasses give the Gaussian likelihood and the book."""
 
-    name = "regime-filter"
-
-    def __init__(self, n_states: int, period: float) -> None:
+    def __init__(self, n_states: int, period: float, drift: float) -> None:
+        self.means = np.full((n_states, n_states), -drift / (n_states - 1))  # (regime, state)
+        np.fill_diagonal(self.means, drift)
         redraw = 1.0 / period
         self.transition = np.full((n_states, n_states), redraw / n_states)
         self.transition += np.eye(n_states) * (1.0 - redraw)
@@ -67,10 +67,8 @@ class RotationFilter(RegimeFilter):
             raise ValueError(f"book must be 'leader' or 'posterior', got {book!r}")
         self.name = f"rotation-filter-{book}"
         self.book = book
-        self.means = np.full((n_assets, n_assets), -drift / (n_assets - 1))
-        np.fill_diagonal(self.means, drift)
         self.var = vol**2
-        super().__init__(n_assets, period)
+        super().__init__(n_assets, period, drift)
 
     def loglik(self, r: NDArray[np.float64]) -> NDArray[np.float64]:
         return -((r - self.means) ** 2).sum(axis=1) / (2 * self.var)
@@ -99,13 +97,11 @@ class SectorFilter(RegimeFilter):
         sector_vol: float = 0.006,
         idio_vol: float = 0.006,
     ) -> None:
-        means = np.full((n_sectors, n_sectors), -drift / (n_sectors - 1))
-        np.fill_diagonal(means, drift)
-        self.means = np.repeat(means, per_sector, axis=1)  # (regime, asset)
+        super().__init__(n_sectors, period, drift)
+        self.means = np.repeat(self.means, per_sector, axis=1)  # (regime, asset)
         cov = sector_covariance(n_sectors, per_sector, market_vol, sector_vol, idio_vol)
         self.precision = np.linalg.inv(cov)
         self.names = sector_names(n_sectors, per_sector)
-        super().__init__(n_sectors, period)
 
     def loglik(self, r: NDArray[np.float64]) -> NDArray[np.float64]:
         d = r - self.means

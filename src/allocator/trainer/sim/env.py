@@ -17,7 +17,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
 from allocator.portfolio import (
@@ -25,6 +24,8 @@ from allocator.portfolio import (
     FeatureNormalization,
     FeatureSpec,
     NormalizationStats,
+    action_to_weights,
+    apply_tilt,
     ema_smooth,
     fit_feature_normalization,
     fit_normalization,
@@ -33,26 +34,21 @@ from allocator.portfolio import (
     normalize_returns,
 )
 from allocator.portfolio.costs import cost_rate, trade_cost, turnover
+from allocator.portfolio.observation import Float32Array
+from allocator.portfolio.weights import FloatArray
 from allocator.trainer.market.data import MarketData
-from allocator.trainer.sim.history import EpisodeHistory
+from allocator.trainer.sim import universe
 from allocator.trainer.sim.representation import (
-    ActionMapper,
     ActionSettings,
     FeatureSet,
     FeatureTable,
     episode_anchors,
 )
-from allocator.trainer.sim.rewards import RewardConfig, RewardFunction
-from allocator.trainer.sim.universe import (
-    carry,
-    check_assets,
-    left_slots,
-    parse_schedule,
-    segment_end,
-    slot_sources,
-    universe_order,
-)
+from allocator.trainer.sim.rewards import EpisodeHistory, RewardConfig, RewardFunction
 from allocator.typed_config import StrictModel
+
+Step = tuple[Float32Array, float, bool, bool, dict[str, Any]]
+"""``gym.Env.step``'s answer: observation, reward, terminated, truncated, info."""
 
 
 class EnvConfig(StrictModel):
@@ -99,12 +95,7 @@ class EnvConfig(StrictModel):
 
     @property
     def asset_feature_spec(self) -> AssetFeatureSpec:
-        return AssetFeatureSpec(
-            window=self.window,
-            horizons=tuple(self.horizons),
-            vol_window=self.vol_window,
-            clip=self.obs_clip,
-        )
+        return AssetFeatureSpec(self.window, tuple(self.horizons), self.vol_window, self.obs_clip)
 
     @property
     def n_features(self) -> int:
@@ -124,12 +115,10 @@ class EnvConfig(StrictModel):
         return self.features == "returns" and self.action.mapping == "affine"
 
 
-class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
-    """Gymnasium environment over ``MarketData`` with the shared policy contract.
-
-    ``reset(options=...)`` takes ``assets`` (slot order), ``start`` (date or row),
-    ``episode_length`` and ``universe_changes`` (``{step: names}``, the universe from ``step``).
-    """
+class PortfolioEnv(gym.Env[Float32Array, Float32Array]):
+    """Gymnasium environment over ``MarketData`` with the shared policy contract. Reset options:
+    ``assets`` (slot order), ``start`` (date or row), ``episode_length`` and ``universe_changes``
+    (``{step: names}``, the universe from ``step``)."""
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's class attribute
 
@@ -143,14 +132,12 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         super().__init__()
         self.config = config or EnvConfig()
         self.data = data
-        self.spec_ = self.config.feature_spec
         self.stats = stats if stats is not None else fit_normalization(data.prices, axis=0)
-        m = self.config.max_assets
-        self.n_slots = m + 1
+        self.n_slots = self.config.max_assets + 1
         self.n_features = self.config.n_features
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.n_slots,), dtype=np.float32)
         # Features lie in [-clip, clip]; the weights and mask blocks in [0, 1].
-        self._obs_size = self.spec_.obs_size  # read every step: kept, not recomputed
+        self._obs_size = self.config.feature_spec.obs_size  # read every step: kept
         self._n_block = self._obs_size - 2 * self.n_slots
         low = np.zeros(self._obs_size, np.float32)
         low[: self._n_block] = -self.config.obs_clip
@@ -170,8 +157,8 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
                 log_returns(data.prices, axis=0), self.stats, self.config.obs_clip
             )
             self._features = np.vstack([np.zeros((1, data.n_assets), np.float32), feats])
-        self._map_action = ActionMapper(self.config.action)
-        self._anchors: NDArray[np.float64] | None = None
+        self._tilt = self.config.action.mapping == "tilt"
+        self._anchors: FloatArray | None = None
         self._column = {a: j for j, a in enumerate(data.assets)}
         self._first = data.first_valid()
         self._last = data.last_valid()
@@ -180,12 +167,6 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.reward_fn = RewardFunction(self.config.reward)
         self._relative = self.reward_fn.relative
         self.history = EpisodeHistory(self.n_slots, capacity=1)
-        self._t0 = 0
-        self._length = 0
-        self._k = 0
-        self._row0 = 0  # decision index of row 0 of the per-decision arrays
-        self._changes: dict[int, tuple[str, ...]] = {}
-        self._sold = 0.0  # weight sold by universe changes since the last step
         self._done = True  # until the first reset
 
     # --- episode set-up ------------------------------------------------------------------
@@ -193,7 +174,17 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     def _universe(
         self, names: Sequence[str], first: int, last: int, span: str | None = None
     ) -> list[int]:
-        idx = check_assets(names, self.data.assets, self.config.max_assets)
+        """Data columns of ``names``: each known, none repeated, at most ``max_assets`` of them,
+        every one with prices from row ``first`` to row ``last``."""
+        names = list(names)
+        unknown = [a for a in names if a not in self._column]
+        if unknown:
+            raise ValueError(f"unknown asset(s) {', '.join(map(str, unknown))}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate asset ids in {names}")
+        if len(names) > self.config.max_assets:
+            raise ValueError(f"{len(names)} assets exceed max_assets={self.config.max_assets}")
+        idx = [self._column[a] for a in names]
         span = span or f"rows {first}..{last}"
         for i in idx:
             if self._first[i] > first or self._last[i] < last:
@@ -221,10 +212,10 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             raise ValueError(f"start needs {w} earlier closes for the observation window")
         if length < 1:
             raise ValueError("episode has no steps: start is at the end of the data")
-        changes = parse_schedule(options.get("universe_changes", {}), length)
+        changes = universe.parse_schedule(options.get("universe_changes", {}), length)
         for step, names in changes.items():
-            self._universe(names, t0 + step - w, t0 + segment_end(changes, step, length))
-        end = t0 + segment_end(changes, 0, length)
+            self._universe(names, t0 + step - w, t0 + universe.segment_end(changes, step, length))
+        end = t0 + universe.segment_end(changes, 0, length)
         if "assets" in options:
             span = "the whole episode" if not changes else None
             return self._universe(list(options["assets"]), t0 - w, end, span), t0, length, changes
@@ -237,7 +228,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[NDArray[np.float32], dict[str, Any]]:
+    ) -> tuple[Float32Array, dict[str, Any]]:
         super().reset(seed=seed)
         idx, t0, length, changes = self._sample_episode(options or {})
         self._t0, self._length, self._k, self._changes = t0, length, 0, changes
@@ -246,8 +237,8 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         self.nav = self.config.initial_value
         self.drifted = np.zeros(self.n_slots)
         self.drifted[0] = 1.0
-        self.executed: NDArray[np.float64] | None = None
-        self._sold = 0.0
+        self.executed: FloatArray | None = None
+        self._sold = 0.0  # weight sold by universe changes since the last step
         if self.history.capacity < length:
             self.history = EpisodeHistory(self.n_slots, capacity=length)
         self.history.start(self.nav, self.drifted, self._slot_prices[0], self.mask)
@@ -255,18 +246,16 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         return self._observation(), {"assets": self.asset_names, "date": self.date, "nav": self.nav}
 
     def _install(self, idx: list[int], k0: int) -> None:
-        """Make ``idx`` the universe from decision ``k0`` to the end of its span, preparing its
-        per-decision arrays in one go."""
+        """Make ``idx`` the universe from decision ``k0`` to its span's end, arrays and all."""
         m, w, h = self.config.max_assets, self.config.window, self._history
         t = self._t0 + k0
-        n = segment_end(self._changes, k0, self._length) - k0  # decisions in the span
+        n = universe.segment_end(self._changes, k0, self._length) - k0  # decisions in the span
         k = len(idx)
         self.asset_index = np.asarray(idx, dtype=np.int64)
         self.asset_names = tuple(self.data.assets[i] for i in idx)
-        self.mask = np.zeros(self.n_slots, dtype=bool)
-        self.mask[: k + 1] = True
+        self.mask = np.arange(self.n_slots) <= k  # live slots: cash and the k assets
         self._mask_f32 = self.mask.astype(np.float32)
-        self._row0 = k0
+        self._row0 = k0  # decision index of row 0 of the per-decision arrays
         self._slot_prices = np.ones((n + 1, self.n_slots))  # cash and empty slots fixed at 1
         self._slot_prices[:, 1 : k + 1] = self.data.prices[t : t + n + 1][:, idx]
         self._growth = self._slot_prices[1:] / self._slot_prices[:-1]
@@ -275,15 +264,14 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             self._episode_features[:, :k] = self._features[t - w + 1 : t + n + 1][:, idx]
         else:
             self._episode_features = self._table.episode(idx, t, n + 1, m)
-        self._anchors = None
-        if self._map_action.tilt:
+        if self._tilt:
             window = self.data.prices[t - h : t + n + 1][:, idx]
             spec = self.config.action.anchor.spec
             self._anchors = episode_anchors(window, spec, self.n_slots, h + 1)
 
     # --- universe changes ------------------------------------------------------------------
 
-    def change_universe(self, assets: Sequence[str]) -> tuple[NDArray[np.float32], dict[str, Any]]:
+    def change_universe(self, assets: Sequence[str]) -> tuple[Float32Array, dict[str, Any]]:
         """Make ``assets`` the universe from the next decision on; ``ValueError``, the
         environment unchanged, for a finished episode or a list ``reset`` would refuse."""
         if self._done:
@@ -293,7 +281,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         names = list(assets)
         if not names:
             raise ValueError("a universe needs at least one asset")
-        end = self._t0 + segment_end(self._changes, self._k, self._length)
+        end = self._t0 + universe.segment_end(self._changes, self._k, self._length)
         self._universe(names, self.t - self._history, end)
         self._change(names)
         info = {"assets": self.asset_names, "date": self.date, "nav": self.nav}
@@ -301,15 +289,15 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
 
     def _change(self, names: Sequence[str]) -> tuple[str, ...]:
         """Apply a checked universe at the next decision: sell the leavers, carry the rest."""
-        order = universe_order(self.asset_names, names)
-        source = slot_sources(self.asset_names, order, self.n_slots)
-        sold = float(self.drifted[left_slots(self.asset_names, order)].sum())
+        order = universe.universe_order(self.asset_names, names)
+        source = universe.slot_sources(self.asset_names, order, self.n_slots)
+        sold = float(self.drifted[universe.left_slots(self.asset_names, order)].sum())
         self._install([self._column[a] for a in order], self._k)
-        drifted = carry(self.drifted, source)
+        drifted = universe.carry(self.drifted, source)
         drifted[0] += sold
         self.drifted = drifted
         if self.executed is not None:
-            self.executed = carry(self.executed, source)
+            self.executed = universe.carry(self.executed, source)
         self._sold += sold
         self.history.remap(source, self.mask, self._slot_prices[0])
         return self.asset_names
@@ -325,7 +313,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
     def t(self) -> int:
         return self._t0 + self._k
 
-    def _observation(self) -> NDArray[np.float32]:
+    def _observation(self) -> Float32Array:
         n = self._n_block
         j = self._k - self._row0
         obs = np.empty(self._obs_size, np.float32)
@@ -339,25 +327,22 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         return obs
 
     @property
-    def anchor(self) -> NDArray[np.float64] | None:
+    def anchor(self) -> FloatArray | None:
         """The tilt mapping's anchor at the next decision (None under the affine mapping)."""
         return None if self._anchors is None else self._anchors[self._k - self._row0]
 
-    def action_weights(
-        self, action: NDArray[np.float32] | NDArray[np.float64]
-    ) -> NDArray[np.float64]:
-        return self._map_action(action, self.mask, self.anchor)
+    def action_weights(self, action: Float32Array | FloatArray) -> FloatArray:
+        anchor = self.anchor
+        if anchor is None:
+            return action_to_weights(action, self.mask)
+        return apply_tilt(action, anchor, self.config.action.k)
 
-    def step(
-        self, action: NDArray[np.float32] | NDArray[np.float64]
-    ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+    def step(self, action: Float32Array | FloatArray) -> Step:
         if self._done:
             raise RuntimeError("episode is over: call reset()")
         return self._advance(self.action_weights(action))
 
-    def step_weights(
-        self, weights: Sequence[float] | NDArray[np.float64]
-    ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+    def step_weights(self, weights: Sequence[float] | FloatArray) -> Step:
         """Step with raw target weights instead of an action (scripted policies, baselines)."""
         if self._done:
             raise RuntimeError("episode is over: call reset()")
@@ -369,9 +354,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
             )
         return self._advance(w)
 
-    def _advance(
-        self, raw: NDArray[np.float64]
-    ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+    def _advance(self, raw: FloatArray) -> Step:
         j = self._k - self._row0
         s = ema_smooth(self.executed, raw, self.mask, self._beta)
         sold, self._sold = self._sold, 0.0
@@ -388,7 +371,7 @@ class PortfolioEnv(gym.Env[NDArray[np.float32], NDArray[np.float32]]):
         benchmark = 0.0
         if self._relative and self._anchors is not None:
             benchmark = float(np.add.reduce(self._anchors[j] * self._growth[j])) - 1.0
-        self.history.record(self.nav, s, self._slot_prices[j + 1], cost, traded, benchmark)
+        self.history.record(self.nav, s, self._slot_prices[j + 1], benchmark)
         reward = self.reward_fn(self.history)
         terminated = self.nav <= 1e-9 * self.config.initial_value
         truncated = self._k >= self._length and not terminated

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -23,6 +24,14 @@ PALETTE = ("black", *qualitative.D3)  # the first policy (the agent) in black
 ASSET_COLORS = qualitative.Dark24
 
 
+def add_line(fig: go.Figure, row: int, name: str, values: pd.Series, **style: Any) -> None:
+    """One named series in subplot ``row``, its legend entry shown once (in the first row)."""
+    trace = go.Scatter(
+        x=values.index, y=values.to_numpy(), name=name, legendgroup=name, showlegend=row == 1
+    )
+    fig.add_trace(trace.update(**style), row=row, col=1)
+
+
 def performance_figure(results: Mapping[str, BacktestResult]) -> go.Figure:
     """NAV, drawdown and daily turnover of every policy on a shared date axis, the first bold."""
     fig = make_subplots(
@@ -32,18 +41,7 @@ def performance_figure(results: Mapping[str, BacktestResult]) -> go.Figure:
         line = {"color": PALETTE[k % len(PALETTE)], "width": 1.8 if k == 0 else 1.1}
         series = (res.nav, drawdown(res.nav), res.turnover)
         for row, values in enumerate(series, start=1):
-            fig.add_trace(
-                go.Scatter(
-                    x=values.index,
-                    y=values.to_numpy(),
-                    name=name,
-                    legendgroup=name,
-                    showlegend=row == 1,
-                    line=line,
-                ),
-                row=row,
-                col=1,
-            )
+            add_line(fig, row, name, values, line=line)
     fig.update_yaxes(tickformat=".0%", row=2, col=1)
     fig.update_layout(title="Equity, drawdown and turnover", height=800, hovermode="x unified")
     return fig
@@ -62,20 +60,9 @@ def allocation_figure(result: BacktestResult) -> go.Figure:
     columns = list(held_columns(pd.concat(frames)).columns)
     for row, (group, frame) in enumerate(zip(("raw", "executed"), frames, strict=True), start=1):
         for k, asset in enumerate(columns):
-            fig.add_trace(
-                go.Scatter(
-                    x=frame.index,
-                    y=frame[asset].to_numpy(),
-                    name=str(asset),
-                    legendgroup=str(asset),
-                    showlegend=row == 1,
-                    stackgroup=group,
-                    mode="lines",
-                    line={"width": 0, "color": ASSET_COLORS[k % len(ASSET_COLORS)]},
-                ),
-                row=row,
-                col=1,
-            )
+            color = ASSET_COLORS[k % len(ASSET_COLORS)]
+            style = {"stackgroup": group, "mode": "lines", "line": {"width": 0, "color": color}}
+            add_line(fig, row, str(asset), frame[asset], **style)
     fig.update_yaxes(range=[0, 1], tickformat=".0%")
     fig.update_layout(title=f"{result.name}: allocations", height=650, hovermode="x unified")
     return fig
@@ -100,12 +87,7 @@ def write_backtest_report(
         "allocations": allocation_figure(results[agent]),
         **(extra or {}),
     }
-    return write_page(path, heading, figures)
-
-
-def write_page(path: str | Path, title: str, figures: Mapping[str, go.Figure]) -> Path:
-    """One HTML page: the title, then each figure in a div named by its id."""
-    divs = [
+    divs = [  # each figure in a div named by its id; plotly.js once, with the first
         pio.to_html(fig, include_plotlyjs=k == 0, full_html=False, div_id=div_id)
         for k, (div_id, fig) in enumerate(figures.items())
     ]
@@ -113,9 +95,9 @@ def write_page(path: str | Path, title: str, figures: Mapping[str, go.Figure]) -
         [
             "<!DOCTYPE html>",
             '<html lang="en">',
-            f'<head><meta charset="utf-8"><title>{html.escape(title)}</title></head>',
+            f'<head><meta charset="utf-8"><title>{html.escape(heading)}</title></head>',
             '<body style="font-family: sans-serif; margin: 1em 2em">',
-            f"<h1>{html.escape(title)}</h1>",
+            f"<h1>{html.escape(heading)}</h1>",
             *divs,
             "</body>",
             "</html>",

@@ -16,10 +16,7 @@ from allocator.portfolio import (
     AnchorSpec,
     AssetFeatureSpec,
     FeatureNormalization,
-    action_to_weights,
     anchor_weights,
-    apply_tilt,
-    check_tilt_strength,
     cross_sectional_features,
     masked_anchor,
     own_features,
@@ -28,7 +25,6 @@ from allocator.portfolio import (
 from allocator.typed_config import StrictModel
 
 FeatureSet = Literal["returns", "asset_v1"]
-ActionMappingName = Literal["affine", "tilt"]
 
 
 class AnchorSettings(StrictModel):
@@ -49,15 +45,13 @@ class AnchorSettings(StrictModel):
 
     @property
     def spec(self) -> AnchorSpec:
-        return AnchorSpec(
-            kind=AnchorKind(self.kind), cash_share=self.cash_share, vol_window=self.vol_window
-        )
+        return AnchorSpec(AnchorKind(self.kind), self.cash_share, self.vol_window)
 
 
 class ActionSettings(StrictModel):
     """How an action in [-1, 1] per slot becomes target weights."""
 
-    mapping: ActionMappingName = Field(
+    mapping: Literal["affine", "tilt"] = Field(
         "affine", description="'affine': (a+1)/2 renormalized; 'tilt': anchor * exp(k a)"
     )
     k: float = Field(1.0, gt=0, le=MAX_TILT_STRENGTH, description="tilt strength (tilt only)")
@@ -74,11 +68,7 @@ class FeatureTable:
     cross-sectional ones per episode. Memory: ``T x N x F`` float32 plus the sums."""
 
     def __init__(
-        self,
-        prices: NDArray[np.float64],
-        spec: AssetFeatureSpec,
-        norm: FeatureNormalization,
-        chunk_dates: int = 512,
+        self, prices: NDArray[np.float64], spec: AssetFeatureSpec, norm: FeatureNormalization
     ) -> None:
         if norm.n_features != spec.n_features:
             raise ValueError(
@@ -94,8 +84,8 @@ class FeatureTable:
         mean, std = norm.mean[:n_own], norm.std[:n_own]
         # Windows that reach before an asset's first close hold NaN: their rows are never used.
         with np.errstate(invalid="ignore", divide="ignore"):
-            for start in range(0, n_dates, chunk_dates):
-                rows = slice(start, start + chunk_dates)
+            for start in range(0, n_dates, 512):  # bounded temporaries
+                rows = slice(start, start + 512)
                 own, self.sums[rows] = own_features(windows[rows], spec)
                 self.own[rows] = standardize(own, mean, std, spec.clip)
 
@@ -108,8 +98,7 @@ class FeatureTable:
         if rows.start < 0 or rows.stop > self.own.shape[0]:
             raise ValueError(f"rows {first}..{first + n_dates - 1} lack the features' history")
         k = len(assets)
-        live = np.ones((1, k), dtype=bool)
-        cross = cross_sectional_features(self.sums[rows][:, assets], live)
+        cross = cross_sectional_features(self.sums[rows][:, assets], np.ones((1, k), dtype=bool))
         out = np.zeros((n_dates, max_assets, spec.n_features), np.float32)
         out[:, :k, :n_own] = self.own[rows][:, assets]
         out[:, :k, n_own:] = standardize(
@@ -124,28 +113,6 @@ def episode_anchors(
     """Masked anchor weights ``(D, n_slots)`` for every decision, from trailing windows."""
     windows = sliding_window_view(prices, n_prices, axis=0)
     k = windows.shape[1]
-    live = np.ones((1, k + 1), dtype=bool)
     out = np.zeros((windows.shape[0], n_slots))
-    out[:, : k + 1] = anchor_weights(windows, live, spec)
-    mask = np.zeros(n_slots, dtype=bool)
-    mask[: k + 1] = True
-    return masked_anchor(out, mask)
-
-
-class ActionMapper:
-    """Maps an action to raw target weights at one decision: affine, or a tilt of the anchor."""
-
-    def __init__(self, settings: ActionSettings) -> None:
-        self.tilt = settings.mapping == "tilt"
-        self.k = check_tilt_strength(settings.k)
-
-    def __call__(
-        self,
-        action: NDArray[np.float32] | NDArray[np.float64],
-        mask: NDArray[np.bool_],
-        anchor: NDArray[np.float64] | None,
-    ) -> NDArray[np.float64]:
-        if not self.tilt:
-            return action_to_weights(action, mask)
-        assert anchor is not None, "the tilt mapping needs the decision's anchor"
-        return apply_tilt(action, anchor, self.k)
+    out[:, : k + 1] = anchor_weights(windows, np.ones((1, k + 1), dtype=bool), spec)
+    return masked_anchor(out, np.arange(n_slots) <= k)

@@ -1,22 +1,73 @@
 """Rewards and penalties, selectable by name; each docstring gives its formula.
 
 Rewards read the ``EpisodeHistory`` after a step is recorded. Trailing windows use what history
-exists, so there is no cliff when a window fills. A zero penalty weight disables the penalty.
-"""
+exists, so there is no cliff when a window fills."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import Field
 
-from allocator.trainer.sim.history import EpisodeHistory
+from allocator.portfolio.weights import BoolArray, FloatArray
 from allocator.typed_config import StrictModel
+
+
+class EpisodeHistory:
+    """What an episode has done so far, in preallocated arrays that rewards and penalties read:
+    row 0 before the first decision, row ``k + 1`` after step ``k``, per-slot columns in the
+    current slot layout (a joining asset's past is weight 0 at a flat price)."""
+
+    def __init__(self, n_slots: int, capacity: int) -> None:
+        self.n_slots = n_slots
+        self.capacity = capacity
+        self.nav = np.zeros(capacity + 1)
+        self.weights = np.zeros((capacity + 1, n_slots))  # executed (smoothed) target weights
+        self.prices = np.ones((capacity + 1, n_slots))  # slot closes; cash and masked slots = 1
+        self.returns = np.zeros(capacity)  # net one-step portfolio return
+        self.benchmark = np.zeros(capacity)  # the anchor's one-step gross return (0 if unused)
+        self.mask = np.zeros(n_slots, dtype=bool)
+        self.steps = 0
+
+    def start(self, nav: float, weights: FloatArray, prices: FloatArray, mask: BoolArray) -> None:
+        self.steps = 0
+        self.nav[0] = nav
+        self.weights[0] = weights
+        self.prices[0] = prices
+        self.mask[:] = mask
+
+    def record(
+        self, nav: float, weights: FloatArray, prices: FloatArray, benchmark: float = 0.0
+    ) -> None:
+        k = self.steps
+        if k >= self.capacity:
+            raise IndexError(f"episode history is full ({self.capacity} steps)")
+        self.nav[k + 1] = nav
+        self.weights[k + 1] = weights
+        self.prices[k + 1] = prices
+        self.returns[k] = nav / self.nav[k] - 1.0
+        self.benchmark[k] = benchmark
+        self.steps = k + 1
+
+    def remap(self, source: NDArray[np.intp], mask: BoolArray, prices: FloatArray) -> None:
+        """Every recorded row in a new layout: slot i takes old slot ``source[i]``'s columns,
+        or (-1) weight 0 and the flat price ``prices[i]``."""
+        rows = slice(0, self.steps + 1)
+        kept = source >= 0
+        weights = np.zeros((self.steps + 1, self.n_slots))
+        weights[:, kept] = self.weights[rows][:, source[kept]]
+        flat = np.broadcast_to(np.asarray(prices, dtype=np.float64), weights.shape)
+        self.prices[rows] = np.where(kept, self.prices[rows][:, np.maximum(source, 0)], flat)
+        self.weights[rows] = weights
+        self.mask[:] = mask
+
+    def window_start(self, window: int) -> int:
+        return max(0, self.steps - window)
 
 
 class RewardKind(StrEnum):
@@ -88,7 +139,7 @@ class RewardConfig(StrictModel):
 # --- maths -------------------------------------------------------------------------------
 
 
-def soft_log(x: ArrayLike, k: float = 1.5) -> NDArray[np.float64]:
+def soft_log(x: ArrayLike, k: float = 1.5) -> FloatArray:
     """Sign-preserving log squashing ``sign(x) log1p(k|x|) / log1p(k)``; +-1 at |x| = 1."""
     v = np.asarray(x, dtype=np.float64)
     return np.sign(v) * np.log1p(k * np.abs(v)) / math.log1p(k)
@@ -113,7 +164,7 @@ def sortino_potential(returns: ArrayLike, cap: float = 10.0) -> float:
     return float(np.clip(mean / dd, -cap, cap))
 
 
-def window_credit_inputs(h: EpisodeHistory, window: int) -> tuple[NDArray[np.float64], ...]:
+def window_credit_inputs(h: EpisodeHistory, window: int) -> tuple[FloatArray, ...]:
     """``(avg_alloc, slot_returns, live)`` over the trailing window; cash and masked: 0."""
     j0 = h.window_start(window)
     k = h.steps
@@ -124,7 +175,7 @@ def window_credit_inputs(h: EpisodeHistory, window: int) -> tuple[NDArray[np.flo
     return avg_alloc, slot_returns, h.mask
 
 
-def shapley_values(avg_alloc: ArrayLike, slot_returns: ArrayLike) -> NDArray[np.float64]:
+def shapley_values(avg_alloc: ArrayLike, slot_returns: ArrayLike) -> FloatArray:
     """Exact Shapley values ``a_i R_i`` of the additive game ``v(S) = sum_{i in S} a_i R_i``."""
     return np.asarray(avg_alloc, dtype=np.float64) * np.asarray(slot_returns, dtype=np.float64)
 
@@ -132,8 +183,14 @@ def shapley_values(avg_alloc: ArrayLike, slot_returns: ArrayLike) -> NDArray[np.
 # --- rewards -----------------------------------------------------------------------------
 
 
-class Reward:
-    """A reward computed from the episode history after each step."""
+Settings = TypeVar("Settings", bound=StrictModel)
+
+
+class Reward(Generic[Settings]):
+    """A reward computed from the episode history after each step, with its settings ``s``."""
+
+    def __init__(self, s: Settings) -> None:
+        self.s = s
 
     def reset(self) -> None:
         """Forget per-episode state (none by default)."""
@@ -142,26 +199,20 @@ class Reward:
         raise NotImplementedError
 
 
-class TransactionCostReward(Reward):
+class TransactionCostReward(Reward[TransactionCostSettings]):
     """Net one-step return (costs already taken out of NAV) plus the long-horizon bonus."""
 
-    def __init__(self, s: TransactionCostSettings) -> None:
-        self.n = s.long_horizon
-        self.bonus = s.long_weight / s.long_horizon
-
     def __call__(self, h: EpisodeHistory) -> float:
-        k = h.steps
+        k, n = h.steps, self.s.long_horizon
         r = h.returns[k - 1]
-        if self.bonus and k >= self.n:
-            r += self.bonus * (h.nav[k] / h.nav[k - self.n] - 1.0)
+        bonus = self.s.long_weight / n
+        if bonus and k >= n:
+            r += bonus * (h.nav[k] / h.nav[k - n] - 1.0)
         return float(r)
 
 
-class StructuredCreditReward(Reward):
+class StructuredCreditReward(Reward[StructuredCreditSettings]):
     """Allocation-weighted soft-log asset returns + cash hedge - downside sigma, clipped."""
-
-    def __init__(self, s: StructuredCreditSettings) -> None:
-        self.s = s
 
     def __call__(self, h: EpisodeHistory) -> float:
         avg_alloc, slot_ret, live = window_credit_inputs(h, self.s.window)
@@ -177,12 +228,10 @@ class StructuredCreditReward(Reward):
         )
 
 
-class SortinoReward(Reward):
+class SortinoReward(Reward[SortinoSettings]):
     """Net return + ``weight * (gamma F_t - F_{t-1})`` with F the rolling Sortino ratio."""
 
-    def __init__(self, s: SortinoSettings) -> None:
-        self.s = s
-        self.prev = 0.0
+    prev = 0.0  # F_{t-1}
 
     def reset(self) -> None:
         self.prev = 0.0
@@ -195,11 +244,8 @@ class SortinoReward(Reward):
         return float(h.returns[k - 1] + shaped)
 
 
-class ShapleyReward(Reward):
+class ShapleyReward(Reward[ShapleySettings]):
     """Sum of the exact Shapley credits over the window, clipped."""
-
-    def __init__(self, s: ShapleySettings) -> None:
-        self.s = s
 
     def __call__(self, h: EpisodeHistory) -> float:
         avg_alloc, slot_ret, _ = window_credit_inputs(h, self.s.window)
@@ -237,7 +283,7 @@ class RewardFunction:
     def __init__(self, config: RewardConfig) -> None:
         self.config = config
         self.scale = config.scale
-        builders: dict[RewardKind, Callable[[], Reward]] = {
+        builders: dict[RewardKind, Callable[[], Reward[Any]]] = {
             RewardKind.TRANSACTION_COST: lambda: TransactionCostReward(config.transaction_cost),
             RewardKind.STRUCTURED_CREDIT: lambda: StructuredCreditReward(config.structured_credit),
             RewardKind.SORTINO: lambda: SortinoReward(config.sortino),

@@ -34,7 +34,7 @@ def select_simple_rule(
     assets: Sequence[str] | None = None,
 ) -> MomentumChoice:
     """The best of top-k momentum and reversal (keys ``momentum:lookback=L,k=K``, ...) by net
-    Sharpe over ``[start, end]``; ``start`` needs ``max(lookbacks)`` closes before it."""
+    Sharpe over ``[start, end]`` (first of equals); ``start`` needs ``max(lookbacks)`` closes."""
     if not (momentum_lookbacks or reversal_lookbacks) or not ks:
         raise ValueError("select_simple_rule needs at least one lookback and one k")
     families = ((TopKMomentum, momentum_lookbacks), (TopKReversal, reversal_lookbacks))
@@ -44,20 +44,6 @@ def select_simple_rule(
         for lookback in lookbacks
         for k in ks
     }
-    return best_rule(rules, data, start, end, cost_bps=cost_bps, beta=beta, assets=assets)
-
-
-def best_rule(
-    rules: dict[str, TopKMomentum],
-    data: MarketData,
-    start: DateLike,
-    end: DateLike,
-    *,
-    cost_bps: float,
-    beta: float,
-    assets: Sequence[str] | None,
-) -> MomentumChoice:
-    """The rule with the best net Sharpe over ``[start, end]``; the first of equal scores."""
     window = max(rule.lookback for rule in rules.values())
     scores: dict[str, float] = {}
     for key, rule in rules.items():

@@ -12,20 +12,6 @@ from numpy.typing import NDArray
 IntArray = NDArray[np.intp]
 
 
-def check_assets(names: Sequence[str], known: Sequence[str], max_assets: int) -> list[int]:
-    """Data columns of ``names``: each known, none repeated, at most ``max_assets`` of them."""
-    names = list(names)
-    unknown = [a for a in names if a not in known]
-    if unknown:
-        raise ValueError(f"unknown asset(s) {', '.join(map(str, unknown))}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"duplicate asset ids in {names}")
-    if len(names) > max_assets:
-        raise ValueError(f"{len(names)} assets exceed max_assets={max_assets}")
-    column = {a: j for j, a in enumerate(known)}
-    return [column[a] for a in names]
-
-
 def universe_order(current: Sequence[str], requested: Sequence[str]) -> tuple[str, ...]:
     """The slot order after a change: staying assets as they were, then the joiners as asked."""
     wanted, held = set(requested), set(current)

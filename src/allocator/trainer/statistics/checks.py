@@ -26,11 +26,11 @@ def daily_returns(values: ArrayLike, name: str, min_days: int = MIN_DAYS) -> NDA
 
 
 def paired_returns(
-    first: ArrayLike, second: ArrayLike, names: tuple[str, str], min_days: int = MIN_DAYS
+    first: ArrayLike, second: ArrayLike, names: tuple[str, str]
 ) -> NDArray[np.float64]:
     """Two return series on the same days as a ``(days, 2)`` array; lengths must match."""
-    a = daily_returns(first, names[0], min_days)
-    b = daily_returns(second, names[1], min_days)
+    a = daily_returns(first, names[0])
+    b = daily_returns(second, names[1])
     if a.size != b.size:
         raise ValueError(
             f"{names[0]} has {a.size} daily returns but {names[1]} has {b.size}: "
@@ -44,10 +44,3 @@ def positive_int(value: int, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return int(value)
-
-
-def confidence_level(value: float) -> float:
-    """A confidence level strictly between 0 and 1."""
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"level must lie strictly between 0 and 1, got {value!r}")
-    return float(value)

@@ -32,8 +32,7 @@ def _finite(value: float, name: str) -> float:
 def probabilistic_sharpe(
     sharpe: float, benchmark: float, days: int, skew: float, kurtosis: float
 ) -> float:
-    """PSR: the probability that the true per-period Sharpe exceeds ``benchmark`` (plain
-    kurtosis)."""
+    """PSR: the probability that the true per-period Sharpe exceeds ``benchmark`` (g4 plain)."""
     sr = _finite(sharpe, "sharpe")
     if positive_int(days, "days") < 2:
         raise ValueError(f"days must be at least 2, got {days}")
@@ -81,21 +80,16 @@ class DeflatedSharpe:
         return asdict(self)
 
 
-def null_sharpe_variance(days: int) -> float:
-    """Annualized variance ``252 / (days - 1)`` of a zero-skill Sharpe estimate: the default, a
-    floor, when the configurations' spread was not recorded."""
-    return PERIODS_PER_YEAR / (positive_int(days, "days") - 1)
-
-
 def deflated_sharpe_of_returns(
     returns: ArrayLike, trials: int = 1, trials_sharpe_variance: float | None = None
 ) -> DeflatedSharpe:
     """PSR (against 0) and DSR of daily net returns: ``trials`` configurations tried, their
-    Sharpes' annualized variance (None: ``null_sharpe_variance``); a flat series is normal."""
+    Sharpes' annualized variance (None: ``252 / (days - 1)``, a zero-skill estimate's, a floor
+    when their spread was not recorded); a flat series is normal."""
     x = daily_returns(returns, "returns")
     n = positive_int(trials, "trials")
     if trials_sharpe_variance is None:
-        annual_variance = null_sharpe_variance(x.size)
+        annual_variance = PERIODS_PER_YEAR / (x.size - 1)
     else:
         annual_variance = _finite(trials_sharpe_variance, "trials_sharpe_variance")
         if annual_variance < 0:

@@ -9,7 +9,6 @@ Sharpe is ``performance``'s convention (ddof 1, sqrt(252), flat scores 0).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -18,13 +17,7 @@ from arch.bootstrap import StationaryBootstrap, optimal_block_length
 from numpy.typing import ArrayLike, NDArray
 
 from allocator.trainer.sim.performance import PERIODS_PER_YEAR
-from allocator.trainer.statistics.checks import (
-    FLAT,
-    confidence_level,
-    daily_returns,
-    paired_returns,
-    positive_int,
-)
+from allocator.trainer.statistics.checks import FLAT, daily_returns, paired_returns, positive_int
 
 IntervalMethod = Literal["percentile", "bca"]
 INTERVAL_METHODS: tuple[str, ...] = ("percentile", "bca")
@@ -48,9 +41,8 @@ def annualized_sharpe(returns: ArrayLike) -> float:
 
 
 def block_size(data: ArrayLike) -> int:
-    """Mean block length for a stationary bootstrap of ``data`` (days, or days x series): the
-    largest Politis-White estimate rounded up, so the interval errs wide; constant series are
-    skipped, and with none left, 1."""
+    """Stationary-bootstrap mean block of ``data`` (days, or days x series): the largest
+    Politis-White estimate rounded up (the interval errs wide), 1 if every series is constant."""
     x = np.asarray(data, dtype=np.float64)
     x = x[:, None] if x.ndim == 1 else x
     varying = x[:, x.std(axis=0) > FLAT]
@@ -99,7 +91,8 @@ def excess_sharpe_interval(
     data = paired_returns(policy, benchmark, ("policy", "benchmark"))
     if method not in INTERVAL_METHODS:
         raise ValueError(f"method must be one of {INTERVAL_METHODS}, got {method!r}")
-    size = confidence_level(level)
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie strictly between 0 and 1, got {level!r}")
     reps = positive_int(reps, "reps")
     mean_block = block_size(data) if block is None else positive_int(block, "block")
     sharpes = sharpe_columns(data)
@@ -108,19 +101,25 @@ def excess_sharpe_interval(
         s = sharpe_columns(sample)
         return np.array([s[0] - s[1]])
 
+    def interval(how: IntervalMethod) -> tuple[float, float]:
+        boot = StationaryBootstrap(mean_block, data, seed=int(seed))  # seeded afresh per call
+        with np.errstate(all="ignore"):
+            bounds = boot.conf_int(excess, reps=reps, method=how, size=level, tail="two")
+        return float(bounds[0, 0]), float(bounds[1, 0])
+
     used = method
     try:
-        low, high = bootstrap_interval(data, excess, mean_block, seed, reps, size, method)
+        low, high = interval(method)
     except RuntimeError:  # arch: BCa's bias correction saw no replicate on one side
         low = high = math.nan
     if not (math.isfinite(low) and math.isfinite(high)) and method == "bca":
         used = "percentile"  # BCa needs replicates on both sides of the estimate
-        low, high = bootstrap_interval(data, excess, mean_block, seed, reps, size, used)
+        low, high = interval(used)
     return ExcessSharpe(
         estimate=float(sharpes[0] - sharpes[1]),
         low=low,
         high=high,
-        level=size,
+        level=float(level),
         method=used,
         policy_sharpe=float(sharpes[0]),
         benchmark_sharpe=float(sharpes[1]),
@@ -129,19 +128,3 @@ def excess_sharpe_interval(
         reps=reps,
         seed=int(seed),
     )
-
-
-def bootstrap_interval(
-    data: NDArray[np.float64],
-    statistic: Callable[[NDArray[np.float64]], NDArray[np.float64]],
-    mean_block: int,
-    seed: int,
-    reps: int,
-    size: float,
-    method: IntervalMethod,
-) -> tuple[float, float]:
-    """``arch``'s two-sided interval of a scalar statistic under a freshly seeded bootstrap."""
-    boot = StationaryBootstrap(mean_block, data, seed=int(seed))
-    with np.errstate(all="ignore"):
-        bounds = boot.conf_int(statistic, reps=reps, method=method, size=size, tail="two")
-    return float(bounds[0, 0]), float(bounds[1, 0])

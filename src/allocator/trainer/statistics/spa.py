@@ -29,9 +29,6 @@ class SpaPValues:
     consistent: float
     upper: float
 
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
-
 
 SPA_FIELDS = tuple(f.name for f in fields(SpaPValues))
 NO_EVIDENCE = SpaPValues(1.0, 1.0, 1.0)
