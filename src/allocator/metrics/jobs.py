@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge
 
 from allocator.metrics.buckets import JOB_DURATION_BUCKETS_SECONDS
+from allocator.metrics.families import Families
 from allocator.metrics.pushgateway import push_reporting
 
 
@@ -26,46 +27,40 @@ class JobMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
+        families = Families(registry)
         # Created by mark_success only: a failed run's push (POST) must not carry a 0 that
         # would overwrite the previous good run's time in the Pushgateway.
         self.last_success: Gauge | None = None
-        self.windows = Counter(
-            "allocator_jobs_windows_total",
-            "Walk-forward windows evaluated by this run.",
-            registry=registry,
+        self.windows = families.counter(
+            "allocator_jobs_windows_total", "Walk-forward windows evaluated by this run."
         )
-        self.window_sharpe = Gauge(
+        self.window_sharpe = families.gauge(
             "allocator_jobs_window_sharpe",
             "Annualized Sharpe ratio of the policy on one walk-forward test window.",
-            ["window"],
-            registry=registry,
+            "window",
         )
-        self.window_near_bound = Gauge(
+        self.window_near_bound = families.gauge(
             "allocator_jobs_window_action_near_bound_ratio",
             "Share of the window's actor's live action values at the tanh bound on its probe "
             "set, at the last check of training.",
-            ["window"],
-            registry=registry,
+            "window",
         )
-        self.window_collapsed = Gauge(
+        self.window_collapsed = families.gauge(
             "allocator_jobs_window_actor_collapsed",
             "1 when the window's actor collapsed into the saturated corner while training.",
-            ["window"],
-            registry=registry,
+            "window",
         )
-        self.promotions = Counter(
+        self.promotions = families.counter(
             "allocator_jobs_promotions_total",
             "Candidate models judged by the promotion gate, by decision.",
-            ["decision"],
-            registry=registry,
+            "decision",
         )
         for decision in PromotionDecision:
             self.promotions.labels(decision.value)
-        self.duration = Histogram(
+        self.duration = families.histogram(
             "allocator_jobs_duration_seconds",
             "Wall time of one job run.",
-            buckets=JOB_DURATION_BUCKETS_SECONDS,
-            registry=registry,
+            JOB_DURATION_BUCKETS_SECONDS,
         )
 
     def record_window(
@@ -85,17 +80,12 @@ class JobMetrics:
         """The promotion gate's verdict on a candidate."""
         self.promotions.labels(PromotionDecision(decision).value).inc()
 
-    def observe_duration(self, seconds: float) -> None:
-        """The run's wall time."""
-        self.duration.observe(seconds)
-
     def mark_success(self, timestamp: float | None = None) -> None:
         """Set the last-success time (now by default); call it only when the run succeeded."""
         if self.last_success is None:
-            self.last_success = Gauge(
+            self.last_success = Families(self._registry).gauge(
                 "allocator_jobs_last_success_timestamp_seconds",
                 "Unix time at which the job last finished successfully.",
-                registry=self._registry,
             )
         self.last_success.set(time.time() if timestamp is None else timestamp)
 
@@ -116,14 +106,14 @@ class JobPush:
         """Push a successful run; the push's error text, or None (sent, or no gateway)."""
         if not self.gateway_url:
             return None
-        self.metrics.observe_duration(seconds)
+        self.metrics.duration.observe(seconds)
         self.metrics.mark_success()
         return push_reporting(self.registry, self.gateway_url, self.job, self.grouping_key)
 
     def failed(self, seconds: float) -> None:
         """Push a failed run; a push error is ignored (the run's own error is reported)."""
         if self.gateway_url:
-            self.metrics.observe_duration(seconds)
+            self.metrics.duration.observe(seconds)
             push_reporting(
                 self.registry, self.gateway_url, self.job, self.grouping_key, replace=False
             )

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable
 from enum import Enum
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from allocator.metrics.buckets import (
     BATCH_SIZE_BUCKETS,
@@ -18,6 +18,7 @@ from allocator.metrics.buckets import (
     ICM_REWARD_BUCKETS,
     latency_buckets,
 )
+from allocator.metrics.families import Families
 from allocator.metrics.grpc_server import (
     GrpcServerMetrics,
     ServiceDescriptor,
@@ -44,34 +45,33 @@ class ServingMetrics:
         self.latency_budget_seconds = float(latency_budget_seconds)
         self.latency_buckets = latency_buckets(self.latency_budget_seconds)
         self.grpc = GrpcServerMetrics(registry, service, self.latency_buckets)
-        self.request_latency = Histogram(
+        families = Families(registry)
+        self.request_latency = families.histogram(
             "allocator_serving_request_latency_seconds",
             "Server-side latency of a gRPC request per decision it carries (a batch call's time "
             "divided by its decisions), by method and status code name.",
-            ["grpc_method", "grpc_code"],
-            buckets=self.latency_buckets,
-            registry=registry,
+            self.latency_buckets,
+            "grpc_method",
+            "grpc_code",
         )
-        self.requests = Counter(
+        self.requests = families.counter(
             "allocator_serving_requests_total",
             "gRPC requests handled, by method and status code name.",
-            ["grpc_method", "grpc_code"],
-            registry=registry,
+            "grpc_method",
+            "grpc_code",
         )
-        self.over_budget = Counter(
+        self.over_budget = families.counter(
             "allocator_serving_over_budget_total",
             "Requests slower than the configured latency budget per decision, by method.",
-            ["grpc_method"],
-            registry=registry,
+            "grpc_method",
         )
-        self.latency_budget = Gauge(
+        self.latency_budget = families.gauge(
             "allocator_serving_latency_budget_seconds",
             "The configured P95 latency budget, for dashboards and alert rules.",
-            registry=registry,
             multiprocess_mode="livemax",  # ``--workers N``: one figure, not one per process
         )
         self.latency_budget.set(self.latency_budget_seconds)
-        self._add_decision_metrics(registry)
+        self._add_decision_metrics(families)
         self.model_info = CurrentInfo(
             "allocator_serving_model",
             "The model version serving by default: 1 for the current one only.",
@@ -85,65 +85,54 @@ class ServingMetrics:
             ("provider",),
             registry,
         )
-        self._add_refusal_metrics(registry)
-
-    def _add_decision_metrics(self, registry: CollectorRegistry) -> None:
-        """What the decisions were: smoothing gap, turnover, ICM reward, batch sizes."""
-        self.smoothing_gap = Histogram(
-            "allocator_serving_smoothing_gap",
-            "L1 distance sum|raw - smoothed| between a decision's raw and smoothed weights "
-            "(unitless, 0 to 2).",
-            buckets=GAP_BUCKETS,
-            registry=registry,
-        )
-        self.turnover = Histogram(
-            "allocator_serving_turnover_ratio",
-            "Implied turnover of a decision: traded value / NAV, the sum over risky assets of "
-            "|served - current| weights, as the training env defines it (0 to 2).",
-            buckets=GAP_BUCKETS,
-            registry=registry,
-        )
-        self.icm_reward = Histogram(
-            "allocator_serving_icm_reward",
-            "Normalized, clipped ICM intrinsic reward of a decision (models trained with ICM); "
-            "no _sum because buckets are negative: use quantiles.",
-            buckets=ICM_REWARD_BUCKETS,
-            registry=registry,
-        )
-        self.batch_size = Histogram(
-            "allocator_serving_batch_size",
-            "Portfolios per batch allocation call (or stream message).",
-            buckets=BATCH_SIZE_BUCKETS,
-            registry=registry,
-        )
-        self.decided_batch_size = Histogram(
-            "allocator_serving_decided_batch_size",
-            "Decisions per batch the server decided at once (concurrent calls batched together: "
-            "one onnxruntime call per model, one durable commit).",
-            buckets=BATCH_SIZE_BUCKETS,
-            registry=registry,
-        )
-
-    def _add_refusal_metrics(self, registry: CollectorRegistry) -> None:
-        """What the registry scan refused: a counter of refusals, a gauge of refused versions."""
-        self.model_refused = Counter(
+        self.model_refused = families.counter(
             "allocator_serving_model_refused_total",
             "Model versions refused by the registry scan, by reason: once per distinct refusal "
             "of a version (a new reason or message), never once per scan.",
-            ["reason"],
-            registry=registry,
+            "reason",
         )
-        self.models_refused = Gauge(
+        self.models_refused = families.gauge(
             "allocator_serving_models_refused",
             "Model versions whose files as they are now are refused, by reason (a copy in "
             "progress shows here for seconds; a bad deploy stays).",
-            ["reason"],
-            registry=registry,
+            "reason",
             multiprocess_mode="livemax",  # every worker scans the same registry
         )
         for reason in REFUSAL_REASONS:  # every series exists from the start: rate() sees the first
             self.model_refused.labels(reason)
             self.models_refused.labels(reason).set(0)
+
+    def _add_decision_metrics(self, families: Families) -> None:
+        """What the decisions were: smoothing gap, turnover, ICM reward, batch sizes."""
+        self.smoothing_gap = families.histogram(
+            "allocator_serving_smoothing_gap",
+            "L1 distance sum|raw - smoothed| between a decision's raw and smoothed weights "
+            "(unitless, 0 to 2).",
+            GAP_BUCKETS,
+        )
+        self.turnover = families.histogram(
+            "allocator_serving_turnover_ratio",
+            "Implied turnover of a decision: traded value / NAV, the sum over risky assets of "
+            "|served - current| weights, as the training env defines it (0 to 2).",
+            GAP_BUCKETS,
+        )
+        self.icm_reward = families.histogram(
+            "allocator_serving_icm_reward",
+            "Normalized, clipped ICM intrinsic reward of a decision (models trained with ICM); "
+            "no _sum because buckets are negative: use quantiles.",
+            ICM_REWARD_BUCKETS,
+        )
+        self.batch_size = families.histogram(
+            "allocator_serving_batch_size",
+            "Portfolios per batch allocation call (or stream message).",
+            BATCH_SIZE_BUCKETS,
+        )
+        self.decided_batch_size = families.histogram(
+            "allocator_serving_decided_batch_size",
+            "Decisions per batch the server decided at once (concurrent calls batched together: "
+            "one onnxruntime call per model, one durable commit).",
+            BATCH_SIZE_BUCKETS,
+        )
 
     def observe_refusal(self, reason: str) -> None:
         """A version refused for a new reason (counted once per distinct refusal, not per scan)."""
@@ -165,10 +154,6 @@ class ServingMetrics:
             )
         return reason
 
-    def observe_started(self, method: str) -> None:
-        """A call arrived (the standard ``grpc_server_started_total``)."""
-        self.grpc.observe_started(method)
-
     def observe_request(
         self,
         method: str,
@@ -180,8 +165,8 @@ class ServingMetrics:
         version: str = "",
     ) -> None:
         """One finished request of ``decisions`` decisions, answered by ``model`` at
-        ``version``; a streaming method's request is one message (its call ends with
-        ``observe_stream_end``)."""
+        ``version``; a streaming method's request is one message (its call's end is the standard
+        ``grpc.observe_handled``)."""
         self._observe_budget(method, code, seconds, decisions)
         if self.grpc.is_streaming(method):
             self.grpc.observe_message(method)
@@ -204,10 +189,6 @@ class ServingMetrics:
         if per_decision > self.latency_budget_seconds:
             self.over_budget.labels(method).inc()
 
-    def observe_stream_end(self, method: str, code: str | Enum, seconds: float) -> None:
-        """A streaming call ended with ``code`` after ``seconds``."""
-        self.grpc.observe_handled(method, code, seconds)
-
     def observe_decisions(
         self,
         gaps: Iterable[float],
@@ -225,19 +206,3 @@ class ServingMetrics:
             for value in values:
                 if value is not None and math.isfinite(value):
                     histogram.observe(value)
-
-    def observe_batch(self, size: int) -> None:
-        """One batch allocation call (or ``AllocateStream`` message) of ``size`` portfolios."""
-        self.batch_size.observe(size)
-
-    def observe_decided_batch(self, size: int) -> None:
-        """One batch of ``size`` decisions, decided, recorded and stored together."""
-        self.decided_batch_size.observe(size)
-
-    def set_model(self, name: str, version: str, algorithm: str) -> None:
-        """Switch the model info to a new version; the previous label set disappears."""
-        self.model_info.set(name=name, version=version, algorithm=algorithm)
-
-    def set_provider(self, provider: str) -> None:
-        """Record the execution provider that really runs (``session.get_providers()[0]``)."""
-        self.provider_info.set(provider=provider)

@@ -10,8 +10,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry
 
+from allocator.metrics.families import Families
 from allocator.metrics.pushgateway import push_reporting
 from allocator.portfolio import CASH_ID
 
@@ -24,13 +25,8 @@ class TradingMetrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = registry
-
-        def counter(name: str, documentation: str, *labels: str) -> Counter:
-            return Counter(name, documentation, ["account", *labels], registry=registry)
-
-        def gauge(name: str, documentation: str, *labels: str) -> Gauge:
-            return Gauge(name, documentation, ["account", *labels], registry=registry)
-
+        families = Families(registry, "account")
+        counter, gauge = families.counter, families.gauge
         self.mismatches = counter(
             "allocator_trading_reconciliation_mismatches_total",
             "Reconciliations that found the broker's positions differ from the recorded ones.",
