@@ -12,9 +12,7 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry
-
-from allocator.metrics.families import Families
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 GRPC_TYPES = ("unary", "client_stream", "server_stream", "bidi_stream")
 """``grpc_type`` by (client streaming, server streaming), as go-grpc-prometheus names them."""
@@ -59,29 +57,34 @@ class GrpcServerMetrics:
     ) -> None:
         self.service = service.full_name
         self.method_types = method_types(service)
-        call = ("grpc_type", "grpc_service", "grpc_method")
-        families = Families(registry, *call)
-        self.started = families.counter("grpc_server_started_total", "RPCs started on the server.")
-        self.handled = families.counter(
+        call = ["grpc_type", "grpc_service", "grpc_method"]
+        self.started = Counter(
+            "grpc_server_started_total", "RPCs started on the server.", call, registry=registry
+        )
+        self.handled = Counter(
             "grpc_server_handled_total",
             "RPCs completed on the server, regardless of success or failure, by the model "
             "version that answered.",
-            "grpc_code",
-            "model",
-            "version",
+            [*call, "grpc_code", "model", "version"],
+            registry=registry,
         )
-        self.handling_seconds = families.histogram(
+        self.handling_seconds = Histogram(
             "grpc_server_handling_seconds",
             "Response latency of RPCs handled by the server (the whole call), by the model "
             "version that answered.",
-            buckets,
-            "model",
-            "version",
+            [*call, "model", "version"],
+            buckets=buckets,
+            registry=registry,
         )
-        self.msg_received = families.counter(
-            "grpc_server_msg_received_total", "Messages received from clients."
+        self.msg_received = Counter(
+            "grpc_server_msg_received_total",
+            "Messages received from clients.",
+            call,
+            registry=registry,
         )
-        self.msg_sent = families.counter("grpc_server_msg_sent_total", "Messages sent to clients.")
+        self.msg_sent = Counter(
+            "grpc_server_msg_sent_total", "Messages sent to clients.", call, registry=registry
+        )
         for method in self.method_types:  # every call series exists from the start for rate()
             for counter in (self.started, self.msg_received, self.msg_sent):
                 counter.labels(*self._call(method))

@@ -7,10 +7,9 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from allocator.metrics.buckets import JOB_DURATION_BUCKETS_SECONDS
-from allocator.metrics.families import Families
 from allocator.metrics.pushgateway import push_reporting
 
 
@@ -27,40 +26,46 @@ class JobMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
-        families = Families(registry)
         # Created by mark_success only: a failed run's push (POST) must not carry a 0 that
         # would overwrite the previous good run's time in the Pushgateway.
         self.last_success: Gauge | None = None
-        self.windows = families.counter(
-            "allocator_jobs_windows_total", "Walk-forward windows evaluated by this run."
+        self.windows = Counter(
+            "allocator_jobs_windows_total",
+            "Walk-forward windows evaluated by this run.",
+            registry=registry,
         )
-        self.window_sharpe = families.gauge(
+        self.window_sharpe = Gauge(
             "allocator_jobs_window_sharpe",
             "Annualized Sharpe ratio of the policy on one walk-forward test window.",
-            "window",
+            ["window"],
+            registry=registry,
         )
-        self.window_near_bound = families.gauge(
+        self.window_near_bound = Gauge(
             "allocator_jobs_window_action_near_bound_ratio",
             "Share of the window's actor's live action values at the tanh bound on its probe "
             "set, at the last check of training.",
-            "window",
+            ["window"],
+            registry=registry,
         )
-        self.window_collapsed = families.gauge(
+        self.window_collapsed = Gauge(
             "allocator_jobs_window_actor_collapsed",
             "1 when the window's actor collapsed into the saturated corner while training.",
-            "window",
+            ["window"],
+            registry=registry,
         )
-        self.promotions = families.counter(
+        self.promotions = Counter(
             "allocator_jobs_promotions_total",
             "Candidate models judged by the promotion gate, by decision.",
-            "decision",
+            ["decision"],
+            registry=registry,
         )
         for decision in PromotionDecision:
             self.promotions.labels(decision.value)
-        self.duration = families.histogram(
+        self.duration = Histogram(
             "allocator_jobs_duration_seconds",
             "Wall time of one job run.",
-            JOB_DURATION_BUCKETS_SECONDS,
+            buckets=JOB_DURATION_BUCKETS_SECONDS,
+            registry=registry,
         )
 
     def record_window(
@@ -83,9 +88,10 @@ class JobMetrics:
     def mark_success(self, timestamp: float | None = None) -> None:
         """Set the last-success time (now by default); call it only when the run succeeded."""
         if self.last_success is None:
-            self.last_success = Families(self._registry).gauge(
+            self.last_success = Gauge(
                 "allocator_jobs_last_success_timestamp_seconds",
                 "Unix time at which the job last finished successfully.",
+                registry=self._registry,
             )
         self.last_success.set(time.time() if timestamp is None else timestamp)
 

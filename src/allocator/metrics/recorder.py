@@ -7,22 +7,21 @@ none of these would be a decision lost without a trace.
 
 from __future__ import annotations
 
-from functools import partial
-
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from allocator.metrics.buckets import WRITE_LATENCY_BUCKETS_SECONDS
-from allocator.metrics.families import Families
 
 
 class RecorderMetrics:
     """The recorder's figures on ``registry``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        families = Families(registry)
-        counter = families.counter
-        # livesum: under ``--workers N`` the server's figure is its workers' sum
-        gauge = partial(families.gauge, multiprocess_mode="livesum")
+        def gauge(name: str, documentation: str) -> Gauge:
+            # livesum: under ``--workers N`` the server's figure is its workers' sum
+            return Gauge(name, documentation, registry=registry, multiprocess_mode="livesum")
+
+        def counter(name: str, documentation: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, documentation, labels, registry=registry)
 
         self.queue_depth = gauge(
             "allocator_recorder_queue_depth",
@@ -42,7 +41,7 @@ class RecorderMetrics:
         self.failed_writes = counter(
             "allocator_recorder_failed_writes_total",
             "Batched writes that failed (their records were spooled), by short fixed reason.",
-            "reason",
+            ("reason",),
         )
         self.replayed = counter(
             "allocator_recorder_replayed_total",
@@ -53,10 +52,11 @@ class RecorderMetrics:
             "Records refused at the door because the spool quota was reached; the caller is "
             "told, nothing is dropped silently.",
         )
-        self.batch_write_latency = families.histogram(
+        self.batch_write_latency = Histogram(
             "allocator_recorder_batch_write_latency_seconds",
             "Time of one batched write to the database, successful or not.",
-            WRITE_LATENCY_BUCKETS_SECONDS,
+            buckets=WRITE_LATENCY_BUCKETS_SECONDS,
+            registry=registry,
         )
 
     def observe_write(self, rows: int, seconds: float) -> None:

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable
 from enum import Enum
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from allocator.metrics.buckets import (
     BATCH_SIZE_BUCKETS,
@@ -18,7 +18,6 @@ from allocator.metrics.buckets import (
     ICM_REWARD_BUCKETS,
     latency_buckets,
 )
-from allocator.metrics.families import Families
 from allocator.metrics.grpc_server import (
     GrpcServerMetrics,
     ServiceDescriptor,
@@ -45,33 +44,34 @@ class ServingMetrics:
         self.latency_budget_seconds = float(latency_budget_seconds)
         self.latency_buckets = latency_buckets(self.latency_budget_seconds)
         self.grpc = GrpcServerMetrics(registry, service, self.latency_buckets)
-        families = Families(registry)
-        self.request_latency = families.histogram(
+        self.request_latency = Histogram(
             "allocator_serving_request_latency_seconds",
             "Server-side latency of a gRPC request per decision it carries (a batch call's time "
             "divided by its decisions), by method and status code name.",
-            self.latency_buckets,
-            "grpc_method",
-            "grpc_code",
+            ["grpc_method", "grpc_code"],
+            buckets=self.latency_buckets,
+            registry=registry,
         )
-        self.requests = families.counter(
+        self.requests = Counter(
             "allocator_serving_requests_total",
             "gRPC requests handled, by method and status code name.",
-            "grpc_method",
-            "grpc_code",
+            ["grpc_method", "grpc_code"],
+            registry=registry,
         )
-        self.over_budget = families.counter(
+        self.over_budget = Counter(
             "allocator_serving_over_budget_total",
             "Requests slower than the configured latency budget per decision, by method.",
-            "grpc_method",
+            ["grpc_method"],
+            registry=registry,
         )
-        self.latency_budget = families.gauge(
+        self.latency_budget = Gauge(
             "allocator_serving_latency_budget_seconds",
             "The configured P95 latency budget, for dashboards and alert rules.",
+            registry=registry,
             multiprocess_mode="livemax",  # ``--workers N``: one figure, not one per process
         )
         self.latency_budget.set(self.latency_budget_seconds)
-        self._add_decision_metrics(families)
+        self._add_decision_metrics(registry)
         self.model_info = CurrentInfo(
             "allocator_serving_model",
             "The model version serving by default: 1 for the current one only.",
@@ -85,54 +85,65 @@ class ServingMetrics:
             ("provider",),
             registry,
         )
-        self.model_refused = families.counter(
+        self._add_refusal_metrics(registry)
+
+    def _add_decision_metrics(self, registry: CollectorRegistry) -> None:
+        """What the decisions were: smoothing gap, turnover, ICM reward, batch sizes."""
+        self.smoothing_gap = Histogram(
+            "allocator_serving_smoothing_gap",
+            "L1 distance sum|raw - smoothed| between a decision's raw and smoothed weights "
+            "(unitless, 0 to 2).",
+            buckets=GAP_BUCKETS,
+            registry=registry,
+        )
+        self.turnover = Histogram(
+            "allocator_serving_turnover_ratio",
+            "Implied turnover of a decision: traded value / NAV, the sum over risky assets of "
+            "|served - current| weights, as the training env defines it (0 to 2).",
+            buckets=GAP_BUCKETS,
+            registry=registry,
+        )
+        self.icm_reward = Histogram(
+            "allocator_serving_icm_reward",
+            "Normalized, clipped ICM intrinsic reward of a decision (models trained with ICM); "
+            "no _sum because buckets are negative: use quantiles.",
+            buckets=ICM_REWARD_BUCKETS,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "allocator_serving_batch_size",
+            "Portfolios per batch allocation call (or stream message).",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=registry,
+        )
+        self.decided_batch_size = Histogram(
+            "allocator_serving_decided_batch_size",
+            "Decisions per batch the server decided at once (concurrent calls batched together: "
+            "one onnxruntime call per model, one durable commit).",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=registry,
+        )
+
+    def _add_refusal_metrics(self, registry: CollectorRegistry) -> None:
+        """What the registry scan refused: a counter of refusals, a gauge of refused versions."""
+        self.model_refused = Counter(
             "allocator_serving_model_refused_total",
             "Model versions refused by the registry scan, by reason: once per distinct refusal "
             "of a version (a new reason or message), never once per scan.",
-            "reason",
+            ["reason"],
+            registry=registry,
         )
-        self.models_refused = families.gauge(
+        self.models_refused = Gauge(
             "allocator_serving_models_refused",
             "Model versions whose files as they are now are refused, by reason (a copy in "
             "progress shows here for seconds; a bad deploy stays).",
-            "reason",
+            ["reason"],
+            registry=registry,
             multiprocess_mode="livemax",  # every worker scans the same registry
         )
         for reason in REFUSAL_REASONS:  # every series exists from the start: rate() sees the first
             self.model_refused.labels(reason)
             self.models_refused.labels(reason).set(0)
-
-    def _add_decision_metrics(self, families: Families) -> None:
-        """What the decisions were: smoothing gap, turnover, ICM reward, batch sizes."""
-        self.smoothing_gap = families.histogram(
-            "allocator_serving_smoothing_gap",
-            "L1 distance sum|raw - smoothed| between a decision's raw and smoothed weights "
-            "(unitless, 0 to 2).",
-            GAP_BUCKETS,
-        )
-        self.turnover = families.histogram(
-            "allocator_serving_turnover_ratio",
-            "Implied turnover of a decision: traded value / NAV, the sum over risky assets of "
-            "|served - current| weights, as the training env defines it (0 to 2).",
-            GAP_BUCKETS,
-        )
-        self.icm_reward = families.histogram(
-            "allocator_serving_icm_reward",
-            "Normalized, clipped ICM intrinsic reward of a decision (models trained with ICM); "
-            "no _sum because buckets are negative: use quantiles.",
-            ICM_REWARD_BUCKETS,
-        )
-        self.batch_size = families.histogram(
-            "allocator_serving_batch_size",
-            "Portfolios per batch allocation call (or stream message).",
-            BATCH_SIZE_BUCKETS,
-        )
-        self.decided_batch_size = families.histogram(
-            "allocator_serving_decided_batch_size",
-            "Decisions per batch the server decided at once (concurrent calls batched together: "
-            "one onnxruntime call per model, one durable commit).",
-            BATCH_SIZE_BUCKETS,
-        )
 
     def observe_refusal(self, reason: str) -> None:
         """A version refused for a new reason (counted once per distinct refusal, not per scan)."""

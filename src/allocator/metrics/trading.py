@@ -10,9 +10,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from allocator.metrics.families import Families
 from allocator.metrics.pushgateway import push_reporting
 from allocator.portfolio import CASH_ID
 
@@ -25,8 +24,13 @@ class TradingMetrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.registry = registry
-        families = Families(registry, "account")
-        counter, gauge = families.counter, families.gauge
+
+        def counter(name: str, documentation: str, *labels: str) -> Counter:
+            return Counter(name, documentation, ["account", *labels], registry=registry)
+
+        def gauge(name: str, documentation: str, *labels: str) -> Gauge:
+            return Gauge(name, documentation, ["account", *labels], registry=registry)
+
         self.mismatches = counter(
             "allocator_trading_reconciliation_mismatches_total",
             "Reconciliations that found the broker's positions differ from the recorded ones.",
