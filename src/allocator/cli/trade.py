@@ -61,17 +61,19 @@ def pushed(engine: Any, account_name: str, gateway_url: str | None) -> Iterator[
     """The command's trading figures; at the end, failed or not, the account's book is read
     back into them and they are pushed (a failed push is a warning, never the exit code)."""
     # heavy (sqlalchemy): the status report reads the trade database
-    from allocator.metrics.trading import TradingPush
+    from prometheus_client import CollectorRegistry
+
+    from allocator.metrics.trading import TradingMetrics
     from allocator.trading.status import account_status
 
-    pusher = TradingPush(gateway_url, account_name)
+    metrics = TradingMetrics(CollectorRegistry())
     try:
-        yield pusher.metrics
+        yield metrics
     finally:
         if gateway_url:
             for entry in account_status(engine, account_name):
-                pusher.metrics.record_book(entry)
-            error = pusher.push()
+                metrics.record_book(entry)
+            error = metrics.push(gateway_url, account_name)
             if error:
                 click.echo(f"warning: {error}", err=True)
 
