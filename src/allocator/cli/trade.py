@@ -134,7 +134,6 @@ def account_create(
     with failing(ValueError):
         listed = [a.strip() for a in assets.split(",") if a.strip()]
         spec = AccountSpec(name, listed, SizingRules(**rules), model, broker)
-        spec.check()
     if broker == "paper" and cash is None:
         fail("a paper account needs --cash")
     if broker == "alpaca":
