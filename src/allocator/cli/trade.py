@@ -241,7 +241,7 @@ def trade_bars(
         fail(f"--token-file: cannot read {token_file}: {exc.strerror or exc}")
     result = None
     with trade_engine(options["database_url"]) as engine:
-        try:
+        with failing(ValueError), failing(TradingError, code=1):
             with Session(engine) as session:
                 account = load_account(session, name)
                 cost_bps, kind = account.cost_bps, account.broker
@@ -252,10 +252,6 @@ def trade_bars(
                 broker: Any = AlpacaBroker.from_env()
             else:
                 broker = PaperBroker(engine, cost_bps, slippage_bps=options["slippage_bps"])
-        except TradingError as exc:
-            fail(str(exc), 1)
-        except ValueError as exc:
-            fail(str(exc))
         with AllocatorClient(options["server"], token=token) as client:
             with Session(engine) as session:
                 dates = pick(session)
