@@ -6,12 +6,7 @@ import sys
 
 import click
 
-from allocator.cli.options import (
-    database_url_option,
-    emit_json,
-    failing,
-    json_options,
-)
+from allocator.cli.options import database_url_option, emit_json, failing, json_options
 from allocator.recording.settings import shown_url
 
 
