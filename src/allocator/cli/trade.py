@@ -60,9 +60,10 @@ pushgateway_option = click.option(
 def pushed(engine: Any, account_name: str, gateway_url: str | None) -> Iterator[Any]:
     """The command's trading figures; at the end, failed or not, the account's book is read
     back into them and they are pushed (a failed push is a warning, never the exit code)."""
-    # heavy (sqlalchemy): the status report reads the trade database
+    # heavy (prometheus_client, sqlalchemy): the figures, and the status report of the database
     from prometheus_client import CollectorRegistry
 
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
     from allocator.metrics.trading import TradingMetrics
     from allocator.trading.status import account_status
 
