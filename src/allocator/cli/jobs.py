@@ -7,7 +7,6 @@ a study as Ctrl-C does (exit 143): what finished is kept and said.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -396,12 +395,11 @@ def tune(
     except (ConfigError, DataError, MissingExtraError) as exc:
         fail(str(exc))
     except KeyboardInterrupt as exc:  # the study's files were written on the way out
-        click.echo(
-            "error: tuning stopped; trials.csv, tune.json and (when a trial completed) best.yaml"
-            " cover the trials that finished, the running ones are marked FAIL",
-            err=True,
+        fail(
+            "tuning stopped; trials.csv, tune.json and (when a trial completed) best.yaml cover "
+            "the trials that finished, the running ones are marked FAIL",
+            interrupted_exit_code(exc),
         )
-        sys.exit(interrupted_exit_code(exc))
     except (TuneError, OSError) as exc:
         fail(f"tuning failed: {exc}", 1)
     summary = result.summary
