@@ -21,7 +21,7 @@ def test_standard_grpc_metrics_count_calls_by_model_version(registry):
     """The names and labels stock gRPC dashboards read, plus the version that answered."""
     serving = ServingMetrics(registry, BUDGET, SERVICE)
     for _ in range(3):
-        serving.observe_started("Allocate")
+        serving.grpc.observe_started("Allocate")
     serving.observe_request("Allocate", "OK", 1e-3, model="us", version="3")
     serving.observe_request("Allocate", "OK", 4e-3, model="us", version="4")
     serving.observe_request("Allocate", grpc.StatusCode.UNAVAILABLE, 2e-3, model="us", version="4")
@@ -46,10 +46,10 @@ def test_standard_grpc_metrics_count_calls_by_model_version(registry):
 
 def test_a_stream_counts_messages_and_is_handled_once(registry):
     serving = ServingMetrics(registry, BUDGET, SERVICE)
-    serving.observe_started("AllocateStream")
+    serving.grpc.observe_started("AllocateStream")
     for _ in range(5):
         serving.observe_request("AllocateStream", "OK", 1e-3, decisions=4)
-    serving.observe_stream_end("AllocateStream", "OK", 2.5)
+    serving.grpc.observe_handled("AllocateStream", "OK", 2.5)
 
     get = registry.get_sample_value
     stream = {
@@ -73,4 +73,4 @@ def test_a_stream_counts_messages_and_is_handled_once(registry):
 def test_an_unknown_method_is_named(registry):
     serving = ServingMetrics(registry, BUDGET, SERVICE)
     with pytest.raises(ValueError, match="'Alocate' is not one of Allocate, AllocateBatch"):
-        serving.observe_started("Alocate")
+        serving.grpc.observe_started("Alocate")

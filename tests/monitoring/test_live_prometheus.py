@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from allocator.artifacts.manifest import checksums, write_manifest
 from allocator.metrics.jobs import JobMetrics, PromotionDecision
-from allocator.metrics.pushgateway import push
+from allocator.metrics.pushgateway import push_reporting
 from allocator.metrics.trading import TRADE_JOB
 from allocator.recording.migrations import upgrade
 from allocator.serving.client import AllocatorClient, AllocatorError
@@ -195,13 +195,13 @@ def job_registries(now: float) -> JobRegistries:
     retrain = CollectorRegistry()
     jobs = JobMetrics(retrain)
     jobs.record_promotion(PromotionDecision.PROMOTED)
-    jobs.observe_duration(420.0)
+    jobs.duration.observe(420.0)
     jobs.mark_success(now - 5 * 86400)
     walk_forward = CollectorRegistry()
     jobs = JobMetrics(walk_forward)
     jobs.record_window("2019-01-02", 0.8, {"collapsed": False, "last": {"near_bound_ratio": 0.1}})
     jobs.record_window("2020-01-02", -0.3, {"collapsed": True, "last": {"near_bound_ratio": 0.97}})
-    jobs.observe_duration(1800.0)
+    jobs.duration.observe(1800.0)
     jobs.mark_success(now)
     return [(RETRAIN_JOB, retrain, {"model": "tiny"}), (WALK_FORWARD_JOB, walk_forward, {})]
 
@@ -216,7 +216,7 @@ def serve_job_metrics(tmp: Path, registries: JobRegistries) -> JobTargets:
         )
         gateway.wait_ready(f"http://{address}/-/ready")
         for job, registry, grouping in registries:
-            push(registry, f"http://{address}", job, grouping_key=grouping or None)
+            assert push_reporting(registry, f"http://{address}", job, grouping or {}) is None
         config = {
             "job_name": "pushgateway",
             "honor_labels": True,

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, update
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from allocator.metrics.trading import TRADE_JOB, TradingPush
+from allocator.metrics.trading import TRADE_JOB, TradingMetrics
 from allocator.recording.migrations import upgrade
 from allocator.recording.schema import PaperHolding
 from allocator.serving.client import AllocatorClient
@@ -44,10 +44,10 @@ def trading_registries(
     upgrade(url)
     engine = create_engine(url, poolclass=NullPool)
     insert_prices(engine, synthetic_closes())
-    pushes = {name: TradingPush(None, name) for name in ("steady", "slipping", "broken")}
+    pushes = {n: TradingMetrics(CollectorRegistry()) for n in ("steady", "slipping", "broken")}
     try:
         with AllocatorClient(server_target, timeout=10.0) as client:
-            for name, pusher in pushes.items():
+            for name, metrics in pushes.items():
                 rules = SizingRules()
                 slippage = SLIPPAGE_BPS if name == "slipping" else 0.0
                 broker = PaperBroker(engine, rules.cost_bps, slippage_bps=slippage)
@@ -55,7 +55,7 @@ def trading_registries(
                     create_account(session, AccountSpec(name, list(ASSETS), rules), 100_000.0)
                     broker.fund_in(session, name, 100_000.0)
                 for k in BARS:
-                    run_cycle(engine, broker, client, name, bar(k), metrics=pusher.metrics)
+                    run_cycle(engine, broker, client, name, bar(k), metrics=metrics)
                 if name == "broken":
                     with Session(engine) as session, session.begin():
                         session.execute(
@@ -64,14 +64,12 @@ def trading_registries(
                             .values(quantity=PaperHolding.quantity + 1)
                         )
                     with pytest.raises(ReconciliationError):
-                        run_cycle(
-                            engine, broker, client, name, bar(BARS[-1] + 1), metrics=pusher.metrics
-                        )
+                        run_cycle(engine, broker, client, name, bar(BARS[-1] + 1), metrics=metrics)
                 else:
                     report = compare_account(engine, name, registry)
-                    pusher.metrics.record_tracking(name, report.tracking_difference)
+                    metrics.record_tracking(name, report.tracking_difference)
                 (entry,) = account_status(engine, name)
-                pusher.metrics.record_book(entry)
+                metrics.record_book(entry)
     finally:
         engine.dispose()
-    return [(TRADE_JOB, p.metrics.registry, {"account": n}) for n, p in pushes.items()]
+    return [(TRADE_JOB, m.registry, {"account": n}) for n, m in pushes.items()]

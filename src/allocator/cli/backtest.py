@@ -10,7 +10,7 @@ import click
 from allocator.cli.options import (
     cost_bps_option,
     emit_json,
-    fail,
+    failing,
     json_options,
     period_options,
 )
@@ -68,11 +68,9 @@ def backtest(
 
     policy = load_policy(policy_spec)
     names = [a.strip() for a in assets.split(",") if a.strip()] if assets else None
-    try:
+    with failing(DataError, ValueError):
         md = load_dataset(dataset)
         result = run_backtest(policy, md, start, end, assets=names, cost_bps=cost_bps, beta=beta)
-    except (DataError, ValueError) as exc:
-        fail(str(exc))
     metrics = result.metrics()
     if not as_json:
         click.echo(

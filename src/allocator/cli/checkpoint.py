@@ -6,7 +6,7 @@ import json
 
 import click
 
-from allocator.cli.options import fail
+from allocator.cli.options import failing
 
 
 @click.group()
@@ -23,13 +23,11 @@ def checkpoint_inspect(run_dir: str, as_json: bool) -> None:
     from allocator.artifacts.manifest import ManifestError, read_manifest, verify_checksums
     from allocator.trainer.checkpoints.manifest import describe
 
-    try:
+    with failing(ManifestError):
         manifest = read_manifest(run_dir)
         dump = json.dumps(manifest.model_dump(mode="json"), indent=2)
         click.echo(dump if as_json else describe(manifest))
         verify_checksums(run_dir, manifest)
-    except ManifestError as exc:
-        fail(str(exc))
     click.echo("checksums ok")
 
 
@@ -51,12 +49,10 @@ def checkpoint_migrate(run_dir: str, to_version: int | None, max_assets: int | N
     from allocator.trainer.checkpoints.errors import CheckpointUpgradeError
     from allocator.trainer.checkpoints.upgrade import upgrade_run
 
-    try:
+    with failing(CheckpointUpgradeError):
         result = upgrade_run(
             run_dir, SCHEMA_VERSION if to_version is None else to_version, max_assets
         )
-    except CheckpointUpgradeError as exc:
-        fail(str(exc))
     probe = result.probe
     click.echo(f"migrated {result.run_dir}: schema v{result.from_version} -> v{result.to_version}")
     click.echo(f"backup: {result.backup}")

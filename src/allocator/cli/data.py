@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from allocator.cli.options import database_url_option, emit_json, fail, json_options, shown_url
+from allocator.cli.options import database_url_option, emit_json, failing, json_options
+from allocator.recording.settings import shown_url
 
 
 @click.group()
@@ -27,10 +28,8 @@ def data_info(dataset: str, as_json: bool, json_out: str | None) -> None:
     # heavy (pandas): imported when the command runs, so `allocator --help` stays instant
     from allocator.trainer.market.data import DataError, load_dataset
 
-    try:
+    with failing(DataError):
         md = load_dataset(dataset)
-    except DataError as exc:
-        fail(str(exc))
     summary = md.summary()
     if not as_json:
         click.echo(f"source: {md.source}")
@@ -58,10 +57,8 @@ def data_check(path: str, min_history: int) -> None:
     # heavy (pandas): imported when the command runs, so `allocator --help` stays instant
     from allocator.trainer.market.data import DataError, load_prices
 
-    try:
+    with failing(DataError):
         md = load_prices(path, min_history=min_history)
-    except DataError as exc:
-        fail(str(exc))
     click.echo(
         f"ok: {path}: {md.n_assets} assets, {md.n_dates} dates "
         f"({md.dates[0].date()} .. {md.dates[-1].date()})"
@@ -91,10 +88,8 @@ def data_ingest(paths: tuple[str, ...], database_url: str | None, keep_valid: bo
 
     url = database_url or default_database_url()
     click.echo(f"database: {shown_url(url)}")
-    try:
+    with failing(DataError, PriceStoreError):
         reports = ingest(paths, url, keep_valid=keep_valid)
-    except (DataError, PriceStoreError) as exc:
-        fail(str(exc))
     for report in reports:
         for line in report.lines():
             click.echo(line)

@@ -6,8 +6,9 @@ from typing import Any
 
 import click
 
-from allocator.cli.options import database_url_option, emit_json, fail, json_options, shown_url
+from allocator.cli.options import database_url_option, emit_json, fail, json_options
 from allocator.recording.migrations import MigrationsNotFoundError, alembic_config
+from allocator.recording.settings import shown_url
 
 
 @click.group()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from allocator.cli.options import fail
+from allocator.cli.options import failing
 
 
 @click.command("export")
@@ -31,10 +31,8 @@ def export(run_dir: tuple[str, ...], registry: str, name: str | None, version: s
     from allocator.trainer.export.parity import format_parity
     from allocator.trainer.export.run import export_runs
 
-    try:
+    with failing(ExportError, MissingExtraError):
         out = export_runs(run_dir, registry, name=name, version=version)
-    except (ExportError, MissingExtraError) as exc:
-        fail(str(exc))
     manifest = read_manifest(out)
     info = manifest.export or {}
     click.echo(f"exported: {out} (opset {info.get('opset')})")

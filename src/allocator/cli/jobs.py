@@ -7,7 +7,6 @@ a study as Ctrl-C does (exit 143): what finished is kept and said.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -18,13 +17,14 @@ from allocator.cli.options import (
     config_options,
     emit_json,
     fail,
+    failing,
     graceful_stop,
     interrupted_exit_code,
     json_options,
     overrides_option,
-    shown_url,
     sigterm_stops,
 )
+from allocator.recording.settings import shown_url
 
 
 @click.command()
@@ -53,10 +53,8 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
     from allocator.trainer.training.checkpointing import TrainingStoppedError
     from allocator.typed_config import ConfigError
 
-    try:
+    with failing(ConfigError):
         config = load_retrain_config(config_path, list(overrides))
-    except ConfigError as exc:
-        fail(str(exc))
     try:
         with graceful_stop(
             "stopping after this training step, with no decision (again: at once)"
@@ -175,10 +173,8 @@ def run_walk_forward_command(
     from allocator.trainer.market.windows import WindowError
     from allocator.typed_config import ConfigError
 
-    try:
+    with failing(ConfigError):
         config = load_walk_forward_config(config_path, overrides) if config_path else None
-    except ConfigError as exc:
-        fail(str(exc))
     label = make_label()
     if resume_dir is None:
         assert config is not None  # the group refuses neither --config nor --resume
@@ -239,13 +235,11 @@ def walk_forward_status(run_dir: str, as_json: bool, json_out: str | None) -> No
     from allocator.trainer.jobs.walk_forward.config import WalkForwardError
     from allocator.trainer.jobs.walk_forward.progress import format_status, status_report
 
-    try:
+    with failing(WalkForwardError):
         if as_json or json_out:
             emit_json(status_report(run_dir), as_json, json_out)
         if not as_json:
             click.echo(format_status(run_dir))
-    except WalkForwardError as exc:
-        fail(str(exc))
 
 
 @walk_forward.command("stats")
@@ -288,7 +282,6 @@ def walk_forward_stats(
     """
     # heavy (pandas, arch, onnxruntime): imported when the command runs, keeps --help instant
     from allocator.registry.errors import ModelLoadError
-    from allocator.trainer.jobs.json_safe import json_safe
     from allocator.trainer.jobs.walk_forward.config import StatisticsSettings, WalkForwardError
     from allocator.trainer.jobs.walk_forward.report import format_statistics
     from allocator.trainer.jobs.walk_forward.rundir import RETURNS_FILE, read_returns, read_summary
@@ -297,10 +290,8 @@ def walk_forward_stats(
     from allocator.trainer.market.data import DataError
     from allocator.typed_config import ConfigError
 
-    try:
+    with failing(WalkForwardError, ValueError):
         summary = read_summary(run_dir)
-    except (WalkForwardError, ValueError) as exc:
-        fail(str(exc))
     recorded = summary["summary"].get("statistics", {}).get("settings", {})
     fields = StatisticsSettings.model_fields
     settings = StatisticsSettings(**{k: v for k, v in recorded.items() if k in fields})
@@ -324,7 +315,7 @@ def walk_forward_stats(
     if not as_json:
         click.echo(f"daily returns: {source}")
         click.echo(format_statistics(stats))
-    emit_json(json_safe({"run_dir": run_dir, "returns": source, **stats}), as_json, json_out)
+    emit_json({"run_dir": run_dir, "returns": source, **stats}, as_json, json_out)
 
 
 @walk_forward.command("seeds")
@@ -340,17 +331,14 @@ def walk_forward_seeds(run_dirs: tuple[str, ...], as_json: bool, json_out: str |
     Exit 2 when the runs are not one recipe with distinct seeds.
     """
     # heavy (pandas, arch): imported when the command runs, keeps --help instant
-    from allocator.trainer.jobs.json_safe import json_safe
     from allocator.trainer.jobs.walk_forward.config import WalkForwardError
     from allocator.trainer.jobs.walk_forward.seeds import format_seed_study, seed_study
 
-    try:
+    with failing(WalkForwardError, ValueError):
         study = seed_study(run_dirs)
-    except (WalkForwardError, ValueError) as exc:
-        fail(str(exc))
     if not as_json:
         click.echo(format_seed_study(study))
-    emit_json(json_safe(study), as_json, json_out)
+    emit_json(study, as_json, json_out)
 
 
 @click.command()
@@ -389,10 +377,8 @@ def tune(
     # heavy (optuna, torch): imported when the command runs, keeps --help instant
     from allocator.trainer import MissingExtraError, require_extra
 
-    try:
+    with failing(MissingExtraError):
         optuna = require_extra("optuna", "tune", "allocator tune")
-    except MissingExtraError as exc:
-        fail(str(exc))
     # the tuner (torch, SB3, ray) likewise: imported only when a study runs
     from allocator.trainer.jobs.tuning.config import TuneError, load_tune_config
     from allocator.trainer.jobs.tuning.runner import run_tuning
@@ -400,10 +386,8 @@ def tune(
     from allocator.typed_config import ConfigError
 
     extra = [*overrides, f"executor={executor}"] if executor else list(overrides)
-    try:
+    with failing(ConfigError):
         config = load_tune_config(config_path, extra)
-    except ConfigError as exc:
-        fail(str(exc))
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says it shorter
     try:
         with sigterm_stops():
@@ -411,12 +395,11 @@ def tune(
     except (ConfigError, DataError, MissingExtraError) as exc:
         fail(str(exc))
     except KeyboardInterrupt as exc:  # the study's files were written on the way out
-        click.echo(
-            "error: tuning stopped; trials.csv, tune.json and (when a trial completed) best.yaml"
-            " cover the trials that finished, the running ones are marked FAIL",
-            err=True,
+        fail(
+            "tuning stopped; trials.csv, tune.json and (when a trial completed) best.yaml cover "
+            "the trials that finished, the running ones are marked FAIL",
+            interrupted_exit_code(exc),
         )
-        sys.exit(interrupted_exit_code(exc))
     except (TuneError, OSError) as exc:
         fail(f"tuning failed: {exc}", 1)
     summary = result.summary

@@ -24,6 +24,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+@contextmanager
+def failing(*errors: type[Exception], code: int = 2) -> Iterator[None]:
+    """Inside, one of ``errors`` ends the command through ``fail`` with its message."""
+    try:
+        yield
+    except errors as exc:
+        fail(str(exc), code)
+
+
 class Stopped(KeyboardInterrupt):
     """SIGTERM arrived: unwinds like Ctrl-C, so a job's cleanup runs for either."""
 
@@ -159,11 +168,3 @@ def emit_json(payload: Any, as_json: bool, json_out: str | None) -> None:
         click.echo(f"wrote {json_out}", err=as_json)
     if as_json:
         click.echo(json_text(payload))
-
-
-def shown_url(url: str) -> str:
-    """A database URL with any password masked, for messages."""
-    # heavy (sqlalchemy): imported when a URL is shown, so `allocator --help` stays instant
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)

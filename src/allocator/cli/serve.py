@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from allocator.cli.options import database_url_option, fail
+from allocator.cli.options import database_url_option, fail, failing
 
 
 @click.command()
@@ -112,7 +112,7 @@ def serve(config_file: str | None, **options: Any) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:
+    with failing(ModelLoadError, SchemaMissingError, ValueError, OSError):
         config = load_server_config(server_flags(options), config_file, flag_names=NAMED_FLAGS)
         if config.workers > 1:
             _supervise(config)
@@ -120,8 +120,6 @@ def serve(config_file: str | None, **options: Any) -> None:
         # before the model load: a SIGTERM during it drains the server once started
         stop = StopSignals()
         server = build_server(config)
-    except (ModelLoadError, SchemaMissingError, ValueError, OSError) as exc:
-        fail(str(exc))
     server.start()
     click.echo(f"serving on {server.target} (metrics on port {server.metrics_port})", err=True)
     stop.wait()
@@ -151,10 +149,8 @@ def _supervise(config: Any) -> None:
     supervisor = Supervisor(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: supervisor.stop())
-    try:
+    with failing(RuntimeError):
         supervisor.start()
-    except RuntimeError as exc:
-        fail(str(exc))
     click.echo(
         f"serving on {supervisor.target} (metrics on port {supervisor.metrics_port}), "
         f"{config.workers} workers",

@@ -14,6 +14,7 @@ from allocator.cli.options import (
     config_options,
     emit_json,
     fail,
+    failing,
     interrupted_exit_code,
     json_options,
     sigterm_stops,
@@ -89,10 +90,8 @@ def suite_run(
         extra.append(f"markets=[{markets}]")
     if steps is not None:
         extra.append(f"trainer.total_timesteps={steps}")
-    try:
+    with failing(ConfigError):
         config = load_suite_config(config_path, extra)
-    except ConfigError as exc:
-        fail(str(exc))
 
     def report(row: dict[str, Any], done: int, total: int) -> None:
         if progress:
@@ -136,10 +135,8 @@ def suite_choose(screens: tuple[str, ...], as_json: bool, json_out: str | None) 
     from allocator.trainer.jobs.suite.choice import choose, read_screen, verdict_table
     from allocator.typed_config import ConfigError
 
-    try:
+    with failing(ConfigError):
         verdicts = [read_screen(Path(s)) for s in screens]
-    except ConfigError as exc:
-        fail(str(exc))
     chosen = choose(verdicts)
     if not as_json:
         click.echo(verdict_table(verdicts))

@@ -16,7 +16,9 @@ from typing import Any
 
 import click
 
-from allocator.cli.options import database_url_option, emit_json, fail, json_options
+from allocator.cli.options import database_url_option, emit_json, fail, failing, json_options
+from allocator.recording.settings import database_url as default_url
+from allocator.recording.settings import shown_url
 
 
 def parse_date(value: str | None, option: str) -> dt.date | None:
@@ -33,15 +35,13 @@ def trade_engine(database_url: str | None) -> Iterator[Any]:
     # heavy (sqlalchemy): imported when a trade command runs, so `allocator --help` stays instant
     from sqlalchemy import create_engine, inspect
 
-    # allocator's trading modules import sqlalchemy too: loaded with the command only
-    from allocator.recording.settings import database_url as default_url
-
-    engine = create_engine(database_url or default_url())
+    url = database_url or default_url()
+    engine = create_engine(url)
     try:
         if not inspect(engine).has_table("accounts"):
             fail(
                 "the trade database has no trading tables: run `allocator db upgrade` first "
-                f"({engine.url.render_as_string(hide_password=True)})"
+                f"({shown_url(url)})"
             )
         yield engine
     finally:
@@ -60,18 +60,21 @@ pushgateway_option = click.option(
 def pushed(engine: Any, account_name: str, gateway_url: str | None) -> Iterator[Any]:
     """The command's trading figures; at the end, failed or not, the account's book is read
     back into them and they are pushed (a failed push is a warning, never the exit code)."""
-    # heavy (sqlalchemy): the status report reads the trade database
-    from allocator.metrics.trading import TradingPush
+    # heavy (prometheus_client, sqlalchemy): the figures, and the status report of the database
+    from prometheus_client import CollectorRegistry
+
+    # allocator's trading modules import sqlalchemy too: loaded with the command only
+    from allocator.metrics.trading import TradingMetrics
     from allocator.trading.status import account_status
 
-    pusher = TradingPush(gateway_url, account_name)
+    metrics = TradingMetrics(CollectorRegistry())
     try:
-        yield pusher.metrics
+        yield metrics
     finally:
         if gateway_url:
             for entry in account_status(engine, account_name):
-                pusher.metrics.record_book(entry)
-            error = pusher.push()
+                metrics.record_book(entry)
+            error = metrics.push(gateway_url, account_name)
             if error:
                 click.echo(f"warning: {error}", err=True)
 
@@ -115,12 +118,8 @@ def account_create(
     cash: float | None,
     broker: str,
     model: str | None,
-    cost_bps: float,
-    lot_size: float,
-    min_order_value: float,
-    band: float,
-    cash_buffer: float,
     database_url: str | None,
+    **rules: float,  # --cost-bps to --cash-buffer: SizingRules, field for field
 ) -> None:
     """Create account NAME: a paper one funded with CASH at the paper broker and in the book, or
     one on an empty Alpaca paper account, its cash read from Alpaca."""
@@ -133,32 +132,27 @@ def account_create(
     from allocator.trading.paper import PaperBroker
     from allocator.trading.sizing import SizingRules
 
-    try:
-        rules = SizingRules(cost_bps, lot_size, min_order_value, band, cash_buffer)
+    with failing(ValueError):
         listed = [a.strip() for a in assets.split(",") if a.strip()]
-        spec = AccountSpec(name, listed, rules, model, broker)
-        spec.check()
-    except ValueError as exc:
-        fail(str(exc))
+        spec = AccountSpec(name, listed, SizingRules(**rules), model, broker)
     if broker == "paper" and cash is None:
         fail("a paper account needs --cash")
     if broker == "alpaca":
         # heavy (alpaca-py): imported only for an Alpaca account
         from allocator.trading.alpaca import opening_cash
 
-        try:
+        with failing(TradingError):
             cash = opening_cash(cash)
-        except TradingError as exc:
-            fail(str(exc))
     assert cash is not None
-    with trade_engine(database_url) as engine:
-        try:
-            with Session(engine) as session, session.begin():
-                create_account(session, spec, cash)
-                if broker == "paper":
-                    PaperBroker(engine, cost_bps).fund_in(session, name, cash)
-        except (ValueError, TradingError) as exc:
-            fail(str(exc))
+    with (
+        trade_engine(database_url) as engine,
+        failing(ValueError, TradingError),
+        Session(engine) as session,
+        session.begin(),
+    ):
+        create_account(session, spec, cash)
+        if broker == "paper":
+            PaperBroker(engine, spec.rules.cost_bps).fund_in(session, name, cash)
     click.echo(
         f"created {broker} account {name} with {cash:,.2f} cash, assets {', '.join(spec.assets)}"
     )
@@ -176,12 +170,13 @@ def account_resume(name: str, database_url: str | None) -> None:
     from allocator.trading.book import load_account, set_halt
     from allocator.trading.errors import TradingError
 
-    with trade_engine(database_url) as engine:
-        try:
-            with Session(engine) as session, session.begin():
-                set_halt(load_account(session, name), None)
-        except TradingError as exc:
-            fail(str(exc))
+    with (
+        trade_engine(database_url) as engine,
+        failing(TradingError),
+        Session(engine) as session,
+        session.begin(),
+    ):
+        set_halt(load_account(session, name), None)
     click.echo(f"resumed account {name}")
 
 
@@ -247,7 +242,7 @@ def trade_bars(
         fail(f"--token-file: cannot read {token_file}: {exc.strerror or exc}")
     result = None
     with trade_engine(options["database_url"]) as engine:
-        try:
+        with failing(ValueError), failing(TradingError, code=1):
             with Session(engine) as session:
                 account = load_account(session, name)
                 cost_bps, kind = account.cost_bps, account.broker
@@ -258,10 +253,6 @@ def trade_bars(
                 broker: Any = AlpacaBroker.from_env()
             else:
                 broker = PaperBroker(engine, cost_bps, slippage_bps=options["slippage_bps"])
-        except TradingError as exc:
-            fail(str(exc), 1)
-        except ValueError as exc:
-            fail(str(exc))
         with AllocatorClient(options["server"], token=token) as client:
             with Session(engine) as session:
                 dates = pick(session)
@@ -378,10 +369,8 @@ def compare(
 
     first, last = parse_date(start, "--start"), parse_date(end, "--end")
     with trade_engine(database_url) as engine, pushed(engine, account_name, pushgateway_url) as m:
-        try:
+        with failing(TradingError, code=1):
             report = compare_account(engine, account_name, Path(registry), first, last)
-        except TradingError as exc:
-            fail(str(exc), 1)
         m.record_tracking(account_name, report.tracking_difference)
     if not as_json:
         click.echo(report.summary())

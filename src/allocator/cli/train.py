@@ -16,8 +16,8 @@ from allocator.cli.options import (
     fail,
     graceful_stop,
     interrupted_exit_code,
-    shown_url,
 )
+from allocator.recording.settings import shown_url
 
 
 @click.command()

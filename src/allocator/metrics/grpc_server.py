@@ -35,13 +35,6 @@ class ServiceDescriptor(Protocol):
     def methods(self) -> Iterable[MethodDescriptor]: ...
 
 
-def method_types(service: ServiceDescriptor) -> dict[str, str]:
-    """Each method's ``grpc_type``, read off the service's descriptor (the proto declares it)."""
-    return {
-        m.name: GRPC_TYPES[m.client_streaming + 2 * m.server_streaming] for m in service.methods
-    }
-
-
 def code_name(code: str | Enum) -> str:
     """``grpc.StatusCode.OK`` and ``"OK"`` both give ``"OK"`` (no grpc import needed here)."""
     return code.name if isinstance(code, Enum) else str(code)
@@ -56,7 +49,9 @@ class GrpcServerMetrics:
         self, registry: CollectorRegistry, service: ServiceDescriptor, buckets: Sequence[float]
     ) -> None:
         self.service = service.full_name
-        self.method_types = method_types(service)
+        self.method_types = {  # each method's grpc_type, as the proto declares it
+            m.name: GRPC_TYPES[m.client_streaming + 2 * m.server_streaming] for m in service.methods
+        }
         call = ["grpc_type", "grpc_service", "grpc_method"]
         self.started = Counter(
             "grpc_server_started_total", "RPCs started on the server.", call, registry=registry

@@ -85,10 +85,6 @@ class JobMetrics:
         """The promotion gate's verdict on a candidate."""
         self.promotions.labels(PromotionDecision(decision).value).inc()
 
-    def observe_duration(self, seconds: float) -> None:
-        """The run's wall time."""
-        self.duration.observe(seconds)
-
     def mark_success(self, timestamp: float | None = None) -> None:
         """Set the last-success time (now by default); call it only when the run succeeded."""
         if self.last_success is None:
@@ -116,14 +112,14 @@ class JobPush:
         """Push a successful run; the push's error text, or None (sent, or no gateway)."""
         if not self.gateway_url:
             return None
-        self.metrics.observe_duration(seconds)
+        self.metrics.duration.observe(seconds)
         self.metrics.mark_success()
         return push_reporting(self.registry, self.gateway_url, self.job, self.grouping_key)
 
     def failed(self, seconds: float) -> None:
         """Push a failed run; a push error is ignored (the run's own error is reported)."""
         if self.gateway_url:
-            self.metrics.observe_duration(seconds)
+            self.metrics.duration.observe(seconds)
             push_reporting(
                 self.registry, self.gateway_url, self.job, self.grouping_key, replace=False
             )

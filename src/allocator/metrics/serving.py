@@ -165,10 +165,6 @@ class ServingMetrics:
             )
         return reason
 
-    def observe_started(self, method: str) -> None:
-        """A call arrived (the standard ``grpc_server_started_total``)."""
-        self.grpc.observe_started(method)
-
     def observe_request(
         self,
         method: str,
@@ -180,8 +176,8 @@ class ServingMetrics:
         version: str = "",
     ) -> None:
         """One finished request of ``decisions`` decisions, answered by ``model`` at
-        ``version``; a streaming method's request is one message (its call ends with
-        ``observe_stream_end``)."""
+        ``version``; a streaming method's request is one message (its call's end is the standard
+        ``grpc.observe_handled``)."""
         self._observe_budget(method, code, seconds, decisions)
         if self.grpc.is_streaming(method):
             self.grpc.observe_message(method)
@@ -204,10 +200,6 @@ class ServingMetrics:
         if per_decision > self.latency_budget_seconds:
             self.over_budget.labels(method).inc()
 
-    def observe_stream_end(self, method: str, code: str | Enum, seconds: float) -> None:
-        """A streaming call ended with ``code`` after ``seconds``."""
-        self.grpc.observe_handled(method, code, seconds)
-
     def observe_decisions(
         self,
         gaps: Iterable[float],
@@ -225,19 +217,3 @@ class ServingMetrics:
             for value in values:
                 if value is not None and math.isfinite(value):
                     histogram.observe(value)
-
-    def observe_batch(self, size: int) -> None:
-        """One batch allocation call (or ``AllocateStream`` message) of ``size`` portfolios."""
-        self.batch_size.observe(size)
-
-    def observe_decided_batch(self, size: int) -> None:
-        """One batch of ``size`` decisions, decided, recorded and stored together."""
-        self.decided_batch_size.observe(size)
-
-    def set_model(self, name: str, version: str, algorithm: str) -> None:
-        """Switch the model info to a new version; the previous label set disappears."""
-        self.model_info.set(name=name, version=version, algorithm=algorithm)
-
-    def set_provider(self, provider: str) -> None:
-        """Record the execution provider that really runs (``session.get_providers()[0]``)."""
-        self.provider_info.set(provider=provider)

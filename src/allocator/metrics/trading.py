@@ -1,7 +1,8 @@
 """Figures of the trading cycle: reconciliation mismatches, halts, orders, cycles, the book.
 
-A cycle is a batch job shorter than a scrape interval, so ``allocator trade`` pushes these to a
-Pushgateway at its end (``TradingPush``), the book's state read back from the trade database.
+A cycle is a batch job shorter than a scrape interval, so ``allocator trade`` pushes these (on
+a fresh registry per command) to a Pushgateway at its end, the book's state read back from the
+trade database.
 """
 
 from __future__ import annotations
@@ -97,22 +98,12 @@ class TradingMetrics:
         if math.isfinite(difference):
             self.tracking_difference.labels(account).set(difference)
 
-
-class TradingPush:
-    """One trade command's figures on a fresh registry, added to the account's group (POST):
-    a family not pushed (the tracking difference, when a cycle runs) keeps its value."""
-
-    def __init__(self, gateway_url: str | None, account: str) -> None:
-        self.gateway_url = gateway_url
-        self.account = account
-        self.metrics = TradingMetrics(CollectorRegistry())
-
-    def push(self) -> str | None:
-        """Push; the error text, None when it went out (or no gateway is configured)."""
-        key = {"account": self.account}
-        return push_reporting(
-            self.metrics.registry, self.gateway_url, TRADE_JOB, key, replace=False
-        )
+    def push(self, gateway_url: str | None, account: str) -> str | None:
+        """Add these figures to the account's group (POST: a family not pushed, the tracking
+        difference when a cycle runs, keeps its value); the error text, None when it went out
+        (or no gateway is configured)."""
+        key = {"account": account}
+        return push_reporting(self.registry, gateway_url, TRADE_JOB, key, replace=False)
 
 
 _DEFAULT: TradingMetrics | None = None

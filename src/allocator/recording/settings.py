@@ -16,3 +16,11 @@ def database_url() -> str:
         if url:
             return url
     return DEFAULT_DATABASE_URL
+
+
+def shown_url(url: str) -> str:
+    """``url`` with any password masked, for messages and data sources."""
+    # heavy (sqlalchemy): this module stays light for the CLI's --help and alembic's env.py
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

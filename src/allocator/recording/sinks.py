@@ -24,6 +24,7 @@ from sqlalchemy.engine import make_url
 
 from allocator.recording.records import DecisionRecord, ModelRecord
 from allocator.recording.schema import Decision
+from allocator.recording.settings import shown_url
 
 __all__ = [
     "PostgresSink",
@@ -118,10 +119,6 @@ def _dumps(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
-def _redact(url: str) -> str:
-    return make_url(url).render_as_string(hide_password=True)
-
-
 def _schema_missing(url: str) -> SchemaMissingError:
     return SchemaMissingError(
         f"{url} has no trade schema (no decisions table): run `allocator db upgrade` with "
@@ -175,7 +172,7 @@ class PostgresSink:
         self._ids: dict[tuple[str, str], int] = {}
 
     def _unavailable(self, exc: Exception) -> SinkUnavailableError:
-        return SinkUnavailableError(f"{_redact(self.url)}: {exc}".strip())
+        return SinkUnavailableError(f"{shown_url(self.url)}: {exc}".strip())
 
     def connect(self) -> None:
         import psycopg
@@ -200,7 +197,7 @@ class PostgresSink:
                 cur.execute("SELECT to_regclass('decisions'), to_regclass('model_versions')")
                 row = cur.fetchone()
                 if row is None or None in row:
-                    raise _schema_missing(_redact(self.url))
+                    raise _schema_missing(shown_url(self.url))
                 cur.execute(CREATE_STAGE)
             conn.commit()
         except psycopg.OperationalError as exc:
@@ -405,7 +402,7 @@ def make_sink(url: str) -> Sink:
         return PostgresSink(url)
     if backend == "sqlite":
         return SqliteSink(url)
-    raise ValueError(f"unsupported database URL {_redact(url)!r}: use postgresql:// or sqlite://")
+    raise ValueError(f"unsupported database URL {shown_url(url)!r}: use postgresql:// or sqlite://")
 
 
 def _row(

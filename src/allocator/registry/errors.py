@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-from allocator.artifacts.manifest import (
-    BAD_MANIFEST,
-    CHECKSUM_MISMATCH,
-    MISSING_FILE,
-    UNSUPPORTED_FORMAT,
-)
-
-__all__ = [
-    "BAD_GRAPH",
-    "BAD_MANIFEST",
-    "CHECKSUM_MISMATCH",
-    "MISSING_FILE",
-    "REFUSAL_REASONS",
-    "UNREADABLE",
-    "UNSUPPORTED_FORMAT",
-    "ModelLoadError",
-    "ModelNotFoundError",
-    "PublishError",
-]
+# The manifest's problems are refusal reasons too: re-exported, so every reason is named here.
+from allocator.artifacts.manifest import BAD_MANIFEST as BAD_MANIFEST
+from allocator.artifacts.manifest import CHECKSUM_MISMATCH as CHECKSUM_MISMATCH
+from allocator.artifacts.manifest import MISSING_FILE as MISSING_FILE
+from allocator.artifacts.manifest import UNSUPPORTED_FORMAT as UNSUPPORTED_FORMAT
 
 BAD_GRAPH = "bad_graph"
 """onnxruntime cannot load a graph, or its signature or a probe run does not match the manifest."""

@@ -209,8 +209,10 @@ def _load_models(
                 recorder.register_model(_model_record(model))
         if snapshot.default_name is not None:
             default = snapshot.default
-            metrics.set_model(default.name, default.version, default.manifest.algorithm)
-            metrics.set_provider(default.provider)
+            metrics.model_info.set(
+                name=default.name, version=default.version, algorithm=default.manifest.algorithm
+            )
+            metrics.provider_info.set(provider=default.provider)
 
     registry.on_change(on_change)
     if recorder is not None:

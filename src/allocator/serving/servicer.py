@@ -70,7 +70,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             window=config.batch_window_ms / 1000,
             max_size=config.batch_max_decisions,
             executor=executor,
-            observe=metrics.observe_decided_batch,
+            observe=metrics.decided_batch_size.observe,
         )
         self.limit = config.max_concurrent_rpcs
         self.in_flight = 0  # calls of this service being answered (an open stream counts)
@@ -98,7 +98,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         """Run ``handler``, map refusals to status codes, time the call per decision."""
         start = time.perf_counter()
         self.last_call = time.monotonic()
-        self.metrics.observe_started(method)
+        self.metrics.grpc.observe_started(method)
         code = grpc.StatusCode.OK
         message = ""
         model = version = ""

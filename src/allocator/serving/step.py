@@ -204,7 +204,7 @@ class DecisionStep:
         else:
             valid = validate_batch(call, shape_for)
             if self.metrics is not None:
-                self.metrics.observe_batch(len(valid))
+                self.metrics.batch_size.observe(len(valid))
         return [
             Item(models[(r.model_name, r.model_version)], r, f, started)
             for r, f in zip(valid, request_fingerprints(valid), strict=True)

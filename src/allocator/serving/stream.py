@@ -118,7 +118,7 @@ class AllocationStreams:
         self, requests: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[pb.AllocateStreamResponse]:
         start = time.perf_counter()
-        self.metrics.observe_started(METHOD)
+        self.metrics.grpc.observe_started(METHOD)
         code = grpc.StatusCode.CANCELLED  # unless it ends otherwise: the client went away
         inbox = _Inbox(READ_AHEAD)
         self._open.add(inbox)
@@ -142,7 +142,7 @@ class AllocationStreams:
             await inbox.wake(closed=True)
             self._open.discard(inbox)
             reader.cancel()
-            self.metrics.observe_stream_end(METHOD, code, time.perf_counter() - start)
+            self.metrics.grpc.observe_handled(METHOD, code, time.perf_counter() - start)
 
     async def answer(
         self, item: pb.AllocateStreamRequest | Undecodable, context: Context

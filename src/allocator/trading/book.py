@@ -26,7 +26,7 @@ BROKERS = ("paper", "alpaca")  # the CLI builds the one an account names
 
 @dataclass(frozen=True)
 class AccountSpec:
-    """What ``trade account create`` asks for."""
+    """What ``trade account create`` asks for, checked when made."""
 
     name: str
     assets: Sequence[str]
@@ -34,7 +34,7 @@ class AccountSpec:
     model: str | None = None
     broker: str = "paper"
 
-    def check(self) -> None:
+    def __post_init__(self) -> None:
         check_id(self.name, "account")
         if not self.assets:
             raise ValueError("an account needs at least one asset")
@@ -50,7 +50,6 @@ class AccountSpec:
 
 def create_account(session: Session, spec: AccountSpec, cash: float) -> Account:
     """Insert the account with ``cash`` recorded; refuses a name already taken."""
-    spec.check()
     if not (math.isfinite(cash) and cash > 0):
         raise ValueError(f"initial cash must be > 0, got {cash}")
     if session.scalar(select(Account).where(Account.name == spec.name)) is not None:

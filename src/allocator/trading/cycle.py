@@ -123,74 +123,59 @@ def run_cycle(
     """Run ``account_name``'s cycle for ``bar_date`` once (see the module docstring)."""
     metrics = metrics or trading_metrics()
     try:
-        return cycle_once(engine, broker, client, account_name, bar_date, retries, metrics)
-    except BrokerRejectedError:
-        raise  # the cycle completed; its rejections are counted with its orders
+        with Session(engine) as session:
+            account = book.load_account(session, account_name, trading=True)
+            unfinished = session.scalars(
+                select(TradeCycle.id)
+                .where(TradeCycle.account_id == account.id, TradeCycle.status != DONE)
+                .order_by(TradeCycle.bar_date)
+            ).all()
+        for cycle_id in unfinished:
+            execute(engine, broker, cycle_id, metrics)
+        reconcile(engine, broker, account_name, metrics)
+        checkpoint("reconciled")
+        with Session(engine) as session:
+            account = book.load_account(session, account_name, trading=True)
+            done = session.scalar(
+                select(TradeCycle).where(
+                    TradeCycle.account_id == account.id, TradeCycle.bar_date == bar_date
+                )
+            )
+            if done is not None:
+                stamp_decision(session, done)
+                session.commit()
+                metrics.cycles.labels(account_name, "already_done").inc()
+                return describe(session, done, "already done")
+            later = session.scalar(
+                select(TradeCycle.bar_date)
+                .where(TradeCycle.account_id == account.id, TradeCycle.bar_date > bar_date)
+                .limit(1)
+            )
+            if later is not None:
+                raise TradingError(
+                    f"account {account_name!r} already traded {later.isoformat()}, after "
+                    f"{bar_date.isoformat()}: cycles run forward in time"
+                )
+            window = model_window(client, account, retries)
+            closes = read_bar(session, account.assets, bar_date, window + 1)
+            holdings = book.recorded_holdings(session, account.id)
+            cycle = plan(session, client, account, bar_date, closes, holdings, retries)
+            try:
+                session.commit()
+            except IntegrityError:
+                raise TradingError(
+                    f"another run recorded {account_name!r}'s cycle for {bar_date.isoformat()} "
+                    "first; rerun to see it"
+                ) from None
+            cycle_id = cycle.id
+        checkpoint("planned")
+        execute(engine, broker, cycle_id, metrics)
+        with Session(engine) as session:
+            result = describe(session, session.get_one(TradeCycle, cycle_id), "done")
     except TradingError:
         metrics.cycles.labels(account_name, "failed").inc()
         raise
-
-
-def cycle_once(
-    engine: Engine,
-    broker: Broker,
-    client: AllocatorClient,
-    account_name: str,
-    bar_date: dt.date,
-    retries: Retries,
-    metrics: TradingMetrics,
-) -> CycleResult:
-    """``run_cycle`` without the failure count."""
-    with Session(engine) as session:
-        account = book.load_account(session, account_name, trading=True)
-        unfinished = session.scalars(
-            select(TradeCycle.id)
-            .where(TradeCycle.account_id == account.id, TradeCycle.status != DONE)
-            .order_by(TradeCycle.bar_date)
-        ).all()
-    for cycle_id in unfinished:
-        execute(engine, broker, cycle_id, metrics)
-    reconcile(engine, broker, account_name, metrics)
-    checkpoint("reconciled")
-    with Session(engine) as session:
-        account = book.load_account(session, account_name, trading=True)
-        done = session.scalar(
-            select(TradeCycle).where(
-                TradeCycle.account_id == account.id, TradeCycle.bar_date == bar_date
-            )
-        )
-        if done is not None:
-            stamp_decision(session, done)
-            session.commit()
-            metrics.cycles.labels(account_name, "already_done").inc()
-            return describe(session, done, "already done")
-        later = session.scalar(
-            select(TradeCycle.bar_date)
-            .where(TradeCycle.account_id == account.id, TradeCycle.bar_date > bar_date)
-            .limit(1)
-        )
-        if later is not None:
-            raise TradingError(
-                f"account {account_name!r} already traded {later.isoformat()}, after "
-                f"{bar_date.isoformat()}: cycles run forward in time"
-            )
-        window = model_window(client, account, retries)
-        closes = read_bar(session, account.assets, bar_date, window + 1)
-        holdings = book.recorded_holdings(session, account.id)
-        cycle = plan(session, client, account, bar_date, closes, holdings, retries)
-        try:
-            session.commit()
-        except IntegrityError:
-            raise TradingError(
-                f"another run recorded {account_name!r}'s cycle for {bar_date.isoformat()} "
-                "first; rerun to see it"
-            ) from None
-        cycle_id = cycle.id
-    checkpoint("planned")
-    execute(engine, broker, cycle_id, metrics)
-    with Session(engine) as session:
-        result = describe(session, session.get_one(TradeCycle, cycle_id), "done")
-    metrics.cycles.labels(account_name, "done").inc()
+    metrics.cycles.labels(account_name, "done").inc()  # its rejections are counted with its orders
     if result.rejected:
         reasons = "; ".join(f"{o['side']} {o['asset']}: {o['reason']}" for o in result.rejected)
         raise BrokerRejectedError(

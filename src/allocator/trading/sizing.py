@@ -61,8 +61,11 @@ class OrderIntent:
         return self.quantity * self.price
 
 
-def check_book(cash: float, holdings: Mapping[str, float], prices: Mapping[str, float]) -> None:
-    """Refuse a book that cannot be valued: negative cash or holdings, a held asset unpriced."""
+def portfolio_value(
+    cash: float, holdings: Mapping[str, float], prices: Mapping[str, float]
+) -> float:
+    """Cash plus every holding at its price; refuses a book that cannot be valued (negative
+    cash or holdings, a held asset unpriced)."""
     if not (math.isfinite(cash) and cash >= 0):
         raise ValueError(f"cash must be a finite number >= 0, got {cash}")
     for asset, quantity in holdings.items():
@@ -70,13 +73,6 @@ def check_book(cash: float, holdings: Mapping[str, float], prices: Mapping[str, 
             raise ValueError(f"holding of {asset} must be >= 0 (no shorts), got {quantity}")
         if quantity > 0 and not (asset in prices and prices[asset] > 0):
             raise ValueError(f"no positive price for held asset {asset}")
-
-
-def portfolio_value(
-    cash: float, holdings: Mapping[str, float], prices: Mapping[str, float]
-) -> float:
-    """Cash plus every holding at its price."""
-    check_book(cash, holdings, prices)
     return cash + sum(q * prices[a] for a, q in holdings.items() if q > 0)
 
 

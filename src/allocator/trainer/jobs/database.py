@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 
 from allocator.recording.schema import TrainingRun as TrainingRunRow
 from allocator.recording.schema import utcnow
+from allocator.recording.settings import shown_url
 from allocator.trainer.jobs.json_safe import json_safe
-from allocator.trainer.market.store import shown
 from allocator.trainer.training.run import TrainingRun
 from allocator.typed_config import ConfigError
 
@@ -28,11 +28,11 @@ def checked_engine(
         missing = sorted(set(tables) - set(inspect(engine).get_table_names()))
     except Exception as exc:  # any driver error: say where and why
         engine.dispose()
-        raise error(f"cannot reach the database {shown(url)}: {exc}") from exc
+        raise error(f"cannot reach the database {shown_url(url)}: {exc}") from exc
     if missing:
         engine.dispose()
         raise error(
-            f"{shown(url)} has no {', '.join(missing)} table: run `allocator db upgrade` "
+            f"{shown_url(url)} has no {', '.join(missing)} table: run `allocator db upgrade` "
             "on it first (with --database-url, or DATABASE_URL set to it)"
         )
     return engine

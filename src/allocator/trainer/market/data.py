@@ -15,9 +15,9 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from allocator.portfolio import check_id
-from allocator.recording.settings import database_url
+from allocator.recording.settings import database_url, shown_url
 from allocator.trainer.market.generated import market, parse_generated
-from allocator.trainer.market.store import PriceStoreError, read_price_frame, shown
+from allocator.trainer.market.store import PriceStoreError, read_price_frame
 from allocator.typed_config import ConfigError
 
 REQUIRED_COLUMNS = ("date", "asset", "close")
@@ -152,7 +152,7 @@ def check_price_database(dataset: str, job_url: str | None) -> None:
     if dataset == DATABASE and job_url and job_url != database_url():
         raise ConfigError(
             "trainer.data.dataset: 'database' reads the prices from $DATABASE_URL "
-            f"({shown(database_url())}), but database_url names {shown(job_url)}: set "
+            f"({shown_url(database_url())}), but database_url names {shown_url(job_url)}: set "
             "DATABASE_URL to that database and leave database_url unset"
         )
 
@@ -162,7 +162,7 @@ def load_database(
 ) -> MarketData:
     """The stored prices up to ``as_of`` (default: today), checked as a price file is."""
     cutoff = dt.date.today() if as_of is None else pd.Timestamp(as_of).date()
-    source = f"database {shown(url)} (as of {cutoff})"
+    source = f"database {shown_url(url)} (as of {cutoff})"
     try:
         frame = read_price_frame(url, cutoff)
     except PriceStoreError as exc:

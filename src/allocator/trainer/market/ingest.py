@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from allocator.recording.settings import shown_url
 from allocator.trainer.market.data import (
     DataError,
     RowProblem,
@@ -22,7 +23,6 @@ from allocator.trainer.market.store import (
     UpsertCounts,
     price_engine,
     require_table,
-    shown,
     upsert_prices,
 )
 
@@ -93,7 +93,7 @@ def ingest_file(path: Path, url: str, *, keep_valid: bool = False) -> FileReport
             report.counts = upsert_prices(conn, rows, source=path.name)
     except SQLAlchemyError as exc:
         raise PriceStoreError(
-            f"{shown(url)}: storing {path} failed, nothing from it stored ({exc})"
+            f"{shown_url(url)}: storing {path} failed, nothing from it stored ({exc})"
         ) from exc
     report.stored = True
     return report

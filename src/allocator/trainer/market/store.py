@@ -17,17 +17,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from allocator.recording.schema import Price, utcnow
+from allocator.recording.settings import shown_url
 
 PRICES = Price.metadata.tables[Price.__tablename__]
 
 
 class PriceStoreError(RuntimeError):
     """The price table cannot be read or written; the message says what to do."""
-
-
-def shown(url: str) -> str:
-    """``url`` with any password masked, for messages and data sources."""
-    return sa.engine.make_url(url).render_as_string(hide_password=True)
 
 
 @contextmanager
@@ -44,7 +40,7 @@ def require_table(conn: Connection, url: str) -> None:
     """Refuse a database the migrations have not built the ``prices`` table in."""
     if not sa.inspect(conn).has_table(PRICES.name):
         raise PriceStoreError(
-            f"{shown(url)} has no prices table: run `allocator db upgrade` on it first"
+            f"{shown_url(url)} has no prices table: run `allocator db upgrade` on it first"
         )
 
 
@@ -117,7 +113,7 @@ def read_price_frame(url: str, as_of: dt.date) -> pd.DataFrame:
             )
             rows = conn.execute(query).all()
     except SQLAlchemyError as exc:
-        raise PriceStoreError(f"{shown(url)}: cannot read prices ({exc})") from exc
+        raise PriceStoreError(f"{shown_url(url)}: cannot read prices ({exc})") from exc
     frame = pd.DataFrame(rows, columns=["date", "asset", "close"])
     frame["date"] = pd.to_datetime(frame["date"])
     return frame

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from allocator.metrics.jobs import JobMetrics, JobPush
 from allocator.recording.settings import database_url as default_database_url
+from allocator.recording.settings import shown_url
 from allocator.trainer.jobs.executors import WorkerLostError, fan_out, open_executor
 from allocator.trainer.jobs.json_safe import finite, read_json_object
 from allocator.trainer.jobs.run_folder import make_label, run_directory
@@ -74,7 +75,6 @@ from allocator.trainer.jobs.walk_forward.window import (
     run_window,
     whole,
 )
-from allocator.trainer.market.store import shown
 from allocator.trainer.training.config import UNION_TAGS
 from allocator.trainer.training.run_dir import RUN_SUMMARY_FILE
 from allocator.trainer.training.tracking import (
@@ -199,7 +199,7 @@ def run_walk_forward(
             name=name,
             config=config.model_dump(mode="json"),
             run_id=rows.run_id if rows else None,
-            database=shown(url) if url else None,
+            database=shown_url(url) if url else None,
             plan=plan_payload(jobs),
             sessions=[{"started": utc_now(), "resumed": False}],
         )

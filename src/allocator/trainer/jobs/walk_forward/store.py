@@ -8,11 +8,11 @@ from sqlalchemy import delete, null, select
 from sqlalchemy.orm import Session
 
 from allocator.recording.schema import ModelVersion, WalkForwardRun, WalkForwardWindow, utcnow
+from allocator.recording.settings import shown_url
 from allocator.trainer.jobs.database import checked_engine
 from allocator.trainer.jobs.json_safe import json_safe
 from allocator.trainer.jobs.walk_forward.config import WalkForwardError
 from allocator.trainer.jobs.walk_forward.rundir import WindowResult
-from allocator.trainer.market.store import shown
 
 TABLES = ("walk_forward_runs", "walk_forward_windows", "model_versions")
 ROW_KEYS = ("excess_sharpe", "regime", "equal_weight_annual_return")
@@ -47,7 +47,7 @@ class WalkForwardStore:
             row = session.get(WalkForwardRun, run_id)
             if row is None or row.name != name:
                 raise WalkForwardError(
-                    f"{shown(self.url)} has no walk-forward run {run_id} named {name!r}: "
+                    f"{shown_url(self.url)} has no walk-forward run {run_id} named {name!r}: "
                     "resume with the database the run recorded to (database_url or "
                     "$DATABASE_URL)"
                 )
