@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from allocator.artifacts.manifest import (
@@ -38,7 +38,6 @@ class UpgradeResult:
     to_version: int
     probe: ProbeReport
     widened_from: int | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def backup_dir(run_dir: Path, version: int) -> Path:
@@ -191,5 +190,4 @@ def upgrade_run(
         to_version=to_version,
         probe=probe,
         widened_from=current if widening else None,
-        notes=[r.note for r in manifest.migrations[records_before:]],
     )

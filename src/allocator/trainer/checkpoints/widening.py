@@ -10,8 +10,6 @@ from __future__ import annotations
 import copy
 import io
 import json
-import os
-import tempfile
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ import torch as th
 from numpy.typing import NDArray
 from stable_baselines3.common.save_util import data_to_json, json_to_data
 
+from allocator.artifacts.files import atomic_write_with
 from allocator.artifacts.manifest import (
     SCHEMA_VERSION,
     Manifest,
@@ -244,7 +243,7 @@ def widen_model_zip(src: Path, dst: Path, spec: FeatureSpec, max_assets: int) ->
         patch["target_entropy"] = -float(new_spec.n_slots)
     raw.update(json.loads(data_to_json(patch)))
     entries["data"] = json.dumps(raw, indent=4).encode()
-    _write_zip(dst, infos, entries)
+    atomic_write_with(dst, lambda tmp: _write_zip(tmp, infos, entries))
 
 
 def _json_value(raw: dict[str, Any], key: str) -> Any:
@@ -252,19 +251,12 @@ def _json_value(raw: dict[str, Any], key: str) -> Any:
     return json_to_data(json.dumps({key: raw[key]}))[key]
 
 
-def _write_zip(dst: Path, infos: list[zipfile.ZipInfo], entries: dict[str, bytes]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=".model-", suffix=".zip")
-    os.close(fd)
-    try:
-        with zipfile.ZipFile(tmp, "w") as archive:
-            for info in infos:  # fresh headers: the old ones carry the old sizes
-                fresh = zipfile.ZipInfo(info.filename, info.date_time)
-                fresh.compress_type, fresh.external_attr = info.compress_type, info.external_attr
-                archive.writestr(fresh, entries[info.filename])
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _write_zip(path: Path, infos: list[zipfile.ZipInfo], entries: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        for info in infos:  # fresh headers: the old ones carry the old sizes
+            fresh = zipfile.ZipInfo(info.filename, info.date_time)
+            fresh.compress_type, fresh.external_attr = info.compress_type, info.external_attr
+            archive.writestr(fresh, entries[info.filename])
 
 
 def widen_icm(src: Path, dst: Path, spec: FeatureSpec, max_assets: int) -> None:

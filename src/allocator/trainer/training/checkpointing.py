@@ -121,9 +121,7 @@ def write_checkpoint(run_dir: Path, model: OffPolicyAlgorithm, state: dict[str, 
         icm = getattr(model, "icm", None)
         if icm is not None:
             icm.save(stage / ICM_FILE)
-        for best in (BEST_MODEL_FILE, BEST_ICM_FILE):
-            if (Path(run_dir) / best).is_file():
-                shutil.copyfile(Path(run_dir) / best, stage / best)
+        copy_best(Path(run_dir), stage)
         write_json(stage / STATE_FILE, {**state, "num_timesteps": int(model.num_timesteps)})
         for item in stage.iterdir():
             fsync_path(item)
@@ -185,12 +183,12 @@ def restore_model(config: TrainConfig, env: Any, checkpoint: Checkpoint) -> OffP
     return model
 
 
-def restore_best(run_dir: Path, checkpoint: Checkpoint) -> None:
-    """Put the checkpoint's best model back: a later one belongs to steps about to be redone."""
+def copy_best(src: Path, dst: Path) -> None:
+    """``src``'s best model (and ICM) into ``dst``; ``dst``'s own go, in case ``src`` has none."""
     for best in (BEST_MODEL_FILE, BEST_ICM_FILE):
-        (Path(run_dir) / best).unlink(missing_ok=True)
-        if (checkpoint.path / best).is_file():
-            shutil.copyfile(checkpoint.path / best, Path(run_dir) / best)
+        (dst / best).unlink(missing_ok=True)
+        if (src / best).is_file():
+            shutil.copyfile(src / best, dst / best)
 
 
 def resume_config(saved: TrainConfig, given: TrainConfig | None, run_dir: Path) -> TrainConfig:

@@ -37,11 +37,11 @@ from allocator.trainer.training.callbacks import StopWhen, TurnoverCallback
 from allocator.trainer.training.checkpointing import (
     CheckpointCallback,
     TrainingStoppedError,
+    copy_best,
     keep_progress_before,
     latest_checkpoint,
     load_icm,
     merge_progress,
-    restore_best,
     restore_model,
     resume_config,
     write_checkpoint,
@@ -248,7 +248,7 @@ class TrainingSession:
         data = prepare_data(config)
         model = restore_model(config, make_env(config, data), checkpoint)
         model.set_random_seed(config.seed + done)
-        restore_best(run_dir, checkpoint)
+        copy_best(checkpoint.path, run_dir)  # a later best belongs to steps about to be redone
         keep_progress_before(run_dir, done)
         state = {
             **checkpoint.state,
