@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch as th
-from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import ContinuousCritic
+from stable_baselines3.common.preprocessing import get_action_dim, get_flattened_obs_dim
 from stable_baselines3.common.type_aliases import Schedule
 from stable_baselines3.common.utils import ConstantSchedule
 
@@ -15,46 +15,43 @@ from allocator.trainer.agents.curiosity import CuriosityReplayBuffer
 from allocator.trainer.agents.icm import ICMSettings, IntrinsicCuriosity
 
 
-class SmoothOffPolicy:
-    """Mixin placed before SB3's TD3 or SAC: two learning-rate schedules and an optional ICM,
+class SmoothOffPolicy(OffPolicyAlgorithm):
+    """Base placed before SB3's TD3 or SAC: two learning-rate schedules and an optional ICM,
     logged under ``icm/``."""
 
-    actor_lr_schedule: Schedule
-    critic_lr_schedule: Schedule
-    icm: IntrinsicCuriosity | None
-    # What the SB3 algorithm it is mixed into provides.
-    _current_progress_remaining: float
     critic: ContinuousCritic
-    device: th.device
-    logger: Logger
 
-    def _init_smooth(
+    def __init__(
         self,
-        actor_learning_rate: float | Schedule,
-        critic_learning_rate: float | Schedule,
-        icm: ICMSettings | None,
-        kwargs: dict[str, Any],
+        policy: Any,
+        env: Any,
+        actor_learning_rate: float | Schedule = 3e-4,
+        critic_learning_rate: float | Schedule = 3e-4,
+        icm: ICMSettings | None = None,
+        **kwargs: Any,
     ) -> None:
-        """Before SB3's ``__init__``: the schedules, and the curiosity buffer class in kwargs."""
+        """The schedules, and the curiosity buffer class, before SB3's ``__init__``."""
         self.actor_lr_schedule, self.critic_lr_schedule = (
             lr if callable(lr) else ConstantSchedule(lr)
             for lr in (actor_learning_rate, critic_learning_rate)
         )
         self.icm_settings = icm or ICMSettings()
-        self.icm = None
+        self.icm: IntrinsicCuriosity | None = None
         if self.icm_settings.enabled:
             kwargs["replay_buffer_class"] = CuriosityReplayBuffer
+        super().__init__(policy, env, learning_rate=actor_learning_rate, **kwargs)
 
     def _setup_model(self) -> None:
         """SB3 builds every optimizer at the actor's rate: start the critic's at its own."""
-        super()._setup_model()  # type: ignore[misc]
+        super()._setup_model()
         for group in self.critic.optimizer.param_groups:
             group["lr"] = self.critic_lr_schedule(1.0)
         if self.icm_settings.enabled:
-            obs_dim = int(self.observation_space.shape[0])  # type: ignore[attr-defined]
-            act_dim = int(self.action_space.shape[0])  # type: ignore[attr-defined]
+            obs_dim = get_flattened_obs_dim(self.observation_space)
+            act_dim = get_action_dim(self.action_space)
             self.icm = IntrinsicCuriosity(obs_dim, act_dim, self.icm_settings, device=self.device)
-            self.replay_buffer.attach(self.icm, lambda: self.num_timesteps)  # type: ignore[attr-defined]
+            assert isinstance(self.replay_buffer, CuriosityReplayBuffer)
+            self.replay_buffer.attach(self.icm, lambda: self.num_timesteps)
 
     def _update_learning_rate(self, optimizers: Any) -> None:
         """SB3 applies one schedule to all optimizers; apply each its own."""
@@ -75,4 +72,4 @@ class SmoothOffPolicy:
 
     def _excluded_save_params(self) -> list[str]:
         # The ICM is saved beside the SB3 zip (icm.pt), never pickled into it.
-        return [*super()._excluded_save_params(), "icm"]  # type: ignore[misc]
+        return [*super()._excluded_save_params(), "icm"]

@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from stable_baselines3 import SAC
-from stable_baselines3.common.type_aliases import Schedule
 
-from allocator.trainer.agents.icm import ICMSettings
 from allocator.trainer.agents.off_policy import SmoothOffPolicy
 from allocator.trainer.agents.shared_networks import slot_order_sums
 
 
 class SmoothSAC(SmoothOffPolicy, SAC):
     """SAC whose actor (and entropy coefficient) and critic follow their own schedules."""
-
-    def __init__(
-        self,
-        policy: Any,
-        env: Any,
-        actor_learning_rate: float | Schedule = 3e-4,
-        critic_learning_rate: float | Schedule = 3e-4,
-        icm: ICMSettings | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._init_smooth(actor_learning_rate, critic_learning_rate, icm, kwargs)
-        super().__init__(policy, env, learning_rate=actor_learning_rate, **kwargs)
 
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
         """SB3's SAC updates (pooled sums in slot order: no gradient step needs their bits),

@@ -95,8 +95,7 @@ class SmoothTD3(SmoothOffPolicy, TD3):
         self.smoothness = smoothness or SmoothnessSettings()
         self.lam = SmoothnessLambda(self.smoothness)
         self.action_bound = action_bound or ActionBoundSettings()
-        self._init_smooth(actor_learning_rate, critic_learning_rate, icm, kwargs)
-        super().__init__(policy, env, learning_rate=actor_learning_rate, **kwargs)
+        super().__init__(policy, env, actor_learning_rate, critic_learning_rate, icm, **kwargs)
 
     @property
     def smooth_lambda(self) -> float:
