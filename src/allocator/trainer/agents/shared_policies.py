@@ -150,20 +150,14 @@ class SharedCritic(BaseModel):
         return self.q_networks[0](*self.layout.split(obs), actions)
 
 
-class SharedPolicyMixin:
+class SharedPolicyMixin(BasePolicy):
     """What both shared policies add to SB3's: the set-network sizes and their two builders."""
 
     actor_class: type[SharedTD3Actor | SharedSACActor]
-    n_features: int
-    hidden: int
-    center_assets: bool
-    observation_space: spaces.Space[Any]
-    action_space: spaces.Space[Any]
-    normalize_images: bool
     net_args: dict[str, Any]
     critic_kwargs: dict[str, Any]
-    training: bool
-    device: th.device
+    actor: nn.Module
+    critic: nn.Module
 
     def __init__(
         self,
@@ -189,7 +183,7 @@ class SharedPolicyMixin:
             and kwargs.get("optimizer_class", th.optim.Adam) is th.optim.Adam
         ):
             kwargs["optimizer_kwargs"] = {"fused": True}  # one kernel per parameter on CPU
-        super().__init__(observation_space, action_space, lr_schedule, **kwargs)  # type: ignore[call-arg]
+        super().__init__(observation_space, action_space, lr_schedule, **kwargs)
 
     def _net_kwargs(self) -> dict[str, Any]:
         return {
@@ -202,7 +196,7 @@ class SharedPolicyMixin:
         }
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
-        data: dict[str, Any] = super()._get_constructor_parameters()  # type: ignore[misc]
+        data = super()._get_constructor_parameters()
         data.update(
             n_features=self.n_features, hidden=self.hidden, center_assets=self.center_assets
         )
@@ -210,10 +204,10 @@ class SharedPolicyMixin:
 
     def set_training_mode(self, mode: bool) -> None:
         """A no-op call returns at once: SB3 walks every module twice per env step."""
-        actor, critic = self.actor, self.critic  # type: ignore[attr-defined]
+        actor, critic = self.actor, self.critic
         if mode == self.training == actor.training == critic.training:
             return
-        super().set_training_mode(mode)  # type: ignore[misc]
+        super().set_training_mode(mode)
 
     def make_actor(self, features_extractor: Any = None) -> SharedTD3Actor | SharedSACActor:
         actor = self.actor_class(**self._net_kwargs(), center_assets=self.center_assets)
