@@ -139,24 +139,33 @@ def test_target_noise_std_is_sigma_when_clip_does_not_bind() -> None:
 # --- clip_and_step -------------------------------------------------------------------------
 
 
+def sgd_net(lr: float) -> tuple[nn.Module, nn.Parameter]:
+    """A one-parameter net with the ``optimizer`` SB3's networks carry, its gradient (3, 4)."""
+    net = nn.Module()
+    net.p = nn.Parameter(torch.tensor([1.0, 2.0]))
+    net.p.grad = torch.tensor([3.0, 4.0])  # norm 5
+    net.optimizer = torch.optim.SGD([net.p], lr=lr)
+    return net, net.p
+
+
 def test_clip_and_step_returns_pre_clip_norm_and_steps_with_clipped_gradient() -> None:
-    p = nn.Parameter(torch.tensor([1.0, 2.0]))
-    p.grad = torch.tensor([3.0, 4.0])  # norm 5
-    norm = clip_and_step(torch.optim.SGD([p], lr=1.0), [p], max_norm=1.0)
-    assert norm == pytest.approx(5.0)
+    net, p = sgd_net(lr=1.0)
+    norms: list[torch.Tensor] = []
+    clip_and_step(net, max_norm=1.0, norms=norms)
+    assert norms == [pytest.approx(5.0)]
     # SGD with lr 1 moves by the clipped gradient (3, 4) / 5.
     assert torch.allclose(p.detach(), torch.tensor([1.0 - 0.6, 2.0 - 0.8]), atol=1e-6)
 
 
 @pytest.mark.parametrize("max_norm", [None, 10.0])
 def test_clip_and_step_leaves_small_or_unclipped_gradients_alone(max_norm: float | None) -> None:
-    p = nn.Parameter(torch.tensor([1.0, 2.0]))
-    p.grad = torch.tensor([3.0, 4.0])
-    norm = clip_and_step(torch.optim.SGD([p], lr=0.5), [p], max_norm=max_norm)
+    net, p = sgd_net(lr=0.5)
+    norms: list[torch.Tensor] = []
+    clip_and_step(net, max_norm=max_norm, norms=norms)
     if max_norm is None:
-        assert norm is None  # clipping off: no norm computed at all
+        assert norms == []  # clipping off: no norm computed at all
     else:
-        assert norm == pytest.approx(5.0)
+        assert norms == [pytest.approx(5.0)]
     assert torch.allclose(p.detach(), torch.tensor([1.0 - 1.5, 2.0 - 2.0]), atol=1e-6)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch as th
 import torch.nn.functional as F
 from stable_baselines3 import TD3
+from stable_baselines3.common.policies import BaseModel
 from stable_baselines3.common.type_aliases import ReplayBufferSamples, Schedule
 from stable_baselines3.common.utils import polyak_update
 
@@ -50,14 +51,12 @@ def actor_scores(actor: th.nn.Module, obs: th.Tensor) -> th.Tensor:
     return actor.mu[:-1](features)  # type: ignore[index, operator]
 
 
-def clip_and_step(
-    optimizer: th.optim.Optimizer, params: Any, max_norm: float | None
-) -> th.Tensor | None:
-    """Clip the gradient norm (if set) and step; returns the pre-clip norm as a tensor (no
-    device sync), None unclipped."""
-    norm = th.nn.utils.clip_grad_norm_(params, max_norm) if max_norm else None
-    optimizer.step()
-    return norm
+def clip_and_step(net: BaseModel, max_norm: float | None, norms: list[th.Tensor]) -> None:
+    """Clip ``net``'s gradient norm (if set: its pre-clip value, a tensor for no device sync,
+    joins ``norms``) and step its optimizer."""
+    if max_norm:
+        norms.append(th.nn.utils.clip_grad_norm_(net.parameters(), max_norm))
+    net.optimizer.step()
 
 
 TRAIN_FIGURES = (
@@ -138,9 +137,7 @@ class SmoothTD3(SmoothOffPolicy, TD3):
         loss_c = critic_loss(current_qs, target_q, self.critic_loss_kind, self.huber_delta)
         self.critic.optimizer.zero_grad()
         loss_c.backward()
-        norm = clip_and_step(self.critic.optimizer, self.critic.parameters(), self.max_grad_norm)
-        if norm is not None:
-            logs["critic_grad_norm"].append(norm)
+        clip_and_step(self.critic, self.max_grad_norm, logs["critic_grad_norm"])
         logs["critic_loss"].append(loss_c.detach())
 
     def _actor_step(self, batch: ReplayBufferSamples, logs: dict[str, list[th.Tensor]]) -> None:
@@ -163,9 +160,7 @@ class SmoothTD3(SmoothOffPolicy, TD3):
             loss_a.backward()
         finally:
             self.critic.requires_grad_(True)
-        norm = clip_and_step(self.actor.optimizer, self.actor.parameters(), self.max_grad_norm)
-        if norm is not None:
-            logs["actor_grad_norm"].append(norm)
+        clip_and_step(self.actor, self.max_grad_norm, logs["actor_grad_norm"])
         logs["actor_loss"].append(loss_a.detach())
         if change is not None:
             self.lam.update(float(mean_change.item()))
