@@ -206,13 +206,10 @@ def log_finished(run: TrackedRun, run_dir: Path, summary: dict[str, Any]) -> Non
     """A finished run's figures at its last step and its files, then the run marked finished."""
     audit_file = Path(run_dir) / SATURATION_FILE
     audit = json.loads(audit_file.read_text()) if audit_file.is_file() else {}
-    figures = {
-        **scalar_metrics(summary.get("validation", {}), "validation"),
-        **scalar_metrics(summary.get("selection", {}), "selection"),
-        **scalar_metrics(summary.get("saturation_watch", {}), "saturation_watch"),
-        **scalar_metrics(audit, "action_saturation"),
-        **scalar_metrics({k: summary.get(k) for k in ("train_seconds", "steps_per_second")}, "run"),
-    }
+    speed = {k: summary.get(k) for k in ("train_seconds", "steps_per_second")}
+    figures = {**scalar_metrics(audit, "action_saturation"), **scalar_metrics(speed, "run")}
+    for key in ("validation", "selection", "saturation_watch"):
+        figures.update(scalar_metrics(summary.get(key, {}), key))
     run.log_metrics(figures, int(summary.get("timesteps", 0)))
     run.log_run_dir(run_dir)
     run.end()
