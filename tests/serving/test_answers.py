@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from google.protobuf.internal.encoder import _VarintBytes  # protobuf's own varint
@@ -65,8 +67,9 @@ def test_encoded_answers_equal_serialize_to_string() -> None:
         data, stride = weight_bytes(weights)
         rid, pid = "r" * int(rng.integers(1, 200)), "pé" * int(rng.integers(1, 100))
         turnover, icm = turnovers[t % 5], rewards[t % 5 - t % 2]
+        values = SimpleNamespace(turnover=turnover, icm_reward=icm)
         got = encoder.encode(
-            rid, pid, ids, data[: 8 * (n + 1)], data[stride : stride + 8 * (n + 1)], turnover, icm
+            rid, pid, ids, data[: 8 * (n + 1)], data[stride : stride + 8 * (n + 1)], values
         )
         want = _message(
             rid, pid, ids, weights[0], weights[1], turnover, icm, ("modèle-ü", "2024.1")
@@ -100,7 +103,8 @@ def test_batch_and_stream_responses_from_the_answers_bytes() -> None:
 def test_no_reward_no_field() -> None:
     encoder = AnswerEncoder("m", "1")
     data, _ = weight_bytes(np.array([[1.0]]))
-    answer = parse(encoder.encode("r", "p", ("CASH",), data, data, 0.0, None))
+    values = SimpleNamespace(turnover=0.0, icm_reward=None)
+    answer = parse(encoder.encode("r", "p", ("CASH",), data, data, values))
     assert not answer.HasField("icm_reward")
     assert answer.turnover == 0.0
 

@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import orjson
-from sqlalchemy import JSON, ColumnElement, DateTime, Float, String
+from sqlalchemy import JSON, Boolean, ColumnElement, DateTime, Float, Integer, String
 from sqlalchemy.engine import make_url
 
-from allocator.recording.records import DecisionRecord, ModelRecord
+from allocator.recording.records import DECISION_FIELDS, DecisionRecord, ModelRecord
 from allocator.recording.schema import Decision
 
 __all__ = [
@@ -37,7 +37,8 @@ __all__ = [
     "prepare_sqlite",
 ]
 
-_NOT_RECORDED = frozenset({"id", "market_date", "prices_digest"})  # the key; the trading cycle's
+_FIELD = {"request_fingerprint": "fingerprint"}
+"""Record field per column, where names differ."""
 _TEXT_ARRAYS = frozenset({"asset_ids", "slots"})  # JSON columns of strings; the others: floats
 
 
@@ -45,17 +46,26 @@ def _stage_type(column: ColumnElement[Any]) -> str:
     """The Postgres type a column's values travel as (JSON arrays as binary arrays)."""
     if isinstance(column.type, JSON):
         return "text[]" if column.name in _TEXT_ARRAYS else "float8[]"
-    if column.foreign_keys:
-        return "int8"
-    kinds = {String: "text", DateTime: "timestamptz", Float: "float8"}
+    kinds = {
+        String: "text",
+        DateTime: "timestamptz",
+        Float: "float8",
+        Integer: "int8",
+        Boolean: "bool",
+    }
     return next(pg for kind, pg in kinds.items() if isinstance(column.type, kind))
 
 
-_RECORDED = [c for c in Decision.__table__.columns if c.name not in _NOT_RECORDED]
+_RECORDED = [
+    c
+    for c in Decision.__table__.columns
+    if _FIELD.get(c.name, c.name) in {*DECISION_FIELDS, "model_version_id"}
+]  # not the key, nor the trading cycle's stamps
 DECISION_COLUMNS = tuple(c.name for c in _RECORDED)
 """The columns a decision record fills, in the schema's order (``_row``'s order)."""
 STAGE_TYPES = tuple(_stage_type(c) for c in _RECORDED)
 _JSON = [isinstance(c.type, JSON) for c in _RECORDED]
+_SOURCES = [(_FIELD.get(c.name, c.name), j) for c, j in zip(_RECORDED, _JSON, strict=True)]
 _NAMES = ", ".join(DECISION_COLUMNS)
 
 COPY_STAGE = f"COPY decisions_stage ({_NAMES}) FROM STDIN (FORMAT BINARY)"
@@ -412,18 +422,9 @@ def _row(
     d: DecisionRecord, model_version_id: int, array: Callable[[Any], Any], decided_at: Any
 ) -> tuple[Any, ...]:
     """A decision's values in ``DECISION_COLUMNS`` order, each vector encoded by ``array``."""
-    return (
-        d.request_id,
-        d.portfolio_id,
-        decided_at,
-        model_version_id,
-        array(d.asset_ids),
-        array(d.raw_weights),
-        array(d.smoothed_weights),
-        None if d.current_weights is None else array(d.current_weights),
-        d.turnover,
-        d.icm_reward,
-        d.latency_seconds,
-        None if d.slots is None else array(d.slots),
-        d.fingerprint,
-    )
+    given = {"decided_at": decided_at, "model_version_id": model_version_id}
+    row = []
+    for name, is_json in _SOURCES:
+        value = given[name] if name in given else getattr(d, name)
+        row.append(array(value) if is_json and value is not None else value)
+    return tuple(row)

@@ -4,7 +4,8 @@ Building ``AllocateResponse`` from Python floats and serializing it cost more pe
 deciding at batch 512, so the bytes are encoded here straight from the float64 arrays (a packed
 ``repeated double`` is the array's little-endian bytes), field by field as ``SerializeToString``
 writes them (tests compare the two byte for byte); batch and stream responses are parsed from
-the concatenated answers in one C call.
+the concatenated answers in one C call. Every field after ``model`` is a scalar read by name
+from the decision (or its record), so a new one needs no change here.
 """
 
 from __future__ import annotations
@@ -12,27 +13,18 @@ from __future__ import annotations
 import math
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
+from google.protobuf.descriptor import FieldDescriptor as Field
 from numpy.typing import NDArray
 
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 
 __all__ = ["AnswerEncoder", "framed", "parse", "string_field", "varint", "weight_bytes"]
 
-_DOUBLE = struct.Struct("<d")
 _LITTLE = sys.byteorder == "little"
-
-# Tags: (field number << 3) | wire type (1: 64-bit, 2: length-delimited).
-_REQUEST_ID = b"\x0a"
-_PORTFOLIO_ID = b"\x12"
-_ASSET_ID = b"\x1a"
-_RAW = b"\x22"
-_SMOOTHED = b"\x2a"
-_MODEL = b"\x32"
-_ICM = b"\x39"
-_TURNOVER = b"\x41"
 
 
 def varint(n: int) -> bytes:
@@ -61,6 +53,40 @@ def parse(data: bytes) -> pb.AllocateResponse:
     return pb.AllocateResponse.FromString(data)
 
 
+_SCALARS: dict[int, tuple[int, Callable[[Any], bytes]]] = {
+    Field.TYPE_DOUBLE: (1, struct.Struct("<d").pack),
+    Field.TYPE_FLOAT: (5, struct.Struct("<f").pack),
+    Field.TYPE_INT64: (0, lambda n: varint(n & 0xFFFFFFFFFFFFFFFF)),  # two's complement
+    Field.TYPE_INT32: (0, lambda n: varint(n & 0xFFFFFFFFFFFFFFFF)),
+    Field.TYPE_BOOL: (0, lambda b: varint(int(b))),
+    Field.TYPE_STRING: (2, lambda s: varint(len(s.encode())) + s.encode()),
+}
+"""A scalar field's wire type and value bytes, by the field's descriptor type."""
+
+
+def _tag(name: str) -> bytes:
+    field = pb.AllocateResponse.DESCRIPTOR.fields_by_name[name]
+    wire = 2 if field.is_repeated or field.message_type else _SCALARS[field.type][0]
+    return varint(field.number << 3 | wire)
+
+
+_REQUEST_ID, _PORTFOLIO_ID, _ASSET_ID, _RAW, _SMOOTHED, _MODEL = map(
+    _tag, ("request_id", "portfolio_id", "asset_ids", "raw_weights", "smoothed_weights", "model")
+)
+_FIELDS = {f.number: f for f in pb.AllocateResponse.DESCRIPTOR.fields}
+_VALUES = [
+    (f.name, _tag(f.name), _SCALARS[f.type][1], f.has_presence)
+    for n, f in sorted(_FIELDS.items())
+    if n > pb.AllocateResponse.MODEL_FIELD_NUMBER
+]
+"""The fields read from the decision by name: (name, tag, encoder, has presence)."""
+
+
+def _default(value: Any) -> bool:
+    """What proto3 leaves out of a field without presence (a double's +0.0, not -0.0)."""
+    return not value and not (isinstance(value, float) and math.copysign(1.0, value) < 0.0)
+
+
 class AnswerEncoder:
     """One model's answers; the model reference and each asset list are encoded once."""
 
@@ -84,10 +110,10 @@ class AnswerEncoder:
         ids: tuple[str, ...],
         raw: bytes,
         smoothed: bytes,
-        turnover: float,
-        icm_reward: float | None,
+        values: Any,
     ) -> bytes:
-        """``raw`` and ``smoothed``: the weights' little-endian float64 bytes (``weight_bytes``)."""
+        """``raw`` and ``smoothed``: the weights' little-endian float64 bytes (``weight_bytes``);
+        ``values``: has the other fields as attributes (a ``DecisionOutput``, a record)."""
         size = varint(len(raw))
         parts = [
             string_field(_REQUEST_ID, request_id),
@@ -101,10 +127,11 @@ class AnswerEncoder:
             smoothed,
             self._model,
         ]
-        if icm_reward is not None:
-            parts.append(_ICM + _DOUBLE.pack(icm_reward))
-        if turnover != 0.0 or math.copysign(1.0, turnover) < 0.0:  # proto3 omits +0.0 only
-            parts.append(_TURNOVER + _DOUBLE.pack(turnover))
+        for name, tag, pack, has_presence in _VALUES:
+            value = getattr(values, name)
+            if value is None if has_presence else _default(value):
+                continue
+            parts += (tag, pack(value))
         return b"".join(parts)
 
 

@@ -14,7 +14,7 @@ import math
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any, Self, TypeAlias, TypeVar
 
@@ -134,41 +134,56 @@ def rpc_errors() -> Iterator[None]:
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
-@dataclass(frozen=True)
-class Allocation:
-    """The server's answer for one portfolio: weights parallel to ``asset_ids`` (``CASH``
-    first); ``smoothed_weights`` is what to execute."""
+def _response_fields(cls: type[T]) -> type[T]:
+    """``cls`` as a frozen dataclass with a field per ``AllocateResponse`` field, a message's
+    fields flattened (``model`` as ``model_name`` and ``model_version``)."""
+    names = []
+    for field in _RESPONSE.fields:
+        sub = field.message_type
+        names += [f"{field.name}_{f.name}" for f in sub.fields] if sub else [field.name]
+    cls.__annotations__ = dict.fromkeys(names, "Any")
+    return dataclass(frozen=True)(cls)
 
-    request_id: str
-    portfolio_id: str
-    asset_ids: tuple[str, ...]
-    raw_weights: Float64Array
-    smoothed_weights: Float64Array
-    model_name: str
-    model_version: str
-    icm_reward: float | None
-    turnover: float
+
+_RESPONSE = allocator_pb2.AllocateResponse.DESCRIPTOR
+
+
+@_response_fields
+class Allocation:
+    """The server's answer for one portfolio, a field per ``AllocateResponse`` field: repeated
+    ones as tuples, weights as float64 arrays parallel to ``asset_ids`` (``CASH`` first), the
+    model as ``model_name`` and ``model_version``, an absent optional field as ``None``;
+    ``smoothed_weights`` is what to execute."""
+
+    def __getattr__(self, name: str) -> Any:
+        """Only for a missing attribute: the fields come from the proto, unknown to mypy."""
+        raise AttributeError(f"'Allocation' object has no attribute {name!r}")
 
     @classmethod
     def from_proto(cls, message: allocator_pb2.AllocateResponse) -> Allocation:
-        return cls(
-            request_id=message.request_id,
-            portfolio_id=message.portfolio_id,
-            asset_ids=tuple(message.asset_ids),
-            raw_weights=np.asarray(message.raw_weights, dtype=np.float64),
-            smoothed_weights=np.asarray(message.smoothed_weights, dtype=np.float64),
-            model_name=message.model.name,
-            model_version=message.model.version,
-            icm_reward=message.icm_reward if message.HasField("icm_reward") else None,
-            turnover=message.turnover,
-        )
+        values: dict[str, Any] = {}
+        for field in _RESPONSE.fields:
+            value = getattr(message, field.name)
+            if field.message_type is not None:
+                values |= {
+                    f"{field.name}_{f.name}": getattr(value, f.name)
+                    for f in value.DESCRIPTOR.fields
+                }
+            elif field.is_repeated:
+                double = field.type == field.TYPE_DOUBLE
+                values[field.name] = np.asarray(value, np.float64) if double else tuple(value)
+            elif field.has_presence and not message.HasField(field.name):
+                values[field.name] = None
+            else:
+                values[field.name] = value
+        make: Callable[..., Allocation] = cls
+        return make(**values)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["asset_ids"] = list(self.asset_ids)
-        data["raw_weights"] = self.raw_weights.tolist()
-        data["smoothed_weights"] = self.smoothed_weights.tolist()
-        return data
+        return {
+            k: v.tolist() if isinstance(v, np.ndarray) else list(v) if isinstance(v, tuple) else v
+            for k, v in vars(self).items()
+        }
 
 
 @dataclass(frozen=True)
@@ -201,7 +216,7 @@ class ModelRefusal:
 
     @classmethod
     def from_proto(cls, message: allocator_pb2.ModelRefusal) -> ModelRefusal:
-        return cls(message.name, message.version, message.reason, message.message)
+        return cls(*(getattr(message, f.name) for f in fields(cls)))
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,14 @@ import datetime as dt
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from allocator.portfolio import CASH_ID
-from allocator.recording.records import DecisionRecord
+from allocator.recording.records import DECISION_FIELDS, DecisionRecord
 from allocator.recording.schema import Decision, ModelVersion
 from allocator.recording.spool import Spool
 from allocator.serving.answers import AnswerEncoder
@@ -35,6 +36,8 @@ log = logging.getLogger("allocator.serving")
 
 _CHUNK = 1_000
 """Portfolios put into the store per locked session."""
+_COLUMNS = {"model_name": "name", "model_version": "version", "fingerprint": "request_fingerprint"}
+"""Record fields read from a column of another name (the rest: their own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,22 +78,9 @@ def latest_decisions(database_url: str) -> dict[str, Latest]:
         engine.dispose()
     out: dict[str, Latest] = {}
     for row in rows:
-        slots = row["slots"]
-        record = DecisionRecord(
-            request_id=row["request_id"],
-            portfolio_id=row["portfolio_id"],
-            decided_at=_utc(row["decided_at"]),
-            model_name=row["name"],
-            model_version=row["version"],
-            asset_ids=tuple(row["asset_ids"]),
-            raw_weights=tuple(row["raw_weights"]),
-            smoothed_weights=tuple(row["smoothed_weights"]),
-            turnover=row["turnover"],
-            latency_seconds=row["latency_seconds"],
-            icm_reward=row["icm_reward"],
-            slots=None if slots is None else tuple(slots),
-            fingerprint=row["request_fingerprint"],
-        )
+        values: dict[str, Any] = {f: row.get(_COLUMNS.get(f, f)) for f in DECISION_FIELDS}
+        values = {f: tuple(v) if isinstance(v, list) else v for f, v in values.items()}
+        record = DecisionRecord(**values | {"decided_at": _utc(row["decided_at"])})
         out[record.portfolio_id] = Latest(record, int(row["n"]))
     return out
 
@@ -119,13 +109,7 @@ def answer_of(record: DecisionRecord) -> bytes:
     raw = np.asarray(record.raw_weights, dtype="<f8").tobytes()
     smoothed = np.asarray(record.smoothed_weights, dtype="<f8").tobytes()
     return AnswerEncoder(record.model_name, record.model_version).encode(
-        record.request_id,
-        record.portfolio_id,
-        record.asset_ids,
-        raw,
-        smoothed,
-        record.turnover,
-        record.icm_reward,
+        record.request_id, record.portfolio_id, record.asset_ids, raw, smoothed, record
     )
 
 

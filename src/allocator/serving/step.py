@@ -20,16 +20,15 @@ and inputs) gets the portfolio's stored last answer, with no second step or reco
 from __future__ import annotations
 
 import datetime as dt
-import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from allocator.metrics.serving import ServingMetrics
 from allocator.recording.recorder import Recorder
-from allocator.recording.records import DecisionRecord
+from allocator.recording.records import DECISION_FIELDS, DecisionRecord
 from allocator.recording.tickets import NotDurableError
 from allocator.serving.answers import AnswerEncoder, framed, parse, weight_bytes
 from allocator.serving.decision import DecisionOutput, Decisions, decide_many
@@ -327,18 +326,8 @@ class DecisionStep:
         at = 0
         for r, o, n in zip(requests, decided.outputs, decided.sizes, strict=True):
             end = at + 8 * n
-            icm = o.icm_reward
-            out.append(
-                encoder.encode(
-                    r.request_id,
-                    r.portfolio_id,
-                    o.asset_ids,
-                    raw[at:end],
-                    smoothed[at:end],
-                    o.turnover,
-                    icm if icm is not None and math.isfinite(icm) else None,
-                )
-            )
+            ids, rid, pid = o.asset_ids, r.request_id, r.portfolio_id
+            out.append(encoder.encode(rid, pid, ids, raw[at:end], smoothed[at:end], o))
             at += stride
         return out
 
@@ -347,6 +336,14 @@ def call_deadline(time_remaining: TimeRemaining) -> float | None:
     """A call's deadline as a ``time.monotonic()`` instant (None: it has none)."""
     remaining = time_remaining()
     return None if remaining is None else time.monotonic() + remaining
+
+
+_ARRAYS = {"raw_weights": "raw", "smoothed_weights": "smoothed", "current_weights": "current"}
+"""Record fields taken from a ``Decisions`` array (the record's ``current_weights``: only sent)."""
+_FROM_OUTPUT = [
+    f.name for f in fields(DecisionOutput) if f.name in DECISION_FIELDS and f.name not in _ARRAYS
+]
+"""Record fields taken from each ``DecisionOutput`` by name."""
 
 
 def _records(
@@ -358,24 +355,22 @@ def _records(
 ) -> list[DecisionRecord]:
     """The decisions' rows, with the slot layouts and fingerprints ``serving.restore`` rebuilds
     states from."""
-    requests = [item.request for item in items]
+    outputs = decided.outputs
     return DecisionRecord.batch_from_validated(
-        request_ids=[r.request_id for r in requests],
-        portfolio_ids=[r.portfolio_id for r in requests],
+        decided.sizes,
+        {name: getattr(decided, array) for name, array in _ARRAYS.items()},
+        [item.request.current_weights is not None for item in items],
+        {
+            "request_id": [item.request.request_id for item in items],
+            "portfolio_id": [item.request.portfolio_id for item in items],
+            **{name: [getattr(o, name) for o in outputs] for name in _FROM_OUTPUT},
+            "latency_seconds": [now - item.started for item in items],
+            "slots": [s.slots for s in decided.states],
+            "fingerprint": [item.fingerprint.hex() for item in items],
+        },
         decided_at=decided_at,
         model_name=model.name,
         model_version=model.version,
-        asset_ids=[o.asset_ids for o in decided.outputs],
-        raw_weights=decided.raw,
-        smoothed_weights=decided.smoothed,
-        current_weights=decided.current,
-        sent=[r.current_weights is not None for r in requests],
-        sizes=decided.sizes,
-        turnovers=[o.turnover for o in decided.outputs],
-        icm_rewards=[o.icm_reward for o in decided.outputs],
-        latency_seconds=[now - item.started for item in items],
-        slots=[s.slots for s in decided.states],
-        fingerprints=[item.fingerprint.hex() for item in items],
     )
 
 
