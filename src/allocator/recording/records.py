@@ -133,7 +133,7 @@ class DecisionRecord:
     def create(cls, **values: Any) -> DecisionRecord:
         """Validate and normalize every field, given by name (numpy arrays become tuples of
         floats)."""
-        if unknown := values.keys() - set(DECISION_FIELDS):
+        if unknown := values.keys() - _NAMES:
             raise TypeError(f"not DecisionRecord fields: {sorted(unknown)}")
         decided_at = values["decided_at"]
         if not isinstance(decided_at, dt.datetime) or decided_at.utcoffset() is None:
@@ -192,7 +192,7 @@ class DecisionRecord:
             _plausible(v, _MINIMUM.get(name)) for name, v in columns.items() if name in _FLOATS
         )
         given: dict[str, Iterable[Any]] = {**{k: repeat(v) for k, v in same.items()}, **columns}
-        if unknown := given.keys() - set(DECISION_FIELDS):
+        if unknown := given.keys() - _NAMES:
             raise TypeError(f"not DecisionRecord fields: {sorted(unknown)}")
         for name, m in vectors.items():
             whole = name not in _OPTIONAL
@@ -200,7 +200,7 @@ class DecisionRecord:
                 tuple(row[:n]) if whole or s else None
                 for row, n, s in zip(m.tolist() if valid else m, sizes, sent, strict=True)
             ]
-        columns_in_order = [given.get(f.name, repeat(f.default)) for f in fields(cls)]
+        columns_in_order = [given.get(name, repeat(default)) for name, default in _DEFAULTS]
         rows = zip(*columns_in_order, strict=False)  # the repeated ones never end
         if valid:
             return [cls(*row) for row in rows]
@@ -230,6 +230,8 @@ class DecisionRecord:
 
 DECISION_FIELDS = tuple(f.name for f in fields(DecisionRecord))
 """The spool's positional order."""
+_NAMES = frozenset(DECISION_FIELDS)
+_DEFAULTS = [(f.name, f.default) for f in fields(DecisionRecord)]
 _OPTIONAL = {f.name for f in fields(DecisionRecord) if str(f.type).endswith("| None")}
 _VECTORS = {f.name for f in fields(DecisionRecord) if str(f.type).startswith("tuple[float")}
 _FLOATS = {f.name for f in fields(DecisionRecord) if str(f.type).startswith("float")}
