@@ -135,13 +135,17 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def _response_fields(cls: type[T]) -> type[T]:
-    """``cls`` as a frozen dataclass with a field per ``AllocateResponse`` field, a message's
-    fields flattened (``model`` as ``model_name`` and ``model_version``)."""
+    """``cls`` as a frozen dataclass with a field per ``AllocateResponse`` field, in the proto's
+    order, a message's fields flattened (``model`` as ``model_name`` and ``model_version``): the
+    annotated ones keep their types, a field the class does not name yet is added as ``Any``."""
     names = []
     for field in _RESPONSE.fields:
         sub = field.message_type
         names += [f"{field.name}_{f.name}" for f in sub.fields] if sub else [field.name]
-    cls.__annotations__ = dict.fromkeys(names, "Any")
+    declared = cls.__annotations__
+    if unknown := set(declared) - set(names):
+        raise TypeError(f"{cls.__name__} names fields AllocateResponse lacks: {sorted(unknown)}")
+    cls.__annotations__ = {name: declared.get(name, "Any") for name in names}
     return dataclass(frozen=True)(cls)
 
 
@@ -155,9 +159,15 @@ class Allocation:
     model as ``model_name`` and ``model_version``, an absent optional field as ``None``;
     ``smoothed_weights`` is what to execute."""
 
-    def __getattr__(self, name: str) -> Any:
-        """Only for a missing attribute: the fields come from the proto, unknown to mypy."""
-        raise AttributeError(f"'Allocation' object has no attribute {name!r}")
+    request_id: str
+    portfolio_id: str
+    asset_ids: tuple[str, ...]
+    raw_weights: Float64Array
+    smoothed_weights: Float64Array
+    model_name: str
+    model_version: str
+    icm_reward: float | None
+    turnover: float
 
     @classmethod
     def from_proto(cls, message: allocator_pb2.AllocateResponse) -> Allocation:
