@@ -167,22 +167,20 @@ class DecisionBatcher:
     async def _decide(self, batch: list[_Call]) -> None:
         ids = [item.request.portfolio_id for call in batch for item in call.items]
         locked, session = await self._lock(ids)
-        stored = False
         try:
             decided, owners = self._prepare(batch, session.get())
-            if decided is None:
-                stored = await self._put(locked, session, None)
-                return
-            durable_at = await self._durable(decided, batch)
-            states = session.get()
-            for k, (state, answer) in enumerate(self.step.settle(decided)):
-                call, slot, index = owners[k]
-                states[index] = state
-                call.answers[slot] = answer
-            stored = await self._put(locked, session, states)
+            if decided is not None:
+                durable_at = await self._durable(decided, batch)
+                states = session.get()
+                for k, (state, answer) in enumerate(self.step.settle(decided)):
+                    call, slot, index = owners[k]
+                    states[index] = state
+                    call.answers[slot] = answer
+                await self._blocking(session.put, states)
         finally:
-            if not stored:
-                await self._blocking(locked.__exit__, None, None, None)
+            await self._blocking(locked.__exit__, None, None, None)
+        if decided is None:
+            return
         self.step.observe(decided)
         if self.observe is not None:
             self.observe(len(decided.items))
@@ -252,14 +250,6 @@ class DecisionBatcher:
             if locked is not None:
                 return locked, locked.__enter__()
         return await self._blocking(_enter, store, ids, offload=True)
-
-    async def _put(
-        self, locked: Any, session: StateSession, states: list[PortfolioState | None] | None
-    ) -> bool:
-        if states is not None:
-            await self._blocking(session.put, states)
-        await self._blocking(locked.__exit__, None, None, None)
-        return True
 
     async def _blocking(self, fn: Callable[..., T], *args: Any, offload: bool = False) -> T:
         """On the executor when the store blocks (Redis; ``offload``: a lock wait), else here."""

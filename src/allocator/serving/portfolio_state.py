@@ -77,15 +77,7 @@ class PortfolioState:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PortfolioState):
             return NotImplemented
-        return (
-            self.model == other.model
-            and self.slots == other.slots
-            and self.steps == other.steps
-            and self.last == other.last
-            and np.array_equal(self.smoothed, other.smoothed)
-            and _same_optional(self.observation, other.observation)
-            and _same_optional(self.action, other.action)
-        )
+        return all(_same(getattr(self, f), getattr(other, f)) for f in self.__slots__)
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking arrays: never a dict key
 
@@ -194,7 +186,7 @@ class PortfolioState:
         )
 
 
-def _same_optional(a: NDArray[Any] | None, b: NDArray[Any] | None) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    return bool(np.array_equal(a, b))
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return a is not None and b is not None and bool(np.array_equal(a, b))
+    return bool(a == b)

@@ -1,20 +1,14 @@
 """The decision step: the one path from a request to its recorded, stored answer.
 
-validate against the resolved model (``items``: a unary call is a batch of one) -> lock the
-portfolios -> ``prepare`` (retries get their stored answers) -> ``decide`` (one onnxruntime
-call per model, the records to the recorder as one ticket) -> wait until they are durable ->
-``settle`` (the new states, carrying their answers) -> ``observe``. The server's batcher runs
-these steps for each batch of concurrent calls; ``DecisionStep.run`` runs them for one call
-synchronously (the serving-path replay, so a backtest is what the server would answer).
+validate -> lock the portfolios -> ``prepare`` (retries get their stored answers) -> ``decide``
+(one onnxruntime call per model, one recorder ticket) -> wait until durable -> ``settle`` (the
+new states, carrying their answers) -> ``observe``. The batcher runs these steps per batch of
+concurrent calls; ``DecisionStep.run`` runs them for one call (the serving-path replay).
 
-Invariants: validation is all or nothing; the recorder accepts the records before any state
-advances (a refusal advances nothing); with durable acknowledgement the wait happens under the
-locks, so no retry or later request sees a state whose record a crash could lose. A record that
-becomes durable after the caller's deadline (within ``LATE_DURABLE_SECONDS``) still advances the
-state and raises ``DeadlineExceededError(late=True)``: the client fetches that decision by
-retrying its request id, so the recorded history and the states never part. A retry (same id
-and inputs) gets the portfolio's stored last answer, with no second step or record; older ids:
-``serving.idempotency``.
+The recorder accepts the records before any state advances, and with durable acknowledgement
+the wait happens under the locks, so no retry sees a state whose record a crash could lose. A
+record durable after the caller's deadline (within ``LATE_DURABLE_SECONDS``) still advances the
+state and raises ``DeadlineExceededError(late=True)``: a retry of the request id fetches it.
 """
 
 from __future__ import annotations
@@ -168,22 +162,23 @@ class DecisionStep:
         started: float | None = None,
         time_remaining: TimeRemaining | None = None,
     ) -> Answer:
-        """One request, from the wire to its answer; ``started``: ``time.perf_counter()`` at
-        the call's arrival."""
-        started = time.perf_counter() if started is None else started
-        (answer,) = self.run(self.items(request, resolve, started), time_remaining)
+        (answer,) = self.allocate_batch(
+            request, resolve, started=started, time_remaining=time_remaining
+        )
         return answer
 
     def allocate_batch(
         self,
-        batch: pb.AllocateBatchRequest,
+        call: pb.AllocateRequest | pb.AllocateBatchRequest,
         resolve: ModelResolver,
         *,
         started: float | None = None,
         time_remaining: TimeRemaining | None = None,
     ) -> list[Answer]:
+        """A call, from the wire to its answers; ``started``: ``time.perf_counter()`` at its
+        arrival."""
         started = time.perf_counter() if started is None else started
-        return self.run(self.items(batch, resolve, started), time_remaining)
+        return self.run(self.items(call, resolve, started), time_remaining)
 
     def items(
         self,

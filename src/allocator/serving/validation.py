@@ -1,9 +1,8 @@
 """Turn ``AllocateRequest`` messages into checked, typed requests, or say which field is wrong.
 
 Bad input must become INVALID_ARGUMENT naming the field, never a crash deeper in the server.
-A single call and a batch take one path: the numbers are converted one array per group of
-requests of equal length and checked by whole-array reductions; the search for the culprit
-runs only once something is known to be wrong.
+The numbers are checked by whole-array reductions; the culprit is searched for only once
+something is known to be wrong.
 """
 
 from __future__ import annotations
@@ -211,16 +210,14 @@ def _validate(
     if prices is None or sent is None:
         _explain_numbers(requests, heads, indexed)
         raise AssertionError("a whole-array check refused numbers that no single check refuses")
-    current: list[Float64Array | None] = [None] * len(heads)
-    for i, row in zip(with_weights, sent, strict=True):
-        current[i] = row
+    current = dict(zip(with_weights, sent, strict=True))
     return [
         ValidRequest(
             h.portfolio_id,
             h.request_id,
             h.assets,
             row.reshape(len(h.assets), h.per_asset),
-            current[i],
+            current.get(i),
             h.model_name,
             h.model_version,
         )
