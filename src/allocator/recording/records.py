@@ -28,13 +28,9 @@ MAX_FINGERPRINT_LENGTH = 64  # VARCHAR(64) in the schema
 class RecordError(ValueError):
     """A record field is missing, malformed or out of range; the message names the field."""
 
-    @classmethod
-    def for_field(cls, field: str, problem: str) -> RecordError:
-        return cls(f"{field}: {problem}")
-
 
 def _record_id(value: str, what: str, max_length: int = MAX_ID_LENGTH) -> str:
-    return check_id(value, what, max_length, error=RecordError.for_field)
+    return check_id(value, what, max_length, error=lambda f, m: RecordError(f"{f}: {m}"))
 
 
 def _check_vector(values: ArrayLike, what: str, length: int) -> tuple[float, ...]:

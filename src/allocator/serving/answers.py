@@ -1,11 +1,9 @@
 """An answer's wire bytes, encoded once: what the client gets, and what a retry gets back.
 
-Building ``AllocateResponse`` from Python floats and serializing it cost more per decision than
-deciding at batch 512, so the bytes are encoded here straight from the float64 arrays (a packed
-``repeated double`` is the array's little-endian bytes), field by field as ``SerializeToString``
-writes them (tests compare the two byte for byte); batch and stream responses are parsed from
-the concatenated answers in one C call. Every field after ``model`` is a scalar read by name
-from the decision (or its record), so a new one needs no change here.
+Building ``AllocateResponse`` from Python floats cost more per decision than deciding at batch
+512, so the bytes are encoded straight from the float64 arrays, as ``SerializeToString`` writes
+them (tests compare the two). Every field after ``model`` is a scalar read by name from the
+decision (or its record), so a new one needs no change here.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from numpy.typing import NDArray
 
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 
-__all__ = ["AnswerEncoder", "framed", "parse", "string_field", "varint", "weight_bytes"]
+__all__ = ["AnswerEncoder", "framed", "string_field", "varint", "weight_bytes"]
 
 _LITTLE = sys.byteorder == "little"
 
@@ -47,10 +45,6 @@ def framed(field: int, messages: Sequence[bytes]) -> bytes:
     """``messages`` as the repeated message field ``field`` of an enclosing message."""
     tag = varint(field << 3 | 2)
     return b"".join([part for m in messages for part in (tag, varint(len(m)), m)])
-
-
-def parse(data: bytes) -> pb.AllocateResponse:
-    return pb.AllocateResponse.FromString(data)
 
 
 _SCALARS: dict[int, tuple[int, Callable[[Any], bytes]]] = {

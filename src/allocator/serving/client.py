@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from types import TracebackType
 from typing import Any, Self, TypeAlias, TypeVar
 
 import grpc
@@ -116,28 +115,23 @@ class AllocatorError(Exception):
         self.code = code
         self.details = details
 
-    @classmethod
-    def from_rpc_error(cls, error: grpc.RpcError) -> AllocatorError:
-        code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
-        details = error.details() if hasattr(error, "details") else str(error)
-        return cls(code or grpc.StatusCode.UNKNOWN, details or "")
-
 
 @contextmanager
 def rpc_errors() -> Iterator[None]:
     try:
         yield
     except grpc.RpcError as error:
-        raise AllocatorError.from_rpc_error(error) from None
+        code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+        details = error.details() if hasattr(error, "details") else str(error)
+        raise AllocatorError(code or grpc.StatusCode.UNKNOWN, details or "") from None
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def _response_fields(cls: type[T]) -> type[T]:
-    """``cls`` as a frozen dataclass with a field per ``AllocateResponse`` field, in the proto's
-    order, a message's fields flattened (``model`` as ``model_name`` and ``model_version``): the
-    annotated ones keep their types, a field the class does not name yet is added as ``Any``."""
+    """``cls`` as a frozen dataclass with a field per ``AllocateResponse`` field (``model`` as
+    ``model_name`` and ``model_version``); one the class does not name yet is added as ``Any``."""
     names = []
     for field in _RESPONSE.fields:
         sub = field.message_type
@@ -366,12 +360,7 @@ class AllocatorClient(ClientChannel):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:

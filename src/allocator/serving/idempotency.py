@@ -1,11 +1,10 @@
 """What makes a retry the same request, and the request ids a process remembers.
 
-Deciding a resent request again would step the portfolio's smoothing twice and record twice,
-so a portfolio's latest answer travels with its state (``PortfolioState.last``), under the same
-lock: a retry is answered from it on any replica and after a restart. Only the latest is kept;
-``RecentRequests`` (per process, bounded) remembers recent ids so that an older one, or an id
-reused for another portfolio or other inputs, is refused rather than decided twice. An id
-older than that memory is decided as new (the database keeps the first row).
+Deciding a resent request again would step the smoothing and record twice, so a portfolio's
+latest answer travels with its state (``PortfolioState.last``): a retry is answered from it on
+any replica and after a restart. ``RecentRequests`` (per process, bounded) refuses an older id,
+or one reused for other inputs; an id older than that is decided as new (the database keeps
+the first row).
 """
 
 from __future__ import annotations
@@ -49,8 +48,7 @@ def _float64_le(values: NDArray[np.float64]) -> bytes | memoryview:
 
 def request_fingerprints(requests: Sequence[ValidRequest]) -> list[bytes]:
     """Digests of requests' inputs, so a reused id with other inputs is not answered as a retry:
-    blake2b (the same in every process), every variable part length-prefixed; each shared asset
-    list or pin encoded once, the arrays hashed in place."""
+    blake2b (the same in every process), every variable part length-prefixed."""
     ids_parts: dict[tuple[str, ...], bytes] = {}
     pin_parts: dict[tuple[str | None, str | None], bytes] = {}
     out: list[bytes] = []
@@ -92,8 +90,7 @@ def check_last(r: ValidRequest, fingerprint: bytes, last: LastAnswer | None) -> 
 
 
 class RecentRequests:
-    """The last ``capacity`` request ids decided here: portfolio and fingerprint only (no
-    answers)."""
+    """The last ``capacity`` request ids decided here: portfolio and fingerprint, no answers."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity

@@ -24,7 +24,7 @@ from allocator.metrics.serving import ServingMetrics
 from allocator.recording.recorder import Recorder
 from allocator.recording.records import DECISION_FIELDS, DecisionRecord
 from allocator.recording.tickets import NotDurableError
-from allocator.serving.answers import AnswerEncoder, framed, parse, weight_bytes
+from allocator.serving.answers import AnswerEncoder, framed, weight_bytes
 from allocator.serving.decision import DecisionOutput, Decisions, decide_many
 from allocator.serving.idempotency import (
     RecentRequests,
@@ -94,7 +94,7 @@ class Answer:
 
     @property
     def response(self) -> pb.AllocateResponse:
-        return parse(self.data)
+        return pb.AllocateResponse.FromString(self.data)
 
 
 @dataclass(frozen=True, slots=True)
