@@ -172,17 +172,31 @@ SMALL_BATCH = 16
 staging round trip costs ~3 ms: most of a lone decision's wait under durable acks."""
 
 
-class PostgresSink:
+class _Connection:
+    """One connection, and the ids of the models it has looked up (forgotten with it)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self.url = url
+        self._timeout = timeout
+        self._conn: Any = None
+        self._ids: dict[tuple[str, str], int] = {}
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+            self._ids.clear()
+
+
+class PostgresSink(_Connection):
     """COPY into a staging table, then insert what is new; one connection, reconnects on loss."""
 
     def __init__(self, url: str, connect_timeout: float = 3.0) -> None:
         import psycopg  # noqa: F401  (the serve extra brings it; fail here, not mid-batch)
 
-        self.url = url
+        super().__init__(url, connect_timeout)
         self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
-        self._timeout = connect_timeout
-        self._conn: Any = None
-        self._ids: dict[tuple[str, str], int] = {}
 
     def _unavailable(self, exc: Exception) -> SinkUnavailableError:
         return SinkUnavailableError(f"{_redact(self.url)}: {exc}".strip())
@@ -250,7 +264,7 @@ class PostgresSink:
             conn.commit()
             return inserted
         except psycopg.OperationalError as exc:
-            self._discard()
+            self.close()
             raise self._unavailable(exc) from None
         except (psycopg.IntegrityError, psycopg.DataError, LookupError) as exc:
             self._rollback()
@@ -263,17 +277,7 @@ class PostgresSink:
         try:
             self._conn.rollback()
         except Exception:
-            self._discard()
-
-    def _discard(self) -> None:
-        with contextlib.suppress(Exception):
-            self._conn.close()
-        self._conn = None
-        self._ids.clear()
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._discard()
+            self.close()
 
 
 WAL_RETRY_SECONDS = 0.01
@@ -320,7 +324,7 @@ def _sqlite_time(t: dt.datetime) -> str:
     return t.astimezone(dt.UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
-class SqliteSink:
+class SqliteSink(_Connection):
     """``executemany`` in one transaction; WAL journal so readers do not block the writer."""
 
     def __init__(self, url: str, busy_timeout: float = 5.0) -> None:
@@ -331,11 +335,8 @@ class SqliteSink:
                 f"{url}: the recorder needs a SQLite file (an in-memory database would vanish "
                 "with its connection)"
             )
-        self.url = url
+        super().__init__(url, busy_timeout)
         self.path = database
-        self._timeout = busy_timeout
-        self._conn: sqlite3.Connection | None = None
-        self._ids: dict[tuple[str, str], int] = {}
 
     def connect(self) -> None:
         self.close()
@@ -365,9 +366,7 @@ class SqliteSink:
     def write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:
         if self._conn is None:
             self.connect()
-        conn = self._conn
-        assert conn is not None
-        ids = self._ids
+        conn, ids = self._conn, self._ids
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -400,12 +399,6 @@ class SqliteSink:
             raise SinkUnavailableError(f"{self.url}: {exc}") from None
         except (sqlite3.IntegrityError, sqlite3.DataError, LookupError) as exc:
             raise RecordRejectedError(str(exc)) from exc
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-            self._ids.clear()
 
 
 def make_sink(url: str) -> Sink:

@@ -1,20 +1,17 @@
 """Rebuild portfolio states from the recorded decisions, so a restart is invisible to clients.
 
-Each decision row holds what the next decision needs: the smoothed weights, the slot layout,
-the model, and the answer with its request's fingerprint. At start, before the recorder
-replays its spool, the server reads the latest row per portfolio (one window-function query),
-lets a later record still in the spool take its place, and puts the states into the store; a
-retry of the latest request is then answered, not decided twice. Not restored: the ICM's
-previous observation and action (prices are not recorded), so the first decision after a
-restart has no ICM reward; rows without slots (and decisions never made durable) start again;
-a reset is not recorded, so a restart brings the last recorded state back.
+A decision row holds what the next decision needs (smoothed weights, slot layout, model, the
+answer and its fingerprint); a later record still in the spool takes its row's place. Not
+restored: the ICM's previous observation and action (prices are not recorded), so the first
+decision after a restart has no ICM reward; rows without slots start again; a reset is not
+recorded, so a restart brings the last recorded state back.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,32 +82,18 @@ def latest_decisions(database_url: str) -> dict[str, Latest]:
     return out
 
 
-def spooled_decisions(spool: Spool) -> Iterator[DecisionRecord]:
+def merge_spooled(latest: dict[str, Latest], spool: Spool) -> None:
     """Oldest segment first (some may be in the database too: the later-wins merge absorbs it)."""
     for segment in spool.segments():
         for frame in spool.read(segment):
-            for row in frame.get("d", ()):
-                yield DecisionRecord.from_json(row)
-
-
-def merge_spooled(latest: dict[str, Latest], spooled: Iterable[DecisionRecord]) -> None:
-    for record in spooled:
-        known = latest.get(record.portfolio_id)
-        if known is None:
-            latest[record.portfolio_id] = Latest(record, 1)
-        elif record.request_id == known.record.request_id:
-            continue
-        elif _utc(record.decided_at) >= known.record.decided_at:
-            latest[record.portfolio_id] = Latest(record, known.count + 1)
-
-
-def answer_of(record: DecisionRecord) -> bytes:
-    """The bytes the record was answered with, by the live path's own encoder."""
-    raw = np.asarray(record.raw_weights, dtype="<f8").tobytes()
-    smoothed = np.asarray(record.smoothed_weights, dtype="<f8").tobytes()
-    return AnswerEncoder(record.model_name, record.model_version).encode(
-        record.request_id, record.portfolio_id, record.asset_ids, raw, smoothed, record
-    )
+            for record in map(DecisionRecord.from_json, frame.get("d", ())):
+                known = latest.get(record.portfolio_id)
+                if known is None:
+                    latest[record.portfolio_id] = Latest(record, 1)
+                elif record.request_id == known.record.request_id:
+                    continue
+                elif _utc(record.decided_at) >= known.record.decided_at:
+                    latest[record.portfolio_id] = Latest(record, known.count + 1)
 
 
 def state_from_record(record: DecisionRecord, steps: int) -> PortfolioState | None:
@@ -122,18 +105,15 @@ def state_from_record(record: DecisionRecord, steps: int) -> PortfolioState | No
     )
     smoothed.setflags(write=False)
     last = None
-    if record.fingerprint is not None:
-        answer = answer_of(record)
+    if record.fingerprint is not None:  # the answer, by the live path's own encoder
+        raw = np.asarray(record.raw_weights, dtype="<f8").tobytes()
+        smoothed_bytes = np.asarray(record.smoothed_weights, dtype="<f8").tobytes()
+        answer = AnswerEncoder(record.model_name, record.model_version).encode(
+            record.request_id, record.portfolio_id, record.asset_ids, raw, smoothed_bytes, record
+        )
         last = LastAnswer(record.request_id, bytes.fromhex(record.fingerprint), answer)
-    return PortfolioState(
-        model=ModelKey(record.model_name, record.model_version, len(record.slots) + 1),
-        slots=record.slots,
-        smoothed=smoothed,
-        observation=None,
-        action=None,
-        steps=steps,
-        last=last,
-    )
+    model = ModelKey(record.model_name, record.model_version, len(record.slots) + 1)
+    return PortfolioState(model, record.slots, smoothed, None, None, steps, last)
 
 
 def restore_states(database_url: str, spool: Spool | None, store: StateStore) -> int:
@@ -146,7 +126,7 @@ def restore_states(database_url: str, spool: Spool | None, store: StateStore) ->
         log.error("cannot read the recorded decisions, portfolios start again: %s", exc)
         latest = {}
     if spool is not None:
-        merge_spooled(latest, spooled_decisions(spool))
+        merge_spooled(latest, spool)
     states = {pid: state_from_record(x.record, x.count) for pid, x in latest.items()}
     ready = {pid: s for pid, s in states.items() if s is not None}
     if len(ready) < len(states):
