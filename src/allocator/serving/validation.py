@@ -78,12 +78,12 @@ class ValidRequest:
     portfolio_id: str
     request_id: str
     asset_ids: tuple[str, ...]
+    model_name: str | None  # None: the default model
+    model_version: str | None  # None: the newest loaded version
     prices: Float64Array
     """Shape ``(len(asset_ids), window + 1)``, oldest first, finite and > 0."""
     current_weights: Float64Array | None
     """Shape ``(len(asset_ids) + 1,)``, cash first, a distribution; ``None`` when not sent."""
-    model_name: str | None  # None: the default model
-    model_version: str | None  # None: the newest loaded version
 
     @property
     def n_assets(self) -> int:
@@ -149,6 +149,8 @@ def _explain_asset_ids(assets: tuple[str, ...]) -> None:
 
 
 class _Head(NamedTuple):
+    """A ``ValidRequest``'s fields before its numbers, in its order."""
+
     portfolio_id: str
     request_id: str
     assets: tuple[str, ...]
@@ -212,15 +214,7 @@ def _validate(
         raise AssertionError("a whole-array check refused numbers that no single check refuses")
     current = dict(zip(with_weights, sent, strict=True))
     return [
-        ValidRequest(
-            h.portfolio_id,
-            h.request_id,
-            h.assets,
-            row.reshape(len(h.assets), h.per_asset),
-            current.get(i),
-            h.model_name,
-            h.model_version,
-        )
+        ValidRequest(*h[:5], row.reshape(len(h.assets), h.per_asset), current.get(i))
         for i, (h, row) in enumerate(zip(heads, prices, strict=True))
     ]
 
