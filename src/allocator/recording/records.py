@@ -102,13 +102,9 @@ class ModelRecord:
 
 @dataclass(frozen=True, slots=True)
 class DecisionRecord:
-    """One answered allocation; build it with ``create`` (validated).
-
-    ``asset_ids`` and the weight vectors are parallel, cash first. ``request_id`` is the
-    client's idempotency key. ``slots`` (``slots[k]``: the asset in slot ``k + 1``, ``""`` when
-    free) and ``fingerprint`` (digest of the request's inputs) let a restarted server rebuild
-    the portfolio's state and its last answer from the row.
-    """
+    """One answered allocation; build it with ``create`` (validated). ``asset_ids`` and the
+    weight vectors are parallel, cash first; ``slots`` and ``fingerprint`` let a restarted server
+    rebuild the portfolio's state and its last answer from the row."""
 
     request_id: str
     portfolio_id: str
@@ -127,8 +123,7 @@ class DecisionRecord:
 
     @classmethod
     def create(cls, **values: Any) -> DecisionRecord:
-        """Validate and normalize every field, given by name (numpy arrays become tuples of
-        floats)."""
+        """Validate and normalize every field (numpy arrays become tuples of floats)."""
         if unknown := values.keys() - _NAMES:
             raise TypeError(f"not DecisionRecord fields: {sorted(unknown)}")
         decided_at = values["decided_at"]
@@ -179,11 +174,10 @@ class DecisionRecord:
         columns: Mapping[str, Sequence[Any]],
         **same: Any,
     ) -> list[DecisionRecord]:
-        """The server's records, fields by name: ``same`` for every record, ``columns`` one value
-        per record, ``vectors`` row i's first ``sizes[i]`` entries of 2-D arrays (an optional one
-        only where ``sent[i]``). Ids and time were validated upstream, so only the numbers are
-        checked, once per array or column; anything flagged goes through ``create``, which names
-        what is wrong."""
+        """The server's records: ``same`` for every record, ``columns`` one value per record,
+        ``vectors`` row i's first ``sizes[i]`` entries (an optional one only where ``sent[i]``).
+        Ids were validated upstream, so only the numbers are checked, once per array or column;
+        anything flagged goes through ``create``, which names what is wrong."""
         valid = all(math.isfinite(float(np.add.reduce(m, None))) for m in vectors.values()) and all(
             _plausible(v, _MINIMUM.get(name)) for name, v in columns.items() if name in _FLOATS
         )

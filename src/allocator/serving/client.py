@@ -148,10 +148,9 @@ _RESPONSE = allocator_pb2.AllocateResponse.DESCRIPTOR
 
 @_response_fields
 class Allocation:
-    """The server's answer for one portfolio, a field per ``AllocateResponse`` field: repeated
-    ones as tuples, weights as float64 arrays parallel to ``asset_ids`` (``CASH`` first), the
-    model as ``model_name`` and ``model_version``, an absent optional field as ``None``;
-    ``smoothed_weights`` is what to execute."""
+    """The server's answer for one portfolio: weights as float64 arrays parallel to
+    ``asset_ids`` (``CASH`` first), an absent optional field as ``None``; ``smoothed_weights`` is
+    what to execute."""
 
     request_id: str
     portfolio_id: str
@@ -264,11 +263,8 @@ Requests: TypeAlias = Iterable[AllocationRequest | Mapping[str, Any]]
 
 
 def batch_request(requests: Requests) -> allocator_pb2.AllocateBatchRequest:
-    items = [
-        r.to_proto() if isinstance(r, AllocationRequest) else AllocationRequest(**r).to_proto()
-        for r in requests
-    ]
-    return allocator_pb2.AllocateBatchRequest(requests=items)
+    items = (r if isinstance(r, AllocationRequest) else AllocationRequest(**r) for r in requests)
+    return allocator_pb2.AllocateBatchRequest(requests=[r.to_proto() for r in items])
 
 
 def stream_request(sequence: int, requests: Requests) -> allocator_pb2.AllocateStreamRequest:
@@ -305,12 +301,9 @@ def health_status(outcome: health_pb2.HealthCheckResponse | AllocatorError) -> s
 
 
 class ClientChannel:
-    """The channel both clients hold (``channels``: ``grpc`` or ``grpc.aio``).
-
-    TLS when any of ``root_certificates`` (PEM; ``None`` with a key: the system roots),
-    ``private_key`` and ``certificate_chain`` (mTLS, together) is given; ``retry`` ``None``
-    surfaces every failure at once; ``options`` are extra gRPC channel options.
-    """
+    """The channel both clients hold (``channels``: ``grpc`` or ``grpc.aio``). TLS when any of
+    ``root_certificates`` (PEM; ``None``: the system roots), ``private_key`` and
+    ``certificate_chain`` (mTLS, together) is given; ``retry`` ``None`` surfaces every failure."""
 
     channels: Any = grpc
 

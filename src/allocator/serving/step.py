@@ -136,10 +136,8 @@ def model_shape(model: LoadedModel) -> ModelShape:
 
 
 class DecisionStep:
-    """Decide, record and store, for one state store and recorder (``None``: records nothing).
-
-    ``recent_requests``: request ids remembered to refuse a reused or superseded one (0: none).
-    """
+    """Decide, record and store; ``recent_requests``: ids remembered to refuse a reused or
+    superseded one (0: none)."""
 
     def __init__(
         self,
@@ -175,8 +173,7 @@ class DecisionStep:
         started: float | None = None,
         time_remaining: TimeRemaining | None = None,
     ) -> list[Answer]:
-        """A call, from the wire to its answers; ``started``: ``time.perf_counter()`` at its
-        arrival."""
+        """``started``: ``time.perf_counter()`` at the call's arrival."""
         started = time.perf_counter() if started is None else started
         return self.run(self.items(call, resolve, started), time_remaining)
 
@@ -348,8 +345,7 @@ def _records(
     decided_at: dt.datetime,
     now: float,
 ) -> list[DecisionRecord]:
-    """The decisions' rows, with the slot layouts and fingerprints ``serving.restore`` rebuilds
-    states from."""
+    """The decisions' rows, with what ``serving.restore`` rebuilds states from."""
     outputs = decided.outputs
     return DecisionRecord.batch_from_validated(
         decided.sizes,
