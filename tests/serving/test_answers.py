@@ -9,7 +9,7 @@ import pytest
 from google.protobuf.internal.encoder import _VarintBytes  # protobuf's own varint
 
 from allocator.serving import LoadedModel
-from allocator.serving.answers import AnswerEncoder, framed, parse, varint, weight_bytes
+from allocator.serving.answers import AnswerEncoder, framed, varint, weight_bytes
 from allocator.serving.decision import decide_many
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.state import MemoryStateStore
@@ -75,7 +75,7 @@ def test_encoded_answers_equal_serialize_to_string() -> None:
             rid, pid, ids, weights[0], weights[1], turnover, icm, ("modèle-ü", "2024.1")
         )
         assert got == want.SerializeToString()
-        assert parse(got) == want
+        assert pb.AllocateResponse.FromString(got) == want
 
 
 def test_weight_bytes_of_a_row_prefix() -> None:
@@ -104,7 +104,7 @@ def test_no_reward_no_field() -> None:
     encoder = AnswerEncoder("m", "1")
     data, _ = weight_bytes(np.array([[1.0]]))
     values = SimpleNamespace(turnover=0.0, icm_reward=None)
-    answer = parse(encoder.encode("r", "p", ("CASH",), data, data, values))
+    answer = pb.AllocateResponse.FromString(encoder.encode("r", "p", ("CASH",), data, data, values))
     assert not answer.HasField("icm_reward")
     assert answer.turnover == 0.0
 

@@ -179,28 +179,14 @@ def decide_many(
     outputs: list[DecisionOutput] = []
     new_states: list[PortfolioState] = []
     for i, request in enumerate(requests):
-        n1 = sizes[i]
-        previous = states[i]
-        width = widths[i]
-        outputs.append(
-            DecisionOutput(
-                (CASH_ID, *request.asset_ids),
-                raw_req[i, :n1],
-                smoothed_req[i, :n1],
-                current_req[i, :n1],
-                turnovers[i],
-                icm[i],
-            )
-        )
-        icm_inputs = with_icm[i]
-        new_states.append(
-            PortfolioState(
-                ModelKey(name, version, width),
-                rows.slot_assets[i],
-                smoothed[i, :width],
-                decided.observations[i] if icm_inputs else None,
-                decided.action[i, :width] if icm_inputs else None,
-                previous.steps + 1 if previous is not None and continued[i] else 1,
-            )
-        )
+        n1, previous, width, icm_inputs = sizes[i], states[i], widths[i], with_icm[i]
+        weights = raw_req[i, :n1], smoothed_req[i, :n1], current_req[i, :n1]
+        ids = (CASH_ID, *request.asset_ids)
+        outputs.append(DecisionOutput(ids, *weights, turnovers[i], icm[i]))
+        observation = decided.observations[i] if icm_inputs else None
+        action = decided.action[i, :width] if icm_inputs else None
+        steps = previous.steps + 1 if previous is not None and continued[i] else 1
+        key, slots = ModelKey(name, version, width), rows.slot_assets[i]
+        state = PortfolioState(key, slots, smoothed[i, :width], observation, action, steps)
+        new_states.append(state)
     return Decisions(outputs, new_states, raw_req, smoothed_req, current_req, sizes)
