@@ -164,8 +164,8 @@ class DecisionBatcher:
             if decided is not None:
                 durable_at = await self._durable(decided, batch)
                 states = session.get()
-                for k, (state, answer) in enumerate(self.step.settle(decided)):
-                    call, slot, index = owners[k]
+                settled = self.step.settle(decided)
+                for (call, slot, index), (state, answer) in zip(owners, settled, strict=True):
                     states[index] = state
                     call.answers[slot] = answer
                 await self._blocking(session.put, states)
@@ -176,9 +176,7 @@ class DecisionBatcher:
         self.step.observe(decided)
         if self.observe is not None:
             self.observe(len(decided.items))
-        for call in batch:
-            if call.future.done():
-                continue
+        for call in batch:  # one already failed stays so
             if durable_at is not None and call.deadline is not None and durable_at > call.deadline:
                 _fail(call, DeadlineExceededError(LATE_MESSAGE, late=True))
             else:
