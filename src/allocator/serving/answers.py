@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import struct
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,8 +20,6 @@ from numpy.typing import NDArray
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 
 __all__ = ["AnswerEncoder", "framed", "string_field", "varint", "weight_bytes"]
-
-_LITTLE = sys.byteorder == "little"
 
 
 def varint(n: int) -> bytes:
@@ -131,6 +128,4 @@ class AnswerEncoder:
 
 def weight_bytes(matrix: NDArray[np.float64]) -> tuple[bytes, int]:
     """A 2-D array's little-endian float64 bytes and its row stride in bytes."""
-    if not _LITTLE or matrix.dtype != np.float64:
-        matrix = matrix.astype("<f8")
-    return np.ascontiguousarray(matrix).tobytes(), 8 * matrix.shape[1]
+    return np.ascontiguousarray(matrix, dtype="<f8").tobytes(), 8 * matrix.shape[1]

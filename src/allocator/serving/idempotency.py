@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.typing import NDArray
 
 from allocator.serving.portfolio_state import FINGERPRINT_BYTES, LastAnswer
 from allocator.serving.validation import InvalidRequest, ValidRequest
 
 __all__ = ["RecentRequests", "check_last", "request_fingerprints"]
-
-_LITTLE = sys.byteorder == "little"
 
 
 def _optional(value: str | None) -> bytes:
@@ -38,12 +34,6 @@ def _ids_part(asset_ids: tuple[str, ...]) -> bytes:
     ids = [asset.encode() for asset in asset_ids]
     n = len(ids)
     return struct.pack(f"<I{n}I", n, *map(len, ids)) + b"".join(ids)
-
-
-def _float64_le(values: NDArray[np.float64]) -> bytes | memoryview:
-    if _LITTLE and values.dtype == np.float64 and values.flags.c_contiguous:
-        return values.data
-    return np.ascontiguousarray(values, dtype="<f8").tobytes()
 
 
 def request_fingerprints(requests: Sequence[ValidRequest]) -> list[bytes]:
@@ -61,12 +51,12 @@ def request_fingerprints(requests: Sequence[ValidRequest]) -> list[bytes]:
         if pin is None:
             pin = pin_parts[pin_key] = _optional(r.model_name) + _optional(r.model_version)
         digest = hashlib.blake2b(ids, digest_size=FINGERPRINT_BYTES)
-        digest.update(_float64_le(r.prices))
+        digest.update(np.ascontiguousarray(r.prices, dtype="<f8").data)
         if r.current_weights is None:
             digest.update(b"\x00")
         else:
             digest.update(b"\x01")
-            digest.update(_float64_le(r.current_weights))
+            digest.update(np.ascontiguousarray(r.current_weights, dtype="<f8").data)
         digest.update(pin)
         out.append(digest.digest())
     return out
