@@ -312,11 +312,8 @@ def prepare_sqlite(url: str, timeout: float = 30.0) -> None:
     database = parsed.database or ""
     if not database or database == ":memory:" or not os.path.exists(database):
         return
-    conn = sqlite3.connect(database, timeout=timeout, isolation_level=None)
-    try:
-        enable_wal(conn, timeout)
-    finally:
-        conn.close()
+    with contextlib.closing(sqlite3.connect(database, timeout=timeout, isolation_level=None)) as c:
+        enable_wal(c, timeout)
 
 
 def _sqlite_time(t: dt.datetime) -> str:
@@ -328,8 +325,7 @@ class SqliteSink(_Connection):
     """``executemany`` in one transaction; WAL journal so readers do not block the writer."""
 
     def __init__(self, url: str, busy_timeout: float = 5.0) -> None:
-        parsed = make_url(url)
-        database = parsed.database or ""
+        database = make_url(url).database or ""
         if not database or database == ":memory:":
             raise ValueError(
                 f"{url}: the recorder needs a SQLite file (an in-memory database would vanish "
