@@ -302,7 +302,7 @@ def health_status(outcome: health_pb2.HealthCheckResponse | AllocatorError) -> s
 
 class ClientChannel:
     """The channel both clients hold (``channels``: ``grpc`` or ``grpc.aio``). TLS when any of
-    ``root_certificates`` (PEM; ``None``: the system roots), ``private_key`` and
+    ``root_certificates`` (PEM; ``None`` with a key: the system roots), ``private_key`` and
     ``certificate_chain`` (mTLS, together) is given; ``retry`` ``None`` surfaces every failure."""
 
     channels: Any = grpc

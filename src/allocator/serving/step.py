@@ -136,8 +136,8 @@ def model_shape(model: LoadedModel) -> ModelShape:
 
 
 class DecisionStep:
-    """Decide, record and store; ``recent_requests``: ids remembered to refuse a reused or
-    superseded one (0: none)."""
+    """Decide, record (``recorder`` None: nothing) and store; ``recent_requests``: ids remembered
+    to refuse a reused or superseded one (0: none)."""
 
     def __init__(
         self,
