@@ -150,23 +150,6 @@ def _model_row(m: ModelRecord) -> tuple[str, ...]:
     return (m.name, m.version, m.algorithm, _dumps(dict(m.manifest)), _dumps(dict(m.checksums)))
 
 
-def _lookup_models(
-    ids: dict[tuple[str, str], int],
-    fetch: Callable[[str, str], Any],
-    models: Sequence[ModelRecord],
-    decisions: Sequence[DecisionRecord],
-) -> None:
-    """Fill ``ids`` for ``models`` and every model ``decisions`` name (``fetch``: its id row)."""
-    for name, version in {m.key for m in models} | ({d.model_key for d in decisions} - ids.keys()):
-        row = fetch(name, version)
-        if row is None:
-            raise LookupError(
-                f"model {name}/{version} is not registered: register_model() it before "
-                "recording its decisions"
-            )
-        ids[(name, version)] = int(row[0])
-
-
 SMALL_BATCH = 16
 """Up to this many decisions go in one multi-row ``INSERT .. VALUES`` instead of COPY, whose
 staging round trip costs ~3 ms: most of a lone decision's wait under durable acks."""
@@ -187,6 +170,22 @@ class _Connection:
                 self._conn.close()
             self._conn = None
             self._ids.clear()
+
+    def _lookup_models(
+        self, db: Any, p: str, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]
+    ) -> None:
+        """Remember the ids of ``models`` and of every model ``decisions`` name (``db``: what
+        executes a query, ``p`` its parameter marker)."""
+        ids, select = self._ids, _SELECT_MODEL.format(p=p)
+        wanted = {m.key for m in models} | ({d.model_key for d in decisions} - ids.keys())
+        for name, version in wanted:
+            row = db.execute(select, (name, version)).fetchone()
+            if row is None:
+                raise LookupError(
+                    f"model {name}/{version} is not registered: register_model() it before "
+                    "recording its decisions"
+                )
+            ids[(name, version)] = int(row[0])
 
 
 class PostgresSink(_Connection):
@@ -246,10 +245,7 @@ class PostgresSink(_Connection):
                 upsert = _UPSERT_MODEL.format(p="%s", json="%s::jsonb", now="now()")
                 for m in models:
                     cur.execute(upsert, _model_row(m))
-                select = _SELECT_MODEL.format(p="%s")
-                _lookup_models(
-                    ids, lambda *key: cur.execute(select, key).fetchone(), models, decisions
-                )
+                self._lookup_models(cur, "%s", models, decisions)
                 rows = [_row(d, ids[d.model_key], list, d.decided_at) for d in decisions]
                 if len(rows) > SMALL_BATCH:
                     with cur.copy(COPY_STAGE) as copy:
@@ -371,10 +367,7 @@ class SqliteSink(_Connection):
                     _UPSERT_MODEL.format(p="?", json="?", now="?"),
                     [(*_model_row(m), now) for m in models],
                 )
-                select = _SELECT_MODEL.format(p="?")
-                _lookup_models(
-                    ids, lambda *key: conn.execute(select, key).fetchone(), models, decisions
-                )
+                self._lookup_models(conn, "?", models, decisions)
                 before = conn.total_changes
                 conn.executemany(
                     INSERT_SQLITE,

@@ -134,23 +134,19 @@ class PortfolioState:
         for flag, n in ((_HAS_OBSERVATION, obs_len), (_HAS_ACTION, n_slots)):
             arrays.append(np.frombuffer(view, "<f4", n, at) if flags & flag else None)
             at += 4 * n if flags & flag else 0
-        last_bytes = None
+        fingerprint = response = b""
         if has_last:
-            end = at + FINGERPRINT_BYTES + response_len
+            split = at + FINGERPRINT_BYTES
+            end = split + response_len
             if end > len(view):
                 raise StateDecodeError("portfolio state shorter than its last answer")
-            split = at + FINGERPRINT_BYTES
-            last_bytes = (bytes(view[at:split]), bytes(view[split:end]))
-            at = end
+            fingerprint, response, at = bytes(view[at:split]), bytes(view[split:end]), end
         lengths = struct.unpack_from(f"<{n_strings}I", view, at)
         text = str(view[at + 4 * n_strings :], "utf-8")  # one decode, then slices
         if sum(lengths) != len(text):
             raise StateDecodeError("portfolio state length does not match its header")
-        ends = list(accumulate(lengths))
-        strings = [text[end - n : end] for end, n in zip(ends, lengths, strict=True)]
-        last = None
-        if last_bytes is not None:
-            last = LastAnswer(strings.pop(), *last_bytes)
+        strings = [text[end - n : end] for end, n in zip(accumulate(lengths), lengths, strict=True)]
+        last = LastAnswer(strings.pop(), fingerprint, response) if has_last else None
         model = ModelKey(strings[0], strings[1], n_slots)
         observation, action = arrays
         return cls(model, tuple(strings[2:]), smoothed, observation, action, steps, last)

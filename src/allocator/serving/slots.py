@@ -52,12 +52,11 @@ def assign_slots(
         else:
             new[k] = asset
             req[j] = k + 1
-    if pending:
-        free = (k for k in range(width) if not new[k])
-        for j in pending:
-            k = next(free)
-            new[k] = ids[j]
-            req[j] = k + 1
+    free = (k for k in range(width) if not new[k])
+    for j in pending:
+        k = next(free)
+        new[k] = ids[j]
+        req[j] = k + 1
     return tuple(new), req
 
 
