@@ -5,8 +5,8 @@ Calls (a unary call, a batch, a stream message) arriving within ``window`` of th
 model, one durable commit, one write; the next batch forms while one waits for its commit.
 Batches run one after another; a call naming a portfolio or request id an earlier call of the
 window names waits for the next batch, so per portfolio it is as if calls came one at a time.
-What one call caused fails that call; what the batch shares (recorder, store) fails them all.
-A blocking store is waited for on ``executor`` threads, never on the loop.
+What one call caused fails that call; what the batch shares (recorder, store) fails them all,
+storing nothing. A blocking store is waited for on ``executor`` threads, never on the loop.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class DecisionBatcher:
         self.step.observe(decided)
         if self.observe is not None:
             self.observe(len(decided.items))
-        for call in batch:  # one already failed stays so
+        for call in batch:  # a call refused above keeps its error: its future is done
             if durable_at is not None and call.deadline is not None and durable_at > call.deadline:
                 _fail(call, DeadlineExceededError(LATE_MESSAGE, late=True))
             else:

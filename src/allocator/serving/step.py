@@ -1,14 +1,16 @@
 """The decision step: the one path from a request to its recorded, stored answer.
 
-validate -> lock the portfolios -> ``prepare`` (retries get their stored answers) -> ``decide``
-(one onnxruntime call per model, one recorder ticket) -> wait until durable -> ``settle`` (the
-new states, carrying their answers) -> ``observe``. The batcher runs these steps per batch of
-concurrent calls; ``DecisionStep.run`` runs them for one call (the serving-path replay).
+validate (all or nothing) -> lock the portfolios -> ``prepare`` (retries get their stored
+answers) -> ``decide`` (one onnxruntime call per model, one recorder ticket) -> wait until
+durable -> ``settle`` (the new states, carrying their answers) -> ``observe``. The batcher runs
+these steps per batch of concurrent calls; ``DecisionStep.run`` for one call (the serving-path
+replay, so a backtest is what the server would answer).
 
-The recorder accepts the records before any state advances, and with durable acknowledgement
-the wait happens under the locks, so no retry sees a state whose record a crash could lose. A
-record durable after the caller's deadline (within ``LATE_DURABLE_SECONDS``) still advances the
-state and raises ``DeadlineExceededError(late=True)``: a retry of the request id fetches it.
+The recorder accepts the records before any state advances (a refusal advances nothing), and
+with durable acknowledgement the wait happens under the locks, so no retry sees a state whose
+record a crash could lose. A record durable after the caller's deadline (within
+``LATE_DURABLE_SECONDS``) still advances the state and raises ``DeadlineExceededError(late=True)``:
+a retry of the request id fetches it.
 """
 
 from __future__ import annotations
