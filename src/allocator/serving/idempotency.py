@@ -3,8 +3,8 @@
 Deciding a resent request again would step the smoothing and record twice, so a portfolio's
 latest answer travels with its state (``PortfolioState.last``): a retry is answered from it on
 any replica and after a restart. ``RecentRequests`` (per process, bounded) refuses an older id,
-or one reused for other inputs; an id older than that is decided as new (the database keeps
-the first row).
+or one reused for another portfolio or other inputs; an id older than that is decided as new
+(the database keeps the first row).
 """
 
 from __future__ import annotations
