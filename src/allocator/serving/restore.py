@@ -100,9 +100,7 @@ def state_from_record(record: DecisionRecord, steps: int) -> PortfolioState | No
     if record.slots is None or record.asset_ids[:1] != (CASH_ID,):
         return None
     weight = dict(zip(record.asset_ids, record.smoothed_weights, strict=True))
-    smoothed = np.array(
-        [weight[CASH_ID]] + [weight.get(a, 0.0) if a else 0.0 for a in record.slots]
-    )
+    smoothed = np.array([weight[CASH_ID]] + [weight.get(a, 0.0) for a in record.slots])
     smoothed.setflags(write=False)
     last = None
     if record.fingerprint is not None:  # the answer, by the live path's own encoder
