@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import orjson
-from sqlalchemy import JSON, Boolean, ColumnElement, DateTime, Float, Integer, String
+from sqlalchemy import JSON, ColumnElement
 from sqlalchemy.engine import make_url
 
 from allocator.recording.records import DECISION_FIELDS, DecisionRecord, ModelRecord
@@ -46,14 +46,8 @@ def _stage_type(column: ColumnElement[Any]) -> str:
     """The Postgres type a column's values travel as (JSON arrays as binary arrays)."""
     if isinstance(column.type, JSON):
         return "text[]" if column.name in _TEXT_ARRAYS else "float8[]"
-    kinds = {
-        String: "text",
-        DateTime: "timestamptz",
-        Float: "float8",
-        Integer: "int8",
-        Boolean: "bool",
-    }
-    return next(pg for kind, pg in kinds.items() if isinstance(column.type, kind))
+    pg = {str: "text", dt.datetime: "timestamptz", float: "float8", int: "int8", bool: "bool"}
+    return pg[column.type.python_type]
 
 
 _RECORDED = [
