@@ -116,12 +116,11 @@ def _icm_rewards(
     if not use:
         return icm
     at = [rows.icm_rows[j] for j in use]
-    n_slots = model.n_slots
     rewards = model.intrinsic_reward(
         np.stack([rows.icm_observations[j] for j in use]),
         np.stack([rows.icm_actions[j] for j in use]),
         decided.observations[at],
-        rows.mask[at, :n_slots].astype(np.float32),
+        rows.mask[at, : model.n_slots].astype(np.float32),
     )
     for i, r in zip(at, rewards.tolist(), strict=True):
         icm[i] = r if math.isfinite(r) else None

@@ -239,9 +239,7 @@ class DecisionStep:
             stored = check_last(r, item.fingerprint, None if state is None else state.last)
             if stored is None:
                 self.recent.check(r, item.fingerprint)
-                answers.append(None)
-            else:
-                answers.append(Answer(r, stored, None))
+            answers.append(None if stored is None else Answer(r, stored, None))
         return answers
 
     def decide(self, items: Sequence[Item], states: Sequence[PortfolioState | None]) -> Decided:
