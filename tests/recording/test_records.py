@@ -72,7 +72,7 @@ def test_a_batch_of_one_from_arrays_is_the_record_create_builds() -> None:
     (record,) = DecisionRecord.batch_from_validated(**_batch_of([made]))
     assert record == made
     batch = _batch_of([made])
-    batch["raw_weights"][0, 1] = math.nan
+    batch["vectors"]["raw_weights"][0, 1] = math.nan
     with pytest.raises(RecordError, match="raw_weights"):
         DecisionRecord.batch_from_validated(**batch)
 
@@ -91,22 +91,26 @@ def _batch_of(made: list[DecisionRecord]) -> dict[str, Any]:
         return m
 
     return {
-        "request_ids": [d.request_id for d in made],
-        "portfolio_ids": [d.portfolio_id for d in made],
+        "sizes": [len(d.asset_ids) for d in made],
+        "vectors": {
+            "raw_weights": matrix([d.raw_weights for d in made]),
+            "smoothed_weights": matrix([d.smoothed_weights for d in made]),
+            "current_weights": matrix([d.current_weights for d in made]),
+        },
+        "sent": [d.current_weights is not None for d in made],
+        "columns": {
+            "request_id": [d.request_id for d in made],
+            "portfolio_id": [d.portfolio_id for d in made],
+            "asset_ids": [d.asset_ids for d in made],
+            "turnover": [d.turnover for d in made],
+            "icm_reward": [d.icm_reward for d in made],
+            "latency_seconds": [d.latency_seconds for d in made],
+            "slots": [d.slots for d in made],
+            "fingerprint": [d.fingerprint for d in made],
+        },
         "decided_at": made[0].decided_at,
         "model_name": made[0].model_name,
         "model_version": made[0].model_version,
-        "asset_ids": [d.asset_ids for d in made],
-        "raw_weights": matrix([d.raw_weights for d in made]),
-        "smoothed_weights": matrix([d.smoothed_weights for d in made]),
-        "current_weights": matrix([d.current_weights for d in made]),
-        "sent": [d.current_weights is not None for d in made],
-        "sizes": [len(d.asset_ids) for d in made],
-        "turnovers": [d.turnover for d in made],
-        "icm_rewards": [d.icm_reward for d in made],
-        "latency_seconds": [d.latency_seconds for d in made],
-        "slots": [d.slots for d in made],
-        "fingerprints": [d.fingerprint for d in made],
     }
 
 
@@ -122,9 +126,12 @@ def test_a_batch_of_records_from_arrays_equals_the_records_one_by_one() -> None:
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        (lambda b: b["smoothed_weights"].__setitem__((2, 1), math.nan), "smoothed_weights"),
-        (lambda b: b["turnovers"].__setitem__(3, -0.5), "turnover"),
-        (lambda b: b["icm_rewards"].__setitem__(1, math.inf), "icm_reward"),
+        (
+            lambda b: b["vectors"]["smoothed_weights"].__setitem__((2, 1), math.nan),
+            "smoothed_weights",
+        ),
+        (lambda b: b["columns"]["turnover"].__setitem__(3, -0.5), "turnover"),
+        (lambda b: b["columns"]["icm_reward"].__setitem__(1, math.inf), "icm_reward"),
     ],
 )
 def test_a_bad_value_in_a_batch_is_named(change: Any, field: str) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from google.protobuf.internal.encoder import _VarintBytes  # protobuf's own varint
 
 from allocator.serving import LoadedModel
-from allocator.serving.answers import AnswerEncoder, framed, parse, varint, weight_bytes
+from allocator.serving.answers import AnswerEncoder, framed, varint, weight_bytes
 from allocator.serving.decision import decide_many
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.state import MemoryStateStore
@@ -65,14 +67,15 @@ def test_encoded_answers_equal_serialize_to_string() -> None:
         data, stride = weight_bytes(weights)
         rid, pid = "r" * int(rng.integers(1, 200)), "pé" * int(rng.integers(1, 100))
         turnover, icm = turnovers[t % 5], rewards[t % 5 - t % 2]
+        values = SimpleNamespace(turnover=turnover, icm_reward=icm)
         got = encoder.encode(
-            rid, pid, ids, data[: 8 * (n + 1)], data[stride : stride + 8 * (n + 1)], turnover, icm
+            rid, pid, ids, data[: 8 * (n + 1)], data[stride : stride + 8 * (n + 1)], values
         )
         want = _message(
             rid, pid, ids, weights[0], weights[1], turnover, icm, ("modèle-ü", "2024.1")
         )
         assert got == want.SerializeToString()
-        assert parse(got) == want
+        assert pb.AllocateResponse.FromString(got) == want
 
 
 def test_weight_bytes_of_a_row_prefix() -> None:
@@ -100,7 +103,8 @@ def test_batch_and_stream_responses_from_the_answers_bytes() -> None:
 def test_no_reward_no_field() -> None:
     encoder = AnswerEncoder("m", "1")
     data, _ = weight_bytes(np.array([[1.0]]))
-    answer = parse(encoder.encode("r", "p", ("CASH",), data, data, 0.0, None))
+    values = SimpleNamespace(turnover=0.0, icm_reward=None)
+    answer = pb.AllocateResponse.FromString(encoder.encode("r", "p", ("CASH",), data, data, values))
     assert not answer.HasField("icm_reward")
     assert answer.turnover == 0.0
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from numpy.typing import ArrayLike
 
 from allocator.portfolio.ids import MAX_ID_LENGTH, MAX_VERSION_LENGTH, check_id
 
-__all__ = ["DecisionRecord", "ModelRecord", "RecordError"]
+__all__ = ["DECISION_FIELDS", "DecisionRecord", "ModelRecord", "RecordError"]
 
 MAX_ALGORITHM_LENGTH = 50  # VARCHAR(50) in the schema
 MAX_FINGERPRINT_LENGTH = 64  # VARCHAR(64) in the schema
@@ -27,13 +28,9 @@ MAX_FINGERPRINT_LENGTH = 64  # VARCHAR(64) in the schema
 class RecordError(ValueError):
     """A record field is missing, malformed or out of range; the message names the field."""
 
-    @classmethod
-    def for_field(cls, field: str, problem: str) -> RecordError:
-        return cls(f"{field}: {problem}")
-
 
 def _record_id(value: str, what: str, max_length: int = MAX_ID_LENGTH) -> str:
-    return check_id(value, what, max_length, error=RecordError.for_field)
+    return check_id(value, what, max_length, error=lambda f, m: RecordError(f"{f}: {m}"))
 
 
 def _check_vector(values: ArrayLike, what: str, length: int) -> tuple[float, ...]:
@@ -46,6 +43,22 @@ def _check_vector(values: ArrayLike, what: str, length: int) -> tuple[float, ...
     if not np.all(np.isfinite(arr)):
         raise RecordError(f"{what} must be finite (JSON and JSONB cannot store NaN or Inf)")
     return tuple(arr.tolist())
+
+
+_ID_LENGTHS = {
+    "request_id": MAX_ID_LENGTH,
+    "portfolio_id": MAX_ID_LENGTH,
+    "model_name": MAX_ID_LENGTH,
+    "model_version": MAX_VERSION_LENGTH,
+}
+_MINIMUM = {"turnover": 0.0, "latency_seconds": 0.0}
+"""Lower bounds of float fields; every float field must be finite."""
+
+
+def _plausible(values: Sequence[float | None], minimum: float | None) -> bool:
+    """Whether a column's floats are finite and >= ``minimum`` (a sum overflowing: maybe not)."""
+    xs = [x for x in values if x is not None]
+    return not xs or (math.isfinite(sum(xs)) and (minimum is None or min(xs) >= minimum))
 
 
 def _check_float(value: float, what: str, minimum: float | None = None) -> float:
@@ -77,10 +90,7 @@ class ModelRecord:
         return (self.name, self.version)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "algorithm": self.algorithm,
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
             "manifest": dict(self.manifest),
             "checksums": dict(self.checksums),
         }
@@ -92,13 +102,9 @@ class ModelRecord:
 
 @dataclass(frozen=True, slots=True)
 class DecisionRecord:
-    """One answered allocation; build it with ``create`` (validated).
-
-    ``asset_ids`` and the weight vectors are parallel, cash first. ``request_id`` is the
-    client's idempotency key. ``slots`` (``slots[k]``: the asset in slot ``k + 1``, ``""`` when
-    free) and ``fingerprint`` (digest of the request's inputs) let a restarted server rebuild
-    the portfolio's state and its last answer from the row.
-    """
+    """One answered allocation; build it with ``create`` (validated). ``asset_ids`` and the
+    weight vectors are parallel, cash first; ``slots`` and ``fingerprint`` let a restarted server
+    rebuild the portfolio's state and its last answer from the row."""
 
     request_id: str
     portfolio_id: str
@@ -116,121 +122,79 @@ class DecisionRecord:
     fingerprint: str | None = None
 
     @classmethod
-    def create(
-        cls,
-        *,
-        request_id: str,
-        portfolio_id: str,
-        decided_at: dt.datetime,
-        model_name: str,
-        model_version: str,
-        asset_ids: Sequence[str],
-        raw_weights: ArrayLike,
-        smoothed_weights: ArrayLike,
-        turnover: float,
-        latency_seconds: float,
-        current_weights: ArrayLike | None = None,
-        icm_reward: float | None = None,
-        slots: Sequence[str] | None = None,
-        fingerprint: str | None = None,
-    ) -> DecisionRecord:
+    def create(cls, **values: Any) -> DecisionRecord:
         """Validate and normalize every field (numpy arrays become tuples of floats)."""
+        if unknown := values.keys() - _NAMES:
+            raise TypeError(f"not DecisionRecord fields: {sorted(unknown)}")
+        decided_at = values["decided_at"]
         if not isinstance(decided_at, dt.datetime) or decided_at.utcoffset() is None:
             raise RecordError(f"decided_at must be a timezone-aware datetime, got {decided_at!r}")
-        ids = tuple(asset_ids)
+        ids = tuple(values["asset_ids"])
         if not ids:
             raise RecordError("asset_ids must not be empty")
         for i, asset in enumerate(ids):
             _record_id(asset, f"asset_ids[{i}]")
         if len(set(ids)) != len(ids):
             raise RecordError("asset_ids must be unique")
-        n = len(ids)
+        slots = values.get("slots")
         if slots is not None:
             slots = tuple(slots)
             if not set(ids[1:]) <= set(slots) or not all(isinstance(a, str) for a in slots):
                 raise RecordError("slots must name every asset of asset_ids (cash aside)")
+        fingerprint = values.get("fingerprint")
         if fingerprint is not None and not (
             isinstance(fingerprint, str) and 0 < len(fingerprint) <= MAX_FINGERPRINT_LENGTH
         ):
             raise RecordError(f"fingerprint must be a hex string, got {fingerprint!r}")
-        return cls(
-            request_id=_record_id(request_id, "request_id"),
-            portfolio_id=_record_id(portfolio_id, "portfolio_id"),
-            decided_at=decided_at.astimezone(dt.UTC),
-            model_name=_record_id(model_name, "model_name"),
-            model_version=_record_id(model_version, "model_version", MAX_VERSION_LENGTH),
-            asset_ids=ids,
-            raw_weights=_check_vector(raw_weights, "raw_weights", n),
-            smoothed_weights=_check_vector(smoothed_weights, "smoothed_weights", n),
-            turnover=_check_float(turnover, "turnover", 0.0),
-            latency_seconds=_check_float(latency_seconds, "latency_seconds", 0.0),
-            current_weights=(
-                None
-                if current_weights is None
-                else _check_vector(current_weights, "current_weights", n)
-            ),
-            icm_reward=None if icm_reward is None else _check_float(icm_reward, "icm_reward"),
-            slots=slots,
-            fingerprint=fingerprint,
-        )
+        checked: dict[str, Any] = {
+            "decided_at": decided_at.astimezone(dt.UTC),
+            "asset_ids": ids,
+            "slots": slots,
+        }
+        for f in fields(cls):
+            value = values[f.name] if f.default is MISSING else values.get(f.name, f.default)
+            if f.name in checked or (value is None and f.name in _OPTIONAL):
+                checked.setdefault(f.name, value)
+            elif f.name in _ID_LENGTHS:
+                checked[f.name] = _record_id(value, f.name, _ID_LENGTHS[f.name])
+            elif f.name in _VECTORS:
+                checked[f.name] = _check_vector(value, f.name, len(ids))
+            elif f.name in _FLOATS:
+                checked[f.name] = _check_float(value, f.name, _MINIMUM.get(f.name))
+            else:
+                checked[f.name] = value
+        return cls(**checked)
 
     @classmethod
     def batch_from_validated(
         cls,
-        *,
-        request_ids: Sequence[str],
-        portfolio_ids: Sequence[str],
-        decided_at: dt.datetime,
-        model_name: str,
-        model_version: str,
-        asset_ids: Sequence[tuple[str, ...]],
-        raw_weights: np.ndarray,
-        smoothed_weights: np.ndarray,
-        current_weights: np.ndarray,
-        sent: Sequence[bool],
         sizes: Sequence[int],
-        turnovers: Sequence[float],
-        icm_rewards: Sequence[float | None],
-        latency_seconds: Sequence[float],
-        slots: Sequence[tuple[str, ...]],
-        fingerprints: Sequence[str],
+        vectors: Mapping[str, np.ndarray],
+        sent: Sequence[bool],
+        columns: Mapping[str, Sequence[Any]],
+        **same: Any,
     ) -> list[DecisionRecord]:
-        """The server's records, weight vectors as row i's first ``sizes[i]`` entries of 2-D
-        arrays (``current_weights`` only where ``sent[i]``). Ids and time were validated
-        upstream, so only the numbers are checked, once per array; anything flagged goes
-        through ``create``, which names what is wrong."""
-        matrices = (raw_weights, smoothed_weights, current_weights)
-        finite = all(math.isfinite(float(np.add.reduce(m, None))) for m in matrices)
-        icm_ok = all(x is None or math.isfinite(x) for x in icm_rewards)
-        valid = (
-            finite
-            and icm_ok
-            and min(turnovers) >= 0.0
-            and math.isfinite(sum(turnovers))
-            and math.isfinite(sum(latency_seconds))
-            and min(latency_seconds) >= 0.0
+        """The server's records: ``same`` for every record, ``columns`` one value per record,
+        ``vectors`` row i's first ``sizes[i]`` entries (an optional one only where ``sent[i]``).
+        Ids were validated upstream, so only the numbers are checked, once per array or column;
+        anything flagged goes through ``create``, which names what is wrong."""
+        valid = all(math.isfinite(float(np.add.reduce(m, None))) for m in vectors.values()) and all(
+            _plausible(v, _MINIMUM.get(name)) for name, v in columns.items() if name in _FLOATS
         )
-        make: Callable[..., DecisionRecord] = cls if valid else cls.create
-        raw, smoothed, current = (m.tolist() for m in matrices) if valid else matrices
-        return [
-            make(
-                request_id=request_ids[i],
-                portfolio_id=portfolio_ids[i],
-                decided_at=decided_at,
-                model_name=model_name,
-                model_version=model_version,
-                asset_ids=asset_ids[i],
-                raw_weights=tuple(raw[i][:n]),
-                smoothed_weights=tuple(smoothed[i][:n]),
-                turnover=turnovers[i],
-                latency_seconds=float(latency_seconds[i]),
-                current_weights=tuple(current[i][:n]) if sent[i] else None,
-                icm_reward=icm_rewards[i],
-                slots=slots[i],
-                fingerprint=fingerprints[i],
-            )
-            for i, n in enumerate(sizes)
-        ]
+        given: dict[str, Iterable[Any]] = {**{k: repeat(v) for k, v in same.items()}, **columns}
+        if unknown := given.keys() - _NAMES:
+            raise TypeError(f"not DecisionRecord fields: {sorted(unknown)}")
+        for name, m in vectors.items():
+            whole = name not in _OPTIONAL
+            given[name] = [
+                tuple(row[:n]) if whole or s else None
+                for row, n, s in zip(m.tolist() if valid else m, sizes, sent, strict=True)
+            ]
+        columns_in_order = [given.get(name, repeat(default)) for name, default in _DEFAULTS]
+        rows = zip(*columns_in_order, strict=False)  # the repeated ones never end
+        if valid:
+            return [cls(*row) for row in rows]
+        return [cls.create(**dict(zip(DECISION_FIELDS, row, strict=True))) for row in rows]
 
     @property
     def model_key(self) -> tuple[str, str]:
@@ -238,20 +202,26 @@ class DecisionRecord:
 
     def to_json(self) -> list[Any]:
         """The spool's positional form: the fields in order, ``decided_at`` in ISO form."""
-        row = [getattr(self, name) for name in _DECISION_FIELDS]
+        row = [getattr(self, name) for name in DECISION_FIELDS]
         row[2] = self.decided_at.isoformat()
         return row
 
     @classmethod
     def from_json(cls, row: Sequence[Any]) -> DecisionRecord:
         """Inverse of ``to_json``; floats round-trip exactly through JSON's ``repr`` form."""
-        if len(row) != len(_DECISION_FIELDS):
+        if len(row) != len(DECISION_FIELDS):
             raise RecordError(
-                f"a spooled decision has {len(_DECISION_FIELDS)} fields, this one {len(row)}"
+                f"a spooled decision has {len(DECISION_FIELDS)} fields, this one {len(row)}"
             )
         values: list[Any] = [tuple(v) if isinstance(v, list) else v for v in row]
         values[2] = dt.datetime.fromisoformat(row[2])
         return cls(*values)
 
 
-_DECISION_FIELDS = tuple(f.name for f in fields(DecisionRecord))  # the spool's positional order
+DECISION_FIELDS = tuple(f.name for f in fields(DecisionRecord))
+"""The spool's positional order."""
+_NAMES = frozenset(DECISION_FIELDS)
+_DEFAULTS = [(f.name, f.default) for f in fields(DecisionRecord)]
+_OPTIONAL = {f.name for f in fields(DecisionRecord) if str(f.type).endswith("| None")}
+_VECTORS = {f.name for f in fields(DecisionRecord) if str(f.type).startswith("tuple[float")}
+_FLOATS = {f.name for f in fields(DecisionRecord) if str(f.type).startswith("float")}

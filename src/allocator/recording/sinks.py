@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import orjson
-from sqlalchemy import JSON, ColumnElement, DateTime, Float, String
+from sqlalchemy import JSON, ColumnElement
 from sqlalchemy.engine import make_url
 
-from allocator.recording.records import DecisionRecord, ModelRecord
+from allocator.recording.records import DECISION_FIELDS, DecisionRecord, ModelRecord
 from allocator.recording.schema import Decision
 from allocator.recording.settings import shown_url
 
@@ -38,7 +38,8 @@ __all__ = [
     "prepare_sqlite",
 ]
 
-_NOT_RECORDED = frozenset({"id", "market_date", "prices_digest"})  # the key; the trading cycle's
+_FIELD = {"request_fingerprint": "fingerprint"}
+"""Record field per column, where names differ."""
 _TEXT_ARRAYS = frozenset({"asset_ids", "slots"})  # JSON columns of strings; the others: floats
 
 
@@ -46,17 +47,20 @@ def _stage_type(column: ColumnElement[Any]) -> str:
     """The Postgres type a column's values travel as (JSON arrays as binary arrays)."""
     if isinstance(column.type, JSON):
         return "text[]" if column.name in _TEXT_ARRAYS else "float8[]"
-    if column.foreign_keys:
-        return "int8"
-    kinds = {String: "text", DateTime: "timestamptz", Float: "float8"}
-    return next(pg for kind, pg in kinds.items() if isinstance(column.type, kind))
+    pg = {str: "text", dt.datetime: "timestamptz", float: "float8", int: "int8", bool: "bool"}
+    return pg[column.type.python_type]
 
 
-_RECORDED = [c for c in Decision.__table__.columns if c.name not in _NOT_RECORDED]
+_RECORDED = [
+    c
+    for c in Decision.__table__.columns
+    if _FIELD.get(c.name, c.name) in {*DECISION_FIELDS, "model_version_id"}
+]  # not the key, nor the trading cycle's stamps
 DECISION_COLUMNS = tuple(c.name for c in _RECORDED)
 """The columns a decision record fills, in the schema's order (``_row``'s order)."""
 STAGE_TYPES = tuple(_stage_type(c) for c in _RECORDED)
 _JSON = [isinstance(c.type, JSON) for c in _RECORDED]
+_SOURCES = [(_FIELD.get(c.name, c.name), j) for c, j in zip(_RECORDED, _JSON, strict=True)]
 _NAMES = ", ".join(DECISION_COLUMNS)
 
 COPY_STAGE = f"COPY decisions_stage ({_NAMES}) FROM STDIN (FORMAT BINARY)"
@@ -137,39 +141,52 @@ def _model_row(m: ModelRecord) -> tuple[str, ...]:
     return (m.name, m.version, m.algorithm, _dumps(dict(m.manifest)), _dumps(dict(m.checksums)))
 
 
-def _lookup_models(
-    ids: dict[tuple[str, str], int],
-    fetch: Callable[[str, str], Any],
-    models: Sequence[ModelRecord],
-    decisions: Sequence[DecisionRecord],
-) -> None:
-    """Fill ``ids`` for ``models`` and every model ``decisions`` name (``fetch``: its id row)."""
-    for name, version in {m.key for m in models} | ({d.model_key for d in decisions} - ids.keys()):
-        row = fetch(name, version)
-        if row is None:
-            raise LookupError(
-                f"model {name}/{version} is not registered: register_model() it before "
-                "recording its decisions"
-            )
-        ids[(name, version)] = int(row[0])
-
-
 SMALL_BATCH = 16
 """Up to this many decisions go in one multi-row ``INSERT .. VALUES`` instead of COPY, whose
 staging round trip costs ~3 ms: most of a lone decision's wait under durable acks."""
 
 
-class PostgresSink:
+class _Connection:
+    """One connection, and the ids of the models it has looked up (forgotten with it)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self.url = url
+        self._timeout = timeout
+        self._conn: Any = None
+        self._ids: dict[tuple[str, str], int] = {}
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+            self._ids.clear()
+
+    def _lookup_models(
+        self, db: Any, p: str, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]
+    ) -> None:
+        """Remember the ids of ``models`` and of every model ``decisions`` name (``db``: what
+        executes a query, ``p`` its parameter marker)."""
+        ids, select = self._ids, _SELECT_MODEL.format(p=p)
+        wanted = {m.key for m in models} | ({d.model_key for d in decisions} - ids.keys())
+        for name, version in wanted:
+            row = db.execute(select, (name, version)).fetchone()
+            if row is None:
+                raise LookupError(
+                    f"model {name}/{version} is not registered: register_model() it before "
+                    "recording its decisions"
+                )
+            ids[(name, version)] = int(row[0])
+
+
+class PostgresSink(_Connection):
     """COPY into a staging table, then insert what is new; one connection, reconnects on loss."""
 
     def __init__(self, url: str, connect_timeout: float = 3.0) -> None:
         import psycopg  # noqa: F401  (the serve extra brings it; fail here, not mid-batch)
 
-        self.url = url
+        super().__init__(url, connect_timeout)
         self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
-        self._timeout = connect_timeout
-        self._conn: Any = None
-        self._ids: dict[tuple[str, str], int] = {}
 
     def _unavailable(self, exc: Exception) -> SinkUnavailableError:
         return SinkUnavailableError(f"{shown_url(self.url)}: {exc}".strip())
@@ -219,10 +236,7 @@ class PostgresSink:
                 upsert = _UPSERT_MODEL.format(p="%s", json="%s::jsonb", now="now()")
                 for m in models:
                     cur.execute(upsert, _model_row(m))
-                select = _SELECT_MODEL.format(p="%s")
-                _lookup_models(
-                    ids, lambda *key: cur.execute(select, key).fetchone(), models, decisions
-                )
+                self._lookup_models(cur, "%s", models, decisions)
                 rows = [_row(d, ids[d.model_key], list, d.decided_at) for d in decisions]
                 if len(rows) > SMALL_BATCH:
                     with cur.copy(COPY_STAGE) as copy:
@@ -237,7 +251,7 @@ class PostgresSink:
             conn.commit()
             return inserted
         except psycopg.OperationalError as exc:
-            self._discard()
+            self.close()
             raise self._unavailable(exc) from None
         except (psycopg.IntegrityError, psycopg.DataError, LookupError) as exc:
             self._rollback()
@@ -250,17 +264,7 @@ class PostgresSink:
         try:
             self._conn.rollback()
         except Exception:
-            self._discard()
-
-    def _discard(self) -> None:
-        with contextlib.suppress(Exception):
-            self._conn.close()
-        self._conn = None
-        self._ids.clear()
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._discard()
+            self.close()
 
 
 WAL_RETRY_SECONDS = 0.01
@@ -295,11 +299,8 @@ def prepare_sqlite(url: str, timeout: float = 30.0) -> None:
     database = parsed.database or ""
     if not database or database == ":memory:" or not os.path.exists(database):
         return
-    conn = sqlite3.connect(database, timeout=timeout, isolation_level=None)
-    try:
-        enable_wal(conn, timeout)
-    finally:
-        conn.close()
+    with contextlib.closing(sqlite3.connect(database, timeout=timeout, isolation_level=None)) as c:
+        enable_wal(c, timeout)
 
 
 def _sqlite_time(t: dt.datetime) -> str:
@@ -307,22 +308,18 @@ def _sqlite_time(t: dt.datetime) -> str:
     return t.astimezone(dt.UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
-class SqliteSink:
+class SqliteSink(_Connection):
     """``executemany`` in one transaction; WAL journal so readers do not block the writer."""
 
     def __init__(self, url: str, busy_timeout: float = 5.0) -> None:
-        parsed = make_url(url)
-        database = parsed.database or ""
+        database = make_url(url).database or ""
         if not database or database == ":memory:":
             raise ValueError(
                 f"{url}: the recorder needs a SQLite file (an in-memory database would vanish "
                 "with its connection)"
             )
-        self.url = url
+        super().__init__(url, busy_timeout)
         self.path = database
-        self._timeout = busy_timeout
-        self._conn: sqlite3.Connection | None = None
-        self._ids: dict[tuple[str, str], int] = {}
 
     def connect(self) -> None:
         self.close()
@@ -352,9 +349,7 @@ class SqliteSink:
     def write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:
         if self._conn is None:
             self.connect()
-        conn = self._conn
-        assert conn is not None
-        ids = self._ids
+        conn, ids = self._conn, self._ids
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -363,10 +358,7 @@ class SqliteSink:
                     _UPSERT_MODEL.format(p="?", json="?", now="?"),
                     [(*_model_row(m), now) for m in models],
                 )
-                select = _SELECT_MODEL.format(p="?")
-                _lookup_models(
-                    ids, lambda *key: conn.execute(select, key).fetchone(), models, decisions
-                )
+                self._lookup_models(conn, "?", models, decisions)
                 before = conn.total_changes
                 conn.executemany(
                     INSERT_SQLITE,
@@ -388,12 +380,6 @@ class SqliteSink:
         except (sqlite3.IntegrityError, sqlite3.DataError, LookupError) as exc:
             raise RecordRejectedError(str(exc)) from exc
 
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-            self._ids.clear()
-
 
 def make_sink(url: str) -> Sink:
     """The sink for a SQLAlchemy-style URL (``postgresql[+psycopg]://``, ``sqlite:///file``)."""
@@ -409,18 +395,9 @@ def _row(
     d: DecisionRecord, model_version_id: int, array: Callable[[Any], Any], decided_at: Any
 ) -> tuple[Any, ...]:
     """A decision's values in ``DECISION_COLUMNS`` order, each vector encoded by ``array``."""
-    return (
-        d.request_id,
-        d.portfolio_id,
-        decided_at,
-        model_version_id,
-        array(d.asset_ids),
-        array(d.raw_weights),
-        array(d.smoothed_weights),
-        None if d.current_weights is None else array(d.current_weights),
-        d.turnover,
-        d.icm_reward,
-        d.latency_seconds,
-        None if d.slots is None else array(d.slots),
-        d.fingerprint,
-    )
+    given = {"decided_at": decided_at, "model_version_id": model_version_id}
+    row = []
+    for name, is_json in _SOURCES:
+        value = given[name] if name in given else getattr(d, name)
+        row.append(array(value) if is_json and value is not None else value)
+    return tuple(row)

@@ -5,7 +5,6 @@ awaited, with the same channel options, token, retry policy, errors and result t
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Sequence
-from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar, cast
 
 import grpc
@@ -50,12 +49,7 @@ class AsyncAllocatorClient(ClientChannel):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:

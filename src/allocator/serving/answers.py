@@ -1,38 +1,25 @@
 """An answer's wire bytes, encoded once: what the client gets, and what a retry gets back.
 
-Building ``AllocateResponse`` from Python floats and serializing it cost more per decision than
-deciding at batch 512, so the bytes are encoded here straight from the float64 arrays (a packed
-``repeated double`` is the array's little-endian bytes), field by field as ``SerializeToString``
-writes them (tests compare the two byte for byte); batch and stream responses are parsed from
-the concatenated answers in one C call.
+Building ``AllocateResponse`` from Python floats cost more per decision than deciding at batch
+512, so the bytes are encoded straight from the float64 arrays, as ``SerializeToString`` writes
+them (tests compare the two). Every field after ``model`` is a scalar read by name from the
+decision (or its record), so a new one needs no change here.
 """
 
 from __future__ import annotations
 
 import math
 import struct
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
+from google.protobuf.descriptor import FieldDescriptor as Field
 from numpy.typing import NDArray
 
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 
-__all__ = ["AnswerEncoder", "framed", "parse", "string_field", "varint", "weight_bytes"]
-
-_DOUBLE = struct.Struct("<d")
-_LITTLE = sys.byteorder == "little"
-
-# Tags: (field number << 3) | wire type (1: 64-bit, 2: length-delimited).
-_REQUEST_ID = b"\x0a"
-_PORTFOLIO_ID = b"\x12"
-_ASSET_ID = b"\x1a"
-_RAW = b"\x22"
-_SMOOTHED = b"\x2a"
-_MODEL = b"\x32"
-_ICM = b"\x39"
-_TURNOVER = b"\x41"
+__all__ = ["AnswerEncoder", "framed", "string_field", "varint", "weight_bytes"]
 
 
 def varint(n: int) -> bytes:
@@ -57,8 +44,38 @@ def framed(field: int, messages: Sequence[bytes]) -> bytes:
     return b"".join([part for m in messages for part in (tag, varint(len(m)), m)])
 
 
-def parse(data: bytes) -> pb.AllocateResponse:
-    return pb.AllocateResponse.FromString(data)
+_SCALARS: dict[int, tuple[int, Callable[[Any], bytes]]] = {
+    Field.TYPE_DOUBLE: (1, struct.Struct("<d").pack),
+    Field.TYPE_FLOAT: (5, struct.Struct("<f").pack),
+    Field.TYPE_INT64: (0, lambda n: varint(n & 0xFFFFFFFFFFFFFFFF)),  # two's complement
+    Field.TYPE_INT32: (0, lambda n: varint(n & 0xFFFFFFFFFFFFFFFF)),
+    Field.TYPE_BOOL: (0, lambda b: varint(int(b))),
+    Field.TYPE_STRING: (2, lambda s: varint(len(s.encode())) + s.encode()),
+}
+"""A scalar field's wire type and value bytes, by the field's descriptor type."""
+
+
+def _tag(name: str) -> bytes:
+    field = pb.AllocateResponse.DESCRIPTOR.fields_by_name[name]
+    wire = 2 if field.is_repeated or field.message_type else _SCALARS[field.type][0]
+    return varint(field.number << 3 | wire)
+
+
+_REQUEST_ID, _PORTFOLIO_ID, _ASSET_ID, _RAW, _SMOOTHED, _MODEL = map(
+    _tag, ("request_id", "portfolio_id", "asset_ids", "raw_weights", "smoothed_weights", "model")
+)
+_FIELDS = {f.number: f for f in pb.AllocateResponse.DESCRIPTOR.fields}
+_VALUES = [
+    (f.name, _tag(f.name), _SCALARS[f.type][1], f.has_presence)
+    for n, f in sorted(_FIELDS.items())
+    if n > pb.AllocateResponse.MODEL_FIELD_NUMBER
+]
+"""The fields read from the decision by name: (name, tag, encoder, has presence)."""
+
+
+def _default(value: Any) -> bool:
+    """What proto3 leaves out of a field without presence (a double's +0.0, not -0.0)."""
+    return not value and not (isinstance(value, float) and math.copysign(1.0, value) < 0.0)
 
 
 class AnswerEncoder:
@@ -84,10 +101,10 @@ class AnswerEncoder:
         ids: tuple[str, ...],
         raw: bytes,
         smoothed: bytes,
-        turnover: float,
-        icm_reward: float | None,
+        values: Any,
     ) -> bytes:
-        """``raw`` and ``smoothed``: the weights' little-endian float64 bytes (``weight_bytes``)."""
+        """``raw`` and ``smoothed``: the weights' little-endian float64 bytes (``weight_bytes``);
+        ``values``: has the other fields as attributes (a ``DecisionOutput``, a record)."""
         size = varint(len(raw))
         parts = [
             string_field(_REQUEST_ID, request_id),
@@ -101,15 +118,14 @@ class AnswerEncoder:
             smoothed,
             self._model,
         ]
-        if icm_reward is not None:
-            parts.append(_ICM + _DOUBLE.pack(icm_reward))
-        if turnover != 0.0 or math.copysign(1.0, turnover) < 0.0:  # proto3 omits +0.0 only
-            parts.append(_TURNOVER + _DOUBLE.pack(turnover))
+        for name, tag, pack, has_presence in _VALUES:
+            value = getattr(values, name)
+            if value is None if has_presence else _default(value):
+                continue
+            parts += (tag, pack(value))
         return b"".join(parts)
 
 
 def weight_bytes(matrix: NDArray[np.float64]) -> tuple[bytes, int]:
     """A 2-D array's little-endian float64 bytes and its row stride in bytes."""
-    if not _LITTLE or matrix.dtype != np.float64:
-        matrix = matrix.astype("<f8")
-    return np.ascontiguousarray(matrix).tobytes(), 8 * matrix.shape[1]
+    return np.ascontiguousarray(matrix, dtype="<f8").tobytes(), 8 * matrix.shape[1]

@@ -1,18 +1,12 @@
 """Dynamic batching on the server's event loop: concurrent calls decided as one batch.
 
-Every decision (a unary ``Allocate``, an ``AllocateBatch``, a stream message) reaches the
-process's one ``DecisionBatcher`` as a *call*: its items (distinct portfolios) and the future
-its handler awaits. Calls arriving within ``window`` of the first (up to ``max_size``
-decisions) run ``DecisionStep``'s steps once: one lock-and-read, one ``decide_many`` per model,
-one recorder ticket (one durable commit), one write. While a batch waits for its commit the
-next one forms, so a loaded server commits less often per decision.
-
-Batches run one after another, each stored before the next is locked; a call naming a
-portfolio (or request id) an earlier call of the window names waits for the next batch, so
-per portfolio the order and exactly-once semantics are those of one call at a time. What one
-call caused (a reused id, a passed deadline) fails that call; what the batch shares (recorder,
-commit, state store) fails every call of it, and nothing is stored. A blocking store (Redis,
-or a lock held by another thread) is waited for on ``executor`` threads, never on the loop.
+Calls (a unary call, a batch, a stream message) arriving within ``window`` of the first, up to
+``max_size`` decisions, run ``DecisionStep``'s steps once: one lock-and-read, one model call per
+model, one durable commit, one write; the next batch forms while one waits for its commit.
+Batches run one after another; a call naming a portfolio or request id an earlier call of the
+window names waits for the next batch, so per portfolio it is as if calls came one at a time.
+What one call caused fails that call; what the batch shares (recorder, store) fails them all,
+storing nothing. A blocking store is waited for on ``executor`` threads, never on the loop.
 """
 
 from __future__ import annotations
@@ -104,8 +98,7 @@ class DecisionBatcher:
         self._task = None
 
     async def decide(self, items: list[Item], deadline: float | None) -> list[Answer]:
-        """The answers to one call's items; raises what refused the call. A cancelled caller
-        leaves the decision alone: it is recorded and stored as any other."""
+        """The answers to one call's items; a cancelled caller's decision is stored anyway."""
         if self._wake is None:
             raise RuntimeError("the batcher is not started")
         future: asyncio.Future[list[Answer]] = asyncio.get_running_loop().create_future()
@@ -132,8 +125,7 @@ class DecisionBatcher:
                     self._busy = False
 
     async def _fill(self) -> None:
-        """Wait up to ``window`` for more (short waits yield rather than sleep: the loop's timers
-        are coarser than the window)."""
+        """Wait up to ``window`` for more (short waits yield: the loop's timers are coarser)."""
         end = time.monotonic() + self.window
         while self.waiting < self.max_size:
             left = end - time.monotonic()
@@ -142,9 +134,9 @@ class DecisionBatcher:
             await asyncio.sleep(0 if left < 0.002 else left - 0.001)
 
     def _take(self) -> list[_Call]:
-        """Waiting calls in arrival order up to ``max_size`` decisions, skipping (for the next
-        batch) any naming a portfolio or request id an earlier call names: a request id reused
-        for another portfolio is then refused rather than answered twice."""
+        """Waiting calls in arrival order up to ``max_size`` decisions, leaving for the next batch
+        any naming a portfolio or request id an earlier call names (so a reused id is refused,
+        not answered twice)."""
         batch: list[_Call] = []
         taken: set[tuple[bool, str]] = set()
         blocked: set[tuple[bool, str]] = set()
@@ -167,28 +159,24 @@ class DecisionBatcher:
     async def _decide(self, batch: list[_Call]) -> None:
         ids = [item.request.portfolio_id for call in batch for item in call.items]
         locked, session = await self._lock(ids)
-        stored = False
         try:
             decided, owners = self._prepare(batch, session.get())
-            if decided is None:
-                stored = await self._put(locked, session, None)
-                return
-            durable_at = await self._durable(decided, batch)
-            states = session.get()
-            for k, (state, answer) in enumerate(self.step.settle(decided)):
-                call, slot, index = owners[k]
-                states[index] = state
-                call.answers[slot] = answer
-            stored = await self._put(locked, session, states)
+            if decided is not None:
+                durable_at = await self._durable(decided, batch)
+                states = session.get()
+                settled = self.step.settle(decided)
+                for (call, slot, index), (state, answer) in zip(owners, settled, strict=True):
+                    states[index] = state
+                    call.answers[slot] = answer
+                await self._blocking(session.put, states)
         finally:
-            if not stored:
-                await self._blocking(locked.__exit__, None, None, None)
+            await self._blocking(locked.__exit__, None, None, None)
+        if decided is None:
+            return
         self.step.observe(decided)
         if self.observe is not None:
             self.observe(len(decided.items))
-        for call in batch:
-            if call.future.done():
-                continue
+        for call in batch:  # a call refused above keeps its error: its future is done
             if durable_at is not None and call.deadline is not None and durable_at > call.deadline:
                 _fail(call, DeadlineExceededError(LATE_MESSAGE, late=True))
             else:
@@ -197,29 +185,28 @@ class DecisionBatcher:
     def _prepare(
         self, batch: list[_Call], states: Sequence[PortfolioState | None]
     ) -> tuple[Decided | None, list[tuple[_Call, int, int]]]:
-        """Check each call's deadline and retries, then decide the rest; returns the decided
-        items (None: nothing to decide) and, per item, its call, slot and index in ``states``."""
+        """Check each call's deadline and retries, then decide the rest (None: nothing to); per
+        decided item, its call, slot and index in ``states``."""
         now = time.monotonic()
         items: list[Item] = []
         before: list[PortfolioState | None] = []
         owners: list[tuple[_Call, int, int]] = []
-        at = 0
+        end = 0
         for call in batch:
-            mine = states[at : at + len(call.items)]
+            at, end = end, end + len(call.items)
+            mine = states[at:end]
             try:
                 if call.deadline is not None and call.deadline <= now:
                     raise DeadlineExceededError("deadline exceeded before deciding")
                 call.answers = self.step.prepare(call.items, mine)
             except Exception as exc:
                 _fail(call, exc)
-                at += len(call.items)
                 continue
             for slot, answer in enumerate(call.answers):
                 if answer is None:
                     items.append(call.items[slot])
                     before.append(mine[slot])
                     owners.append((call, slot, at + slot))
-            at += len(call.items)
         if not items:
             for call in batch:
                 _answer(call)
@@ -252,14 +239,6 @@ class DecisionBatcher:
             if locked is not None:
                 return locked, locked.__enter__()
         return await self._blocking(_enter, store, ids, offload=True)
-
-    async def _put(
-        self, locked: Any, session: StateSession, states: list[PortfolioState | None] | None
-    ) -> bool:
-        if states is not None:
-            await self._blocking(session.put, states)
-        await self._blocking(locked.__exit__, None, None, None)
-        return True
 
     async def _blocking(self, fn: Callable[..., T], *args: Any, offload: bool = False) -> T:
         """On the executor when the store blocks (Redis; ``offload``: a lock wait), else here."""

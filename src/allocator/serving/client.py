@@ -14,8 +14,7 @@ import math
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
-from types import TracebackType
+from dataclasses import dataclass, fields
 from typing import Any, Self, TypeAlias, TypeVar
 
 import grpc
@@ -116,28 +115,42 @@ class AllocatorError(Exception):
         self.code = code
         self.details = details
 
-    @classmethod
-    def from_rpc_error(cls, error: grpc.RpcError) -> AllocatorError:
-        code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
-        details = error.details() if hasattr(error, "details") else str(error)
-        return cls(code or grpc.StatusCode.UNKNOWN, details or "")
-
 
 @contextmanager
 def rpc_errors() -> Iterator[None]:
     try:
         yield
     except grpc.RpcError as error:
-        raise AllocatorError.from_rpc_error(error) from None
+        code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+        details = error.details() if hasattr(error, "details") else str(error)
+        raise AllocatorError(code or grpc.StatusCode.UNKNOWN, details or "") from None
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
-@dataclass(frozen=True)
+def _response_fields(cls: type[T]) -> type[T]:
+    """``cls`` as a frozen dataclass with a field per ``AllocateResponse`` field (``model`` as
+    ``model_name`` and ``model_version``); one the class does not name yet is added as ``Any``."""
+    names = []
+    for field in _RESPONSE.fields:
+        sub = field.message_type
+        names += [f"{field.name}_{f.name}" for f in sub.fields] if sub else [field.name]
+    declared = cls.__annotations__
+    if unknown := set(declared) - set(names):
+        raise TypeError(f"{cls.__name__} names fields AllocateResponse lacks: {sorted(unknown)}")
+    cls.__annotations__ = {name: declared.get(name, "Any") for name in names}
+    return dataclass(frozen=True)(cls)
+
+
+_RESPONSE = allocator_pb2.AllocateResponse.DESCRIPTOR
+
+
+@_response_fields
 class Allocation:
-    """The server's answer for one portfolio: weights parallel to ``asset_ids`` (``CASH``
-    first); ``smoothed_weights`` is what to execute."""
+    """The server's answer for one portfolio: weights as float64 arrays parallel to
+    ``asset_ids`` (``CASH`` first), an absent optional field as ``None``; ``smoothed_weights`` is
+    what to execute."""
 
     request_id: str
     portfolio_id: str
@@ -151,24 +164,29 @@ class Allocation:
 
     @classmethod
     def from_proto(cls, message: allocator_pb2.AllocateResponse) -> Allocation:
-        return cls(
-            request_id=message.request_id,
-            portfolio_id=message.portfolio_id,
-            asset_ids=tuple(message.asset_ids),
-            raw_weights=np.asarray(message.raw_weights, dtype=np.float64),
-            smoothed_weights=np.asarray(message.smoothed_weights, dtype=np.float64),
-            model_name=message.model.name,
-            model_version=message.model.version,
-            icm_reward=message.icm_reward if message.HasField("icm_reward") else None,
-            turnover=message.turnover,
-        )
+        values: dict[str, Any] = {}
+        for field in _RESPONSE.fields:
+            value = getattr(message, field.name)
+            if field.message_type is not None:
+                values |= {
+                    f"{field.name}_{f.name}": getattr(value, f.name)
+                    for f in value.DESCRIPTOR.fields
+                }
+            elif field.is_repeated:
+                double = field.type == field.TYPE_DOUBLE
+                values[field.name] = np.asarray(value, np.float64) if double else tuple(value)
+            elif field.has_presence and not message.HasField(field.name):
+                values[field.name] = None
+            else:
+                values[field.name] = value
+        make: Callable[..., Allocation] = cls
+        return make(**values)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["asset_ids"] = list(self.asset_ids)
-        data["raw_weights"] = self.raw_weights.tolist()
-        data["smoothed_weights"] = self.smoothed_weights.tolist()
-        return data
+        return {
+            k: v.tolist() if isinstance(v, np.ndarray) else list(v) if isinstance(v, tuple) else v
+            for k, v in vars(self).items()
+        }
 
 
 @dataclass(frozen=True)
@@ -201,7 +219,7 @@ class ModelRefusal:
 
     @classmethod
     def from_proto(cls, message: allocator_pb2.ModelRefusal) -> ModelRefusal:
-        return cls(message.name, message.version, message.reason, message.message)
+        return cls(*(getattr(message, f.name) for f in fields(cls)))
 
 
 @dataclass(frozen=True)
@@ -245,11 +263,8 @@ Requests: TypeAlias = Iterable[AllocationRequest | Mapping[str, Any]]
 
 
 def batch_request(requests: Requests) -> allocator_pb2.AllocateBatchRequest:
-    items = [
-        r.to_proto() if isinstance(r, AllocationRequest) else AllocationRequest(**r).to_proto()
-        for r in requests
-    ]
-    return allocator_pb2.AllocateBatchRequest(requests=items)
+    items = (r if isinstance(r, AllocationRequest) else AllocationRequest(**r) for r in requests)
+    return allocator_pb2.AllocateBatchRequest(requests=[r.to_proto() for r in items])
 
 
 def stream_request(sequence: int, requests: Requests) -> allocator_pb2.AllocateStreamRequest:
@@ -286,12 +301,9 @@ def health_status(outcome: health_pb2.HealthCheckResponse | AllocatorError) -> s
 
 
 class ClientChannel:
-    """The channel both clients hold (``channels``: ``grpc`` or ``grpc.aio``).
-
-    TLS when any of ``root_certificates`` (PEM; ``None`` with a key: the system roots),
-    ``private_key`` and ``certificate_chain`` (mTLS, together) is given; ``retry`` ``None``
-    surfaces every failure at once; ``options`` are extra gRPC channel options.
-    """
+    """The channel both clients hold (``channels``: ``grpc`` or ``grpc.aio``). TLS when any of
+    ``root_certificates`` (PEM; ``None`` with a key: the system roots), ``private_key`` and
+    ``certificate_chain`` (mTLS, together) is given; ``retry`` ``None`` surfaces every failure."""
 
     channels: Any = grpc
 
@@ -341,12 +353,7 @@ class AllocatorClient(ClientChannel):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:

@@ -1,21 +1,12 @@
 """The decision step's maths: "what weights now?" for a batch of portfolios, as trained.
 
-Per batch, one onnxruntime call: lay the requests out in slots (``serving.slots``), then
-the policy. A flat graph maps the raw observation (``portfolio.build_raw_observation``) to its
-weights itself, renormalized here in float64 over the live slots. A shared graph maps raw
-per-asset features to an action, and the raw weights are ``portfolio.tilt_weights`` of the
-anchor: the environment's own functions, so the server cannot map an action differently from
-training. The current weights are the request's, else the previous smoothed ones (all cash
-for a new portfolio). Executed weights: ``ema_smooth`` with the manifest's ``beta``; turnover
-as in the environment.
-
-The ICM reward is ``icm(previous raw observation, previous action, this observation, mask)``,
-the transition it was trained on. It is ``None`` without an ICM, on a portfolio's first
-decision, after its slots changed (a transition across a universe change is one the ICM never
-saw) and, for a shared policy, when the portfolio does not fit the training slots. A state from
-another model version continues (smoothing is about what the portfolio holds); under a flat
-policy a state of another slot count starts again. The inputs are ``ValidRequest``s: nothing is
-checked again here.
+One onnxruntime call per batch, through the environment's own functions, so the server cannot
+map an action differently from training: a flat graph's weights are renormalized over the live
+slots; a shared graph's action tilts ``portfolio.anchor_weights``. The current weights are the
+request's, else the previous smoothed ones (all cash for a new portfolio); executed weights are
+``ema_smooth``ed with the manifest's ``beta``. The ICM reward reads the previous observation and
+action: ``None`` without an ICM, on a first decision, after the slots changed, and under a
+shared policy when the portfolio does not fit the training slots.
 """
 
 from __future__ import annotations
@@ -109,16 +100,10 @@ def _shared_policy(model: LoadedModel, policy: SetPolicy, rows: SlotBatch) -> _P
 
 def _smooth(rows: SlotBatch, raw: Float64Array, beta: float) -> Float64Array:
     """EMA from the previous smoothed weights; a new portfolio's are its raw weights."""
-    has_previous = rows.has_previous
-    if has_previous.all():
-        return ema_smooth(rows.previous, raw, rows.mask, beta)
-    smoothed = np.empty_like(raw)
-    new_rows = ~has_previous
-    smoothed[new_rows] = ema_smooth(None, raw[new_rows], rows.mask[new_rows], beta)
-    if has_previous.any():
-        smoothed[has_previous] = ema_smooth(
-            rows.previous[has_previous], raw[has_previous], rows.mask[has_previous], beta
-        )
+    smoothed = ema_smooth(rows.previous, raw, rows.mask, beta)
+    if not rows.has_previous.all():
+        new = ~rows.has_previous
+        smoothed[new] = ema_smooth(None, raw[new], rows.mask[new], beta)
     return smoothed
 
 
@@ -131,12 +116,11 @@ def _icm_rewards(
     if not use:
         return icm
     at = [rows.icm_rows[j] for j in use]
-    n_slots = model.n_slots
     rewards = model.intrinsic_reward(
         np.stack([rows.icm_observations[j] for j in use]),
         np.stack([rows.icm_actions[j] for j in use]),
         decided.observations[at],
-        rows.mask[at, :n_slots].astype(np.float32),
+        rows.mask[at, : model.n_slots].astype(np.float32),
     )
     for i, r in zip(at, rewards.tolist(), strict=True):
         icm[i] = r if math.isfinite(r) else None
@@ -194,28 +178,14 @@ def decide_many(
     outputs: list[DecisionOutput] = []
     new_states: list[PortfolioState] = []
     for i, request in enumerate(requests):
-        n1 = sizes[i]
-        previous = states[i]
-        width = widths[i]
-        outputs.append(
-            DecisionOutput(
-                (CASH_ID, *request.asset_ids),
-                raw_req[i, :n1],
-                smoothed_req[i, :n1],
-                current_req[i, :n1],
-                turnovers[i],
-                icm[i],
-            )
-        )
-        icm_inputs = with_icm[i]
-        new_states.append(
-            PortfolioState(
-                ModelKey(name, version, width),
-                rows.slot_assets[i],
-                smoothed[i, :width],
-                decided.observations[i] if icm_inputs else None,
-                decided.action[i, :width] if icm_inputs else None,
-                previous.steps + 1 if previous is not None and continued[i] else 1,
-            )
-        )
+        n1, previous, width, icm_inputs = sizes[i], states[i], widths[i], with_icm[i]
+        weights = raw_req[i, :n1], smoothed_req[i, :n1], current_req[i, :n1]
+        ids = (CASH_ID, *request.asset_ids)
+        outputs.append(DecisionOutput(ids, *weights, turnovers[i], icm[i]))
+        observation = decided.observations[i] if icm_inputs else None
+        action = decided.action[i, :width] if icm_inputs else None
+        steps = previous.steps + 1 if previous is not None and continued[i] else 1
+        key, slots = ModelKey(name, version, width), rows.slot_assets[i]
+        state = PortfolioState(key, slots, smoothed[i, :width], observation, action, steps)
+        new_states.append(state)
     return Decisions(outputs, new_states, raw_req, smoothed_req, current_req, sizes)

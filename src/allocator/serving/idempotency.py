@@ -1,31 +1,26 @@
 """What makes a retry the same request, and the request ids a process remembers.
 
-Deciding a resent request again would step the portfolio's smoothing twice and record twice,
-so a portfolio's latest answer travels with its state (``PortfolioState.last``), under the same
-lock: a retry is answered from it on any replica and after a restart. Only the latest is kept;
-``RecentRequests`` (per process, bounded) remembers recent ids so that an older one, or an id
-reused for another portfolio or other inputs, is refused rather than decided twice. An id
-older than that memory is decided as new (the database keeps the first row).
+Deciding a resent request again would step the smoothing and record twice, so a portfolio's
+latest answer travels with its state (``PortfolioState.last``): a retry is answered from it on
+any replica and after a restart. ``RecentRequests`` (per process, bounded) refuses an older id,
+or one reused for another portfolio or other inputs; an id older than that is decided as new
+(the database keeps the first row).
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.typing import NDArray
 
 from allocator.serving.portfolio_state import FINGERPRINT_BYTES, LastAnswer
 from allocator.serving.validation import InvalidRequest, ValidRequest
 
 __all__ = ["RecentRequests", "check_last", "request_fingerprints"]
-
-_LITTLE = sys.byteorder == "little"
 
 
 def _optional(value: str | None) -> bytes:
@@ -41,16 +36,9 @@ def _ids_part(asset_ids: tuple[str, ...]) -> bytes:
     return struct.pack(f"<I{n}I", n, *map(len, ids)) + b"".join(ids)
 
 
-def _float64_le(values: NDArray[np.float64]) -> bytes | memoryview:
-    if _LITTLE and values.dtype == np.float64 and values.flags.c_contiguous:
-        return values.data
-    return np.ascontiguousarray(values, dtype="<f8").tobytes()
-
-
 def request_fingerprints(requests: Sequence[ValidRequest]) -> list[bytes]:
     """Digests of requests' inputs, so a reused id with other inputs is not answered as a retry:
-    blake2b (the same in every process), every variable part length-prefixed; each shared asset
-    list or pin encoded once, the arrays hashed in place."""
+    blake2b (the same in every process), every variable part length-prefixed."""
     ids_parts: dict[tuple[str, ...], bytes] = {}
     pin_parts: dict[tuple[str | None, str | None], bytes] = {}
     out: list[bytes] = []
@@ -63,12 +51,12 @@ def request_fingerprints(requests: Sequence[ValidRequest]) -> list[bytes]:
         if pin is None:
             pin = pin_parts[pin_key] = _optional(r.model_name) + _optional(r.model_version)
         digest = hashlib.blake2b(ids, digest_size=FINGERPRINT_BYTES)
-        digest.update(_float64_le(r.prices))
+        digest.update(np.ascontiguousarray(r.prices, dtype="<f8").data)
         if r.current_weights is None:
             digest.update(b"\x00")
         else:
             digest.update(b"\x01")
-            digest.update(_float64_le(r.current_weights))
+            digest.update(np.ascontiguousarray(r.current_weights, dtype="<f8").data)
         digest.update(pin)
         out.append(digest.digest())
     return out
@@ -92,8 +80,7 @@ def check_last(r: ValidRequest, fingerprint: bytes, last: LastAnswer | None) -> 
 
 
 class RecentRequests:
-    """The last ``capacity`` request ids decided here: portfolio and fingerprint only (no
-    answers)."""
+    """The last ``capacity`` request ids decided here: portfolio and fingerprint, no answers."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity

@@ -1,10 +1,7 @@
 """A portfolio's serving state: what its next decision needs, and its compact byte form.
 
-``slots[k]`` is the asset in slot ``k + 1``; a flat policy has exactly ``max_assets`` slots, a
-shared policy's portfolios at least the training slots, so ``n_slots`` is the state's own width.
-The state also carries the portfolio's last answer (``LastAnswer``), so a retry is answered
-wherever the state lives, under the same lock. The byte form is what Redis keeps, on the
-request path: a struct header and raw array bytes, no JSON or base64.
+The state carries the portfolio's last answer, so a retry is answered wherever the state lives,
+under the same lock. The byte form is what Redis keeps, on the request path: no JSON or base64.
 """
 
 from __future__ import annotations
@@ -77,15 +74,7 @@ class PortfolioState:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PortfolioState):
             return NotImplemented
-        return (
-            self.model == other.model
-            and self.slots == other.slots
-            and self.steps == other.steps
-            and self.last == other.last
-            and np.array_equal(self.smoothed, other.smoothed)
-            and _same_optional(self.observation, other.observation)
-            and _same_optional(self.action, other.action)
-        )
+        return all(_same(getattr(self, f), getattr(other, f)) for f in self.__slots__)
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking arrays: never a dict key
 
@@ -99,40 +88,23 @@ class PortfolioState:
         """About 3 kB for 20 assets and a window of 30."""
         last = self.last
         strings = (self.model.name, self.model.version, *self.slots)
-        if last is not None:
-            strings = (*strings, last.request_id)
-        flags = (
-            (_HAS_OBSERVATION if self.observation is not None else 0)
-            | (_HAS_ACTION if self.action is not None else 0)
-            | (_HAS_LAST if last is not None else 0)
-        )
-        obs_len = 0 if self.observation is None else int(self.observation.size)
-        response_len = 0 if last is None else len(last.response)
-        parts = [
-            _HEADER.pack(
-                _MAGIC,
-                _FORMAT,
-                flags,
-                self.model.n_slots,
-                len(strings),
-                obs_len,
-                self.steps,
-                response_len,
-            ),
-            np.ascontiguousarray(self.smoothed, dtype="<f8").tobytes(),
-        ]
-        if self.observation is not None:
-            parts.append(np.ascontiguousarray(self.observation, dtype="<f4").tobytes())
-        if self.action is not None:
-            parts.append(np.ascontiguousarray(self.action, dtype="<f4").tobytes())
+        parts = [np.ascontiguousarray(self.smoothed, dtype="<f8").tobytes()]
+        flags = 0
+        for flag, array in ((_HAS_OBSERVATION, self.observation), (_HAS_ACTION, self.action)):
+            if array is not None:
+                flags |= flag
+                parts.append(np.ascontiguousarray(array, dtype="<f4").tobytes())
         if last is not None:
             if len(last.fingerprint) != FINGERPRINT_BYTES:
                 raise ValueError(f"a fingerprint has {FINGERPRINT_BYTES} bytes")
-            parts.append(last.fingerprint)
-            parts.append(last.response)
-        parts.append(struct.pack(f"<{len(strings)}I", *map(len, strings)))  # in characters
-        parts.append("".join(strings).encode())
-        return b"".join(parts)
+            flags |= _HAS_LAST
+            strings += (last.request_id,)
+            parts += (last.fingerprint, last.response)
+        obs_len = 0 if self.observation is None else int(self.observation.size)
+        response_len = 0 if last is None else len(last.response)
+        header = (_MAGIC, _FORMAT, flags, self.model.n_slots, len(strings), obs_len, self.steps)
+        parts += (struct.pack(f"<{len(strings)}I", *map(len, strings)), "".join(strings).encode())
+        return _HEADER.pack(*header, response_len) + b"".join(parts)  # string lengths in chars
 
     @classmethod
     def from_bytes(cls, data: bytes) -> PortfolioState:
@@ -158,43 +130,29 @@ class PortfolioState:
         at = _HEADER.size
         smoothed = np.frombuffer(view, "<f8", n_slots, at)
         at += 8 * n_slots
-        observation = None
-        if flags & _HAS_OBSERVATION:
-            observation = np.frombuffer(view, "<f4", obs_len, at)
-            at += 4 * obs_len
-        action = None
-        if flags & _HAS_ACTION:
-            action = np.frombuffer(view, "<f4", n_slots, at)
-            at += 4 * n_slots
-        last_bytes = None
+        arrays: list[Float32Array | None] = []
+        for flag, n in ((_HAS_OBSERVATION, obs_len), (_HAS_ACTION, n_slots)):
+            arrays.append(np.frombuffer(view, "<f4", n, at) if flags & flag else None)
+            at += 4 * n if flags & flag else 0
+        fingerprint = response = b""
         if has_last:
-            end = at + FINGERPRINT_BYTES + response_len
+            split = at + FINGERPRINT_BYTES
+            end = split + response_len
             if end > len(view):
                 raise StateDecodeError("portfolio state shorter than its last answer")
-            split = at + FINGERPRINT_BYTES
-            last_bytes = (bytes(view[at:split]), bytes(view[split:end]))
-            at = end
+            fingerprint, response, at = bytes(view[at:split]), bytes(view[split:end]), end
         lengths = struct.unpack_from(f"<{n_strings}I", view, at)
         text = str(view[at + 4 * n_strings :], "utf-8")  # one decode, then slices
         if sum(lengths) != len(text):
             raise StateDecodeError("portfolio state length does not match its header")
-        ends = list(accumulate(lengths))
-        strings = [text[end - n : end] for end, n in zip(ends, lengths, strict=True)]
-        last = None
-        if last_bytes is not None:
-            last = LastAnswer(strings.pop(), *last_bytes)
-        return cls(
-            model=ModelKey(strings[0], strings[1], n_slots),
-            slots=tuple(strings[2:]),
-            smoothed=smoothed,
-            observation=observation,
-            action=action,
-            steps=steps,
-            last=last,
-        )
+        strings = [text[end - n : end] for end, n in zip(accumulate(lengths), lengths, strict=True)]
+        last = LastAnswer(strings.pop(), fingerprint, response) if has_last else None
+        model = ModelKey(strings[0], strings[1], n_slots)
+        observation, action = arrays
+        return cls(model, tuple(strings[2:]), smoothed, observation, action, steps, last)
 
 
-def _same_optional(a: NDArray[Any] | None, b: NDArray[Any] | None) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    return bool(np.array_equal(a, b))
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return a is not None and b is not None and bool(np.array_equal(a, b))
+    return bool(a == b)

@@ -1,28 +1,26 @@
 """Rebuild portfolio states from the recorded decisions, so a restart is invisible to clients.
 
-Each decision row holds what the next decision needs: the smoothed weights, the slot layout,
-the model, and the answer with its request's fingerprint. At start, before the recorder
-replays its spool, the server reads the latest row per portfolio (one window-function query),
-lets a later record still in the spool take its place, and puts the states into the store; a
-retry of the latest request is then answered, not decided twice. Not restored: the ICM's
-previous observation and action (prices are not recorded), so the first decision after a
-restart has no ICM reward; rows without slots (and decisions never made durable) start again;
-a reset is not recorded, so a restart brings the last recorded state back.
+A decision row holds what the next decision needs (smoothed weights, slot layout, model, the
+answer and its fingerprint); a later record still in the spool takes its row's place. Not
+restored: the ICM's previous observation and action (prices are not recorded), so the first
+decision after a restart has no ICM reward; rows without slots start again; a reset is not
+recorded, so a restart brings the last recorded state back.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from allocator.portfolio import CASH_ID
-from allocator.recording.records import DecisionRecord
+from allocator.recording.records import DECISION_FIELDS, DecisionRecord
 from allocator.recording.schema import Decision, ModelVersion
 from allocator.recording.spool import Spool
 from allocator.serving.answers import AnswerEncoder
@@ -35,6 +33,8 @@ log = logging.getLogger("allocator.serving")
 
 _CHUNK = 1_000
 """Portfolios put into the store per locked session."""
+_COLUMNS = {"model_name": "name", "model_version": "version", "fingerprint": "request_fingerprint"}
+"""Record fields read from a column of another name (the rest: their own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,81 +75,43 @@ def latest_decisions(database_url: str) -> dict[str, Latest]:
         engine.dispose()
     out: dict[str, Latest] = {}
     for row in rows:
-        slots = row["slots"]
-        record = DecisionRecord(
-            request_id=row["request_id"],
-            portfolio_id=row["portfolio_id"],
-            decided_at=_utc(row["decided_at"]),
-            model_name=row["name"],
-            model_version=row["version"],
-            asset_ids=tuple(row["asset_ids"]),
-            raw_weights=tuple(row["raw_weights"]),
-            smoothed_weights=tuple(row["smoothed_weights"]),
-            turnover=row["turnover"],
-            latency_seconds=row["latency_seconds"],
-            icm_reward=row["icm_reward"],
-            slots=None if slots is None else tuple(slots),
-            fingerprint=row["request_fingerprint"],
-        )
+        values: dict[str, Any] = {f: row.get(_COLUMNS.get(f, f)) for f in DECISION_FIELDS}
+        values = {f: tuple(v) if isinstance(v, list) else v for f, v in values.items()}
+        record = DecisionRecord(**values | {"decided_at": _utc(row["decided_at"])})
         out[record.portfolio_id] = Latest(record, int(row["n"]))
     return out
 
 
-def spooled_decisions(spool: Spool) -> Iterator[DecisionRecord]:
+def merge_spooled(latest: dict[str, Latest], spool: Spool) -> None:
     """Oldest segment first (some may be in the database too: the later-wins merge absorbs it)."""
     for segment in spool.segments():
         for frame in spool.read(segment):
-            for row in frame.get("d", ()):
-                yield DecisionRecord.from_json(row)
-
-
-def merge_spooled(latest: dict[str, Latest], spooled: Iterable[DecisionRecord]) -> None:
-    for record in spooled:
-        known = latest.get(record.portfolio_id)
-        if known is None:
-            latest[record.portfolio_id] = Latest(record, 1)
-        elif record.request_id == known.record.request_id:
-            continue
-        elif _utc(record.decided_at) >= known.record.decided_at:
-            latest[record.portfolio_id] = Latest(record, known.count + 1)
-
-
-def answer_of(record: DecisionRecord) -> bytes:
-    """The bytes the record was answered with, by the live path's own encoder."""
-    raw = np.asarray(record.raw_weights, dtype="<f8").tobytes()
-    smoothed = np.asarray(record.smoothed_weights, dtype="<f8").tobytes()
-    return AnswerEncoder(record.model_name, record.model_version).encode(
-        record.request_id,
-        record.portfolio_id,
-        record.asset_ids,
-        raw,
-        smoothed,
-        record.turnover,
-        record.icm_reward,
-    )
+            for record in map(DecisionRecord.from_json, frame.get("d", ())):
+                known = latest.get(record.portfolio_id)
+                if known is None:
+                    latest[record.portfolio_id] = Latest(record, 1)
+                elif record.request_id == known.record.request_id:
+                    continue
+                elif _utc(record.decided_at) >= known.record.decided_at:
+                    latest[record.portfolio_id] = Latest(record, known.count + 1)
 
 
 def state_from_record(record: DecisionRecord, steps: int) -> PortfolioState | None:
     if record.slots is None or record.asset_ids[:1] != (CASH_ID,):
         return None
     weight = dict(zip(record.asset_ids, record.smoothed_weights, strict=True))
-    smoothed = np.array(
-        [weight[CASH_ID]] + [weight.get(a, 0.0) if a else 0.0 for a in record.slots]
-    )
+    smoothed = np.array([weight[CASH_ID]] + [weight.get(a, 0.0) for a in record.slots])
     smoothed.setflags(write=False)
     last = None
-    if record.fingerprint is not None:
-        answer = answer_of(record)
+    if record.fingerprint is not None:  # the answer, by the live path's own encoder
+        raw = np.asarray(record.raw_weights, dtype="<f8").tobytes()
+        smoothed_bytes = np.asarray(record.smoothed_weights, dtype="<f8").tobytes()
+        answer = AnswerEncoder(record.model_name, record.model_version).encode(
+            record.request_id, record.portfolio_id, record.asset_ids, raw, smoothed_bytes, record
+        )
         last = LastAnswer(record.request_id, bytes.fromhex(record.fingerprint), answer)
-    return PortfolioState(
-        model=ModelKey(record.model_name, record.model_version, len(record.slots) + 1),
-        slots=record.slots,
-        smoothed=smoothed,
-        observation=None,
-        action=None,
-        steps=steps,
-        last=last,
-    )
+    model = ModelKey(record.model_name, record.model_version, len(record.slots) + 1)
+    return PortfolioState(model, record.slots, smoothed, None, None, steps, last)
 
 
 def restore_states(database_url: str, spool: Spool | None, store: StateStore) -> int:
@@ -162,7 +124,7 @@ def restore_states(database_url: str, spool: Spool | None, store: StateStore) ->
         log.error("cannot read the recorded decisions, portfolios start again: %s", exc)
         latest = {}
     if spool is not None:
-        merge_spooled(latest, spooled_decisions(spool))
+        merge_spooled(latest, spool)
     states = {pid: state_from_record(x.record, x.count) for pid, x in latest.items()}
     ready = {pid: s for pid, s in states.items() if s is not None}
     if len(ready) < len(states):

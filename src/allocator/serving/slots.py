@@ -1,11 +1,9 @@
 """A batch of requests laid out in slots: which asset sits where, ready for one model call.
 
 An asset keeps its slot while it stays in a portfolio's requests; a new one takes the lowest
-free slot; the smoothed mass of a slot whose asset left (or changed) is dropped before
-smoothing, so a departed asset's weight never passes to its successor. A flat policy has
-exactly ``max_assets`` slots; a shared policy at least its training slots (so the ICM can read
-a portfolio that fits them) and as many more as a request needs, the batch padded with masked
-slots to its widest row.
+free slot; a departed asset's smoothed mass is dropped, never passed to its successor. A flat
+policy has exactly ``max_assets`` slots; a shared policy at least its training slots and as
+many more as a request needs, the batch padded with masked slots to its widest row.
 """
 
 from __future__ import annotations
@@ -54,16 +52,15 @@ def assign_slots(
         else:
             new[k] = asset
             req[j] = k + 1
-    if pending:
-        free = (k for k in range(width) if not new[k])
-        for j in pending:
-            k = next(free)
-            new[k] = ids[j]
-            req[j] = k + 1
+    free = (k for k in range(width) if not new[k])
+    for j in pending:
+        k = next(free)
+        new[k] = ids[j]
+        req[j] = k + 1
     return tuple(new), req
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class SlotBatch:
     """Row i for request i. ``prices`` holds 1.0 in empty slots (a positive filler the mask
     hides); ``implied`` rows use the previous smoothed weights as current ones; ``gather[i]``
@@ -83,30 +80,23 @@ class SlotBatch:
     icm_observations: list[Float32Array]
     icm_actions: list[Float32Array]
 
-    @classmethod
-    def empty(
-        cls, slot_assets: list[tuple[str, ...]], prices_per_asset: int, n_requested: int
-    ) -> SlotBatch:
+    def __init__(
+        self, slot_assets: list[tuple[str, ...]], prices_per_asset: int, n_requested: int
+    ) -> None:
         batch = len(slot_assets)
-        widths = np.array([len(s) + 1 for s in slot_assets], dtype=np.intp)
-        n_slots = int(widths.max())
-        mask = np.zeros((batch, n_slots), dtype=bool)
-        mask[:, 0] = True
-        return cls(
-            prices=np.ones((batch, n_slots - 1, prices_per_asset)),
-            current=np.zeros((batch, n_slots)),
-            mask=mask,
-            previous=np.zeros((batch, n_slots)),
-            has_previous=np.zeros(batch, dtype=bool),
-            implied=np.zeros(batch, dtype=bool),
-            gather=np.zeros((batch, n_requested + 1), dtype=np.intp),
-            sizes=np.empty(batch, dtype=np.intp),
-            widths=widths,
-            slot_assets=slot_assets,
-            icm_rows=[],
-            icm_observations=[],
-            icm_actions=[],
-        )
+        self.widths = np.array([len(s) + 1 for s in slot_assets], dtype=np.intp)
+        n_slots = int(self.widths.max())
+        self.prices = np.ones((batch, n_slots - 1, prices_per_asset))
+        self.current = np.zeros((batch, n_slots))
+        self.mask = np.zeros((batch, n_slots), dtype=bool)
+        self.mask[:, 0] = True
+        self.previous = np.zeros((batch, n_slots))
+        self.has_previous = np.zeros(batch, dtype=bool)
+        self.implied = np.zeros(batch, dtype=bool)
+        self.gather = np.zeros((batch, n_requested + 1), dtype=np.intp)
+        self.sizes = np.empty(batch, dtype=np.intp)
+        self.slot_assets = slot_assets
+        self.icm_rows, self.icm_observations, self.icm_actions = [], [], []
 
     def place(self, i: int, request: ValidRequest, req: list[int] | None, implied: bool) -> None:
         """``implied``: no weights were sent and a previous state stands in for them."""
@@ -173,7 +163,7 @@ def lay_out(
         slot_assets.append(new)
         reqs.append(req)
     n_requested = max(r.n_assets for r in requests)
-    rows = SlotBatch.empty(slot_assets, model.prices_per_asset, n_requested)
+    rows = SlotBatch(slot_assets, model.prices_per_asset, n_requested)
     for i, (request, state, req) in enumerate(zip(requests, kept, reqs, strict=True)):
         rows.place(i, request, req, implied=state is not None)
         if state is not None:

@@ -1,37 +1,32 @@
 """The decision step: the one path from a request to its recorded, stored answer.
 
-validate against the resolved model (``items``: a unary call is a batch of one) -> lock the
-portfolios -> ``prepare`` (retries get their stored answers) -> ``decide`` (one onnxruntime
-call per model, the records to the recorder as one ticket) -> wait until they are durable ->
-``settle`` (the new states, carrying their answers) -> ``observe``. The server's batcher runs
-these steps for each batch of concurrent calls; ``DecisionStep.run`` runs them for one call
-synchronously (the serving-path replay, so a backtest is what the server would answer).
+validate (all or nothing) -> lock the portfolios -> ``prepare`` (retries get their stored
+answers) -> ``decide`` (one onnxruntime call per model, one recorder ticket) -> wait until
+durable -> ``settle`` (the new states, carrying their answers) -> ``observe``. The batcher runs
+these steps per batch of concurrent calls; ``DecisionStep.run`` for one call (the serving-path
+replay, so a backtest is what the server would answer).
 
-Invariants: validation is all or nothing; the recorder accepts the records before any state
-advances (a refusal advances nothing); with durable acknowledgement the wait happens under the
-locks, so no retry or later request sees a state whose record a crash could lose. A record that
-becomes durable after the caller's deadline (within ``LATE_DURABLE_SECONDS``) still advances the
-state and raises ``DeadlineExceededError(late=True)``: the client fetches that decision by
-retrying its request id, so the recorded history and the states never part. A retry (same id
-and inputs) gets the portfolio's stored last answer, with no second step or record; older ids:
-``serving.idempotency``.
+The recorder accepts the records before any state advances (a refusal advances nothing), and
+with durable acknowledgement the wait happens under the locks, so no retry sees a state whose
+record a crash could lose. A record durable after the caller's deadline (within
+``LATE_DURABLE_SECONDS``) still advances the state and raises ``DeadlineExceededError(late=True)``:
+a retry of the request id fetches it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from allocator.metrics.serving import ServingMetrics
 from allocator.recording.recorder import Recorder
-from allocator.recording.records import DecisionRecord
+from allocator.recording.records import DECISION_FIELDS, DecisionRecord
 from allocator.recording.tickets import NotDurableError
-from allocator.serving.answers import AnswerEncoder, framed, parse, weight_bytes
+from allocator.serving.answers import AnswerEncoder, framed, weight_bytes
 from allocator.serving.decision import DecisionOutput, Decisions, decide_many
 from allocator.serving.idempotency import (
     RecentRequests,
@@ -101,7 +96,7 @@ class Answer:
 
     @property
     def response(self) -> pb.AllocateResponse:
-        return parse(self.data)
+        return pb.AllocateResponse.FromString(self.data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +138,8 @@ def model_shape(model: LoadedModel) -> ModelShape:
 
 
 class DecisionStep:
-    """Decide, record and store, for one state store and recorder (``None``: records nothing).
-
-    ``recent_requests``: request ids remembered to refuse a reused or superseded one (0: none).
-    """
+    """Decide, record (``recorder`` None: nothing) and store; ``recent_requests``: ids remembered
+    to refuse a reused or superseded one (0: none)."""
 
     def __init__(
         self,
@@ -169,22 +162,22 @@ class DecisionStep:
         started: float | None = None,
         time_remaining: TimeRemaining | None = None,
     ) -> Answer:
-        """One request, from the wire to its answer; ``started``: ``time.perf_counter()`` at
-        the call's arrival."""
-        started = time.perf_counter() if started is None else started
-        (answer,) = self.run(self.items(request, resolve, started), time_remaining)
+        (answer,) = self.allocate_batch(
+            request, resolve, started=started, time_remaining=time_remaining
+        )
         return answer
 
     def allocate_batch(
         self,
-        batch: pb.AllocateBatchRequest,
+        call: pb.AllocateRequest | pb.AllocateBatchRequest,
         resolve: ModelResolver,
         *,
         started: float | None = None,
         time_remaining: TimeRemaining | None = None,
     ) -> list[Answer]:
+        """``started``: ``time.perf_counter()`` at the call's arrival."""
         started = time.perf_counter() if started is None else started
-        return self.run(self.items(batch, resolve, started), time_remaining)
+        return self.run(self.items(call, resolve, started), time_remaining)
 
     def items(
         self,
@@ -246,9 +239,7 @@ class DecisionStep:
             stored = check_last(r, item.fingerprint, None if state is None else state.last)
             if stored is None:
                 self.recent.check(r, item.fingerprint)
-                answers.append(None)
-            else:
-                answers.append(Answer(r, stored, None))
+            answers.append(None if stored is None else Answer(r, stored, None))
         return answers
 
     def decide(self, items: Sequence[Item], states: Sequence[PortfolioState | None]) -> Decided:
@@ -327,18 +318,8 @@ class DecisionStep:
         at = 0
         for r, o, n in zip(requests, decided.outputs, decided.sizes, strict=True):
             end = at + 8 * n
-            icm = o.icm_reward
-            out.append(
-                encoder.encode(
-                    r.request_id,
-                    r.portfolio_id,
-                    o.asset_ids,
-                    raw[at:end],
-                    smoothed[at:end],
-                    o.turnover,
-                    icm if icm is not None and math.isfinite(icm) else None,
-                )
-            )
+            ids, rid, pid = o.asset_ids, r.request_id, r.portfolio_id
+            out.append(encoder.encode(rid, pid, ids, raw[at:end], smoothed[at:end], o))
             at += stride
         return out
 
@@ -349,6 +330,14 @@ def call_deadline(time_remaining: TimeRemaining) -> float | None:
     return None if remaining is None else time.monotonic() + remaining
 
 
+_ARRAYS = {"raw_weights": "raw", "smoothed_weights": "smoothed", "current_weights": "current"}
+"""Record fields taken from a ``Decisions`` array (the record's ``current_weights``: only sent)."""
+_FROM_OUTPUT = [
+    f.name for f in fields(DecisionOutput) if f.name in DECISION_FIELDS and f.name not in _ARRAYS
+]
+"""Record fields taken from each ``DecisionOutput`` by name."""
+
+
 def _records(
     model: LoadedModel,
     items: Sequence[Item],
@@ -356,26 +345,23 @@ def _records(
     decided_at: dt.datetime,
     now: float,
 ) -> list[DecisionRecord]:
-    """The decisions' rows, with the slot layouts and fingerprints ``serving.restore`` rebuilds
-    states from."""
-    requests = [item.request for item in items]
+    """The decisions' rows, with what ``serving.restore`` rebuilds states from."""
+    outputs = decided.outputs
     return DecisionRecord.batch_from_validated(
-        request_ids=[r.request_id for r in requests],
-        portfolio_ids=[r.portfolio_id for r in requests],
+        decided.sizes,
+        {name: getattr(decided, array) for name, array in _ARRAYS.items()},
+        [item.request.current_weights is not None for item in items],
+        {
+            "request_id": [item.request.request_id for item in items],
+            "portfolio_id": [item.request.portfolio_id for item in items],
+            **{name: [getattr(o, name) for o in outputs] for name in _FROM_OUTPUT},
+            "latency_seconds": [now - item.started for item in items],
+            "slots": [s.slots for s in decided.states],
+            "fingerprint": [item.fingerprint.hex() for item in items],
+        },
         decided_at=decided_at,
         model_name=model.name,
         model_version=model.version,
-        asset_ids=[o.asset_ids for o in decided.outputs],
-        raw_weights=decided.raw,
-        smoothed_weights=decided.smoothed,
-        current_weights=decided.current,
-        sent=[r.current_weights is not None for r in requests],
-        sizes=decided.sizes,
-        turnovers=[o.turnover for o in decided.outputs],
-        icm_rewards=[o.icm_reward for o in decided.outputs],
-        latency_seconds=[now - item.started for item in items],
-        slots=[s.slots for s in decided.states],
-        fingerprints=[item.fingerprint.hex() for item in items],
     )
 
 

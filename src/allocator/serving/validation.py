@@ -1,9 +1,8 @@
 """Turn ``AllocateRequest`` messages into checked, typed requests, or say which field is wrong.
 
 Bad input must become INVALID_ARGUMENT naming the field, never a crash deeper in the server.
-A single call and a batch take one path: the numbers are converted one array per group of
-requests of equal length and checked by whole-array reductions; the search for the culprit
-runs only once something is known to be wrong.
+The numbers are checked by whole-array reductions; the culprit is searched for only once
+something is known to be wrong.
 """
 
 from __future__ import annotations
@@ -79,12 +78,12 @@ class ValidRequest:
     portfolio_id: str
     request_id: str
     asset_ids: tuple[str, ...]
+    model_name: str | None  # None: the default model
+    model_version: str | None  # None: the newest loaded version
     prices: Float64Array
     """Shape ``(len(asset_ids), window + 1)``, oldest first, finite and > 0."""
     current_weights: Float64Array | None
     """Shape ``(len(asset_ids) + 1,)``, cash first, a distribution; ``None`` when not sent."""
-    model_name: str | None  # None: the default model
-    model_version: str | None  # None: the newest loaded version
 
     @property
     def n_assets(self) -> int:
@@ -150,6 +149,8 @@ def _explain_asset_ids(assets: tuple[str, ...]) -> None:
 
 
 class _Head(NamedTuple):
+    """A ``ValidRequest``'s fields before its numbers, in its order."""
+
     portfolio_id: str
     request_id: str
     assets: tuple[str, ...]
@@ -211,19 +212,9 @@ def _validate(
     if prices is None or sent is None:
         _explain_numbers(requests, heads, indexed)
         raise AssertionError("a whole-array check refused numbers that no single check refuses")
-    current: list[Float64Array | None] = [None] * len(heads)
-    for i, row in zip(with_weights, sent, strict=True):
-        current[i] = row
+    current = dict(zip(with_weights, sent, strict=True))
     return [
-        ValidRequest(
-            h.portfolio_id,
-            h.request_id,
-            h.assets,
-            row.reshape(len(h.assets), h.per_asset),
-            current[i],
-            h.model_name,
-            h.model_version,
-        )
+        ValidRequest(*h[:5], row.reshape(len(h.assets), h.per_asset), current.get(i))
         for i, (h, row) in enumerate(zip(heads, prices, strict=True))
     ]
 
