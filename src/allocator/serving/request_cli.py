@@ -95,19 +95,14 @@ def synthetic_prices(n_assets: int, rows: int, seed: int) -> tuple[list[str], Fl
 
 
 def format_allocation(allocation: Allocation, current: Float64Array | None = None) -> str:
-    width = max(len("asset"), *(len(a) for a in allocation.asset_ids))
-    head = f"{'asset':<{width}}  {'raw':>8}  {'smoothed':>8}"
+    columns = {"raw": allocation.raw_weights, "smoothed": allocation.smoothed_weights}
     if current is not None:
-        head += f"  {'current':>8}"
+        columns["current"] = current
+    width = max(len("asset"), *(len(a) for a in allocation.asset_ids))
+    head = f"{'asset':<{width}}" + "".join(f"  {name:>8}" for name in columns)
     lines = [head, "-" * len(head)]
     for i, asset in enumerate(allocation.asset_ids):
-        line = (
-            f"{asset:<{width}}  {allocation.raw_weights[i]:>8.4f}  "
-            f"{allocation.smoothed_weights[i]:>8.4f}"
-        )
-        if current is not None:
-            line += f"  {current[i]:>8.4f}"
-        lines.append(line)
+        lines.append(f"{asset:<{width}}" + "".join(f"  {w[i]:>8.4f}" for w in columns.values()))
     icm = "-" if allocation.icm_reward is None else f"{allocation.icm_reward:.6g}"
     lines += [
         "",

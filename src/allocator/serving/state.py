@@ -29,6 +29,8 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import redis
+
 from allocator.serving.decision import PortfolioState, StateDecodeError
 
 logger = logging.getLogger("allocator.serving")
@@ -228,10 +230,6 @@ class RedisStateStore:
         lock_wait_seconds: float = 5.0,
         liveness_seconds: float = 0.5,
     ) -> None:
-        try:
-            import redis
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise ImportError("RedisStateStore needs the `redis` package") from exc
         lock_prefix = "lock:" + prefix if lock_prefix is None else lock_prefix
         owner_prefix = "owner:" + prefix
         for a, b in ((prefix, lock_prefix), (prefix, owner_prefix), (lock_prefix, owner_prefix)):
@@ -269,8 +267,6 @@ class RedisStateStore:
         return self.owner_prefix + self.owner
 
     def _beat(self, interval: float) -> None:
-        import redis
-
         while not self._closed.wait(interval):
             try:
                 self._client.set(self.owner_key, b"1", px=self._liveness_ms)
@@ -362,8 +358,6 @@ class RedisStateStore:
 
     def close(self) -> None:
         """Drop the liveness key: any lock still held here is free."""
-        import redis
-
         self._closed.set()
         self._heartbeat.join()
         try:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from allocator.serving.config import ServerConfig
@@ -92,29 +93,12 @@ def worker_config(config: ServerConfig, index: int, port: int) -> ServerConfig:
     )
 
 
+@dataclass(eq=False)
 class _Worker:
-    def __init__(self, index: int, config: ServerConfig, env: dict[str, str]) -> None:
-        self.index = index
-        child_env = {
-            **env,
-            CONFIG_ENV: config.model_dump_json(),
-            INDEX_ENV: str(index),
-            PARENT_ENV: str(os.getpid()),
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "allocator.serving.workers"],
-            env=child_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-        )
-        self.started = time.monotonic()
-        self.ready = False
-
-    def read_ready(self) -> bool:
-        assert self.proc.stdout is not None
-        if os.read(self.proc.stdout.fileno(), len(READY)) == READY:
-            self.ready = True
-        return self.ready
+    index: int
+    proc: subprocess.Popen[bytes]
+    started: float = field(default_factory=time.monotonic)
+    ready: bool = False
 
     def close(self) -> None:
         if self.proc.stdout is not None:
@@ -151,7 +135,16 @@ class Supervisor:
         return self.config.dial_target(self.port)
 
     def _spawn(self, index: int) -> _Worker:
-        return _Worker(index, worker_config(self.config, index, self.port), self._env)
+        config = worker_config(self.config, index, self.port)
+        env = {
+            **self._env,
+            CONFIG_ENV: config.model_dump_json(),
+            INDEX_ENV: str(index),
+            PARENT_ENV: str(os.getpid()),
+        }
+        command = [sys.executable, "-m", "allocator.serving.workers"]
+        proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        return _Worker(index, proc)
 
     def start(self) -> Supervisor:
         """Start every worker and wait until each serves; ``RuntimeError`` if one fails first."""
@@ -212,7 +205,8 @@ class Supervisor:
         readable, _, _ = select.select(list(pipes), [], [], timeout)
         for fd in readable:
             worker = pipes[fd]
-            if worker.read_ready() and worker.proc.poll() is None:
+            worker.ready = os.read(fd, len(READY)) == READY
+            if worker.ready and worker.proc.poll() is None:
                 log.info("worker %d (pid %d) serving", worker.index, worker.proc.pid)
 
     def run(self) -> None:
