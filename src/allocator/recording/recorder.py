@@ -306,19 +306,15 @@ class Recorder(BacklogReplay):
             if (models or decisions) and not self._persist(models, decisions):
                 # Neither the database nor the disk took it: keep it (the door stays shut by
                 # the refusal checks), fail the callers waiting on it, and try again shortly.
-                self._set_stalled(True)
+                with self._cond:
+                    self._stalled = True
+                    self._waiters.fail(
+                        NotDurableError("neither the database nor the spool takes records")
+                    )
+                    self._cond.notify_all()
                 time.sleep(self._retry_min)
                 continue
             pending = None
-
-    def _set_stalled(self, stalled: bool) -> None:
-        with self._cond:
-            self._stalled = stalled
-            if stalled:
-                self._waiters.fail(
-                    NotDurableError("neither the database nor the spool takes records")
-                )
-            self._cond.notify_all()
 
     def _attempt_due(self) -> bool:
         return self._db_up or time.monotonic() >= self._next_attempt
@@ -330,12 +326,6 @@ class Recorder(BacklogReplay):
         self._db_up = False
         self._next_attempt = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self._retry_max)
-
-    def _mark_up(self) -> None:
-        if not self._db_up:
-            log.info("recorder: database reachable again")
-        self._db_up = True
-        self._backoff = self._retry_min
 
     def _persist(self, models: list[ModelRecord], decisions: list[DecisionRecord]) -> bool:
         """Write the batch, or spool it; True once it is durable one way or the other."""
@@ -383,7 +373,10 @@ class Recorder(BacklogReplay):
             if self.metrics is not None:
                 self.metrics.batch_write_latency.observe(time.perf_counter() - start)
             raise
-        self._mark_up()
+        if not self._db_up:
+            log.info("recorder: database reachable again")
+        self._db_up = True
+        self._backoff = self._retry_min
         if self.metrics is not None:
             self.metrics.observe_write(inserted, time.perf_counter() - start)
         with self._cond:

@@ -1,12 +1,7 @@
 """The server's catalog: every verified version in the registry loaded, swapped atomically.
 
-The registry is scanned at start and every few seconds. A new version is loaded and verified
-beside the serving ones; a new immutable ``CatalogSnapshot`` then replaces the old in one
-reference assignment, so a request sees the old set or the new, never a mix. A version that
-fails is logged, counted (once per distinct refusal) and left out, and tried again when any of
-its files changes (name, size or mtime), so a version copied in two steps heals once the copy
-completes. Unpinned requests go to the production pointer's version when it is loaded, else the
-newest loaded version.
+How it rescans, swaps, heals a refused version and picks the default is step 2 of
+docs/architecture.md's request path and its "Registry and loader" note.
 """
 
 from __future__ import annotations
@@ -223,11 +218,9 @@ class ModelCatalog:
         return model
 
     def _defaults(self, models: Mapping[Key, LoadedModel]) -> dict[str, str]:
-        by_name: dict[str, list[str]] = {}
-        for name, version in models:
-            by_name.setdefault(name, []).append(version)
         defaults: dict[str, str] = {}
-        for name, versions in by_name.items():
+        for name in dict.fromkeys(n for n, _ in models):
+            versions = [v for n, v in models if n == name]
             pointer = read_production_pointer(self.root, name)
             pointed = pointer["version"] if pointer is not None else None
             chosen, _ = choose_production(pointed, versions)

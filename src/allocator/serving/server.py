@@ -137,9 +137,6 @@ class AllocationServer:
                 return
             await asyncio.sleep(min(_DRAIN_QUIET_SECONDS - quiet, deadline - now))
 
-    def wait(self) -> None:
-        self.loop.run(self.server.wait_for_termination())
-
 
 def build_server(config: ServerConfig, *, reuse_port: bool = False) -> AllocationServer:
     """Load the registry, open the recorder and state store, and bind (not start) the server;
@@ -276,10 +273,6 @@ async def _grpc_server(
         ),
         server,
     )
-    return server, health_servicer, _bind(config, server)
-
-
-def _bind(config: ServerConfig, server: grpc.aio.Server) -> int:
     address = f"{config.host}:{config.port}"
     if config.tls_cert is not None and config.tls_key is not None:
         credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
@@ -288,4 +281,4 @@ def _bind(config: ServerConfig, server: grpc.aio.Server) -> int:
         port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind {address}")
-    return port
+    return server, health_servicer, port

@@ -1,9 +1,5 @@
-"""SIGTERM and SIGINT as a request to drain, recorded without taking a lock.
-
-A handler runs in the main thread between bytecodes, maybe while it holds a lock: one calling
-``threading.Event.set`` during ``Event.wait`` (the Event's lock is not reentrant) can block
-forever. So the handler only appends to a list, and the main thread polls it. Install it before
-the slow imports and the model load, so a signal arriving then drains the server once started.
+"""SIGTERM and SIGINT as a request to drain, recorded by a handler that takes no lock: one that
+sets a ``threading.Event`` can deadlock against the main thread's wait (docs/architecture.md).
 """
 
 from __future__ import annotations
