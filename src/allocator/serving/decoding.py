@@ -1,9 +1,5 @@
-"""Requests whose bytes are not a message: INVALID_ARGUMENT naming the method, never INTERNAL.
-
-grpcio decodes a request before any servicer code runs and answers ``INTERNAL: Exception
-deserializing request!`` when that raises; any client can send any bytes, so the guard decodes
-inside the call instead, where an ``Undecodable`` in place of the message is refused (or, in an
-``AllocateStream``, answered with its own error reply while the stream goes on).
+"""Requests whose bytes are not a message: INVALID_ARGUMENT naming the method, never the INTERNAL
+grpcio answers when its own decoding raises; decoded inside the call instead (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -56,8 +56,7 @@ def read_prices_csv(
 ) -> tuple[list[str], Float64Array]:
     """The last ``rows`` closes per asset of a wide CSV (date first, one column per asset)."""
     with path.open(newline="") as handle:
-        table = list(csv.reader(handle))
-    table = [row for row in table if any(cell.strip() for cell in row)]
+        table = [row for row in csv.reader(handle) if any(cell.strip() for cell in row)]
     if len(table) < 2 or len(table[0]) < 2:
         raise click.ClickException(f"{path}: expected a header (date, assets...) and data rows")
     header = [cell.strip() for cell in table[0]]

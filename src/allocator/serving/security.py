@@ -36,17 +36,18 @@ OPEN_SERVICES = (
 
 def read_tokens(path: str | Path) -> tuple[str, ...]:
     """One token per line (several let a rotation overlap); blanks and ``#`` comments skipped."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ValueError(f"--auth-token-file {p}: cannot read it ({exc.strerror})") from None
-    tokens = tuple(
-        line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
-    )
+    lines = _read("--auth-token-file", path).decode().splitlines()
+    tokens = tuple(line.strip() for line in lines if line.strip() and not line.startswith("#"))
     if not tokens:
-        raise ValueError(f"--auth-token-file {p}: the file holds no token")
+        raise ValueError(f"--auth-token-file {path}: the file holds no token")
     return tokens
+
+
+def _read(option: str, path: str | Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: cannot read it ({exc.strerror})") from None
 
 
 def bearer_token(header: object) -> str | None:
@@ -119,17 +120,9 @@ def server_credentials(
     cert: str | Path, key: str | Path, client_ca: str | Path | None = None
 ) -> grpc.ServerCredentials:
     """With ``client_ca`` the server requires and verifies client certificates."""
-    files = {"--tls-cert": cert, "--tls-key": key}
-    if client_ca is not None:
-        files["--tls-client-ca"] = client_ca
-    data: dict[str, bytes] = {}
-    for option, path in files.items():
-        try:
-            data[option] = Path(path).read_bytes()
-        except OSError as exc:
-            raise ValueError(f"{option} {path}: cannot read it ({exc.strerror})") from None
+    chain, private_key = _read("--tls-cert", cert), _read("--tls-key", key)
     return grpc.ssl_server_credentials(
-        [(data["--tls-key"], data["--tls-cert"])],
-        root_certificates=data.get("--tls-client-ca"),
+        [(private_key, chain)],
+        root_certificates=None if client_ca is None else _read("--tls-client-ca", client_ca),
         require_client_auth=client_ca is not None,
     )

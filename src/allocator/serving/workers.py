@@ -148,8 +148,8 @@ class Supervisor:
 
     def start(self) -> Supervisor:
         """Start every worker and wait until each serves; ``RuntimeError`` if one fails first."""
-        self._warn_stranded_spools()
-        self._prepare_database()
+        if self.config.record:
+            self._prepare_recording()
         log.info(
             "starting %d workers; their metrics files in %s", self.config.workers, self._metrics_dir
         )
@@ -169,10 +169,17 @@ class Supervisor:
         self._metrics_http, self.metrics_port = self.config.serve_metrics(self.metrics_registry)
         return self
 
-    def _prepare_database(self) -> None:
-        """Switch a SQLite database to WAL once, so the workers do not race for its lock."""
-        if not self.config.record:
-            return
+    def _prepare_recording(self) -> None:
+        """Warn of spools no worker replays; switch a SQLite database to WAL once, so the workers
+        do not race for its lock."""
+        for path in sorted(self.config.spool_dir.glob("worker-*")):
+            index = path.name.removeprefix("worker-")
+            if index.isdigit() and int(index) >= self.config.workers and any(path.iterdir()):
+                log.warning(
+                    "%s holds a spool no worker replays now: run --workers %d once to replay it",
+                    path,
+                    int(index) + 1,
+                )
         import sqlite3
 
         # The supervisor imports the recording layer only when it records, and only here.
@@ -184,18 +191,6 @@ class Supervisor:
             prepare_sqlite(url)
         except sqlite3.Error as exc:
             log.warning("cannot switch %s to WAL before the workers start: %s", url, exc)
-
-    def _warn_stranded_spools(self) -> None:
-        if not self.config.record:
-            return
-        for path in sorted(self.config.spool_dir.glob("worker-*")):
-            index = path.name.removeprefix("worker-")
-            if index.isdigit() and int(index) >= self.config.workers and any(path.iterdir()):
-                log.warning(
-                    "%s holds a spool no worker replays now: run --workers %d once to replay it",
-                    path,
-                    int(index) + 1,
-                )
 
     def _read_pipes(self, timeout: float) -> None:
         pipes = {w.proc.stdout.fileno(): w for w in self.workers if w.proc.stdout and not w.ready}
