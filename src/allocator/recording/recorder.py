@@ -21,7 +21,6 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.recording.backlog import BacklogReplay, ReplayCursor
@@ -127,12 +126,7 @@ class Recorder(BacklogReplay):
     def __enter__(self) -> Recorder:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self, timeout: float | None = None) -> bool:

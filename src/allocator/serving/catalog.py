@@ -120,10 +120,6 @@ class ModelCatalog:
     def snapshot(self) -> CatalogSnapshot:
         return self._snapshot
 
-    @property
-    def failures(self) -> dict[Key, str]:
-        return {key: refusal.message for key, refusal in self._snapshot.refused.items()}
-
     def on_change(self, callback: Callable[[CatalogSnapshot], None]) -> None:
         self._listeners.append(callback)
 

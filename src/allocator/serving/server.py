@@ -214,7 +214,8 @@ def _load_models(
         recorder.start()
     registry.refresh()
     if registry.snapshot.default_name is None:
-        failures = "; ".join(f"{n}/{v}: {why}" for (n, v), why in registry.failures.items())
+        refused = registry.snapshot.refused.items()
+        failures = "; ".join(f"{n}/{v}: {why.message}" for (n, v), why in refused)
         if recorder is not None:
             recorder.close()
         raise ModelNotFoundError(

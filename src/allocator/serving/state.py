@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, TypeAlias
 
 import redis
 
@@ -51,18 +51,6 @@ class StateLockTimeoutError(TimeoutError):
 
 class StateLockLostError(RuntimeError):
     """A lock expired before the write; nothing was written (another replica may own it now)."""
-
-
-class StateStore(Protocol):
-    """Where portfolio states live; see the module docstring for the locking contract."""
-
-    def locked(self, portfolio_ids: Sequence[str]) -> AbstractContextManager[StateSession]: ...
-
-    def reset(self, portfolio_id: str) -> bool:
-        """Forget a portfolio's state (under its lock); True if there was one."""
-        ...
-
-    def close(self) -> None: ...
 
 
 def _unique_ids(portfolio_ids: Sequence[str]) -> tuple[str, ...]:
@@ -142,6 +130,7 @@ class MemoryStateStore:
             yield StateSession(ids, [self._states.get(pid) for pid in ids], write)
 
     def reset(self, portfolio_id: str) -> bool:
+        """Forget a portfolio's state (under its lock); True if there was one."""
         with self.locked([portfolio_id]) as session:
             existed = session.get()[0] is not None
             session.put([None])
@@ -365,3 +354,7 @@ class RedisStateStore:
         except redis.RedisError as exc:
             logger.debug("state store: liveness key not deleted (%s); it expires", exc)
         self._client.close()
+
+
+StateStore: TypeAlias = MemoryStateStore | RedisStateStore
+"""Where portfolio states live; see the module docstring for the locking contract."""
