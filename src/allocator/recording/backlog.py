@@ -41,7 +41,7 @@ class BacklogReplay:
     declared below."""
 
     spool: Spool
-    metrics: RecorderMetrics | None
+    metrics: RecorderMetrics
     _queue: deque[Any]
     _cond: threading.Condition
     _models: dict[tuple[str, str], ModelRecord]
@@ -114,8 +114,7 @@ class BacklogReplay:
             self._replayed += segment.records
             self._spool_bytes = max(0, self._spool_bytes - segment.size)
             self._spool_records = max(0, self._spool_records - segment.records)
-        if self.metrics is not None:
-            self.metrics.replayed.inc(segment.records)
+        self.metrics.replayed.inc(segment.records)
         self._update_spool_gauges()
         log.info("recorder: replayed %d spooled records", segment.records)
 

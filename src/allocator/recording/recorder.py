@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.recording.backlog import BacklogReplay, ReplayCursor
 from allocator.recording.records import DecisionRecord, ModelRecord
@@ -77,7 +79,8 @@ class Recorder(BacklogReplay):
             raise ValueError(f"ack must be one of {ACK_MODES}, not {ack!r}")
         self.sink = sink if sink is not None else make_sink(database_url)
         self.spool = Spool(spool_dir)
-        self.metrics = metrics
+        # Without a registry to report to, the figures go to one nobody reads.
+        self.metrics = metrics if metrics is not None else RecorderMetrics(CollectorRegistry())
         self.queue_size = queue_size
         self.batch_size = batch_size
         self.flush_interval = flush_interval
@@ -101,8 +104,7 @@ class Recorder(BacklogReplay):
         self._spool_bytes = self.spool.bytes
         self._spool_records = self.spool.records
         self._thread = threading.Thread(target=self._run, name="allocator-recorder", daemon=True)
-        if metrics is not None:
-            metrics.queue_depth.set_function(lambda: len(self._queue))
+        self.metrics.queue_depth.set_function(lambda: len(self._queue))
         self._update_spool_gauges()
 
     def start(self) -> Recorder:
@@ -167,8 +169,7 @@ class Recorder(BacklogReplay):
             reason = self._refusal(decisions)
             if reason is not None:
                 self._rejected += n
-                if self.metrics is not None:
-                    self.metrics.rejected.inc(n)
+                self.metrics.rejected.inc(n)
                 raise RecorderRefusedError(reason)
             idle = not self._queue
             self._queue.extend(decisions)
@@ -364,15 +365,13 @@ class Recorder(BacklogReplay):
                 self.sink.connect()
             inserted = self.sink.write(models, decisions)
         except BaseException:
-            if self.metrics is not None:
-                self.metrics.batch_write_latency.observe(time.perf_counter() - start)
+            self.metrics.batch_write_latency.observe(time.perf_counter() - start)
             raise
         if not self._db_up:
             log.info("recorder: database reachable again")
         self._db_up = True
         self._backoff = self._retry_min
-        if self.metrics is not None:
-            self.metrics.observe_write(inserted, time.perf_counter() - start)
+        self.metrics.observe_write(inserted, time.perf_counter() - start)
         with self._cond:
             self._written += inserted
         return inserted
@@ -419,10 +418,8 @@ class Recorder(BacklogReplay):
             self._cond.notify_all()
 
     def _failed(self, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.failed_writes.labels(reason).inc()
+        self.metrics.failed_writes.labels(reason).inc()
 
     def _update_spool_gauges(self) -> None:
-        if self.metrics is not None:
-            self.metrics.spooled_records.set(self._spool_records)
-            self.metrics.spool_bytes.set(self._spool_bytes)
+        self.metrics.spooled_records.set(self._spool_records)
+        self.metrics.spool_bytes.set(self._spool_bytes)

@@ -114,21 +114,6 @@ def format_allocation(allocation: Allocation, current: Float64Array | None = Non
     return "\n".join(lines)
 
 
-def _read_bytes(path: Path | None) -> bytes | None:
-    return None if path is None else path.read_bytes()
-
-
-def _parse_weights(text: str | None) -> Float64Array | None:
-    if text is None:
-        return None
-    try:
-        return np.array([float(x) for x in text.split(",")], dtype=np.float64)
-    except ValueError:
-        raise click.BadParameter(
-            "comma-separated numbers, CASH first", param_hint="--current-weights"
-        ) from None
-
-
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
@@ -184,14 +169,21 @@ def request_command(
     token = token_file.read_text().strip() if token_file else None
     if token_file and not token:
         raise click.UsageError(f"--token-file {token_file} is empty")
-    weights = _parse_weights(current_weights)
+    weights = None
+    try:
+        if current_weights is not None:
+            weights = np.array([float(x) for x in current_weights.split(",")], dtype=np.float64)
+    except ValueError:
+        raise click.BadParameter(
+            "comma-separated numbers, CASH first", param_hint="--current-weights"
+        ) from None
     options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
     client = AllocatorClient(
         target,
         token=token,
-        root_certificates=_read_bytes(tls_ca),
-        private_key=_read_bytes(tls_key),
-        certificate_chain=_read_bytes(tls_cert),
+        root_certificates=tls_ca.read_bytes() if tls_ca else None,
+        private_key=tls_key.read_bytes() if tls_key else None,
+        certificate_chain=tls_cert.read_bytes() if tls_cert else None,
         timeout=timeout,
         options=options,
     )

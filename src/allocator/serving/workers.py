@@ -222,7 +222,10 @@ class Supervisor:
                 deaths = self._quick_deaths.get(worker.index, 0) + 1 if quick else 1
                 self._quick_deaths[worker.index] = deaths
                 delay = min(MAX_RESTART_DELAY_SECONDS, RESTART_DELAY_SECONDS * 2 ** (deaths - 1))
-                if self._sleep(delay):
+                deadline = time.monotonic() + delay
+                while not self._stopping and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if self._stopping:
                     break
                 self.workers[k] = self._spawn(worker.index)
                 self.restarts.inc()
@@ -230,12 +233,6 @@ class Supervisor:
 
     def stop(self) -> None:
         self._stopping = True
-
-    def _sleep(self, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while not self._stopping and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self._stopping
 
     def drain(self) -> bool:
         """SIGTERM every worker and wait for each to drain; True when all exited 0."""
