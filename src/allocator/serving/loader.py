@@ -251,20 +251,14 @@ def _check_listing(directory: Path, manifest: Manifest) -> None:
         )
 
 
-NO_SPINNING = {
-    "session.intra_op.allow_spinning": "0",
-    "session.inter_op.allow_spinning": "0",
-}
-"""No onnxruntime pool thread busy-waits between runs (a spinning one kept a core busy)."""
-
-
 def session_options() -> Any:
     """One intra-op thread, run on the caller's: a batch takes microseconds, and handing it to
     a pool thread costs a wake-up per call (about 0.4 ms) for no speed."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    for key, value in NO_SPINNING.items():
-        options.add_session_config_entry(key, value)
+    # No pool thread busy-waits between runs (a spinning one kept a core busy).
+    for key in ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning"):
+        options.add_session_config_entry(key, "0")
     return options
 
 
