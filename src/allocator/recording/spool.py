@@ -145,11 +145,6 @@ class Spool:
             self._segments.append(Segment(path, sum(_count(f) for f, _ in frames), good))
         fsync_path(self.directory)
 
-    def _next_path(self) -> Path:
-        last = self._segments[-1].path if self._segments else None
-        number = int(last.stem) + 1 if last is not None else 1
-        return self.directory / f"{number:020d}{SEGMENT_SUFFIX}"
-
     def append(self, payload: dict[str, Any]) -> int:
         """Append one frame and fsync it; returns the frame's size. Raises ``SpoolError``."""
         frame = encode_frame(payload)
@@ -179,7 +174,9 @@ class Spool:
 
     def _open_new(self) -> None:
         self._close_current()
-        path = self._next_path()
+        last = self._segments[-1].path if self._segments else None
+        number = int(last.stem) + 1 if last is not None else 1
+        path = self.directory / f"{number:020d}{SEGMENT_SUFFIX}"
         self._current = path.open("ab")
         fsync_path(self.directory)
         self._segments.append(Segment(path, 0, 0))
