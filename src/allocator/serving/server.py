@@ -166,40 +166,8 @@ def build_server(config: ServerConfig, *, reuse_port: bool = False) -> Allocatio
         # Before the recorder starts: its writer replays (and deletes) the spool being read.
         restored = restore_states(recorder.sink.url, recorder.spool, store)
         log.info("restored %d portfolio states from the recorded decisions", restored)
-    _load_models(registry, config, metrics, recorder)
-    executor = futures.ThreadPoolExecutor(config.threads, thread_name_prefix="allocator-store")
-    servicer = AllocatorServicer(registry, store, metrics, recorder, config, executor)
-    loop = EventLoopThread()
-    try:
-        server, health_servicer, port = loop.run(
-            _grpc_server(config, metrics, servicer, reuse_port)
-        )
-    except BaseException:
-        loop.close()
-        raise
-    return AllocationServer(
-        config,
-        loop,
-        server,
-        port,
-        servicer,
-        health_servicer,
-        registry,
-        recorder,
-        store,
-        metrics_registry,
-    )
 
-
-def _load_models(
-    registry: ModelCatalog,
-    config: ServerConfig,
-    metrics: ServingMetrics,
-    recorder: Recorder | None,
-) -> None:
-    """Load every model, registering each with the recorder and publishing the default's
-    identity as metrics on every reload; refuse to serve with no model."""
-
+    # Every model registered with the recorder, the default's identity published, per reload.
     def on_change(snapshot: CatalogSnapshot) -> None:
         if recorder is not None:
             for model in snapshot.models.values():
@@ -222,6 +190,28 @@ def _load_models(
             f"{config.registry}: no model to serve"
             + (f" ({failures})" if failures else " (the registry is empty)")
         )
+    executor = futures.ThreadPoolExecutor(config.threads, thread_name_prefix="allocator-store")
+    servicer = AllocatorServicer(registry, store, metrics, recorder, config, executor)
+    loop = EventLoopThread()
+    try:
+        server, health_servicer, port = loop.run(
+            _grpc_server(config, metrics, servicer, reuse_port)
+        )
+    except BaseException:
+        loop.close()
+        raise
+    return AllocationServer(
+        config,
+        loop,
+        server,
+        port,
+        servicer,
+        health_servicer,
+        registry,
+        recorder,
+        store,
+        metrics_registry,
+    )
 
 
 async def _grpc_server(
@@ -266,14 +256,8 @@ async def _grpc_server(
     health_servicer = health.aio.HealthServicer()
     pb_grpc.add_AllocatorServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
-    )
+    services = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(services, server)
     address = f"{config.host}:{config.port}"
     if config.tls_cert is not None and config.tls_key is not None:
         credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
