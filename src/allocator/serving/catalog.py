@@ -93,8 +93,8 @@ def _reason(exc: Exception) -> str:
 
 class ModelCatalog:
     """Loads every version under ``root`` and keeps the snapshot current; unpinned requests go
-    to ``default_model``, else the first name in sorted order. ``on_change`` callbacks get each
-    new snapshot."""
+    to ``default_model``, else the first name in sorted order. ``on_change`` gets each new
+    snapshot."""
 
     def __init__(
         self,
@@ -103,6 +103,7 @@ class ModelCatalog:
         default_model: str | None = None,
         prefer_cuda: bool = True,
         metrics: ServingMetrics | None = None,
+        on_change: Callable[[CatalogSnapshot], None] | None = None,
     ) -> None:
         self.root = Path(root)
         self.default_model = default_model
@@ -111,7 +112,7 @@ class ModelCatalog:
         self._snapshot = CatalogSnapshot()
         self._refused: dict[Key, tuple[Fingerprint, Refusal]] = {}
         self._fingerprints: dict[Key, Fingerprint] = {}
-        self._listeners: list[Callable[[CatalogSnapshot], None]] = []
+        self._on_change = on_change
         self._refresh_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -119,9 +120,6 @@ class ModelCatalog:
     @property
     def snapshot(self) -> CatalogSnapshot:
         return self._snapshot
-
-    def on_change(self, callback: Callable[[CatalogSnapshot], None]) -> None:
-        self._listeners.append(callback)
 
     def refresh(self) -> bool:
         """Scan once; whether the loaded set or the defaults changed."""
@@ -164,9 +162,9 @@ class ModelCatalog:
         for name, version in defaults.items():
             if old.defaults.get(name) != version:
                 log.info("model registry: %s now answers with version %s", name, version)
-        for callback in self._listeners:
+        if self._on_change is not None:
             try:
-                callback(snapshot)
+                self._on_change(snapshot)
             except Exception:
                 log.exception("model registry: a change listener failed")
         return True

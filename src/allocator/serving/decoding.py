@@ -72,7 +72,14 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
             # Whatever the deserializer raises about these bytes (upb's DecodeError; the pure
             # Python parser's UnicodeDecodeError or struct errors) is about the client's bytes.
             except Exception as exc:
-                message = _refusal(method, type_name, raw, exc)
+                size, reason = len(raw), _reason(exc)
+                log.warning(
+                    "%s: refused %d bytes, not a valid %s (%s)", method, size, type_name, reason
+                )
+                message = (
+                    f"request: the {size} bytes sent to {method} are not a valid {type_name} "
+                    f"message ({reason})"
+                )
                 return Undecodable(message, time.perf_counter() - start)
 
         async def refuse(item: Undecodable, context: Context) -> None:
@@ -110,15 +117,6 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
             wrapped, request_deserializer=decode, response_serializer=handler.response_serializer
         )
         return guarded
-
-
-def _refusal(method: str, type_name: str, raw: bytes, exc: Exception) -> str:
-    reason = _reason(exc)
-    log.warning("%s: refused %d bytes, not a valid %s (%s)", method, len(raw), type_name, reason)
-    return (
-        f"request: the {len(raw)} bytes sent to {method} are not a valid {type_name} "
-        f"message ({reason})"
-    )
 
 
 def _type_name(deserialize: Deserializer) -> str:

@@ -143,12 +143,6 @@ def build_server(config: ServerConfig, *, reuse_port: bool = False) -> Allocatio
     ``reuse_port``: SO_REUSEPORT, for workers sharing one port."""
     metrics_registry = CollectorRegistry()
     metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3, SERVICE)
-    registry = ModelCatalog(
-        config.registry,
-        default_model=config.default_model,
-        prefer_cuda=config.prefer_cuda,
-        metrics=metrics,
-    )
     recorder = None
     if config.record:
         recorder = Recorder(
@@ -177,7 +171,13 @@ def build_server(config: ServerConfig, *, reuse_port: bool = False) -> Allocatio
             metrics.set_model(default.name, default.version, default.manifest.algorithm)
             metrics.set_provider(default.provider)
 
-    registry.on_change(on_change)
+    registry = ModelCatalog(
+        config.registry,
+        default_model=config.default_model,
+        prefer_cuda=config.prefer_cuda,
+        metrics=metrics,
+        on_change=on_change,
+    )
     if recorder is not None:
         recorder.start()
     registry.refresh()

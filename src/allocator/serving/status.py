@@ -24,8 +24,9 @@ def error_status(exc: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, DeadlineExceededError):
         return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
-    if isinstance(exc, ModelNotFoundError):
-        return grpc.StatusCode.NOT_FOUND, _naming_field(exc)
+    if isinstance(exc, ModelNotFoundError):  # a validator's note names the field: the bad pin
+        notes = getattr(exc, "__notes__", None)
+        return grpc.StatusCode.NOT_FOUND, f"{notes[-1]}: {exc}" if notes else str(exc)
     if isinstance(exc, RecorderRefusedError):
         return grpc.StatusCode.UNAVAILABLE, f"decision not recorded, retry: {exc}"
     if isinstance(exc, StateLockTimeoutError | StateLockLostError):
@@ -33,9 +34,3 @@ def error_status(exc: Exception) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, redis.RedisError):
         return grpc.StatusCode.UNAVAILABLE, f"state store unavailable: {exc}"
     return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
-
-
-def _naming_field(exc: Exception) -> str:
-    """``field: message``, the field from a validator's note, so a batch names the bad pin."""
-    notes = getattr(exc, "__notes__", None)
-    return f"{notes[-1]}: {exc}" if notes else str(exc)

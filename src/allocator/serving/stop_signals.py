@@ -17,10 +17,7 @@ class StopSignals:
     def __init__(self) -> None:
         self.received: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._record)
-
-    def _record(self, signum: int, _frame: object) -> None:
-        self.received.append(signum)
+            signal.signal(sig, lambda signum, _frame: self.received.append(signum))
 
     def wait(self) -> int:
         """Block until a stop signal has arrived (at once if one already did); return it."""
