@@ -124,50 +124,47 @@ class ModelCatalog:
     def refresh(self) -> bool:
         """Scan once; whether the loaded set or the defaults changed."""
         with self._refresh_lock:
-            return self._refresh()
-
-    def _refresh(self) -> bool:
-        old = self._snapshot
-        try:
-            on_disk = list_models(self.root)
-        except ModelNotFoundError as exc:
-            log.error("model registry: %s; keeping the loaded models", exc)
-            return False
-        models = dict(old.models)
-        changed = False
-        for key in on_disk:
-            loaded = self._scan_version(key)
-            if loaded is not None:
-                models[key] = loaded
-                changed = True
-        for key in set(models) - set(on_disk):
-            log.info("model registry: %s/%s left the registry; unloaded", *key)
-            del models[key]
-            self._fingerprints.pop(key, None)
-            changed = True
-        for key in set(self._refused) - set(on_disk):
-            log.info("model registry: refused %s/%s left the registry", *key)
-            del self._refused[key]
-        refused = {key: refusal for key, (_, refusal) in sorted(self._refused.items())}
-        if self._metrics is not None:
-            self._metrics.set_refused_versions(r.reason for r in refused.values())
-        defaults = self._defaults(models)
-        default_name = self._default_name(defaults)
-        snapshot = CatalogSnapshot(models, defaults, default_name, refused)
-        if not changed and defaults == dict(old.defaults) and default_name == old.default_name:
-            if refused != dict(old.refused):
-                self._snapshot = snapshot  # the same models, other refusals
-            return False
-        self._snapshot = snapshot  # the atomic swap
-        for name, version in defaults.items():
-            if old.defaults.get(name) != version:
-                log.info("model registry: %s now answers with version %s", name, version)
-        if self._on_change is not None:
+            old = self._snapshot
             try:
-                self._on_change(snapshot)
-            except Exception:
-                log.exception("model registry: a change listener failed")
-        return True
+                on_disk = list_models(self.root)
+            except ModelNotFoundError as exc:
+                log.error("model registry: %s; keeping the loaded models", exc)
+                return False
+            models = dict(old.models)
+            changed = False
+            for key in on_disk:
+                loaded = self._scan_version(key)
+                if loaded is not None:
+                    models[key] = loaded
+                    changed = True
+            for key in set(models) - set(on_disk):
+                log.info("model registry: %s/%s left the registry; unloaded", *key)
+                del models[key]
+                self._fingerprints.pop(key, None)
+                changed = True
+            for key in set(self._refused) - set(on_disk):
+                log.info("model registry: refused %s/%s left the registry", *key)
+                del self._refused[key]
+            refused = {key: refusal for key, (_, refusal) in sorted(self._refused.items())}
+            if self._metrics is not None:
+                self._metrics.set_refused_versions(r.reason for r in refused.values())
+            defaults = self._defaults(models)
+            default_name = self._default_name(defaults)
+            snapshot = CatalogSnapshot(models, defaults, default_name, refused)
+            if not changed and defaults == dict(old.defaults) and default_name == old.default_name:
+                if refused != dict(old.refused):
+                    self._snapshot = snapshot  # the same models, other refusals
+                return False
+            self._snapshot = snapshot  # the atomic swap
+            for name, version in defaults.items():
+                if old.defaults.get(name) != version:
+                    log.info("model registry: %s now answers with version %s", name, version)
+            if self._on_change is not None:
+                try:
+                    self._on_change(snapshot)
+                except Exception:
+                    log.exception("model registry: a change listener failed")
+            return True
 
     def _scan_version(self, key: Key) -> LoadedModel | None:
         """The version newly loaded when its files changed, else None (a refusal is remembered

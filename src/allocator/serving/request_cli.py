@@ -59,8 +59,7 @@ def read_prices_csv(
         table = [row for row in csv.reader(handle) if any(cell.strip() for cell in row)]
     if len(table) < 2 or len(table[0]) < 2:
         raise click.ClickException(f"{path}: expected a header (date, assets...) and data rows")
-    header = [cell.strip() for cell in table[0]]
-    columns = header[1:]
+    columns = [cell.strip() for cell in table[0][1:]]
     wanted = list(assets) if assets else columns
     missing = [a for a in wanted if a not in columns]
     if missing:

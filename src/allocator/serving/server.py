@@ -92,13 +92,10 @@ class AllocationServer:
         await self._set_health(serving=self.registry.snapshot.default_name is not None)
 
     async def _set_health(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        await self.health.set("", status)
-        await self.health.set(SERVICE_NAME, status)
+        response = health_pb2.HealthCheckResponse
+        status = response.SERVING if serving else response.NOT_SERVING
+        for service in ("", SERVICE_NAME):  # the server as a whole, and the allocation service
+            await self.health.set(service, status)
 
     def stop(self, grace: float | None = None) -> None:
         """NOT_SERVING, refuse new calls, finish in-flight ones, flush the recorder."""
