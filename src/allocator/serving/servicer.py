@@ -59,7 +59,6 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         self.registry = registry
         self.store = store
         self.metrics = metrics
-        self.recorder = recorder
         self.executor = executor
         self.step = DecisionStep(store, recorder, metrics, config.idempotency_cache)
         self.batcher = DecisionBatcher(
