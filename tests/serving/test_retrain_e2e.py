@@ -111,7 +111,7 @@ def test_retrain_promotes_and_the_running_server_switches_without_a_failed_call(
             lambda: len(unpinned.outcomes) >= after_rejection + 50, 30, "50 calls after rejection"
         )
         assert set(server.registry.snapshot.models) == {("tiny", v1)}
-        assert not server.registry.failures
+        assert not server.registry.snapshot.refused
 
         # 2. The CronJob's command: promotes; the server follows the pointer on its next scan.
         job = subprocess.run(

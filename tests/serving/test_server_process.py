@@ -138,7 +138,7 @@ def test_reload_under_load_switches_versions_without_a_failed_call(tmp_path: Pat
 
         # A corrupted 3 is refused by its checksum; 2 keeps answering.
         os.rename(stage_version(model_dir, corrupt=True), model_dir / "3")
-        wait_until(lambda: ("tiny", "3") in server.registry.failures, 30, "tiny/3 refused")
+        wait_until(lambda: ("tiny", "3") in server.registry.snapshot.refused, 30, "tiny/3 refused")
         refused_3 = len(unpinned.outcomes)
         wait_until(lambda: len(unpinned.outcomes) >= refused_3 + 100, 30, "100 calls after tiny/3")
 
@@ -147,7 +147,7 @@ def test_reload_under_load_switches_versions_without_a_failed_call(tmp_path: Pat
         pointer_moved = len(unpinned.outcomes)
         wait_until(lambda: answered("1", pointer_moved) >= 100, 30, "100 calls answered by 1 again")
         snapshot = server.registry.snapshot
-        failures = dict(server.registry.failures)
+        failures = dict(server.registry.snapshot.refused)
     finally:
         for loader in loaders:
             loader.stop()
@@ -160,8 +160,8 @@ def test_reload_under_load_switches_versions_without_a_failed_call(tmp_path: Pat
         failed = [o for o in loader.outcomes if not o.ok]
         assert not failed, f"{loader.name}: {len(failed)} failed calls, first {failed[0]}"
     assert set(snapshot.models) == {("tiny", "1"), ("tiny", "2")}
-    assert "model.onnx" in failures[("tiny", "3")]
-    assert "sha256" in failures[("tiny", "3")]
+    assert "model.onnx" in failures[("tiny", "3")].message
+    assert "sha256" in failures[("tiny", "3")].message
 
     # Unpinned: 1, then 2 (never back while 2 is production, tiny/3 refused), then 1 again.
     versions = unpinned.versions()

@@ -41,7 +41,7 @@ class BacklogReplay:
     declared below."""
 
     spool: Spool
-    metrics: RecorderMetrics | None
+    metrics: RecorderMetrics
     _queue: deque[Any]
     _cond: threading.Condition
     _models: dict[tuple[str, str], ModelRecord]
@@ -82,7 +82,15 @@ class BacklogReplay:
                     return
                 cursor.chunks.popleft()
             else:
-                self._replayed_segment(cursor.segment)
+                segment = cursor.segment
+                self.spool.remove(segment)
+                with self._cond:
+                    self._replayed += segment.records
+                    self._spool_bytes = max(0, self._spool_bytes - segment.size)
+                    self._spool_records = max(0, self._spool_records - segment.records)
+                self.metrics.replayed.inc(segment.records)
+                self._update_spool_gauges()
+                log.info("recorder: replayed %d spooled records", segment.records)
                 self._replaying = None
             if time.monotonic() - began >= REPLAY_SLICE_SECONDS or self._queue:
                 return
@@ -107,17 +115,6 @@ class BacklogReplay:
             self._write(models, decisions)
         except RecordRejectedError as exc:
             self._write_one_by_one(models, decisions, exc, False)  # already spooled
-
-    def _replayed_segment(self, segment: Segment) -> None:
-        self.spool.remove(segment)
-        with self._cond:
-            self._replayed += segment.records
-            self._spool_bytes = max(0, self._spool_bytes - segment.size)
-            self._spool_records = max(0, self._spool_records - segment.records)
-        if self.metrics is not None:
-            self.metrics.replayed.inc(segment.records)
-        self._update_spool_gauges()
-        log.info("recorder: replayed %d spooled records", segment.records)
 
     def _self_contained(
         self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]

@@ -21,7 +21,8 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
+
+from prometheus_client import CollectorRegistry
 
 from allocator.metrics.recorder import RecorderMetrics
 from allocator.recording.backlog import BacklogReplay, ReplayCursor
@@ -78,7 +79,8 @@ class Recorder(BacklogReplay):
             raise ValueError(f"ack must be one of {ACK_MODES}, not {ack!r}")
         self.sink = sink if sink is not None else make_sink(database_url)
         self.spool = Spool(spool_dir)
-        self.metrics = metrics
+        # Without a registry to report to, the figures go to one nobody reads.
+        self.metrics = metrics if metrics is not None else RecorderMetrics(CollectorRegistry())
         self.queue_size = queue_size
         self.batch_size = batch_size
         self.flush_interval = flush_interval
@@ -102,8 +104,7 @@ class Recorder(BacklogReplay):
         self._spool_bytes = self.spool.bytes
         self._spool_records = self.spool.records
         self._thread = threading.Thread(target=self._run, name="allocator-recorder", daemon=True)
-        if metrics is not None:
-            metrics.queue_depth.set_function(lambda: len(self._queue))
+        self.metrics.queue_depth.set_function(lambda: len(self._queue))
         self._update_spool_gauges()
 
     def start(self) -> Recorder:
@@ -127,12 +128,7 @@ class Recorder(BacklogReplay):
     def __enter__(self) -> Recorder:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self, timeout: float | None = None) -> bool:
@@ -173,8 +169,7 @@ class Recorder(BacklogReplay):
             reason = self._refusal(decisions)
             if reason is not None:
                 self._rejected += n
-                if self.metrics is not None:
-                    self.metrics.rejected.inc(n)
+                self.metrics.rejected.inc(n)
                 raise RecorderRefusedError(reason)
             idle = not self._queue
             self._queue.extend(decisions)
@@ -306,19 +301,15 @@ class Recorder(BacklogReplay):
             if (models or decisions) and not self._persist(models, decisions):
                 # Neither the database nor the disk took it: keep it (the door stays shut by
                 # the refusal checks), fail the callers waiting on it, and try again shortly.
-                self._set_stalled(True)
+                with self._cond:
+                    self._stalled = True
+                    self._waiters.fail(
+                        NotDurableError("neither the database nor the spool takes records")
+                    )
+                    self._cond.notify_all()
                 time.sleep(self._retry_min)
                 continue
             pending = None
-
-    def _set_stalled(self, stalled: bool) -> None:
-        with self._cond:
-            self._stalled = stalled
-            if stalled:
-                self._waiters.fail(
-                    NotDurableError("neither the database nor the spool takes records")
-                )
-            self._cond.notify_all()
 
     def _attempt_due(self) -> bool:
         return self._db_up or time.monotonic() >= self._next_attempt
@@ -330,12 +321,6 @@ class Recorder(BacklogReplay):
         self._db_up = False
         self._next_attempt = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self._retry_max)
-
-    def _mark_up(self) -> None:
-        if not self._db_up:
-            log.info("recorder: database reachable again")
-        self._db_up = True
-        self._backoff = self._retry_min
 
     def _persist(self, models: list[ModelRecord], decisions: list[DecisionRecord]) -> bool:
         """Write the batch, or spool it; True once it is durable one way or the other."""
@@ -380,12 +365,13 @@ class Recorder(BacklogReplay):
                 self.sink.connect()
             inserted = self.sink.write(models, decisions)
         except BaseException:
-            if self.metrics is not None:
-                self.metrics.batch_write_latency.observe(time.perf_counter() - start)
+            self.metrics.batch_write_latency.observe(time.perf_counter() - start)
             raise
-        self._mark_up()
-        if self.metrics is not None:
-            self.metrics.observe_write(inserted, time.perf_counter() - start)
+        if not self._db_up:
+            log.info("recorder: database reachable again")
+        self._db_up = True
+        self._backoff = self._retry_min
+        self.metrics.observe_write(inserted, time.perf_counter() - start)
         with self._cond:
             self._written += inserted
         return inserted
@@ -432,10 +418,8 @@ class Recorder(BacklogReplay):
             self._cond.notify_all()
 
     def _failed(self, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.failed_writes.labels(reason).inc()
+        self.metrics.failed_writes.labels(reason).inc()
 
     def _update_spool_gauges(self) -> None:
-        if self.metrics is not None:
-            self.metrics.spooled_records.set(self._spool_records)
-            self.metrics.spool_bytes.set(self._spool_bytes)
+        self.metrics.spooled_records.set(self._spool_records)
+        self.metrics.spool_bytes.set(self._spool_bytes)

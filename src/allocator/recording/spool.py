@@ -116,42 +116,34 @@ class Spool:
             data = path.read_bytes()
             frames = list(_frames(data))
             good = frames[-1][1] if frames else 0
-            if good < len(data):
-                if i == len(paths) - 1:
-                    log.warning(
-                        "spool %s: dropping a torn last frame (%d bytes, never acknowledged)",
-                        path,
-                        len(data) - good,
-                    )
-                    with path.open("r+b") as f:
-                        f.truncate(good)
-                        f.flush()
-                        os.fsync(f.fileno())
-                else:
-                    corrupt = path.with_suffix(CORRUPT_SUFFIX)
-                    log.error(
-                        "spool %s: corrupt frame at byte %d; kept as %s, the %d good frames "
-                        "before it replay from a copy",
-                        path,
-                        good,
-                        corrupt,
-                        len(frames),
-                    )
-                    path.rename(corrupt)
-                    if frames:
-                        path.write_bytes(data[:good])
-                    else:
-                        continue
+            if good < len(data) and i == len(paths) - 1:
+                log.warning(
+                    "spool %s: dropping a torn last frame (%d bytes, never acknowledged)",
+                    path,
+                    len(data) - good,
+                )
+                with path.open("r+b") as f:
+                    f.truncate(good)
+                    f.flush()
+                    os.fsync(f.fileno())
+            elif good < len(data):
+                corrupt = path.with_suffix(CORRUPT_SUFFIX)
+                log.error(
+                    "spool %s: corrupt frame at byte %d; kept as %s, the %d good frames "
+                    "before it replay from a copy",
+                    path,
+                    good,
+                    corrupt,
+                    len(frames),
+                )
+                path.rename(corrupt)
+                if frames:
+                    path.write_bytes(data[:good])
             if good == 0:
-                path.unlink()
+                path.unlink(missing_ok=True)  # gone already when set aside as corrupt
                 continue
             self._segments.append(Segment(path, sum(_count(f) for f, _ in frames), good))
         fsync_path(self.directory)
-
-    def _next_path(self) -> Path:
-        last = self._segments[-1].path if self._segments else None
-        number = int(last.stem) + 1 if last is not None else 1
-        return self.directory / f"{number:020d}{SEGMENT_SUFFIX}"
 
     def append(self, payload: dict[str, Any]) -> int:
         """Append one frame and fsync it; returns the frame's size. Raises ``SpoolError``."""
@@ -182,7 +174,9 @@ class Spool:
 
     def _open_new(self) -> None:
         self._close_current()
-        path = self._next_path()
+        last = self._segments[-1].path if self._segments else None
+        number = int(last.stem) + 1 if last is not None else 1
+        path = self.directory / f"{number:020d}{SEGMENT_SUFFIX}"
         self._current = path.open("ab")
         fsync_path(self.directory)
         self._segments.append(Segment(path, 0, 0))

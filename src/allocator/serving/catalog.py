@@ -1,12 +1,7 @@
 """The server's catalog: every verified version in the registry loaded, swapped atomically.
 
-The registry is scanned at start and every few seconds. A new version is loaded and verified
-beside the serving ones; a new immutable ``CatalogSnapshot`` then replaces the old in one
-reference assignment, so a request sees the old set or the new, never a mix. A version that
-fails is logged, counted (once per distinct refusal) and left out, and tried again when any of
-its files changes (name, size or mtime), so a version copied in two steps heals once the copy
-completes. Unpinned requests go to the production pointer's version when it is loaded, else the
-newest loaded version.
+How it rescans, swaps, heals a refused version and picks the default is step 2 of
+docs/architecture.md's request path and its "Registry and loader" note.
 """
 
 from __future__ import annotations
@@ -98,8 +93,8 @@ def _reason(exc: Exception) -> str:
 
 class ModelCatalog:
     """Loads every version under ``root`` and keeps the snapshot current; unpinned requests go
-    to ``default_model``, else the first name in sorted order. ``on_change`` callbacks get each
-    new snapshot."""
+    to ``default_model``, else the first name in sorted order. ``on_change`` gets each new
+    snapshot."""
 
     def __init__(
         self,
@@ -108,6 +103,7 @@ class ModelCatalog:
         default_model: str | None = None,
         prefer_cuda: bool = True,
         metrics: ServingMetrics | None = None,
+        on_change: Callable[[CatalogSnapshot], None] | None = None,
     ) -> None:
         self.root = Path(root)
         self.default_model = default_model
@@ -116,7 +112,7 @@ class ModelCatalog:
         self._snapshot = CatalogSnapshot()
         self._refused: dict[Key, tuple[Fingerprint, Refusal]] = {}
         self._fingerprints: dict[Key, Fingerprint] = {}
-        self._listeners: list[Callable[[CatalogSnapshot], None]] = []
+        self._on_change = on_change
         self._refresh_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -125,60 +121,50 @@ class ModelCatalog:
     def snapshot(self) -> CatalogSnapshot:
         return self._snapshot
 
-    @property
-    def failures(self) -> dict[Key, str]:
-        return {key: refusal.message for key, refusal in self._snapshot.refused.items()}
-
-    def on_change(self, callback: Callable[[CatalogSnapshot], None]) -> None:
-        self._listeners.append(callback)
-
     def refresh(self) -> bool:
         """Scan once; whether the loaded set or the defaults changed."""
         with self._refresh_lock:
-            return self._refresh()
-
-    def _refresh(self) -> bool:
-        old = self._snapshot
-        try:
-            on_disk = list_models(self.root)
-        except ModelNotFoundError as exc:
-            log.error("model registry: %s; keeping the loaded models", exc)
-            return False
-        models = dict(old.models)
-        changed = False
-        for key in on_disk:
-            loaded = self._scan_version(key)
-            if loaded is not None:
-                models[key] = loaded
-                changed = True
-        for key in set(models) - set(on_disk):
-            log.info("model registry: %s/%s left the registry; unloaded", *key)
-            del models[key]
-            self._fingerprints.pop(key, None)
-            changed = True
-        for key in set(self._refused) - set(on_disk):
-            log.info("model registry: refused %s/%s left the registry", *key)
-            del self._refused[key]
-        refused = {key: refusal for key, (_, refusal) in sorted(self._refused.items())}
-        if self._metrics is not None:
-            self._metrics.set_refused_versions(r.reason for r in refused.values())
-        defaults = self._defaults(models)
-        default_name = self._default_name(defaults)
-        snapshot = CatalogSnapshot(models, defaults, default_name, refused)
-        if not changed and defaults == dict(old.defaults) and default_name == old.default_name:
-            if refused != dict(old.refused):
-                self._snapshot = snapshot  # the same models, other refusals
-            return False
-        self._snapshot = snapshot  # the atomic swap
-        for name, version in defaults.items():
-            if old.defaults.get(name) != version:
-                log.info("model registry: %s now answers with version %s", name, version)
-        for callback in self._listeners:
+            old = self._snapshot
             try:
-                callback(snapshot)
-            except Exception:
-                log.exception("model registry: a change listener failed")
-        return True
+                on_disk = list_models(self.root)
+            except ModelNotFoundError as exc:
+                log.error("model registry: %s; keeping the loaded models", exc)
+                return False
+            models = dict(old.models)
+            changed = False
+            for key in on_disk:
+                loaded = self._scan_version(key)
+                if loaded is not None:
+                    models[key] = loaded
+                    changed = True
+            for key in set(models) - set(on_disk):
+                log.info("model registry: %s/%s left the registry; unloaded", *key)
+                del models[key]
+                self._fingerprints.pop(key, None)
+                changed = True
+            for key in set(self._refused) - set(on_disk):
+                log.info("model registry: refused %s/%s left the registry", *key)
+                del self._refused[key]
+            refused = {key: refusal for key, (_, refusal) in sorted(self._refused.items())}
+            if self._metrics is not None:
+                self._metrics.set_refused_versions(r.reason for r in refused.values())
+            defaults = self._defaults(models)
+            default_name = self._default_name(defaults)
+            snapshot = CatalogSnapshot(models, defaults, default_name, refused)
+            if not changed and defaults == dict(old.defaults) and default_name == old.default_name:
+                if refused != dict(old.refused):
+                    self._snapshot = snapshot  # the same models, other refusals
+                return False
+            self._snapshot = snapshot  # the atomic swap
+            for name, version in defaults.items():
+                if old.defaults.get(name) != version:
+                    log.info("model registry: %s now answers with version %s", name, version)
+            if self._on_change is not None:
+                try:
+                    self._on_change(snapshot)
+                except Exception:
+                    log.exception("model registry: a change listener failed")
+            return True
 
     def _scan_version(self, key: Key) -> LoadedModel | None:
         """The version newly loaded when its files changed, else None (a refusal is remembered
@@ -223,11 +209,9 @@ class ModelCatalog:
         return model
 
     def _defaults(self, models: Mapping[Key, LoadedModel]) -> dict[str, str]:
-        by_name: dict[str, list[str]] = {}
-        for name, version in models:
-            by_name.setdefault(name, []).append(version)
         defaults: dict[str, str] = {}
-        for name, versions in by_name.items():
+        for name in dict.fromkeys(n for n, _ in models):
+            versions = [v for n, v in models if n == name]
             pointer = read_production_pointer(self.root, name)
             pointed = pointer["version"] if pointer is not None else None
             chosen, _ = choose_production(pointed, versions)

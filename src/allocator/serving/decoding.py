@@ -1,9 +1,5 @@
-"""Requests whose bytes are not a message: INVALID_ARGUMENT naming the method, never INTERNAL.
-
-grpcio decodes a request before any servicer code runs and answers ``INTERNAL: Exception
-deserializing request!`` when that raises; any client can send any bytes, so the guard decodes
-inside the call instead, where an ``Undecodable`` in place of the message is refused (or, in an
-``AllocateStream``, answered with its own error reply while the stream goes on).
+"""Requests whose bytes are not a message: INVALID_ARGUMENT naming the method, never the INTERNAL
+grpcio answers when its own decoding raises; decoded inside the call instead (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -76,7 +72,14 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
             # Whatever the deserializer raises about these bytes (upb's DecodeError; the pure
             # Python parser's UnicodeDecodeError or struct errors) is about the client's bytes.
             except Exception as exc:
-                message = _refusal(method, type_name, raw, exc)
+                size, reason = len(raw), _reason(exc)
+                log.warning(
+                    "%s: refused %d bytes, not a valid %s (%s)", method, size, type_name, reason
+                )
+                message = (
+                    f"request: the {size} bytes sent to {method} are not a valid {type_name} "
+                    f"message ({reason})"
+                )
                 return Undecodable(message, time.perf_counter() - start)
 
         async def refuse(item: Undecodable, context: Context) -> None:
@@ -114,15 +117,6 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
             wrapped, request_deserializer=decode, response_serializer=handler.response_serializer
         )
         return guarded
-
-
-def _refusal(method: str, type_name: str, raw: bytes, exc: Exception) -> str:
-    reason = _reason(exc)
-    log.warning("%s: refused %d bytes, not a valid %s (%s)", method, len(raw), type_name, reason)
-    return (
-        f"request: the {len(raw)} bytes sent to {method} are not a valid {type_name} "
-        f"message ({reason})"
-    )
 
 
 def _type_name(deserialize: Deserializer) -> str:

@@ -128,26 +128,21 @@ def check_shared(path: Path, session: Any, n_features: int) -> None:
     of ``PROBE_SIZES`` assets, whose outputs must be finite."""
     inputs, outputs = _args(path, session, set(SHARED_POLICY_INPUTS), set(SHARED_POLICY_OUTPUTS))
     features_name, weights_name, mask_name = SHARED_POLICY_INPUTS
-    shape = _check_arg(path, "input", inputs[features_name], 3)
-    if shape[2] != n_features:
-        raise ModelLoadError(
-            f"{path}: input {features_name!r} has shape {shape}, the manifest's feature set "
-            f"needs [batch, assets, {n_features}]"
-        )
-    if isinstance(shape[1], int):
-        raise ModelLoadError(
-            f"{path}: input {features_name!r} has a fixed asset axis {shape[1]}; a shared "
-            "policy must be exported with a dynamic number of assets"
-        )
     for kind, name, arg in (
-        *(("input", n, inputs[n]) for n in SHARED_POLICY_INPUTS[1:]),
+        *(("input", n, inputs[n]) for n in SHARED_POLICY_INPUTS),
         *(("output", n, outputs[n]) for n in SHARED_POLICY_OUTPUTS),
     ):
-        slot_axis = _check_arg(path, kind, arg, 2)[1]
-        if isinstance(slot_axis, int):
+        rank = 3 if name == features_name else 2
+        shape = _check_arg(path, kind, arg, rank)
+        if rank == 3 and shape[2] != n_features:
             raise ModelLoadError(
-                f"{path}: {kind} {name!r} has a fixed slot axis {slot_axis}; a shared policy "
-                "must be exported with a dynamic number of assets"
+                f"{path}: input {name!r} has shape {shape}, the manifest's feature set "
+                f"needs [batch, assets, {n_features}]"
+            )
+        if isinstance(shape[1], int):
+            raise ModelLoadError(
+                f"{path}: {kind} {name!r} has a fixed {'asset' if rank == 3 else 'slot'} axis "
+                f"{shape[1]}; a shared policy must be exported with a dynamic number of assets"
             )
     for n in PROBE_SIZES:
         feeds = {

@@ -37,6 +37,7 @@ from allocator.registry.errors import (
 )
 from allocator.registry.layout import (
     ICM_FILE,
+    ICM_INPUTS,
     ICM_OUTPUT,
     MODEL_FILE,
     POLICY_OUTPUTS,
@@ -144,9 +145,9 @@ class LoadedModel:
         normalizes them itself)."""
         if self.set_policy is not None:
             raise TypeError(f"{self.name} {self.version} is a shared policy: use run_sets")
-        obs = _batch(raw_observations, self.obs_dim, "raw_observations")
-        mask = _batch(masks, self.n_slots, "masks")
-        _same_batch(obs, mask)
+        obs, mask = _batches(
+            raw_observations=(raw_observations, self.obs_dim), masks=(masks, self.n_slots)
+        )
         action, weights = self.session.run(list(POLICY_OUTPUTS), {"observation": obs, "mask": mask})
         return np.asarray(action, dtype=np.float32), np.asarray(weights, dtype=np.float32)
 
@@ -164,9 +165,7 @@ class LoadedModel:
                 f"raw_features must have shape (batch, assets, {n_features}), got {feats.shape}"
             )
         n_slots = feats.shape[1] + 1
-        w = _batch(weights, n_slots, "weights")
-        mask = _batch(masks, n_slots, "masks")
-        _same_batch(feats, w, mask)
+        w, mask = _batches(feats, weights=(weights, n_slots), masks=(masks, n_slots))
         (action,) = self.session.run(
             list(SHARED_POLICY_OUTPUTS),
             dict(zip(SHARED_POLICY_INPUTS, (feats, w, mask), strict=True)),
@@ -185,31 +184,31 @@ class LoadedModel:
             raise ModelLoadError(
                 f"{self.directory / ICM_FILE}: this model was exported without an ICM"
             )
-        prev = _batch(previous_observations, self.obs_dim, "previous_observations")
-        act = _batch(actions, self.n_slots, "actions")
-        obs = _batch(observations, self.obs_dim, "observations")
-        mask = _batch(masks, self.n_slots, "masks")
-        _same_batch(prev, act, obs, mask)
-        (reward,) = self.icm_session.run(
-            [ICM_OUTPUT],
-            {"previous_observation": prev, "action": act, "observation": obs, "mask": mask},
+        feeds = _batches(
+            previous_observations=(previous_observations, self.obs_dim),
+            actions=(actions, self.n_slots),
+            observations=(observations, self.obs_dim),
+            masks=(masks, self.n_slots),
         )
+        (reward,) = self.icm_session.run([ICM_OUTPUT], dict(zip(ICM_INPUTS, feeds, strict=True)))
         return np.asarray(reward, dtype=np.float32).reshape(-1)
 
 
-def _batch(values: ArrayLike, width: int, what: str) -> Float32Array:
-    a = np.ascontiguousarray(values, dtype=np.float32)
-    if a.ndim != 2 or a.shape[1] != width:
-        raise ValueError(f"{what} must have shape (batch, {width}), got {a.shape}")
-    if a.shape[0] == 0:
-        raise ValueError(f"{what} is an empty batch")
-    return a
-
-
-def _same_batch(*arrays: Float32Array) -> None:
-    sizes = {a.shape[0] for a in arrays}
+def _batches(*given: Float32Array, **named: tuple[ArrayLike, int]) -> list[Float32Array]:
+    """Each named ``(values, width)`` as float32 ``(batch, width)``, all and ``given`` of one
+    batch size."""
+    arrays = []
+    for what, (values, width) in named.items():
+        a = np.ascontiguousarray(values, dtype=np.float32)
+        if a.ndim != 2 or a.shape[1] != width:
+            raise ValueError(f"{what} must have shape (batch, {width}), got {a.shape}")
+        if a.shape[0] == 0:
+            raise ValueError(f"{what} is an empty batch")
+        arrays.append(a)
+    sizes = {a.shape[0] for a in (*given, *arrays)}
     if len(sizes) != 1:
         raise ValueError(f"inputs have different batch sizes {sorted(sizes)}")
+    return arrays
 
 
 def _obs_dim(manifest: Manifest) -> int:
@@ -252,20 +251,14 @@ def _check_listing(directory: Path, manifest: Manifest) -> None:
         )
 
 
-NO_SPINNING = {
-    "session.intra_op.allow_spinning": "0",
-    "session.inter_op.allow_spinning": "0",
-}
-"""No onnxruntime pool thread busy-waits between runs (a spinning one kept a core busy)."""
-
-
 def session_options() -> Any:
     """One intra-op thread, run on the caller's: a batch takes microseconds, and handing it to
     a pool thread costs a wake-up per call (about 0.4 ms) for no speed."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    for key, value in NO_SPINNING.items():
-        options.add_session_config_entry(key, value)
+    # No pool thread busy-waits between runs (a spinning one kept a core busy).
+    for key in ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning"):
+        options.add_session_config_entry(key, "0")
     return options
 
 

@@ -36,8 +36,6 @@ class ReplayResult:
     """Every request sent, every answer, and the portfolio's path: ``nav`` has ``n + 1`` entries
     for ``n`` decisions (the start value first)."""
 
-    model_name: str
-    model_version: str
     assets: tuple[str, ...]  # every column of the price history, in order
     dates: list[Any]  # n + 1 dates: decision dates, then the last valuation date
     inputs: list[ValidRequest]
@@ -114,56 +112,6 @@ def _decision_rows(n_dates: int, window: int, dates: Any, start: Any, end: Any) 
     return t0, t1
 
 
-class _Book:
-    """Drifted weights (cash, then every column) and value, accounted like ``PortfolioEnv``."""
-
-    def __init__(self, n_assets: int, value: float, rate: float) -> None:
-        self.holdings = np.zeros(1 + n_assets)
-        self.holdings[0] = 1.0
-        self.value = float(value)
-        self.rate = rate
-
-    def sell_departed(self, cols: NDArray[np.intp]) -> float:
-        """Sell into cash what is held outside ``cols``; the weight sold."""
-        gone = np.ones(self.holdings.size - 1, dtype=bool)
-        gone[cols] = False
-        sold = float(self.holdings[1:][gone].sum())
-        if sold > 0.0:
-            self.holdings[0] += sold
-            self.holdings[1:][gone] = 0.0
-        return sold
-
-    def trade_and_grow(
-        self, smoothed: Float64Array, traded: float, cols: NDArray[np.intp], growth: Float64Array
-    ) -> float:
-        """Trade to ``smoothed``, pay the costs, let prices move by ``growth``; the cost paid."""
-        cost = self.rate * traded * self.value
-        invested = self.value - cost
-        grown = smoothed * growth
-        gross = float(np.add.reduce(grown))
-        self.value = invested * gross
-        self.holdings[:] = 0.0
-        self.holdings[np.concatenate([[0], cols + 1])] = grown / gross
-        return cost
-
-
-def _date_request(
-    portfolio_id: str,
-    k: int,
-    names: tuple[str, ...],
-    closes: Float64Array,
-    cols: NDArray[np.intp],
-    holdings: Float64Array,
-) -> pb.AllocateRequest:
-    return pb.AllocateRequest(
-        portfolio_id=portfolio_id,
-        request_id=f"{portfolio_id}-{k}",
-        asset_ids=[names[j] for j in cols],
-        prices=np.ascontiguousarray(closes[:, cols].T).ravel().tolist(),
-        current_weights=holdings[np.concatenate([[0], cols + 1])].tolist(),
-    )
-
-
 def replay(
     model: LoadedModel | str | Path,
     prices: Any,
@@ -192,9 +140,10 @@ def replay(
         return loaded  # the requests name no model: the replayed one answers
 
     live = live_assets(p, window)
-
-    book = _Book(len(names), initial_value, rate)
-    nav: list[float] = [float(initial_value)]
+    holdings = np.zeros(1 + len(names))  # drifted weights: cash, then every column
+    holdings[0] = 1.0
+    value = float(initial_value)
+    nav = [value]
     turnover: list[float] = []
     costs: list[float] = []
     inputs: list[ValidRequest] = []
@@ -203,25 +152,35 @@ def replay(
         cols = np.flatnonzero(live[t])
         if cols.size == 0:
             raise ValueError(f"no asset has prices around row {t}: nothing to request")
-        sold = book.sell_departed(cols)
-        closes = p[t - window : t + 1]
-        answer = step.allocate(
-            _date_request(portfolio_id, k, names, closes, cols, book.holdings), resolve
+        slots = np.concatenate([[0], cols + 1])
+        departed = np.ones(len(names) + 1, dtype=bool)
+        departed[slots] = False
+        sold = float(holdings[departed].sum())  # sold into cash before the request
+        holdings[0] += sold
+        holdings[departed] = 0.0
+        request = pb.AllocateRequest(
+            portfolio_id=portfolio_id,
+            request_id=f"{portfolio_id}-{k}",
+            asset_ids=[names[j] for j in cols],
+            prices=np.ascontiguousarray(p[t - window : t + 1, cols].T).ravel().tolist(),
+            current_weights=holdings[slots].tolist(),
         )
+        answer = step.allocate(request, resolve)
         out = answer.output
         assert out is not None  # no answers cache: every request is decided
         turnover.append(out.turnover + sold)
-        growth = np.concatenate([[1.0], p[t + 1, cols] / p[t, cols]])
-        costs.append(book.trade_and_grow(out.smoothed_weights, turnover[-1], cols, growth))
-        nav.append(book.value)
+        costs.append(rate * turnover[-1] * value)
+        grown = out.smoothed_weights * np.concatenate([[1.0], p[t + 1, cols] / p[t, cols]])
+        gross = float(np.add.reduce(grown))
+        value = (value - costs[-1]) * gross
+        holdings[:] = 0.0
+        holdings[slots] = grown / gross
+        nav.append(value)
         inputs.append(answer.request)
         outputs.append(out)
-    all_dates = list(range(t0, t1 + 1)) if row_dates is None else list(row_dates[t0 : t1 + 1])
     return ReplayResult(
-        model_name=loaded.name,
-        model_version=loaded.version,
         assets=names,
-        dates=all_dates,
+        dates=list(range(t0, t1 + 1)) if row_dates is None else list(row_dates[t0 : t1 + 1]),
         inputs=inputs,
         outputs=outputs,
         nav=np.array(nav),

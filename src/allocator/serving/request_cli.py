@@ -56,12 +56,10 @@ def read_prices_csv(
 ) -> tuple[list[str], Float64Array]:
     """The last ``rows`` closes per asset of a wide CSV (date first, one column per asset)."""
     with path.open(newline="") as handle:
-        table = list(csv.reader(handle))
-    table = [row for row in table if any(cell.strip() for cell in row)]
+        table = [row for row in csv.reader(handle) if any(cell.strip() for cell in row)]
     if len(table) < 2 or len(table[0]) < 2:
         raise click.ClickException(f"{path}: expected a header (date, assets...) and data rows")
-    header = [cell.strip() for cell in table[0]]
-    columns = header[1:]
+    columns = [cell.strip() for cell in table[0][1:]]
     wanted = list(assets) if assets else columns
     missing = [a for a in wanted if a not in columns]
     if missing:
@@ -95,19 +93,14 @@ def synthetic_prices(n_assets: int, rows: int, seed: int) -> tuple[list[str], Fl
 
 
 def format_allocation(allocation: Allocation, current: Float64Array | None = None) -> str:
-    width = max(len("asset"), *(len(a) for a in allocation.asset_ids))
-    head = f"{'asset':<{width}}  {'raw':>8}  {'smoothed':>8}"
+    columns = {"raw": allocation.raw_weights, "smoothed": allocation.smoothed_weights}
     if current is not None:
-        head += f"  {'current':>8}"
+        columns["current"] = current
+    width = max(len("asset"), *(len(a) for a in allocation.asset_ids))
+    head = f"{'asset':<{width}}" + "".join(f"  {name:>8}" for name in columns)
     lines = [head, "-" * len(head)]
     for i, asset in enumerate(allocation.asset_ids):
-        line = (
-            f"{asset:<{width}}  {allocation.raw_weights[i]:>8.4f}  "
-            f"{allocation.smoothed_weights[i]:>8.4f}"
-        )
-        if current is not None:
-            line += f"  {current[i]:>8.4f}"
-        lines.append(line)
+        lines.append(f"{asset:<{width}}" + "".join(f"  {w[i]:>8.4f}" for w in columns.values()))
     icm = "-" if allocation.icm_reward is None else f"{allocation.icm_reward:.6g}"
     lines += [
         "",
@@ -118,21 +111,6 @@ def format_allocation(allocation: Allocation, current: Float64Array | None = Non
         f"request id  {allocation.request_id}",
     ]
     return "\n".join(lines)
-
-
-def _read_bytes(path: Path | None) -> bytes | None:
-    return None if path is None else path.read_bytes()
-
-
-def _parse_weights(text: str | None) -> Float64Array | None:
-    if text is None:
-        return None
-    try:
-        return np.array([float(x) for x in text.split(",")], dtype=np.float64)
-    except ValueError:
-        raise click.BadParameter(
-            "comma-separated numbers, CASH first", param_hint="--current-weights"
-        ) from None
 
 
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -190,14 +168,21 @@ def request_command(
     token = token_file.read_text().strip() if token_file else None
     if token_file and not token:
         raise click.UsageError(f"--token-file {token_file} is empty")
-    weights = _parse_weights(current_weights)
+    weights = None
+    try:
+        if current_weights is not None:
+            weights = np.array([float(x) for x in current_weights.split(",")], dtype=np.float64)
+    except ValueError:
+        raise click.BadParameter(
+            "comma-separated numbers, CASH first", param_hint="--current-weights"
+        ) from None
     options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
     client = AllocatorClient(
         target,
         token=token,
-        root_certificates=_read_bytes(tls_ca),
-        private_key=_read_bytes(tls_key),
-        certificate_chain=_read_bytes(tls_cert),
+        root_certificates=tls_ca.read_bytes() if tls_ca else None,
+        private_key=tls_key.read_bytes() if tls_key else None,
+        certificate_chain=tls_cert.read_bytes() if tls_cert else None,
         timeout=timeout,
         options=options,
     )

@@ -36,17 +36,18 @@ OPEN_SERVICES = (
 
 def read_tokens(path: str | Path) -> tuple[str, ...]:
     """One token per line (several let a rotation overlap); blanks and ``#`` comments skipped."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ValueError(f"--auth-token-file {p}: cannot read it ({exc.strerror})") from None
-    tokens = tuple(
-        line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
-    )
+    lines = _read("--auth-token-file", path).decode().splitlines()
+    tokens = tuple(line.strip() for line in lines if line.strip() and not line.startswith("#"))
     if not tokens:
-        raise ValueError(f"--auth-token-file {p}: the file holds no token")
+        raise ValueError(f"--auth-token-file {path}: the file holds no token")
     return tokens
+
+
+def _read(option: str, path: str | Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: cannot read it ({exc.strerror})") from None
 
 
 def bearer_token(header: object) -> str | None:
@@ -57,10 +58,6 @@ def bearer_token(header: object) -> str | None:
     scheme, _, token = header.partition(" ")
     token = token.strip(" ")
     return token if scheme.lower() == "bearer" and token else None
-
-
-def _digest(value: str) -> bytes:
-    return hashlib.sha256(value.encode()).digest()
 
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -92,7 +89,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, tokens: Sequence[str], on_denied: Callable[[str], None]) -> None:
         if not tokens or not all(tokens):
             raise ValueError("auth tokens must not be empty")
-        self._expected = tuple(_digest(t) for t in tokens)
+        self._expected = tuple(hashlib.sha256(t.encode()).digest() for t in tokens)
         self._on_denied = on_denied
 
     async def intercept_service(
@@ -105,7 +102,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         token = bearer_token(next((v for k, v in metadata if k == "authorization"), None))
         message = "missing bearer token: send metadata 'authorization: Bearer <token>'"
         if token is not None:
-            given = _digest(token)
+            given = hashlib.sha256(token.encode()).digest()
             # Compare with every accepted token, no early exit: the time says nothing about which.
             if any([hmac.compare_digest(given, expected) for expected in self._expected]):
                 return await continuation(handler_call_details)
@@ -119,17 +116,9 @@ def server_credentials(
     cert: str | Path, key: str | Path, client_ca: str | Path | None = None
 ) -> grpc.ServerCredentials:
     """With ``client_ca`` the server requires and verifies client certificates."""
-    files = {"--tls-cert": cert, "--tls-key": key}
-    if client_ca is not None:
-        files["--tls-client-ca"] = client_ca
-    data: dict[str, bytes] = {}
-    for option, path in files.items():
-        try:
-            data[option] = Path(path).read_bytes()
-        except OSError as exc:
-            raise ValueError(f"{option} {path}: cannot read it ({exc.strerror})") from None
+    chain, private_key = _read("--tls-cert", cert), _read("--tls-key", key)
     return grpc.ssl_server_credentials(
-        [(data["--tls-key"], data["--tls-cert"])],
-        root_certificates=data.get("--tls-client-ca"),
+        [(private_key, chain)],
+        root_certificates=None if client_ca is None else _read("--tls-client-ca", client_ca),
         require_client_auth=client_ca is not None,
     )

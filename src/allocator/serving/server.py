@@ -92,13 +92,10 @@ class AllocationServer:
         await self._set_health(serving=self.registry.snapshot.default_name is not None)
 
     async def _set_health(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        await self.health.set("", status)
-        await self.health.set(SERVICE_NAME, status)
+        response = health_pb2.HealthCheckResponse
+        status = response.SERVING if serving else response.NOT_SERVING
+        for service in ("", SERVICE_NAME):  # the server as a whole, and the allocation service
+            await self.health.set(service, status)
 
     def stop(self, grace: float | None = None) -> None:
         """NOT_SERVING, refuse new calls, finish in-flight ones, flush the recorder."""
@@ -137,21 +134,12 @@ class AllocationServer:
                 return
             await asyncio.sleep(min(_DRAIN_QUIET_SECONDS - quiet, deadline - now))
 
-    def wait(self) -> None:
-        self.loop.run(self.server.wait_for_termination())
-
 
 def build_server(config: ServerConfig, *, reuse_port: bool = False) -> AllocationServer:
     """Load the registry, open the recorder and state store, and bind (not start) the server;
     ``reuse_port``: SO_REUSEPORT, for workers sharing one port."""
     metrics_registry = CollectorRegistry()
     metrics = ServingMetrics(metrics_registry, config.latency_budget_ms / 1e3, SERVICE)
-    registry = ModelCatalog(
-        config.registry,
-        default_model=config.default_model,
-        prefer_cuda=config.prefer_cuda,
-        metrics=metrics,
-    )
     recorder = None
     if config.record:
         recorder = Recorder(
@@ -169,7 +157,38 @@ def build_server(config: ServerConfig, *, reuse_port: bool = False) -> Allocatio
         # Before the recorder starts: its writer replays (and deletes) the spool being read.
         restored = restore_states(recorder.sink.url, recorder.spool, store)
         log.info("restored %d portfolio states from the recorded decisions", restored)
-    _load_models(registry, config, metrics, recorder)
+
+    # Every model registered with the recorder, the default's identity published, per reload.
+    def on_change(snapshot: CatalogSnapshot) -> None:
+        if recorder is not None:
+            for model in snapshot.models.values():
+                recorder.register_model(_model_record(model))
+        if snapshot.default_name is not None:
+            default = snapshot.default
+            metrics.model_info.set(
+                name=default.name, version=default.version, algorithm=default.manifest.algorithm
+            )
+            metrics.provider_info.set(provider=default.provider)
+
+    registry = ModelCatalog(
+        config.registry,
+        default_model=config.default_model,
+        prefer_cuda=config.prefer_cuda,
+        metrics=metrics,
+        on_change=on_change,
+    )
+    if recorder is not None:
+        recorder.start()
+    registry.refresh()
+    if registry.snapshot.default_name is None:
+        refused = registry.snapshot.refused.items()
+        failures = "; ".join(f"{n}/{v}: {why.message}" for (n, v), why in refused)
+        if recorder is not None:
+            recorder.close()
+        raise ModelNotFoundError(
+            f"{config.registry}: no model to serve"
+            + (f" ({failures})" if failures else " (the registry is empty)")
+        )
     executor = futures.ThreadPoolExecutor(config.threads, thread_name_prefix="allocator-store")
     servicer = AllocatorServicer(registry, store, metrics, recorder, config, executor)
     loop = EventLoopThread()
@@ -192,40 +211,6 @@ def build_server(config: ServerConfig, *, reuse_port: bool = False) -> Allocatio
         store,
         metrics_registry,
     )
-
-
-def _load_models(
-    registry: ModelCatalog,
-    config: ServerConfig,
-    metrics: ServingMetrics,
-    recorder: Recorder | None,
-) -> None:
-    """Load every model, registering each with the recorder and publishing the default's
-    identity as metrics on every reload; refuse to serve with no model."""
-
-    def on_change(snapshot: CatalogSnapshot) -> None:
-        if recorder is not None:
-            for model in snapshot.models.values():
-                recorder.register_model(_model_record(model))
-        if snapshot.default_name is not None:
-            default = snapshot.default
-            metrics.model_info.set(
-                name=default.name, version=default.version, algorithm=default.manifest.algorithm
-            )
-            metrics.provider_info.set(provider=default.provider)
-
-    registry.on_change(on_change)
-    if recorder is not None:
-        recorder.start()
-    registry.refresh()
-    if registry.snapshot.default_name is None:
-        failures = "; ".join(f"{n}/{v}: {why}" for (n, v), why in registry.failures.items())
-        if recorder is not None:
-            recorder.close()
-        raise ModelNotFoundError(
-            f"{config.registry}: no model to serve"
-            + (f" ({failures})" if failures else " (the registry is empty)")
-        )
 
 
 async def _grpc_server(
@@ -270,18 +255,8 @@ async def _grpc_server(
     health_servicer = health.aio.HealthServicer()
     pb_grpc.add_AllocatorServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
-    )
-    return server, health_servicer, _bind(config, server)
-
-
-def _bind(config: ServerConfig, server: grpc.aio.Server) -> int:
+    services = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(services, server)
     address = f"{config.host}:{config.port}"
     if config.tls_cert is not None and config.tls_key is not None:
         credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
@@ -290,4 +265,4 @@ def _bind(config: ServerConfig, server: grpc.aio.Server) -> int:
         port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind {address}")
-    return port
+    return server, health_servicer, port

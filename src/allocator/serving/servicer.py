@@ -1,8 +1,5 @@
-"""The ``allocator.v1.Allocator`` service's handlers, on the server's event loop.
-
-A handler only translates between gRPC and the decision path: it turns a call into validated
-items, awaits their answers from the process's ``DecisionBatcher``, maps what refused them to a
-status (``serving.status``) and times the call by outcome. ``AllocateStream`` is
+"""The ``allocator.v1.Allocator`` service's handlers, on the server's event loop: calls in,
+statuses out (``serving.status``), each call timed by outcome; ``AllocateStream`` is
 ``serving.stream``'s.
 """
 
@@ -62,7 +59,6 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         self.registry = registry
         self.store = store
         self.metrics = metrics
-        self.recorder = recorder
         self.executor = executor
         self.step = DecisionStep(store, recorder, metrics, config.idempotency_cache)
         self.batcher = DecisionBatcher(

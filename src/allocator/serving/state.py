@@ -25,9 +25,11 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, TypeAlias
+
+import redis
 
 from allocator.serving.decision import PortfolioState, StateDecodeError
 
@@ -49,18 +51,6 @@ class StateLockTimeoutError(TimeoutError):
 
 class StateLockLostError(RuntimeError):
     """A lock expired before the write; nothing was written (another replica may own it now)."""
-
-
-class StateStore(Protocol):
-    """Where portfolio states live; see the module docstring for the locking contract."""
-
-    def locked(self, portfolio_ids: Sequence[str]) -> AbstractContextManager[StateSession]: ...
-
-    def reset(self, portfolio_id: str) -> bool:
-        """Forget a portfolio's state (under its lock); True if there was one."""
-        ...
-
-    def close(self) -> None: ...
 
 
 def _unique_ids(portfolio_ids: Sequence[str]) -> tuple[str, ...]:
@@ -107,43 +97,28 @@ class MemoryStateStore:
         self._states: dict[str, PortfolioState] = {}
         self._locks = [threading.Lock() for _ in range(self.STRIPES)]
 
-    def __len__(self) -> int:
-        return len(self._states)
-
-    def _acquire(self, ids: tuple[str, ...], timeout: float) -> list[threading.Lock] | None:
-        """Every stripe of ``ids``, in index order, or None (holding none) when one stays taken
-        for ``timeout``."""
-        n = len(self._locks)
-        held: list[threading.Lock] = []
-        try:
-            for k in sorted({hash(pid) % n for pid in ids}):
-                if not self._locks[k].acquire(timeout=timeout):
-                    _release(held)
-                    return None
-                held.append(self._locks[k])
-        except BaseException:
-            _release(held)
-            raise
-        return held
-
     def locked(self, portfolio_ids: Sequence[str]) -> AbstractContextManager[StateSession]:
-        ids = _unique_ids(portfolio_ids)
-        held = self._acquire(ids, self.LOCK_WAIT_SECONDS)
-        if held is None:
+        locked = self.try_locked(portfolio_ids, self.LOCK_WAIT_SECONDS)
+        if locked is None:
             wait = self.LOCK_WAIT_SECONDS
             raise StateLockTimeoutError(f"portfolio state locked for more than {wait:g} s")
-        return self._session(ids, held)
+        return locked
 
     def try_locked(
-        self, portfolio_ids: Sequence[str]
+        self, portfolio_ids: Sequence[str], timeout: float = 0.0
     ) -> AbstractContextManager[StateSession] | None:
-        """``locked`` when every lock is free now, else None: an event loop must not wait."""
+        """``locked`` once every stripe is taken, in index order, within ``timeout``, else None
+        holding none (0, the default: an event loop must not wait)."""
         ids = _unique_ids(portfolio_ids)
-        held = self._acquire(ids, 0)
-        return None if held is None else self._session(ids, held)
+        with ExitStack() as held:
+            for k in sorted({hash(pid) % self.STRIPES for pid in ids}):
+                if not self._locks[k].acquire(timeout=timeout):
+                    return None
+                held.callback(self._locks[k].release)
+            return self._session(ids, held.pop_all())
 
     @contextmanager
-    def _session(self, ids: tuple[str, ...], held: list[threading.Lock]) -> Iterator[StateSession]:
+    def _session(self, ids: tuple[str, ...], held: ExitStack) -> Iterator[StateSession]:
         def write(states: Sequence[PortfolioState | None]) -> None:
             for pid, state in zip(ids, states, strict=True):
                 if state is None:
@@ -151,12 +126,11 @@ class MemoryStateStore:
                 else:
                     self._states[pid] = state
 
-        try:
+        with held:
             yield StateSession(ids, [self._states.get(pid) for pid in ids], write)
-        finally:
-            _release(held)
 
     def reset(self, portfolio_id: str) -> bool:
+        """Forget a portfolio's state (under its lock); True if there was one."""
         with self.locked([portfolio_id]) as session:
             existed = session.get()[0] is not None
             session.put([None])
@@ -164,11 +138,6 @@ class MemoryStateStore:
 
     def close(self) -> None:
         self._states.clear()
-
-
-def _release(held: list[threading.Lock]) -> None:
-    for lock in reversed(held):
-        lock.release()
 
 
 # KEYS = n lock keys, then n state keys; ARGV = lock value (owner id ":" token), lock ttl (ms),
@@ -250,10 +219,6 @@ class RedisStateStore:
         lock_wait_seconds: float = 5.0,
         liveness_seconds: float = 0.5,
     ) -> None:
-        try:
-            import redis
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise ImportError("RedisStateStore needs the `redis` package") from exc
         lock_prefix = "lock:" + prefix if lock_prefix is None else lock_prefix
         owner_prefix = "owner:" + prefix
         for a, b in ((prefix, lock_prefix), (prefix, owner_prefix), (lock_prefix, owner_prefix)):
@@ -291,8 +256,6 @@ class RedisStateStore:
         return self.owner_prefix + self.owner
 
     def _beat(self, interval: float) -> None:
-        import redis
-
         while not self._closed.wait(interval):
             try:
                 self._client.set(self.owner_key, b"1", px=self._liveness_ms)
@@ -384,8 +347,6 @@ class RedisStateStore:
 
     def close(self) -> None:
         """Drop the liveness key: any lock still held here is free."""
-        import redis
-
         self._closed.set()
         self._heartbeat.join()
         try:
@@ -393,3 +354,7 @@ class RedisStateStore:
         except redis.RedisError as exc:
             logger.debug("state store: liveness key not deleted (%s); it expires", exc)
         self._client.close()
+
+
+StateStore: TypeAlias = MemoryStateStore | RedisStateStore
+"""Where portfolio states live; see the module docstring for the locking contract."""

@@ -5,6 +5,7 @@ unary call's abort and a stream message's error reply alike.
 from __future__ import annotations
 
 import grpc
+import redis
 
 from allocator.recording.recorder import RecorderRefusedError
 from allocator.recording.records import RecordError
@@ -23,26 +24,13 @@ def error_status(exc: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, DeadlineExceededError):
         return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
-    if isinstance(exc, ModelNotFoundError):
-        return grpc.StatusCode.NOT_FOUND, _naming_field(exc)
+    if isinstance(exc, ModelNotFoundError):  # a validator's note names the field: the bad pin
+        notes = getattr(exc, "__notes__", None)
+        return grpc.StatusCode.NOT_FOUND, f"{notes[-1]}: {exc}" if notes else str(exc)
     if isinstance(exc, RecorderRefusedError):
         return grpc.StatusCode.UNAVAILABLE, f"decision not recorded, retry: {exc}"
     if isinstance(exc, StateLockTimeoutError | StateLockLostError):
         return grpc.StatusCode.UNAVAILABLE, f"portfolio busy, retry: {exc}"
-    if _is_redis_error(exc):
+    if isinstance(exc, redis.RedisError):
         return grpc.StatusCode.UNAVAILABLE, f"state store unavailable: {exc}"
     return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
-
-
-def _naming_field(exc: Exception) -> str:
-    """``field: message``, the field from a validator's note, so a batch names the bad pin."""
-    notes = getattr(exc, "__notes__", None)
-    return f"{notes[-1]}: {exc}" if notes else str(exc)
-
-
-def _is_redis_error(exc: Exception) -> bool:
-    try:
-        import redis
-    except ImportError:  # pragma: no cover - redis is a serve dependency
-        return False
-    return isinstance(exc, redis.RedisError)

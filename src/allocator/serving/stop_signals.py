@@ -1,9 +1,5 @@
-"""SIGTERM and SIGINT as a request to drain, recorded without taking a lock.
-
-A handler runs in the main thread between bytecodes, maybe while it holds a lock: one calling
-``threading.Event.set`` during ``Event.wait`` (the Event's lock is not reentrant) can block
-forever. So the handler only appends to a list, and the main thread polls it. Install it before
-the slow imports and the model load, so a signal arriving then drains the server once started.
+"""SIGTERM and SIGINT as a request to drain, recorded by a handler that takes no lock: one that
+sets a ``threading.Event`` can deadlock against the main thread's wait (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -21,10 +17,7 @@ class StopSignals:
     def __init__(self) -> None:
         self.received: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._record)
-
-    def _record(self, signum: int, _frame: object) -> None:
-        self.received.append(signum)
+            signal.signal(sig, lambda signum, _frame: self.received.append(signum))
 
     def wait(self) -> int:
         """Block until a stop signal has arrived (at once if one already did); return it."""

@@ -1,9 +1,5 @@
-"""``AllocateStream``: many allocations over one call, each message a batch with its own answer.
-
-Each message is decided as an ``AllocateBatch`` call is, one at a time, in request order; one
-that decides nothing gets the status a unary call would have got, and the stream goes on. A
-reader task fills a short inbox so that a quiet stream notices a drain: the server answers what
-it received, then ends the stream with UNAVAILABLE (the client resends the rest, same ids).
+"""``AllocateStream``: many allocations over one call, each message a batch with its own answer,
+in request order; how a bad message and a drain are answered is docs/architecture.md's.
 """
 
 from __future__ import annotations

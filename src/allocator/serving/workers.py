@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from allocator.serving.config import ServerConfig
@@ -92,29 +93,12 @@ def worker_config(config: ServerConfig, index: int, port: int) -> ServerConfig:
     )
 
 
+@dataclass(eq=False)
 class _Worker:
-    def __init__(self, index: int, config: ServerConfig, env: dict[str, str]) -> None:
-        self.index = index
-        child_env = {
-            **env,
-            CONFIG_ENV: config.model_dump_json(),
-            INDEX_ENV: str(index),
-            PARENT_ENV: str(os.getpid()),
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "allocator.serving.workers"],
-            env=child_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-        )
-        self.started = time.monotonic()
-        self.ready = False
-
-    def read_ready(self) -> bool:
-        assert self.proc.stdout is not None
-        if os.read(self.proc.stdout.fileno(), len(READY)) == READY:
-            self.ready = True
-        return self.ready
+    index: int
+    proc: subprocess.Popen[bytes]
+    started: float = field(default_factory=time.monotonic)
+    ready: bool = False
 
     def close(self) -> None:
         if self.proc.stdout is not None:
@@ -151,12 +135,21 @@ class Supervisor:
         return self.config.dial_target(self.port)
 
     def _spawn(self, index: int) -> _Worker:
-        return _Worker(index, worker_config(self.config, index, self.port), self._env)
+        config = worker_config(self.config, index, self.port)
+        env = {
+            **self._env,
+            CONFIG_ENV: config.model_dump_json(),
+            INDEX_ENV: str(index),
+            PARENT_ENV: str(os.getpid()),
+        }
+        command = [sys.executable, "-m", "allocator.serving.workers"]
+        proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        return _Worker(index, proc)
 
     def start(self) -> Supervisor:
         """Start every worker and wait until each serves; ``RuntimeError`` if one fails first."""
-        self._warn_stranded_spools()
-        self._prepare_database()
+        if self.config.record:
+            self._prepare_recording()
         log.info(
             "starting %d workers; their metrics files in %s", self.config.workers, self._metrics_dir
         )
@@ -176,10 +169,17 @@ class Supervisor:
         self._metrics_http, self.metrics_port = self.config.serve_metrics(self.metrics_registry)
         return self
 
-    def _prepare_database(self) -> None:
-        """Switch a SQLite database to WAL once, so the workers do not race for its lock."""
-        if not self.config.record:
-            return
+    def _prepare_recording(self) -> None:
+        """Warn of spools no worker replays; switch a SQLite database to WAL once, so the workers
+        do not race for its lock."""
+        for path in sorted(self.config.spool_dir.glob("worker-*")):
+            index = path.name.removeprefix("worker-")
+            if index.isdigit() and int(index) >= self.config.workers and any(path.iterdir()):
+                log.warning(
+                    "%s holds a spool no worker replays now: run --workers %d once to replay it",
+                    path,
+                    int(index) + 1,
+                )
         import sqlite3
 
         # The supervisor imports the recording layer only when it records, and only here.
@@ -192,18 +192,6 @@ class Supervisor:
         except sqlite3.Error as exc:
             log.warning("cannot switch %s to WAL before the workers start: %s", url, exc)
 
-    def _warn_stranded_spools(self) -> None:
-        if not self.config.record:
-            return
-        for path in sorted(self.config.spool_dir.glob("worker-*")):
-            index = path.name.removeprefix("worker-")
-            if index.isdigit() and int(index) >= self.config.workers and any(path.iterdir()):
-                log.warning(
-                    "%s holds a spool no worker replays now: run --workers %d once to replay it",
-                    path,
-                    int(index) + 1,
-                )
-
     def _read_pipes(self, timeout: float) -> None:
         pipes = {w.proc.stdout.fileno(): w for w in self.workers if w.proc.stdout and not w.ready}
         if not pipes:
@@ -212,7 +200,8 @@ class Supervisor:
         readable, _, _ = select.select(list(pipes), [], [], timeout)
         for fd in readable:
             worker = pipes[fd]
-            if worker.read_ready() and worker.proc.poll() is None:
+            worker.ready = os.read(fd, len(READY)) == READY
+            if worker.ready and worker.proc.poll() is None:
                 log.info("worker %d (pid %d) serving", worker.index, worker.proc.pid)
 
     def run(self) -> None:
@@ -233,7 +222,10 @@ class Supervisor:
                 deaths = self._quick_deaths.get(worker.index, 0) + 1 if quick else 1
                 self._quick_deaths[worker.index] = deaths
                 delay = min(MAX_RESTART_DELAY_SECONDS, RESTART_DELAY_SECONDS * 2 ** (deaths - 1))
-                if self._sleep(delay):
+                deadline = time.monotonic() + delay
+                while not self._stopping and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if self._stopping:
                     break
                 self.workers[k] = self._spawn(worker.index)
                 self.restarts.inc()
@@ -241,12 +233,6 @@ class Supervisor:
 
     def stop(self) -> None:
         self._stopping = True
-
-    def _sleep(self, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while not self._stopping and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self._stopping
 
     def drain(self) -> bool:
         """SIGTERM every worker and wait for each to drain; True when all exited 0."""
