@@ -77,10 +77,7 @@ class EnvConfig(StrictModel):
     def _check(self) -> EnvConfig:
         if self.min_assets > self.max_assets:
             raise ValueError(f"min_assets {self.min_assets} > max_assets {self.max_assets}")
-        if not self.horizons or min(self.horizons) < 1:
-            raise ValueError(f"horizons must be non-empty and >= 1, got {self.horizons}")
-        if len(set(self.horizons)) != len(self.horizons):
-            raise ValueError(f"horizons must be distinct, got {self.horizons}")
+        AssetFeatureSpec(horizons=tuple(self.horizons))  # refuses empty, repeated or < 1 ones
         if self.reward.relative_to == "anchor" and self.action.mapping != "tilt":
             raise ValueError(
                 "reward.relative_to=anchor needs action.mapping=tilt: the affine mapping has no "
