@@ -33,6 +33,7 @@ from allocator.artifacts.manifest import (
 )
 from allocator.portfolio import FeatureSpec
 from allocator.trainer.checkpoints.errors import CheckpointUpgradeError
+from allocator.trainer.sim.env import observation_space
 from allocator.trainer.training.run_dir import CHECKPOINT_FILES, ICM_FILE, MODEL_FILE
 
 
@@ -184,14 +185,6 @@ def pad_noise(noise: Any, size: int) -> Any:
             extra = np.full(size - value.size, fill, dtype=value.dtype)
             setattr(out, name, np.concatenate([value, extra]))
     return out
-
-
-def observation_space(spec: FeatureSpec) -> gym.spaces.Box:
-    """The environment's observation space (``PortfolioEnv``): features in +-clip, rest [0, 1]."""
-    n_feat = spec.max_assets * spec.window
-    low = np.concatenate([np.full(n_feat, -spec.clip), np.zeros(2 * spec.n_slots)])
-    high = np.concatenate([np.full(n_feat, spec.clip), np.ones(2 * spec.n_slots)])
-    return gym.spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
 
 
 def _torch_bytes(obj: Any) -> bytes:

@@ -112,6 +112,14 @@ class EnvConfig(StrictModel):
         return self.features == "returns" and self.action.mapping == "affine"
 
 
+def observation_space(spec: FeatureSpec) -> gym.spaces.Box:
+    """The environment's observation space: features in +-clip, weights and mask in [0, 1]."""
+    n_feat = spec.max_assets * spec.window
+    low = np.concatenate([np.full(n_feat, -spec.clip), np.zeros(2 * spec.n_slots)])
+    high = np.concatenate([np.full(n_feat, spec.clip), np.ones(2 * spec.n_slots)])
+    return gym.spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
+
+
 class PortfolioEnv(gym.Env[Float32Array, Float32Array]):
     """Gymnasium environment over ``MarketData`` with the shared policy contract. Reset options:
     ``assets`` (slot order), ``start`` (date or row), ``episode_length`` and ``universe_changes``
@@ -133,12 +141,9 @@ class PortfolioEnv(gym.Env[Float32Array, Float32Array]):
         self.n_slots = self.config.max_assets + 1
         self.n_features = self.config.n_features
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(self.n_slots,), dtype=np.float32)
-        # Features lie in [-clip, clip]; the weights and mask blocks in [0, 1].
+        self.observation_space = observation_space(self.config.feature_spec)
         self._obs_size = self.config.feature_spec.obs_size  # read every step: kept
         self._n_block = self._obs_size - 2 * self.n_slots
-        low = np.zeros(self._obs_size, np.float32)
-        low[: self._n_block] = -self.config.obs_clip
-        self.observation_space = gym.spaces.Box(low, np.where(low < 0, -low, 1), dtype=np.float32)
         self._history = self.config.history
         self.asset_spec: AssetFeatureSpec | None = None
         self.feature_norm: FeatureNormalization | None = None
