@@ -112,7 +112,7 @@ class EnvConfig(StrictModel):
         return self.features == "returns" and self.action.mapping == "affine"
 
 
-def observation_space(spec: FeatureSpec) -> gym.spaces.Box:
+def observation_space(spec: FeatureSpec) -> gym.spaces.Box[np.float32]:
     """The environment's observation space: features in +-clip, weights and mask in [0, 1]."""
     n_feat = spec.max_assets * spec.window
     low = np.concatenate([np.full(n_feat, -spec.clip), np.zeros(2 * spec.n_slots)])
