@@ -28,6 +28,14 @@ class StrictModel(BaseModel):
 
 Model = TypeVar("Model", bound=BaseModel)
 
+
+def one_of(what: str, value: str, allowed: Collection[str]) -> str:
+    """``value``, refused with the allowed names when a caller passes a name outside a fixed set."""
+    if value not in allowed:
+        raise ValueError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
 # Tags pydantic inserts into an error's location for plain unions (``float | LinearSchedule``).
 _TYPE_TAGS = frozenset({"float", "int", "str", "bool", "list", "dict", "none"})
 
