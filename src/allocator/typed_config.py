@@ -47,13 +47,10 @@ def key_path(loc: Sequence[Any], tags: Collection[str] = ()) -> str:
     types, and the tags named in ``tags``: a union member's model class name, or the value of
     a discriminator (``td3``), neither of which is a key the user typed.
     """
-    parts: list[str] = []
-    for raw in loc:
-        part = str(raw)
-        if part.startswith("function-") or part in _TYPE_TAGS or part in tags:
-            continue
-        parts.append(part)
-    return ".".join(parts)
+    kept = (str(p) for p in loc)
+    return ".".join(
+        p for p in kept if not p.startswith("function-") and p not in _TYPE_TAGS and p not in tags
+    )
 
 
 def validate(
@@ -68,10 +65,8 @@ def validate(
     try:
         return model.model_validate(tree)
     except ValidationError as exc:
-        lines = [f"{source}: invalid {what}"]
-        for err in exc.errors():
-            lines.append(f"  {key_path(err['loc'], tags) or '(top level)'}: {err['msg']}")
-        raise ConfigError("\n".join(lines)) from exc
+        lines = [f"  {key_path(e['loc'], tags) or '(top level)'}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("\n".join([f"{source}: invalid {what}", *lines])) from exc
 
 
 def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:
