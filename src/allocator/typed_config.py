@@ -28,6 +28,14 @@ class StrictModel(BaseModel):
 
 Model = TypeVar("Model", bound=BaseModel)
 
+
+def one_of(what: str, value: str, allowed: Collection[str]) -> str:
+    """``value``, refused with the allowed names when a caller passes a name outside a fixed set."""
+    if value not in allowed:
+        raise ValueError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
 # Tags pydantic inserts into an error's location for plain unions (``float | LinearSchedule``).
 _TYPE_TAGS = frozenset({"float", "int", "str", "bool", "list", "dict", "none"})
 
@@ -39,13 +47,10 @@ def key_path(loc: Sequence[Any], tags: Collection[str] = ()) -> str:
     types, and the tags named in ``tags``: a union member's model class name, or the value of
     a discriminator (``td3``), neither of which is a key the user typed.
     """
-    parts: list[str] = []
-    for raw in loc:
-        part = str(raw)
-        if part.startswith("function-") or part in _TYPE_TAGS or part in tags:
-            continue
-        parts.append(part)
-    return ".".join(parts)
+    kept = (str(p) for p in loc)
+    return ".".join(
+        p for p in kept if not p.startswith("function-") and p not in _TYPE_TAGS and p not in tags
+    )
 
 
 def validate(
@@ -60,10 +65,8 @@ def validate(
     try:
         return model.model_validate(tree)
     except ValidationError as exc:
-        lines = [f"{source}: invalid {what}"]
-        for err in exc.errors():
-            lines.append(f"  {key_path(err['loc'], tags) or '(top level)'}: {err['msg']}")
-        raise ConfigError("\n".join(lines)) from exc
+        lines = [f"  {key_path(e['loc'], tags) or '(top level)'}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("\n".join([f"{source}: invalid {what}", *lines])) from exc
 
 
 def read_yaml(path: str | Path, what: str = "config file") -> dict[str, Any]:

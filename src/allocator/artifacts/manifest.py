@@ -27,7 +27,7 @@ from allocator.portfolio import (
     FeatureNormalization,
     FeatureSpec,
 )
-from allocator.typed_config import StrictModel
+from allocator.typed_config import StrictModel, one_of
 
 SCHEMA_VERSION = 3
 READABLE_SCHEMA_VERSIONS = (2, 3)
@@ -60,10 +60,8 @@ class ManifestError(ValueError):
     ``reason`` (one of ``MANIFEST_PROBLEMS``) lets the server count refusals by cause."""
 
     def __init__(self, message: str, reason: str = BAD_MANIFEST) -> None:
-        if reason not in MANIFEST_PROBLEMS:
-            raise ValueError(f"reason {reason!r} is not one of {', '.join(MANIFEST_PROBLEMS)}")
         super().__init__(message)
-        self.reason = reason
+        self.reason = one_of("reason", reason, MANIFEST_PROBLEMS)
 
 
 class FeatureSpecInfo(StrictModel):

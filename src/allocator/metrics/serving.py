@@ -25,6 +25,7 @@ from allocator.metrics.grpc_server import (
 )
 from allocator.metrics.info import CurrentInfo
 from allocator.registry.errors import REFUSAL_REASONS
+from allocator.typed_config import one_of
 
 
 class ServingMetrics:
@@ -147,23 +148,15 @@ class ServingMetrics:
 
     def observe_refusal(self, reason: str) -> None:
         """A version refused for a new reason (counted once per distinct refusal, not per scan)."""
-        self.model_refused.labels(self._refusal_reason(reason)).inc()
+        self.model_refused.labels(one_of("refusal reason", reason, REFUSAL_REASONS)).inc()
 
     def set_refused_versions(self, reasons: Iterable[str]) -> None:
         """The reasons of every version whose current files are refused (one entry each)."""
         counts = dict.fromkeys(REFUSAL_REASONS, 0)
         for reason in reasons:
-            counts[self._refusal_reason(reason)] += 1
+            counts[one_of("refusal reason", reason, REFUSAL_REASONS)] += 1
         for reason, count in counts.items():
             self.models_refused.labels(reason).set(count)
-
-    @staticmethod
-    def _refusal_reason(reason: str) -> str:
-        if reason not in REFUSAL_REASONS:
-            raise ValueError(
-                f"refusal reason {reason!r} is not one of {', '.join(REFUSAL_REASONS)}"
-            )
-        return reason
 
     def observe_request(
         self,

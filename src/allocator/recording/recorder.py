@@ -47,8 +47,6 @@ __all__ = ["ACK_MODES", "NotDurableError", "Recorder", "RecorderRefusedError", "
 
 log = logging.getLogger(__name__)
 
-_Item = ModelRecord | DecisionRecord
-
 
 class Recorder(BacklogReplay):
     """Record decisions into ``database_url`` through a spool in ``spool_dir``.
@@ -88,7 +86,7 @@ class Recorder(BacklogReplay):
         self.commit_window = commit_window
         self.spool_quota_bytes = spool_quota_bytes
         self._retry_min, self._retry_max = retry_interval
-        self._queue: deque[_Item] = deque()
+        self._queue: deque[ModelRecord | DecisionRecord] = deque()
         self._cond = threading.Condition()
         self._models: dict[tuple[str, str], ModelRecord] = {}
         # counters since start, in records (``stats``)
@@ -317,7 +315,7 @@ class Recorder(BacklogReplay):
     def _mark_down(self, failure: str | None = None) -> None:
         """The database is down: retry after the backoff; ``failure`` counts a failed write."""
         if failure is not None:
-            self._failed(failure)
+            self.metrics.failed_writes.labels(failure).inc()
         self._db_up = False
         self._next_attempt = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self._retry_max)
@@ -353,7 +351,7 @@ class Recorder(BacklogReplay):
             self._append_spool(models, decisions)
         except SpoolError as exc:
             log.error("recorder: %s; %d records held in memory", exc, len(decisions))
-            self._failed("spool")
+            self.metrics.failed_writes.labels("spool").inc()
             return False
         self._done(len(decisions))
         return True
@@ -393,7 +391,7 @@ class Recorder(BacklogReplay):
             try:
                 self._write(one_model, one_decision)
             except RecordRejectedError as exc:
-                self._failed("rejected")
+                self.metrics.failed_writes.labels("rejected").inc()
                 self._quarantine(one_model, one_decision, exc)
             except Exception:
                 if not spool_on_outage:
@@ -416,9 +414,6 @@ class Recorder(BacklogReplay):
             self._durable += n
             self._waiters.settle(self._durable)
             self._cond.notify_all()
-
-    def _failed(self, reason: str) -> None:
-        self.metrics.failed_writes.labels(reason).inc()
 
     def _update_spool_gauges(self) -> None:
         self.metrics.spooled_records.set(self._spool_records)

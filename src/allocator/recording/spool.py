@@ -194,8 +194,7 @@ class Spool:
         """The frames of ``segment``'s durable bytes, each decoded as it is reached."""
         with segment.path.open("rb") as f:
             data = f.read(segment.size)
-        for frame, _ in _frames(data):
-            yield frame
+        yield from (frame for frame, _ in _frames(data))
 
     def seal(self, segment: Segment) -> None:
         """Append no more to ``segment`` (one being replayed is deleted afterwards, so it must

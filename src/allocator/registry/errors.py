@@ -7,6 +7,7 @@ from allocator.artifacts.manifest import BAD_MANIFEST as BAD_MANIFEST
 from allocator.artifacts.manifest import CHECKSUM_MISMATCH as CHECKSUM_MISMATCH
 from allocator.artifacts.manifest import MISSING_FILE as MISSING_FILE
 from allocator.artifacts.manifest import UNSUPPORTED_FORMAT as UNSUPPORTED_FORMAT
+from allocator.typed_config import one_of
 
 BAD_GRAPH = "bad_graph"
 """onnxruntime cannot load a graph, or its signature or a probe run does not match the manifest."""
@@ -28,10 +29,8 @@ class ModelLoadError(ValueError):
     the refusal metric and ``ListModels``, the message names the offending file."""
 
     def __init__(self, message: str, reason: str = BAD_GRAPH) -> None:
-        if reason not in REFUSAL_REASONS:
-            raise ValueError(f"reason {reason!r} is not one of {', '.join(REFUSAL_REASONS)}")
         super().__init__(message)
-        self.reason = reason
+        self.reason = one_of("reason", reason, REFUSAL_REASONS)
 
 
 class ModelNotFoundError(ModelLoadError):
