@@ -112,6 +112,17 @@ def _decision_rows(n_dates: int, window: int, dates: Any, start: Any, end: Any) 
     return t0, t1
 
 
+def _sell_departed(holdings: Float64Array, slots: NDArray[np.intp]) -> float:
+    """Sell the holdings outside ``slots`` into cash (in place) before the request; the share
+    sold."""
+    departed = np.ones(holdings.shape[0], dtype=bool)
+    departed[slots] = False
+    sold = float(holdings[departed].sum())
+    holdings[0] += sold
+    holdings[departed] = 0.0
+    return sold
+
+
 def replay(
     model: LoadedModel | str | Path,
     prices: Any,
@@ -153,11 +164,7 @@ def replay(
         if cols.size == 0:
             raise ValueError(f"no asset has prices around row {t}: nothing to request")
         slots = np.concatenate([[0], cols + 1])
-        departed = np.ones(len(names) + 1, dtype=bool)
-        departed[slots] = False
-        sold = float(holdings[departed].sum())  # sold into cash before the request
-        holdings[0] += sold
-        holdings[departed] = 0.0
+        sold = _sell_departed(holdings, slots)
         request = pb.AllocateRequest(
             portfolio_id=portfolio_id,
             request_id=f"{portfolio_id}-{k}",
