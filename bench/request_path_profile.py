@@ -17,10 +17,10 @@ Each phase is timed without the profiler (best of ``--repeat`` runs of ``--round
 wall-clock and process CPU time, the latter steadier on a machine shared with other work), then
 profiled once; ``top`` lists cProfile's entries by own time (``tottime``), per decision.
 
-``--baseline SRC`` runs another tree's decision step (its ``serving`` validation, idempotency,
-decision and step modules; e.g. ``git archive COMMIT src | tar -x -C /tmp/base``) beside this
-one in the same process, the two taking turns round by round, so a before/after comparison
-is not a comparison of two moments of a shared machine. Results: ``this`` and ``baseline``.
+``--baseline SRC`` measures another source tree too (e.g. ``git archive COMMIT src | tar -x -C
+/tmp/base``): each tree runs whole in its own process (``PYTHONPATH``), so any change between
+them compares, and the two take turns run by run (``--repeat`` runs each, best kept), so a
+change in the machine's load hits both alike. Results: ``this`` and ``baseline``.
 
 The model: ``--registry DIR`` (an exported model, e.g. the one ``serve_latency.py`` trains),
 else a synthetic policy + ICM of the demo shape (``--assets`` slots, window 30) written with
@@ -33,13 +33,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import platform
 import pstats
-import re
+import subprocess
 import sys
 import tempfile
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -145,23 +145,26 @@ def _summary(
     }
 
 
-_STEP_MODULES = ("validation", "idempotency", "decision", "step")
+def compare(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    """This tree and ``args.baseline`` in turns, each run a process of its own (``--repeat 1``);
+    per phase the best run's figures."""
+    import allocator  # where this tree's package lives: its src/ goes on the path as is
 
-
-def load_baseline(src: Path) -> Any:
-    """The decision step of another source tree (e.g. an older commit's ``src``), loaded beside
-    this one with its own validation, idempotency and decision modules (everything else is
-    shared), so both run in one process, on one machine load."""
-    pattern = re.compile(r"allocator\.serving\.(" + "|".join(_STEP_MODULES) + r")\b")
-    module = None
-    for name in _STEP_MODULES:
-        path = src / "allocator" / "serving" / f"{name}.py"
-        code = pattern.sub(r"baseline_\1", path.read_text())
-        module = types.ModuleType(f"baseline_{name}")
-        module.__file__ = str(path)
-        sys.modules[module.__name__] = module
-        exec(compile(code, str(path), "exec"), module.__dict__)  # a source tree the caller names
-    return module
+    trees = {"this": Path(allocator.__file__).resolve().parents[1], "baseline": args.baseline}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    for _ in range(args.repeat):
+        for name, src in trees.items():
+            command = [sys.executable, __file__, *argv, "--repeat", "1"]
+            env = {**os.environ, "PYTHONPATH": str(src)}
+            done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+            runs[name].append(json.loads(done.stdout))
+    out = {k: v for k, v in runs["this"][0].items() if k not in ("this", "command")}
+    for name, results in runs.items():
+        out[name] = {
+            kind: min((r["this"][kind] for r in results), key=lambda f: f["cpu_us_per_decision"])
+            for kind in results[0]["this"]
+        }
+    return out
 
 
 def main() -> None:
@@ -179,6 +182,12 @@ def main() -> None:
         "--baseline", type=Path, help="another tree's src/ to run beside this one, in turns"
     )
     args = parser.parse_args()
+    if args.baseline is not None:
+        argv = [a for a in sys.argv[1:] if a not in ("--baseline", str(args.baseline))]
+        out = compare(args, [a for a in argv if not a.startswith("--baseline=")])
+        command = " ".join(["bench/request_path_profile.py", *sys.argv[1:]])
+        print(json.dumps({"command": command, **out}, indent=2))
+        return
 
     from allocator.recording.recorder import Recorder
     from allocator.serving import load_model
@@ -188,8 +197,6 @@ def main() -> None:
     from allocator.serving.state import MemoryStateStore
 
     variants = {"this": this_step}
-    if args.baseline is not None:
-        variants["baseline"] = load_baseline(args.baseline)
 
     with tempfile.TemporaryDirectory() as tmp:
         root = args.registry or synthetic_registry(Path(tmp) / "registry", args.assets, 30)
