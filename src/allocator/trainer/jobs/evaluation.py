@@ -74,24 +74,21 @@ def replay_exported(
     else:
         loaded = load_model(model_dir, prefer_cuda=False)  # CPU: deterministic, like the tests
     window = loaded.manifest.feature_spec.window
-    names = (
-        list(assets)
-        if assets is not None
-        else evaluation_assets(data, start, end, window, loaded.max_assets)
-    )
+    priced = evaluation_assets(data, start, end, window)
+    names = list(assets) if assets is not None else priced[: loaded.max_assets]
     if len(names) > loaded.max_assets:
         raise DataError(
             f"{len(names)} assets but model {loaded.name}/{loaded.version} has "
             f"{loaded.max_assets} slots; pass at most {loaded.max_assets}"
         )
-    frame = data.select(names).to_frame()
     t0, t1 = data.date_index(start, "left"), data.date_index(end, "right")
-    short = [a for a in names if a not in default_assets(data, t0 - window, t1)]
+    short = [a for a in names if a not in priced]
     if short:
         raise DataError(
             f"{data.source}: asset(s) {', '.join(short)} lack prices between "
-            f"{data.dates[max(t0 - window, 0)].date()} and {data.dates[t1].date()}"
+            f"{data.dates[t0 - window].date()} and {data.dates[t1].date()}"
         )
+    frame = data.select(names).to_frame()
     rep = replay(loaded, frame, start=t0, end=t1, cost_bps=cost_bps)
     decision_dates = data.dates[t0:t1]
     columns = ["cash", *rep.assets]
