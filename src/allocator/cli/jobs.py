@@ -212,11 +212,9 @@ def run_walk_forward_command(
     if result.run_id is not None:
         shown = shown_url(str(result.database_url))
         click.echo(f"recorded: walk-forward run {result.run_id} in {shown}")
-    click.echo(f"summary: {result.files['summary']}")
-    click.echo(f"returns: {result.files['returns']}")
-    click.echo(f"report:  {result.files['report']}")
-    if "html" in result.files:
-        click.echo(f"html:    {result.files['html']}")
+    for key in ("summary", "returns", "report", "html"):
+        if key in result.files:
+            click.echo(f"{key + ':':<8} {result.files[key]}")
     if result.push_error:
         fail(str(result.push_error), 1)
 

@@ -7,7 +7,6 @@ server down) exits 1 with the reason on stderr; bad options exit 2.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -391,7 +390,7 @@ def status(account_name: str | None, as_json: bool, database_url: str | None) ->
     if account_name is not None and not report:
         fail(f"unknown account {account_name!r}")
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        emit_json(report, True, None)
     else:
         for entry in report:
             state = f"HALTED: {entry['halt_reason']}" if entry["halted"] else "active"

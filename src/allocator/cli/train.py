@@ -56,7 +56,7 @@ def train(
     # heavy (torch): imported when the command runs, so `allocator --help` stays instant
     from allocator.recording.schema import utcnow
     from allocator.trainer import MissingExtraError
-    from allocator.trainer.jobs.database import check_training_table, record_training_run
+    from allocator.trainer.jobs.database import checked_engine, record_training_run
     from allocator.trainer.market.data import DataError
     from allocator.trainer.sim.html_report import REPORT_FILE
     from allocator.trainer.sim.performance import format_table
@@ -73,7 +73,7 @@ def train(
     started = utcnow()
     try:
         if database_url:
-            check_training_table(database_url)
+            checked_engine(database_url, ["training_runs"], ConfigError).dispose()
         with graceful_stop("stopping after this step, with a checkpoint (again: at once)") as ask:
             if resume_dir is None:
                 config = load_config(config_path, list(overrides))

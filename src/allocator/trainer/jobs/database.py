@@ -15,7 +15,6 @@ from allocator.recording.schema import utcnow
 from allocator.recording.settings import shown_url
 from allocator.trainer.jobs.json_safe import json_safe
 from allocator.trainer.training.run import TrainingRun
-from allocator.typed_config import ConfigError
 
 
 def checked_engine(
@@ -36,11 +35,6 @@ def checked_engine(
             "on it first (with --database-url, or DATABASE_URL set to it)"
         )
     return engine
-
-
-def check_training_table(url: str) -> None:
-    """Refuse a database that cannot be reached or has no ``training_runs`` (not migrated)."""
-    checked_engine(url, ["training_runs"], ConfigError).dispose()
 
 
 def record_training_run(url: str, run: TrainingRun, started: dt.datetime) -> int:

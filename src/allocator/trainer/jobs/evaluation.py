@@ -6,7 +6,7 @@ over the same span, assets and costs, so every metric comes from one function.
 
 Fitted baselines (min-variance, HRP) must not see the test period. With ``fit="train"`` (the
 default) they are fitted once on the training span and held as a constant mix: the information
-the RL model had when frozen. ``fit="trailing"`` refits on the trailing ``lookback`` days at
+the RL model had when frozen. ``fit="trailing"`` refits on the trailing 252 days at
 each rebalance (the ``allocator backtest`` behaviour): causal, but it keeps learning during the
 test span, which the exported model does not."""
 
@@ -74,24 +74,21 @@ def replay_exported(
     else:
         loaded = load_model(model_dir, prefer_cuda=False)  # CPU: deterministic, like the tests
     window = loaded.manifest.feature_spec.window
-    names = (
-        list(assets)
-        if assets is not None
-        else evaluation_assets(data, start, end, window, loaded.max_assets)
-    )
+    priced = evaluation_assets(data, start, end, window)
+    names = list(assets) if assets is not None else priced[: loaded.max_assets]
     if len(names) > loaded.max_assets:
         raise DataError(
             f"{len(names)} assets but model {loaded.name}/{loaded.version} has "
             f"{loaded.max_assets} slots; pass at most {loaded.max_assets}"
         )
-    frame = data.select(names).to_frame()
     t0, t1 = data.date_index(start, "left"), data.date_index(end, "right")
-    short = [a for a in names if a not in default_assets(data, t0 - window, t1)]
+    short = [a for a in names if a not in priced]
     if short:
         raise DataError(
             f"{data.source}: asset(s) {', '.join(short)} lack prices between "
-            f"{data.dates[max(t0 - window, 0)].date()} and {data.dates[t1].date()}"
+            f"{data.dates[t0 - window].date()} and {data.dates[t1].date()}"
         )
+    frame = data.select(names).to_frame()
     rep = replay(loaded, frame, start=t0, end=t1, cost_bps=cost_bps)
     decision_dates = data.dates[t0:t1]
     columns = ["cash", *rep.assets]
@@ -165,16 +162,15 @@ class ConstantMix:
 
     name: str
     weights: dict[str, float]
-    cash: float = 0.0
     rebalance_every: int = 21
 
     def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
         if ctx.step % self.rebalance_every:
             return ctx.weights
         w = np.array([self.weights.get(a, 0.0) for a in ctx.assets], dtype=np.float64)
-        if w.sum() + self.cash <= 0:
+        if w.sum() <= 0:
             w = np.full(len(ctx.assets), 1.0 / len(ctx.assets))  # degenerate fit: 1/N
-        return ctx.slot_weights(w, cash=self.cash)
+        return ctx.slot_weights(w)
 
 
 def fit_baseline_weights(
@@ -209,7 +205,6 @@ def evaluate_baselines(
     train_end: DateLike | None = None,
     window: int = 30,
     rebalance_every: int = 21,
-    lookback: int = 252,
     anchor: AnchorSpec | None = None,
 ) -> dict[str, BacktestResult]:
     """Backtest baselines over ``[start, end]`` with the same costs and assets as the model.
@@ -234,7 +229,7 @@ def evaluate_baselines(
             weights = fit_baseline_weights(name, data, names_, train_start, train_end)
             policy = ConstantMix(name, weights, rebalance_every=rebalance_every)
         elif name in FITTED_BASELINES:
-            policy = make_baseline(name, lookback=lookback, rebalance_every=rebalance_every)
+            policy = make_baseline(name, rebalance_every=rebalance_every)  # trailing 252 days
         elif name == BaselineName.ANCHOR:
             policy = make_baseline(name, spec=anchor)
         else:

@@ -69,8 +69,7 @@ def run_job(job: SuiteJob) -> dict[str, Any]:
     """Train and score one draw: the row the suite's report aggregates."""
     config = validate(TrainConfig, job.trainer, job_label(job), tags=UNION_TAGS)
     run = train(config, Path(job.run_dir))
-    data = load_dataset(config.data.dataset)
-    return score_run(run, data, job)
+    return score_run(run, load_dataset(config.data.dataset), job)
 
 
 def held_out(run: TrainingRun, data: MarketData, policy: Policy) -> BacktestResult:

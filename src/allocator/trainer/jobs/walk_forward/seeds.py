@@ -139,11 +139,10 @@ def window_excess(frame: pd.DataFrame) -> pd.Series:
     )
 
 
-def seed_study(
-    run_dirs: Sequence[str | Path], settings: StatisticsSettings | None = None
-) -> dict[str, Any]:
-    """The seed study of ``run_dirs`` (see the module docstring) as a JSON-ready dict."""
-    settings = settings or StatisticsSettings()
+def seed_study(run_dirs: Sequence[str | Path]) -> dict[str, Any]:
+    """The seed study of ``run_dirs`` (see the module docstring) as a JSON-ready dict, drawn
+    with the default ``StatisticsSettings``."""
+    settings = StatisticsSettings()
     runs = load_seed_runs(run_dirs)
     per_seed = pd.DataFrame({r.seed: window_excess(r.returns) for r in runs})
     ew = runs[0].returns[EQUAL_WEIGHT].to_numpy(float)

@@ -310,10 +310,7 @@ def window_icm_statistics(
     lo = data.date_index(w.train_start, "left")
     hi = data.date_index(w.train_end, "right")
     ref_start = data.dates[max(lo + window, hi - len(ev.icm_rewards))]
-    ref_assets = evaluation_assets(data, ref_start, w.train_end, window, model.max_assets)
-    ref = replay_exported(
-        model, data, ref_start, w.train_end, cost_bps=job.cost_bps, assets=ref_assets
-    )
+    ref = replay_exported(model, data, ref_start, w.train_end, cost_bps=job.cost_bps)
     return icm_statistics(ev.icm_rewards, ref.icm_rewards)
 
 
