@@ -88,9 +88,10 @@ def live_price_window(
     if p.shape[-1] < n_prices:
         raise ValueError(f"need at least {n_prices} prices per asset, got {p.shape[-1]}")
     p = p[..., p.shape[-1] - n_prices :]
-    batch = np.broadcast_shapes(p.shape[:-2], live.shape[:-1])
-    p = np.broadcast_to(p, (*batch, *p.shape[-2:]))
-    live = np.broadcast_to(live, (*batch, live.shape[-1]))
+    if p.shape[:-2] != live.shape[:-1]:  # broadcasting costs the request path; rarely needed
+        batch = np.broadcast_shapes(p.shape[:-2], live.shape[:-1])
+        p = np.broadcast_to(p, (*batch, *p.shape[-2:]))
+        live = np.broadcast_to(live, (*batch, live.shape[-1]))
     bad = live[..., None] & ~(np.isfinite(p) & (p > 0))
     if np.any(bad):
         where = np.argwhere(bad)[0]
