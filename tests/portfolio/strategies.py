@@ -43,3 +43,23 @@ def universe(
 @st.composite
 def permutation(draw: st.DrawFn, n: int) -> np.ndarray:
     return np.asarray(draw(st.permutations(range(n))), dtype=np.int64)
+
+
+@st.composite
+def distribution(draw: st.DrawFn, n: int, mask: np.ndarray | None = None) -> np.ndarray:
+    """A probability vector of length ``n``, zero where ``mask`` is False (cash always live)."""
+    raw = draw(
+        hnp.arrays(
+            np.float64, n, elements=st.floats(0.0, 1.0, allow_nan=False, allow_infinity=False)
+        )
+    )
+    if mask is not None:
+        live = np.asarray(mask, dtype=bool).copy()
+        live[0] = True
+        raw = raw * live
+    total = raw.sum()
+    if total == 0.0:
+        out = np.zeros(n)
+        out[0] = 1.0
+        return out
+    return raw / total
