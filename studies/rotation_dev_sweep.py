@@ -39,9 +39,10 @@ from typing import Any
 import numpy as np
 from tests.learning.recipes import ROTATION, SHARED, config
 from tests.learning.rotation import TEST_DRAWS
-from tests.learning.yardsticks import held_out_ensemble, held_out_momentum
+from tests.learning.yardsticks import held_out_momentum
 from tests.markets import rotating_market, write_market
 
+from allocator.trainer.jobs.suite.job import held_out_ensemble
 from allocator.trainer.market.data import load_dataset
 from allocator.trainer.market.draws import HeldOutDrawError, refuse_held_out
 from allocator.trainer.training.run import train
@@ -117,7 +118,7 @@ def _one(
         if seeds is not None:
             out["seeds"] = list(seeds)
             out["member_sharpes"] = [m["sharpe"] for m in members]
-            figures = held_out_ensemble(runs, data).metrics()
+            figures = held_out_ensemble(runs, data)[0].metrics()
             out["ensemble_sharpe"] = figures["sharpe"]
             out["ensemble_turnover"] = figures["turnover"]
             out["ensemble_excess"] = figures["sharpe"] - bar

@@ -29,10 +29,10 @@ from allocator.trainer.export.loaded_run import LoadedRun, load_run
 from allocator.trainer.market.data import load_dataset
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.rule_selection import MomentumChoice
-from allocator.trainer.training.policy_eval import backtest_model
+from allocator.trainer.training.policy_eval import SeedEnsemble, backtest_model
 from allocator.trainer.training.run import train
 from tests.learning.recipes import ROTATION, SHARED, SHARED_ROTATION, config
-from tests.learning.yardsticks import RotationFilter, SeedEnsemble, held_out_rule, momentum_for
+from tests.learning.yardsticks import RotationFilter, held_out_rule, momentum_for
 from tests.markets import rotating_market, write_market
 
 # The ledger of draws.
@@ -180,7 +180,7 @@ def judge_ensemble(root: Path, draw: int) -> dict[str, Any]:
 
     def held_out(policy_members: Sequence[LoadedRun]) -> Any:
         result, _ = backtest_model(
-            SeedEnsemble(policy_members),
+            SeedEnsemble([m.model for m in policy_members]),
             cfg,
             data,
             span,

@@ -7,18 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from allocator.trainer.jobs.suite.job import held_out_ensemble
 from allocator.trainer.market.data import load_dataset
 from allocator.trainer.sim.baselines import TopKMomentum
+from allocator.trainer.training.policy_eval import SeedEnsemble
 from allocator.trainer.training.run import train
 from tests.learning.recipes import SHARED, config
 from tests.learning.rotation import interval, verdict
-from tests.learning.yardsticks import (
-    RotationFilter,
-    SeedEnsemble,
-    held_out_ensemble,
-    regime_switch_lag,
-    switch_lags,
-)
+from tests.learning.yardsticks import RotationFilter, regime_switch_lag, switch_lags
 from tests.markets import rotating_market, rotating_schedule, write_market
 
 
@@ -128,14 +124,16 @@ def test_seed_ensemble_averages_its_members_and_one_member_is_the_run_itself(tmp
         for seed in (0, 1)
     ]
     data = load_dataset(str(path))
-    alone = held_out_ensemble(runs[:1], data)
+    alone, _ = held_out_ensemble(runs[:1], data)
     pd.testing.assert_series_equal(alone.nav, runs[0].validation["td3"].nav, check_names=False)
-    both = held_out_ensemble(runs, data)
+    both, _ = held_out_ensemble(runs, data)
     for run in runs:
         assert not np.allclose(both.nav.to_numpy(), run.validation["td3"].nav.to_numpy())
     obs = runs[0].model.observation_space.sample()
     members = [run.model.predict(obs, deterministic=True)[0] for run in runs]
-    np.testing.assert_allclose(SeedEnsemble(runs).predict(obs)[0], np.mean(members, axis=0))
+    np.testing.assert_allclose(
+        SeedEnsemble([run.model for run in runs]).predict(obs)[0], np.mean(members, axis=0)
+    )
     with pytest.raises(ValueError, match="at least one member"):
         SeedEnsemble([])
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -22,15 +21,12 @@ from allocator.trainer.sim.baselines import AnchorPolicy, Policy
 from allocator.trainer.sim.ceilings import RotationFilter
 from allocator.trainer.sim.rule_selection import MomentumChoice, select_simple_rule
 from allocator.trainer.training.config import TrainConfig
-from allocator.trainer.training.policy_eval import backtest_model
 from allocator.trainer.training.run import TrainingRun
 
 __all__ = [
     "AnchorPolicy",
     "RotationFilter",
-    "SeedEnsemble",
     "held_out_anchor",
-    "held_out_ensemble",
     "held_out_momentum",
     "held_out_rule",
     "momentum_for",
@@ -143,40 +139,3 @@ def held_out_rule(
         beta=env.beta,
         window=env.window,
     )
-
-
-class _Member(Protocol):
-    """A trained run just after training (``TrainingRun``) or read back (``LoadedRun``)."""
-
-    @property
-    def model(self) -> Any: ...
-
-
-class SeedEnsemble:
-    """The members' deterministic actions averaged: the rule an exported seed ensemble serves
-    (``export.run.export_runs``), with the ``predict`` of one SB3 model."""
-
-    def __init__(self, runs: Sequence[_Member]) -> None:
-        if not runs:
-            raise ValueError("an ensemble needs at least one member")
-        self.models = [run.model for run in runs]
-
-    def predict(self, obs: np.ndarray, deterministic: bool = True) -> tuple[np.ndarray, None]:
-        actions = [m.predict(obs, deterministic=deterministic)[0] for m in self.models]
-        return np.mean(actions, axis=0), None
-
-
-def held_out_ensemble(runs: Sequence[TrainingRun], data: MarketData) -> BacktestResult:
-    """The seed ensemble of ``runs`` (same config but the seed) on their held-out days, with
-    their representation, costs and smoothing, as each member's own validation backtest."""
-    first = runs[0]
-    span = (first.config.data.validation_start, first.config.data.validation_end)
-    result, _ = backtest_model(
-        SeedEnsemble(runs),  # type: ignore[arg-type]
-        first.config,
-        data,
-        span,
-        first.stats,
-        first.feature_norm,
-    )
-    return result

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from allocator.cli import main
 from allocator.trainer.jobs.suite.config import load_suite_config
-from allocator.trainer.jobs.suite.job import draw_settings
+from allocator.trainer.jobs.suite.job import MEMBER_SEED_STRIDE, draw_settings
 from allocator.trainer.jobs.suite.report import gap_closed, summarize
 from allocator.trainer.jobs.suite.runner import plan
 from allocator.trainer.market.draws import DRAWS, HeldOutDrawError
@@ -119,3 +119,27 @@ def test_draws_per_market_replaces_draws_for_its_market_and_is_checked():
         load_suite_config(SUITE, ["draws_per_market={x: 1}"])
     with pytest.raises(ConfigError, match=r"draws_per_market\.drift.*greater than 0"):
         load_suite_config(SUITE, ["draws_per_market={drift: 0}"])
+
+
+def test_seeds_score_each_draw_by_its_seed_ensemble(tmp_path):
+    """``seeds: 2`` trains two runs of the draw, seeds MEMBER_SEED_STRIDE apart, and scores the
+    mean of their actions, which trades otherwise than either member alone."""
+    out = tmp_path / "suite"
+    args = [
+        "suite", "run", "--config", str(SUITE), "--markets", "entering_leaving", "--draws", "1",
+        "--steps", "300", "--executor", "local", "--out", str(out), "--no-progress",
+        "--set", "trainer.algorithm.learning_starts=100", "--set", "bootstrap_reps=200",
+        "--set", "seeds=2",
+    ]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads((out / "suite.json").read_text())["rows"]
+    first = Path(row["run_dir"])
+    seeds = [
+        json.loads((d / "manifest.json").read_text())["seed"]
+        for d in (first, first.with_name(first.name + "-m1"))
+    ]
+    assert seeds == [row["seed"], row["seed"] + MEMBER_SEED_STRIDE]
+    assert len(row["member_sharpes"]) == 2
+    assert row["policy_sharpe"] not in row["member_sharpes"]
+    assert 0.0 <= row["near_bound"] <= 1.0

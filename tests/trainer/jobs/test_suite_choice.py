@@ -72,6 +72,20 @@ def test_the_qualifier_closing_most_of_the_gap_is_chosen() -> None:
     assert at_rule.gap_closed == 0.0  # a gap of zero is a figure, not a missing one
 
 
+def test_a_tie_goes_to_fewer_training_steps_per_draw_counting_every_seed() -> None:
+    gaps = {"rotating_short": 0.6, "rotating_long": 0.5}
+
+    def candidate(name: str, steps: int, seeds: int) -> Any:
+        config = {"trainer": {"total_timesteps": steps}, "seeds": seeds}
+        return verdict(name, {**_document(gaps), "config": config})
+
+    ensemble = candidate("ensemble", 10_000, 3)
+    single = candidate("single", 20_000, 1)
+    assert ensemble.cost == 30_000
+    assert choose([ensemble, single]).name == "single"
+    assert choose([candidate("short-ensemble", 5_000, 3), single]).name == "short-ensemble"
+
+
 def test_without_a_qualifier_most_conditions_then_the_larger_excess() -> None:
     two = verdict("two", _document({"drift": 0.1, "rotating_short": -0.2, "rotating_long": 0.1}))
     one = verdict("one", _document({"drift": 0.9, "rotating_short": -0.2, "rotating_long": -0.2}))

@@ -4,6 +4,8 @@ checkpoint is chosen on exactly the figures the final validation reports."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -17,8 +19,41 @@ from allocator.trainer.statistics.sharpe import ExcessSharpe, excess_sharpe_inte
 from allocator.trainer.training.config import TrainConfig
 
 
+class Actor(Protocol):
+    """What a backtest asks of a policy: SB3's ``predict``."""
+
+    def predict(
+        self,
+        observation: Any,
+        state: Any = ...,
+        episode_start: Any = ...,
+        deterministic: bool = ...,
+    ) -> tuple[Any, Any]: ...
+
+
+class SeedEnsemble:
+    """The mean of several runs' deterministic actions, behind one ``predict``: the rule an
+    exported seed ensemble serves (``export.run.export_runs``)."""
+
+    def __init__(self, models: Sequence[Actor]) -> None:
+        if not models:
+            raise ValueError("an ensemble needs at least one member")
+        self.models = list(models)
+
+    def predict(
+        self,
+        observation: Any,
+        state: Any = None,
+        episode_start: Any = None,
+        deterministic: bool = True,
+    ) -> tuple[np.ndarray, None]:
+        """The members' mean action; no recurrent ``state`` (SB3's signature, for backtests)."""
+        actions = [m.predict(observation, deterministic=deterministic)[0] for m in self.models]
+        return np.mean(actions, axis=0), None
+
+
 def backtest_model(
-    model: BaseAlgorithm,
+    model: Actor,
     config: TrainConfig,
     data: MarketData,
     span: tuple[dt.date, dt.date],

@@ -36,7 +36,7 @@ class Verdict:
     excess: float | None
     """Mean of policy minus rule over the signal markets."""
     cost: float
-    """Training steps per run (a cheaper recipe wins a tie between qualifiers)."""
+    """Training steps per draw, every seed's (a cheaper recipe wins a tie between qualifiers)."""
 
     @property
     def qualifies(self) -> bool:
@@ -79,7 +79,8 @@ def verdict(name: str, document: dict[str, Any]) -> Verdict:
         for m in ROTATING_MARKETS
         if m in summary and summary[m]["gap_closed"]["of_means"] is not None
     ]
-    steps = document.get("config", {}).get("trainer", {}).get("total_timesteps", 0)
+    config = document.get("config", {})
+    steps = config.get("trainer", {}).get("total_timesteps", 0) * config.get("seeds", 1)
     return Verdict(
         name=name,
         conditions=conditions,

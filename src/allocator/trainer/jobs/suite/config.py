@@ -52,6 +52,12 @@ class SuiteConfig(ExecutorSettings):
     )
     rules: RuleGrid = RuleGrid()
     seed_per_draw: bool = Field(True, description="training seed = trainer.seed + draw")
+    seeds: PositiveInt = Field(
+        1,
+        description="runs per draw, seeds MEMBER_SEED_STRIDE apart; above 1 the policy scored is "
+        "their seed ensemble (the mean of their deterministic actions, as an export of those "
+        "runs serves it)",
+    )
     min_gap: float = Field(
         0.1, ge=0, description="ceiling - rule Sharpe below which a draw's gap closed is not read"
     )

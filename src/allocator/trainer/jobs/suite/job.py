@@ -4,10 +4,12 @@ on the same held-out days, assets, costs and smoothing."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from allocator.trainer.jobs.json_safe import finite
@@ -18,22 +20,32 @@ from allocator.trainer.sim.backtest import BacktestResult, run_backtest
 from allocator.trainer.sim.baselines import AnchorPolicy, EqualWeight, Policy
 from allocator.trainer.sim.ceilings import ceiling_for
 from allocator.trainer.sim.rule_selection import select_simple_rule
-from allocator.trainer.training.audit import SATURATION_FILE
+from allocator.trainer.training.audit import SATURATION_FILE, action_saturation
 from allocator.trainer.training.config import UNION_TAGS, TrainConfig, merged
+from allocator.trainer.training.policy_eval import SeedEnsemble, backtest_model
 from allocator.trainer.training.run import TrainingRun, train
 from allocator.typed_config import validate
+
+MEMBER_SEED_STRIDE = 1000
+"""Seed distance between the runs of one draw's ensemble: no member shares another draw's seed."""
 
 
 @dataclass(frozen=True)
 class SuiteJob:
-    """Everything one run needs, picklable: the market kind and draw, the resolved trainer
-    settings (spans and dataset already set), the rule grid and where to write."""
+    """Everything one draw needs, picklable: the market kind and draw, the resolved trainer
+    settings (spans and dataset already set), the rule grid, where to write and how many runs
+    (seeds) make its policy."""
 
     kind: str
     draw: int
     trainer: dict[str, Any]
     rules: dict[str, list[int]]
     run_dir: str
+    seeds: int = 1
+
+    def member_dirs(self) -> list[Path]:
+        """The runs' folders: the first is ``run_dir``, the others beside it (``-m1``, ...)."""
+        return [Path(f"{self.run_dir}-m{i}" if i else self.run_dir) for i in range(self.seeds)]
 
 
 def job_label(job: SuiteJob) -> str:
@@ -66,10 +78,30 @@ def job_trainer(
 
 
 def run_job(job: SuiteJob) -> dict[str, Any]:
-    """Train and score one draw: the row the suite's report aggregates."""
+    """Train the draw's runs and score them: the row the suite's report aggregates."""
     config = validate(TrainConfig, job.trainer, job_label(job), tags=UNION_TAGS)
-    run = train(config, Path(job.run_dir))
-    return score_run(run, load_dataset(config.data.dataset), job)
+    runs = [
+        train(config.model_copy(update={"seed": config.seed + i * MEMBER_SEED_STRIDE}), run_dir)
+        for i, run_dir in enumerate(job.member_dirs())
+    ]
+    return score_run(runs, load_dataset(config.data.dataset), job)
+
+
+def held_out_ensemble(
+    runs: Sequence[TrainingRun], data: MarketData
+) -> tuple[BacktestResult, dict[str, Any]]:
+    """The seed ensemble of ``runs`` (one config but the seed) on their held-out days, by the
+    path of each run's own validation (an ensemble of one is that validation), and the
+    saturation audit of the actions it took."""
+    first = runs[0]
+    span = (first.config.data.validation_start, first.config.data.validation_end)
+    ensemble = SeedEnsemble([run.model for run in runs])
+    result, actions = backtest_model(
+        ensemble, first.config, data, span, first.stats, first.feature_norm
+    )
+    action = first.config.env.action
+    live = np.arange(actions.shape[1]) <= len(result.settings["assets"])  # cash, then assets
+    return result, action_saturation(actions, mask=live, mapping=action.mapping, k=action.k)
 
 
 def held_out(run: TrainingRun, data: MarketData, policy: Policy) -> BacktestResult:
@@ -119,7 +151,11 @@ def saturation(run_dir: Path) -> dict[str, float | None]:
     path = run_dir / SATURATION_FILE
     if not path.is_file():  # a run too short to audit; a damaged audit is an error, not a pass
         return {"near_bound": None, "near_bound_max_dim": None}
-    audit = json.loads(path.read_text())
+    return near_bound(json.loads(path.read_text()))
+
+
+def near_bound(audit: dict[str, Any]) -> dict[str, float | None]:
+    """An action-saturation audit's near-bound share: overall and the worst live dimension."""
     per_dim = [x for x in audit.get("near_bound_ratio_per_dim", []) if x is not None]
     return {
         "near_bound": float(audit["near_bound_ratio"]),
@@ -127,11 +163,18 @@ def saturation(run_dir: Path) -> dict[str, float | None]:
     }
 
 
-def score_run(run: TrainingRun, data: MarketData, job: SuiteJob) -> dict[str, Any]:
-    """The row of one run: Sharpe net of costs and turnover of the policy and its yardsticks
-    on the held-out days, the rule chosen, the gap closed and the saturation."""
+def score_run(runs: Sequence[TrainingRun], data: MarketData, job: SuiteJob) -> dict[str, Any]:
+    """The row of one draw: Sharpe net of costs and turnover of the policy (one run, or the
+    seed ensemble of several) and its yardsticks on the held-out days, the rule chosen, the gap
+    closed and the saturation."""
+    run = runs[0]
     cfg = run.config
-    policy = run.validation[cfg.algorithm.name]
+    members = [r.validation[cfg.algorithm.name] for r in runs]
+    if len(runs) == 1:
+        policy, bound = members[0], saturation(run.run_dir)
+    else:
+        policy, audit = held_out_ensemble(runs, data)
+        bound = near_bound(audit)
     anchor = held_out(run, data, AnchorPolicy()) if cfg.env.action.mapping == "tilt" else None
     choice = best_simple_rule(run, data, job.rules)
     spec: GeneratedMarket | None = None if job.kind == SP500_DEV else market(job.kind)
@@ -145,7 +188,8 @@ def score_run(run: TrainingRun, data: MarketData, job: SuiteJob) -> dict[str, An
         "rule": repr(choice.rule),
         "rule_training_sharpe": finite(choice.sharpe),
         "run_dir": job.run_dir,
-        "train_seconds": run.summary.get("train_seconds"),
+        "train_seconds": sum(r.summary.get("train_seconds") or 0.0 for r in runs),
+        "member_sharpes": [finite(m.metrics()["sharpe"]) for m in members],
     }
     results = {
         "policy": policy,
@@ -157,5 +201,5 @@ def score_run(run: TrainingRun, data: MarketData, job: SuiteJob) -> dict[str, An
     for name, result in results.items():
         metrics = result.metrics() if result is not None else {}
         row.update({f"{name}_{k}": finite(metrics.get(k)) for k in ("sharpe", "turnover")})
-    row.update(saturation(Path(job.run_dir)))
+    row.update(bound)
     return row

@@ -61,7 +61,7 @@ def plan(config: SuiteConfig, out_dir: Path) -> list[SuiteJob]:
         for draw in market_draws(config, kind):
             trainer = job_trainer(recipe, kind, draw, changes, config.seed_per_draw)
             run_dir = out_dir / "runs" / f"{kind}-{draw}"
-            jobs.append(SuiteJob(kind, draw, trainer, rules, str(run_dir)))
+            jobs.append(SuiteJob(kind, draw, trainer, rules, str(run_dir), config.seeds))
     return jobs
 
 
