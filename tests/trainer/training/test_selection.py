@@ -140,12 +140,12 @@ def test_early_stopping_stops_a_policy_that_never_changes(prices: Path, tmp_path
 def scripted(session: TrainingSession, scores: list[float]) -> Iterator[float]:
     """Replace the inner score by ``scores`` in turn (the other figures stay the backtest's)."""
     assert session.selection is not None
-    real, queue = session.selection.scorer, iter(scores)
+    real, queue = session.selection.score, iter(scores)
 
     def score(model: object) -> dict[str, float]:
         return {**real(model), "sharpe": next(queue)}  # type: ignore[arg-type]
 
-    session.selection.scorer = score  # type: ignore[assignment]
+    session.selection.score = score  # type: ignore[method-assign]
     return queue
 
 

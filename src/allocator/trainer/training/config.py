@@ -148,6 +148,14 @@ class SelectionSettings(StrictModel):
         5, ge=0, description="stop after this many evaluations without improvement (0: never)"
     )
     metric: SelectionMetric = Field("sharpe", description="inner backtest figure to maximize")
+    fallback_level: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="keep the zero action (under the tilt mapping, the anchor) unless the kept "
+        "checkpoint beats it on the inner span: its excess Sharpe's interval at this level lies "
+        "above 0 (None: keep the checkpoint)",
+    )
 
 
 class SaturationWatchSettings(StrictModel):

@@ -52,6 +52,22 @@ class SeedEnsemble:
         return np.mean(actions, axis=0), None
 
 
+class ZeroAction:
+    """The policy whose action is always 0: under the tilt mapping, its anchor."""
+
+    def __init__(self, shape: tuple[int, ...] | None) -> None:
+        self.action = np.zeros(shape or (), dtype=np.float32)
+
+    def predict(
+        self,
+        observation: Any,
+        state: Any = None,
+        episode_start: Any = None,
+        deterministic: bool = True,
+    ) -> tuple[np.ndarray, None]:
+        return self.action.copy(), None
+
+
 def backtest_model(
     model: Actor,
     config: TrainConfig,

@@ -26,7 +26,7 @@ from allocator.portfolio import FeatureNormalization, NormalizationStats
 from allocator.trainer import require_extra
 from allocator.trainer.agents.noise import NoiseAnnealingCallback, make_action_noise
 from allocator.trainer.agents.sac import SmoothSAC
-from allocator.trainer.agents.shared_policies import SharedSACPolicy, SharedTD3Policy
+from allocator.trainer.agents.shared_policies import SharedSACPolicy, SharedTD3Policy, zero_actions
 from allocator.trainer.agents.td3 import SmoothTD3
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.baselines import ANCHOR
@@ -76,7 +76,7 @@ from allocator.trainer.training.run_dir import (
     fresh_path,
 )
 from allocator.trainer.training.saturation import make_watch
-from allocator.trainer.training.selection import SelectionCallback, SelectionState, inner_scorer
+from allocator.trainer.training.selection import SelectionCallback, SelectionState, inner_backtest
 from allocator.trainer.training.tracking import (
     MLflowOutputFormat,
     ended_on_error,
@@ -197,11 +197,11 @@ class TrainingSession:
         self.callbacks.append(self.watch)  # before selection, which reuses a check at its step
         self.selection: SelectionCallback | None = None
         if data.split is not None:
-            scorer = inner_scorer(config, data.train, data.split, data.stats, data.feature_norm)
+            backtest = inner_backtest(config, data.train, data.split, data.stats, data.feature_norm)
             saved = state.get("selection")
             self.selection = SelectionCallback(
                 config.selection,
-                scorer,
+                backtest,
                 run_dir,
                 data.split,
                 SelectionState.from_dict(saved) if saved else None,
@@ -332,6 +332,9 @@ class TrainingSession:
             _copy(run_dir / kept[1], run_dir / ICM_FILE)
         chosen = type(model).load(run_dir / MODEL_FILE, device=model.device)
         load_icm(chosen, run_dir / ICM_FILE)
+        if selection.keeps_zero_action(chosen, self.config.seed):
+            zero_actions(chosen.actor)
+            chosen.save(run_dir / MODEL_FILE)
         return chosen
 
     def finish(self) -> TrainingRun:

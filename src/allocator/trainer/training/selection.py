@@ -6,6 +6,11 @@ side, the rest is the inner span where the deterministic policy is backtested ev
 backtest figure, not episode reward, hence no ``EvalCallback``; ``patience: N`` stops after N
 stale evaluations. A collapsed actor (``saturation.py``) is never kept; with no eligible
 evaluation the last model is kept, with a warning in ``run.json``.
+
+With ``fallback_level`` the kept checkpoint must also beat the zero action (under the tilt
+mapping, the anchor) on the inner span, its excess Sharpe's interval above 0; otherwise the run
+keeps the zero action. A market with nothing to learn then costs nothing: the best of a dozen
+evaluations of noise looks like skill by its point estimate alone.
 """
 
 from __future__ import annotations
@@ -23,15 +28,17 @@ from stable_baselines3.common.callbacks import BaseCallback
 from allocator.artifacts.files import atomic_write_with, write_json
 from allocator.portfolio import FeatureNormalization, NormalizationStats
 from allocator.trainer.market.data import MarketData
+from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.env import EnvConfig
+from allocator.trainer.statistics.sharpe import excess_sharpe_interval
 from allocator.trainer.training.config import SelectionSettings, TrainConfig
-from allocator.trainer.training.policy_eval import backtest_model
+from allocator.trainer.training.policy_eval import Actor, ZeroAction, backtest_model
 from allocator.trainer.training.run_dir import BEST_ICM_FILE, BEST_MODEL_FILE, SELECTION_FILE
 from allocator.trainer.training.saturation import SaturationWatch
 from allocator.typed_config import ConfigError
 
-Scorer = Callable[[BaseAlgorithm], dict[str, float]]
-"""The current policy -> the figures of its inner backtest (``performance`` keys)."""
+InnerBacktest = Callable[[Actor], BacktestResult]
+"""A policy -> its backtest on the inner span."""
 
 LOGGED = ("sharpe", "total_return", "max_drawdown", "turnover")
 """Inner-backtest figures logged at every evaluation, besides the selection metric."""
@@ -79,21 +86,20 @@ def split_training_span(
     )
 
 
-def inner_scorer(
+def inner_backtest(
     config: TrainConfig,
     train_data: MarketData,
     split: InnerSplit,
     stats: NormalizationStats,
     feature_norm: FeatureNormalization | None,
-) -> Scorer:
-    """The inner backtest as a score function: on the training span's prices only."""
+) -> InnerBacktest:
+    """The inner backtest of a policy: on the training span's prices only."""
     span = (split.inner_start, split.inner_end)
 
-    def score(model: BaseAlgorithm) -> dict[str, float]:
-        result, _ = backtest_model(model, config, train_data, span, stats, feature_norm)
-        return result.metrics()
+    def backtest(model: Actor) -> BacktestResult:
+        return backtest_model(model, config, train_data, span, stats, feature_norm)[0]
 
-    return score
+    return backtest
 
 
 @dataclass
@@ -107,6 +113,8 @@ class SelectionState:
     stale: int = 0
     last_eval_step: int = 0
     stopped_early: bool = False
+    fallback: dict[str, Any] | None = None
+    """The kept checkpoint against the zero action on the inner span (``fallback_level``)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -127,7 +135,7 @@ class SelectionCallback(BaseCallback):
     def __init__(
         self,
         settings: SelectionSettings,
-        scorer: Scorer,
+        backtest: InnerBacktest,
         run_dir: Path,
         split: InnerSplit,
         state: SelectionState | None = None,
@@ -135,7 +143,7 @@ class SelectionCallback(BaseCallback):
     ) -> None:
         super().__init__()
         self.settings = settings
-        self.scorer = scorer
+        self.backtest = backtest
         self.run_dir = Path(run_dir)
         self.split = split
         self.state = state or SelectionState(metric=settings.metric)
@@ -149,7 +157,7 @@ class SelectionCallback(BaseCallback):
     def evaluate(self) -> bool:
         """One inner backtest of the current policy; False when training should stop."""
         state, step = self.state, int(self.model.num_timesteps)
-        metrics = self.scorer(self.model)
+        metrics = self.score(self.model)
         score = float(metrics[self.settings.metric])
         evaluation: dict[str, Any] = {"step": step, "score": score, "metrics": metrics}
         collapsed = False
@@ -171,6 +179,24 @@ class SelectionCallback(BaseCallback):
         self._log(metrics, step)
         write_json(self.run_dir / SELECTION_FILE, self.to_dict())
         return not state.stopped_early
+
+    def score(self, model: BaseAlgorithm) -> dict[str, float]:
+        """The figures of ``model``'s inner backtest (``performance`` keys)."""
+        return self.backtest(model).metrics()
+
+    def keeps_zero_action(self, model: BaseAlgorithm, seed: int) -> bool:
+        """Whether ``model``, the checkpoint kept, shows no skill over the zero action on the
+        inner span at ``fallback_level`` (False when that is off); the test goes in the state."""
+        level = self.settings.fallback_level
+        if level is None:
+            return False
+        zero = ZeroAction(model.action_space.shape)
+        excess = excess_sharpe_interval(
+            self.backtest(model).returns, self.backtest(zero).returns, level=level, seed=seed
+        )
+        self.state.fallback = {**excess.to_dict(), "zero_action_kept": excess.low <= 0}
+        write_json(self.run_dir / SELECTION_FILE, self.to_dict())
+        return excess.low <= 0
 
     def _save_best(self) -> None:
         atomic_write_with(self.run_dir / BEST_MODEL_FILE, self.model.save)
@@ -223,6 +249,13 @@ class SelectionCallback(BaseCallback):
                 f"; training stopped at step {last_step}, {s.patience} evaluation(s) "
                 "without improvement"
             )
+        test = state.fallback
+        if test is not None and test["zero_action_kept"]:
+            reason += (
+                f"; the zero action kept instead: that model's inner excess Sharpe over it, "
+                f"{test['estimate']:+.2f} [{test['low']:+.2f}, {test['high']:+.2f}] "
+                f"({test['level']:.0%}), does not lie above 0"
+            )
         return {
             "metric": s.metric,
             "chosen_step": state.best_step if state.best_step is not None else last_step,
@@ -235,5 +268,6 @@ class SelectionCallback(BaseCallback):
             "fit_end": str(self.split.fit_end),
             "purge_days": self.split.purge_days,
             "reason": reason,
+            **({"fallback": test} if test is not None else {}),
             **({"warning": warning} if warning else {}),
         }
