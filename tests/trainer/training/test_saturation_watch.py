@@ -185,8 +185,8 @@ def test_selection_skips_a_collapsed_candidate_however_it_scores(
     session = TrainingSession.start(config(market, *SELECTING), tmp_path / "run")
     assert session.selection is not None
     session.callbacks.insert(0, CornerAt(on=200, off=300))
-    real, scores = session.selection.scorer, iter([1.0, 3.0, 2.0])
-    session.selection.scorer = lambda model: {**real(model), "sharpe": next(scores)}
+    real, scores = session.selection.score, iter([1.0, 3.0, 2.0])
+    session.selection.score = lambda model: {**real(model), "sharpe": next(scores)}
     session.learn()
     run = session.finish()
     selection = json.loads((run.run_dir / "selection.json").read_text())
