@@ -14,7 +14,9 @@ What it holds the recipe to, and why these bars:
 * **No great harm on a random walk.** Nothing is learnable there, so any difference from the
   anchor is noise and costs; one year's Sharpe moves by about 0.5 between recipes that do
   nothing different, so the bar (no more than 1.0 below the anchor) catches a churning policy,
-  not the 0.05 the suite's acceptance asks for over many draws.
+  not the 0.05 the suite's acceptance asks for over many draws. (The default usually holds the
+  anchor exactly there, its inner span showing no skill, but a checkpoint that passes that test
+  by chance is not a regression.)
 
 Slow: three 20,000-step runs, one after another in this worker; CI runs it with --run-slow.
 """
