@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from allocator.trainer.agents.shared_policies import zero_actions
+from allocator.trainer.agents.algorithms import zero_actions
 from allocator.trainer.jobs.suite.job import held_out
 from allocator.trainer.market.data import load_dataset
 from allocator.trainer.sim.baselines import AnchorPolicy

@@ -1,8 +1,13 @@
-"""The algorithms a config or a manifest names (``algorithm: td3``), by that name."""
+"""The algorithms a config or a manifest names (``algorithm: td3``), by that name, and what is
+done to either's actor alike."""
 
 from __future__ import annotations
 
+import torch as th
+from torch import nn
+
 from allocator.trainer.agents.sac import SmoothSAC
+from allocator.trainer.agents.shared_policies import SharedActorBase
 from allocator.trainer.agents.td3 import SmoothTD3
 
 Algorithm = SmoothTD3 | SmoothSAC
@@ -10,3 +15,21 @@ Algorithm = SmoothTD3 | SmoothSAC
 
 ALGORITHMS: dict[str, type[Algorithm]] = {"td3": SmoothTD3, "sac": SmoothSAC}
 """Algorithm name (``TrainConfig.algorithm.name``, ``Manifest.algorithm``) -> its class."""
+
+
+def zero_actions(actor: nn.Module) -> None:
+    """Make a deterministic actor's action exactly 0 for every observation (a tilt's anchor):
+    zero the layers its scores come out of (the shared net's asset and cash heads, or the last
+    linear layer of SB3's flat ``mu``), so ``tanh`` of the score, squashed or not, is 0."""
+    if isinstance(actor, SharedActorBase):
+        heads: list[nn.Module] = [actor.net.rho[-1], actor.net.cash_head]
+    else:
+        mu = getattr(actor, "mu", None)
+        if mu is None:
+            raise TypeError(f"{type(actor).__name__} has no action head to zero")
+        heads = [[m for m in mu.modules() if isinstance(m, nn.Linear)][-1]]
+    with th.no_grad():
+        for layer in heads:
+            assert isinstance(layer, nn.Linear)
+            layer.weight.zero_()
+            layer.bias.zero_()

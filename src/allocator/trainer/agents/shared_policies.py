@@ -228,21 +228,3 @@ class SharedSACPolicy(SharedPolicyMixin, SACPolicy):  # type: ignore[misc]
     """SAC policy with the per-asset shared actor and twin critics."""
 
     actor_class = SharedSACActor
-
-
-def zero_actions(actor: nn.Module) -> None:
-    """Make a deterministic actor's action exactly 0 for every observation (a tilt's anchor):
-    zero the layers its scores come out of (the shared net's asset and cash heads, or the last
-    linear layer of SB3's flat ``mu``), so ``tanh`` of the score, squashed or not, is 0."""
-    if isinstance(actor, SharedActorBase):
-        heads: list[nn.Module] = [actor.net.rho[-1], actor.net.cash_head]
-    else:
-        mu = getattr(actor, "mu", None)
-        if mu is None:
-            raise TypeError(f"{type(actor).__name__} has no action head to zero")
-        heads = [[m for m in mu.modules() if isinstance(m, nn.Linear)][-1]]
-    with th.no_grad():
-        for layer in heads:
-            assert isinstance(layer, nn.Linear)
-            layer.weight.zero_()
-            layer.bias.zero_()

@@ -24,9 +24,10 @@ from allocator.artifacts.files import atomic_write_with, write_json
 from allocator.artifacts.manifest import write_manifest
 from allocator.portfolio import FeatureNormalization, NormalizationStats
 from allocator.trainer import require_extra
+from allocator.trainer.agents.algorithms import zero_actions
 from allocator.trainer.agents.noise import NoiseAnnealingCallback, make_action_noise
 from allocator.trainer.agents.sac import SmoothSAC
-from allocator.trainer.agents.shared_policies import SharedSACPolicy, SharedTD3Policy, zero_actions
+from allocator.trainer.agents.shared_policies import SharedSACPolicy, SharedTD3Policy
 from allocator.trainer.agents.td3 import SmoothTD3
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.sim.baselines import ANCHOR
