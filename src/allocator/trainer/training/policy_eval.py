@@ -31,41 +31,45 @@ class Actor(Protocol):
     ) -> tuple[Any, Any]: ...
 
 
-class SeedEnsemble:
-    """The mean of several runs' deterministic actions, behind one ``predict``: the rule an
-    exported seed ensemble serves (``export.run.export_runs``)."""
+class ActionRule:
+    """A policy a backtest can run without SB3: its ``predict`` calls ``act`` (deterministic,
+    no recurrent state)."""
+
+    def act(self, observation: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def predict(
+        self,
+        observation: Any,
+        state: Any = None,
+        episode_start: Any = None,
+        deterministic: bool = True,
+    ) -> tuple[np.ndarray, None]:
+        return self.act(observation), None
+
+
+class SeedEnsemble(ActionRule):
+    """The mean of several runs' deterministic actions: the rule an exported seed ensemble
+    serves (``export.run.export_runs``)."""
 
     def __init__(self, models: Sequence[Actor]) -> None:
         if not models:
             raise ValueError("an ensemble needs at least one member")
         self.models = list(models)
 
-    def predict(
-        self,
-        observation: Any,
-        state: Any = None,
-        episode_start: Any = None,
-        deterministic: bool = True,
-    ) -> tuple[np.ndarray, None]:
-        """The members' mean action; no recurrent ``state`` (SB3's signature, for backtests)."""
-        actions = [m.predict(observation, deterministic=deterministic)[0] for m in self.models]
-        return np.mean(actions, axis=0), None
+    def act(self, observation: Any) -> np.ndarray:
+        actions = [m.predict(observation, deterministic=True)[0] for m in self.models]
+        return np.asarray(np.mean(actions, axis=0))
 
 
-class ZeroAction:
+class ZeroAction(ActionRule):
     """The policy whose action is always 0: under the tilt mapping, its anchor."""
 
     def __init__(self, shape: tuple[int, ...] | None) -> None:
         self.action = np.zeros(shape or (), dtype=np.float32)
 
-    def predict(
-        self,
-        observation: Any,
-        state: Any = None,
-        episode_start: Any = None,
-        deterministic: bool = True,
-    ) -> tuple[np.ndarray, None]:
-        return self.action.copy(), None
+    def act(self, observation: Any) -> np.ndarray:
+        return self.action.copy()
 
 
 def backtest_model(
