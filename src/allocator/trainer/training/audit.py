@@ -126,7 +126,13 @@ def write_audits(
         train_data.prices, stats, config.env.obs_clip, agent.executed_weights.to_numpy()
     )
     write_json(run_dir / SCALE_FILE, scale)
-    live = np.arange(actions.shape[1]) <= len(agent.settings["assets"])  # cash, then the assets
+    write_json(run_dir / SATURATION_FILE, backtest_saturation(config, agent, actions))
+
+
+def backtest_saturation(
+    config: TrainConfig, agent: BacktestResult, actions: np.ndarray
+) -> dict[str, Any]:
+    """``action_saturation`` of a backtest's actions over its live slots (cash, then assets)."""
+    live = np.arange(actions.shape[1]) <= len(agent.settings["assets"])
     action = config.env.action
-    saturation = action_saturation(actions, mask=live, mapping=action.mapping, k=action.k)
-    write_json(run_dir / SATURATION_FILE, saturation)
+    return action_saturation(actions, mask=live, mapping=action.mapping, k=action.k)

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from allocator.trainer.jobs.json_safe import finite
@@ -20,7 +19,7 @@ from allocator.trainer.sim.backtest import BacktestResult, run_backtest
 from allocator.trainer.sim.baselines import AnchorPolicy, EqualWeight, Policy
 from allocator.trainer.sim.ceilings import ceiling_for
 from allocator.trainer.sim.rule_selection import select_simple_rule
-from allocator.trainer.training.audit import SATURATION_FILE, action_saturation
+from allocator.trainer.training.audit import SATURATION_FILE, backtest_saturation
 from allocator.trainer.training.config import UNION_TAGS, TrainConfig, merged
 from allocator.trainer.training.policy_eval import SeedEnsemble, backtest_model
 from allocator.trainer.training.run import TrainingRun, train
@@ -99,9 +98,7 @@ def held_out_ensemble(
     result, actions = backtest_model(
         ensemble, first.config, data, span, first.stats, first.feature_norm
     )
-    action = first.config.env.action
-    live = np.arange(actions.shape[1]) <= len(result.settings["assets"])  # cash, then assets
-    return result, action_saturation(actions, mask=live, mapping=action.mapping, k=action.k)
+    return result, backtest_saturation(first.config, result, actions)
 
 
 def held_out(run: TrainingRun, data: MarketData, policy: Policy) -> BacktestResult:
