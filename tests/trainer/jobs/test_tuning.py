@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
+from optuna.storages.journal import JournalFileOpenLock
 
 from allocator.cli import main
 from allocator.trainer.jobs.tuning.config import TuneConfig, load_tune_config
+from allocator.trainer.jobs.tuning.objective import interruption
 from allocator.trainer.jobs.tuning.runner import TuneResult, run_tuning
 from allocator.trainer.jobs.tuning.space import tuned_config
 from allocator.trainer.jobs.walk_forward.config import load_walk_forward_config
@@ -327,3 +329,21 @@ def test_sigterm_stops_a_study_and_keeps_the_finished_trials(prices: Path, tmp_p
     summary = json.loads((out / "tune.json").read_text())
     assert summary["best"]["number"] == 0
     assert "RUNNING" not in summary["states"]
+
+
+def test_an_interruption_optuna_turns_into_an_error_stays_one(tmp_path: Path) -> None:
+    """Interrupted before it holds its journal lock, Optuna frees the lock anyway and raises
+    ``RuntimeError`` in place of the signal; a trial must stop the study on it, not fail."""
+    lock = JournalFileOpenLock(str(tmp_path / "study.journal"))
+    stop = KeyboardInterrupt("stopped by signal SIGTERM")
+
+    def interrupted_acquire() -> None:
+        try:
+            raise stop
+        except BaseException:
+            lock.release()  # what JournalFileOpenLock.acquire does on any BaseException
+
+    with pytest.raises(RuntimeError, match="did not possess lock") as raised:
+        interrupted_acquire()
+    assert interruption(raised.value) is stop
+    assert interruption(RuntimeError("a trial's own error")) is None

@@ -86,15 +86,29 @@ def train_trial(job: TrialJob) -> tuple[int, bool]:
     return steps, pruning.pruned
 
 
+def interruption(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM behind ``exc``, if any. Optuna's journal lock, interrupted while it
+    takes or frees the lock, frees it again and raises an ``OSError`` or ``RuntimeError`` in
+    place of the interruption, which must stop the study rather than fail one trial."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def run_trial(job: TrialJob) -> TrialOutcome:
-    """Train one trial and read its value from its ``selection.json``; never raises: a failed
-    trial comes back as ``FAIL`` (traceback in ``error.txt``), so one bad region of the space
-    does not end the study."""
+    """Train one trial and read its value from its ``selection.json``. A failed trial comes back
+    as ``FAIL`` (traceback in ``error.txt``), so one bad region of the space does not end the
+    study; only an interruption raises."""
     started = time.perf_counter()
     job.run_dir.mkdir(parents=True, exist_ok=True)
     try:
         steps, pruned = train_trial(job)
     except Exception as exc:
+        if (stopped := interruption(exc)) is not None:
+            raise stopped from None  # its own traceback: where the signal landed
         (job.run_dir / ERROR_FILE).write_text(traceback.format_exc())
         seconds = round(time.perf_counter() - started, 2)
         return TrialOutcome.failed(
