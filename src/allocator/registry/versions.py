@@ -89,8 +89,7 @@ def next_version(model_dir: Path) -> str:
 
 
 def dated_version(registry: Path, name: str, day: dt.date) -> str:
-    """``YYYYMMDD`` of ``day``, or ``YYYYMMDD.N`` if taken by a version, a candidate or any
-    entry of ``REGISTRY/NAME``."""
+    """``YYYYMMDD`` of ``day``, or ``YYYYMMDD.N`` if an entry of ``NAME`` or a candidate has it."""
     taken = {p.name for p in (registry / name).glob("*")}  # its versions among them
     taken |= set(versions(registry / CANDIDATES_DIR / name))
     base = f"{day:%Y%m%d}"
