@@ -18,9 +18,8 @@ class RecorderRefusedError(RuntimeError):
 
 
 class NotDurableError(RecorderRefusedError):
-    """Accepted but not durable in time: the caller must not answer OK (the record may still be
-    written; a retry under the same request id is safe). ``timed_out``: the caller's deadline
-    passed, rather than the writer being stuck."""
+    """Accepted but not durable in time: the caller must not answer OK (a retry under the same
+    request id is safe); ``timed_out``: its deadline passed, rather than the writer being stuck."""
 
     def __init__(self, message: str, *, timed_out: bool = False) -> None:
         super().__init__(message)
