@@ -30,7 +30,7 @@ from allocator.recording.schema import (
 )
 from allocator.serving.server import AllocationServer
 from allocator.trading.book import AccountSpec, create_account, recorded_holdings
-from allocator.trading.faults import KILL_AT_ENV, POINTS
+from allocator.trading.faults import KILL_AT_ENV
 from allocator.trading.paper import PaperBroker
 from allocator.trading.sizing import SizingRules
 from tests.trading.conftest import ASSETS, N_BARS, bar
@@ -39,6 +39,16 @@ KILLS = 20
 FIRST = 5  # the tiny model's window of history is behind bar 5
 CASH = 100_000.0
 PER_ORDER = {"submitted", "settled"}
+POINTS = (
+    "reconciled",  # the broker and the book agree, nothing of this bar recorded yet
+    "asked",  # the server answered, nothing of this bar recorded yet
+    "planned",  # the cycle and its orders are committed, none sent
+    "submitted",  # the broker filled an order, the book has not recorded it
+    "settled",  # an order's answer and fills are committed
+    "finishing",  # the NAV row is added, not committed
+    "finished",  # the cycle is committed done
+)
+"""The ``faults.checkpoint`` points a cycle passes, in order (``PER_ORDER`` once per order)."""
 
 
 def open_account(engine: Engine, name: str) -> PaperBroker:

@@ -1,38 +1,18 @@
-"""The gRPC server metrics that stock gRPC dashboards and alerts read.
-
-Names and labels are go-grpc-prometheus's, so a dashboard written for any gRPC service reads the
-allocation server unchanged. Two labels are added, ``model`` and ``version`` (empty when no model
-was reached, and on streams, whose messages may address several), so a rollout's latency and
-errors compare version against version. The handling time is the whole call's.
-"""
+"""The gRPC server metrics that stock gRPC dashboards and alerts read: go-grpc-prometheus's names
+and labels, plus ``model`` and ``version`` (empty when no model was reached, and on streams, whose
+messages may address several) so a rollout compares version against version. The handling time
+is the whole call's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from enum import Enum
-from typing import Protocol
 
+from google.protobuf.descriptor import ServiceDescriptor
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 GRPC_TYPES = ("unary", "client_stream", "server_stream", "bidi_stream")
 """``grpc_type`` by (client streaming, server streaming), as go-grpc-prometheus names them."""
-
-
-class MethodDescriptor(Protocol):
-    """What is read of a protobuf ``MethodDescriptor``."""
-
-    name: str
-    client_streaming: bool
-    server_streaming: bool
-
-
-class ServiceDescriptor(Protocol):
-    """What is read of a protobuf ``ServiceDescriptor``."""
-
-    full_name: str
-
-    @property
-    def methods(self) -> Iterable[MethodDescriptor]: ...
 
 
 def code_name(code: str | Enum) -> str:

@@ -13,12 +13,10 @@ from prometheus_client.registry import Collector
 
 class CurrentInfo(Collector):
     """An info metric absent until set, then holding exactly one label set.
-
-    ``prometheus_client.Info`` exposes an unlabelled 1 before it is set, and a labelled
-    ``Gauge`` needs ``clear()`` then ``set(1)``, between which a scrape sees nothing. In
-    multiprocess mode (``serve --workers N``) a worker's collector is never scraped, so there it
-    is a gauge ``NAME_info`` whose previous label set goes to 0 (files cannot drop a series).
-    """
+    ``prometheus_client.Info`` exposes an unlabelled 1 before it is set, and a labelled ``Gauge``
+    needs ``clear()`` then ``set(1)``, between which a scrape sees nothing. Under ``serve --workers
+    N`` a worker's collector is never scraped, so there it is a gauge ``NAME_info`` whose previous
+    label set goes to 0 (files cannot drop a series)."""
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry

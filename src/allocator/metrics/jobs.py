@@ -25,6 +25,9 @@ class JobMetrics:
     label: the Pushgateway adds it from the push's grouping key."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        def window_gauge(name: str, documentation: str) -> Gauge:
+            return Gauge(name, documentation, ["window"], registry=registry)
+
         self._registry = registry
         # Created by mark_success only: a failed run's push (POST) must not carry a 0 that
         # would overwrite the previous good run's time in the Pushgateway.
@@ -34,24 +37,18 @@ class JobMetrics:
             "Walk-forward windows evaluated by this run.",
             registry=registry,
         )
-        self.window_sharpe = Gauge(
+        self.window_sharpe = window_gauge(
             "allocator_jobs_window_sharpe",
             "Annualized Sharpe ratio of the policy on one walk-forward test window.",
-            ["window"],
-            registry=registry,
         )
-        self.window_near_bound = Gauge(
+        self.window_near_bound = window_gauge(
             "allocator_jobs_window_action_near_bound_ratio",
             "Share of the window's actor's live action values at the tanh bound on its probe "
             "set, at the last check of training.",
-            ["window"],
-            registry=registry,
         )
-        self.window_collapsed = Gauge(
+        self.window_collapsed = window_gauge(
             "allocator_jobs_window_actor_collapsed",
             "1 when the window's actor collapsed into the saturated corner while training.",
-            ["window"],
-            registry=registry,
         )
         self.promotions = Counter(
             "allocator_jobs_promotions_total",
@@ -82,7 +79,6 @@ class JobMetrics:
             self.window_collapsed.labels(window).set(float(bool(saturation.get("collapsed"))))
 
     def record_promotion(self, decision: PromotionDecision | str) -> None:
-        """The promotion gate's verdict on a candidate."""
         self.promotions.labels(PromotionDecision(decision).value).inc()
 
     def mark_success(self, timestamp: float | None = None) -> None:

@@ -1,9 +1,7 @@
-"""The supervisor's view of its workers' metric files, robust to a worker mid-start.
-
-prometheus-client creates a worker's value file and only then sizes it; reading it at 0 bytes
-raises ``struct.error`` and fails the whole scrape, for good if the worker died then
-(prometheus/client_python#1199). An empty file holds no value yet, so it is skipped.
-"""
+"""The supervisor's view of its workers' metric files, robust to a worker mid-start:
+prometheus-client creates a value file and only then sizes it, and reading it at 0 bytes fails
+the whole scrape, for good if the worker died then (prometheus/client_python#1199). An empty file
+holds no value yet, so it is skipped."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The decision recorder's metrics: its memory queue, local spool, database writes, replays.
-
-Every record is accounted for: written (``rows_written``), spooled and later replayed
-(``spooled_records``, ``replayed``), or refused at the door (``rejected``); a record that is
-none of these would be a decision lost without a trace.
-"""
+"""The decision recorder's metrics. Every record is accounted for: written (``rows_written``),
+spooled and later replayed (``spooled_records``, ``replayed``), or refused at the door
+(``rejected``); a record that is none of these would be a decision lost without a trace."""
 
 from __future__ import annotations
 
@@ -13,8 +10,6 @@ from allocator.metrics.buckets import WRITE_LATENCY_BUCKETS_SECONDS
 
 
 class RecorderMetrics:
-    """The recorder's figures on ``registry``."""
-
     def __init__(self, registry: CollectorRegistry) -> None:
         def gauge(name: str, documentation: str) -> Gauge:
             # livesum: under ``--workers N`` the server's figure is its workers' sum
@@ -60,6 +55,5 @@ class RecorderMetrics:
         )
 
     def observe_write(self, rows: int, seconds: float) -> None:
-        """One committed batch of ``rows`` rows that took ``seconds``."""
         self.batch_write_latency.observe(seconds)
         self.rows_written.inc(rows)

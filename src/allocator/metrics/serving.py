@@ -1,8 +1,6 @@
-"""The allocation server's metrics: latency against its budget, outcomes, decisions, model.
-
-Labels are named as go-grpc-prometheus names them (``grpc_method``: the short method name,
-``grpc_code``: the status code name), so one selector works across these and the standard ones.
-"""
+"""The allocation server's metrics: latency against its budget, outcomes, decisions, model; labels
+named as go-grpc-prometheus names them (``grpc_method``: the short method name, ``grpc_code``:
+the status code name), so one selector works across these and the standard ones."""
 
 from __future__ import annotations
 
@@ -10,6 +8,7 @@ import math
 from collections.abc import Iterable
 from enum import Enum
 
+from google.protobuf.descriptor import ServiceDescriptor
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from allocator.metrics.buckets import (
@@ -18,23 +17,17 @@ from allocator.metrics.buckets import (
     ICM_REWARD_BUCKETS,
     latency_buckets,
 )
-from allocator.metrics.grpc_server import (
-    GrpcServerMetrics,
-    ServiceDescriptor,
-    code_name,
-)
+from allocator.metrics.grpc_server import GrpcServerMetrics, code_name
 from allocator.metrics.info import CurrentInfo
 from allocator.registry.errors import REFUSAL_REASONS
 from allocator.typed_config import one_of
 
 
 class ServingMetrics:
-    """What the allocation server exposes; ``grpc`` holds the standard gRPC server metrics.
-
-    ``latency_budget_seconds`` is the P95 budget of one decision: the latency histogram has a
-    bucket exactly at it and ``over_budget`` counts requests strictly above it. A call carrying
-    n decisions is observed per decision (its time over n), so one alert serves every method.
-    """
+    """What the allocation server exposes; ``grpc`` holds the standard gRPC server metrics. The
+    latency histogram has a bucket exactly at ``latency_budget_seconds`` (the P95 budget of one
+    decision) and ``over_budget`` counts requests above it; a call carrying n decisions is observed
+    per decision (its time over n), so one alert serves every method."""
 
     def __init__(
         self,
@@ -168,9 +161,8 @@ class ServingMetrics:
         model: str = "",
         version: str = "",
     ) -> None:
-        """One finished request of ``decisions`` decisions, answered by ``model`` at
-        ``version``; a streaming method's request is one message (its call's end is the standard
-        ``grpc.observe_handled``)."""
+        """One finished request of ``decisions`` decisions; a streaming method's request is one
+        message (its call's end is ``grpc.observe_handled``)."""
         self._observe_budget(method, code, seconds, decisions)
         if self.grpc.is_streaming(method):
             self.grpc.observe_message(method)

@@ -1,12 +1,12 @@
 """Figures of the trading cycle: reconciliation mismatches, halts, orders, cycles, the book.
 
-A cycle is a batch job shorter than a scrape interval, so ``allocator trade`` pushes these (on
-a fresh registry per command) to a Pushgateway at its end, the book's state read back from the
-trade database.
+A cycle is shorter than a scrape interval, so ``allocator trade`` pushes these to a Pushgateway
+at its end, on a fresh registry per command, the book's state read back from the trade database.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -99,19 +99,13 @@ class TradingMetrics:
             self.tracking_difference.labels(account).set(difference)
 
     def push(self, gateway_url: str | None, account: str) -> str | None:
-        """Add these figures to the account's group (POST: a family not pushed, the tracking
-        difference when a cycle runs, keeps its value); the error text, None when it went out
-        (or no gateway is configured)."""
+        """Add these figures to the account's group (POST: a family not pushed keeps its value); the
+        error text, None when it went out (or no gateway is configured)."""
         key = {"account": account}
         return push_reporting(self.registry, gateway_url, TRADE_JOB, key, replace=False)
 
 
-_DEFAULT: TradingMetrics | None = None
-
-
+@functools.cache
 def trading_metrics() -> TradingMetrics:
     """The process-wide figures on the default registry, made on first use."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = TradingMetrics()
-    return _DEFAULT
+    return TradingMetrics()

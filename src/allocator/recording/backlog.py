@@ -1,7 +1,6 @@
-"""Replaying the spool's backlog behind live traffic: the writer replays spooled frames, oldest
-first, in slices between which the live queue goes first, so a replay of thousands of records
-never holds a live acknowledgement for longer than a slice. A chunk an outage stopped is written
-again after the reconnect: the request ids absorb what it had already written."""
+"""Replaying the spool's backlog behind live traffic, in slices between which the live queue goes
+first: a replay of thousands of records never holds a live acknowledgement for longer than a
+slice. A chunk an outage stopped is written again; the request ids absorb what it had written."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ REPLAY_CHUNK = 500
 
 @dataclass
 class ReplayCursor:
-    """The segment being replayed, its frames (decoded as reached), and the chunks left of the
-    frame being written."""
+    """The segment being replayed, its frames (decoded as reached), the chunks left of one."""
 
     segment: Segment
     frames: Iterator[dict[str, Any]]
@@ -37,8 +35,7 @@ class ReplayCursor:
 
 
 class BacklogReplay:
-    """The replay half of ``Recorder``'s writer thread; the recorder owns the state and steps
-    declared below."""
+    """The replay half of ``Recorder``'s writer thread, on the recorder's state declared below."""
 
     spool: Spool
     metrics: RecorderMetrics

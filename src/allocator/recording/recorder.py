@@ -1,16 +1,9 @@
-"""The durable decision recorder: off the request path, batched, spooled through outages.
-
-``submit`` queues records in memory and returns a ticket (``tickets``); one writer thread
-writes batches to the database (``sinks``), or to the fsync'd ``Spool`` while it is down. The
-spool is then replayed in slices (``backlog``) behind live batches, so a live record may reach
-the database before an older spooled one: nothing depends on that order (``serving.restore``
-orders rows by ``decided_at``).
-
-Never a silent drop: a record is refused at the door (``RecorderRefusedError``, counted) when
-the queue is full or the spool at its quota, and the server answers UNAVAILABLE. An accepted
-record is always kept: in the database or the spool (past the quota by at most one queue), or,
-when the database refuses the record itself, in the spool's quarantine file.
-"""
+"""The durable decision recorder: off the request path, batched, spooled through outages. One
+writer thread writes batches to the database (``sinks``), or to the fsync'd ``Spool`` while it is
+down, replayed later behind live batches (``backlog``; ``serving.restore`` orders rows by
+``decided_at``, not arrival). Never a silent drop: a record is refused at the door
+(``RecorderRefusedError``) when the queue or the spool is full; an accepted one is kept in the
+database, the spool, or, when the database refuses it, the spool's quarantine file."""
 
 from __future__ import annotations
 
@@ -49,12 +42,10 @@ log = logging.getLogger(__name__)
 
 
 class Recorder(BacklogReplay):
-    """Record decisions into ``database_url`` through a spool in ``spool_dir``.
-
-    ``flush_interval``: how long the writer fills a batch with ``ack="queued"`` (and how often
-    an idle one looks at the spool); ``ack``, ``commit_window``: see ``tickets``;
-    ``retry_interval``: the first and longest wait between reconnects (doubling between).
-    """
+    """Record decisions into ``database_url`` through a spool in ``spool_dir``. ``flush_interval``:
+    how long the writer fills a batch with ``ack="queued"`` (and how often an idle one looks at the
+    spool); ``ack``, ``commit_window``: see ``tickets``; ``retry_interval``: the first and longest
+    wait between reconnects."""
 
     def __init__(
         self,
@@ -106,8 +97,8 @@ class Recorder(BacklogReplay):
         self._update_spool_gauges()
 
     def start(self) -> Recorder:
-        """Connect (a database that is down is retried in the background) and start writing;
-        ``SchemaMissingError`` for a database never migrated (a deployment error, no outage)."""
+        """Connect (a database down is retried in the background) and start writing;
+        ``SchemaMissingError`` for a database never migrated: a deployment error, no outage."""
         try:
             self.sink.connect()
             self._db_up = True
@@ -196,8 +187,7 @@ class Recorder(BacklogReplay):
             return self._waiters.future(ticket, self._ack_error(ticket))
 
     def _ack_error(self, ticket: int) -> NotDurableError | bool | None:
-        """False: ``ticket`` is acknowledged; None: not yet; else why it cannot be (with
-        ``_cond`` held)."""
+        """False: acknowledged; None: not yet; else why it cannot be (``_cond`` held)."""
         if self.ack == "queued" or self._durable >= ticket:
             return False
         if self._stalled:
@@ -256,8 +246,8 @@ class Recorder(BacklogReplay):
             )
 
     def _take(self, idle: bool = True) -> tuple[list[ModelRecord], list[DecisionRecord]] | None:
-        """The next batch, or None once closing with nothing left; with ``idle`` False (a
-        replay is waiting), an empty batch at once when nothing is queued."""
+        """The next batch, or None once closing with nothing left; ``idle`` False: a replay
+        waits, so an empty batch at once when nothing is queued."""
         with self._cond:
             if not idle and not self._queue:
                 return None if self._closing else ([], [])

@@ -1,9 +1,6 @@
-"""What the recorder records: a served model version and one allocation decision.
-
-Records are validated when made, so a bad value surfaces at the caller with the field named,
-not as a quarantined batch in the writer thread. A record then holds plain Python values only,
-and a spooled record reads back equal to the one submitted.
-"""
+"""What the recorder records: a served model version and one allocation decision, validated when
+made so that a bad value surfaces at the caller with the field named, not as a quarantined batch
+in the writer thread; a spooled record reads back equal to the one submitted."""
 
 from __future__ import annotations
 
@@ -18,8 +15,6 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from allocator.portfolio.ids import MAX_ID_LENGTH, MAX_VERSION_LENGTH, check_id
-
-__all__ = ["DECISION_FIELDS", "DecisionRecord", "ModelRecord", "RecordError"]
 
 MAX_ALGORITHM_LENGTH = 50  # VARCHAR(50) in the schema
 MAX_FINGERPRINT_LENGTH = 64  # VARCHAR(64) in the schema

@@ -1,10 +1,7 @@
-"""The SQL trade schema, one layout for Postgres and SQLite.
-
-Per-asset vectors are parallel JSON arrays on the decision row (JSONB on Postgres): one row per
-decision keeps batch inserts fast; the migrations' ``decision_weights`` view unnests them for
-Grafana. Only the migrations build the schema; these models are what ``alembic check`` compares
-the migrated database against.
-"""
+"""The SQL trade schema, one layout for Postgres and SQLite; only the migrations build it, and
+``alembic check`` compares the migrated database with these models. Per-asset vectors are
+parallel JSON arrays on the decision row (JSONB on Postgres), which keeps batch inserts fast; the
+migrations' ``decision_weights`` view unnests them for Grafana."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""Batched, idempotent writes of decision records, straight through the database drivers.
-
-SQLAlchemy's inserts top out near 15,000 rows/s here, short of the server's 20,000 decisions/s,
-so Postgres gets ``COPY`` into a staging table then one ``INSERT .. SELECT .. ON CONFLICT
-(request_id) DO NOTHING`` (COPY has no conflict clause), SQLite ``executemany``. Both keep the
-first record of a request id, which makes spool replays and client retries safe. A sink refuses
-a database the migrations did not build.
-"""
+"""Batched, idempotent writes of decision records, straight through the database drivers:
+SQLAlchemy's inserts top out near 15,000 rows/s, short of the server's 20,000 decisions/s, so
+Postgres gets ``COPY`` into a staging table then ``INSERT .. SELECT .. ON CONFLICT (request_id)
+DO NOTHING`` (COPY has no conflict clause), SQLite ``executemany``. Keeping a request id's first
+record makes spool replays and client retries safe."""
 
 from __future__ import annotations
 
@@ -25,18 +22,6 @@ from sqlalchemy.engine import make_url
 from allocator.recording.records import DECISION_FIELDS, DecisionRecord, ModelRecord
 from allocator.recording.schema import Decision
 from allocator.recording.settings import shown_url
-
-__all__ = [
-    "PostgresSink",
-    "RecordRejectedError",
-    "SchemaMissingError",
-    "Sink",
-    "SinkUnavailableError",
-    "SqliteSink",
-    "enable_wal",
-    "make_sink",
-    "prepare_sqlite",
-]
 
 _FIELD = {"request_fingerprint": "fingerprint"}
 """Record field per column, where names differ."""
@@ -78,17 +63,10 @@ INSERT_FROM_STAGE = (
     + " FROM decisions_stage ON CONFLICT (request_id) DO NOTHING"
 )
 INSERT_VALUES = f"INSERT INTO decisions ({_NAMES}) VALUES {{}} ON CONFLICT (request_id) DO NOTHING"
-_VALUES_ROW = (
-    "("
-    + ", ".join(
-        f"to_jsonb(%s::{t})" if j else "%s" for t, j in zip(STAGE_TYPES, _JSON, strict=True)
-    )
-    + ")"
+_VALUES_ROW = "({})".format(
+    ", ".join(f"to_jsonb(%s::{t})" if j else "%s" for t, j in zip(STAGE_TYPES, _JSON, strict=True))
 )
-INSERT_SQLITE = (
-    f"INSERT INTO decisions ({_NAMES}) VALUES ({', '.join('?' * len(DECISION_COLUMNS))}) "
-    "ON CONFLICT (request_id) DO NOTHING"
-)
+INSERT_SQLITE = INSERT_VALUES.format(f"({', '.join('?' * len(DECISION_COLUMNS))})")
 
 
 class SinkUnavailableError(ConnectionError):
@@ -217,11 +195,10 @@ class PostgresSink(_Connection):
                     raise _schema_missing(shown_url(self.url))
                 cur.execute(CREATE_STAGE)
             conn.commit()
-        except psycopg.OperationalError as exc:
+        except BaseException as exc:
             conn.close()
-            raise self._unavailable(exc) from None
-        except BaseException:
-            conn.close()
+            if isinstance(exc, psycopg.OperationalError):
+                raise self._unavailable(exc) from None
             raise
         self._conn = conn
 

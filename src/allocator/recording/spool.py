@@ -1,11 +1,8 @@
-"""The recorder's local durable spool: fsync'd, checksummed frames in numbered segment files.
-
-Each batch is one frame, fsync'd before the batch counts as durable. Segments replay oldest
-first and are deleted only once every frame is committed (a crash in between replays one twice,
-which the unique request id absorbs). A frame is ``length (u32 LE) | crc32 (u32 LE) | JSON``. A
-torn last frame was never fsync'd, so never acknowledged, and is truncated at open; a bad frame
-elsewhere is corruption: the segment is kept aside as ``*.corrupt`` and the rest replays.
-"""
+"""The recorder's durable spool: one fsync'd frame per batch, ``length (u32 LE) | crc32 (u32 LE)
+| JSON``, in numbered segments replayed oldest first and deleted once committed (a crash between
+replays one twice: the request ids absorb it). A torn last frame was never acknowledged and is
+truncated at open; a bad frame elsewhere is corruption: its segment is kept aside as ``*.corrupt``
+and the good frames before it replay."""
 
 from __future__ import annotations
 
@@ -23,8 +20,6 @@ import orjson
 
 from allocator.artifacts.files import fsync_path
 
-__all__ = ["FRAME_HEADER", "QUARANTINE_FILE", "Segment", "Spool", "SpoolError"]
-
 log = logging.getLogger(__name__)
 
 FRAME_HEADER = struct.Struct("<II")
@@ -40,8 +35,6 @@ class SpoolError(OSError):
 
 @dataclass(frozen=True)
 class Segment:
-    """One segment file and what it holds."""
-
     path: Path
     records: int
     size: int
@@ -124,7 +117,6 @@ class Spool:
                 )
                 with path.open("r+b") as f:
                     f.truncate(good)
-                    f.flush()
                     os.fsync(f.fileno())
             elif good < len(data):
                 corrupt = path.with_suffix(CORRUPT_SUFFIX)
@@ -151,10 +143,9 @@ class Spool:
         records = _count(payload)
         try:
             with self._lock:
+                # the open file is always the newest segment's (a sealed one is closed)
                 if (
                     self._current is None
-                    or not self._segments
-                    or self._segments[-1].path != Path(self._current.name)
                     or self._segments[-1].size + len(frame) > self.segment_bytes
                 ):
                     self._open_new()

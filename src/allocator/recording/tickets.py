@@ -1,18 +1,13 @@
 """What the recorder answers its callers: tickets and their acknowledgement, refusals, counters.
-
-A ticket is the count of decisions submitted so far; records become durable in queue order, so
-``wait_durable(ticket)`` waits until that many are. With ``ack="durable"`` that means committed
-or fsync'd to the spool, so an answer given after it survives a crash; the writer wakes at the
-first record and waits ``commit_window`` for concurrent ones to commit together. With
-``ack="queued"`` it returns at once: faster, but a crash loses the last ``flush_interval``.
-"""
+A ticket counts the decisions submitted so far; records become durable in queue order, so
+``wait_durable(ticket)`` waits until that many are committed or fsync'd (``ack="durable"``: an
+answer given after it survives a crash), or returns at once (``ack="queued"``: faster, but a crash
+loses the last ``flush_interval``)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-
-__all__ = ["ACK_MODES", "AckFutures", "NotDurableError", "RecorderRefusedError", "RecorderStats"]
 
 ACK_MODES = ("durable", "queued")
 
@@ -23,9 +18,8 @@ class RecorderRefusedError(RuntimeError):
 
 
 class NotDurableError(RecorderRefusedError):
-    """Accepted but not durable in time: the caller must not answer OK (the record may still be
-    written; a retry under the same request id is safe). ``timed_out``: the caller's deadline
-    passed, rather than the writer being stuck."""
+    """Accepted but not durable in time: the caller must not answer OK (a retry under the same
+    request id is safe); ``timed_out``: its deadline passed, rather than the writer being stuck."""
 
     def __init__(self, message: str, *, timed_out: bool = False) -> None:
         super().__init__(message)
@@ -67,14 +61,12 @@ class AckFutures:
         return future
 
     def settle(self, durable: int) -> None:
-        """Resolve every future whose ticket is at most ``durable``."""
         for ticket, future in self._waiting:
             if ticket <= durable:
                 future.get_loop().call_soon_threadsafe(_complete, future, None)
         self._waiting = [(t, f) for t, f in self._waiting if t > durable]
 
     def fail(self, error: NotDurableError) -> None:
-        """Fail every waiting future with ``error``."""
         for _, future in self._waiting:
             future.get_loop().call_soon_threadsafe(_complete, future, error)
         self._waiting = []

@@ -1,9 +1,7 @@
-"""What a published version directory holds: the exporter writes it, the loader checks it.
-
-Every graph input and output is float32 with a dynamic batch axis; a shared policy's graph also
-has a dynamic asset axis N and returns only the action (the server computes the anchor and the
-tilt from the request's prices, outside the graph).
-"""
+"""What a published version directory holds: the exporter writes it, the loader checks it. Every
+graph input and output is float32 with a dynamic batch axis; a shared policy's graph also has a
+dynamic asset axis N and returns only the action (the server computes the anchor and the tilt
+from the request's prices, outside the graph)."""
 
 from __future__ import annotations
 

@@ -55,8 +55,7 @@ def write_production_pointer(
 
 
 def choose_production(pointed: str | None, available: Iterable[str]) -> tuple[str | None, str]:
-    """The version that answers (``pointed`` if available, else the newest, else None) and
-    how it was chosen."""
+    """The version that answers (``pointed`` if available, else the newest, else None), and why."""
     found = list(available)
     if pointed is not None and pointed in found:
         return pointed, "production pointer"

@@ -1,6 +1,5 @@
 """Publishing versions: staged in a hidden directory on the same file system, fsync'd and
-renamed into place, so a reader sees no version or a whole one; versions are never overwritten.
-"""
+renamed into place, so a reader sees no version or a whole one; versions are never overwritten."""
 
 from __future__ import annotations
 
@@ -72,9 +71,8 @@ def publish_files(files: list[Path], manifest: Manifest, model_dir: Path, versio
 
 
 class PendingPromotion:
-    """The file-system side of promoting a candidate of ``name``, undoable until recorded:
-    ``undo`` restores the pointer as it was at construction and moves published directories
-    back."""
+    """The file-system side of promoting a candidate of ``name``, undoable until recorded: the
+    pointer as it was at construction, published directories moved back."""
 
     def __init__(self, registry: Path, name: str) -> None:
         self.registry = registry

@@ -89,11 +89,9 @@ def next_version(model_dir: Path) -> str:
 
 
 def dated_version(registry: Path, name: str, day: dt.date) -> str:
-    """``YYYYMMDD`` of ``day``, or ``YYYYMMDD.N`` if taken by a version, a candidate or any
-    entry of ``REGISTRY/NAME``."""
-    model_dir = registry / name
-    taken = set(versions(model_dir)) | set(versions(registry / CANDIDATES_DIR / name))
-    taken |= {p.name for p in model_dir.glob("*")} if model_dir.is_dir() else set()
+    """``YYYYMMDD`` of ``day``, or ``YYYYMMDD.N`` if an entry of ``NAME`` or a candidate has it."""
+    taken = {p.name for p in (registry / name).glob("*")}  # its versions among them
+    taken |= set(versions(registry / CANDIDATES_DIR / name))
     base = f"{day:%Y%m%d}"
     version, n = base, 0
     while version in taken:

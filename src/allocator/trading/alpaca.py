@@ -1,10 +1,8 @@
-"""Alpaca behind the broker interface, through ``alpaca-py`` (the ``alpaca`` extra).
-
-A known client order id is looked up, never sent again (Alpaca also refuses a duplicate), then
-polled until final; an order still open when the wait ends stays ``new`` in the book and the next
-run looks it up. The book records Alpaca's average fill price (the market's, not the bar's
-close) with a zero fee (no commission on equities). The credentials name the Alpaca account.
-"""
+"""Alpaca behind the broker interface, through ``alpaca-py`` (the ``alpaca`` extra), on the account
+the credentials name. A known client order id is looked up, never sent again, then polled until
+final; an order still open when the wait ends stays ``new`` in the book for the next run. Fills
+are recorded at Alpaca's average price (the market's, not the bar's close) with no fee (no
+commission on equities)."""
 
 from __future__ import annotations
 
@@ -149,8 +147,7 @@ class AlpacaBroker:
 
     def holdings(self, account: str) -> dict[str, float]:
         held = {p.symbol: float(p.qty) for p in self.client.get_all_positions()}
-        cash = self.client.get_account().cash
-        held[CASH_ID] = float(cash or 0.0)
+        held[CASH_ID] = float(self.client.get_account().cash or 0.0)
         return {asset: quantity for asset, quantity in held.items() if quantity != 0}
 
 

@@ -1,8 +1,6 @@
 """The account's recorded book: accounts, positions (cash under ``CASH_ID``), fills and halts.
-
-Positions change only through fills, each recorded once (unique broker id). P&L is average-cost:
-a sell realizes its value less the average cost of what it sold; a fee is a loss when paid.
-"""
+Positions change only through fills, each recorded once (unique broker id); P&L is average-cost,
+and a fee is a loss when paid."""
 
 from __future__ import annotations
 
@@ -67,11 +65,8 @@ def create_account(session: Session, spec: AccountSpec, cash: float) -> Account:
         session.flush()
     except IntegrityError:
         raise TradingError(f"account {spec.name!r} already exists") from None
-    session.add(
-        Position(
-            account_id=account.id, asset=CASH_ID, quantity=cash, cost_basis=cash, realized_pnl=0.0
-        )
-    )
+    opening = position(session, account.id, CASH_ID)
+    opening.quantity = opening.cost_basis = cash
     return account
 
 

@@ -1,10 +1,8 @@
 """Live against backtest: an account's realized NAV beside ``serving.replay`` of the same model
-over the same bars, from the same NAV, at the same cost rate.
-
-Both are marked at the same closes, so what separates them is execution (lots, minimums, band,
-buffer, per-fill fees, the model answering a slightly different book); the report measures
-each. Live NAV at a bar is ``nav_before``: the last cycle's trades are marked at no close.
-"""
+over the same bars, from the same NAV, at the same cost rate and marked at the same closes, so
+what separates them is execution (lots, minimums, band, buffer, per-fill fees, the model answering
+a slightly different book). Live NAV at a bar is ``nav_before``: the last cycle's trades are
+marked at no close."""
 
 from __future__ import annotations
 
@@ -147,13 +145,12 @@ def execution_gaps(
     L1 distance between the live target and the backtest's smoothed weights."""
     turnover = [navs[c.bar_date].traded_value / c.nav_before for c in decided]
     gap, weight_gap = [], []
-    for k, c in enumerate(decided):
+    for c, target, output in zip(decided, targets, outputs, strict=False):  # one past decided
         after = navs[c.bar_date]
-        gap.append(abs(after.cash / after.nav - targets[k].get(CASH_ID, 0.0)))
-        smoothed = outputs[k]
-        theirs = dict(zip(smoothed.asset_ids, smoothed.smoothed_weights.tolist(), strict=True))
-        keys = set(theirs) | set(targets[k])
-        weight_gap.append(sum(abs(theirs.get(a, 0.0) - targets[k].get(a, 0.0)) for a in keys))
+        gap.append(abs(after.cash / after.nav - target.get(CASH_ID, 0.0)))
+        theirs = dict(zip(output.asset_ids, output.smoothed_weights.tolist(), strict=True))
+        keys = set(theirs) | set(target)
+        weight_gap.append(sum(abs(theirs.get(a, 0.0) - target.get(a, 0.0)) for a in keys))
     return turnover, gap, weight_gap
 
 
@@ -164,9 +161,7 @@ def compare_account(
     start: dt.date | None = None,
     end: dt.date | None = None,
 ) -> Comparison:
-    """Compare ``account_name``'s done cycles from ``start`` to ``end`` with the replay of their
-    model from ``registry`` over the same bars; refuses a span the live account did not trade
-    bar by bar, or traded with more than one model."""
+    """``account_name``'s done cycles from ``start`` to ``end`` beside their model's replay."""
     # heavy (onnxruntime): loaded only when a comparison runs
     from allocator.serving.replay import replay
 
@@ -181,9 +176,7 @@ def compare_account(
             n.bar_date: n
             for n in session.scalars(
                 select(AccountNav).where(
-                    AccountNav.account_id == account.id,
-                    AccountNav.bar_date >= first,
-                    AccountNav.bar_date <= last,
+                    AccountNav.account_id == account.id, AccountNav.bar_date.between(first, last)
                 )
             )
         }
@@ -216,7 +209,7 @@ def compare_account(
     ratio = live / backtest - 1.0
     decided = cycles[:-1]  # the last cycle's trades are not marked at any close of the span
     turnover, gap, weight_gap = execution_gaps(decided, navs, targets, result.outputs)
-    fees = sum(navs[c.bar_date].fees for c in decided if c.bar_date in navs)
+    fees = sum(navs[c.bar_date].fees for c in decided)
     return Comparison(
         account=account_name,
         model=f"{name}/{version}",

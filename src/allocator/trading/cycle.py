@@ -1,10 +1,8 @@
-"""One account's trading cycle for one bar, run exactly once however often it is started.
-
-Finish any cycle a crash left (the broker deduplicates its recorded orders); reconcile, halting
-the account on a mismatch (fail closed); return a cycle already done as it was; else read the
-bar, ask the server, record the cycle and its orders before submitting any (sells first), record
-each answer with its fills, then the NAV and ``done``.
-"""
+"""One account's trading cycle for one bar, run exactly once however often it is started: finish
+any cycle a crash left (the broker deduplicates its recorded orders); reconcile, halting the
+account on a mismatch (fail closed); return a cycle already done as it was; else read the bar, ask
+the server, record the cycle and its orders before submitting any (sells first), record each
+answer with its fills, then the NAV and ``done``."""
 
 from __future__ import annotations
 
@@ -358,7 +356,6 @@ def reconcile(engine: Engine, broker: Broker, account_name: str, metrics: Tradin
 
 
 def describe(session: Session, cycle: TradeCycle, outcome: str) -> CycleResult:
-    """The cycle's record as a result."""
     account = session.get_one(Account, cycle.account_id)
     nav = session.scalar(
         select(AccountNav.nav).where(

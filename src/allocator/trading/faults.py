@@ -7,17 +7,6 @@ import os
 import signal
 
 KILL_AT_ENV = "ALLOCATOR_TRADING_KILL_AT"
-POINTS = (
-    "reconciled",  # the broker and the book agree, nothing of this bar recorded yet
-    "asked",  # the server answered, nothing of this bar recorded yet
-    "planned",  # the cycle and its orders are committed, none sent
-    "submitted",  # the broker filled an order, the book has not recorded it
-    "settled",  # an order's answer and fills are committed
-    "finishing",  # the NAV row is added, not committed
-    "finished",  # the cycle is committed done
-)
-"""The points a cycle passes, in order (``submitted`` and ``settled`` once per order)."""
-
 _reached: dict[str, int] = {}
 
 

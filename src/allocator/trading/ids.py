@@ -1,5 +1,4 @@
-"""Deterministic identifiers: a rerun of a cycle asks the server and orders from the broker
-under the same ids, which each answers once."""
+"""Deterministic ids: a rerun of a cycle asks the server and the broker under the same ids."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""The paper broker: fills market orders at the bar's close under the environment's costs.
-
-Its books live in the trade database apart from the account's, so reconciliation compares two
-independent records as with a real broker. Slippage, partial fills and rejections exist for
-tests and rehearsals. It refuses what a cash account refuses: overselling, overspending.
-"""
+"""The paper broker: fills market orders at the bar's close under the environment's costs. Its
+books live in the trade database apart from the account's, so reconciliation compares two
+independent records as with a real broker; it refuses what a cash account refuses (overselling,
+overspending). Slippage, partial fills and rejections exist for tests and rehearsals."""
 
 from __future__ import annotations
 
@@ -53,8 +51,7 @@ class PaperBroker:
         self.reject_assets = frozenset(reject_assets)
 
     def fund_in(self, session: Session, account: str, cash: float) -> None:
-        """Deposit ``cash`` into ``account`` inside the caller's transaction: an account is
-        created and funded at once."""
+        """Deposit ``cash`` in the caller's transaction: a new account is funded as it is made."""
         if not cash > 0:
             raise ValueError(f"a deposit must be > 0, got {cash}")
         holding = self._holding(session, account, CASH_ID)

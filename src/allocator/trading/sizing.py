@@ -1,12 +1,9 @@
-"""From target weights to orders: pure functions of NAV, holdings, prices and the rules.
-
-The target is sized on the NAV left after the trade's estimated cost (the environment's rule),
-so a fractional account without band, minimum or buffer trades what the backtest trades. Then:
-a cash buffer scales risky weights down; a no-trade band leaves an asset near its target alone
-(an exit always trades); quantities round down to lots (an exit sells everything); orders under
-the minimum value are dropped; sells go first, never short, and buys are scaled to the cash
-left, never leveraged.
-"""
+"""From target weights to orders: pure functions of NAV, holdings, prices and the rules. The
+target is sized on the NAV left after the trade's estimated cost (the environment's rule), so a
+fractional account without band, minimum or buffer trades what the backtest trades. A cash buffer
+scales risky weights down, a no-trade band skips an asset near its target (an exit always
+trades), quantities round down to lots, orders under the minimum value are dropped; sells go
+first, never short, and buys fit the cash left, never leveraged."""
 
 from __future__ import annotations
 
@@ -64,8 +61,7 @@ class OrderIntent:
 def portfolio_value(
     cash: float, holdings: Mapping[str, float], prices: Mapping[str, float]
 ) -> float:
-    """Cash plus every holding at its price; refuses a book that cannot be valued (negative
-    cash or holdings, a held asset unpriced)."""
+    """Cash plus holdings at their prices; refuses negative cash or holdings, unpriced ones."""
     if not (math.isfinite(cash) and cash >= 0):
         raise ValueError(f"cash must be a finite number >= 0, got {cash}")
     for asset, quantity in holdings.items():
@@ -79,10 +75,8 @@ def portfolio_value(
 def current_weights(
     assets: list[str], cash: float, holdings: Mapping[str, float], prices: Mapping[str, float]
 ) -> list[float]:
-    """Weights of cash then ``assets``, as the allocation server takes ``current_weights``.
-
-    A holding outside ``assets`` counts in NAV (its weight is not listed), so listed weights
-    then sum to less than one; the caller refuses such a book first."""
+    """Weights of cash then ``assets``, as the server takes ``current_weights``; a holding outside
+    ``assets`` would count in NAV only, so the caller refuses such a book first."""
     nav = portfolio_value(cash, holdings, prices)
     if nav <= 0:
         raise ValueError(f"the account's NAV is {nav}: nothing to allocate")

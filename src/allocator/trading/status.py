@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from allocator.portfolio import CASH_ID
 from allocator.recording.schema import Account, AccountNav, Fill, Order, Position, TradeCycle
+from allocator.trading.broker import REJECTED
 
 
 def account_status(engine: Engine, name: str | None = None) -> list[dict[str, Any]]:
@@ -57,15 +58,9 @@ def one_account(session: Session, account: Account) -> dict[str, Any]:
                 "unrealized_pnl": None if value is None else value - p.cost_basis,
             }
         )
-    fees, rejected = session.execute(
-        select(
-            select(func.coalesce(func.sum(Fill.fee), 0.0))
-            .where(Fill.account_id == account.id)
-            .scalar_subquery(),
-            select(func.count(Order.id))
-            .where(Order.account_id == account.id, Order.status == "rejected")
-            .scalar_subquery(),
-        )
+    fees = session.scalar(select(func.sum(Fill.fee)).where(Fill.account_id == account.id))
+    rejected = session.scalars(
+        select(func.count(Order.id)).where(Order.account_id == account.id, Order.status == REJECTED)
     ).one()
     return {
         "account": account.name,
@@ -83,7 +78,7 @@ def one_account(session: Session, account: Account) -> dict[str, Any]:
             else None
         ),
         "cash": cash,
-        "fees": float(fees),
+        "fees": float(fees or 0.0),
         "rejected_orders": int(rejected),
         "positions": positions,
     }
