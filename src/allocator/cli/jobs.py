@@ -14,7 +14,6 @@ import click
 
 from allocator.cli.options import (
     config_option,
-    config_options,
     emit_json,
     fail,
     failing,
@@ -28,11 +27,8 @@ from allocator.recording.settings import shown_url
 
 
 @click.command()
-@config_options(
-    "retraining YAML (see configs/retrain.yaml)",
-    "override a key, e.g. --set gates.max_turnover=0.05 --set trainer.seed=1",
-    required=True,
-)
+@config_option("retraining YAML (see configs/retrain.yaml)", required=True)
+@overrides_option("override a key, e.g. --set gates.max_turnover=0.05 --set trainer.seed=1")
 @click.option("--as-of", default=None, help="retrain as of this date (default: the data's last)")
 def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> None:
     """Train on the latest window; promote the candidate only if every gate passes.
@@ -340,11 +336,8 @@ def walk_forward_seeds(run_dirs: tuple[str, ...], as_json: bool, json_out: str |
 
 
 @click.command()
-@config_options(
-    "tuning YAML (see configs/tune.yaml)",
-    "override a key, e.g. --set n_trials=4 --set trainer.total_timesteps=2000",
-    required=True,
-)
+@config_option("tuning YAML (see configs/tune.yaml)", required=True)
+@overrides_option("override a key, e.g. --set n_trials=4 --set trainer.total_timesteps=2000")
 @click.option(
     "--executor",
     type=click.Choice(["local", "ray"]),

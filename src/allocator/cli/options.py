@@ -83,14 +83,13 @@ def graceful_stop(message: str) -> Iterator[StopRequest]:
     request = StopRequest()
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if request.event.is_set():
-            name = signal.Signals(signum).name
-            if signum == signal.SIGTERM:
-                raise Stopped(f"stopped by a second {name}")
-            raise KeyboardInterrupt(f"stopped by a second {name}")
+            second = Stopped if signum == signal.SIGTERM else KeyboardInterrupt
+            raise second(f"stopped by a second {name}")
         request.signum = signum
         request.event.set()
-        click.echo(f"{signal.Signals(signum).name}: {message}", err=True)
+        click.echo(f"{name}: {message}", err=True)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -116,14 +115,6 @@ def config_option(help_text: str, *, required: bool) -> Callable[[F], F]:
 def overrides_option(help_text: str) -> Callable[[F], F]:
     """``--set KEY=VALUE`` (repeatable): dotted-key overrides of the YAML (``overrides``)."""
     return click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=help_text)
-
-
-def config_options(config_help: str, set_help: str, *, required: bool) -> Callable[[F], F]:
-
-    def decorate(command: F) -> F:
-        return config_option(config_help, required=required)(overrides_option(set_help)(command))
-
-    return decorate
 
 
 database_url_option = click.option(

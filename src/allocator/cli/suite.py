@@ -11,12 +11,13 @@ from typing import Any
 import click
 
 from allocator.cli.options import (
-    config_options,
+    config_option,
     emit_json,
     fail,
     failing,
     interrupted_exit_code,
     json_options,
+    overrides_option,
     sigterm_stops,
 )
 
@@ -28,11 +29,11 @@ def suite() -> None:
 
 
 @suite.command("run")
-@config_options(
+@config_option(
     "suite YAML (configs/suite.yaml: every market; configs/suite_ci.yaml: the CI gate)",
-    "override a key, e.g. --set draws=3 --set trainer.algorithm.gamma=0.9",
     required=True,
 )
+@overrides_option("override a key, e.g. --set draws=3 --set trainer.algorithm.gamma=0.9")
 @click.option("--recipe", default=None, help="trainer YAML to run (default: the config's trainer)")
 @click.option(
     "--mode",

@@ -12,20 +12,21 @@ from pathlib import Path
 import click
 
 from allocator.cli.options import (
-    config_options,
+    config_option,
     fail,
     graceful_stop,
     interrupted_exit_code,
+    overrides_option,
 )
 from allocator.recording.settings import shown_url
 
 
 @click.command()
-@config_options(
+@config_option(
     "YAML config (see configs/); defaults when omitted (with --resume: the run's config.yaml)",
-    "override a config key, e.g. --set algorithm.smoothness.mode=adaptive",
     required=False,
 )
+@overrides_option("override a config key, e.g. --set algorithm.smoothness.mode=adaptive")
 @click.option(
     "--run-dir",
     default=None,
