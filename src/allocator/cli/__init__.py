@@ -7,9 +7,6 @@ still runs the commands it has.
 
 from __future__ import annotations
 
-import importlib
-from typing import ClassVar
-
 import click
 
 from allocator import __version__
@@ -29,20 +26,18 @@ from allocator.cli import (
 
 
 class LazyGroup(click.Group):
-    """A group whose commands defined outside the CLI are imported only when run (or listed)."""
-
-    lazy: ClassVar[dict[str, tuple[str, str]]] = {
-        # the serving client's command: grpcio and numpy only, imported when run or listed
-        "request": ("allocator.serving.request_cli", "request_command")
-    }
+    """A group whose ``request`` command (the serving client's) is imported only when run or
+    listed."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), *self.lazy])
+        return sorted([*super().list_commands(ctx), "request"])
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name in self.lazy:
-            module, attribute = self.lazy[name]
-            return getattr(importlib.import_module(module), attribute)
+        if name == "request":
+            # grpcio: imported when the command is run or listed, not with the CLI
+            from allocator.serving.request_cli import request_command
+
+            return request_command
         return super().get_command(ctx, name)
 
 
