@@ -94,27 +94,14 @@ class FeatureSpecInfo(StrictModel):
     @classmethod
     def for_assets(cls, max_assets: int, spec: AssetFeatureSpec) -> FeatureSpecInfo:
         return cls(
-            kind="asset_v1",
-            max_assets=max_assets,
-            window=spec.window,
-            clip=spec.clip,
-            features=list(spec.names),
-            horizons=list(spec.horizons),
-            vol_window=spec.vol_window,
-            version=spec.version,
+            kind="asset_v1", max_assets=max_assets, features=list(spec.names), **spec.to_dict()
         )
 
     def asset_spec(self) -> AssetFeatureSpec:
         """The ``asset_v1`` feature set as the policy contract spells it."""
         if self.kind != "asset_v1" or self.horizons is None or self.vol_window is None:
             raise ValueError(f"feature set {self.kind!r} is not a per-asset feature set")
-        return AssetFeatureSpec(
-            window=self.window,
-            horizons=tuple(self.horizons),
-            vol_window=self.vol_window,
-            clip=self.clip,
-            version=self.version,
-        )
+        return AssetFeatureSpec(**self.model_dump(exclude={"kind", "max_assets", "features"}))
 
     @property
     def n_features(self) -> int:
@@ -396,8 +383,8 @@ def read_manifest(directory: str | Path) -> Manifest:
 def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
     """Write ``manifest.json`` atomically; an empty ``ensemble`` is left out, so a single
     model's manifest has no such key."""
-    data = manifest.model_dump(mode="json")
-    if data.get("ensemble") is None:
-        data.pop("ensemble", None)
+    data = manifest.model_dump(
+        mode="json", exclude={"ensemble"} if manifest.ensemble is None else None
+    )
     text = json.dumps(data, indent=2) + "\n"
     return atomic_write_text(Path(directory) / MANIFEST_FILE, text)
