@@ -34,12 +34,8 @@ def atomic_write_with(
     path: str | Path, write: Callable[[Path], object], *, mode: int = DEFAULT_MODE
 ) -> Path:
     """Replace ``path`` with the file ``write(tmp)`` creates, so a reader sees the old file or
-    the new one, never a mix.
-
-    The temporary ``.STEM-XXXX.SUFFIX`` beside the target is hidden from listings that skip
-    dot-names, keeps the suffix a writer might append (SB3's ``save``), and is removed on any
-    failure.
-    """
+    the new one, never a mix. The temporary ``.STEM-XXXX.SUFFIX`` is hidden from listings that
+    skip dot-names and keeps the suffix a writer might append (SB3's ``save``)."""
     target = Path(path)
     fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-", suffix=target.suffix)
     os.close(fd)
