@@ -29,7 +29,7 @@ from allocator.recording.settings import shown_url
 @click.command()
 @config_option("retraining YAML (see configs/retrain.yaml)", required=True)
 @overrides_option("override a key, e.g. --set gates.max_turnover=0.05 --set trainer.seed=1")
-@click.option("--as-of", default=None, help="retrain as of this date (default: the data's last)")
+@click.option("--as-of", help="retrain as of this date (default: the data's last)")
 def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> None:
     """Train on the latest window; promote the candidate only if every gate passes.
 
@@ -75,17 +75,15 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
 @click.option(
     "--executor",
     type=click.Choice(["local", "processes", "ray"]),
-    default=None,
     help="run windows in this process, in worker processes (workers=N) or as Ray tasks "
     "(default: the config's)",
 )
-@click.option("--ray-address", default=None, help="join this Ray cluster (implies --executor ray)")
+@click.option("--ray-address", help="join this Ray cluster (implies --executor ray)")
 @overrides_option(
     "override a key, e.g. --set trainer.total_timesteps=1000 --set windows.purge_days=10"
 )
 @click.option(
     "--out",
-    default=None,
     type=click.Path(file_okay=False),
     help="write runs, summary.json, returns.csv and report/ (report.md with its PNGs, and the "
     "interactive report.html) here (default: output_dir/name-label)",
@@ -93,7 +91,6 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
 @click.option(
     "--resume",
     "resume_dir",
-    default=None,
     type=click.Path(exists=True, file_okay=False),
     help="finish the killed or failed run in this directory: finished windows are kept, the "
     "others run again (its own config unless --config is given; only --executor, "
@@ -241,14 +238,12 @@ def walk_forward_status(run_dir: str, as_json: bool, json_out: str | None) -> No
 @click.option(
     "--configurations-tried",
     type=click.IntRange(min=1),
-    default=None,
     help="configurations tried, this one included, for the deflated Sharpe (default: the "
     "run's configurations_tried, else 1)",
 )
 @click.option(
     "--trials-sharpe-variance",
     type=click.FloatRange(min=0),
-    default=None,
     help="annualized variance of those configurations' Sharpe ratios (default: the run's, "
     "else a zero-Sharpe span's sampling variance)",
 )
@@ -341,12 +336,10 @@ def walk_forward_seeds(run_dirs: tuple[str, ...], as_json: bool, json_out: str |
 @click.option(
     "--executor",
     type=click.Choice(["local", "ray"]),
-    default=None,
     help="train trials in this process or as Ray tasks (default: the config's)",
 )
 @click.option(
     "--out",
-    default=None,
     type=click.Path(file_okay=False),
     help="write the study, trials/, trials.csv, best.yaml and tune.json here "
     "(default: output_dir/name-label)",

@@ -101,14 +101,12 @@ def graceful_stop(message: str) -> Iterator[StopRequest]:
 
 def config_option(help_text: str, *, required: bool) -> Callable[[F], F]:
     """``--config PATH`` (passed as ``config_path``)."""
-    optional = {} if required else {"default": None}  # a required option declares no default
     return click.option(
         "--config",
         "config_path",
         required=required,
         type=click.Path(dir_okay=False),
         help=help_text,
-        **optional,
     )
 
 
@@ -119,7 +117,7 @@ def overrides_option(help_text: str) -> Callable[[F], F]:
 
 database_url_option = click.option(
     "--database-url",
-    default=None,
+    default=None,  # serve's flags leave their setting unset (tests/deploy/test_reference.py)
     help="SQLAlchemy URL (default: $DATABASE_URL, else sqlite:///allocator.db)",
 )
 
@@ -139,7 +137,6 @@ def json_options(command: F) -> F:
     command = click.option(
         "--json-out",
         "json_out",
-        default=None,
         type=click.Path(dir_okay=False),
         help="also write the report as JSON to this file",
     )(command)
