@@ -1,9 +1,6 @@
-"""The ``allocator`` command line: one entry point, a command group per module.
-
-Heavy libraries (pandas, torch, onnxruntime, sqlalchemy) are imported inside the commands that
-need them, so ``allocator --help`` is instant and a serving install without the training extras
-still runs the commands it has.
-"""
+"""The ``allocator`` command line. Heavy libraries are imported inside the commands that need
+them, so ``allocator --help`` is instant and a serving install without the training extras
+still runs the commands it has."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""``allocator demo``: the first run on a new machine, end to end on the embedded data.
-
-Baselines, then (with ``--train``) train -> export -> serve -> a tiny walk-forward -> paper
-trading over the validation days, the live NAV printed beside the backtest's.
-"""
+"""``allocator demo``, end to end on the embedded data: baselines, then (with ``--train``) train
+-> export -> serve -> a tiny walk-forward -> paper trading over the validation days."""
 
 from __future__ import annotations
 

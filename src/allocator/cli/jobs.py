@@ -1,9 +1,5 @@
-"""``allocator retrain``, ``allocator walk-forward`` and ``allocator tune``: the batch jobs.
-
-Each reads a job YAML (``--config``, adjusted by ``--set``) and exits 0 when the job reached its
-result, 2 on a bad config or data, 1 when it could not finish. SIGTERM stops a walk-forward or
-a study as Ctrl-C does (exit 143): what finished is kept and said.
-"""
+"""``allocator retrain``, ``allocator walk-forward`` and ``allocator tune``: the batch jobs,
+each read from a job YAML (``--config``, adjusted by ``--set``); their help gives the exit codes."""
 
 from __future__ import annotations
 

@@ -48,8 +48,7 @@ def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
 def sigterm_stops() -> Iterator[None]:
     """Inside, SIGTERM raises ``Stopped`` as SIGINT raises KeyboardInterrupt: ``kill``, a
     scheduler or an eviction would otherwise end a batch job (which under ``nohup`` ignores
-    SIGINT) before any ``finally`` wrote the summary of its finished work.
-    """
+    SIGINT) before any ``finally`` wrote the summary of its finished work."""
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise Stopped(f"stopped by signal {signal.Signals(signum).name}")
@@ -70,7 +69,6 @@ class StopRequest:
 
     @property
     def exit_code(self) -> int:
-        """128 + the signal's number, what a shell reports for a job the signal ended."""
         return 128 + (self.signum or signal.SIGINT)
 
 
@@ -78,8 +76,7 @@ class StopRequest:
 def graceful_stop(message: str) -> Iterator[StopRequest]:
     """Inside, the first SIGTERM or SIGINT only sets the yielded request (and prints
     ``message``), so training stops between steps and writes a checkpoint instead of losing
-    everything since the last one; a second signal stops at once, as ``sigterm_stops`` does.
-    """
+    everything since the last one; a second signal stops at once, as ``sigterm_stops`` does."""
     request = StopRequest()
 
     def stop(signum: int, frame: FrameType | None) -> None:
