@@ -1,10 +1,9 @@
 """The versioned ``manifest.json`` beside every checkpoint and exported model: what runs a
-policy exactly as trained (features, normalization, action mapping, beta, costs) and the sha256
-of the files beside it. Torch-free: the server reads it too.
+policy exactly as trained and the sha256 of the files beside it. Torch-free: the server reads it.
 
 A schema-2 manifest reads as schema 3 with the defaults, which are what schema 2 meant (flat
 MLP, return window, affine mapping); version 1 (no manifest) must be migrated. The optional
-``ensemble`` field needs no schema bump: a manifest without it is a single model.
+``ensemble`` needs no schema bump: a manifest without it is a single model.
 """
 
 from __future__ import annotations
@@ -27,11 +26,10 @@ from allocator.portfolio import (
     FeatureNormalization,
     FeatureSpec,
 )
-from allocator.typed_config import StrictModel, one_of
+from allocator.typed_config import StrictModel, key_path, one_of
 
 SCHEMA_VERSION = 3
 READABLE_SCHEMA_VERSIONS = (2, 3)
-"""Versions ``read_manifest`` accepts: 2 is read with schema 3's defaults (what it meant)."""
 MANIFEST_FILE = "manifest.json"
 ACTION_MAPPING: Final = "affine_renormalize_v1"
 """``portfolio.action_to_weights``: preference (a + 1) / 2, masked, renormalized, else cash."""
@@ -376,8 +374,7 @@ def read_manifest(directory: str | Path) -> Manifest:
         return Manifest.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
-        raise ManifestError(f"{path}: {key}: {first['msg']}") from exc
+        raise ManifestError(f"{path}: {key_path(first['loc'])}: {first['msg']}") from exc
 
 
 def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
