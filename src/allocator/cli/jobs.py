@@ -109,16 +109,13 @@ def walk_forward(
     With --config, run one: exit 0 when every window ran and was recorded, 2 on a bad config
     or data, 1 when a window or the recording failed, or when the Pushgateway push failed (rows
     and report are written). With --resume RUN_DIR, finish a run that was killed or failed,
-    without retraining its finished windows. `allocator walk-forward status RUN_DIR` shows how
-    far a run is; `allocator walk-forward stats RUN_DIR` gives the intervals and tests of a
-    finished run.
+    without retraining its finished windows.
     """
     if ctx.invoked_subcommand is not None:
         if config_path or executor or ray_address or overrides or out or resume_dir:
-            command = ctx.invoked_subcommand
             fail(
                 f"--config, --set, --executor, --out and --resume run a walk-forward, not "
-                f"{command!r}"
+                f"{ctx.invoked_subcommand!r}"
             )
         return
     if resume_dir is not None and out is not None:

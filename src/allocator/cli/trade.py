@@ -219,9 +219,7 @@ def trade_bars(
     options: dict[str, Any], pick: Callable[[Any], list[dt.date]], *, wait: bool
 ) -> None:
     """Run the account's cycle for each bar ``pick(session)`` chooses; print the last result.
-
-    ``wait``: bars before the model's window is filled are skipped; otherwise (one bar asked
-    for by date) that is an error like any other."""
+    ``wait``: skip the bars before the model's window is filled instead of failing on them."""
     # heavy (sqlalchemy, grpc): imported when the command runs
     from sqlalchemy.orm import Session
 
