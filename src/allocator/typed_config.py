@@ -1,8 +1,7 @@
 """Typed configuration files: strict models, YAML with ``--set`` overrides, errors by key.
 
 Every file a user writes is read the same way, so a typo is refused the same way everywhere:
-unknown keys are errors, models are frozen once validated, and each bad value is reported as
-the dotted key the user wrote (``trainer.algorithm.gamma``), never as pydantic's location.
+unknown keys are errors, and a bad value is named by the dotted key the user wrote.
 """
 
 from __future__ import annotations
@@ -41,12 +40,8 @@ _TYPE_TAGS = frozenset({"float", "int", "str", "bool", "list", "dict", "none"})
 
 
 def key_path(loc: Sequence[Any], tags: Collection[str] = ()) -> str:
-    """The dotted key as the user wrote it, from a pydantic error location.
-
-    Dropped: validator tags (``function-after[...]``), plain-union member tags of builtin
-    types, and the tags named in ``tags``: a union member's model class name, or the value of
-    a discriminator (``td3``), neither of which is a key the user typed.
-    """
+    """The dotted key as the user wrote it, from a pydantic error location: without validator
+    tags, builtin union member tags, and ``tags`` (union model names, discriminator values)."""
     kept = (str(p) for p in loc)
     return ".".join(
         p for p in kept if not p.startswith("function-") and p not in _TYPE_TAGS and p not in tags
@@ -60,8 +55,7 @@ def validate(
     what: str = "configuration",
     tags: Collection[str] = (),
 ) -> Model:
-    """``model.model_validate(tree)``; on failure a ``ConfigError`` naming the file, then one
-    line per bad key: what a user needs to fix it."""
+    """``model.model_validate(tree)``, or a ``ConfigError`` naming the file and each bad key."""
     try:
         return model.model_validate(tree)
     except ValidationError as exc:
@@ -132,11 +126,8 @@ def env_overrides(
     model: type[BaseModel], environ: Mapping[str, str] | None = None
 ) -> list[tuple[str, str]]:
     """``(VARIABLE, "key.sub=value")`` for each ``ALLOCATOR_*`` variable naming a field of
-    ``model``, applied like ``--set`` (values parsed as YAML) below the command's own ``--set``.
-
-    Variables naming no field are left alone: one environment serves several commands
-    (``ALLOCATOR_PORT`` is the server's, not a job's).
-    """
+    ``model``, applied like ``--set`` but below it; others are left alone, as one environment
+    serves several commands (``ALLOCATOR_PORT`` is the server's, not a job's)."""
     environ = os.environ if environ is None else environ
     found = []
     for name, value in sorted(environ.items()):

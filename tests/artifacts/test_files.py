@@ -40,9 +40,9 @@ def test_the_directory_is_synced_after_the_rename(
 ) -> None:
     synced: list[Path] = []
     monkeypatch.setattr(files_module, "fsync_path", lambda path: synced.append(Path(path)))
-    atomic_write_text(tmp_path / "a.json", "{}", mode=0o600)
+    atomic_write_text(tmp_path / "a.json", "{}")
     assert synced == [tmp_path]
-    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == files_module.DEFAULT_MODE
 
 
 def test_fsync_path_takes_files_and_directories(tmp_path: Path) -> None:

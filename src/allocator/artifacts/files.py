@@ -30,23 +30,17 @@ def fsync_path(path: str | Path) -> None:
         os.close(fd)
 
 
-def atomic_write_with(
-    path: str | Path, write: Callable[[Path], object], *, mode: int = DEFAULT_MODE
-) -> Path:
+def atomic_write_with(path: str | Path, write: Callable[[Path], object]) -> Path:
     """Replace ``path`` with the file ``write(tmp)`` creates, so a reader sees the old file or
-    the new one, never a mix.
-
-    The temporary ``.STEM-XXXX.SUFFIX`` beside the target is hidden from listings that skip
-    dot-names, keeps the suffix a writer might append (SB3's ``save``), and is removed on any
-    failure.
-    """
+    the new one, never a mix. The temporary ``.STEM-XXXX.SUFFIX`` is hidden from listings that
+    skip dot-names and keeps the suffix a writer might append (SB3's ``save``)."""
     target = Path(path)
     fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}-", suffix=target.suffix)
     os.close(fd)
     tmp = Path(name)
     try:
         write(tmp)
-        os.chmod(tmp, mode)
+        os.chmod(tmp, DEFAULT_MODE)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -57,12 +51,12 @@ def atomic_write_with(
     return target
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, *, mode: int = DEFAULT_MODE) -> Path:
-    return atomic_write_with(path, lambda tmp: tmp.write_bytes(data), mode=mode)
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    return atomic_write_with(path, lambda tmp: tmp.write_bytes(data))
 
 
-def atomic_write_text(path: str | Path, text: str, *, mode: int = DEFAULT_MODE) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _clean(obj: Any) -> Any:

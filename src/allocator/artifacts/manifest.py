@@ -1,10 +1,9 @@
 """The versioned ``manifest.json`` beside every checkpoint and exported model: what runs a
-policy exactly as trained (features, normalization, action mapping, beta, costs) and the sha256
-of the files beside it. Torch-free: the server reads it too.
+policy exactly as trained and the sha256 of the files beside it. Torch-free: the server reads it.
 
 A schema-2 manifest reads as schema 3 with the defaults, which are what schema 2 meant (flat
 MLP, return window, affine mapping); version 1 (no manifest) must be migrated. The optional
-``ensemble`` field needs no schema bump: a manifest without it is a single model.
+``ensemble`` needs no schema bump: a manifest without it is a single model.
 """
 
 from __future__ import annotations
@@ -27,11 +26,10 @@ from allocator.portfolio import (
     FeatureNormalization,
     FeatureSpec,
 )
-from allocator.typed_config import StrictModel, one_of
+from allocator.typed_config import StrictModel, key_path, one_of
 
 SCHEMA_VERSION = 3
 READABLE_SCHEMA_VERSIONS = (2, 3)
-"""Versions ``read_manifest`` accepts: 2 is read with schema 3's defaults (what it meant)."""
 MANIFEST_FILE = "manifest.json"
 ACTION_MAPPING: Final = "affine_renormalize_v1"
 """``portfolio.action_to_weights``: preference (a + 1) / 2, masked, renormalized, else cash."""
@@ -94,27 +92,14 @@ class FeatureSpecInfo(StrictModel):
     @classmethod
     def for_assets(cls, max_assets: int, spec: AssetFeatureSpec) -> FeatureSpecInfo:
         return cls(
-            kind="asset_v1",
-            max_assets=max_assets,
-            window=spec.window,
-            clip=spec.clip,
-            features=list(spec.names),
-            horizons=list(spec.horizons),
-            vol_window=spec.vol_window,
-            version=spec.version,
+            kind="asset_v1", max_assets=max_assets, features=list(spec.names), **spec.to_dict()
         )
 
     def asset_spec(self) -> AssetFeatureSpec:
         """The ``asset_v1`` feature set as the policy contract spells it."""
         if self.kind != "asset_v1" or self.horizons is None or self.vol_window is None:
             raise ValueError(f"feature set {self.kind!r} is not a per-asset feature set")
-        return AssetFeatureSpec(
-            window=self.window,
-            horizons=tuple(self.horizons),
-            vol_window=self.vol_window,
-            clip=self.clip,
-            version=self.version,
-        )
+        return AssetFeatureSpec(**self.model_dump(exclude={"kind", "max_assets", "features"}))
 
     @property
     def n_features(self) -> int:
@@ -389,15 +374,14 @@ def read_manifest(directory: str | Path) -> Manifest:
         return Manifest.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
-        raise ManifestError(f"{path}: {key}: {first['msg']}") from exc
+        raise ManifestError(f"{path}: {key_path(first['loc'])}: {first['msg']}") from exc
 
 
 def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
     """Write ``manifest.json`` atomically; an empty ``ensemble`` is left out, so a single
     model's manifest has no such key."""
-    data = manifest.model_dump(mode="json")
-    if data.get("ensemble") is None:
-        data.pop("ensemble", None)
+    data = manifest.model_dump(
+        mode="json", exclude={"ensemble"} if manifest.ensemble is None else None
+    )
     text = json.dumps(data, indent=2) + "\n"
     return atomic_write_text(Path(directory) / MANIFEST_FILE, text)

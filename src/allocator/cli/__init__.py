@@ -1,14 +1,8 @@
-"""The ``allocator`` command line: one entry point, a command group per module.
-
-Heavy libraries (pandas, torch, onnxruntime, sqlalchemy) are imported inside the commands that
-need them, so ``allocator --help`` is instant and a serving install without the training extras
-still runs the commands it has.
-"""
+"""The ``allocator`` command line. Heavy libraries are imported inside the commands that need
+them, so ``allocator --help`` is instant and a serving install without the training extras
+still runs the commands it has."""
 
 from __future__ import annotations
-
-import importlib
-from typing import ClassVar
 
 import click
 
@@ -29,20 +23,18 @@ from allocator.cli import (
 
 
 class LazyGroup(click.Group):
-    """A group whose commands defined outside the CLI are imported only when run (or listed)."""
-
-    lazy: ClassVar[dict[str, tuple[str, str]]] = {
-        # the serving client's command: grpcio and numpy only, imported when run or listed
-        "request": ("allocator.serving.request_cli", "request_command")
-    }
+    """A group whose ``request`` command (the serving client's) is imported only when run or
+    listed."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), *self.lazy])
+        return sorted([*super().list_commands(ctx), "request"])
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name in self.lazy:
-            module, attribute = self.lazy[name]
-            return getattr(importlib.import_module(module), attribute)
+        if name == "request":
+            # grpcio: imported when the command is run or listed, not with the CLI
+            from allocator.serving.request_cli import request_command
+
+            return request_command
         return super().get_command(ctx, name)
 
 

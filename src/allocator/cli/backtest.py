@@ -43,11 +43,11 @@ def load_policy(spec: str) -> Any:
     show_default=True,
     help="'sp500', 'database' ($DATABASE_URL's prices) or a file path",
 )
-@click.option("--assets", default=None, help="comma-separated asset ids (default: all)")
+@click.option("--assets", help="comma-separated asset ids (default: all)")
 @cost_bps_option
 @click.option("--beta", default=0.0, show_default=True, type=float, help="EMA smoothing")
 @json_options
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False))
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False))
 def backtest(
     policy_spec: str,
     start: str,

@@ -33,13 +33,10 @@ def checkpoint_inspect(run_dir: str, as_json: bool) -> None:
 
 @checkpoint.command("migrate")
 @click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option(
-    "--to-version", type=int, default=None, help="target schema version (default: the current)"
-)
+@click.option("--to-version", type=int, help="target schema version (default: the current)")
 @click.option(
     "--max-assets",
     type=int,
-    default=None,
     help="widen the policy to this many asset slots (new slots start masked)",
 )
 def checkpoint_migrate(run_dir: str, to_version: int | None, max_assets: int | None) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from allocator.cli.options import database_url_option, emit_json, fail, json_options
+from allocator.cli.options import database_url_option, emit_json, failing, json_options
 from allocator.recording.migrations import MigrationsNotFoundError, alembic_config
 from allocator.recording.settings import shown_url
 
@@ -16,14 +16,6 @@ def db() -> None:
     """Migrate the trade database (alembic; the migrations ship inside the package)."""
 
 
-def bound_config(database_url: str | None) -> Any:
-    """The migrations' alembic ``Config`` for ``database_url``; exit 2 when they are missing."""
-    try:
-        return alembic_config(database_url)
-    except MigrationsNotFoundError as exc:
-        fail(f"{exc}")
-
-
 @db.command("upgrade")
 @click.argument("revision", default="head")
 @database_url_option
@@ -31,7 +23,8 @@ def db_upgrade(revision: str, database_url: str | None) -> None:
     """Upgrade the trade schema to REVISION (default: head)."""
     from alembic import command  # heavy (sqlalchemy): keeps --help instant
 
-    config = bound_config(database_url)
+    with failing(MigrationsNotFoundError):
+        config = alembic_config(database_url)
     command.upgrade(config, revision)
     click.echo(f"upgraded {shown_url(config.attributes['url'])} to {revision}")
 
@@ -43,7 +36,8 @@ def db_downgrade(revision: str, database_url: str | None) -> None:
     """Downgrade the trade schema to REVISION ('base' removes it all)."""
     from alembic import command  # heavy (sqlalchemy): keeps --help instant
 
-    config = bound_config(database_url)
+    with failing(MigrationsNotFoundError):
+        config = alembic_config(database_url)
     command.downgrade(config, revision)
     click.echo(f"downgraded {shown_url(config.attributes['url'])} to {revision}")
 
@@ -55,7 +49,8 @@ def db_current(database_url: str | None, as_json: bool, json_out: str | None) ->
     """Print the revision the trade database is at (nothing when it has none)."""
     from alembic import command  # heavy (sqlalchemy): keeps --help instant
 
-    config = bound_config(database_url)
+    with failing(MigrationsNotFoundError):
+        config = alembic_config(database_url)
     if as_json or json_out:
         emit_json(current_revisions(config), as_json, json_out)
         if as_json:

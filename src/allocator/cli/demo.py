@@ -1,8 +1,5 @@
-"""``allocator demo``: the first run on a new machine, end to end on the embedded data.
-
-Baselines, then (with ``--train``) train -> export -> serve -> a tiny walk-forward -> paper
-trading over the validation days, the live NAV printed beside the backtest's.
-"""
+"""``allocator demo``, end to end on the embedded data: baselines, then (with ``--train``) train
+-> export -> serve -> a tiny walk-forward -> paper trading over the validation days."""
 
 from __future__ import annotations
 
@@ -84,13 +81,12 @@ def demo(out: str, start: str, end: str, cost_bps: float, do_train: bool, config
             [d.date() for d in md.dates],
             md.prices,
             md.assets,
-            dt.date.fromisoformat(validation[0]),
-            dt.date.fromisoformat(validation[1]),
+            *validation,
             echo=click.echo,
         )
 
 
-def _train_and_export(out_dir: Path, config_path: str) -> tuple[str, str]:
+def _train_and_export(out_dir: Path, config_path: str) -> tuple[dt.date, dt.date]:
     """Train the demo config, export it to ``out_dir/models`` and print the ONNX parity;
     returns the validation span."""
     # heavy (torch, onnx): imported when the demo trains, keeps --help instant
@@ -147,7 +143,7 @@ def _train_and_export(out_dir: Path, config_path: str) -> tuple[str, str]:
     parity = (exported.export or {}).get("parity", {})
     click.echo(f"ONNX vs torch, max abs difference (export fails above {PARITY_TOLERANCE:g}):")
     click.echo(format_parity(parity))
-    return str(config.data.validation_start), str(config.data.validation_end)
+    return config.data.validation_start, config.data.validation_end
 
 
 def _walk_forward(out_dir: Path) -> None:

@@ -15,8 +15,8 @@ from allocator.cli.options import failing
     type=click.Path(file_okay=False),
     help="model registry root, e.g. models/ (versions go to REGISTRY/NAME/VERSION)",
 )
-@click.option("--name", default=None, help="registry name (default: the run's manifest name)")
-@click.option("--version", default=None, help="registry version (default: the next integer)")
+@click.option("--name", help="registry name (default: the run's manifest name)")
+@click.option("--version", help="registry version (default: the next integer)")
 def export(run_dir: tuple[str, ...], registry: str, name: str | None, version: str | None) -> None:
     """Export a run to ONNX (policy, and curiosity if trained with it), checked against torch.
 

@@ -1,9 +1,5 @@
-"""``allocator retrain``, ``allocator walk-forward`` and ``allocator tune``: the batch jobs.
-
-Each reads a job YAML (``--config``, adjusted by ``--set``) and exits 0 when the job reached its
-result, 2 on a bad config or data, 1 when it could not finish. SIGTERM stops a walk-forward or
-a study as Ctrl-C does (exit 143): what finished is kept and said.
-"""
+"""``allocator retrain``, ``allocator walk-forward`` and ``allocator tune``: the batch jobs,
+each read from a job YAML (``--config``, adjusted by ``--set``); their help gives the exit codes."""
 
 from __future__ import annotations
 
@@ -14,7 +10,6 @@ import click
 
 from allocator.cli.options import (
     config_option,
-    config_options,
     emit_json,
     fail,
     failing,
@@ -28,12 +23,9 @@ from allocator.recording.settings import shown_url
 
 
 @click.command()
-@config_options(
-    "retraining YAML (see configs/retrain.yaml)",
-    "override a key, e.g. --set gates.max_turnover=0.05 --set trainer.seed=1",
-    required=True,
-)
-@click.option("--as-of", default=None, help="retrain as of this date (default: the data's last)")
+@config_option("retraining YAML (see configs/retrain.yaml)", required=True)
+@overrides_option("override a key, e.g. --set gates.max_turnover=0.05 --set trainer.seed=1")
+@click.option("--as-of", help="retrain as of this date (default: the data's last)")
 def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> None:
     """Train on the latest window; promote the candidate only if every gate passes.
 
@@ -79,17 +71,15 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
 @click.option(
     "--executor",
     type=click.Choice(["local", "processes", "ray"]),
-    default=None,
     help="run windows in this process, in worker processes (workers=N) or as Ray tasks "
     "(default: the config's)",
 )
-@click.option("--ray-address", default=None, help="join this Ray cluster (implies --executor ray)")
+@click.option("--ray-address", help="join this Ray cluster (implies --executor ray)")
 @overrides_option(
     "override a key, e.g. --set trainer.total_timesteps=1000 --set windows.purge_days=10"
 )
 @click.option(
     "--out",
-    default=None,
     type=click.Path(file_okay=False),
     help="write runs, summary.json, returns.csv and report/ (report.md with its PNGs, and the "
     "interactive report.html) here (default: output_dir/name-label)",
@@ -97,7 +87,6 @@ def retrain(config_path: str, overrides: tuple[str, ...], as_of: str | None) -> 
 @click.option(
     "--resume",
     "resume_dir",
-    default=None,
     type=click.Path(exists=True, file_okay=False),
     help="finish the killed or failed run in this directory: finished windows are kept, the "
     "others run again (its own config unless --config is given; only --executor, "
@@ -120,16 +109,13 @@ def walk_forward(
     With --config, run one: exit 0 when every window ran and was recorded, 2 on a bad config
     or data, 1 when a window or the recording failed, or when the Pushgateway push failed (rows
     and report are written). With --resume RUN_DIR, finish a run that was killed or failed,
-    without retraining its finished windows. `allocator walk-forward status RUN_DIR` shows how
-    far a run is; `allocator walk-forward stats RUN_DIR` gives the intervals and tests of a
-    finished run.
+    without retraining its finished windows.
     """
     if ctx.invoked_subcommand is not None:
         if config_path or executor or ray_address or overrides or out or resume_dir:
-            command = ctx.invoked_subcommand
             fail(
                 f"--config, --set, --executor, --out and --resume run a walk-forward, not "
-                f"{command!r}"
+                f"{ctx.invoked_subcommand!r}"
             )
         return
     if resume_dir is not None and out is not None:
@@ -245,14 +231,12 @@ def walk_forward_status(run_dir: str, as_json: bool, json_out: str | None) -> No
 @click.option(
     "--configurations-tried",
     type=click.IntRange(min=1),
-    default=None,
     help="configurations tried, this one included, for the deflated Sharpe (default: the "
     "run's configurations_tried, else 1)",
 )
 @click.option(
     "--trials-sharpe-variance",
     type=click.FloatRange(min=0),
-    default=None,
     help="annualized variance of those configurations' Sharpe ratios (default: the run's, "
     "else a zero-Sharpe span's sampling variance)",
 )
@@ -340,20 +324,15 @@ def walk_forward_seeds(run_dirs: tuple[str, ...], as_json: bool, json_out: str |
 
 
 @click.command()
-@config_options(
-    "tuning YAML (see configs/tune.yaml)",
-    "override a key, e.g. --set n_trials=4 --set trainer.total_timesteps=2000",
-    required=True,
-)
+@config_option("tuning YAML (see configs/tune.yaml)", required=True)
+@overrides_option("override a key, e.g. --set n_trials=4 --set trainer.total_timesteps=2000")
 @click.option(
     "--executor",
     type=click.Choice(["local", "ray"]),
-    default=None,
     help="train trials in this process or as Ray tasks (default: the config's)",
 )
 @click.option(
     "--out",
-    default=None,
     type=click.Path(file_okay=False),
     help="write the study, trials/, trials.csv, best.yaml and tune.json here "
     "(default: output_dir/name-label)",

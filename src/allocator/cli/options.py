@@ -48,8 +48,7 @@ def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
 def sigterm_stops() -> Iterator[None]:
     """Inside, SIGTERM raises ``Stopped`` as SIGINT raises KeyboardInterrupt: ``kill``, a
     scheduler or an eviction would otherwise end a batch job (which under ``nohup`` ignores
-    SIGINT) before any ``finally`` wrote the summary of its finished work.
-    """
+    SIGINT) before any ``finally`` wrote the summary of its finished work."""
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise Stopped(f"stopped by signal {signal.Signals(signum).name}")
@@ -70,7 +69,6 @@ class StopRequest:
 
     @property
     def exit_code(self) -> int:
-        """128 + the signal's number, what a shell reports for a job the signal ended."""
         return 128 + (self.signum or signal.SIGINT)
 
 
@@ -78,19 +76,17 @@ class StopRequest:
 def graceful_stop(message: str) -> Iterator[StopRequest]:
     """Inside, the first SIGTERM or SIGINT only sets the yielded request (and prints
     ``message``), so training stops between steps and writes a checkpoint instead of losing
-    everything since the last one; a second signal stops at once, as ``sigterm_stops`` does.
-    """
+    everything since the last one; a second signal stops at once, as ``sigterm_stops`` does."""
     request = StopRequest()
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if request.event.is_set():
-            name = signal.Signals(signum).name
-            if signum == signal.SIGTERM:
-                raise Stopped(f"stopped by a second {name}")
-            raise KeyboardInterrupt(f"stopped by a second {name}")
+            second = Stopped if signum == signal.SIGTERM else KeyboardInterrupt
+            raise second(f"stopped by a second {name}")
         request.signum = signum
         request.event.set()
-        click.echo(f"{signal.Signals(signum).name}: {message}", err=True)
+        click.echo(f"{name}: {message}", err=True)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -102,14 +98,12 @@ def graceful_stop(message: str) -> Iterator[StopRequest]:
 
 def config_option(help_text: str, *, required: bool) -> Callable[[F], F]:
     """``--config PATH`` (passed as ``config_path``)."""
-    optional = {} if required else {"default": None}  # a required option declares no default
     return click.option(
         "--config",
         "config_path",
         required=required,
         type=click.Path(dir_okay=False),
         help=help_text,
-        **optional,
     )
 
 
@@ -118,17 +112,9 @@ def overrides_option(help_text: str) -> Callable[[F], F]:
     return click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=help_text)
 
 
-def config_options(config_help: str, set_help: str, *, required: bool) -> Callable[[F], F]:
-
-    def decorate(command: F) -> F:
-        return config_option(config_help, required=required)(overrides_option(set_help)(command))
-
-    return decorate
-
-
 database_url_option = click.option(
     "--database-url",
-    default=None,
+    default=None,  # serve's flags leave their setting unset (tests/deploy/test_reference.py)
     help="SQLAlchemy URL (default: $DATABASE_URL, else sqlite:///allocator.db)",
 )
 
@@ -148,7 +134,6 @@ def json_options(command: F) -> F:
     command = click.option(
         "--json-out",
         "json_out",
-        default=None,
         type=click.Path(dir_okay=False),
         help="also write the report as JSON to this file",
     )(command)

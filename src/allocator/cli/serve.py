@@ -1,8 +1,5 @@
-"""``allocator serve``: the gRPC server, until SIGTERM/SIGINT.
-
-Every option is a ``ServerConfig`` field (``--model`` sets ``default_model``; ``--no-record`` and
-``--cpu`` switch ``record`` and ``prefer_cuda`` off); an option left unset takes the config's.
-"""
+"""``allocator serve``: the gRPC server, until SIGTERM/SIGINT. Every option is a
+``ServerConfig`` field (``NAMED_FLAGS``: those whose flag has another name)."""
 
 from __future__ import annotations
 

@@ -11,12 +11,13 @@ from typing import Any
 import click
 
 from allocator.cli.options import (
-    config_options,
+    config_option,
     emit_json,
     fail,
     failing,
     interrupted_exit_code,
     json_options,
+    overrides_option,
     sigterm_stops,
 )
 
@@ -28,31 +29,29 @@ def suite() -> None:
 
 
 @suite.command("run")
-@config_options(
+@config_option(
     "suite YAML (configs/suite.yaml: every market; configs/suite_ci.yaml: the CI gate)",
-    "override a key, e.g. --set draws=3 --set trainer.algorithm.gamma=0.9",
     required=True,
 )
-@click.option("--recipe", default=None, help="trainer YAML to run (default: the config's trainer)")
+@overrides_option("override a key, e.g. --set draws=3 --set trainer.algorithm.gamma=0.9")
+@click.option("--recipe", help="trainer YAML to run (default: the config's trainer)")
 @click.option(
     "--mode",
     type=click.Choice(["development", "heldout"]),
-    default=None,
     help="development (default): development draws, the only ones anything may be chosen on; "
     "heldout: held-out draws, to measure a recipe fixed beforehand. Never choose a recipe, "
     "setting or rule from heldout figures: tune and selection studies refuse those draws.",
 )
-@click.option("--draws", type=int, default=None, help="draws per generated market")
-@click.option("--markets", default=None, help="comma-separated market kinds (default: config's)")
-@click.option("--steps", type=int, default=None, help="training steps per run")
+@click.option("--draws", type=int, help="draws per generated market")
+@click.option("--markets", help="comma-separated market kinds (default: config's)")
+@click.option("--steps", type=int, help="training steps per run")
 @click.option(
     "--executor",
     type=click.Choice(["local", "processes", "ray"]),
-    default=None,
     help="run in this process, in worker processes or as Ray tasks (default: the config's)",
 )
-@click.option("--workers", type=int, default=None, help="processes or Ray CPUs at once")
-@click.option("--out", default=None, type=click.Path(file_okay=False), help="write the report here")
+@click.option("--workers", type=int, help="processes or Ray CPUs at once")
+@click.option("--out", type=click.Path(file_okay=False), help="write the report here")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @json_options
 def suite_run(

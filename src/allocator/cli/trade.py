@@ -50,7 +50,6 @@ def trade_engine(database_url: str | None) -> Iterator[Any]:
 pushgateway_option = click.option(
     "--pushgateway-url",
     envvar=["ALLOCATOR_PUSHGATEWAY_URL", "PUSHGATEWAY_URL"],
-    default=None,
     help="Push the account's figures at the end [env: ALLOCATOR_PUSHGATEWAY_URL, PUSHGATEWAY_URL]",
 )
 
@@ -94,7 +93,6 @@ def account() -> None:
 @click.option(
     "--cash",
     type=float,
-    default=None,
     help="Initial cash deposited (paper); an Alpaca account's cash is read from Alpaca.",
 )
 @click.option(
@@ -104,7 +102,7 @@ def account() -> None:
     show_default=True,
     help="alpaca: Alpaca's paper endpoint, credentials in ALPACA_API_KEY/ALPACA_SECRET_KEY.",
 )
-@click.option("--model", default=None, help="Model name to ask (default: the server's).")
+@click.option("--model", help="Model name to ask (default: the server's).")
 @click.option("--cost-bps", type=float, default=10.0, show_default=True)
 @click.option("--lot-size", type=float, default=0.0, show_default=True, help="0: fractional.")
 @click.option("--min-order-value", type=float, default=0.0, show_default=True)
@@ -221,9 +219,7 @@ def trade_bars(
     options: dict[str, Any], pick: Callable[[Any], list[dt.date]], *, wait: bool
 ) -> None:
     """Run the account's cycle for each bar ``pick(session)`` chooses; print the last result.
-
-    ``wait``: bars before the model's window is filled are skipped; otherwise (one bar asked
-    for by date) that is an error like any other."""
+    ``wait``: skip the bars before the model's window is filled instead of failing on them."""
     # heavy (sqlalchemy, grpc): imported when the command runs
     from sqlalchemy.orm import Session
 
@@ -308,8 +304,8 @@ def cycle(date_: str, **options: Any) -> None:
 
 @trade.command("run")
 @cycle_options
-@click.option("--start", default=None, help="First bar, YYYY-MM-DD (default: the first).")
-@click.option("--end", default=None, help="Last bar, YYYY-MM-DD (default: the latest).")
+@click.option("--start", help="First bar, YYYY-MM-DD (default: the first).")
+@click.option("--end", help="Last bar, YYYY-MM-DD (default: the latest).")
 def run(start: str | None, end: str | None, **options: Any) -> None:
     """Replay every bar of the prices table from START to END through ACCOUNT's cycles.
 
@@ -341,8 +337,8 @@ def run(start: str | None, end: str | None, **options: Any) -> None:
     type=click.Path(file_okay=False, exists=True),
     help="The model registry the allocation server serves from.",
 )
-@click.option("--start", default=None, help="First bar, YYYY-MM-DD (default: the first traded).")
-@click.option("--end", default=None, help="Last bar, YYYY-MM-DD (default: the last traded).")
+@click.option("--start", help="First bar, YYYY-MM-DD (default: the first traded).")
+@click.option("--end", help="Last bar, YYYY-MM-DD (default: the last traded).")
 @json_options
 @pushgateway_option
 @database_url_option
@@ -377,7 +373,7 @@ def compare(
 
 
 @trade.command("status")
-@click.option("--account", "account_name", default=None, help="Only this account.")
+@click.option("--account", "account_name", help="Only this account.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @database_url_option
 def status(account_name: str | None, as_json: bool, database_url: str | None) -> None:

@@ -12,36 +12,34 @@ from pathlib import Path
 import click
 
 from allocator.cli.options import (
-    config_options,
+    config_option,
     fail,
     graceful_stop,
     interrupted_exit_code,
+    overrides_option,
 )
 from allocator.recording.settings import shown_url
 
 
 @click.command()
-@config_options(
+@config_option(
     "YAML config (see configs/); defaults when omitted (with --resume: the run's config.yaml)",
-    "override a config key, e.g. --set algorithm.smoothness.mode=adaptive",
     required=False,
 )
+@overrides_option("override a config key, e.g. --set algorithm.smoothness.mode=adaptive")
 @click.option(
     "--run-dir",
-    default=None,
     type=click.Path(file_okay=False),
     help="write the run here instead of output_dir/name-timestamp",
 )
 @click.option(
     "--resume",
     "resume_dir",
-    default=None,
     type=click.Path(file_okay=False, exists=True),
     help="continue this run from its last checkpoint (see checkpoint_every) to total_timesteps",
 )
 @click.option(
     "--database-url",
-    default=None,
     help="record the finished run in this trade database's training_runs (migrated first)",
 )
 def train(

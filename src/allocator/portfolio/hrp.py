@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-FloatArray = NDArray[np.float64]
+from allocator.portfolio.weights import FloatArray
+
 IntArray = NDArray[np.int64]
 
 

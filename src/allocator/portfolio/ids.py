@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 CASH_ID = "CASH"
-"""The id of the cash slot (slot 0); reserved in any case (``is_cash_id``)."""
 _CASH_FOLDED = CASH_ID.casefold()
 MAX_ID_LENGTH = 200
 """Portfolio, request, asset and model-name ids are stored as ``VARCHAR(200)``."""

@@ -8,10 +8,9 @@ alone, so no Cholesky factor (which a barely positive definite estimate can fail
 from __future__ import annotations
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
-FloatArray = NDArray[np.float64]
-BoolArray = NDArray[np.bool_]
+from allocator.portfolio.weights import BoolArray, FloatArray
 
 _EPS = float(np.finfo(np.float64).eps)
 

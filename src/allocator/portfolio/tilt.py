@@ -185,8 +185,7 @@ def tilt_weights(action: ArrayLike, anchor: ArrayLike, mask: ArrayLike, k: float
     """Weights ``(..., N + 1)`` of an action (clipped to [-1, 1], NaN as 0), an anchor and a
     mask; sums run sorted, so permuting live slots permutes the result."""
     k = check_tilt_strength(k)
-    live = live_mask(mask)
-    return apply_tilt(action, masked_anchor(anchor, live), k)
+    return apply_tilt(action, masked_anchor(anchor, mask), k)
 
 
 def apply_tilt(action: ArrayLike, base: FloatArray, k: float) -> FloatArray:
@@ -210,11 +209,10 @@ def apply_tilt(action: ArrayLike, base: FloatArray, k: float) -> FloatArray:
     denom += 1.0
     w = np.exp(ka)
     w *= base
-    stable = denom.item() >= _CANCELLATION_LIMIT if denom.size == 1 else None
-    if stable or (stable is None and not (denom < _CANCELLATION_LIMIT).any()):
+    unstable = denom < _CANCELLATION_LIMIT
+    if not unstable.any():
         w /= denom
         return w
-    unstable = denom < _CANCELLATION_LIMIT
     shift = np.max(np.where(base > 0, ka, -np.inf), axis=-1, keepdims=True)
     z = base * np.exp(ka - shift)
     return np.where(unstable, z / sorted_sum(z), w / np.where(unstable, 1.0, denom))
