@@ -1,7 +1,5 @@
-"""Schema versions of a run directory, and the steps that upgrade one version to the next.
-
-1: no manifest; 2: ``manifest.json``; 3: the manifest also records the policy kind, the feature
-set and its normalization, the action mapping and a shared policy's served assets.
+"""Schema versions of a run directory and the steps between them. 1: no manifest; 2:
+``manifest.json``; 3: it records the policy kind, feature set, action mapping and served assets.
 """
 
 from __future__ import annotations

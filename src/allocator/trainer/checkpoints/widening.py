@@ -1,8 +1,6 @@
-"""Widening: a policy trained on ``m`` asset slots, padded to run in an ``M``-slot layout.
-
-New slots get zero input columns and zero actor output rows: a pre-tanh output of 0 has tanh's
-gradient for fine-tuning (a large negative bias would start them dead), and masked until filled
-they change no allocation. Adam moments are zero-padded alike, so training can resume.
+"""Widening a policy trained on ``m`` asset slots to ``M``: new slots get zero input columns and
+zero actor rows (a pre-tanh 0 keeps tanh's gradient, where a large negative bias would start
+them dead), and Adam moments are zero-padded alike, so training can resume.
 """
 
 from __future__ import annotations

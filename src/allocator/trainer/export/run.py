@@ -215,11 +215,8 @@ def export_runs(
     n_parity: int = PARITY_SAMPLES,
     seed: int = 0,
 ) -> Path:
-    """Export one run, or several as a seed ensemble, to ``registry/NAME/VERSION``; return it.
-
-    Any refusal or parity above ``tolerance`` raises ``ExportError`` with nothing written to
-    the registry; a single run tracked in MLflow is registered there too.
-    """
+    """Export one run, or several as a seed ensemble, to ``registry/NAME/VERSION``; a refusal
+    or parity above ``tolerance`` raises ``ExportError``, with nothing written to the registry."""
     if not run_dirs:
         raise ExportError("nothing to export: no run directory given")
     members = [load_run(d) for d in run_dirs]
