@@ -215,8 +215,7 @@ def export_graph(
             external_data=False,
             verbose=False,
         )
-    if program is None:  # pragma: no cover - dynamo=True always returns a program
-        raise ExportError("torch.onnx.export returned no program")
+    assert program is not None  # dynamo=True always returns a program
     proto = program.model_proto
     if metadata:
         onnx.helper.set_model_props(proto, metadata)

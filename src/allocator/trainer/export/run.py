@@ -104,8 +104,7 @@ POLICY_IO = {
 
 
 def export_policy(members: Sequence[LoadedRun], path: Path) -> Path:
-    """Write ``model.onnx`` of one run or a seed ensemble (a shared one traced at the training
-    slots, its asset axis dynamic)."""
+    """Write ``model.onnx`` of one run or a seed ensemble (a shared one's asset axis dynamic)."""
     first = members[0]
     spec = first.spec
     weights, mask = torch.zeros(4, spec.n_slots), torch.ones(4, spec.n_slots)

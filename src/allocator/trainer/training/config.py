@@ -130,8 +130,7 @@ SelectionMetric = Literal["sharpe", "sortino", "calmar", "annual_return", "total
 
 
 class SelectionSettings(StrictModel):
-    """Keep the checkpoint that scores best on an inner span cut from the end of training
-    (``training/selection.py``)."""
+    """Keep the checkpoint scoring best on an inner span cut from training (``selection.py``)."""
 
     enabled: bool = Field(False, description="choose the best checkpoint on the inner span")
     inner_fraction: float = Field(

@@ -32,8 +32,7 @@ class Actor(Protocol):
 
 
 class ActionRule:
-    """A policy a backtest can run without SB3: its ``predict`` calls ``act`` (deterministic,
-    no recurrent state)."""
+    """A policy a backtest can run without SB3: its ``predict`` calls ``act``."""
 
     def act(self, observation: Any) -> np.ndarray:
         raise NotImplementedError

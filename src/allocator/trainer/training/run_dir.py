@@ -86,8 +86,7 @@ def saved_center_assets(model_zip: Path) -> bool | None:
 
 
 def representation_fields(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
-    """The manifest fields that say what the policy sees and what its action means; the
-    per-asset feature set's normalization is read from the run directory."""
+    """The manifest fields that say what the policy sees and what its action means."""
     env = config.env
     fields: dict[str, Any] = {}
     if env.features == "asset_v1":

@@ -130,8 +130,8 @@ class SelectionCallback(BaseCallback):
         backtest: InnerBacktest,
         run_dir: Path,
         split: InnerSplit,
-        state: SelectionState | None = None,
-        watch: SaturationWatch | None = None,
+        state: SelectionState | None,
+        watch: SaturationWatch,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -151,13 +151,10 @@ class SelectionCallback(BaseCallback):
         state, step = self.state, int(self.model.num_timesteps)
         metrics = self.score(self.model)
         score = float(metrics[self.settings.metric])
-        evaluation: dict[str, Any] = {"step": step, "score": score, "metrics": metrics}
-        collapsed = False
-        if self.watch is not None:
-            saturation = self.watch.at_current_step()
-            collapsed = saturation.collapsed
-            evaluation["saturation"] = saturation.to_dict()
-            evaluation["collapsed"] = collapsed
+        saturation = self.watch.at_current_step()
+        collapsed = saturation.collapsed
+        evaluation = {"step": step, "score": score, "metrics": metrics}
+        evaluation |= {"saturation": saturation.to_dict(), "collapsed": collapsed}
         improved = not collapsed and math.isfinite(score) and score > state.best_score
         state.evaluations.append(evaluation)
         state.last_eval_step = step
