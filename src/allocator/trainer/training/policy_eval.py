@@ -22,13 +22,7 @@ from allocator.trainer.training.config import TrainConfig
 class Actor(Protocol):
     """What a backtest asks of a policy: SB3's ``predict``."""
 
-    def predict(
-        self,
-        observation: Any,
-        state: Any = ...,
-        episode_start: Any = ...,
-        deterministic: bool = ...,
-    ) -> tuple[Any, Any]: ...
+    def predict(self, observation: Any, *, deterministic: bool = ...) -> tuple[Any, Any]: ...
 
 
 class ActionRule:
