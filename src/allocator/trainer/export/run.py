@@ -214,8 +214,9 @@ def export_runs(
     n_parity: int = PARITY_SAMPLES,
     seed: int = 0,
 ) -> Path:
-    """Export one run, or several as a seed ensemble, to ``registry/NAME/VERSION``; a refusal
-    or parity above ``tolerance`` raises ``ExportError``, with nothing written to the registry."""
+    """Export one run, or several as a seed ensemble, to ``registry/NAME/VERSION`` (a single run
+    tracked in MLflow is registered there too); a refusal or parity above ``tolerance`` raises
+    ``ExportError`` with nothing written to the registry."""
     if not run_dirs:
         raise ExportError("nothing to export: no run directory given")
     members = [load_run(d) for d in run_dirs]
