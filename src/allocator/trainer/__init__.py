@@ -1,8 +1,5 @@
-"""Offline side of Allocator: data, environment, rewards, backtests, agents, training,
-export and the scheduled jobs.
-
-Submodules are imported explicitly; importing this package pulls in neither torch nor pandas.
-"""
+"""Offline side of Allocator: data, environment, backtests, agents, training, export and jobs.
+Submodules are imported explicitly: importing this package pulls in neither torch nor pandas."""
 
 from __future__ import annotations
 
@@ -15,11 +12,8 @@ class MissingExtraError(ImportError):
 
 
 def require_extra(module: str, extra: str, needed_for: str) -> ModuleType:
-    """``import module``, or a ``MissingExtraError`` saying ``pip install 'allocator[extra]'``.
-
-    Ray, Optuna, TensorBoard and MLflow are extras of their own, so a training install does not
-    pull them unless asked for: the parts that use them import them through this when they run.
-    """
+    """``import module``, or a ``MissingExtraError`` naming the extra: Ray, Optuna, TensorBoard
+    and MLflow are extras of their own, imported through this only when used."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:

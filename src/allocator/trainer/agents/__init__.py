@@ -1,2 +1,1 @@
-"""Learning algorithms: TD3, SAC (by name in ``algorithms``), what they share (``off_policy``),
-their exploration noise, regularizer and curiosity."""
+"""Learning algorithms (TD3, SAC), their networks, exploration noise, regularizers, curiosity."""

@@ -18,9 +18,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {"td3": SmoothTD3, "sac": SmoothSAC}
 
 
 def zero_actions(actor: nn.Module) -> None:
-    """Make a deterministic actor's action exactly 0 for every observation (a tilt's anchor):
-    zero the layers its scores come out of (the shared net's asset and cash heads, or the last
-    linear layer of SB3's flat ``mu``), so ``tanh`` of the score, squashed or not, is 0."""
+    """Make a deterministic actor's action exactly 0 (a tilt's anchor): zero the layers its
+    scores come out of (the shared heads, or the last linear layer of SB3's flat ``mu``)."""
     if isinstance(actor, SharedActorBase):
         heads: list[nn.Module] = [actor.net.rho[-1], actor.net.cash_head]
     else:

@@ -1,9 +1,6 @@
-"""Intrinsic Curiosity Module (Pathak et al. 2017) for continuous actions.
-
-The forward model's error predicting ``phi(s')`` is a novelty signal, added (normalized by
-running statistics) to each replay batch's reward. The ICM owns its optimizer and detaches
-every input, so its losses never push gradients into the actor or the critics.
-"""
+"""Intrinsic Curiosity Module (Pathak et al. 2017): the forward model's error predicting
+``phi(s')``, normalized, is a novelty bonus on each replay batch's reward. It owns its optimizer
+and detaches every input, so its losses never reach the actor or the critics."""
 
 from __future__ import annotations
 
@@ -213,18 +210,13 @@ class IntrinsicCuriosity:
             return mixed
         return mixed + weight * intrinsic.detach().to(extrinsic.device, extrinsic.dtype)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Net (with its running statistics) and optimizer state."""
-        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
         self.optimizer.load_state_dict(state["optimizer"])
 
     def save(self, path: str | Path) -> None:
-        state = self.state_dict()
-        state["dims"] = [self.obs_dim, self.action_dim]
-        torch.save(state, Path(path))
+        state = {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
+        torch.save({**state, "dims": [self.obs_dim, self.action_dim]}, Path(path))
 
     @classmethod
     def load(

@@ -16,8 +16,7 @@ from allocator.trainer.agents.icm import ICMSettings, IntrinsicCuriosity
 
 
 class SmoothOffPolicy(OffPolicyAlgorithm):
-    """Base placed before SB3's TD3 or SAC: two learning-rate schedules and an optional ICM,
-    logged under ``icm/``."""
+    """Base placed before SB3's TD3 or SAC: two learning-rate schedules and an optional ICM."""
 
     critic: ContinuousCritic
 

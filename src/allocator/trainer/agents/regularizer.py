@@ -1,8 +1,6 @@
 """The actor's regularizers: smoothness ``lambda * E||pi(s') - pi(s)||^2`` and the bound penalty.
-
-Adaptive smoothness is a constraint, not a price: lambda rises by dual ascent while the mean
-action change ``E[C]`` exceeds a budget and falls (to 0) under it, so the agent pays only when it
-over-trades (no penalty thrashes; a large fixed one is too timid).
+Adaptive smoothness is a constraint: lambda rises while the mean action change exceeds a budget
+and falls under it, so the agent pays only when it over-trades (a fixed one is too timid).
 """
 
 from __future__ import annotations
@@ -58,11 +56,8 @@ class SmoothnessLambda:
 
 
 class ActionBoundSettings(StrictModel):
-    """A penalty on pre-tanh scores past ``atanh(limit)``; ``weight`` 0 is off.
-
-    A tanh actor at +-1 has no gradient (``1 - a^2 ~ 0``) and stops learning; a penalty on the
-    action is gated by the same factor, one on the score ``u`` is not.
-    """
+    """A penalty on pre-tanh scores past ``atanh(limit)`` (``weight`` 0: off): a tanh actor at
+    +-1 has no gradient, and a penalty on the action would be gated by the same factor."""
 
     weight: float = Field(0.0, ge=0, description="penalty per squared unit of score past the limit")
     limit: float = Field(0.9, gt=0, lt=1, description="the |action| the penalty starts at")

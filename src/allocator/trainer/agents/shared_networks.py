@@ -1,10 +1,6 @@
-"""Per-asset shared networks (Deep Sets) for actor and critic.
-
-Every asset is scored by the same small network from its own features and weight plus a
-context pooled over the live assets (masked mean and max). So: permuting live assets permutes
-the actor's asset actions and leaves Q unchanged; masked slots (even NaN) influence nothing and
-get action 0; the actor runs on any number of assets, not only the ``M`` slots it trained on.
-"""
+"""Per-asset shared networks (Deep Sets): one small network scores every asset from its own row
+and a context pooled over the live assets, so permuting assets permutes the actions, masked slots
+(even NaN) influence nothing, and the actor runs on any number of assets."""
 
 from __future__ import annotations
 
@@ -93,12 +89,8 @@ _EXACT_SUMS: ContextVar[bool] = ContextVar("allocator_exact_pooled_sums", defaul
 
 @contextmanager
 def slot_order_sums() -> Iterator[None]:
-    """Training arithmetic inside this block: slot-order sums and live-rows-only passes.
-
-    Outside it pooled sums run over sorted values, so a permutation of the assets gives the same
-    bits (as the exported graph does). Gradient steps do not need the bits, so ``train`` runs
-    here, with shortcuts that change results by rounding only.
-    """
+    """Slot-order sums and live-rows-only passes for ``train``: gradient steps need no
+    permutation-exact bits, which sorted sums (the default, as in the exported graph) give."""
     token = _EXACT_SUMS.set(False)
     try:
         yield
@@ -125,12 +117,8 @@ def slot_live(mask: th.Tensor) -> th.Tensor:
 
 
 def masked_mean_max(h: th.Tensor, live: th.Tensor, nonneg: bool = False) -> th.Tensor:
-    """``[mean, max]`` of ``h`` (..., B, N, H) over live rows (``live`` (B, N)): (..., B, 2H),
-    zeros when none is live.
-
-    ``where``, not a mask product: ``0 * NaN`` would let a masked row through. ``nonneg`` (a
-    ReLU's output) lets the max run over the zeroed rows, saving a masking pass.
-    """
+    """``[mean, max]`` (..., B, 2H) of ``h`` (..., B, N, H) over live rows, zeros when none is;
+    ``where``, since ``0 * NaN`` would let a masked row through; ``nonneg``: no masked max."""
     m = live.unsqueeze(-1)
     count = m.sum(dim=-2).clamp(min=1).to(h.dtype)
     zeroed = th.where(m, h, 0.0)
@@ -188,16 +176,10 @@ def asset_inputs(features: th.Tensor, per_slot: th.Tensor, live: th.Tensor) -> t
 
 
 class SharedActorNet(nn.Module):
-    """Scores every slot from its own row and a pooled context: ``(B, N + 1, n_outputs)``.
-
-    ``h_i = phi([f_i, w_i])``; ``c = context([mean h, max h, w_cash])``; asset score
-    ``rho([h_i, c])``; cash score ``cash_head(c)``. ``n_outputs``: 1 for TD3, 2 for SAC.
-
-    ``center_assets`` subtracts the live assets' mean from the first output: a shift common to
-    every asset is the cash head's say, and uncentred it can drift until every action sits at
-    +1 with tanh's gradient gone. Off by default so a policy saved without the flag loads as
-    it was trained.
-    """
+    """Scores ``(B, N + 1, n_outputs)``: asset ``rho([h_i, c])`` with ``h_i = phi([f_i, w_i])``,
+    ``c = context([mean h, max h, w_cash])``; cash ``cash_head(c)``. ``center_assets`` removes
+    the live assets' mean score, a common shift that could drift every action to +1 (off by
+    default: a policy saved without the flag loads as it was trained)."""
 
     def __init__(
         self,
@@ -208,8 +190,6 @@ class SharedActorNet(nn.Module):
         center_assets: bool = False,
     ) -> None:
         super().__init__()
-        self.n_features = n_features
-        self.n_outputs = n_outputs
         self.center_assets = center_assets
         self.encoder = mlp([n_features + 1, hidden, hidden], activation_fn, final_activation=True)
         self.context = mlp([2 * hidden + 1, hidden], activation_fn, final_activation=True)
@@ -273,8 +253,7 @@ class SharedQNet(nn.Module):
 
 
 def stacked_mlp(layers: Sequence[nn.Sequential], x: th.Tensor, shared: bool) -> th.Tensor:
-    """Apply C same-shaped MLPs in one pass: (C, ..., out) from ``x`` (..., K) shared by every
-    member, or (C, ..., K) each its own; equal to running them one by one, up to rounding."""
+    """C same-shaped MLPs in one pass: (C, ..., out) from ``x`` (..., K) shared, or (C, ..., K)."""
     n = len(layers)
     lead = x.shape[:-1] if shared else x.shape[1:-1]
     out = x.reshape(-1, x.shape[-1]) if shared else x.reshape(n, -1, x.shape[-1])

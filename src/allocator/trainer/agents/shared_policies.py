@@ -1,10 +1,6 @@
-"""SB3 policies whose actor and twin critics are the per-asset shared networks.
-
-Only ``make_actor`` and ``make_critic`` change, so SB3's optimizers, targets and save/load and
-our trainers work unchanged. ``policy_kwargs={"n_features": F, "hidden": 64}``; ``net_arch`` is
-ignored. Masked slots always get action 0, and SAC's log-probability counts live slots only, so
-the entropy bonus is about choices that matter.
-"""
+"""SB3 policies whose actor and twin critics are the per-asset shared networks: only
+``make_actor`` and ``make_critic`` change, so SB3's optimizers, targets and save/load still work.
+SAC's log-probability counts live slots only: the entropy bonus is about choices that matter."""
 
 from __future__ import annotations
 

@@ -179,10 +179,7 @@ class SmoothTD3(SmoothOffPolicy, TD3):
             out, bound = th.tanh(scores), bound_penalty(scores, self.action_bound)
         else:
             out = self.actor(obs)
-        if not self.lam.active:
-            return out, None, bound
-        actions, change = split_change(out)
-        return actions, change, bound
+        return (*split_change(out), bound) if self.lam.active else (out, None, bound)
 
     def _update_targets(self) -> None:
         """Targets track the online networks by SB3's ``polyak_update``, not a fused lerp,

@@ -1,2 +1,2 @@
-"""Run directories as checkpoints: schema versions and their upgrade steps, widening to more
-asset slots, and the probes proving that an upgrade changed no action (``upgrade`` runs them)."""
+"""Run directories as checkpoints: schema upgrades and widening, proven by probes to change no
+action."""

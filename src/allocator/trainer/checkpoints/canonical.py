@@ -55,11 +55,8 @@ def canonical_forward(layers: Iterable[nn.Module], x: NDArray[np.floating[Any]])
             out = canonical_forward(module, out)
         elif isinstance(module, nn.Linear):
             w = module.weight.detach().cpu().double().numpy()
-            b = (
-                module.bias.detach().cpu().double().numpy()
-                if module.bias is not None
-                else np.zeros(w.shape[0])
-            )
+            bias = module.bias
+            b = np.zeros(len(w)) if bias is None else bias.detach().cpu().double().numpy()
             out = canonical_linear(out, w, b)
         else:
             out = _elementwise(module, out)

@@ -83,8 +83,7 @@ def probe_masks(max_assets: int, seed: int = PROBE_SEED) -> NDArray[np.float32]:
 def probe_parts(
     spec: FeatureSpec, masks: NDArray[np.float32], per_mask: int, seed: int = PROBE_SEED
 ) -> ProbeParts:
-    """``per_mask`` seeded observations for each mask: normal features (clipped), Dirichlet
-    weights over the live slots."""
+    """``per_mask`` seeded observations for each mask (features normal, weights Dirichlet)."""
     rng = np.random.default_rng(seed)
     mask = np.repeat(masks, per_mask, axis=0)
     n = len(mask)
@@ -161,8 +160,7 @@ def _check_icm(
 
 
 def _widened_probes(spec: FeatureSpec, max_assets: int) -> tuple[Obs, Obs, int]:
-    """The probe observations in the old and the widened layout (checked to embed), and how
-    many masks they cover."""
+    """The probe observations in the old and the widened layout, and their number of masks."""
     new_spec = FeatureSpec(max_assets, spec.window, spec.clip)
     masks = probe_masks(spec.max_assets)
     parts = probe_parts(spec, masks, max(1, math.ceil(PROBE_COUNT / len(masks))))
@@ -189,31 +187,6 @@ def _canonical_pairs(
     }
 
 
-def _probe_actions(n: int, n_act: int, max_assets: int, old_assets: int) -> tuple[Array, Array]:
-    """Seeded critic-input actions for the old slots, and the same with new slots appended."""
-    rng = np.random.default_rng(PROBE_SEED + 2)
-    act_old = rng.uniform(-1, 1, (n, n_act))
-    act_new = np.concatenate([act_old, rng.uniform(-1, 1, (n, max_assets - old_assets))], axis=1)
-    return act_old, act_new
-
-
-def _widening_problems(report: ProbeReport, consistency: float) -> list[str]:
-    """Why the widened model is refused (empty: it is not)."""
-    canonical, critic = report.canonical_max_diff, report.critic_canonical_max_diff
-    icm, float32 = report.icm_canonical_max_diff, report.float32_max_diff
-    problems = []
-    if canonical != 0.0 or critic != 0.0 or (icm is not None and icm != 0.0):
-        problems.append(
-            f"canonical float64 outputs differ (actor {canonical:.3g}, critic {critic:.3g}, "
-            f"icm {icm})"
-        )
-    if consistency > EVALUATOR_ATOL:
-        problems.append(f"canonical evaluator is {consistency:.3g} from the float32 model")
-    if float32 > FLOAT32_ATOL:
-        problems.append(f"float32 actions differ by {float32:.3g} > {FLOAT32_ATOL:g}")
-    return problems
-
-
 def check_widened(
     algorithm: str, before: Path, after: Path, spec: FeatureSpec, max_assets: int
 ) -> ProbeReport:
@@ -231,15 +204,33 @@ def check_widened(
     float32 = max_abs(f32_old, f32_new[:, :n_act])
     consistency = max_abs(actors["actor"][0], f32_old)
 
-    acts = _probe_actions(len(obs_old), n_act, max_assets, spec.max_assets)
+    n = len(obs_old)  # seeded critic-input actions, the new slots' appended
+    rng = np.random.default_rng(PROBE_SEED + 2)
+    act_old = rng.uniform(-1, 1, (n, n_act))
+    new_slot_acts = rng.uniform(-1, 1, (n, max_assets - spec.max_assets))
+    acts = act_old, np.concatenate([act_old, new_slot_acts], axis=1)
     x_old, x_new = np.concatenate([obs_old, acts[0]], 1), np.concatenate([obs_new, acts[1]], 1)
     critics = _canonical_pairs(critic_layers(old), critic_layers(new), x_old, x_new)
     critic = max(max_abs(a, b) for a, b in critics.values())  # critics and their targets
     icm = None
     if (before / ICM_FILE).is_file():
         icm = _check_icm(before / ICM_FILE, after / ICM_FILE, (obs_old, obs_new), acts, n_act)
-    report = ProbeReport(
-        observations=len(obs_old),
+    problems = []
+    if canonical != 0.0 or critic != 0.0 or (icm is not None and icm != 0.0):
+        problems.append(
+            f"canonical float64 outputs differ (actor {canonical:.3g}, critic {critic:.3g}, "
+            f"icm {icm})"
+        )
+    if consistency > EVALUATOR_ATOL:
+        problems.append(f"canonical evaluator is {consistency:.3g} from the float32 model")
+    if float32 > FLOAT32_ATOL:
+        problems.append(f"float32 actions differ by {float32:.3g} > {FLOAT32_ATOL:g}")
+    if problems:
+        raise CheckpointUpgradeError(
+            "widened model does not act like the original: " + "; ".join(problems)
+        )
+    return ProbeReport(
+        observations=n,
         masks=masks,
         float32_max_diff=float32,
         canonical_max_diff=canonical,
@@ -247,9 +238,3 @@ def check_widened(
         icm_canonical_max_diff=icm,
         new_slot_max_action=new_slots,
     )
-    problems = _widening_problems(report, consistency)
-    if problems:
-        raise CheckpointUpgradeError(
-            "widened model does not act like the original: " + "; ".join(problems)
-        )
-    return report

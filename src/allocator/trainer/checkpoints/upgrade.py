@@ -132,22 +132,19 @@ def _apply_and_check(
     return manifest, check_same_actions(algorithm, backup, d, spec)
 
 
-def _probe_summary(probe: ProbeReport) -> str:
-    """One line for the manifest's records: what the probe compared and the largest difference."""
-    if probe.canonical_max_diff is not None:  # widened
-        return (
-            f"probe: {probe.observations} observations over {probe.masks} masks, canonical "
-            f"max |diff| {probe.canonical_max_diff:g}, float32 max |diff| "
-            f"{probe.float32_max_diff:.3g}"
-        )
-    return f"probe: {probe.observations} observations, max |action diff| {probe.float32_max_diff:g}"
-
-
 def _note_backup_and_probe(
     d: Path, manifest: Manifest, records_before: int, backup: Path, probe: ProbeReport
 ) -> Manifest:
-    """Note the backup and the probe in this upgrade's records; write and verify the manifest."""
-    tail = f"; backup {backup}; {_probe_summary(probe)}"
+    """Note the backup and the probe (what it compared, the largest difference) in this upgrade's
+    records; write and verify the manifest."""
+    tail = f"; backup {backup}; probe: {probe.observations} observations"
+    if probe.canonical_max_diff is not None:  # widened
+        tail += (
+            f" over {probe.masks} masks, canonical max |diff| {probe.canonical_max_diff:g}, "
+            f"float32 max |diff| {probe.float32_max_diff:.3g}"
+        )
+    else:
+        tail += f", max |action diff| {probe.float32_max_diff:g}"
     records = [
         r.model_copy(update={"note": r.note + tail}) if i >= records_before else r
         for i, r in enumerate(manifest.migrations)

@@ -1,7 +1,5 @@
-"""Schema versions of a run directory, and the steps that upgrade one version to the next.
-
-1: no manifest; 2: ``manifest.json``; 3: the manifest also records the policy kind, the feature
-set and its normalization, the action mapping and a shared policy's served assets.
+"""Schema versions of a run directory and the steps between them. 1: no manifest; 2:
+``manifest.json``; 3: it records the policy kind, feature set, action mapping and served assets.
 """
 
 from __future__ import annotations
@@ -89,9 +87,8 @@ def training_record(model_zip: Path) -> tuple[dt.datetime, dict[str, str]]:
 
 
 def resolve_dataset(run_dir: Path, dataset: str) -> str | Path:
-    """A config's dataset: ``sp500``, ``database``, an absolute path, or a relative path tried
-    beside the run directory first (self-contained runs and fixtures) and then in the working
-    directory (where training resolved it)."""
+    """A config's dataset, a relative path tried beside the run directory first (self-contained
+    runs and fixtures), then in the working directory (where training resolved it)."""
     if dataset in (SP500, DATABASE):
         return dataset
     path = Path(dataset)
@@ -101,8 +98,7 @@ def resolve_dataset(run_dir: Path, dataset: str) -> str | Path:
 
 
 def training_universe(run_dir: Path, config: TrainConfig) -> tuple[list[str], str]:
-    """The assets training drew from (``data.assets``, else the dataset's in the training
-    period), and where that came from."""
+    """The assets training drew from (``data.assets``, else the dataset's), and their source."""
     if config.data.assets:
         return list(config.data.assets), "config data.assets"
     source = resolve_dataset(run_dir, config.data.dataset)

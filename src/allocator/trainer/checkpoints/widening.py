@@ -1,8 +1,6 @@
-"""Widening: a policy trained on ``m`` asset slots, padded to run in an ``M``-slot layout.
-
-New slots get zero input columns and zero actor output rows: a pre-tanh output of 0 has tanh's
-gradient for fine-tuning (a large negative bias would start them dead), and masked until filled
-they change no allocation. Adam moments are zero-padded alike, so training can resume.
+"""Widening a policy trained on ``m`` asset slots to ``M``: new slots get zero input columns and
+zero actor rows (a pre-tanh 0 keeps tanh's gradient, where a large negative bias would start
+them dead), and Adam moments are zero-padded alike, so training can resume.
 """
 
 from __future__ import annotations
@@ -10,6 +8,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import re
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -72,27 +71,17 @@ Plan = dict[str, tuple[Embedding | None, Embedding | None]]
 
 def pad_tensor(t: th.Tensor, rows: Embedding | None, cols: Embedding | None) -> th.Tensor:
     """A zero tensor of the widened shape with ``t`` placed at the embedded rows and columns."""
-    r = th.as_tensor(rows.index) if rows is not None else th.arange(t.shape[0])
-    shape = [rows.size if rows is not None else t.shape[0], *t.shape[1:]]
-    if t.ndim == 1:
-        out = t.new_zeros(shape)
-        out[r] = t
-        return out
-    c = th.as_tensor(cols.index) if cols is not None else th.arange(t.shape[1])
-    shape[1] = cols.size if cols is not None else t.shape[1]
-    out = t.new_zeros(shape)
-    out[r[:, None], c[None, :]] = t
+    dims = list(zip((rows, cols)[: t.ndim], t.shape, strict=False))
+    index = [th.arange(n) if e is None else th.as_tensor(e.index) for e, n in dims]
+    out = t.new_zeros([n if e is None else e.size for e, n in dims] + list(t.shape[len(dims) :]))
+    out[th.meshgrid(*index, indexing="ij")] = t
     return out
 
 
 def _linear_indices(keys: Iterable[str], prefix: str) -> list[int]:
     """Indices of the Linear layers of the ``nn.Sequential`` saved under ``prefix``."""
-    found = set()
-    for key in keys:
-        head, _, rest = key.partition(prefix + ".")
-        if head == "" and rest.endswith(".weight") and rest.split(".")[0].isdigit():
-            found.add(int(rest.split(".")[0]))
-    return sorted(found)
+    pattern = re.compile(rf"{re.escape(prefix)}\.(\d+)\.(.*\.)?weight$")
+    return sorted({int(m[1]) for key in keys if (m := pattern.match(key))})
 
 
 def _add(plan: Plan, name: str, rows: Embedding | None, cols: Embedding | None) -> None:

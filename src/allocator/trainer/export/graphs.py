@@ -1,9 +1,6 @@
-"""The graphs ``allocator export`` writes, as torch modules, and their export to ONNX.
-
-A policy graph of k >= 1 members normalizes the raw input with each member's own statistics
-(in the graph: a server cannot apply stale ones) and outputs the mean of their actions, so an
-ensemble has a single model's inputs and outputs. A flat graph also maps the action to weights;
-a shared graph's tilt needs the request's prices, so the server applies it.
+"""The graphs ``allocator export`` writes, and their export to ONNX. A policy graph normalizes
+the raw input with each member's own statistics (a server cannot apply stale ones) and outputs
+their mean action; a flat graph also maps it to weights (a tilt needs prices: the server's).
 """
 
 from __future__ import annotations
@@ -218,8 +215,7 @@ def export_graph(
             external_data=False,
             verbose=False,
         )
-    if program is None:  # pragma: no cover - dynamo=True always returns a program
-        raise ExportError("torch.onnx.export returned no program")
+    assert program is not None  # dynamo=True always returns a program
     proto = program.model_proto
     if metadata:
         onnx.helper.set_model_props(proto, metadata)

@@ -80,8 +80,7 @@ class LoadedRun:
 
 
 def _check_saved(run_dir: Path, field: str, file: str, ours: Any) -> None:
-    """The manifest's statistics must be those the run saved in ``file`` (the manifest has no
-    checksum)."""
+    """The manifest's statistics must be those the run saved in ``file`` (it has no checksum)."""
     path = run_dir / file
     if ours is None or not path.is_file():
         return

@@ -268,9 +268,8 @@ def rollout(loaded: LoadedRun, n: int, seed: int = 0) -> Rollout:
 def real_set_observations(
     loaded: LoadedRun, n: int, n_assets: int, rng: np.random.Generator
 ) -> SetObservations:
-    """``n`` decisions over ``n_assets`` assets of the training data at random dates (drawn
-    with replacement when the data has fewer assets); an asset without a full window of
-    closes is masked, as are random others."""
+    """``n`` decisions over ``n_assets`` assets of the training data at random dates (with
+    replacement when it has fewer); assets without a full window are masked, and random others."""
     spec = loaded.asset_spec
     prices = training_data(loaded).prices
     p = spec.prices_per_asset

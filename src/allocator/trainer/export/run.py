@@ -104,8 +104,7 @@ POLICY_IO = {
 
 
 def export_policy(members: Sequence[LoadedRun], path: Path) -> Path:
-    """Write ``model.onnx`` of one run or a seed ensemble (a shared one traced at the training
-    slots, its asset axis dynamic)."""
+    """Write ``model.onnx`` of one run or a seed ensemble (a shared one's asset axis dynamic)."""
     first = members[0]
     spec = first.spec
     weights, mask = torch.zeros(4, spec.n_slots), torch.ones(4, spec.n_slots)
@@ -215,11 +214,9 @@ def export_runs(
     n_parity: int = PARITY_SAMPLES,
     seed: int = 0,
 ) -> Path:
-    """Export one run, or several as a seed ensemble, to ``registry/NAME/VERSION``; return it.
-
-    Any refusal or parity above ``tolerance`` raises ``ExportError`` with nothing written to
-    the registry; a single run tracked in MLflow is registered there too.
-    """
+    """Export one run, or several as a seed ensemble, to ``registry/NAME/VERSION`` (a single run
+    tracked in MLflow is registered there too); a refusal or parity above ``tolerance`` raises
+    ``ExportError`` with nothing written to the registry."""
     if not run_dirs:
         raise ExportError("nothing to export: no run directory given")
     members = [load_run(d) for d in run_dirs]

@@ -1,7 +1,5 @@
-"""Which draws of a suite market may choose something (development), and which only measure
-(held-out): a figure is worth something only on draws nothing was chosen on. Draws 0-99 belong
-to neither; the S&P 500 development years are one set for both modes.
-"""
+"""Which draws of a suite market may choose something (development) and which only measure
+(held-out): a figure is worth something only on draws nothing was chosen on."""
 
 from __future__ import annotations
 

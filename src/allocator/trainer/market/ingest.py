@@ -112,8 +112,7 @@ def stored_state(url: str) -> str:
 
 
 def ingest(paths: Iterable[str | Path], url: str, *, keep_valid: bool = False) -> list[FileReport]:
-    """One report per price file named (or in a directory named); an unwritable database
-    (``PriceStoreError``) stops all."""
+    """One report per price file named (or in a directory named); ``PriceStoreError`` stops all."""
     files = price_files(paths)
     if not files:
         raise DataError(

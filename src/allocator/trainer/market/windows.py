@@ -1,9 +1,6 @@
-"""Walk-forward windows: calendar-aligned train spans, a purge gap, then an unseen test span.
-
-Unlike skfolio's ``WalkForward`` (which anchors periods on the data's first date), periods are
-``freq`` boundaries ``a_0 < a_1 < ...`` rolled back from ``start``; window k tests
-``[a_i, a_{i + test_periods})`` with ``i = train_periods + k * step`` and trains on
-``[a_{i - train_periods}, a_i)`` (or from ``start``) minus the last ``purge_days``.
+"""Walk-forward windows: a train span, a purge gap, then an unseen test span, on ``freq``
+boundaries rolled back from ``start`` (skfolio's ``WalkForward`` anchors on the data's first
+date, so its periods are not calendar-aligned).
 """
 
 from __future__ import annotations

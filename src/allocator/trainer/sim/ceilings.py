@@ -77,9 +77,7 @@ class RotationFilter(RegimeFilter):
         posterior = self.update(ctx.prices, ctx.step)
         if self.book == "posterior":
             return ctx.slot_weights(posterior)
-        held = np.zeros_like(posterior)
-        held[np.argmax(posterior)] = 1.0
-        return ctx.slot_weights(held)
+        return ctx.slot_weights(np.eye(posterior.size)[np.argmax(posterior)])
 
 
 class SectorFilter(RegimeFilter):
@@ -143,9 +141,7 @@ class KnownReversal:
 
     def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
         expected = self.phi * np.diff(np.log(ctx.prices[-2:]), axis=0)[0]
-        held = np.zeros(len(ctx.assets))
-        held[np.argmax(expected)] = 1.0
-        return ctx.slot_weights(held)
+        return ctx.slot_weights(np.eye(len(ctx.assets))[np.argmax(expected)])
 
 
 def ceiling_for(market: GeneratedMarket, draw: int) -> Policy | None:

@@ -1,13 +1,8 @@
-"""``PortfolioEnv``: cash plus a random subset of up to ``max_assets`` assets, daily rebalancing.
-
-One step: the action maps to raw weights ``w``, smoothed into the executed target
-``s = ema_smooth(s_prev, w, mask, beta)``; the drifted holdings ``h`` trade to ``s`` at
-``cost_bps/1e4 * (sold + sum|s - h|) * NAV``, then prices move and the holdings drift.
-
-A universe change (``change_universe`` or the ``universe_changes`` reset option) applies at the
-next decision (``sim/universe.py``): carried vectors move by asset id and the leavers are sold
-into cash (``sold``, paid in the next step's turnover). Arrays are prepared per universe span,
-so an agent's updates, not the environment, dominate training time.
+"""``PortfolioEnv``: cash plus up to ``max_assets`` assets, rebalanced daily. A step smooths the
+action's weights ``w`` into ``s = ema_smooth(s_prev, w, mask, beta)``, trades the drifted
+holdings ``h`` to ``s`` at ``cost_bps/1e4 * (sold + sum|s - h|) * NAV``, then prices move. A
+universe change sells the leavers into cash (``sold``) at the next decision (``sim/universe.py``).
+Arrays are prepared per universe span, so the agent's updates dominate training time.
 """
 
 from __future__ import annotations

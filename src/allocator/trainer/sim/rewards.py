@@ -1,7 +1,5 @@
-"""Rewards and penalties, selectable by name; each docstring gives its formula.
-
-Rewards read the ``EpisodeHistory`` after a step is recorded. Trailing windows use what history
-exists, so there is no cliff when a window fills."""
+"""Rewards and penalties, by name, each docstring its formula; trailing windows use what
+history exists, so there is no cliff when a window fills."""
 
 from __future__ import annotations
 

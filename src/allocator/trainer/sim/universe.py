@@ -23,8 +23,7 @@ def slot_sources(current: Sequence[str], new: Sequence[str], n_slots: int) -> In
     before = {a: j + 1 for j, a in enumerate(current)}
     source = np.full(n_slots, -1, dtype=np.intp)
     source[0] = 0
-    for j, a in enumerate(new):
-        source[j + 1] = before.get(a, -1)
+    source[1 : len(new) + 1] = [before.get(a, -1) for a in new]
     return source
 
 

@@ -1,9 +1,6 @@
-"""The excess Sharpe ratio of a policy over a benchmark, with a stationary-bootstrap interval.
-
-The bootstrap resamples *paired* days (common market noise cancels) in blocks of random length
-(Politis-White mean unless given), keeping the returns' autocorrelation. BCa without a
-replicate on one side of the estimate falls back to percentile, and ``method`` says so.
-Sharpe is ``performance``'s convention (ddof 1, sqrt(252), flat scores 0).
+"""The excess Sharpe of a policy over a benchmark, with a stationary-bootstrap interval over
+*paired* days (common market noise cancels) in blocks that keep the autocorrelation. Sharpe is
+``performance``'s convention (ddof 1, sqrt(252), flat scores 0).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Hansen's test of superior predictive ability (SPA) of a policy against baselines.
-
-Losses are negative daily net returns; ``arch.bootstrap.SPA`` tests "no model has a lower
-expected loss than the benchmark" (quote the *consistent* p-value). ``policy_superiority``
-keeps the largest p-value over one SPA per baseline (intersection-union: no multiplicity
-correction is due). arch does not floor the observed mean at zero, so a policy clearly worse
-than a baseline gets a p-value near 0.5, not 1.
+"""Hansen's SPA test of a policy (losses: negative daily net returns) against baselines, one
+test per baseline and the largest p-value kept (intersection-union: no multiplicity correction).
+arch does not floor the observed mean at zero: a clearly worse policy gets ~0.5, not 1.
 """
 
 from __future__ import annotations

@@ -1,2 +1,1 @@
-"""One training run: its typed config, the run itself, the files it writes (``run_dir``), audits
-and callbacks."""
+"""One training run: its config, the run itself, the files it writes, audits and callbacks."""

@@ -1,10 +1,6 @@
-"""Resumable checkpoints: a crashed run continues from its last one instead of starting over.
-
-``checkpoints/step-NNNNNNNNN/`` holds the SB3 model, the filled rows of the replay buffer, the
-ICM, the best model so far and ``state.json``; it is staged hidden and renamed, then
-``latest.json`` names it, so a crash leaves the previous one whole. A resume starts a fresh
-episode, and its random draws differ from an uninterrupted run's.
-"""
+"""Resumable checkpoints: ``checkpoints/step-N/`` (model, the replay buffer's filled rows, ICM,
+best model, ``state.json``) is staged hidden, renamed, then named by ``latest.json``, so a crash
+leaves the previous one whole. A resume's random draws differ from an uninterrupted run's."""
 
 from __future__ import annotations
 

@@ -130,8 +130,7 @@ SelectionMetric = Literal["sharpe", "sortino", "calmar", "annual_return", "total
 
 
 class SelectionSettings(StrictModel):
-    """Keep the checkpoint that scores best on an inner span cut from the end of training
-    (``training/selection.py``)."""
+    """Keep the checkpoint scoring best on an inner span cut from training (``selection.py``)."""
 
     enabled: bool = Field(False, description="choose the best checkpoint on the inner span")
     inner_fraction: float = Field(
@@ -271,13 +270,9 @@ TRAINER_HELP = (
 def load_job_tree(
     path: str | Path | None, overrides: Sequence[str] | None, what: str
 ) -> tuple[dict[str, Any], str | None]:
-    """The settings tree of a job config that embeds a trainer config, and the trainer file it
-    inlined, if any.
-
-    ``--set trainer=other.yaml`` swaps the file first; a path is then inlined (working
-    directory, else beside the job config) so ``--set trainer.x`` works either way;
-    ``trainer_changes`` is merged next, key by key; the other ``--set`` come last.
-    """
+    """The settings tree of a job config embedding a trainer config, and the trainer file it
+    inlined: ``--set trainer=`` first, the file inlined (so ``--set trainer.x`` works either
+    way), then ``trainer_changes`` key by key, then the other ``--set``."""
     tree, source = load_tree(path, None, what)
     overrides = list(overrides or [])
     swaps = [o for o in overrides if o.partition("=")[0].strip() == "trainer"]

@@ -22,18 +22,11 @@ from allocator.trainer.training.config import TrainConfig
 class Actor(Protocol):
     """What a backtest asks of a policy: SB3's ``predict``."""
 
-    def predict(
-        self,
-        observation: Any,
-        state: Any = ...,
-        episode_start: Any = ...,
-        deterministic: bool = ...,
-    ) -> tuple[Any, Any]: ...
+    def predict(self, observation: Any, *, deterministic: bool = ...) -> tuple[Any, Any]: ...
 
 
 class ActionRule:
-    """A policy a backtest can run without SB3: its ``predict`` calls ``act`` (deterministic,
-    no recurrent state)."""
+    """A policy a backtest can run without SB3: its ``predict`` calls ``act``."""
 
     def act(self, observation: Any) -> np.ndarray:
         raise NotImplementedError

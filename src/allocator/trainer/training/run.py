@@ -264,9 +264,8 @@ class TrainingSession:
 
     def checkpoint_state(self) -> dict[str, Any]:
         """What a checkpoint keeps besides the model: seconds, resumes, selection."""
-        running = 0.0
-        if self._learning_since is not None:
-            running = time.perf_counter() - self._learning_since
+        since = self._learning_since
+        running = 0.0 if since is None else time.perf_counter() - since
         buffer = self.model.replay_buffer
         return {
             "train_seconds": self.train_seconds + running,

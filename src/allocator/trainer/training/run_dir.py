@@ -86,8 +86,8 @@ def saved_center_assets(model_zip: Path) -> bool | None:
 
 
 def representation_fields(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
-    """The manifest fields that say what the policy sees and what its action means; the
-    per-asset feature set's normalization is read from the run directory."""
+    """The manifest fields that say what the policy sees and what its action means (the per-asset
+    feature set's normalization read from the run directory)."""
     env = config.env
     fields: dict[str, Any] = {}
     if env.features == "asset_v1":

@@ -1,11 +1,7 @@
-"""The saturation watch: an actor frozen at its tanh bounds (gate ``kappa = 1 - a^2`` ~0, the
-policy no longer moves) is found while it trains, so the run warns and selection can refuse it.
-
-It measures the deterministic actor on a fixed probe set from a separate, seeded environment
-(touching no random state training draws from). The rule, shared with selection: **collapsed**
-when at least ``COLLAPSE_SHARE`` of the live action values have ``|a| >= NEAR_BOUND``. The bulk
-of all values, not one dimension: pinning one (always no cash) is a choice, not a collapse.
-"""
+"""The saturation watch: an actor frozen at its tanh bounds (gate ``kappa = 1 - a^2`` ~0) is
+found while it trains, on a probe set from a separate seeded environment (no training draws),
+so the run warns and selection can refuse it. The rule (``RULE``) counts the bulk of live action
+values, not one dimension: pinning one (always no cash) is a choice, not a collapse."""
 
 from __future__ import annotations
 

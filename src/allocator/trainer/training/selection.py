@@ -1,16 +1,8 @@
-"""Choosing the checkpoint to keep without looking ahead: an inner span cut from training.
-
-The model learns from the first part of the training span; after ``purge_days`` left to neither
-side, the rest is the inner span where the deterministic policy is backtested every
-``eval_every`` steps, so nothing after ``data.train_end`` influences the choice. The score is a
-backtest figure, not episode reward, hence no ``EvalCallback``; ``patience: N`` stops after N
-stale evaluations. A collapsed actor (``saturation.py``) is never kept; with no eligible
-evaluation the last model is kept, with a warning in ``run.json``.
-
-With ``fallback_level`` the kept checkpoint must also beat the zero action (under the tilt
-mapping, the anchor) on the inner span, its excess Sharpe's interval above 0; otherwise the run
-keeps the zero action. A market with nothing to learn then costs nothing: the best of a dozen
-evaluations of noise looks like skill by its point estimate alone.
+"""Choosing the checkpoint to keep without looking ahead: the policy is backtested on an inner
+span cut from the end of training (after a purge gap), so nothing after ``data.train_end``
+influences the choice; the score is a backtest figure, not episode reward (no ``EvalCallback``).
+A collapsed actor is never kept. ``fallback_level`` keeps the zero action unless the checkpoint
+beats it with an interval above 0: the best of a dozen evaluations of noise looks like skill.
 """
 
 from __future__ import annotations
@@ -129,8 +121,8 @@ class SelectionState:
 
 
 class SelectionCallback(BaseCallback):
-    """Backtests the policy on the inner span every ``eval_every`` steps; saves the best
-    atomically and stops after ``patience`` evaluations in a row without improvement."""
+    """Backtests the policy on the inner span every ``eval_every`` steps, saves the best and
+    stops after ``patience`` stale evaluations."""
 
     def __init__(
         self,
@@ -138,8 +130,8 @@ class SelectionCallback(BaseCallback):
         backtest: InnerBacktest,
         run_dir: Path,
         split: InnerSplit,
-        state: SelectionState | None = None,
-        watch: SaturationWatch | None = None,
+        state: SelectionState | None,
+        watch: SaturationWatch,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -159,13 +151,10 @@ class SelectionCallback(BaseCallback):
         state, step = self.state, int(self.model.num_timesteps)
         metrics = self.score(self.model)
         score = float(metrics[self.settings.metric])
-        evaluation: dict[str, Any] = {"step": step, "score": score, "metrics": metrics}
-        collapsed = False
-        if self.watch is not None:
-            saturation = self.watch.at_current_step()
-            collapsed = saturation.collapsed
-            evaluation["saturation"] = saturation.to_dict()
-            evaluation["collapsed"] = collapsed
+        saturation = self.watch.at_current_step()
+        collapsed = saturation.collapsed
+        evaluation = {"step": step, "score": score, "metrics": metrics}
+        evaluation |= {"saturation": saturation.to_dict(), "collapsed": collapsed}
         improved = not collapsed and math.isfinite(score) and score > state.best_score
         state.evaluations.append(evaluation)
         state.last_eval_step = step

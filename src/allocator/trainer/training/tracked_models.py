@@ -21,11 +21,6 @@ REGISTRY_ARTIFACTS = "registry"
 """Artifact folder of a run holding its exports, one folder per registry version."""
 
 
-def registered_name(settings: TrackingSettings, registry_name: str) -> str:
-    """The MLflow registered model of a registry model: the configured one, else its name."""
-    return settings.registered_model or registry_name
-
-
 def register_export(run_dir: Path, version_dir: Path) -> dict[str, str] | None:
     """Register ``version_dir`` (a published registry version of ``run_dir``'s run) in MLflow;
     the run id and the MLflow model name and version, or None when the run was not tracked."""
@@ -39,7 +34,7 @@ def register_export(run_dir: Path, version_dir: Path) -> dict[str, str] | None:
     run_id, version = record["run_id"], version_dir.name
     path = f"{REGISTRY_ARTIFACTS}/{version}"
     client.log_artifacts(run_id, str(version_dir), path)
-    name = registered_name(settings, version_dir.parent.name)
+    name = settings.registered_model or version_dir.parent.name
     ensure_registered_model(client, name)
     source = f"{client.get_run(run_id).info.artifact_uri}/{path}"
     found = client.create_model_version(name, source, run_id=run_id, tags={VERSION_TAG: version})
@@ -64,7 +59,7 @@ def set_production_alias(
     """Point the ``production`` alias at the MLflow version mirroring registry ``version``;
     that MLflow version, or None when the version was never registered (an untracked run)."""
     client = mlflow_client(settings)
-    name = registered_name(settings, registry_name)
+    name = settings.registered_model or registry_name
     found = [
         v
         for v in client.search_model_versions(f"name = '{name}'")

@@ -1,9 +1,6 @@
-"""A training run's copy in MLflow, for comparing runs side by side; the run directory stays
-the record, and its ``tracking.json`` names the MLflow run (so a resume continues it).
-
-Everything goes through an ``MlflowClient`` with an explicit run id, never MLflow's global
-active run, so runs side by side in one process never log into each other.
-"""
+"""A training run's copy in MLflow (the run directory stays the record; ``tracking.json`` names
+the MLflow run a resume continues), through an ``MlflowClient`` with an explicit run id, never
+MLflow's global active run, so runs side by side in one process never log into each other."""
 
 from __future__ import annotations
 
