@@ -69,10 +69,10 @@ def promotion_row(decision: RetrainDecision, details: dict[str, Any]) -> Promoti
 
 def point_production(
     promotion: PendingPromotion, decision: RetrainDecision, record_id: int
-) -> dict[str, Any]:
+) -> None:
     """Move the production pointer to the candidate, naming the record that decided it."""
     s = decision.spans
-    return promotion.point(
+    promotion.point(
         decision.candidate_version,
         previous=decision.production_version,
         reasons=decision.reasons,
@@ -109,7 +109,7 @@ def record_and_promote(
             session.flush()  # a refused row fails here, before the pointer moves
             decision.record_id = row.id
             if decision.promoted:
-                decision.pointer = point_production(promotion, decision, row.id)
+                point_production(promotion, decision, row.id)
     except BaseException as exc:
         promotion.undo()
         if decision.promoted and isinstance(exc, Exception):
