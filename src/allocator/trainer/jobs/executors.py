@@ -1,14 +1,8 @@
 """Where a batch job's runs go: in this process, in a pool of worker processes, or as Ray tasks.
 
-Every job run through here is a pure function of a picklable job, so the executor changes the
-order and wall time, never a result. ``submit`` and ``next_done`` let a job whose next run
-depends on the last results (a tuning study) submit while there is room (``capacity``);
-``fan_out`` runs a fixed list. Ray is an optional extra, asked for only by its executor.
-
-Failures: locally, a job that raises fails the run. With processes or Ray a job whose worker
-dies (killed, out of memory, node lost) is rerun up to ``retries`` times, then
-``WorkerLostError`` names it; an exception raised inside the job fails the run at once unless
-``retry_exceptions`` is set."""
+Every job is a pure function of a picklable job, so the executor changes order and wall time, never
+a result. With processes or Ray a job whose worker dies is rerun up to ``retries`` times, then
+``WorkerLostError`` names it; a job that raises fails the run unless ``retry_exceptions``."""
 
 from __future__ import annotations
 
@@ -18,7 +12,6 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import Field
@@ -68,9 +61,7 @@ class Executor(Generic[JobT, ResultT]):
     def __enter__(self) -> Executor[JobT, ResultT]:
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -180,8 +171,7 @@ class RayExecutor(Executor[JobT, ResultT]):
     ) -> None:
         super().__init__(work, label)
         # heavy optional dependency (the `ray` extra), needed only by this executor
-        ray = require_extra("ray", "ray", "running jobs on Ray (executor: ray)")
-        self.ray = ray
+        self.ray = ray = require_extra("ray", "ray", "running jobs on Ray (executor: ray)")
         self.retries = retries
         self.started = False
         if not ray.is_initialized():

@@ -1,6 +1,5 @@
-"""``retrain``: the job's steps in order (the package docstring says what each means). The
-database is checked before anything trains; a failed push is reported without undoing the
-decision."""
+"""``retrain``: the job's steps in order. The database is checked before anything trains; a failed
+push is reported without undoing the decision."""
 
 from __future__ import annotations
 

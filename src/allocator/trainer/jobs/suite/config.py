@@ -1,7 +1,4 @@
-"""What a suite run is asked to do: the recipe, the markets, how many draws, which set, where.
-
-``development`` (the default) runs the development draws, the only ones a choice may be made
-on; ``heldout`` the held-out draws, to measure a recipe already fixed."""
+"""What a suite run is asked to do: the recipe, the markets, how many draws, which set, where."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""The walk-forward summary and statistics.
+"""The walk-forward summary and statistics, from ``returns.csv`` alone and seeded: reproducible.
 
-The summary: net Sharpe positive, beating equal weight, median excess Sharpe and turnover,
-overall, per regime and per baseline, and the goals met or not. Means and medians skip missing
-and non-finite values (one NaN window does not poison the mean); fractions count every window.
-
-The statistics, per window and pooled (days in time order): the model's excess Sharpe over
-equal weight with a stationary-bootstrap interval (paired days, so common market noise cancels
-as in the point estimate); Hansen's SPA against every baseline (the largest consistent
-p-value); the deflated Sharpe given ``configurations_tried``; with an ``anchor`` column, the
-excess Sharpe over it. The input is ``returns.csv`` alone, seeded, so a run's statistics are
-reproducible; a window too short for a statistic gets an ``error`` entry."""
+Means skip non-finite values (one NaN window does not poison them); fractions count every window.
+The bootstrap pairs the days of model and benchmark, so common market noise cancels."""
 
 from __future__ import annotations
 

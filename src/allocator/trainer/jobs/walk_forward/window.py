@@ -1,15 +1,8 @@
 """One walk-forward window as a job: train on its training span, export, judge on its test span.
 
-``run_window`` is a pure function of its ``WindowJob`` (absolute paths: a Ray worker may run on
-another machine). Run again (a retry, ``--resume``), a window redoes only what is missing: with
-its training run and exported version both whole it is only judged again; a whole run without
-its version is exported again; a run cut short continues from its last checkpoint when
-``trainer.checkpoint_every > 0`` (another draw of the recipe: ``resumed_from`` names it), else
-trains from scratch. A registry version is never overwritten, so a whole version beside an
-unfinished training run is refused.
-
-A baseline a finished run did not record is backtested here as the run would have
-(``allocator walk-forward stats --baseline anchor``), the run directory only read."""
+Absolute paths throughout: a Ray worker may run it on another machine. Run again (a retry,
+``--resume``), a window redoes only what is missing, continuing a cut-short training run from its
+last checkpoint when it has one; a registry version is never overwritten."""
 
 from __future__ import annotations
 
