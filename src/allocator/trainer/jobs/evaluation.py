@@ -195,12 +195,8 @@ def evaluate_baselines(
     rebalance_every: int = 21,
     anchor: AnchorSpec | None = None,
 ) -> dict[str, BacktestResult]:
-    """Backtest baselines over ``[start, end]`` with the same costs and assets as the model.
-
-    Fitted baselines follow ``fit`` (module docstring), rebalanced every ``rebalance_every``
-    days; ``window`` only sets how many closes must precede ``start``; ``anchor`` is what the
-    ``anchor`` baseline holds.
-    """
+    """Backtest baselines over ``[start, end]`` with the same costs and assets as the model;
+    fitted ones follow ``fit`` (module docstring), ``window`` sets the closes before ``start``."""
     names_ = list(assets) if assets is not None else evaluation_assets(data, start, end, window)
     if fit == "train" and any(n in FITTED_BASELINES for n in names):
         if train_start is None or train_end is None:

@@ -66,12 +66,9 @@ class Executor(Generic[JobT, ResultT]):
 
 
 class ProcessExecutor(Executor[JobT, ResultT]):
-    """Each job in one of ``workers`` spawned processes (None: one per CPU).
-
-    Spawned, not forked: a fork would copy the parent's torch threads and files mid-state. A
-    dead worker breaks the whole pool without saying which job it ran, so every job in flight
-    is charged one attempt and resubmitted to a fresh pool.
-    """
+    """Each job in one of ``workers`` spawned processes (a fork would copy the parent's torch
+    threads mid-state). A dead worker breaks the pool without saying which job it ran, so every
+    job in flight is charged one attempt and resubmitted to a fresh pool."""
 
     def __init__(
         self,
@@ -154,11 +151,8 @@ class ProcessExecutor(Executor[JobT, ResultT]):
 
 
 class RayExecutor(Executor[JobT, ResultT]):
-    """Each job a Ray task (1 CPU); ``capacity`` is ``workers`` (default: every CPU Ray sees).
-
-    Without ``address`` a local Ray is started (and shut down on ``close``); with one, that
-    cluster is joined. An already initialized Ray is used as it is.
-    """
+    """Each job a Ray task (1 CPU) on the cluster at ``address``, an already initialized Ray, else
+    a local Ray started here (and shut down on ``close``)."""
 
     def __init__(
         self,

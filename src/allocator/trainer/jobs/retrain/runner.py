@@ -178,12 +178,8 @@ def retrain(
     echo: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
 ) -> RetrainDecision:
-    """Run the job once; the decision, promoted or not.
-
-    Raises ``RetrainError``, ``DataError``, ``ConfigError`` or ``ExportError`` when no
-    decision could be reached, ``TrainingStoppedError`` when ``stop`` was set while it trained
-    (the pointer untouched); set later, ``stop`` lets the decision finish.
-    """
+    """Run the job once; the decision, promoted or not. A ``stop`` set while it trains raises
+    ``TrainingStoppedError`` (the pointer untouched); set later, it lets the decision finish."""
     say = echo or (lambda line: log.info("%s", line))
     started = time.perf_counter()
     registry, name = Path(config.registry), config.model_name

@@ -232,10 +232,7 @@ def check_space(
             if not p.contains(base_values[p.key])
         ]
         if outside:
-            raise ConfigError(
-                "\n  ".join(
-                    [f"{source}: enqueue_base trains the base config's values first", *outside]
-                )
-                + "\n  (widen the space, or set enqueue_base: false)"
-            )
+            head = f"{source}: enqueue_base trains the base config's values first"
+            tail = "(widen the space, or set enqueue_base: false)"
+            raise ConfigError("\n  ".join([head, *outside, tail]))
     return SearchSpace(params, {key: label(value) for key, value in base_values.items()})

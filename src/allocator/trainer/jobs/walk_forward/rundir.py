@@ -261,9 +261,7 @@ def read_window_result(path: str | Path) -> WindowResult:
 
 @dataclass
 class RunState:
-    """The contents of ``walk_forward.json``, written before any window trains and on every
-    resume: the resolved config, the label, the run row and database, the plan cut from the
-    data, and one entry per session."""
+    """``walk_forward.json``: written before any window trains and on every resume."""
 
     label: str
     name: str

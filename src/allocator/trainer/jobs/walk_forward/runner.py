@@ -122,8 +122,7 @@ def collect_windows(
     progress: bool,
 ) -> None:
     """Run ``jobs``, keeping each into ``done`` as it finishes (kept on failure): its file
-    first, then its row, its metric and its progress file's ``done``. A window whose worker
-    died too often fails the run as a ``WalkForwardError``."""
+    first, then its row, its metric and its progress file's ``done``."""
     config = session.config
     executor = open_executor(
         config, run_window, lambda job: f"window {job.window.label}", config.retry_exceptions

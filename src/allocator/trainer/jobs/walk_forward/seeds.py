@@ -135,8 +135,8 @@ def window_excess(frame: pd.DataFrame) -> pd.Series:
 
 
 def seed_study(run_dirs: Sequence[str | Path]) -> dict[str, Any]:
-    """The seed study of ``run_dirs`` (see the module docstring) as a JSON-ready dict, drawn
-    with the default ``StatisticsSettings``."""
+    """Per window every seed's excess Sharpe over equal weight, its seed and period variance,
+    per seed the pooled excess Sharpe, and the equal-capital mix of the seeds' books."""
     settings = StatisticsSettings()
     runs = load_seed_runs(run_dirs)
     per_seed = pd.DataFrame({r.seed: window_excess(r.returns) for r in runs})

@@ -171,8 +171,7 @@ def group_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def summarize(
     results: Sequence[WindowResult], regimes: RegimeThresholds, goals: Goals
 ) -> dict[str, Any]:
-    """Fractions of windows with positive Sharpe and beating equal weight (net Sharpe), the
-    median excess Sharpe and mean turnover, overall and per regime, plus the baselines'."""
+    """The window figures overall, per regime and per baseline, and the goals met or not."""
     rows = [window_row(r, regimes) for r in sorted(results, key=lambda r: r.window.index)]
     overall = group_stats(rows)
     names = list(rows[0]["baseline_sharpe"]) if rows else []
@@ -202,9 +201,7 @@ def summarize(
 
 
 def attach_statistics(summary: dict[str, Any], statistics: dict[str, Any]) -> None:
-    """Put a run's statistics (``significance.run_statistics``) in its summary: all of them
-    under ``statistics``, and each window's interval, SPA p-value and deflated Sharpe in its
-    row, beside the Sharpe they qualify."""
+    """Put ``run_statistics`` in the summary, and each window's headline figures in its row."""
     by_label = {s["window"]: s for s in statistics["windows"]}
     for row in summary["per_window"]:
         if row["label"] in by_label:

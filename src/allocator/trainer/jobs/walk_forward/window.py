@@ -224,9 +224,8 @@ def run_window(job: WindowJob) -> WindowResult:
 
 
 def train_and_export(job: WindowJob, trained: dict[str, Any] | None) -> dict[str, Any]:
-    """Train (unless ``trained``, a whole run's summary, is given), from the last checkpoint
-    when there is one, and export; the run's summary. Refused when the version already exists:
-    versions are final."""
+    """Train (unless ``trained``, a whole run's summary, is given) and export; the run's summary.
+    Refused when the version already exists: versions are final."""
     run_dir = Path(job.run_dir)
     if job.version_dir.exists():
         raise WalkForwardError(
@@ -341,12 +340,8 @@ def rebuilt_job(
 
 
 def with_baselines(run_dir: str | Path, frame: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
-    """``frame`` (the run's daily returns) with a column for each of ``names`` it lacks,
-    backtested on every window's test span with the assets and costs its model was judged on.
-
-    The new columns must cover exactly the recorded days: a day missing on either side means
-    the span was not rebuilt as the run saw it, and that is an error, not a silent gap.
-    """
+    """``frame`` (the run's daily returns) with a column for each of ``names`` it lacks, backtested
+    as its model was judged; a day rebuilt differently than recorded is an error, not a gap."""
     missing = [n for n in dict.fromkeys(names) if n not in frame.columns]
     if not missing:
         return frame
