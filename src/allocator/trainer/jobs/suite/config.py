@@ -25,8 +25,7 @@ class RuleGrid(StrictModel):
 
 
 class SuiteConfig(ExecutorSettings):
-    """A suite run: the recipe trained on every draw of every market and scored beside its
-    yardsticks (anchor, equal weight, the best simple rule, the ceiling) on held-out days."""
+    """A suite run: the recipe trained on every draw of every market, scored on held-out days."""
 
     name: str = Field("suite", pattern=r"^[A-Za-z0-9_.-]+$")
     trainer: TrainConfig = Field(TrainConfig(), description=TRAINER_HELP)

@@ -87,9 +87,8 @@ def run_job(job: SuiteJob) -> dict[str, Any]:
 def held_out_ensemble(
     runs: Sequence[TrainingRun], data: MarketData
 ) -> tuple[BacktestResult, dict[str, Any]]:
-    """The seed ensemble of ``runs`` (one config but the seed) on their held-out days, by the
-    path of each run's own validation (an ensemble of one is that validation), and the
-    saturation audit of the actions it took."""
+    """The seed ensemble of ``runs`` on their held-out days by the path of each run's own
+    validation (an ensemble of one is that validation), and the saturation of its actions."""
     first = runs[0]
     span = (first.config.data.validation_start, first.config.data.validation_end)
     ensemble = SeedEnsemble([run.model for run in runs])

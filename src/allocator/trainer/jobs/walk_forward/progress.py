@@ -165,8 +165,7 @@ def watching(
     interval: float = 2.0,
     enabled: bool = True,
 ) -> Iterator[None]:
-    """A daemon thread that hands ``show`` the ``running`` windows' ``progress_line`` every
-    ``interval`` s while the block runs."""
+    """While the block runs, ``show`` the ``running`` windows' progress every ``interval`` s."""
     stop = threading.Event()
 
     def loop() -> None:

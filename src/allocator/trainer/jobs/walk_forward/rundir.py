@@ -94,8 +94,7 @@ class WalkForwardResult:
 
 
 def returns_frame(windows: Sequence[WindowResult]) -> pd.DataFrame:
-    """Every window's daily net returns, stacked in window order (the ``returns.csv`` rows:
-    ``date``, ``window``, ``agent``, one column per baseline)."""
+    """Every window's daily net returns stacked in window order: the ``returns.csv`` rows."""
     parts = [
         labelled(w.daily_returns(), w.window.label)
         for w in sorted(windows, key=lambda r: r.window.index)

@@ -40,8 +40,7 @@ class WalkForwardStore:
         self, run_id: int, name: str, keep: set[int]
     ) -> tuple[dict[str, Any] | None, set[int]]:
         """Mark a killed or failed run as running again, forgetting the rows of windows not in
-        ``keep`` (they run again); returns the summary it was closed with (the error), if any,
-        and the windows still recorded. Refused unless the row exists under ``name``."""
+        ``keep``; the summary it was closed with (if any) and the windows still recorded."""
         with Session(self.engine) as session, session.begin():
             row = session.get(WalkForwardRun, run_id)
             if row is None or row.name != name:

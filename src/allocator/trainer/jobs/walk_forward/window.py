@@ -319,8 +319,7 @@ def located(recorded: str, fallback: Path) -> Path:
 def rebuilt_job(
     run: Path, summary: dict[str, Any], entry: dict[str, Any], baselines: Sequence[str]
 ) -> WindowJob:
-    """The ``WindowJob`` a window ran as, judging ``baselines``, from ``summary.json`` and its
-    training run's resolved ``config.yaml``."""
+    """The ``WindowJob`` a window ran as, judging ``baselines``, from the run's files."""
     window = window_from(entry)
     run_dir = located(entry.get("run_dir", ""), run / RUNS_DIR / window.label)
     trainer = load_config(run_dir / CONFIG_FILE)
