@@ -11,19 +11,12 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool
 
 from allocator.recording.schema import Promotion
 from allocator.registry.publish import PendingPromotion
-from allocator.trainer.jobs.database import checked_engine
 from allocator.trainer.jobs.json_safe import json_safe
 from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError
 from allocator.trainer.jobs.retrain.decision import RetrainDecision
-
-
-def promotions_engine(url: str) -> sa.Engine:
-    """An engine on the trade database, checked to have the ``promotions`` table."""
-    return checked_engine(url, ["promotions"], RetrainError, poolclass=NullPool)
 
 
 def promotion_details(config: RetrainConfig, decision: RetrainDecision) -> dict[str, Any]:
