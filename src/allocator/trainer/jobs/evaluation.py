@@ -1,14 +1,9 @@
-"""Out-of-sample evaluation: an exported model through the serving path, and the baselines.
+"""Out-of-sample evaluation: an exported model through the serving path, and the baselines, on the
+same span, assets and costs.
 
-The model is judged by what it would have done in production: the exported ONNX graph replayed
-through ``allocator.serving.replay``, turned into the same ``BacktestResult`` the baselines get
-over the same span, assets and costs, so every metric comes from one function.
-
-Fitted baselines (min-variance, HRP) must not see the test period. With ``fit="train"`` (the
-default) they are fitted once on the training span and held as a constant mix: the information
-the RL model had when frozen. ``fit="trailing"`` refits on the trailing 252 days at
-each rebalance (the ``allocator backtest`` behaviour): causal, but it keeps learning during the
-test span, which the exported model does not."""
+Fitted baselines must not see the test period: with ``fit="train"`` they are fitted on the training
+span and held as a constant mix (what the model knew when frozen); ``fit="trailing"`` refits on the
+trailing 252 days at each rebalance (causal, but still learning during the test span)."""
 
 from __future__ import annotations
 
@@ -46,9 +41,6 @@ def evaluation_assets(
     return names[:max_assets] if max_assets else names
 
 
-# --- the exported model --------------------------------------------------------------------
-
-
 @dataclass
 class ExportedEvaluation:
     """A serving-path replay as a ``BacktestResult``, with the per-decision ICM."""
@@ -69,10 +61,9 @@ def replay_exported(
 ) -> ExportedEvaluation:
     """Replay an exported model (a version directory or a ``LoadedModel``) on the dates
     ``run_backtest`` decides on; ``assets`` default to those priced over the whole span."""
-    if isinstance(model_dir, LoadedModel):
-        loaded = model_dir
-    else:
-        loaded = load_model(model_dir, prefer_cuda=False)  # CPU: deterministic, like the tests
+    if not isinstance(model_dir, LoadedModel):
+        model_dir = load_model(model_dir, prefer_cuda=False)  # CPU: deterministic, like the tests
+    loaded = model_dir
     window = loaded.manifest.feature_spec.window
     priced = evaluation_assets(data, start, end, window)
     names = list(assets) if assets is not None else priced[: loaded.max_assets]
@@ -153,9 +144,6 @@ def icm_statistics(
     return stats
 
 
-# --- baselines -----------------------------------------------------------------------------
-
-
 @dataclass
 class ConstantMix:
     """Fixed target weights per asset, traded back to every ``rebalance_every`` days."""
@@ -207,12 +195,8 @@ def evaluate_baselines(
     rebalance_every: int = 21,
     anchor: AnchorSpec | None = None,
 ) -> dict[str, BacktestResult]:
-    """Backtest baselines over ``[start, end]`` with the same costs and assets as the model.
-
-    Fitted baselines follow ``fit`` (module docstring), rebalanced every ``rebalance_every``
-    days; ``window`` only sets how many closes must precede ``start``; ``anchor`` is what the
-    ``anchor`` baseline holds.
-    """
+    """Backtest baselines over ``[start, end]`` with the same costs and assets as the model;
+    fitted ones follow ``fit`` (module docstring), ``window`` sets the closes before ``start``."""
     names_ = list(assets) if assets is not None else evaluation_assets(data, start, end, window)
     if fit == "train" and any(n in FITTED_BASELINES for n in names):
         if train_start is None or train_end is None:

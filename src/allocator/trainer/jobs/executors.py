@@ -1,14 +1,8 @@
 """Where a batch job's runs go: in this process, in a pool of worker processes, or as Ray tasks.
 
-Every job run through here is a pure function of a picklable job, so the executor changes the
-order and wall time, never a result. ``submit`` and ``next_done`` let a job whose next run
-depends on the last results (a tuning study) submit while there is room (``capacity``);
-``fan_out`` runs a fixed list. Ray is an optional extra, asked for only by its executor.
-
-Failures: locally, a job that raises fails the run. With processes or Ray a job whose worker
-dies (killed, out of memory, node lost) is rerun up to ``retries`` times, then
-``WorkerLostError`` names it; an exception raised inside the job fails the run at once unless
-``retry_exceptions`` is set."""
+Every job is a pure function of a picklable job, so the executor changes order and wall time, never
+a result. With processes or Ray a job whose worker dies is rerun up to ``retries`` times, then
+``WorkerLostError`` names it; a job that raises fails the run unless ``retry_exceptions``."""
 
 from __future__ import annotations
 
@@ -18,7 +12,6 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import Field
@@ -68,19 +61,14 @@ class Executor(Generic[JobT, ResultT]):
     def __enter__(self) -> Executor[JobT, ResultT]:
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
 class ProcessExecutor(Executor[JobT, ResultT]):
-    """Each job in one of ``workers`` spawned processes (None: one per CPU).
-
-    Spawned, not forked: a fork would copy the parent's torch threads and files mid-state. A
-    dead worker breaks the whole pool without saying which job it ran, so every job in flight
-    is charged one attempt and resubmitted to a fresh pool.
-    """
+    """Each job in one of ``workers`` spawned processes (a fork would copy the parent's torch
+    threads mid-state). A dead worker breaks the pool without saying which job it ran, so every
+    job in flight is charged one attempt and resubmitted to a fresh pool."""
 
     def __init__(
         self,
@@ -163,11 +151,8 @@ class ProcessExecutor(Executor[JobT, ResultT]):
 
 
 class RayExecutor(Executor[JobT, ResultT]):
-    """Each job a Ray task (1 CPU); ``capacity`` is ``workers`` (default: every CPU Ray sees).
-
-    Without ``address`` a local Ray is started (and shut down on ``close``); with one, that
-    cluster is joined. An already initialized Ray is used as it is.
-    """
+    """Each job a Ray task (1 CPU) on the cluster at ``address``, an already initialized Ray, else
+    a local Ray started here (and shut down on ``close``)."""
 
     def __init__(
         self,
@@ -180,8 +165,7 @@ class RayExecutor(Executor[JobT, ResultT]):
     ) -> None:
         super().__init__(work, label)
         # heavy optional dependency (the `ray` extra), needed only by this executor
-        ray = require_extra("ray", "ray", "running jobs on Ray (executor: ray)")
-        self.ray = ray
+        self.ray = ray = require_extra("ray", "ray", "running jobs on Ray (executor: ray)")
         self.retries = retries
         self.started = False
         if not ray.is_initialized():

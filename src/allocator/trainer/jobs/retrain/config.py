@@ -57,11 +57,9 @@ class RetrainConfig(StrictModel):
 def load_retrain_config(
     path: str | Path | None, overrides: list[str] | None = None
 ) -> RetrainConfig:
-    """Read a retraining YAML (``trainer`` a path or a mapping) and apply ``--set`` overrides.
-
+    """Read a retraining YAML (``trainer`` a path or a mapping) and apply ``--set`` overrides;
     ``ALLOCATOR_<KEY>`` environment variables (``ALLOCATOR_GATES__MAX_TURNOVER``) apply between
-    the file and ``--set``; an error they cause names them.
-    """
+    the file and ``--set``, and an error they cause names them."""
     source = str(path) if path else "(defaults)"
     from_env = env_overrides(RetrainConfig)
     try:

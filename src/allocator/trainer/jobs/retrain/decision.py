@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from allocator.trainer.jobs.retrain.gates import GateResult
 from allocator.trainer.jobs.retrain.spans import RetrainSpans
@@ -28,7 +27,6 @@ class RetrainDecision:
     cost_bps: float
     run_dir: Path
     candidate_dir: Path
-    pointer: dict[str, Any] | None = None
     record_id: int | None = None
     seconds: float = 0.0
     push_error: str | None = None

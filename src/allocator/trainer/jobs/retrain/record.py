@@ -11,19 +11,12 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool
 
 from allocator.recording.schema import Promotion
 from allocator.registry.publish import PendingPromotion
-from allocator.trainer.jobs.database import checked_engine
 from allocator.trainer.jobs.json_safe import json_safe
 from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError
 from allocator.trainer.jobs.retrain.decision import RetrainDecision
-
-
-def promotions_engine(url: str) -> sa.Engine:
-    """An engine on the trade database, checked to have the ``promotions`` table."""
-    return checked_engine(url, ["promotions"], RetrainError, poolclass=NullPool)
 
 
 def promotion_details(config: RetrainConfig, decision: RetrainDecision) -> dict[str, Any]:
@@ -69,10 +62,10 @@ def promotion_row(decision: RetrainDecision, details: dict[str, Any]) -> Promoti
 
 def point_production(
     promotion: PendingPromotion, decision: RetrainDecision, record_id: int
-) -> dict[str, Any]:
+) -> None:
     """Move the production pointer to the candidate, naming the record that decided it."""
     s = decision.spans
-    return promotion.point(
+    promotion.point(
         decision.candidate_version,
         previous=decision.production_version,
         reasons=decision.reasons,
@@ -109,7 +102,7 @@ def record_and_promote(
             session.flush()  # a refused row fails here, before the pointer moves
             decision.record_id = row.id
             if decision.promoted:
-                decision.pointer = point_production(promotion, decision, row.id)
+                point_production(promotion, decision, row.id)
     except BaseException as exc:
         promotion.undo()
         if decision.promoted and isinstance(exc, Exception):

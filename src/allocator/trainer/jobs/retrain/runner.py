@@ -1,6 +1,5 @@
-"""``retrain``: the job's steps in order (the package docstring says what each means). The
-database is checked before anything trains; a failed push is reported without undoing the
-decision."""
+"""``retrain``: the job's steps in order. The database is checked before anything trains; a failed
+push is reported without undoing the decision."""
 
 from __future__ import annotations
 
@@ -11,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy.pool import NullPool
+
 from allocator.artifacts.manifest import read_manifest
 from allocator.metrics.jobs import JobPush, PromotionDecision
 from allocator.recording.schema import utcnow
@@ -18,7 +19,7 @@ from allocator.recording.settings import database_url as default_database_url
 from allocator.registry.pointer import production_version
 from allocator.registry.versions import CANDIDATES_DIR, dated_version
 from allocator.trainer.export.run import export_run
-from allocator.trainer.jobs.database import record_training_run
+from allocator.trainer.jobs.database import checked_engine, record_training_run
 from allocator.trainer.jobs.evaluation import (
     evaluate_baselines,
     evaluation_assets,
@@ -27,7 +28,7 @@ from allocator.trainer.jobs.evaluation import (
 from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError
 from allocator.trainer.jobs.retrain.decision import RetrainDecision
 from allocator.trainer.jobs.retrain.gates import apply_gates
-from allocator.trainer.jobs.retrain.record import promotions_engine, record_and_promote
+from allocator.trainer.jobs.retrain.record import record_and_promote
 from allocator.trainer.jobs.retrain.spans import RetrainSpans, retrain_spans
 from allocator.trainer.market.data import (
     DateLike,
@@ -63,18 +64,13 @@ class RetrainPlan:
         )
 
 
-def universe(config: RetrainConfig, as_of: DateLike | None = None) -> MarketData:
-    """The trainer's dataset up to ``as_of`` (else its ``data.as_of``), on its asset list."""
-    d = config.trainer.data
-    check_price_database(d.dataset, config.database_url)
-    data = load_dataset(d.dataset, as_of=d.as_of if as_of is None else as_of)
-    return restrict_universe(config.trainer, data)
-
-
 def plan_retrain(config: RetrainConfig, as_of: DateLike | None) -> RetrainPlan:
-    """The spans up to ``as_of``, the model a server answers with now, the candidate's version."""
-    registry, name = Path(config.registry), config.model_name
-    data = universe(config, as_of)
+    """The spans up to ``as_of`` (else the trainer's ``data.as_of``), the model a server answers
+    with now, the candidate's version."""
+    registry, name, d = Path(config.registry), config.model_name, config.trainer.data
+    check_price_database(d.dataset, config.database_url)
+    loaded = load_dataset(d.dataset, as_of=d.as_of if as_of is None else as_of)
+    data = restrict_universe(config.trainer, loaded)
     spans = retrain_spans(
         data.dates,
         as_of,
@@ -179,17 +175,14 @@ def retrain(
     echo: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
 ) -> RetrainDecision:
-    """Run the job once; the decision, promoted or not.
-
-    Raises ``RetrainError``, ``DataError``, ``ConfigError`` or ``ExportError`` when no
-    decision could be reached, ``TrainingStoppedError`` when ``stop`` was set while it trained
-    (the pointer untouched); set later, ``stop`` lets the decision finish.
-    """
+    """Run the job once; the decision, promoted or not. A ``stop`` set while it trains raises
+    ``TrainingStoppedError`` (the pointer untouched); set later, it lets the decision finish."""
     say = echo or (lambda line: log.info("%s", line))
     started = time.perf_counter()
     registry, name = Path(config.registry), config.model_name
     url = config.database_url or default_database_url()
-    engine = promotions_engine(url)  # before training
+    # before training: a database without the promotions table must not cost a whole run
+    engine = checked_engine(url, ["promotions"], RetrainError, poolclass=NullPool)
     try:
         plan = plan_retrain(config, as_of)
         say(plan.describe(name))

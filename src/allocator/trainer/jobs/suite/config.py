@@ -1,7 +1,4 @@
-"""What a suite run is asked to do: the recipe, the markets, how many draws, which set, where.
-
-``development`` (the default) runs the development draws, the only ones a choice may be made
-on; ``heldout`` the held-out draws, to measure a recipe already fixed."""
+"""What a suite run is asked to do: the recipe, the markets, how many draws, which set, where."""
 
 from __future__ import annotations
 
@@ -28,8 +25,7 @@ class RuleGrid(StrictModel):
 
 
 class SuiteConfig(ExecutorSettings):
-    """A suite run: the recipe trained on every draw of every market and scored beside its
-    yardsticks (anchor, equal weight, the best simple rule, the ceiling) on held-out days."""
+    """A suite run: the recipe trained on every draw of every market, scored on held-out days."""
 
     name: str = Field("suite", pattern=r"^[A-Za-z0-9_.-]+$")
     trainer: TrainConfig = Field(TrainConfig(), description=TRAINER_HELP)

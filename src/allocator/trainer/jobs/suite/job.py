@@ -31,9 +31,7 @@ MEMBER_SEED_STRIDE = 1000
 
 @dataclass(frozen=True)
 class SuiteJob:
-    """Everything one draw needs, picklable: the market kind and draw, the resolved trainer
-    settings (spans and dataset already set), the rule grid, where to write and how many runs
-    (seeds) make its policy."""
+    """Everything one draw needs, picklable: its trainer settings already resolved."""
 
     kind: str
     draw: int
@@ -89,9 +87,8 @@ def run_job(job: SuiteJob) -> dict[str, Any]:
 def held_out_ensemble(
     runs: Sequence[TrainingRun], data: MarketData
 ) -> tuple[BacktestResult, dict[str, Any]]:
-    """The seed ensemble of ``runs`` (one config but the seed) on their held-out days, by the
-    path of each run's own validation (an ensemble of one is that validation), and the
-    saturation audit of the actions it took."""
+    """The seed ensemble of ``runs`` on their held-out days by the path of each run's own
+    validation (an ensemble of one is that validation), and the saturation of its actions."""
     first = runs[0]
     span = (first.config.data.validation_start, first.config.data.validation_end)
     ensemble = SeedEnsemble([run.model for run in runs])
@@ -162,8 +159,7 @@ def near_bound(audit: dict[str, Any]) -> dict[str, float | None]:
 
 def score_run(runs: Sequence[TrainingRun], data: MarketData, job: SuiteJob) -> dict[str, Any]:
     """The row of one draw: Sharpe net of costs and turnover of the policy (one run, or the
-    seed ensemble of several) and its yardsticks on the held-out days, the rule chosen, the gap
-    closed and the saturation."""
+    seed ensemble of several) and its yardsticks on the held-out days, and its saturation."""
     run = runs[0]
     cfg = run.config
     members = [r.validation[cfg.algorithm.name] for r in runs]

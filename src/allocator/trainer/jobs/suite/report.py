@@ -104,10 +104,6 @@ def _with_interval(cell: dict[str, Any]) -> str:
     return f"{text} [{interval[0]:+.2f}, {interval[1]:+.2f}]"
 
 
-def _near_bound(s: dict[str, Any]) -> str:
-    return f"{_num(s['near_bound']['mean'])} ({_num(s['near_bound']['max_dim_max'])})"
-
-
 COLUMNS: dict[str, Callable[[dict[str, Any]], str]] = {
     "draws": lambda s: str(s["draws"]),
     "policy Sharpe [95%]": lambda s: _with_interval(s["policy_sharpe"]),
@@ -119,7 +115,9 @@ COLUMNS: dict[str, Callable[[dict[str, Any]], str]] = {
     "policy - anchor [95%]": lambda s: _with_interval(s["policy_minus_anchor"]),
     "gap closed": lambda s: _num(s["gap_closed"]["of_means"]),
     "turnover": lambda s: _num(s["policy_turnover"]),
-    "near-bound (max dim)": _near_bound,
+    "near-bound (max dim)": lambda s: (
+        f"{_num(s['near_bound']['mean'])} ({_num(s['near_bound']['max_dim_max'])})"
+    ),
 }
 """The table's columns after the market's name: each one's cell from the market's summary."""
 

@@ -1,7 +1,4 @@
-"""What a tuning study is asked to do: the base trainer, the search space, the budget, where.
-
-The search space is checked against the trainer config when the file is read, so a misspelt
-key or an impossible value is refused before any trial trains."""
+"""What a tuning study is asked to do: the base trainer, the search space, the budget, where."""
 
 from __future__ import annotations
 

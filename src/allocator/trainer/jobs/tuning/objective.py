@@ -1,8 +1,5 @@
 """One trial: train the tuned config with selection, report inner scores, return the best one.
-
-The run is never finished as ``allocator train`` finishes one (no validation backtest, audits
-or manifest), so no price after ``data.train_end`` can move a trial's value. A trial is a pure
-function of its job, in this process or on a Ray worker."""
+No validation backtest runs, so no price after ``data.train_end`` can move a trial's value."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Reporting a trial's inner scores to Optuna as it trains, and stopping it when pruned.
-
-Runs after ``SelectionCallback`` in the same list; a pruned trial stops by ``_on_step``
-returning False, as SB3's stopping callbacks do, rather than raising through ``learn``."""
+"""Reporting a trial's inner scores to Optuna; a pruned trial stops by ``_on_step`` returning False,
+as SB3's stopping callbacks do, rather than raising through ``learn``."""
 
 from __future__ import annotations
 

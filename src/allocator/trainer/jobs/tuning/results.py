@@ -5,6 +5,7 @@ configurations were tried: what a deflated Sharpe of the chosen one must be told
 from __future__ import annotations
 
 import csv
+import io
 import json
 import statistics
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from allocator.artifacts.files import atomic_write_text, atomic_write_with, write_json
+from allocator.artifacts.files import atomic_write_text, write_json
 from allocator.trainer.jobs.tuning.config import TuneConfig
 from allocator.trainer.jobs.tuning.space import SearchSpace, tuned_config
 from allocator.trainer.training.config import dump_config
@@ -37,17 +38,15 @@ def write_trials(path: Path, trials: list[FrozenTrial], space: SearchSpace) -> N
     keys = [p.key for p in space.params]
     columns = ["number", "state", "value", *[f"params.{k}" for k in keys], *ATTRS]
 
-    def write(tmp: Path) -> None:
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            for t in sorted(trials, key=lambda t: t.number):
-                row: dict[str, Any] = {"number": t.number, "state": t.state.name, "value": t.value}
-                row.update({f"params.{k}": t.params.get(k) for k in keys})
-                row.update({a: t.user_attrs.get(a) for a in ATTRS})
-                writer.writerow(row)
-
-    atomic_write_with(path, write)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    for t in sorted(trials, key=lambda t: t.number):
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name, "value": t.value}
+        row.update({f"params.{k}": t.params.get(k) for k in keys})
+        row.update({a: t.user_attrs.get(a) for a in ATTRS})
+        writer.writerow(row)
+    atomic_write_text(path, text.getvalue())
 
 
 def write_best(path: Path, config: TuneConfig, space: SearchSpace, best: FrozenTrial) -> None:

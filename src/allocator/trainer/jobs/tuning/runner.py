@@ -1,9 +1,7 @@
 """The tuning driver: ask the study for trials, train them on the executor, tell the results.
 
-Only the driver draws values (seeded TPE) and records results; trials only report inner scores
-for the pruner. No new trial starts after ``n_trials``, ``timeout_s`` or ``stop_after_failures``
-failures in a row; running trials are waited for. If the driver is interrupted, running trials
-are marked failed and the files are written before the error goes on."""
+Only the driver draws values (seeded TPE); an interrupted study marks its running trials failed
+and still writes its files."""
 
 from __future__ import annotations
 

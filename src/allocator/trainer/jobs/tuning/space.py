@@ -1,8 +1,5 @@
-"""The search space: dotted trainer keys mapped to Optuna distributions, checked before use.
-
-Whether a range draws integers follows the trainer key's type, never how the bounds are written.
-Every key must exist in the base config, each bound and choice must make a valid trainer
-config, and keys that would change what a trial is scored on (``FIXED``) are refused."""
+"""The search space: dotted trainer keys mapped to Optuna distributions, checked against the base
+config before any trial trains (``FIXED`` keys would change what a trial is scored on)."""
 
 from __future__ import annotations
 
@@ -235,10 +232,7 @@ def check_space(
             if not p.contains(base_values[p.key])
         ]
         if outside:
-            raise ConfigError(
-                "\n  ".join(
-                    [f"{source}: enqueue_base trains the base config's values first", *outside]
-                )
-                + "\n  (widen the space, or set enqueue_base: false)"
-            )
+            head = f"{source}: enqueue_base trains the base config's values first"
+            tail = "(widen the space, or set enqueue_base: false)"
+            raise ConfigError("\n  ".join([head, *outside, tail]))
     return SearchSpace(params, {key: label(value) for key, value in base_values.items()})

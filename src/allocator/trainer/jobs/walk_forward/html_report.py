@@ -32,8 +32,7 @@ def stitched_results(windows: list[WindowResult]) -> dict[str, BacktestResult]:
 
 
 def excess_sharpe_figure(summary: dict[str, Any]) -> go.Figure:
-    """Each window's excess Sharpe over equal weight, a bar coloured by its regime, with its
-    interval when the run drew one; the pooled estimate and interval as a last point."""
+    """Each window's excess Sharpe over equal weight with its interval, then the pooled one."""
     fig = go.Figure()
     for regime, color in REGIME_COLORS.items():
         rows = [r for r in summary["per_window"] if r["regime"] == regime]

@@ -1,11 +1,7 @@
 """How far each window is while it runs: ``window_progress.json`` in its run directory.
 
-The worker writes it (so it works under every executor): steps, recent reward and inner-span
-score while training, then the export and evaluation phases; the driver marks it ``done`` once
-it has kept the window. It is replaced atomically, and read by the driver's progress bar and by
-``allocator walk-forward status`` from any shell that sees the run directory: it needs no
-database and writes nothing, and a window whose writer was a process on this machine that no
-longer exists shows as stopped, so a killed run reads as one."""
+The worker writes it, so every executor has one; the progress bar and ``allocator walk-forward
+status`` read it without a database, and a window whose writing process is gone reads as stopped."""
 
 from __future__ import annotations
 
@@ -169,8 +165,7 @@ def watching(
     interval: float = 2.0,
     enabled: bool = True,
 ) -> Iterator[None]:
-    """A daemon thread that hands ``show`` the ``running`` windows' ``progress_line`` every
-    ``interval`` s while the block runs."""
+    """While the block runs, ``show`` the ``running`` windows' progress every ``interval`` s."""
     stop = threading.Event()
 
     def loop() -> None:

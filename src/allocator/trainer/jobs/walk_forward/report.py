@@ -160,8 +160,7 @@ def goal_text(key: str, goal: dict[str, Any]) -> str:
 
 
 def statistics_rows(stats: dict[str, Any]) -> list[tuple[str, ...]]:
-    """Per span (each window, then pooled): window, days, agent Sharpe, equal weight's Sharpe,
-    excess with its interval, SPA p-value, deflated Sharpe, as text."""
+    """The ``STATISTICS_HEADER`` cells and the deflated Sharpe of each window, then pooled."""
     rows = []
     for span in [*stats["windows"], stats[POOLED]]:
         if "error" in span:
@@ -370,8 +369,7 @@ def write_report(result: WalkForwardResult, out_dir: str | Path) -> dict[str, Pa
         figures["allocations, raw vs smoothed"] = plot_allocations(
             stitched_agent(result.windows), folder / "allocations.png"
         )
-    report = folder / "report.md"
-    report.write_text(render_markdown(result, figures))
-    files["report"] = report
+    files["report"] = folder / "report.md"
+    files["report"].write_text(render_markdown(result, figures))
     files.update({p.stem: p for p in figures.values()})
     return files

@@ -94,8 +94,7 @@ class WalkForwardResult:
 
 
 def returns_frame(windows: Sequence[WindowResult]) -> pd.DataFrame:
-    """Every window's daily net returns, stacked in window order (the ``returns.csv`` rows:
-    ``date``, ``window``, ``agent``, one column per baseline)."""
+    """Every window's daily net returns stacked in window order: the ``returns.csv`` rows."""
     parts = [
         labelled(w.daily_returns(), w.window.label)
         for w in sorted(windows, key=lambda r: r.window.index)
@@ -261,9 +260,7 @@ def read_window_result(path: str | Path) -> WindowResult:
 
 @dataclass
 class RunState:
-    """The contents of ``walk_forward.json``, written before any window trains and on every
-    resume: the resolved config, the label, the run row and database, the plan cut from the
-    data, and one entry per session."""
+    """``walk_forward.json``: written before any window trains and on every resume."""
 
     label: str
     name: str

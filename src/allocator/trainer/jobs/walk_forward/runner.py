@@ -1,14 +1,7 @@
 """The walk-forward driver: plan the windows, run them, record, summarize, report and push.
 
-Each finished window is kept at once, first its file, then its database row (one transaction
-per window), so a crash keeps what finished. A failed run closes its row with the error and the
-windows done; a failed push never loses rows (``WalkForwardResult.push_error``).
-
-``--resume RUN_DIR`` finishes a killed or failed run: a window whose result file, registry
-version and training run are all whole is taken from its file as it was, the others run again.
-The run keeps its label, directory and run row (reopened; rows of rerun windows replaced). Only
-the keys of ``RESUME_FREE`` may differ from the run's config; without a config of its own, a
-resume uses the run's with the ``--set`` overrides."""
+Each finished window is kept at once (its file, then its row), so a crash keeps what finished and
+``--resume RUN_DIR`` reruns only the rest; only ``RESUME_FREE`` keys may differ on a resume."""
 
 from __future__ import annotations
 
@@ -129,8 +122,7 @@ def collect_windows(
     progress: bool,
 ) -> None:
     """Run ``jobs``, keeping each into ``done`` as it finishes (kept on failure): its file
-    first, then its row, its metric and its progress file's ``done``. A window whose worker
-    died too often fails the run as a ``WalkForwardError``."""
+    first, then its row, its metric and its progress file's ``done``."""
     config = session.config
     executor = open_executor(
         config, run_window, lambda job: f"window {job.window.label}", config.retry_exceptions

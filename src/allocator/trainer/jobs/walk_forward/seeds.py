@@ -1,10 +1,5 @@
-"""Seed luck apart from period luck: several walk-forward runs of one recipe, seeds apart.
-
-From the runs' ``returns.csv`` (nothing is trained or replayed): per window every seed's excess
-Sharpe over equal weight; a one-way random-effects split of their variance into seed and period
-parts; per seed the pooled excess Sharpe with its bootstrap interval; and the equal-capital mix
-of the seeds' books. Runs of different recipes are refused, naming the first difference: their
-spread would not be seed variance."""
+"""Seed luck apart from period luck: several walk-forward runs of one recipe, seeds apart, read from
+their ``returns.csv``. Runs of different recipes are refused: their spread is not seed variance."""
 
 from __future__ import annotations
 
@@ -140,8 +135,8 @@ def window_excess(frame: pd.DataFrame) -> pd.Series:
 
 
 def seed_study(run_dirs: Sequence[str | Path]) -> dict[str, Any]:
-    """The seed study of ``run_dirs`` (see the module docstring) as a JSON-ready dict, drawn
-    with the default ``StatisticsSettings``."""
+    """Per window every seed's excess Sharpe over equal weight, its seed and period variance,
+    per seed the pooled excess Sharpe, and the equal-capital mix of the seeds' books."""
     settings = StatisticsSettings()
     runs = load_seed_runs(run_dirs)
     per_seed = pd.DataFrame({r.seed: window_excess(r.returns) for r in runs})

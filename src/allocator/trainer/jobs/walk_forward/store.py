@@ -21,9 +21,8 @@ metrics and how the window was run."""
 
 
 class WalkForwardStore:
-    """The rows of one walk-forward run: its run row (``run_id``, once started or reopened),
-    its windows and their model versions. A database without the tables is refused before any
-    window trains."""
+    """The rows of one walk-forward run: its run row (``run_id``), its windows and their model
+    versions. A database without the tables is refused before any window trains."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -41,8 +40,7 @@ class WalkForwardStore:
         self, run_id: int, name: str, keep: set[int]
     ) -> tuple[dict[str, Any] | None, set[int]]:
         """Mark a killed or failed run as running again, forgetting the rows of windows not in
-        ``keep`` (they run again); returns the summary it was closed with (the error), if any,
-        and the windows still recorded. Refused unless the row exists under ``name``."""
+        ``keep``; the summary it was closed with (if any) and the windows still recorded."""
         with Session(self.engine) as session, session.begin():
             row = session.get(WalkForwardRun, run_id)
             if row is None or row.name != name:
@@ -97,11 +95,8 @@ class WalkForwardStore:
     def _model_version(session: Session, result: WindowResult) -> ModelVersion:
         """The row of the window's exported version, added (and flushed for its id) if new."""
         name = result.manifest.get("export", {}).get("registry_name") or result.manifest["name"]
-        version = session.scalars(
-            select(ModelVersion).where(
-                ModelVersion.name == name, ModelVersion.version == result.version
-            )
-        ).one_or_none()
+        query = select(ModelVersion).filter_by(name=name, version=result.version)
+        version = session.scalars(query).one_or_none()
         if version is None:
             version = ModelVersion(
                 name=name,

@@ -1,15 +1,7 @@
-"""The walk-forward summary and statistics.
+"""The walk-forward summary and statistics, from ``returns.csv`` alone and seeded: reproducible.
 
-The summary: net Sharpe positive, beating equal weight, median excess Sharpe and turnover,
-overall, per regime and per baseline, and the goals met or not. Means and medians skip missing
-and non-finite values (one NaN window does not poison the mean); fractions count every window.
-
-The statistics, per window and pooled (days in time order): the model's excess Sharpe over
-equal weight with a stationary-bootstrap interval (paired days, so common market noise cancels
-as in the point estimate); Hansen's SPA against every baseline (the largest consistent
-p-value); the deflated Sharpe given ``configurations_tried``; with an ``anchor`` column, the
-excess Sharpe over it. The input is ``returns.csv`` alone, seeded, so a run's statistics are
-reproducible; a window too short for a statistic gets an ``error`` entry."""
+Means skip non-finite values (one NaN window does not poison them); fractions count every window.
+The bootstrap pairs the days of model and benchmark, so common market noise cancels."""
 
 from __future__ import annotations
 
@@ -179,8 +171,7 @@ def group_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def summarize(
     results: Sequence[WindowResult], regimes: RegimeThresholds, goals: Goals
 ) -> dict[str, Any]:
-    """Fractions of windows with positive Sharpe and beating equal weight (net Sharpe), the
-    median excess Sharpe and mean turnover, overall and per regime, plus the baselines'."""
+    """The window figures overall, per regime and per baseline, and the goals met or not."""
     rows = [window_row(r, regimes) for r in sorted(results, key=lambda r: r.window.index)]
     overall = group_stats(rows)
     names = list(rows[0]["baseline_sharpe"]) if rows else []
@@ -210,9 +201,7 @@ def summarize(
 
 
 def attach_statistics(summary: dict[str, Any], statistics: dict[str, Any]) -> None:
-    """Put a run's statistics (``significance.run_statistics``) in its summary: all of them
-    under ``statistics``, and each window's interval, SPA p-value and deflated Sharpe in its
-    row, beside the Sharpe they qualify."""
+    """Put ``run_statistics`` in the summary, and each window's headline figures in its row."""
     by_label = {s["window"]: s for s in statistics["windows"]}
     for row in summary["per_window"]:
         if row["label"] in by_label:

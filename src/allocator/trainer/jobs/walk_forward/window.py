@@ -1,15 +1,8 @@
 """One walk-forward window as a job: train on its training span, export, judge on its test span.
 
-``run_window`` is a pure function of its ``WindowJob`` (absolute paths: a Ray worker may run on
-another machine). Run again (a retry, ``--resume``), a window redoes only what is missing: with
-its training run and exported version both whole it is only judged again; a whole run without
-its version is exported again; a run cut short continues from its last checkpoint when
-``trainer.checkpoint_every > 0`` (another draw of the recipe: ``resumed_from`` names it), else
-trains from scratch. A registry version is never overwritten, so a whole version beside an
-unfinished training run is refused.
-
-A baseline a finished run did not record is backtested here as the run would have
-(``allocator walk-forward stats --baseline anchor``), the run directory only read."""
+Absolute paths throughout: a Ray worker may run it on another machine. Run again (a retry,
+``--resume``), a window redoes only what is missing, continuing a cut-short training run from its
+last checkpoint when it has one; a registry version is never overwritten."""
 
 from __future__ import annotations
 
@@ -231,9 +224,8 @@ def run_window(job: WindowJob) -> WindowResult:
 
 
 def train_and_export(job: WindowJob, trained: dict[str, Any] | None) -> dict[str, Any]:
-    """Train (unless ``trained``, a whole run's summary, is given), from the last checkpoint
-    when there is one, and export; the run's summary. Refused when the version already exists:
-    versions are final."""
+    """Train (unless ``trained``, a whole run's summary, is given) and export; the run's summary.
+    Refused when the version already exists: versions are final."""
     run_dir = Path(job.run_dir)
     if job.version_dir.exists():
         raise WalkForwardError(
@@ -327,8 +319,7 @@ def located(recorded: str, fallback: Path) -> Path:
 def rebuilt_job(
     run: Path, summary: dict[str, Any], entry: dict[str, Any], baselines: Sequence[str]
 ) -> WindowJob:
-    """The ``WindowJob`` a window ran as, judging ``baselines``, from ``summary.json`` and its
-    training run's resolved ``config.yaml``."""
+    """The ``WindowJob`` a window ran as, judging ``baselines``, from the run's files."""
     window = window_from(entry)
     run_dir = located(entry.get("run_dir", ""), run / RUNS_DIR / window.label)
     trainer = load_config(run_dir / CONFIG_FILE)
@@ -348,12 +339,8 @@ def rebuilt_job(
 
 
 def with_baselines(run_dir: str | Path, frame: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
-    """``frame`` (the run's daily returns) with a column for each of ``names`` it lacks,
-    backtested on every window's test span with the assets and costs its model was judged on.
-
-    The new columns must cover exactly the recorded days: a day missing on either side means
-    the span was not rebuilt as the run saw it, and that is an error, not a silent gap.
-    """
+    """``frame`` (the run's daily returns) with a column for each of ``names`` it lacks, backtested
+    as its model was judged; a day rebuilt differently than recorded is an error, not a gap."""
     missing = [n for n in dict.fromkeys(names) if n not in frame.columns]
     if not missing:
         return frame
