@@ -59,7 +59,7 @@ def decide_in(
     store: StateStore, model: LoadedModel, requests: list[ValidRequest]
 ) -> list[DecisionOutput]:
     """The decision step for distinct portfolios, under ``store``'s locks, recording nothing."""
-    answers = DecisionStep(store).run(items_for(model, requests), None)
+    answers = DecisionStep(store).run(items_for(model, requests))
     return [a.output for a in answers]  # type: ignore[misc]  # no cache: all decided
 
 
