@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent import futures
@@ -30,8 +29,6 @@ from allocator.serving.stream import AllocationStreams
 from allocator.serving.validation import validate_reset
 
 __all__ = ["AllocatorServicer"]
-
-log = logging.getLogger("allocator.serving")
 
 T = TypeVar("T")
 
@@ -113,9 +110,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
             raise
         except Exception as exc:
-            code, message = error_status(exc)
-            if code is grpc.StatusCode.INTERNAL:
-                log.exception("%s failed", method)
+            code, message = error_status(exc, method)
         finally:
             self.metrics.observe_request(
                 method,
