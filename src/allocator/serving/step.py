@@ -130,9 +130,8 @@ def stream_response(sequence: int, answers: Sequence[Answer]) -> pb.AllocateStre
 
 
 def model_shape(model: LoadedModel) -> ModelShape:
-    if model.set_policy is None:
-        return ModelShape(model.max_assets, model.prices_per_asset - 1)
-    return ModelShape(model.max_request_assets, model.prices_per_asset - 1, "max_served_assets")
+    limit = "max_assets" if model.set_policy is None else "max_served_assets"
+    return ModelShape(model.max_request_assets, model.prices_per_asset - 1, limit)
 
 
 class DecisionStep:
