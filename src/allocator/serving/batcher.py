@@ -33,13 +33,11 @@ from allocator.serving.step import (
     Item,
 )
 
-__all__ = ["BatchObserver", "DecisionBatcher"]
+__all__ = ["DecisionBatcher"]
 
 log = logging.getLogger("allocator.serving")
 
 T = TypeVar("T")
-BatchObserver = Callable[[int], None]
-"""Told each batch's number of decisions."""
 
 
 @dataclass(slots=True)
@@ -54,7 +52,8 @@ class _Call:
 
 class DecisionBatcher:
     """``window``: seconds a batch waits after its first call; ``max_size``: decisions that close
-    it at once; ``executor``: where the store's blocking calls run (None: on the loop)."""
+    it at once; ``executor``: where the store's blocking calls run (None: on the loop);
+    ``observe``: told each batch's number of decisions."""
 
     def __init__(
         self,
@@ -63,7 +62,7 @@ class DecisionBatcher:
         window: float,
         max_size: int,
         executor: Executor | None = None,
-        observe: BatchObserver | None = None,
+        observe: Callable[[int], None] | None = None,
     ) -> None:
         if window < 0 or max_size < 1:
             raise ValueError(f"window must be >= 0 and max_size >= 1, got {window}, {max_size}")
