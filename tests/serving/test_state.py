@@ -23,7 +23,8 @@ import pytest
 import redis
 
 from allocator.serving import LoadedModel, load_model
-from allocator.serving.decision import DecisionOutput, PortfolioState
+from allocator.serving.decision import DecisionOutput
+from allocator.serving.portfolio_state import PortfolioState
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.state import (
     MemoryStateStore,

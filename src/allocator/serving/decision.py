@@ -31,18 +31,11 @@ from allocator.portfolio import (
 )
 from allocator.portfolio.costs import turnover
 from allocator.serving.loader import LoadedModel, SetPolicy
-from allocator.serving.portfolio_state import ModelKey, PortfolioState, StateDecodeError
+from allocator.serving.portfolio_state import ModelKey, PortfolioState
 from allocator.serving.slots import SlotBatch, lay_out
 from allocator.serving.validation import ValidRequest
 
-__all__ = [
-    "DecisionOutput",
-    "Decisions",
-    "ModelKey",
-    "PortfolioState",
-    "StateDecodeError",
-    "decide_many",
-]
+__all__ = ["DecisionOutput", "Decisions", "decide_many"]
 
 Float64Array = NDArray[np.float64]
 Float32Array = NDArray[np.float32]

@@ -31,7 +31,7 @@ from typing import Any, TypeAlias
 
 import redis
 
-from allocator.serving.decision import PortfolioState, StateDecodeError
+from allocator.serving.portfolio_state import PortfolioState, StateDecodeError
 
 logger = logging.getLogger("allocator.serving")
 
