@@ -50,7 +50,6 @@ __all__ = [
     "DecisionStep",
     "Item",
     "ModelResolver",
-    "TimeRemaining",
     "batch_response",
     "call_deadline",
     "decision_gaps",
@@ -60,8 +59,6 @@ __all__ = [
 
 ModelResolver = Callable[[str | None, str | None], LoadedModel]
 """A model pin (name, version; ``None`` = default / newest) -> the loaded model answering it."""
-TimeRemaining = Callable[[], float | None]
-"""Seconds left before the caller's deadline (``None``: no deadline)."""
 
 
 LATE_DURABLE_SECONDS = 30.0
@@ -280,8 +277,9 @@ class DecisionStep:
         return out
 
 
-def call_deadline(time_remaining: TimeRemaining) -> float | None:
-    """A call's deadline as a ``time.monotonic()`` instant (None: it has none)."""
+def call_deadline(time_remaining: Callable[[], float | None]) -> float | None:
+    """A call's deadline (``time_remaining``: seconds left, or None) as a ``time.monotonic()``
+    instant (None: it has none)."""
     remaining = time_remaining()
     return None if remaining is None else time.monotonic() + remaining
 
