@@ -192,9 +192,6 @@ def test_batch_equals_one_by_one(tiny_model: LoadedModel) -> None:
         assert state.steps == one_state.steps
     assert batch.outputs[3].icm_reward is not None
     assert batch.outputs[1].icm_reward is None
-    empty = decide_many(tiny_model, [], [])
-    assert empty.outputs == []
-    assert empty.states == []
 
 
 def test_outputs_and_states_are_read_only(tiny_model: LoadedModel) -> None:

@@ -138,13 +138,9 @@ def decide_many(
     requests: Sequence[ValidRequest],
     states: Sequence[PortfolioState | None],
 ) -> Decisions:
-    """Each request's answer and new state with one model call; pure, nothing is stored."""
+    """Each request's answer and new state with one model call (a non-empty batch, a state or
+    None per request); pure, nothing is stored."""
     batch = len(requests)
-    if len(states) != batch:
-        raise ValueError(f"{batch} requests but {len(states)} states")
-    if batch == 0:
-        empty = np.zeros((0, 1))
-        return Decisions([], [], empty, empty, empty, [])
     rows = lay_out(model, requests, states)
     policy = model.set_policy
     decided = _flat_policy(model, rows) if policy is None else _shared_policy(model, policy, rows)
