@@ -64,8 +64,6 @@ class DecisionBatcher:
         executor: Executor | None = None,
         observe: Callable[[int], None] | None = None,
     ) -> None:
-        if window < 0 or max_size < 1:
-            raise ValueError(f"window must be >= 0 and max_size >= 1, got {window}, {max_size}")
         self.step = step
         self.window = window
         self.max_size = max_size
