@@ -66,9 +66,8 @@ class _PolicyOutput:
 
 
 def _flat_policy(model: LoadedModel, rows: SlotBatch) -> _PolicyOutput:
-    fs = model.manifest.feature_spec
-    spec = FeatureSpec(max_assets=fs.max_assets, window=fs.window, clip=fs.clip)
-    observations = build_raw_observation(rows.prices, rows.current, rows.mask, spec)
+    layout = model.manifest.feature_spec.layout  # a flat policy's features: its return window
+    observations = build_raw_observation(rows.prices, rows.current, rows.mask, layout)
     action, weights = model.run(observations, rows.mask.astype(np.float32))
     raw = renormalize(weights.astype(np.float64), rows.mask)
     return _PolicyOutput(raw, action, observations, np.ones(len(raw), dtype=bool))
