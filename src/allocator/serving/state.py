@@ -221,19 +221,16 @@ class RedisStateStore:
         lock_wait_seconds: float = 5.0,
         liveness_seconds: float = 0.5,
     ) -> None:
-        lock_prefix = "lock:" + prefix
-        owner_prefix = "owner:" + prefix
-        for a, b in ((prefix, lock_prefix), (prefix, owner_prefix), (lock_prefix, owner_prefix)):
-            if a.startswith(b) or b.startswith(a):
-                raise ValueError(f"key prefixes {a!r} and {b!r} must not overlap")
+        self.prefix = prefix
+        self.lock_prefix = "lock:" + prefix
+        self.owner_prefix = "owner:" + prefix
+        for other in (self.lock_prefix, self.owner_prefix):  # never each other's: l... vs o...
+            if other.startswith(prefix):
+                raise ValueError(f"key prefixes {prefix!r} and {other!r} must not overlap")
         if not lock_ttl_seconds > 0 or not lock_wait_seconds >= 0:
             raise ValueError("lock_ttl_seconds must be > 0 and lock_wait_seconds >= 0")
         if not liveness_seconds > 0:
             raise ValueError(f"liveness_seconds must be > 0, got {liveness_seconds}")
-        self.url = url
-        self.prefix = prefix
-        self.lock_prefix = lock_prefix
-        self.owner_prefix = owner_prefix
         self.owner = os.urandom(8).hex()
         self._client = redis.Redis.from_url(url)
         self._lock_ttl_ms = max(1, round(lock_ttl_seconds * 1000))
