@@ -151,7 +151,7 @@ class ModelCatalog:
             defaults = self._defaults(models)
             default_name = self._default_name(defaults)
             snapshot = CatalogSnapshot(models, defaults, default_name, refused)
-            self._snapshot = snapshot  # the atomic swap (the same models: its refusals at most)
+            self._snapshot = snapshot  # the atomic swap (unchanged models: new refusals at most)
             if not changed and defaults == dict(old.defaults) and default_name == old.default_name:
                 return False
             for name, version in defaults.items():
