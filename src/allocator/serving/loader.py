@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ class LoadedModel:
         """Width of the flat graphs' action, weights and mask: cash + ``max_assets``."""
         return self.max_assets + 1
 
-    @property
+    @cached_property  # read per decided row: the layout is built once
     def obs_dim(self) -> int:
         """Width of the flat raw observation (the flat policy's and every ICM's input):
         M * F asset features + (M + 1) weights + (M + 1) mask."""
