@@ -23,10 +23,10 @@ from allocator.recording.recorder import Recorder
 from allocator.recording.records import ModelRecord
 from allocator.serving import LoadedModel
 from allocator.serving import batcher as batcher_module
-from allocator.serving.batcher import DecisionBatcher
+from allocator.serving.batcher import DeadlineExceededError, DecisionBatcher
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.state import MemoryStateStore
-from allocator.serving.step import Answer, DeadlineExceededError, DecisionStep, model_shape
+from allocator.serving.step import Answer, DecisionStep, model_shape
 from tests.recording.gated_sink import GatedSink
 from tests.serving.conftest import TINY, allocate_request, items_for
 from tests.serving.requests import validate_one

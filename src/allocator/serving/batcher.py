@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -23,21 +22,36 @@ from typing import Any, TypeVar
 
 from allocator.serving.portfolio_state import PortfolioState
 from allocator.serving.state import MemoryStateStore, StateSession, StateStore
-from allocator.serving.step import (
-    LATE_DURABLE_SECONDS,
-    LATE_MESSAGE,
-    Answer,
-    DeadlineExceededError,
-    Decided,
-    DecisionStep,
-    Item,
-)
+from allocator.serving.step import Answer, Decided, DecisionStep, Item
 
-__all__ = ["DecisionBatcher"]
-
-log = logging.getLogger("allocator.serving")
+__all__ = ["LATE_DURABLE_SECONDS", "DeadlineExceededError", "DecisionBatcher", "call_deadline"]
 
 T = TypeVar("T")
+
+LATE_DURABLE_SECONDS = 30.0
+"""How long past the caller's deadline a record may become durable and still advance its
+portfolio."""
+
+LATE_MESSAGE = (
+    "deadline exceeded before the decision was durable; it was recorded since: retry the "
+    "request_id to get it"
+)
+
+
+class DeadlineExceededError(Exception):
+    """The caller's deadline passed before deciding (nothing stored), or with ``late``, before
+    the decision was durable (stored anyway: a retry of its request id gets it)."""
+
+    def __init__(self, message: str, *, late: bool = False) -> None:
+        super().__init__(message)
+        self.late = late
+
+
+def call_deadline(time_remaining: Callable[[], float | None]) -> float | None:
+    """A call's deadline (``time_remaining``: seconds left, or None) as a ``time.monotonic()``
+    instant (None: it has none)."""
+    remaining = time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
 
 
 @dataclass(slots=True)

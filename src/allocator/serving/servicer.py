@@ -16,7 +16,7 @@ import grpc
 
 from allocator.metrics.serving import ServingMetrics
 from allocator.recording.recorder import Recorder
-from allocator.serving.batcher import DecisionBatcher
+from allocator.serving.batcher import DecisionBatcher, call_deadline
 from allocator.serving.catalog import CatalogSnapshot, ModelCatalog
 from allocator.serving.config import ServerConfig
 from allocator.serving.proto.v1 import allocator_pb2 as pb
@@ -24,7 +24,7 @@ from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 from allocator.serving.security import Context
 from allocator.serving.state import StateStore
 from allocator.serving.status import error_status
-from allocator.serving.step import Answer, DecisionStep, batch_response, call_deadline
+from allocator.serving.step import Answer, DecisionStep, batch_response
 from allocator.serving.stream import AllocationStreams
 from allocator.serving.validation import validate_reset
 

@@ -12,8 +12,8 @@ import redis
 from allocator.recording.recorder import RecorderRefusedError
 from allocator.recording.records import RecordError
 from allocator.registry.errors import ModelNotFoundError
+from allocator.serving.batcher import DeadlineExceededError
 from allocator.serving.state import StateLockLostError, StateLockTimeoutError
-from allocator.serving.step import DeadlineExceededError
 from allocator.serving.validation import InvalidRequest
 
 __all__ = ["error_status"]

@@ -43,15 +43,12 @@ from allocator.serving.validation import (
 )
 
 __all__ = [
-    "LATE_DURABLE_SECONDS",
     "Answer",
-    "DeadlineExceededError",
     "Decided",
     "DecisionStep",
     "Item",
     "ModelResolver",
     "batch_response",
-    "call_deadline",
     "decision_gaps",
     "model_shape",
     "stream_response",
@@ -59,25 +56,6 @@ __all__ = [
 
 ModelResolver = Callable[[str | None, str | None], LoadedModel]
 """A model pin (name, version; ``None`` = default / newest) -> the loaded model answering it."""
-
-
-LATE_DURABLE_SECONDS = 30.0
-"""How long past the caller's deadline a record may become durable and still advance its
-portfolio."""
-
-LATE_MESSAGE = (
-    "deadline exceeded before the decision was durable; it was recorded since: retry the "
-    "request_id to get it"
-)
-
-
-class DeadlineExceededError(Exception):
-    """The caller's deadline passed before deciding (nothing stored), or with ``late``, before
-    the decision was durable (stored anyway: a retry of its request id gets it)."""
-
-    def __init__(self, message: str, *, late: bool = False) -> None:
-        super().__init__(message)
-        self.late = late
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,13 +253,6 @@ class DecisionStep:
             out.append(encoder.encode(rid, pid, ids, raw[at:end], smoothed[at:end], o))
             at += stride
         return out
-
-
-def call_deadline(time_remaining: Callable[[], float | None]) -> float | None:
-    """A call's deadline (``time_remaining``: seconds left, or None) as a ``time.monotonic()``
-    instant (None: it has none)."""
-    remaining = time_remaining()
-    return None if remaining is None else time.monotonic() + remaining
 
 
 _ARRAYS = {"raw_weights": "raw", "smoothed_weights": "smoothed", "current_weights": "current"}

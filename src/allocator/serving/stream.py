@@ -14,12 +14,12 @@ from typing import Any, Final
 import grpc
 
 from allocator.metrics.serving import ServingMetrics
-from allocator.serving.batcher import DecisionBatcher
+from allocator.serving.batcher import DecisionBatcher, call_deadline
 from allocator.serving.decoding import Undecodable
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.security import Context
 from allocator.serving.status import error_status
-from allocator.serving.step import DecisionStep, ModelResolver, call_deadline, stream_response
+from allocator.serving.step import DecisionStep, ModelResolver, stream_response
 
 __all__ = ["METHOD", "READ_AHEAD", "AllocationStreams"]
 
