@@ -25,8 +25,9 @@ from onnx import TensorProto, helper, numpy_helper
 from allocator.artifacts.manifest import checksums, write_manifest
 from allocator.recording.migrations import upgrade
 from allocator.serving import LoadedModel, load_model
-from allocator.serving.decision import DecisionOutput, PortfolioState, decide_many
+from allocator.serving.decision import DecisionOutput, decide_many
 from allocator.serving.idempotency import request_fingerprints
+from allocator.serving.portfolio_state import PortfolioState
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.server import AllocationServer, ServerConfig, build_server
 from allocator.serving.step import Item, model_shape

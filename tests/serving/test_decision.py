@@ -15,13 +15,8 @@ from hypothesis import strategies as st
 
 from allocator.portfolio import CASH_ID, FeatureSpec, build_raw_observation, ema_smooth, renormalize
 from allocator.serving import LoadedModel
-from allocator.serving.decision import (
-    ModelKey,
-    PortfolioState,
-    StateDecodeError,
-    decide_many,
-)
-from allocator.serving.portfolio_state import LastAnswer
+from allocator.serving.decision import decide_many
+from allocator.serving.portfolio_state import LastAnswer, ModelKey, PortfolioState, StateDecodeError
 from tests.serving import Spec, policy_weights, reference_policy
 from tests.serving.conftest import TINY, decide_one, reference_icm, request_for, write_tiny_model
 
@@ -197,9 +192,6 @@ def test_batch_equals_one_by_one(tiny_model: LoadedModel) -> None:
         assert state.steps == one_state.steps
     assert batch.outputs[3].icm_reward is not None
     assert batch.outputs[1].icm_reward is None
-    empty = decide_many(tiny_model, [], [])
-    assert empty.outputs == []
-    assert empty.states == []
 
 
 def test_outputs_and_states_are_read_only(tiny_model: LoadedModel) -> None:

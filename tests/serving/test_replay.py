@@ -155,7 +155,7 @@ def test_replayed_requests_reproduce_the_answers(tiny_model: LoadedModel) -> Non
     result = replay(tiny_model, changing_market())
     step = DecisionStep(MemoryStateStore())
     for inp, out in zip(result.inputs, result.outputs, strict=True):
-        (answer,) = step.run(items_for(tiny_model, [replace(inp, portfolio_id="other")]), None)
+        (answer,) = step.run(items_for(tiny_model, [replace(inp, portfolio_id="other")]))
         again = answer.output
         assert again is not None
         np.testing.assert_array_equal(again.raw_weights, out.raw_weights)

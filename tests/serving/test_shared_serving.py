@@ -32,7 +32,8 @@ from allocator.portfolio import (
 )
 from allocator.registry.errors import ModelLoadError
 from allocator.serving import LoadedModel, load_model
-from allocator.serving.decision import PortfolioState, decide_many
+from allocator.serving.decision import decide_many
+from allocator.serving.portfolio_state import PortfolioState
 from allocator.serving.step import model_shape
 from allocator.serving.validation import InvalidRequest, ModelShape
 from tests.serving import Spec, policy_model

@@ -23,7 +23,8 @@ import pytest
 import redis
 
 from allocator.serving import LoadedModel, load_model
-from allocator.serving.decision import DecisionOutput, PortfolioState
+from allocator.serving.decision import DecisionOutput
+from allocator.serving.portfolio_state import PortfolioState
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.state import (
     MemoryStateStore,
@@ -59,7 +60,7 @@ def decide_in(
     store: StateStore, model: LoadedModel, requests: list[ValidRequest]
 ) -> list[DecisionOutput]:
     """The decision step for distinct portfolios, under ``store``'s locks, recording nothing."""
-    answers = DecisionStep(store).run(items_for(model, requests), None)
+    answers = DecisionStep(store).run(items_for(model, requests))
     return [a.output for a in answers]  # type: ignore[misc]  # no cache: all decided
 
 
@@ -278,19 +279,18 @@ def test_threads_hammering_one_portfolio_never_lose_an_update(
 # --- Redis specifics ---------------------------------------------------------------------------
 
 
-def test_redis_keys_ttl_and_bytes(redis_url: str, redis_prefix: str, tiny_model: LoadedModel):
+def test_redis_keys_and_bytes(redis_url: str, redis_prefix: str, tiny_model: LoadedModel):
     (s1,) = make_states(tiny_model, 1)
-    store = redis_store(redis_url, redis_prefix, ttl_seconds=60)
+    store = redis_store(redis_url, redis_prefix)
     with store.locked(["p"]) as session:
         session.put([s1])
     client = redis.Redis.from_url(redis_url)
     assert client.get(redis_prefix + "p") == s1.to_bytes()
-    assert 0 < client.pttl(redis_prefix + "p") <= 60_000
     assert not client.exists("lock:" + redis_prefix + "p")  # released
     client.close()
     store.close()
     with pytest.raises(ValueError, match="overlap"):
-        RedisStateStore(redis_url, prefix="x:", lock_prefix="x:lock:")
+        RedisStateStore(redis_url, prefix="")
 
 
 def test_redis_lock_waits_then_times_out(redis_url: str, redis_prefix: str) -> None:

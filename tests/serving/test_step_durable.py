@@ -1,14 +1,17 @@
 """The decision step with durable acknowledgement: nothing advances before the record is durable.
 
 A real recorder on a real SQLite database, whose sink a test holds (``GatedSink``) to look at
-the step while a decision is decided but not yet committed.
+the step while a decision is decided but not yet committed; the callers' deadlines are the
+batcher's (the server's path).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +22,14 @@ from allocator.recording.migrations import upgrade
 from allocator.recording.recorder import Recorder
 from allocator.recording.records import ModelRecord
 from allocator.serving import LoadedModel
-from allocator.serving import step as step_module
+from allocator.serving import batcher as batcher_module
+from allocator.serving.batcher import DeadlineExceededError, DecisionBatcher
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.state import MemoryStateStore
-from allocator.serving.step import Answer, DeadlineExceededError, DecisionStep
+from allocator.serving.step import Answer, DecisionStep, model_shape
 from tests.recording.gated_sink import GatedSink
-from tests.serving.conftest import TINY, allocate_request
+from tests.serving.conftest import TINY, allocate_request, items_for
+from tests.serving.requests import validate_one
 
 
 @pytest.fixture
@@ -65,6 +70,16 @@ def recorded_weights(url: str, request_id: str) -> list[float]:
     return list(json.loads(weights))
 
 
+async def decide_late(
+    batcher: DecisionBatcher, model: LoadedModel, request_id: str
+) -> tuple[asyncio.Future[list[Answer]], float]:
+    """A call whose deadline is 0.1 s away, handed to a started batcher; its answer to come."""
+    batcher.start()
+    items = items_for(model, [validate_one(request(request_id), model_shape(model))])
+    deadline = time.monotonic() + 0.1
+    return asyncio.ensure_future(batcher.decide(items, deadline)), deadline
+
+
 def test_a_decision_durable_after_the_deadline_is_kept_and_fetched_by_its_request_id(
     gated: tuple[Recorder, GatedSink, str], tiny_model: LoadedModel
 ) -> None:
@@ -73,24 +88,21 @@ def test_a_decision_durable_after_the_deadline_is_kept_and_fetched_by_its_reques
     recorder, sink, url = gated
     store = MemoryStateStore()
     step = DecisionStep(store, recorder, recent_requests=100)
+    batcher = DecisionBatcher(step, window=0.0, max_size=64)
     sink.gate.clear()
-    raised: list[BaseException] = []
 
-    def call() -> None:
-        try:
-            step.allocate(request("r1"), lambda *_: tiny_model, time_remaining=lambda: 0.1)
-        except BaseException as exc:
-            raised.append(exc)
+    async def scenario() -> BaseException | None:
+        late, _ = await decide_late(batcher, tiny_model, "r1")
+        await asyncio.sleep(0.4)
+        assert not late.done(), "the batcher gave up on a decision the recorder still holds"
+        # Nothing advances before the record is durable (peeked at: the batch holds the lock).
+        assert "p" not in store._states
+        sink.gate.set()
+        (exc,) = await asyncio.gather(late, return_exceptions=True)
+        await batcher.close()
+        return exc if isinstance(exc, BaseException) else None
 
-    late = threading.Thread(target=call)
-    late.start()
-    late.join(0.4)
-    assert late.is_alive(), "the step gave up on a decision the recorder still holds"
-    # Nothing advances before the record is durable (peeked at: the step holds the lock).
-    assert "p" not in store._states
-    sink.gate.set()
-    late.join(10)
-    (exc,) = raised
+    exc = asyncio.run(scenario())
     assert isinstance(exc, DeadlineExceededError)
     assert exc.late
     assert "retry the request_id" in str(exc)
@@ -109,16 +121,28 @@ def test_a_decision_still_not_durable_well_after_the_deadline_advances_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     recorder, sink, url = gated
-    monkeypatch.setattr(step_module, "LATE_DURABLE_SECONDS", 0.2)
+    monkeypatch.setattr(batcher_module, "LATE_DURABLE_SECONDS", 0.2)
     store = MemoryStateStore()
     step = DecisionStep(store, recorder, recent_requests=100)
+    batcher = DecisionBatcher(step, window=0.0, max_size=64)
     sink.gate.clear()
-    with pytest.raises(DeadlineExceededError, match="recording") as raised:
-        step.allocate(request("r1"), lambda *_: tiny_model, time_remaining=lambda: 0.1)
-    assert not raised.value.late
-    assert steps(store) == 0
-    sink.gate.set()
-    assert recorder.flush(10)  # the record landed after all: the call was not answered OK
+
+    async def scenario() -> None:
+        late, _ = await decide_late(batcher, tiny_model, "r1")
+        try:
+            with pytest.raises(DeadlineExceededError, match="recording") as raised:
+                await late
+            assert not raised.value.late
+            assert steps(store) == 0
+            sink.gate.set()
+            # The record lands after all (the call was not answered OK), while the loop the
+            # recorder settles its futures on still runs.
+            flushed = asyncio.get_running_loop().run_in_executor(None, recorder.flush, 10)
+            assert await flushed
+        finally:
+            await batcher.close()
+
+    asyncio.run(scenario())
     retry = step.allocate(request("r1"), lambda *_: tiny_model)
     assert retry.output is not None, "decided again, not served from a cache"
     assert steps(store) == 1

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -23,23 +22,36 @@ from typing import Any, TypeVar
 
 from allocator.serving.portfolio_state import PortfolioState
 from allocator.serving.state import MemoryStateStore, StateSession, StateStore
-from allocator.serving.step import (
-    LATE_DURABLE_SECONDS,
-    LATE_MESSAGE,
-    Answer,
-    DeadlineExceededError,
-    Decided,
-    DecisionStep,
-    Item,
-)
+from allocator.serving.step import Answer, Decided, DecisionStep, Item
 
-__all__ = ["BatchObserver", "DecisionBatcher"]
-
-log = logging.getLogger("allocator.serving")
+__all__ = ["LATE_DURABLE_SECONDS", "DeadlineExceededError", "DecisionBatcher", "call_deadline"]
 
 T = TypeVar("T")
-BatchObserver = Callable[[int], None]
-"""Told each batch's number of decisions."""
+
+LATE_DURABLE_SECONDS = 30.0
+"""How long past the caller's deadline a record may become durable and still advance its
+portfolio."""
+
+LATE_MESSAGE = (
+    "deadline exceeded before the decision was durable; it was recorded since: retry the "
+    "request_id to get it"
+)
+
+
+class DeadlineExceededError(Exception):
+    """The caller's deadline passed before deciding (nothing stored), or with ``late``, before
+    the decision was durable (stored anyway: a retry of its request id gets it)."""
+
+    def __init__(self, message: str, *, late: bool = False) -> None:
+        super().__init__(message)
+        self.late = late
+
+
+def call_deadline(time_remaining: Callable[[], float | None]) -> float | None:
+    """A call's deadline (``time_remaining``: seconds left, or None) as a ``time.monotonic()``
+    instant (None: it has none)."""
+    remaining = time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
 
 
 @dataclass(slots=True)
@@ -54,7 +66,8 @@ class _Call:
 
 class DecisionBatcher:
     """``window``: seconds a batch waits after its first call; ``max_size``: decisions that close
-    it at once; ``executor``: where the store's blocking calls run (None: on the loop)."""
+    it at once; ``executor``: where the store's blocking calls run (None: on the loop);
+    ``observe``: told each batch's number of decisions."""
 
     def __init__(
         self,
@@ -63,10 +76,8 @@ class DecisionBatcher:
         window: float,
         max_size: int,
         executor: Executor | None = None,
-        observe: BatchObserver | None = None,
+        observe: Callable[[int], None] | None = None,
     ) -> None:
-        if window < 0 or max_size < 1:
-            raise ValueError(f"window must be >= 0 and max_size >= 1, got {window}, {max_size}")
         self.step = step
         self.window = window
         self.max_size = max_size

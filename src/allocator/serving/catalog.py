@@ -151,11 +151,9 @@ class ModelCatalog:
             defaults = self._defaults(models)
             default_name = self._default_name(defaults)
             snapshot = CatalogSnapshot(models, defaults, default_name, refused)
+            self._snapshot = snapshot  # the atomic swap (unchanged models: new refusals at most)
             if not changed and defaults == dict(old.defaults) and default_name == old.default_name:
-                if refused != dict(old.refused):
-                    self._snapshot = snapshot  # the same models, other refusals
                 return False
-            self._snapshot = snapshot  # the atomic swap
             for name, version in defaults.items():
                 if old.defaults.get(name) != version:
                     log.info("model registry: %s now answers with version %s", name, version)

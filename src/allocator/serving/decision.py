@@ -31,18 +31,11 @@ from allocator.portfolio import (
 )
 from allocator.portfolio.costs import turnover
 from allocator.serving.loader import LoadedModel, SetPolicy
-from allocator.serving.portfolio_state import ModelKey, PortfolioState, StateDecodeError
+from allocator.serving.portfolio_state import ModelKey, PortfolioState
 from allocator.serving.slots import SlotBatch, lay_out
 from allocator.serving.validation import ValidRequest
 
-__all__ = [
-    "DecisionOutput",
-    "Decisions",
-    "ModelKey",
-    "PortfolioState",
-    "StateDecodeError",
-    "decide_many",
-]
+__all__ = ["DecisionOutput", "Decisions", "decide_many"]
 
 Float64Array = NDArray[np.float64]
 Float32Array = NDArray[np.float32]
@@ -73,9 +66,8 @@ class _PolicyOutput:
 
 
 def _flat_policy(model: LoadedModel, rows: SlotBatch) -> _PolicyOutput:
-    fs = model.manifest.feature_spec
-    spec = FeatureSpec(max_assets=fs.max_assets, window=fs.window, clip=fs.clip)
-    observations = build_raw_observation(rows.prices, rows.current, rows.mask, spec)
+    layout = model.manifest.feature_spec.layout  # a flat policy's features: its return window
+    observations = build_raw_observation(rows.prices, rows.current, rows.mask, layout)
     action, weights = model.run(observations, rows.mask.astype(np.float32))
     raw = renormalize(weights.astype(np.float64), rows.mask)
     return _PolicyOutput(raw, action, observations, np.ones(len(raw), dtype=bool))
@@ -145,13 +137,9 @@ def decide_many(
     requests: Sequence[ValidRequest],
     states: Sequence[PortfolioState | None],
 ) -> Decisions:
-    """Each request's answer and new state with one model call; pure, nothing is stored."""
+    """Each request's answer and new state with one model call (a non-empty batch, a state or
+    None per request); pure, nothing is stored."""
     batch = len(requests)
-    if len(states) != batch:
-        raise ValueError(f"{batch} requests but {len(states)} states")
-    if batch == 0:
-        empty = np.zeros((0, 1))
-        return Decisions([], [], empty, empty, empty, [])
     rows = lay_out(model, requests, states)
     policy = model.set_policy
     decided = _flat_policy(model, rows) if policy is None else _shared_policy(model, policy, rows)

@@ -15,12 +15,9 @@ import grpc
 
 from allocator.serving.security import Context, Continuation, method_kind
 
-__all__ = ["DecodeGuardInterceptor", "Undecodable", "UndecodableHandler"]
+__all__ = ["DecodeGuardInterceptor", "Undecodable"]
 
 log = logging.getLogger("allocator.serving")
-
-UndecodableHandler = Callable[[str, float], None]
-"""Told the full method name of each refused call and the seconds spent on it."""
 
 Deserializer = Callable[[bytes], Any]
 
@@ -35,13 +32,12 @@ class Undecodable:
 
 class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
     """Decode requests inside the call; place it after the token check, so a call without a
-    token is UNAUTHENTICATED whatever its bytes. ``per_message``: full names of streaming
+    token is UNAUTHENTICATED whatever its bytes. ``on_undecodable`` is told the full method name
+    of each refused call and the seconds spent on it; ``per_message``: full names of streaming
     methods whose handlers take (and count) ``Undecodable`` items."""
 
     def __init__(
-        self,
-        on_undecodable: UndecodableHandler,
-        per_message: Collection[str] = (),
+        self, on_undecodable: Callable[[str, float], None], per_message: Collection[str] = ()
     ) -> None:
         self._on_undecodable = on_undecodable
         self._per_message = frozenset(per_message)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -121,11 +122,11 @@ class LoadedModel:
         """Width of the flat graphs' action, weights and mask: cash + ``max_assets``."""
         return self.max_assets + 1
 
-    @property
+    @cached_property  # read per decided row: the layout is built once
     def obs_dim(self) -> int:
         """Width of the flat raw observation (the flat policy's and every ICM's input):
         M * F asset features + (M + 1) weights + (M + 1) mask."""
-        return _obs_dim(self.manifest)
+        return self.manifest.feature_spec.layout.obs_size
 
     @property
     def max_request_assets(self) -> int:
@@ -211,11 +212,6 @@ def _batches(*given: Float32Array, **named: tuple[ArrayLike, int]) -> list[Float
     return arrays
 
 
-def _obs_dim(manifest: Manifest) -> int:
-    m = manifest.feature_spec.max_assets
-    return m * manifest.feature_spec.n_features + 2 * (m + 1)
-
-
 def _check_listing(directory: Path, manifest: Manifest) -> None:
     manifest_path = directory / MANIFEST_FILE
     for name in manifest.files:
@@ -299,8 +295,8 @@ def load_model(
     except ManifestError as exc:
         raise ModelLoadError(str(exc), exc.reason) from exc
 
-    obs_dim = _obs_dim(manifest)
-    n_slots = manifest.feature_spec.max_assets + 1
+    layout = manifest.feature_spec.layout
+    obs_dim, n_slots = layout.obs_size, layout.n_slots
     set_policy = None
     if manifest.policy.kind == SHARED_POLICY:
         try:

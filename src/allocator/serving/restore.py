@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,10 +36,8 @@ _COLUMNS = {"model_name": "name", "model_version": "version", "fingerprint": "re
 """Record fields read from a column of another name (the rest: their own)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Latest:
-    record: DecisionRecord
-    count: int
+Latest = tuple[DecisionRecord, int]
+"""A portfolio's latest recorded decision and how many it has recorded."""
 
 
 def _utc(t: dt.datetime) -> dt.datetime:
@@ -78,7 +75,7 @@ def latest_decisions(database_url: str) -> dict[str, Latest]:
         values: dict[str, Any] = {f: row.get(_COLUMNS.get(f, f)) for f in DECISION_FIELDS}
         values = {f: tuple(v) if isinstance(v, list) else v for f, v in values.items()}
         record = DecisionRecord(**values | {"decided_at": _utc(row["decided_at"])})
-        out[record.portfolio_id] = Latest(record, int(row["n"]))
+        out[record.portfolio_id] = (record, int(row["n"]))
     return out
 
 
@@ -87,13 +84,11 @@ def merge_spooled(latest: dict[str, Latest], spool: Spool) -> None:
     for segment in spool.segments():
         for frame in spool.read(segment):
             for record in map(DecisionRecord.from_json, frame.get("d", ())):
-                known = latest.get(record.portfolio_id)
-                if known is None:
-                    latest[record.portfolio_id] = Latest(record, 1)
-                elif record.request_id == known.record.request_id:
+                known, count = latest.get(record.portfolio_id, (None, 0))
+                if known is not None and record.request_id == known.request_id:
                     continue
-                elif _utc(record.decided_at) >= known.record.decided_at:
-                    latest[record.portfolio_id] = Latest(record, known.count + 1)
+                if known is None or _utc(record.decided_at) >= known.decided_at:
+                    latest[record.portfolio_id] = (record, count + 1)
 
 
 def state_from_record(record: DecisionRecord, steps: int) -> PortfolioState | None:
@@ -125,7 +120,7 @@ def restore_states(database_url: str, spool: Spool | None, store: StateStore) ->
         latest = {}
     if spool is not None:
         merge_spooled(latest, spool)
-    states = {pid: state_from_record(x.record, x.count) for pid, x in latest.items()}
+    states = {pid: state_from_record(*known) for pid, known in latest.items()}
     ready = {pid: s for pid, s in states.items() if s is not None}
     if len(ready) < len(states):
         log.warning(

@@ -25,6 +25,7 @@ from allocator.recording.records import ModelRecord
 from allocator.recording.settings import database_url
 from allocator.registry.errors import ModelNotFoundError
 from allocator.serving.catalog import CatalogSnapshot, ModelCatalog
+from allocator.serving.client import MESSAGE_LIMITS
 from allocator.serving.config import ServerConfig
 from allocator.serving.decoding import DecodeGuardInterceptor
 from allocator.serving.event_loop import EventLoopThread
@@ -239,8 +240,7 @@ async def _grpc_server(
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
-            ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20),
+            *MESSAGE_LIMITS,
             ("grpc.so_reuseport", int(reuse_port)),
             # A client keeps one HTTP/2 connection for as long as it lives, so replicas added
             # later (the HPA) would only ever see new clients: closing connections after a

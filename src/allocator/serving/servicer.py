@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent import futures
@@ -17,7 +16,7 @@ import grpc
 
 from allocator.metrics.serving import ServingMetrics
 from allocator.recording.recorder import Recorder
-from allocator.serving.batcher import DecisionBatcher
+from allocator.serving.batcher import DecisionBatcher, call_deadline
 from allocator.serving.catalog import CatalogSnapshot, ModelCatalog
 from allocator.serving.config import ServerConfig
 from allocator.serving.proto.v1 import allocator_pb2 as pb
@@ -25,13 +24,11 @@ from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
 from allocator.serving.security import Context
 from allocator.serving.state import StateStore
 from allocator.serving.status import error_status
-from allocator.serving.step import Answer, DecisionStep, batch_response, call_deadline
+from allocator.serving.step import Answer, DecisionStep, batch_response
 from allocator.serving.stream import AllocationStreams
 from allocator.serving.validation import validate_reset
 
 __all__ = ["AllocatorServicer"]
-
-log = logging.getLogger("allocator.serving")
 
 T = TypeVar("T")
 
@@ -113,9 +110,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
             raise
         except Exception as exc:
-            code, message = error_status(exc)
-            if code is grpc.StatusCode.INTERNAL:
-                log.exception("%s failed", method)
+            code, message = error_status(exc, method)
         finally:
             self.metrics.observe_request(
                 method,

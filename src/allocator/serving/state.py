@@ -31,7 +31,7 @@ from typing import Any, TypeAlias
 
 import redis
 
-from allocator.serving.decision import PortfolioState, StateDecodeError
+from allocator.serving.portfolio_state import PortfolioState, StateDecodeError
 
 logger = logging.getLogger("allocator.serving")
 
@@ -178,13 +178,12 @@ end
 return out
 """
 
-# KEYS as above; ARGV = token, n, state ttl (ms, 0 = none), ops (one char per portfolio:
-# W write, D delete, K keep), then n values. Writes only when every lock is still ours;
-# always releases the locks that are. Returns the number of locks found lost (0 = written).
+# KEYS as above; ARGV = token, n, ops (one char per portfolio: W write, D delete, K keep),
+# then n values. Writes only when every lock is still ours; always releases the locks that
+# are. Returns the number of locks found lost (0 = written).
 _RELEASE = """
 local n = tonumber(ARGV[2])
-local ttl = tonumber(ARGV[3])
-local ops = ARGV[4]
+local ops = ARGV[3]
 local lost = 0
 for i = 1, n do
   if redis.call('GET', KEYS[i]) ~= ARGV[1] then lost = lost + 1 end
@@ -193,11 +192,7 @@ if lost == 0 then
   for i = 1, n do
     local op = string.sub(ops, i, i)
     if op == 'W' then
-      if ttl > 0 then
-        redis.call('SET', KEYS[n + i], ARGV[4 + i], 'PX', ttl)
-      else
-        redis.call('SET', KEYS[n + i], ARGV[4 + i])
-      end
+      redis.call('SET', KEYS[n + i], ARGV[3 + i])
     elseif op == 'D' then
       redis.call('DEL', KEYS[n + i])
     end
@@ -214,38 +209,30 @@ _BACKOFF_MAX = 0.005
 
 
 class RedisStateStore:
-    """States in Redis as ``PortfolioState.to_bytes``, under ``prefix + portfolio_id`` (expiring
-    after ``ttl_seconds`` without a decision when given), shared by server replicas."""
+    """States in Redis as ``PortfolioState.to_bytes``, under ``prefix + portfolio_id``, shared by
+    server replicas."""
 
     def __init__(
         self,
         url: str,
         prefix: str = "allocator:state:",
-        ttl_seconds: float | None = None,
         *,
-        lock_prefix: str | None = None,
         lock_ttl_seconds: float = 10.0,
         lock_wait_seconds: float = 5.0,
         liveness_seconds: float = 0.5,
     ) -> None:
-        lock_prefix = "lock:" + prefix if lock_prefix is None else lock_prefix
-        owner_prefix = "owner:" + prefix
-        for a, b in ((prefix, lock_prefix), (prefix, owner_prefix), (lock_prefix, owner_prefix)):
-            if a.startswith(b) or b.startswith(a):
-                raise ValueError(f"key prefixes {a!r} and {b!r} must not overlap")
-        if ttl_seconds is not None and not ttl_seconds > 0:
-            raise ValueError(f"ttl_seconds must be > 0, got {ttl_seconds}")
+        self.prefix = prefix
+        self.lock_prefix = "lock:" + prefix
+        self.owner_prefix = "owner:" + prefix
+        for other in (self.lock_prefix, self.owner_prefix):  # never each other's: l... vs o...
+            if other.startswith(prefix):
+                raise ValueError(f"key prefixes {prefix!r} and {other!r} must not overlap")
         if not lock_ttl_seconds > 0 or not lock_wait_seconds >= 0:
             raise ValueError("lock_ttl_seconds must be > 0 and lock_wait_seconds >= 0")
         if not liveness_seconds > 0:
             raise ValueError(f"liveness_seconds must be > 0, got {liveness_seconds}")
-        self.url = url
-        self.prefix = prefix
-        self.lock_prefix = lock_prefix
-        self.owner_prefix = owner_prefix
         self.owner = os.urandom(8).hex()
         self._client = redis.Redis.from_url(url)
-        self._ttl_ms = 0 if ttl_seconds is None else max(1, round(ttl_seconds * 1000))
         self._lock_ttl_ms = max(1, round(lock_ttl_seconds * 1000))
         self._liveness_ms = max(1, round(liveness_seconds * 1000))
         self._wait = lock_wait_seconds
@@ -304,7 +291,7 @@ class RedisStateStore:
 
     def _release(self, keys: list[str], token: str, ops: str, values: list[bytes]) -> None:
         n = len(ops)
-        lost = self._release_script(keys=keys, args=[token, n, self._ttl_ms, ops, *values])
+        lost = self._release_script(keys=keys, args=[token, n, ops, *values])
         if lost:
             raise StateLockLostError(
                 f"{lost} portfolio lock(s) expired before the write (held longer than the "

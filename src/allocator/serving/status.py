@@ -4,22 +4,26 @@ unary call's abort and a stream message's error reply alike.
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 import redis
 
 from allocator.recording.recorder import RecorderRefusedError
 from allocator.recording.records import RecordError
 from allocator.registry.errors import ModelNotFoundError
+from allocator.serving.batcher import DeadlineExceededError
 from allocator.serving.state import StateLockLostError, StateLockTimeoutError
-from allocator.serving.step import DeadlineExceededError
 from allocator.serving.validation import InvalidRequest
 
 __all__ = ["error_status"]
 
+log = logging.getLogger("allocator.serving")
 
-def error_status(exc: Exception) -> tuple[grpc.StatusCode, str]:
-    """``(code, message)`` for what a decision raised; ``INTERNAL`` means a bug in the server
-    (the caller logs it with its traceback), never something a client sent."""
+
+def error_status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
+    """``(code, message)`` for what a call of ``method`` raised; ``INTERNAL`` means a bug in the
+    server (logged here with its traceback), never something a client sent."""
     if isinstance(exc, InvalidRequest | RecordError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, DeadlineExceededError):
@@ -33,4 +37,5 @@ def error_status(exc: Exception) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.UNAVAILABLE, f"portfolio busy, retry: {exc}"
     if isinstance(exc, redis.RedisError):
         return grpc.StatusCode.UNAVAILABLE, f"state store unavailable: {exc}"
+    log.error("%s failed", method, exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"

@@ -3,14 +3,13 @@
 validate (all or nothing) -> lock the portfolios -> ``prepare`` (retries get their stored
 answers) -> ``decide`` (one onnxruntime call per model, one recorder ticket) -> wait until
 durable -> ``settle`` (the new states, carrying their answers) -> ``observe``. The batcher runs
-these steps per batch of concurrent calls; ``DecisionStep.run`` for one call (the serving-path
-replay, so a backtest is what the server would answer).
+these steps per batch of concurrent calls, and owns the callers' deadlines; ``DecisionStep.run``
+runs them for one call without a deadline (the serving-path replay, so a backtest is what the
+server would answer).
 
 The recorder accepts the records before any state advances (a refusal advances nothing), and
 with durable acknowledgement the wait happens under the locks, so no retry sees a state whose
-record a crash could lose. A record durable after the caller's deadline (within
-``LATE_DURABLE_SECONDS``) still advances the state and raises ``DeadlineExceededError(late=True)``:
-a retry of the request id fetches it.
+record a crash could lose.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import numpy as np
 from allocator.metrics.serving import ServingMetrics
 from allocator.recording.recorder import Recorder
 from allocator.recording.records import DECISION_FIELDS, DecisionRecord
-from allocator.recording.tickets import NotDurableError
 from allocator.serving.answers import AnswerEncoder, framed, weight_bytes
 from allocator.serving.decision import DecisionOutput, Decisions, decide_many
 from allocator.serving.idempotency import (
@@ -45,16 +43,12 @@ from allocator.serving.validation import (
 )
 
 __all__ = [
-    "LATE_DURABLE_SECONDS",
     "Answer",
-    "DeadlineExceededError",
     "Decided",
     "DecisionStep",
     "Item",
     "ModelResolver",
-    "TimeRemaining",
     "batch_response",
-    "call_deadline",
     "decision_gaps",
     "model_shape",
     "stream_response",
@@ -62,27 +56,6 @@ __all__ = [
 
 ModelResolver = Callable[[str | None, str | None], LoadedModel]
 """A model pin (name, version; ``None`` = default / newest) -> the loaded model answering it."""
-TimeRemaining = Callable[[], float | None]
-"""Seconds left before the caller's deadline (``None``: no deadline)."""
-
-
-LATE_DURABLE_SECONDS = 30.0
-"""How long past the caller's deadline a record may become durable and still advance its
-portfolio."""
-
-LATE_MESSAGE = (
-    "deadline exceeded before the decision was durable; it was recorded since: retry the "
-    "request_id to get it"
-)
-
-
-class DeadlineExceededError(Exception):
-    """The caller's deadline passed before deciding (nothing stored), or with ``late``, before
-    the decision was durable (stored anyway: a retry of its request id gets it)."""
-
-    def __init__(self, message: str, *, late: bool = False) -> None:
-        super().__init__(message)
-        self.late = late
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +105,8 @@ def stream_response(sequence: int, answers: Sequence[Answer]) -> pb.AllocateStre
 
 
 def model_shape(model: LoadedModel) -> ModelShape:
-    if model.set_policy is None:
-        return ModelShape(model.max_assets, model.prices_per_asset - 1)
-    return ModelShape(model.max_request_assets, model.prices_per_asset - 1, "max_served_assets")
+    limit = "max_assets" if model.set_policy is None else "max_served_assets"
+    return ModelShape(model.max_request_assets, model.prices_per_asset - 1, limit)
 
 
 class DecisionStep:
@@ -154,30 +126,14 @@ class DecisionStep:
         self.recent = RecentRequests(recent_requests)
         self._encoders: dict[tuple[str, str], AnswerEncoder] = {}
 
-    def allocate(
-        self,
-        request: pb.AllocateRequest,
-        resolve: ModelResolver,
-        *,
-        started: float | None = None,
-        time_remaining: TimeRemaining | None = None,
-    ) -> Answer:
-        (answer,) = self.allocate_batch(
-            request, resolve, started=started, time_remaining=time_remaining
-        )
+    def allocate(self, request: pb.AllocateRequest, resolve: ModelResolver) -> Answer:
+        (answer,) = self.allocate_batch(request, resolve)
         return answer
 
     def allocate_batch(
-        self,
-        call: pb.AllocateRequest | pb.AllocateBatchRequest,
-        resolve: ModelResolver,
-        *,
-        started: float | None = None,
-        time_remaining: TimeRemaining | None = None,
+        self, call: pb.AllocateRequest | pb.AllocateBatchRequest, resolve: ModelResolver
     ) -> list[Answer]:
-        """``started``: ``time.perf_counter()`` at the call's arrival."""
-        started = time.perf_counter() if started is None else started
-        return self.run(self.items(call, resolve, started), time_remaining)
+        return self.run(self.items(call, resolve, time.perf_counter()))
 
     def items(
         self,
@@ -203,29 +159,22 @@ class DecisionStep:
             for r, f in zip(valid, request_fingerprints(valid), strict=True)
         ]
 
-    def run(self, items: Sequence[Item], time_remaining: TimeRemaining | None) -> list[Answer]:
+    def run(self, items: Sequence[Item]) -> list[Answer]:
         """Decide for distinct portfolios under their locks; record; then store the states."""
-        late = False
         with self.store.locked([item.request.portfolio_id for item in items]) as session:
-            if time_remaining is not None:
-                remaining = time_remaining()
-                if remaining is not None and remaining <= 0:
-                    raise DeadlineExceededError("deadline exceeded before deciding")
             states = session.get()
             answers = self.prepare(items, states)
             todo = [i for i, answer in enumerate(answers) if answer is None]
             if not todo:
                 return answers  # type: ignore[return-value]  # all retries, nothing to store
             decided = self.decide([items[i] for i in todo], [states[i] for i in todo])
-            if decided.ticket is not None:
-                late = self._wait_durable(decided.ticket, time_remaining)
+            if self.recorder is not None and decided.ticket is not None:
+                self.recorder.wait_durable(decided.ticket)
             for i, (state, answer) in zip(todo, self.settle(decided), strict=True):
                 states[i] = state
                 answers[i] = answer
             session.put(states)
         self.observe(decided)
-        if late:
-            raise DeadlineExceededError(LATE_MESSAGE, late=True)
         return answers  # type: ignore[return-value]  # every None was decided above
 
     def prepare(
@@ -286,24 +235,6 @@ class DecisionStep:
                     [o.icm_reward for o in decisions.outputs],
                 )
 
-    def _wait_durable(self, ticket: int, time_remaining: TimeRemaining | None) -> bool:
-        """True when the records became durable only after the caller's deadline (within
-        ``LATE_DURABLE_SECONDS``); ``DeadlineExceededError`` when not even then."""
-        assert self.recorder is not None
-        try:
-            self.recorder.wait_durable(ticket, None if time_remaining is None else time_remaining())
-            return False
-        except NotDurableError as exc:
-            if not exc.timed_out:
-                raise
-        try:
-            self.recorder.wait_durable(ticket, LATE_DURABLE_SECONDS)
-        except NotDurableError as exc:
-            if exc.timed_out:
-                raise DeadlineExceededError("deadline exceeded before recording") from exc
-            raise
-        return True
-
     def _encode(
         self, model: LoadedModel, requests: Sequence[ValidRequest], decided: Decisions
     ) -> list[bytes]:
@@ -322,12 +253,6 @@ class DecisionStep:
             out.append(encoder.encode(rid, pid, ids, raw[at:end], smoothed[at:end], o))
             at += stride
         return out
-
-
-def call_deadline(time_remaining: TimeRemaining) -> float | None:
-    """A call's deadline as a ``time.monotonic()`` instant (None: it has none)."""
-    remaining = time_remaining()
-    return None if remaining is None else time.monotonic() + remaining
 
 
 _ARRAYS = {"raw_weights": "raw", "smoothed_weights": "smoothed", "current_weights": "current"}

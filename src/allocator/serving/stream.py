@@ -5,7 +5,6 @@ in request order; how a bad message and a drain are answered is docs/architectur
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -15,16 +14,14 @@ from typing import Any, Final
 import grpc
 
 from allocator.metrics.serving import ServingMetrics
-from allocator.serving.batcher import DecisionBatcher
+from allocator.serving.batcher import DecisionBatcher, call_deadline
 from allocator.serving.decoding import Undecodable
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.security import Context
 from allocator.serving.status import error_status
-from allocator.serving.step import DecisionStep, ModelResolver, call_deadline, stream_response
+from allocator.serving.step import DecisionStep, ModelResolver, stream_response
 
 __all__ = ["METHOD", "READ_AHEAD", "AllocationStreams"]
-
-log = logging.getLogger("allocator.serving")
 
 METHOD: Final = "AllocateStream"
 READ_AHEAD: Final = 8
@@ -153,9 +150,7 @@ class AllocationStreams:
             items = self.step.items(item.batch, self.resolver(), start)
             answers = await self.batcher.decide(items, call_deadline(context.time_remaining))
         except Exception as exc:
-            code, message = error_status(exc)
-            if code is grpc.StatusCode.INTERNAL:
-                log.exception("%s failed", METHOD)
+            code, message = error_status(exc, METHOD)
             self.metrics.observe_request(METHOD, code, time.perf_counter() - start, decisions)
             return _error(item.sequence, code, message)
         response = stream_response(item.sequence, answers)
