@@ -6,6 +6,7 @@ until the test releases it (or fails it as an outage would), to look at the mome
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import threading
 import time
@@ -157,3 +158,27 @@ def test_queued_acks_do_not_wait_for_the_commit(sqlite_url: str, tmp_path: Path)
 def test_an_unknown_ack_mode_is_refused(sqlite_url: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="ack"):
         Recorder(sqlite_url, tmp_path / "spool", ack="eventually")
+
+
+def test_a_waiter_whose_loop_closed_does_not_stop_the_acknowledgements(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """A server stopped with a decision still in flight closes its loop before the commit: the
+    writer thread settles that ticket into nothing and goes on acknowledging the others."""
+    sink = GatedSink(sqlite_url)
+    with Recorder(sqlite_url, tmp_path / "spool", sink=sink, **FAST) as recorder:
+        recorder.register_model(MODEL)
+        sink.gate.clear()
+        orphan = recorder.submit(make_decision(1))
+
+        async def wait_on(ticket: int, seconds: float) -> None:
+            await asyncio.wait_for(recorder.durable_future(ticket), seconds)
+
+        gone = asyncio.new_event_loop()
+        pending = gone.create_task(wait_on(orphan, 30))
+        gone.run_until_complete(asyncio.sleep(0.05))  # the task holds its ticket's future
+        gone.close()  # the server's loop is gone, its waiter with it
+        sink.gate.set()
+        asyncio.run(wait_on(recorder.submit(make_decision(2)), 10))
+        assert not pending.done()
+    assert rows(sqlite_url) == 2

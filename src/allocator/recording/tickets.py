@@ -63,13 +63,23 @@ class AckFutures:
     def settle(self, durable: int) -> None:
         for ticket, future in self._waiting:
             if ticket <= durable:
-                future.get_loop().call_soon_threadsafe(_complete, future, None)
+                _post(future, None)
         self._waiting = [(t, f) for t, f in self._waiting if t > durable]
 
     def fail(self, error: NotDurableError) -> None:
         for _, future in self._waiting:
-            future.get_loop().call_soon_threadsafe(_complete, future, error)
+            _post(future, error)
         self._waiting = []
+
+
+def _post(future: asyncio.Future[None], error: NotDurableError | None) -> None:
+    """Complete ``future`` on its loop; a loop already closed (its server stopped) has no
+    waiter left, and its refusal must not end the writer thread that settles the others."""
+    try:
+        future.get_loop().call_soon_threadsafe(_complete, future, error)
+    except RuntimeError:  # "Event loop is closed"
+        if not future.get_loop().is_closed():
+            raise
 
 
 def _complete(future: asyncio.Future[None], error: NotDurableError | None) -> None:
