@@ -243,6 +243,11 @@ class Manifest(StrictModel):
     seed: int = 0
     library_versions: dict[str, str] = Field(default_factory=dict)
     metrics: dict[str, Any] = Field(default_factory=dict)
+    holds_anchor: bool = Field(
+        False,
+        description="the actor acts exactly 0 (the anchor under the tilt mapping): selection "
+        "found no inner-span skill and kept the zero action (selection.fallback_level)",
+    )
     icm: dict[str, Any] | None = None
     widened_from: int | None = None
     export: dict[str, Any] | None = None

@@ -3,6 +3,7 @@ window, rows in SQLite and Postgres, summary and report, Pushgateway, local vs R
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.request
 from pathlib import Path
@@ -369,7 +370,7 @@ def fake_window(index: int, year: int, agent: str) -> WindowResult:
 def test_summary_splits_windows_by_the_equal_weight_regime(tmp_path: Path) -> None:
     windows = [
         fake_window(0, 2018, "min-variance"),
-        fake_window(1, 2019, "cash"),
+        dataclasses.replace(fake_window(1, 2019, "cash"), manifest={"holds_anchor": True}),
         fake_window(2, 2021, "buy-and-hold"),
         fake_window(3, 2022, "hrp"),
     ]
@@ -381,6 +382,9 @@ def test_summary_splits_windows_by_the_equal_weight_regime(tmp_path: Path) -> No
     assert [r["regime"] for r in per] == expected
     assert {"bull", "sideways"} <= set(expected)
     assert per[1]["sharpe"] == 0.0  # cash: a flat line scores 0, not positive
+    assert [r["holds_anchor"] for r in per] == [False, True, False, False]
+    assert summary["windows_holding_anchor"] == 1
+    assert "held the anchor (no inner-span skill): 1 of 4 windows" in format_summary(summary)
     assert summary["positive_sharpe"] == np.mean([r["sharpe"] > 0 for r in per])
     for regime in ("bull", "bear", "sideways"):
         group = [r for r in per if r["regime"] == regime]

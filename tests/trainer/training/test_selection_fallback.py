@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from allocator.artifacts.manifest import read_manifest
 from allocator.trainer.agents.algorithms import zero_actions
 from allocator.trainer.jobs.suite.job import held_out
 from allocator.trainer.market.data import load_dataset
@@ -73,6 +74,7 @@ def test_a_run_without_inner_skill_keeps_the_zero_action_and_holds_the_anchor(
     assert test["low"] <= 0 < test["level"] == 0.99
     assert "zero action kept instead" in summary["reason"]
     assert json.loads((run.run_dir / "selection.json").read_text())["fallback"] == test
+    assert read_manifest(run.run_dir).holds_anchor  # what an operator reads in the registry
     policy = run.validation["td3"]
     assert np.all(policy.raw_weights.to_numpy() >= 0)
     anchor = held_out(run, load_dataset(str(market)), AnchorPolicy())
@@ -87,6 +89,7 @@ def test_without_the_fallback_the_checkpoint_is_kept_and_no_test_is_made(
 ) -> None:
     run = train(config(market, *TINY_SHARED), tmp_path / "run")
     assert "fallback" not in run.summary["selection"]
+    assert not read_manifest(run.run_dir).holds_anchor
     obs = run.model.observation_space.sample()
     assert run.model.predict(obs, deterministic=True)[0].any()
     with pytest.raises(ValueError, match="fallback_level"):

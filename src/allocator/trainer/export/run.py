@@ -181,6 +181,7 @@ def _manifest(members: Sequence[LoadedRun], export: dict[str, Any], name: str) -
         return first.model_copy(update=update)
     ensemble = ensemble_info(members).model_dump()
     fields = {**first.model_dump(), **update, "icm": None, "metrics": {}, "ensemble": ensemble}
+    fields["holds_anchor"] = all(m.manifest.holds_anchor for m in members)  # a mean of zeros
     return Manifest.model_validate(fields)
 
 

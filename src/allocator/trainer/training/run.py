@@ -365,9 +365,11 @@ class TrainingSession:
             plot_training_curves(pd.read_csv(progress), run_dir / "training_curves.png")
         summary = self.summary(chosen, metrics)
         write_json(run_dir / RUN_SUMMARY_FILE, summary)
-        write_manifest(
-            run_dir, build_manifest(config, data.stats, list(data.train.assets), metrics, run_dir)
-        )
+        fallback = self.selection.state.fallback if self.selection else None
+        holds_anchor = bool(fallback and fallback["zero_action_kept"])
+        assets = list(data.train.assets)
+        manifest = build_manifest(config, data.stats, assets, metrics, run_dir, holds_anchor)
+        write_manifest(run_dir, manifest)
         shutil.rmtree(run_dir / CHECKPOINTS_DIR, ignore_errors=True)  # the run is complete
         if self.tracked is not None:
             log_finished(self.tracked, run_dir, summary)

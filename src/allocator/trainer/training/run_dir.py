@@ -120,6 +120,7 @@ def build_manifest(
     universe: list[str],
     metrics: dict[str, Any],
     run_dir: Path,
+    holds_anchor: bool = False,
 ) -> Manifest:
     """The manifest of a finished run, with checksums of the files now in ``run_dir`` (which
     must hold ``feature_normalization.json`` already for the per-asset feature set)."""
@@ -143,6 +144,7 @@ def build_manifest(
         seed=config.seed,
         library_versions=library_versions(),
         metrics=metrics,
+        holds_anchor=holds_anchor,
         icm=config.icm.model_dump(mode="json") if config.icm.enabled else None,
         files=checksums(run_dir, CHECKPOINT_FILES),
         **representation_fields(config, run_dir),

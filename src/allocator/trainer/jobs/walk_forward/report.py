@@ -149,6 +149,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"{_pct(g['beats_equal_weight']):>10}{_fmt(g['median_excess_sharpe']):>12}"
         )
     lines.append(f"mean daily turnover {_fmt(summary['mean_turnover'], '.4f')}")
+    held, n = summary["windows_holding_anchor"], summary["windows"]
+    lines.append(f"held the anchor (no inner-span skill): {held} of {n} windows")
     lines += [f"goal: {goal_text(key, goal)}" for key, goal in summary["goals"].items()]
     return "\n".join(lines)
 

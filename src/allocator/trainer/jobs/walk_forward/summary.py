@@ -149,6 +149,7 @@ def window_row(result: WindowResult, regimes: RegimeThresholds) -> dict[str, Any
         "regime": regimes.classify(ew["annual_return"]),
         "baseline_sharpe": {n: b["sharpe"] for n, b in result.baseline_metrics().items()},
         "resumed_from": result.resumed_from,
+        "holds_anchor": bool(result.manifest.get("holds_anchor", False)),
     }
 
 
@@ -192,6 +193,7 @@ def summarize(
     }
     return {
         **overall,
+        "windows_holding_anchor": sum(r["holds_anchor"] for r in rows),
         "by_regime": {g: group_stats([r for r in rows if r["regime"] == g]) for g in REGIMES},
         "regime_thresholds": regimes.model_dump(),
         "baselines": baselines,
