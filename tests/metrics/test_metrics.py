@@ -84,7 +84,7 @@ def populated(registry: CollectorRegistry) -> tuple[ServingMetrics, RecorderMetr
     serving.observe_request("Allocate", StatusCode.UNAVAILABLE, 5e-3)
     serving.observe_decisions([0.1], [0.05], [-1.5])
     serving.batch_size.observe(16)
-    serving.model_info.set(name="us-equities", version="3", algorithm="td3")
+    serving.model_info.set(name="us-equities", version="3", algorithm="td3", holds_anchor="false")
     serving.provider_info.set(provider="CPUExecutionProvider")
     recorder = RecorderMetrics(registry)
     recorder.queue_depth.set(12)
@@ -252,11 +252,11 @@ def series(registry: CollectorRegistry, sample_name: str) -> list[dict[str, str]
 def test_set_model_replaces_the_previous_version(registry):
     serving = ServingMetrics(registry, BUDGET, SERVICE)
     assert series(registry, "allocator_serving_model_info") == []  # absent until a model loads
-    serving.model_info.set(name="us-equities", version="3", algorithm="td3")
-    serving.model_info.set(name="us-equities", version="4", algorithm="sac")
+    serving.model_info.set(name="us-equities", version="3", algorithm="td3", holds_anchor="false")
+    serving.model_info.set(name="us-equities", version="4", algorithm="sac", holds_anchor="true")
 
-    old = {"name": "us-equities", "version": "3", "algorithm": "td3"}
-    new = {"name": "us-equities", "version": "4", "algorithm": "sac"}
+    old = {"name": "us-equities", "version": "3", "algorithm": "td3", "holds_anchor": "false"}
+    new = {"name": "us-equities", "version": "4", "algorithm": "sac", "holds_anchor": "true"}
     assert registry.get_sample_value("allocator_serving_model_info", old) is None
     assert registry.get_sample_value("allocator_serving_model_info", new) == 1.0
     assert series(registry, "allocator_serving_model_info") == [new]
@@ -364,7 +364,7 @@ def test_instances_on_two_registries_do_not_collide():
     first, second = CollectorRegistry(), CollectorRegistry()
     a, b = ServingMetrics(first, BUDGET, SERVICE), ServingMetrics(second, 5e-3, SERVICE)
     a.observe_request("Allocate", "OK", 10e-3)
-    b.model_info.set(name="m", version="1", algorithm="td3")
+    b.model_info.set(name="m", version="1", algorithm="td3", holds_anchor="false")
     RecorderMetrics(first), RecorderMetrics(second)
     JobMetrics(first), JobMetrics(second)
     labels = {"grpc_method": "Allocate", "grpc_code": "OK"}

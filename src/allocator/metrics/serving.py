@@ -68,8 +68,9 @@ class ServingMetrics:
         self._add_decision_metrics(registry)
         self.model_info = CurrentInfo(
             "allocator_serving_model",
-            "The model version serving by default: 1 for the current one only.",
-            ("name", "version", "algorithm"),
+            "The model version serving by default: 1 for the current one only; holds_anchor "
+            "true when it acts exactly 0 (its anchor: training found no skill to keep).",
+            ("name", "version", "algorithm", "holds_anchor"),
             registry,
         )
         self.provider_info = CurrentInfo(

@@ -166,8 +166,12 @@ def build_server(config: ServerConfig, *, reuse_port: bool = False) -> Allocatio
                 recorder.register_model(_model_record(model))
         if snapshot.default_name is not None:
             default = snapshot.default
+            manifest = default.manifest
             metrics.model_info.set(
-                name=default.name, version=default.version, algorithm=default.manifest.algorithm
+                name=default.name,
+                version=default.version,
+                algorithm=manifest.algorithm,
+                holds_anchor=str(manifest.holds_anchor).lower(),
             )
             metrics.provider_info.set(provider=default.provider)
 

@@ -165,7 +165,8 @@ def test_metrics_endpoint(shared: Conn) -> None:
         value("allocator_serving_requests_total", grpc_method="AllocateBatch", grpc_code="OK") >= 1
     )
     assert value("allocator_serving_provider_info", provider="CPUExecutionProvider") == 1.0
-    assert value("allocator_serving_model_info", name="tiny", version="1", algorithm="td3") == 1.0
+    model = {"name": "tiny", "version": "1", "algorithm": "td3", "holds_anchor": "false"}
+    assert value("allocator_serving_model_info", **model) == 1.0
     assert value("allocator_serving_latency_budget_seconds") == pytest.approx(0.010)
     assert value("allocator_serving_request_latency_seconds_count", grpc_method="Allocate",
                  grpc_code="OK") >= 2  # fmt: skip
