@@ -15,8 +15,8 @@ from allocator.typed_config import StrictModel
 
 
 class GateSettings(StrictModel):
-    """What a candidate must show on the held-out span, net of costs, to replace production
-    (None: gate off)."""
+    """What a candidate must show on the held-out span to replace production (None: gate off);
+    every figure is net of costs."""
 
     max_sharpe_shortfall: float | None = Field(
         0.1, ge=0, description="candidate net Sharpe may trail production's by at most this"
