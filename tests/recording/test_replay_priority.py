@@ -63,9 +63,11 @@ def test_live_decisions_are_durable_within_a_slice_while_the_spool_replays(
     assert stats.replayed == backlog
     # The live calls overlapped the replay (else this proves nothing) ...
     assert replaying_when_live[LIVE // 2] > 0, (replaying_when_live, replay_seconds)
-    # ... and none waited for it: a replay slice is ~5 ms, one frame of 100 at least.
+    # ... and none waited for it: a replay slice is ~5 ms, one frame of 100 at least, while a
+    # call that waited for the replay would wait about as long as the replay ran (a machine
+    # under load slows both alike).
     waits.sort()
-    assert waits[-1] < 0.25, waits[-5:]
+    assert waits[-1] < max(0.25, replay_seconds / 3), (waits[-5:], replay_seconds)
 
 
 def test_a_large_spooled_frame_is_replayed_in_chunks(
