@@ -43,6 +43,7 @@ from allocator.portfolio import (
 )
 from allocator.registry.layout import ICM_FILE, MODEL_FILE
 from allocator.serving import LoadedModel, load_model
+from allocator.trainer.agents.algorithms import zero_actions
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import LoadedRun, load_run
 from allocator.trainer.export.observations import (
@@ -54,6 +55,7 @@ from allocator.trainer.export.parity import check_parity, onnx_session
 from allocator.trainer.export.run import export_runs
 from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run import train
+from allocator.trainer.training.run_dir import MODEL_FILE as RUN_MODEL_FILE
 from tests.serving.conftest import decide_one, request_for
 from tests.trainer.export import MAX_ASSETS, SHARED_MAX_ASSETS, TOL
 from tests.trainer.export.conftest import SHARED_PARITY_SAMPLES
@@ -448,3 +450,30 @@ def test_cli_exports_several_runs_as_an_ensemble(
     )
     assert refused.exit_code != 0
     assert "only in their seed" in refused.output
+
+
+def anchored_copy(run: Path, root: Path) -> Path:
+    """A copy of a run as selection leaves one that kept the zero action: its actor's heads
+    zeroed, ``holds_anchor`` in its manifest, its checksums consistent."""
+    out = root / f"anchored-{run.name}"
+    shutil.copytree(run, out)
+    loaded = load_run(out)
+    zero_actions(loaded.model.actor)
+    loaded.model.save(out / RUN_MODEL_FILE)
+    manifest = read_manifest(out)
+    files = checksums(out, list(manifest.files))
+    write_manifest(out, manifest.model_copy(update={"holds_anchor": True, "files": files}))
+    return out
+
+
+def test_an_ensemble_holds_its_anchor_only_when_every_member_does(
+    flat_members: list[Path], registry: Path, tmp_path: Path
+) -> None:
+    anchored = [anchored_copy(m, tmp_path) for m in flat_members[:2]]
+    both = export_runs(anchored, registry, name="both-anchored", n_parity=50)
+    assert read_manifest(both).holds_anchor
+    raw, masks = random_raw_observations(load_run(anchored[0]).spec, 50, np.random.default_rng(3))
+    action, _ = onnx_session(both / MODEL_FILE).run(None, {"observation": raw, "mask": masks})
+    assert not action.any()  # what the manifest claims: exactly the zero action
+    one = export_runs([anchored[0], flat_members[1]], registry, name="one-anchored", n_parity=50)
+    assert not read_manifest(one).holds_anchor
