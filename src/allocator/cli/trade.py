@@ -219,6 +219,7 @@ def trade_bars(
     options: dict[str, Any], pick: Callable[[Any], list[dt.date]], *, wait: bool
 ) -> None:
     """Run the account's cycle for each bar ``pick(session)`` chooses; print the last result.
+
     ``wait``: skip the bars before the model's window is filled instead of failing on them."""
     # heavy (sqlalchemy, grpc): imported when the command runs
     from sqlalchemy.orm import Session

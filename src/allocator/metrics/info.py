@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 class CurrentInfo(Collector):
     """An info metric absent until set, then holding exactly one label set.
+
     ``prometheus_client.Info`` exposes an unlabelled 1 before it is set, and a labelled ``Gauge``
     needs ``clear()`` then ``set(1)``, between which a scrape sees nothing. Under ``serve --workers
     N`` a worker's collector is never scraped, so there it is a gauge ``NAME_info`` whose previous

@@ -91,6 +91,7 @@ class Sink(Protocol):
 
     def write(self, models: Sequence[ModelRecord], decisions: Sequence[DecisionRecord]) -> int:
         """Upsert ``models``, insert ``decisions`` in one transaction; returns rows inserted.
+
         ``SinkUnavailableError`` when unreachable, ``RecordRejectedError`` for a bad record."""
 
     def close(self) -> None: ...

@@ -1,8 +1,10 @@
 """What the recorder answers its callers: tickets and their acknowledgement, refusals, counters.
+
 A ticket counts the decisions submitted so far; records become durable in queue order, so
 ``wait_durable(ticket)`` waits until that many are committed or fsync'd (``ack="durable"``: an
 answer given after it survives a crash), or returns at once (``ack="queued"``: faster, but a crash
-loses the last ``flush_interval``)."""
+loses the last ``flush_interval``). The writer waits ``commit_window`` after a first record, so
+concurrent ones commit together: durability costs a commit per group, not per call."""
 
 from __future__ import annotations
 

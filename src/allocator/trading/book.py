@@ -1,4 +1,5 @@
 """The account's recorded book: accounts, positions (cash under ``CASH_ID``), fills and halts.
+
 Positions change only through fills, each recorded once (unique broker id); P&L is average-cost,
 and a fee is a loss when paid."""
 

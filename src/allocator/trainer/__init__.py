@@ -1,4 +1,5 @@
 """Offline side of Allocator: data, environment, backtests, agents, training, export and jobs.
+
 Submodules are imported explicitly: importing this package pulls in neither torch nor pandas."""
 
 from __future__ import annotations

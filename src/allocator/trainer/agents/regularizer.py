@@ -1,4 +1,5 @@
 """The actor's regularizers: smoothness ``lambda * E||pi(s') - pi(s)||^2`` and the bound penalty.
+
 Adaptive smoothness is a constraint: lambda rises while the mean action change exceeds a budget
 and falls under it, so the agent pays only when it over-trades (a fixed one is too timid).
 """

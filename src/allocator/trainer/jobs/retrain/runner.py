@@ -207,6 +207,7 @@ def retrain(
 
 def mirror_promotion(config: RetrainConfig, version: str) -> str:
     """Move MLflow's ``production`` alias to the promoted version; what happened, as a line.
+
     A failure leaves the alias behind, never undoes the promotion."""
     name = config.model_name
     try:

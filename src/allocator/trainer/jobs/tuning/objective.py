@@ -1,4 +1,5 @@
 """One trial: train the tuned config with selection, report inner scores, return the best one.
+
 No validation backtest runs, so no price after ``data.train_end`` can move a trial's value."""
 
 from __future__ import annotations

@@ -225,6 +225,7 @@ def run_window(job: WindowJob) -> WindowResult:
 
 def train_and_export(job: WindowJob, trained: dict[str, Any] | None) -> dict[str, Any]:
     """Train (unless ``trained``, a whole run's summary, is given) and export; the run's summary.
+
     Refused when the version already exists: versions are final."""
     run_dir = Path(job.run_dir)
     if job.version_dir.exists():
