@@ -65,6 +65,11 @@ class ServerConfig(StrictModel):
     tls_client_ca: Path | None = Field(None, description="require client certificates (mTLS)")
     latency_budget_ms: float = Field(10.0, gt=0, description="P95 budget per decision (alerts)")
     max_concurrent_rpcs: int = Field(64, ge=1, description="beyond it: RESOURCE_EXHAUSTED")
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        "uvloop",
+        description="the loop every call is answered on: uvloop (libuv; faster under "
+        "concurrent calls) or the standard library's asyncio",
+    )
     threads: int = Field(
         8,
         ge=1,

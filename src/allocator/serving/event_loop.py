@@ -1,5 +1,7 @@
 """The server's one event loop (``grpc.aio``), on a thread of its own, so the main thread stays
-free for signals and tests and demos can drive a server from synchronous code.
+free for signals and tests and demos can drive a server from synchronous code. uvloop by
+default: grpc.aio hands every completion to the loop, and libuv's loop runs those callbacks,
+futures and thread hand-offs for less Python than asyncio's.
 """
 
 from __future__ import annotations
@@ -7,18 +9,33 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-__all__ = ["EventLoopThread"]
+__all__ = ["EventLoopThread", "new_event_loop"]
 
 T = TypeVar("T")
 
+LoopKind = Literal["uvloop", "asyncio"]
+
+
+def new_event_loop(kind: LoopKind) -> asyncio.AbstractEventLoop:
+    """A new loop of ``kind``; uvloop missing (Windows has no wheels) is a clear error."""
+    if kind == "asyncio":
+        return asyncio.new_event_loop()
+    try:
+        import uvloop  # only when chosen: the asyncio loop needs nothing installed
+    except ImportError as exc:
+        raise RuntimeError(
+            "event_loop: uvloop is not installed (pip install uvloop, or set event_loop: asyncio)"
+        ) from exc
+    return uvloop.new_event_loop()
+
 
 class EventLoopThread:
-    """An asyncio loop running on a daemon thread until ``close``."""
+    """An event loop of ``kind`` running on a daemon thread until ``close``."""
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, kind: LoopKind = "uvloop") -> None:
+        self.loop = new_event_loop(kind)
         self._thread = threading.Thread(target=self._serve, name="allocator-loop", daemon=True)
         self._thread.start()
 

@@ -196,7 +196,7 @@ def build_server(config: ServerConfig, *, reuse_port: bool = False) -> Allocatio
         )
     executor = futures.ThreadPoolExecutor(config.threads, thread_name_prefix="allocator-store")
     servicer = AllocatorServicer(registry, store, metrics, recorder, config, executor)
-    loop = EventLoopThread()
+    loop = EventLoopThread(config.event_loop)
     try:
         server, health_servicer, port = loop.run(
             _grpc_server(config, metrics, servicer, reuse_port)
