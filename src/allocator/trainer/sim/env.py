@@ -110,12 +110,6 @@ class EnvConfig(StrictModel):
         return self.features == "returns" and self.action.mapping == "affine"
 
 
-def universe_order(current: Sequence[str], requested: Sequence[str]) -> tuple[str, ...]:
-    """The slot order after a change: staying assets as they were, then the joiners as asked."""
-    wanted, held = set(requested), set(current)
-    return (*(a for a in current if a in wanted), *(a for a in requested if a not in held))
-
-
 def slot_sources(current: Sequence[str], new: Sequence[str], n_slots: int) -> IntArray:
     """Each new slot's previous slot (cash: 0; joiners and empty slots: -1)."""
     before = {a: j + 1 for j, a in enumerate(current)}
@@ -131,12 +125,6 @@ def carry(vector: NDArray[np.float64], source: IntArray) -> NDArray[np.float64]:
     kept = source >= 0
     out[kept] = vector[source[kept]]
     return out
-
-
-def left_slots(current: Sequence[str], new: Sequence[str]) -> IntArray:
-    """Slots (in the current layout) of the assets that leave."""
-    staying = set(new)
-    return np.array([j + 1 for j, a in enumerate(current) if a not in staying], dtype=np.intp)
 
 
 def parse_schedule(changes: Any, length: int) -> dict[int, tuple[str, ...]]:
@@ -343,10 +331,12 @@ class PortfolioEnv(gym.Env[Float32Array, Float32Array]):
         return self._observation(), info | {"liquidation_turnover": self._sold}
 
     def _change(self, names: Sequence[str]) -> tuple[str, ...]:
-        """Apply a checked universe at the next decision: sell the leavers, carry the rest."""
-        order = universe_order(self.asset_names, names)
-        source = slot_sources(self.asset_names, order, self.n_slots)
-        sold = float(self.drifted[left_slots(self.asset_names, order)].sum())
+        """Apply a checked universe at the next decision: sell the leavers, carry the rest (in
+        their order, the joiners after them as asked)."""
+        held, wanted = self.asset_names, set(names)
+        order = (*(a for a in held if a in wanted), *(a for a in names if a not in held))
+        source = slot_sources(held, order, self.n_slots)
+        sold = float(self.drifted[[j + 1 for j, a in enumerate(held) if a not in wanted]].sum())
         self._install([self._column[a] for a in order], self._k)
         drifted = carry(self.drifted, source)
         drifted[0] += sold
