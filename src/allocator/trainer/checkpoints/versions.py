@@ -86,22 +86,15 @@ def training_record(model_zip: Path) -> tuple[dt.datetime, dict[str, str]]:
     return started, versions
 
 
-def resolve_dataset(run_dir: Path, dataset: str) -> str | Path:
-    """A config's dataset, a relative path tried beside the run directory first (self-contained
-    runs and fixtures), then in the working directory (where training resolved it)."""
-    if dataset in (SP500, DATABASE):
-        return dataset
-    path = Path(dataset)
-    if not path.is_absolute() and (run_dir / path).exists():
-        return run_dir / path
-    return path
-
-
 def training_universe(run_dir: Path, config: TrainConfig) -> tuple[list[str], str]:
     """The assets training drew from (``data.assets``, else the dataset's), and their source."""
     if config.data.assets:
         return list(config.data.assets), "config data.assets"
-    source = resolve_dataset(run_dir, config.data.dataset)
+    # A relative path is tried beside the run directory first (self-contained runs and
+    # fixtures), then in the working directory (where training resolved it).
+    source: str | Path = config.data.dataset
+    if source not in (SP500, DATABASE) and (run_dir / source).exists():
+        source = run_dir / source
     try:
         data = load_dataset(source)
     except DataError as exc:
