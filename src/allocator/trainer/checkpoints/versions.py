@@ -173,6 +173,5 @@ def v2_to_v3(run_dir: Path, at: str) -> Manifest:
     return upgraded
 
 
-UpgradeStep = Callable[[Path, str], Manifest]
-STEPS: dict[int, UpgradeStep] = {1: v1_to_v2, 2: v2_to_v3}
+STEPS: dict[int, Callable[[Path, str], Manifest]] = {1: v1_to_v2, 2: v2_to_v3}
 """``STEPS[n]`` rewrites a version-n run directory in place as version n + 1."""
