@@ -4,7 +4,6 @@ last, so a directory without one is an export in progress)."""
 from __future__ import annotations
 
 import datetime as dt
-import re
 from pathlib import Path
 
 from allocator.artifacts.manifest import MANIFEST_FILE
@@ -80,11 +79,7 @@ def resolve(registry: str | Path, name: str, version: str | None = None) -> Path
 def next_version(model_dir: Path) -> str:
     """One more than the largest integer-named directory ("1" when none); one without a
     manifest counts too: an export in progress has taken its number."""
-    numbers = (
-        [int(p.name) for p in model_dir.iterdir() if p.is_dir() and re.fullmatch(r"\d+", p.name)]
-        if model_dir.is_dir()
-        else []
-    )
+    numbers = [int(p.name) for p in model_dir.glob("*") if p.name.isdecimal() and p.is_dir()]
     return str(max(numbers, default=0) + 1)
 
 
