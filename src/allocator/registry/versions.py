@@ -23,13 +23,8 @@ def check_component(value: str, what: str, registry: Path) -> None:
 
 def versions(model_dir: Path) -> list[str]:
     """The versions in ``REGISTRY/NAME``, oldest first."""
-    if not model_dir.is_dir():
-        return []
-    found = [
-        p.name
-        for p in model_dir.iterdir()
-        if not is_hidden(p.name) and p.is_dir() and (p / MANIFEST_FILE).is_file()
-    ]
+    manifests = model_dir.glob(f"*/{MANIFEST_FILE}")  # none when the directory does not exist
+    found = [m.parent.name for m in manifests if not is_hidden(m.parent.name) and m.is_file()]
     return sorted(found, key=version_key)
 
 
