@@ -33,10 +33,8 @@ def list_models(registry: str | Path) -> list[tuple[str, str]]:
     r = Path(registry)
     if not r.is_dir():
         raise ModelNotFoundError(f"{r}: no such registry directory")
-    out: list[tuple[str, str]] = []
-    for d in sorted(p for p in r.iterdir() if p.is_dir() and not is_hidden(p.name)):
-        out.extend((d.name, v) for v in versions(d))
-    return out
+    names = sorted(p.name for p in r.iterdir() if p.is_dir() and not is_hidden(p.name))
+    return [(name, v) for name in names for v in versions(r / name)]
 
 
 def latest_version(registry: str | Path, name: str) -> str:
