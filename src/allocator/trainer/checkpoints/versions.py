@@ -68,7 +68,6 @@ def training_record(model_zip: Path) -> tuple[dt.datetime, dict[str, str]]:
         "Gymnasium": "gymnasium",
     }
     started = dt.datetime.fromtimestamp(model_zip.stat().st_mtime, dt.UTC)
-    versions: dict[str, str] = {}
     try:
         with zipfile.ZipFile(model_zip) as archive:
             names = set(archive.namelist())
@@ -79,11 +78,8 @@ def training_record(model_zip: Path) -> tuple[dt.datetime, dict[str, str]]:
             info = archive.read("system_info.txt").decode() if "system_info.txt" in names else ""
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise CheckpointUpgradeError(f"{model_zip}: not a readable SB3 model: {exc}") from exc
-    for line in info.splitlines():
-        name, sep, value = line.lstrip("- ").partition(":")
-        if sep and name.strip() in keys:
-            versions[keys[name.strip()]] = value.strip()
-    return started, versions
+    pairs = (line.lstrip("- ").partition(":") for line in info.splitlines())
+    return started, {keys[k.strip()]: v.strip() for k, sep, v in pairs if sep and k.strip() in keys}
 
 
 def training_universe(run_dir: Path, config: TrainConfig) -> tuple[list[str], str]:
