@@ -307,11 +307,8 @@ class Manifest(StrictModel):
 
 def sha256_file(path: str | Path) -> str:
     """Hex sha256 of a file, read in chunks."""
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def checksums(directory: str | Path, names: list[str]) -> dict[str, str]:

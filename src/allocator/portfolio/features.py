@@ -136,13 +136,6 @@ class FeatureNormalization:
         return cls(mean=tuple(data["mean"]), std=tuple(data["std"]))
 
 
-def cross_sectional_mean(values: FloatArray, live: BoolArray) -> FloatArray:
-    """Mean of ``values`` (..., N, H) over live assets -> (..., H), summed sorted."""
-    v = np.sort(np.where(live[..., None], values, 0.0), axis=-2)
-    n = live.sum(axis=-1)[..., None]
-    return v.sum(axis=-2) / np.maximum(n, 1)
-
-
 def cross_sectional_rank(values: FloatArray, live: BoolArray) -> FloatArray:
     """Average rank of each live asset's value among live assets, scaled to [-1, 1]; ties share
     their average rank, a lone live asset and masked rows (sorted last as +inf) get 0."""
@@ -186,10 +179,12 @@ def own_features(p: FloatArray, spec: AssetFeatureSpec) -> tuple[FloatArray, Flo
 
 
 def cross_sectional_features(sums: FloatArray, live: BoolArray) -> FloatArray:
-    """Rank and market columns ``(..., N, 2H)`` from the horizon sums of the live assets."""
-    rank = cross_sectional_rank(sums, live)
-    market = np.broadcast_to(cross_sectional_mean(sums, live)[..., None, :], sums.shape)
-    return np.concatenate([rank, market], axis=-1)
+    """Rank and market columns ``(..., N, 2H)`` from the horizon sums of the live assets; the
+    market mean is summed sorted."""
+    total = np.sort(np.where(live[..., None], sums, 0.0), axis=-2).sum(axis=-2)
+    mean = total / np.maximum(live.sum(axis=-1)[..., None], 1)
+    market = np.broadcast_to(mean[..., None, :], sums.shape)
+    return np.concatenate([cross_sectional_rank(sums, live), market], axis=-1)
 
 
 def asset_features(prices: ArrayLike, mask: ArrayLike, spec: AssetFeatureSpec) -> FloatArray:

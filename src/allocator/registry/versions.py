@@ -4,7 +4,6 @@ last, so a directory without one is an export in progress)."""
 from __future__ import annotations
 
 import datetime as dt
-import re
 from pathlib import Path
 
 from allocator.artifacts.manifest import MANIFEST_FILE
@@ -24,13 +23,8 @@ def check_component(value: str, what: str, registry: Path) -> None:
 
 def versions(model_dir: Path) -> list[str]:
     """The versions in ``REGISTRY/NAME``, oldest first."""
-    if not model_dir.is_dir():
-        return []
-    found = [
-        p.name
-        for p in model_dir.iterdir()
-        if not is_hidden(p.name) and p.is_dir() and (p / MANIFEST_FILE).is_file()
-    ]
+    manifests = model_dir.glob(f"*/{MANIFEST_FILE}")  # none when the directory does not exist
+    found = [m.parent.name for m in manifests if not is_hidden(m.parent.name) and m.is_file()]
     return sorted(found, key=version_key)
 
 
@@ -39,10 +33,8 @@ def list_models(registry: str | Path) -> list[tuple[str, str]]:
     r = Path(registry)
     if not r.is_dir():
         raise ModelNotFoundError(f"{r}: no such registry directory")
-    out: list[tuple[str, str]] = []
-    for d in sorted(p for p in r.iterdir() if p.is_dir() and not is_hidden(p.name)):
-        out.extend((d.name, v) for v in versions(d))
-    return out
+    names = sorted(p.name for p in r.iterdir() if p.is_dir() and not is_hidden(p.name))
+    return [(name, v) for name in names for v in versions(r / name)]
 
 
 def latest_version(registry: str | Path, name: str) -> str:
@@ -80,11 +72,7 @@ def resolve(registry: str | Path, name: str, version: str | None = None) -> Path
 def next_version(model_dir: Path) -> str:
     """One more than the largest integer-named directory ("1" when none); one without a
     manifest counts too: an export in progress has taken its number."""
-    numbers = (
-        [int(p.name) for p in model_dir.iterdir() if p.is_dir() and re.fullmatch(r"\d+", p.name)]
-        if model_dir.is_dir()
-        else []
-    )
+    numbers = [int(p.name) for p in model_dir.glob("*") if p.name.isdecimal() and p.is_dir()]
     return str(max(numbers, default=0) + 1)
 
 

@@ -9,7 +9,7 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import ContinuousCritic
 from stable_baselines3.common.preprocessing import get_action_dim, get_flattened_obs_dim
 from stable_baselines3.common.type_aliases import Schedule
-from stable_baselines3.common.utils import ConstantSchedule
+from stable_baselines3.common.utils import ConstantSchedule, update_learning_rate
 
 from allocator.trainer.agents.curiosity import CuriosityReplayBuffer
 from allocator.trainer.agents.icm import ICMSettings, IntrinsicCuriosity
@@ -43,8 +43,7 @@ class SmoothOffPolicy(OffPolicyAlgorithm):
     def _setup_model(self) -> None:
         """SB3 builds every optimizer at the actor's rate: start the critic's at its own."""
         super()._setup_model()
-        for group in self.critic.optimizer.param_groups:
-            group["lr"] = self.critic_lr_schedule(1.0)
+        update_learning_rate(self.critic.optimizer, self.critic_lr_schedule(1.0))
         if self.icm_settings.enabled:
             obs_dim = get_flattened_obs_dim(self.observation_space)
             act_dim = get_action_dim(self.action_space)
@@ -58,9 +57,7 @@ class SmoothOffPolicy(OffPolicyAlgorithm):
         actor_lr = self.actor_lr_schedule(progress)
         critic_lr = self.critic_lr_schedule(progress)
         for opt in optimizers if isinstance(optimizers, list) else [optimizers]:
-            lr = critic_lr if opt is self.critic.optimizer else actor_lr
-            for group in opt.param_groups:
-                group["lr"] = lr
+            update_learning_rate(opt, critic_lr if opt is self.critic.optimizer else actor_lr)
         self.logger.record("train/actor_learning_rate", actor_lr)
         self.logger.record("train/critic_learning_rate", critic_lr)
 

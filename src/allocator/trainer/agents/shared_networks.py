@@ -8,12 +8,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
 import torch as th
 import torch.nn.functional as F
 from gymnasium import spaces
+from stable_baselines3.common.torch_layers import create_mlp
 from torch import nn
 
 LIVE_THRESHOLD = 0.5
@@ -65,16 +65,6 @@ class ObservationLayout:
         slots = self.n_assets + 1
         features = obs[:, :block].reshape(-1, self.n_assets, self.n_features)
         return features, obs[:, block : block + slots], obs[:, block + slots : block + 2 * slots]
-
-
-def mlp(sizes: Sequence[int], activation: type[nn.Module], final_activation: bool) -> nn.Sequential:
-    """Linear layers through ``sizes``, an activation between them (and after the last if asked)."""
-    layers: list[nn.Module] = []
-    for i, (n_in, n_out) in enumerate(pairwise(sizes)):
-        layers.append(nn.Linear(n_in, n_out))
-        if final_activation or i < len(sizes) - 2:
-            layers.append(activation())
-    return nn.Sequential(*layers)
 
 
 def small_init(layer: nn.Linear, scale: float = HEAD_INIT) -> nn.Linear:
@@ -191,9 +181,10 @@ class SharedActorNet(nn.Module):
     ) -> None:
         super().__init__()
         self.center_assets = center_assets
-        self.encoder = mlp([n_features + 1, hidden, hidden], activation_fn, final_activation=True)
-        self.context = mlp([2 * hidden + 1, hidden], activation_fn, final_activation=True)
-        self.rho = mlp([2 * hidden, hidden, n_outputs], activation_fn, final_activation=False)
+        # SB3's create_mlp: Linear and activation per hidden size, then (output_dim > 0) a Linear.
+        self.encoder = nn.Sequential(*create_mlp(n_features + 1, -1, [hidden] * 2, activation_fn))
+        self.context = nn.Sequential(*create_mlp(2 * hidden + 1, -1, [hidden], activation_fn))
+        self.rho = nn.Sequential(*create_mlp(2 * hidden, n_outputs, [hidden], activation_fn))
         small_init(self.rho[-1])  # type: ignore[arg-type]
         self.cash_head = small_init(nn.Linear(hidden, n_outputs))
         self.activation_fn = activation_fn
@@ -241,8 +232,8 @@ class SharedQNet(nn.Module):
         self, n_features: int, hidden: int = 64, activation_fn: type[nn.Module] = nn.ReLU
     ) -> None:
         super().__init__()
-        self.encoder = mlp([n_features + 2, hidden, hidden], activation_fn, final_activation=True)
-        self.head = mlp([2 * hidden + 3, hidden, 1], activation_fn, final_activation=False)
+        self.encoder = nn.Sequential(*create_mlp(n_features + 2, -1, [hidden] * 2, activation_fn))
+        self.head = nn.Sequential(*create_mlp(2 * hidden + 3, 1, [hidden], activation_fn))
         self.activation_fn = activation_fn
 
     def forward(

@@ -60,12 +60,9 @@ class ProbeParts:
 
     def observations(self, spec: FeatureSpec) -> NDArray[np.float32]:
         """The probes in ``spec``'s layout; slots beyond the parts' own are empty and masked."""
-        n, m, w = self.features.shape
-        extra = spec.max_assets - m
-        feats = np.concatenate([self.features, np.zeros((n, extra, w), np.float32)], axis=1)
-        pad = np.zeros((n, extra), np.float32)
-        weights = np.concatenate([self.weights, pad], axis=1)
-        mask = np.concatenate([self.mask, pad], axis=1)
+        extra = spec.max_assets - self.features.shape[1]
+        feats = np.pad(self.features, ((0, 0), (0, extra), (0, 0)))
+        weights, mask = (np.pad(x, ((0, 0), (0, extra))) for x in (self.weights, self.mask))
         return assemble_observation(feats, weights, mask, spec)
 
 

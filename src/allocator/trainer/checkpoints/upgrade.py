@@ -40,14 +40,6 @@ class UpgradeResult:
     widened_from: int | None = None
 
 
-def backup_dir(run_dir: Path, version: int) -> Path:
-    """Copy ``run_dir`` to a fresh sibling ``<name>.bak-v<version>-<timestamp>``."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = fresh_path(run_dir.with_name(f"{run_dir.name}.bak-v{version}-{stamp}"))
-    shutil.copytree(run_dir, target, symlinks=True)
-    return target
-
-
 def current_max_assets(run_dir: Path, version: int) -> int:
     """The asset slots a run directory has now: its manifest's, or a version-1 run's config's."""
     if version >= 2:
@@ -167,7 +159,9 @@ def upgrade_run(
         raise CheckpointUpgradeError(str(exc)) from exc
 
     at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    backup = backup_dir(d, version)
+    stamp = time.strftime("%Y%m%d-%H%M%S")  # the backup: a fresh sibling, copied whole
+    backup = fresh_path(d.with_name(f"{d.name}.bak-v{version}-{stamp}"))
+    shutil.copytree(d, backup, symlinks=True)
     records_before = 0 if version == 1 else len(read_manifest(d).migrations)
     try:
         widen_to = max_assets if widening else None

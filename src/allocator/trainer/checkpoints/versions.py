@@ -68,7 +68,6 @@ def training_record(model_zip: Path) -> tuple[dt.datetime, dict[str, str]]:
         "Gymnasium": "gymnasium",
     }
     started = dt.datetime.fromtimestamp(model_zip.stat().st_mtime, dt.UTC)
-    versions: dict[str, str] = {}
     try:
         with zipfile.ZipFile(model_zip) as archive:
             names = set(archive.namelist())
@@ -79,29 +78,19 @@ def training_record(model_zip: Path) -> tuple[dt.datetime, dict[str, str]]:
             info = archive.read("system_info.txt").decode() if "system_info.txt" in names else ""
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise CheckpointUpgradeError(f"{model_zip}: not a readable SB3 model: {exc}") from exc
-    for line in info.splitlines():
-        name, sep, value = line.lstrip("- ").partition(":")
-        if sep and name.strip() in keys:
-            versions[keys[name.strip()]] = value.strip()
-    return started, versions
-
-
-def resolve_dataset(run_dir: Path, dataset: str) -> str | Path:
-    """A config's dataset, a relative path tried beside the run directory first (self-contained
-    runs and fixtures), then in the working directory (where training resolved it)."""
-    if dataset in (SP500, DATABASE):
-        return dataset
-    path = Path(dataset)
-    if not path.is_absolute() and (run_dir / path).exists():
-        return run_dir / path
-    return path
+    pairs = (line.lstrip("- ").partition(":") for line in info.splitlines())
+    return started, {keys[k.strip()]: v.strip() for k, sep, v in pairs if sep and k.strip() in keys}
 
 
 def training_universe(run_dir: Path, config: TrainConfig) -> tuple[list[str], str]:
     """The assets training drew from (``data.assets``, else the dataset's), and their source."""
     if config.data.assets:
         return list(config.data.assets), "config data.assets"
-    source = resolve_dataset(run_dir, config.data.dataset)
+    # A relative path is tried beside the run directory first (self-contained runs and
+    # fixtures), then in the working directory (where training resolved it).
+    source: str | Path = config.data.dataset
+    if source not in (SP500, DATABASE) and (run_dir / source).exists():
+        source = run_dir / source
     try:
         data = load_dataset(source)
     except DataError as exc:
@@ -180,6 +169,5 @@ def v2_to_v3(run_dir: Path, at: str) -> Manifest:
     return upgraded
 
 
-UpgradeStep = Callable[[Path, str], Manifest]
-STEPS: dict[int, UpgradeStep] = {1: v1_to_v2, 2: v2_to_v3}
+STEPS: dict[int, Callable[[Path, str], Manifest]] = {1: v1_to_v2, 2: v2_to_v3}
 """``STEPS[n]`` rewrites a version-n run directory in place as version n + 1."""

@@ -155,30 +155,24 @@ def training_data(loaded: LoadedRun) -> MarketData:
 
 def training_env(loaded: LoadedRun) -> PortfolioEnv:
     """The run's training environment (features, mapping, costs) rebuilt from the manifest."""
-    m, layout = loaded.manifest, loaded.spec
+    m, fs = loaded.manifest, loaded.manifest.feature_spec
     data = training_data(loaded)
-    settings: dict[str, Any] = {"window": layout.window, "obs_clip": layout.clip}
-    if loaded.shared:
-        spec = loaded.asset_spec
-        action = ActionSettings()
-        if m.tilt is not None:
-            anchor = AnchorSettings.model_validate(m.tilt.anchor.model_dump())
-            action = ActionSettings(mapping="tilt", k=m.tilt.k, anchor=anchor)
-        settings = {
-            "window": spec.window,
-            "obs_clip": spec.clip,
-            "features": "asset_v1",
-            "horizons": list(spec.horizons),
-            "vol_window": spec.vol_window,
-            "action": action,
-        }
+    action = ActionSettings()
+    if m.tilt is not None:
+        anchor = AnchorSettings.model_validate(m.tilt.anchor.model_dump())
+        action = ActionSettings(mapping="tilt", k=m.tilt.k, anchor=anchor)
+    per_asset: dict[str, Any] = {"horizons": fs.horizons, "vol_window": fs.vol_window}
     config = EnvConfig(
-        max_assets=layout.max_assets,
+        max_assets=fs.max_assets,
         min_assets=1,
+        window=fs.window,
         episode_length=1,
         cost_bps=m.cost_bps,
         beta=m.beta,
-        **settings,
+        obs_clip=fs.clip,
+        features=fs.kind,
+        action=action,
+        **(per_asset if loaded.shared else {}),
     )
     length = min(252, data.n_dates - 1 - config.history)
     if length < 1:

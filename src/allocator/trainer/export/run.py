@@ -122,12 +122,8 @@ def export_policy(members: Sequence[LoadedRun], path: Path) -> Path:
 def export_curiosity(loaded: LoadedRun, path: Path) -> Path:
     """Write ``icm.onnx``: raw (previous, action, current) + mask -> intrinsic reward (B, 1)."""
     spec = loaded.spec
-    example = (
-        torch.zeros(4, spec.obs_size),
-        torch.zeros(4, spec.n_slots),
-        torch.zeros(4, spec.obs_size),
-        torch.ones(4, spec.n_slots),
-    )
+    previous, action = torch.zeros(4, spec.obs_size), torch.zeros(4, spec.n_slots)
+    example = (previous, action, torch.zeros_like(previous), torch.ones_like(action))
     metadata = graph_metadata([loaded], "curiosity")
     return export_graph(CuriosityGraph(loaded), example, ICM_INPUTS, ICM_OUTPUTS, path, metadata)
 

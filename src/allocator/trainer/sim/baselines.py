@@ -250,5 +250,4 @@ def make_baseline(name: str | BaselineName, **kwargs: Any) -> Policy:
         valid = ", ".join(b.value for b in BaselineName)
         raise ValueError(f"unknown baseline {name!r}; choose one of: {valid}") from None
     classes = (EqualWeight, BuyAndHold, Cash, MinVariance, HRP, TopKMomentum, Anchor)
-    policy: Policy = {c.name: c for c in classes}[key](**kwargs)
-    return policy
+    return {c.name: c for c in classes}[key](**kwargs)

@@ -1,17 +1,20 @@
 """``PortfolioEnv``: cash plus up to ``max_assets`` assets, rebalanced daily. A step smooths the
 action's weights ``w`` into ``s = ema_smooth(s_prev, w, mask, beta)``, trades the drifted
 holdings ``h`` to ``s`` at ``cost_bps/1e4 * (sold + sum|s - h|) * NAV``, then prices move. A
-universe change sells the leavers into cash (``sold``) at the next decision (``sim/universe.py``).
+universe change sells the leavers into cash (``sold``) at the next decision: live slots stay a
+prefix, the staying assets keep their order, the joiners follow, and every per-slot vector moves
+by asset id (``slot_sources``).
 Arrays are prepared per universe span, so the agent's updates dominate training time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
 from allocator.portfolio import (
@@ -32,7 +35,6 @@ from allocator.portfolio.costs import cost_rate, trade_cost, turnover
 from allocator.portfolio.observation import Float32Array
 from allocator.portfolio.weights import FloatArray
 from allocator.trainer.market.data import MarketData
-from allocator.trainer.sim import universe
 from allocator.trainer.sim.representation import (
     ActionSettings,
     FeatureSet,
@@ -44,6 +46,7 @@ from allocator.typed_config import StrictModel
 
 Step = tuple[Float32Array, float, bool, bool, dict[str, Any]]
 """``gym.Env.step``'s answer: observation, reward, terminated, truncated, info."""
+IntArray = NDArray[np.intp]
 
 
 class EnvConfig(StrictModel):
@@ -105,6 +108,49 @@ class EnvConfig(StrictModel):
     def is_default_representation(self) -> bool:
         """Return-window features with the affine mapping: what every exported model uses."""
         return self.features == "returns" and self.action.mapping == "affine"
+
+
+def slot_sources(current: Sequence[str], new: Sequence[str], n_slots: int) -> IntArray:
+    """Each new slot's previous slot (cash: 0; joiners and empty slots: -1)."""
+    before = {a: j + 1 for j, a in enumerate(current)}
+    source = np.full(n_slots, -1, dtype=np.intp)
+    source[0] = 0
+    source[1 : len(new) + 1] = [before.get(a, -1) for a in new]
+    return source
+
+
+def carry(vector: NDArray[np.float64], source: IntArray) -> NDArray[np.float64]:
+    """``vector`` in the new layout: joining and empty slots 0, leavers dropped."""
+    out = np.zeros(source.size)
+    kept = source >= 0
+    out[kept] = vector[source[kept]]
+    return out
+
+
+def parse_schedule(changes: Any, length: int) -> dict[int, tuple[str, ...]]:
+    """The ``universe_changes`` reset option ``{step: asset names}``, checked, in step order."""
+    if not isinstance(changes, Mapping):
+        raise ValueError(f"universe_changes must map a step to asset names, got {changes!r}")
+    for step in changes:
+        if not isinstance(step, (int, np.integer)) or not 1 <= step < length:
+            raise ValueError(
+                f"universe_changes step {step!r} is not a decision after the first "
+                f"(1 .. {length - 1})"
+            )
+    out: dict[int, tuple[str, ...]] = {}
+    for step in sorted(changes):
+        names = changes[step]
+        if isinstance(names, str) or not isinstance(names, Sequence):
+            raise ValueError(f"universe_changes[{step}] must be a list of asset names")
+        if not names:
+            raise ValueError(f"universe_changes[{step}] names no asset")
+        out[int(step)] = tuple(names)
+    return out
+
+
+def segment_end(schedule: Mapping[int, Any], step: int, length: int) -> int:
+    """The next scheduled change after ``step``, else the episode's end."""
+    return min((s for s in schedule if s > step), default=length)
 
 
 def observation_space(spec: FeatureSpec) -> gym.spaces.Box[np.float32]:
@@ -209,10 +255,10 @@ class PortfolioEnv(gym.Env[Float32Array, Float32Array]):
             raise ValueError(f"start needs {w} earlier closes for the observation window")
         if length < 1:
             raise ValueError("episode has no steps: start is at the end of the data")
-        changes = universe.parse_schedule(options.get("universe_changes", {}), length)
+        changes = parse_schedule(options.get("universe_changes", {}), length)
         for step, names in changes.items():
-            self._universe(names, t0 + step - w, t0 + universe.segment_end(changes, step, length))
-        end = t0 + universe.segment_end(changes, 0, length)
+            self._universe(names, t0 + step - w, t0 + segment_end(changes, step, length))
+        end = t0 + segment_end(changes, 0, length)
         if "assets" in options:
             span = "the whole episode" if not changes else None
             return self._universe(list(options["assets"]), t0 - w, end, span), t0, length, changes
@@ -246,7 +292,7 @@ class PortfolioEnv(gym.Env[Float32Array, Float32Array]):
         """Make ``idx`` the universe from decision ``k0`` to its span's end, arrays and all."""
         m, w, h = self.config.max_assets, self.config.window, self._history
         t = self._t0 + k0
-        n = universe.segment_end(self._changes, k0, self._length) - k0  # decisions in the span
+        n = segment_end(self._changes, k0, self._length) - k0  # decisions in the span
         k = len(idx)
         self.asset_index = np.asarray(idx, dtype=np.int64)
         self.asset_names = tuple(self.data.assets[i] for i in idx)
@@ -278,23 +324,25 @@ class PortfolioEnv(gym.Env[Float32Array, Float32Array]):
         names = list(assets)
         if not names:
             raise ValueError("a universe needs at least one asset")
-        end = self._t0 + universe.segment_end(self._changes, self._k, self._length)
+        end = self._t0 + segment_end(self._changes, self._k, self._length)
         self._universe(names, self.t - self._history, end)
         self._change(names)
         info = {"assets": self.asset_names, "date": self.date, "nav": self.nav}
         return self._observation(), info | {"liquidation_turnover": self._sold}
 
     def _change(self, names: Sequence[str]) -> tuple[str, ...]:
-        """Apply a checked universe at the next decision: sell the leavers, carry the rest."""
-        order = universe.universe_order(self.asset_names, names)
-        source = universe.slot_sources(self.asset_names, order, self.n_slots)
-        sold = float(self.drifted[universe.left_slots(self.asset_names, order)].sum())
+        """Apply a checked universe at the next decision: sell the leavers, carry the rest (in
+        their order, the joiners after them as asked)."""
+        held, wanted = self.asset_names, set(names)
+        order = (*(a for a in held if a in wanted), *(a for a in names if a not in held))
+        source = slot_sources(held, order, self.n_slots)
+        sold = float(self.drifted[[j + 1 for j, a in enumerate(held) if a not in wanted]].sum())
         self._install([self._column[a] for a in order], self._k)
-        drifted = universe.carry(self.drifted, source)
+        drifted = carry(self.drifted, source)
         drifted[0] += sold
         self.drifted = drifted
         if self.executed is not None:
-            self.executed = universe.carry(self.executed, source)
+            self.executed = carry(self.executed, source)
         self._sold += sold
         self.history.remap(source, self.mask, self._slot_prices[0])
         return self.asset_names
