@@ -9,6 +9,7 @@ let calls pile up behind a batch that waits for its commit.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -52,18 +53,32 @@ def one_by_one(model: LoadedModel, requests: list[pb.AllocateRequest]) -> list[p
 def test_concurrent_unary_calls_are_decided_in_one_batch(
     tiny_registry: Path, tiny_model: LoadedModel, tmp_path: Path
 ) -> None:
-    """Six unary calls arriving within the window: one batch of six (one onnxruntime call),
-    answers equal to deciding each alone."""
+    """Six unary calls arriving while another call is open (a stream that has sent nothing
+    yet, so the window is waited): one batch of six (one onnxruntime call, closed at the size
+    cap), answers equal to deciding each alone."""
     server = start_server(tmp_path, tiny_registry, batch_window_ms=100.0, batch_max_decisions=6)
     requests = [make_request(f"p{k}", seed=k) for k in range(6)]
+    hold = threading.Event()
+
+    def silent() -> Iterator[pb.AllocateStreamRequest]:
+        hold.wait(WAIT)
+        return
+        yield  # a generator that ends without a message
+
     try:
         with grpc.insecure_channel(server.target) as channel:
             stub = pb_grpc.AllocatorStub(channel)
-            stub.ListModels(pb.ListModelsRequest(), timeout=10)  # connected before the calls
-            calls = [stub.Allocate.future(r, timeout=10) for r in requests]
+            stream = stub.AllocateStream(silent(), timeout=WAIT)
+            deadline = time.monotonic() + WAIT
+            while server.servicer.in_flight < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            calls = [stub.Allocate.future(r, timeout=WAIT) for r in requests]
             answers = [c.result() for c in calls]
+            hold.set()
+            assert list(stream) == []
         assert decided_batches(server.metrics_registry) == (1.0, 6.0)
     finally:
+        hold.set()
         server.stop()
     for got, alone in zip(answers, one_by_one(tiny_model, requests), strict=True):
         assert got.portfolio_id == alone.portfolio_id
@@ -176,6 +191,41 @@ def test_a_retry_in_the_same_window_gets_the_stored_answer(
     assert retry[0].data == first[0].data
     assert retry[0].output is None  # answered from the state, not decided again
     assert rows(url) == 1
+
+
+def test_a_lone_call_is_not_kept_waiting_for_the_window(
+    tiny_model: LoadedModel, gated: tuple[Recorder, GatedSink, str]
+) -> None:
+    """With no other call in flight the window is not waited (a 30 s window would fail the
+    test's 10 s bound); with one more in flight, the first call waits for it and both are
+    decided in one batch."""
+    recorder, _, _ = gated
+    sizes: list[int] = []
+    in_flight = [1]
+    batcher = DecisionBatcher(
+        DecisionStep(MemoryStateStore(), recorder),
+        window=30.0,
+        max_size=64,
+        observe=sizes.append,
+        in_flight=lambda: in_flight[0],
+    )
+
+    async def scenario() -> None:
+        batcher.start()
+        lone = batcher.decide(items(tiny_model, make_request("p0", seed=0)), None)
+        await asyncio.wait_for(lone, 10.0)
+        in_flight[0] = 2  # a second call is being read: the first waits for it
+        first = asyncio.ensure_future(
+            batcher.decide(items(tiny_model, make_request("p1", seed=1)), None)
+        )
+        await asyncio.sleep(0.1)
+        assert not first.done()
+        second = batcher.decide(items(tiny_model, make_request("p2", seed=2)), None)
+        await asyncio.wait_for(asyncio.gather(first, second), 10.0)
+        await batcher.close()
+
+    asyncio.run(scenario())
+    assert sizes == [1, 2]
 
 
 def test_a_batch_is_one_durable_commit(

@@ -2,7 +2,9 @@
 
 Calls (a unary call, a batch, a stream message) arriving within ``window`` of the first, up to
 ``max_size`` decisions, run ``DecisionStep``'s steps once: one lock-and-read, one model call per
-model, one durable commit, one write; the next batch forms while one waits for its commit.
+model, one durable commit, one write; the next batch forms while one waits for its commit. The
+window is waited only while the server has calls in flight that are not waiting yet, so a lone
+caller is never kept waiting.
 Batches run one after another; a call naming a portfolio or request id an earlier call of the
 window names waits for the next batch, so per portfolio it is as if calls came one at a time.
 What one call caused fails that call; what the batch shares (recorder, store) fails them all,
@@ -67,7 +69,8 @@ class _Call:
 class DecisionBatcher:
     """``window``: seconds a batch waits after its first call; ``max_size``: decisions that close
     it at once; ``executor``: where the store's blocking calls run (None: on the loop);
-    ``observe``: told each batch's number of decisions."""
+    ``observe``: told each batch's number of decisions; ``in_flight``: the calls the server is
+    answering (None: always wait the window)."""
 
     def __init__(
         self,
@@ -77,12 +80,14 @@ class DecisionBatcher:
         max_size: int,
         executor: Executor | None = None,
         observe: Callable[[int], None] | None = None,
+        in_flight: Callable[[], int] | None = None,
     ) -> None:
         self.step = step
         self.window = window
         self.max_size = max_size
         self.executor = executor
         self.observe = observe
+        self.in_flight = in_flight
         self._waiting: deque[_Call] = deque()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -136,13 +141,25 @@ class DecisionBatcher:
                     self._busy = False
 
     async def _fill(self) -> None:
-        """Wait up to ``window`` for more (short waits yield: the loop's timers are coarser)."""
+        """Wait up to ``window`` for more while another call could join (short waits yield: the
+        loop's timers are coarser)."""
+        assert self._wake is not None
         end = time.monotonic() + self.window
-        while self.waiting < self.max_size:
+        while self.waiting < self.max_size and self._others_in_flight():
             left = end - time.monotonic()
             if left <= 0:
                 return
-            await asyncio.sleep(0 if left < 0.002 else left - 0.001)
+            if left < 0.002:
+                await asyncio.sleep(0)
+                continue
+            self._wake.clear()  # set again by the next call handed in: look again then
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), left - 0.001)
+
+    def _others_in_flight(self) -> bool:
+        """Whether the server is answering a call not waiting here (one still being read or
+        validated, or a batch's caller not yet resumed)."""
+        return self.in_flight is None or self.in_flight() > len(self._waiting)
 
     def _take(self) -> list[_Call]:
         """Waiting calls in arrival order up to ``max_size`` decisions, leaving for the next batch

@@ -53,7 +53,8 @@ class ServerConfig(StrictModel):
         ge=0,
         le=100,
         description="decisions arriving this close share one onnxruntime call per model and one "
-        "durable commit (the batch waits this long after its first call)",
+        "durable commit (the batch waits this long after its first call, while other calls "
+        "are in flight)",
     )
     batch_max_decisions: int = Field(
         256, ge=1, description="decisions that close a batch before its window ends"

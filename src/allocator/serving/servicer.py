@@ -64,6 +64,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
             max_size=config.batch_max_decisions,
             executor=executor,
             observe=metrics.decided_batch_size.observe,
+            in_flight=lambda: self.in_flight,
         )
         self.limit = config.max_concurrent_rpcs
         self.in_flight = 0  # calls of this service being answered (an open stream counts)
