@@ -66,10 +66,9 @@ class NormalizationStats:
 def log_returns(prices: ArrayLike, axis: int = -1) -> NDArray[np.float64]:
     """Daily log returns along ``axis``; one fewer entry than prices on that axis."""
     p = np.asarray(prices, dtype=np.float64)
-    if axis in (-1, p.ndim - 1):  # the request path's case: no axis to move
-        return np.log(p[..., 1:] / p[..., :-1])
     p = np.moveaxis(p, axis, -1)
-    return np.moveaxis(np.log(p[..., 1:] / p[..., :-1]), -1, axis)
+    r = np.log(p[..., 1:] / p[..., :-1])
+    return np.moveaxis(r, -1, axis)
 
 
 def live_price_window(

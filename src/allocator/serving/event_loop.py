@@ -11,7 +11,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, Literal, TypeVar
 
-__all__ = ["EventLoopThread", "new_event_loop"]
+__all__ = ["EventLoopThread"]
 
 T = TypeVar("T")
 
