@@ -38,20 +38,16 @@ class _Inbox:
         self._items: deque[Any] = deque()
         self._limit = limit
         self._cond = asyncio.Condition()
-        self._ended = False  # the reader has finished
-        self._closed = False  # the handler has finished
+        self._ended = False  # the reader has finished (the handler's end cancels it)
         self._drain_left: int | None = None  # messages still to answer once draining
 
-    async def put(self, item: Any) -> bool:
-        """Wait while full; False once the handler left."""
+    async def put(self, item: Any) -> None:
+        """Wait while full."""
         async with self._cond:
-            while len(self._items) >= self._limit and not self._closed:
+            while len(self._items) >= self._limit:
                 await self._cond.wait()
-            if self._closed:
-                return False
             self._items.append(item)
             self._cond.notify_all()
-            return True
 
     async def get(self, draining: Callable[[], bool]) -> Any:
         async with self._cond:
@@ -70,19 +66,17 @@ class _Inbox:
                     return _END
                 await self._cond.wait()
 
-    async def wake(self, *, ended: bool = False, closed: bool = False) -> None:
-        """Wake the waiters; ``ended``: the reader finished, ``closed``: the handler did."""
+    async def wake(self, *, ended: bool = False) -> None:
+        """Wake the waiters; ``ended``: the reader finished."""
         async with self._cond:
             self._ended |= ended
-            self._closed |= closed
             self._cond.notify_all()
 
 
 async def _read(requests: AsyncIterator[Any], inbox: _Inbox) -> None:
     try:
         async for item in requests:
-            if not await inbox.put(item):
-                return
+            await inbox.put(item)
     except Exception:  # a cancelled or finished call: the handler sees _END
         pass
     finally:
@@ -132,9 +126,8 @@ class AllocationStreams:
                     )
                 yield await self.answer(item, context)
         finally:
-            await inbox.wake(closed=True)
             self._open.discard(inbox)
-            reader.cancel()
+            reader.cancel()  # also one waiting for room in the inbox
             self.metrics.grpc.observe_handled(METHOD, code, time.perf_counter() - start)
 
     async def answer(
