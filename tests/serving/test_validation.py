@@ -17,7 +17,7 @@ from allocator.serving.validation import (
     ModelShape,
     ValidRequest,
     model_pin,
-    validate_reset,
+    required_id,
 )
 from tests.serving.requests import SHAPE, make_request, price_rows, refused, validate_one
 
@@ -153,7 +153,7 @@ def test_ids_that_only_contain_cash_are_assets(ids: tuple[str, ...]) -> None:
 )
 def test_reset_refuses_the_ids_allocate_refuses(value: str, words: str) -> None:
     with pytest.raises(InvalidRequest) as reset:
-        validate_reset(pb.ResetPortfolioRequest(portfolio_id=value))
+        required_id(value, "portfolio_id")
     allocate = refused(make_request(portfolio_id=value))
     assert reset.value.field == allocate.field == "portfolio_id"
     assert reset.value.message == allocate.message
@@ -162,7 +162,7 @@ def test_reset_refuses_the_ids_allocate_refuses(value: str, words: str) -> None:
 
 def test_reset_takes_what_allocate_takes() -> None:
     for value in ("p" * 200, "fund-1", "üñí €"):
-        assert validate_reset(pb.ResetPortfolioRequest(portfolio_id=value)) == value
+        assert required_id(value, "portfolio_id") == value
         assert validate_one(make_request(portfolio_id=value), SHAPE).portfolio_id == value
 
 

@@ -26,7 +26,7 @@ from allocator.serving.state import StateStore
 from allocator.serving.status import error_status
 from allocator.serving.step import Answer, DecisionStep, batch_response
 from allocator.serving.stream import AllocationStreams
-from allocator.serving.validation import validate_reset
+from allocator.serving.validation import required_id
 
 __all__ = ["AllocatorServicer"]
 
@@ -188,7 +188,7 @@ class AllocatorServicer(pb_grpc.AllocatorServicer):
         self, request: pb.ResetPortfolioRequest, context: Context
     ) -> pb.ResetPortfolioResponse:
         async def handle() -> pb.ResetPortfolioResponse:
-            portfolio_id = validate_reset(request)
+            portfolio_id = required_id(request.portfolio_id, "portfolio_id")
             # On a thread: the portfolio's lock may be held by a batch waiting for its commit.
             loop = asyncio.get_running_loop()
             existed = await loop.run_in_executor(self.executor, self.store.reset, portfolio_id)

@@ -33,7 +33,6 @@ __all__ = [
     "required_id",
     "validate_batch",
     "validate_call",
-    "validate_reset",
 ]
 
 Float64Array = NDArray[np.float64]
@@ -161,10 +160,6 @@ class _Head(NamedTuple):
 
 def validate_call(request: pb.AllocateRequest, shape_for: ShapeResolver) -> ValidRequest:
     return _validate((request,), shape_for, indexed=False)[0]
-
-
-def validate_reset(request: pb.ResetPortfolioRequest) -> str:
-    return required_id(request.portfolio_id, "portfolio_id")
 
 
 def validate_batch(batch: pb.AllocateBatchRequest, shape_for: ShapeResolver) -> list[ValidRequest]:
