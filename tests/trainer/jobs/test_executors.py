@@ -76,7 +76,7 @@ def test_a_jobs_own_exception_fails_the_run_unless_it_may_be_retried(tmp_path: P
 def test_a_trial_whose_worker_died_is_failed_and_the_study_goes_on(tmp_path: Path) -> None:
     """The tuning driver's rule: a lost worker fails its trial (naming the error); it does not
     end the study as it ends a walk-forward run."""
-    job = TrialJob(3, {}, load_config(None), tmp_path / "trial-0003", "", "study", NoPruning())
+    job = TrialJob(3, load_config(None), tmp_path / "trial-0003", "", "study", NoPruning())
     executor = ProcessExecutor(die, trial_label, workers=1, retries=0)
     with executor:
         executor.submit(job)

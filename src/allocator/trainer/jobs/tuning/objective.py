@@ -30,8 +30,7 @@ class TrialJob:
     """Everything a worker needs to train one trial (picklable, for Ray)."""
 
     number: int
-    params: dict[str, Any]  # the trainer values drawn for this trial, by dotted key
-    config: TrainConfig  # the base config with ``params`` set, selection on, tuner housekeeping
+    config: TrainConfig  # the base config with the trial's values, selection on, housekeeping
     run_dir: Path
     storage: str  # the study's journal file
     study_name: str
