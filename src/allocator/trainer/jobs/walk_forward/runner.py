@@ -28,7 +28,6 @@ from allocator.trainer.jobs.walk_forward.config import (
     WalkForwardError,
     config_differences,
 )
-from allocator.trainer.jobs.walk_forward.html_report import write_html_report
 from allocator.trainer.jobs.walk_forward.progress import (
     DONE,
     FAILED,
@@ -259,9 +258,6 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
         seconds=seconds,
     )
     files = write_report(result, session.out)
-    html = write_html_report(result, files["report"].parent)
-    if html is not None:
-        files["html"] = html
     result.files = {k: str(v) for k, v in files.items()}
     if session.tracked is not None:
         log_job_finished(session.tracked, summary, list(files.values()))
