@@ -56,23 +56,6 @@ def promotion_row(config: RetrainConfig, decision: RetrainDecision) -> Promotion
     )
 
 
-def point_production(
-    promotion: PendingPromotion, decision: RetrainDecision, record_id: int
-) -> None:
-    """Move the production pointer to the candidate, naming the record that decided it."""
-    s = decision.spans
-    promotion.point(
-        decision.candidate_version,
-        previous=decision.production_version,
-        reasons=decision.reasons,
-        metrics=json_safe(
-            {"candidate": decision.candidate_metrics, "production": decision.production_metrics}
-        ),
-        holdout=[str(s.holdout_start), str(s.holdout_end)],
-        promotion_id=record_id,
-    )
-
-
 def record_and_promote(
     config: RetrainConfig,
     engine: sa.Engine,
@@ -94,8 +77,20 @@ def record_and_promote(
             session.add(row)
             session.flush()  # a refused row fails here, before the pointer moves
             decision.record_id = row.id
-            if decision.promoted:
-                point_production(promotion, decision, row.id)
+            if decision.promoted:  # the pointer names the record that decided it
+                promotion.point(
+                    decision.candidate_version,
+                    previous=decision.production_version,
+                    reasons=decision.reasons,
+                    metrics=json_safe(
+                        {
+                            "candidate": decision.candidate_metrics,
+                            "production": decision.production_metrics,
+                        }
+                    ),
+                    holdout=[str(decision.spans.holdout_start), str(decision.spans.holdout_end)],
+                    promotion_id=row.id,
+                )
     except BaseException as exc:
         promotion.undo()
         if decision.promoted and isinstance(exc, Exception):
