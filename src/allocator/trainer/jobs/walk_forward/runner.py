@@ -91,8 +91,7 @@ class WalkForwardSession:
     out: Path
     state: RunState
     jobs: list[WindowJob]
-    rows: WalkForwardStore | None  # the run's rows, when it records
-    url: str | None
+    rows: WalkForwardStore | None  # the run's rows (and their database), when it records
     kept: list[WindowResult] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
     tracked: TrackedRun | None = None  # the MLflow run the windows' runs nest under
@@ -195,7 +194,7 @@ def run_walk_forward(
             sessions=[{"started": utc_now(), "resumed": False}],
         )
         write_state(out, state)
-    session = WalkForwardSession(config, out, state, jobs, rows, url, tracked=tracked)
+    session = WalkForwardSession(config, out, state, jobs, rows, tracked=tracked)
     return complete(session, progress)
 
 
@@ -254,7 +253,7 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
         windows=results,
         summary=summary,
         run_id=rows.run_id if rows is not None else None,
-        database_url=session.url,
+        database_url=rows.url if rows is not None else None,
         seconds=seconds,
     )
     files = write_report(result, session.out)
@@ -367,5 +366,5 @@ def resume_walk_forward(
     }
     state.sessions.append(entry)
     write_state(out, state)
-    session = WalkForwardSession(config, out, state, jobs, rows, url, kept, tracked=tracked)
+    session = WalkForwardSession(config, out, state, jobs, rows, kept, tracked=tracked)
     return complete(session, progress)
