@@ -272,20 +272,18 @@ def walk_forward_stats(
     from allocator.trainer.market.data import DataError
     from allocator.typed_config import ConfigError
 
+    returns_path = Path(run_dir) / RETURNS_FILE
     with failing(WalkForwardError, ValueError):
         summary = read_summary(run_dir)
+        frame = read_returns(returns_path)
     recorded = summary["summary"].get("statistics", {}).get("settings", {})
     fields = StatisticsSettings.model_fields
     settings = StatisticsSettings(**{k: v for k, v in recorded.items() if k in fields})
     if trials_sharpe_variance is not None:
         settings = settings.model_copy(update={"trials_sharpe_variance": trials_sharpe_variance})
     tried = configurations_tried or int(summary.get("configurations_tried", 1))
-    returns_path = Path(run_dir) / RETURNS_FILE
-    if not returns_path.is_file():
-        fail(f"{run_dir} has no {RETURNS_FILE}: not a finished walk-forward run")
     source = str(returns_path)
     try:
-        frame = read_returns(returns_path)
         if baselines:
             frame = with_baselines(run_dir, frame, baselines)
             source += f", with {', '.join(baselines)} backtested now"

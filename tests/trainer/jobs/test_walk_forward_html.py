@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from allocator.trainer.jobs.walk_forward.config import WalkForwardConfig
-from allocator.trainer.jobs.walk_forward.html_report import write_html_report
-from allocator.trainer.jobs.walk_forward.report import statistics_rows
+from allocator.trainer.jobs.walk_forward.report import statistics_rows, write_html_report
 from allocator.trainer.jobs.walk_forward.rundir import WalkForwardResult
 from allocator.trainer.market.windows import WindowSpec
 from tests.plotly_html import check_html, figures_in, traces, values

@@ -20,8 +20,8 @@ from allocator.portfolio import AnchorSpec
 from allocator.serving.loader import LoadedModel, load_model
 from allocator.serving.replay import replay
 from allocator.trainer.market.data import DataError, DateLike, MarketData
-from allocator.trainer.sim.backtest import BacktestResult, default_assets, run_backtest
-from allocator.trainer.sim.baselines import BaselineName, DecisionContext, make_baseline
+from allocator.trainer.sim.backtest import BacktestResult, backtest_span, run_backtest
+from allocator.trainer.sim.baselines import ANCHOR, DecisionContext, Rebalancing, make_baseline
 
 DEFAULT_BASELINES: tuple[str, ...] = ("equal-weight", "buy-and-hold", "min-variance", "hrp")
 FITTED_BASELINES: frozenset[str] = frozenset({"min-variance", "hrp"})
@@ -32,12 +32,7 @@ def evaluation_assets(
     data: MarketData, start: DateLike, end: DateLike, window: int, max_assets: int | None = None
 ) -> list[str]:
     """Assets priced over the whole span and its observation window (at most ``max_assets``)."""
-    t0, t1 = data.date_index(start, "left"), data.date_index(end, "right")
-    if t0 < window:
-        raise DataError(f"{data.source}: start {start} needs {window} closes before it")
-    names = default_assets(data, t0 - window, t1)
-    if not names:
-        raise DataError(f"{data.source}: no asset has prices from {start} to {end}")
+    names = backtest_span(data, start, end, None, window)[2]
     return names[:max_assets] if max_assets else names
 
 
@@ -65,19 +60,13 @@ def replay_exported(
         model_dir = load_model(model_dir, prefer_cuda=False)  # CPU: deterministic, like the tests
     loaded = model_dir
     window = loaded.manifest.feature_spec.window
-    priced = evaluation_assets(data, start, end, window)
-    names = list(assets) if assets is not None else priced[: loaded.max_assets]
+    t0, t1, names = backtest_span(data, start, end, assets, window)
+    if assets is None:
+        names = names[: loaded.max_assets]
     if len(names) > loaded.max_assets:
         raise DataError(
             f"{len(names)} assets but model {loaded.name}/{loaded.version} has "
             f"{loaded.max_assets} slots; pass at most {loaded.max_assets}"
-        )
-    t0, t1 = data.date_index(start, "left"), data.date_index(end, "right")
-    short = [a for a in names if a not in priced]
-    if short:
-        raise DataError(
-            f"{data.source}: asset(s) {', '.join(short)} lack prices between "
-            f"{data.dates[t0 - window].date()} and {data.dates[t1].date()}"
         )
     frame = data.select(names).to_frame()
     rep = replay(loaded, frame, start=t0, end=t1, cost_bps=cost_bps)
@@ -144,17 +133,14 @@ def icm_statistics(
     return stats
 
 
-@dataclass
-class ConstantMix:
+class ConstantMix(Rebalancing):
     """Fixed target weights per asset, traded back to every ``rebalance_every`` days."""
 
-    name: str
-    weights: dict[str, float]
-    rebalance_every: int = 21
+    def __init__(self, name: str, weights: dict[str, float], rebalance_every: int) -> None:
+        super().__init__(rebalance_every)
+        self.name, self.weights = name, weights
 
-    def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
-        if ctx.step % self.rebalance_every:
-            return ctx.weights
+    def target(self, ctx: DecisionContext) -> NDArray[np.float64]:
         w = np.array([self.weights.get(a, 0.0) for a in ctx.assets], dtype=np.float64)
         if w.sum() <= 0:
             w = np.full(len(ctx.assets), 1.0 / len(ctx.assets))  # degenerate fit: 1/N
@@ -214,7 +200,7 @@ def evaluate_baselines(
             policy = ConstantMix(name, weights, rebalance_every=rebalance_every)
         elif name in FITTED_BASELINES:
             policy = make_baseline(name, rebalance_every=rebalance_every)  # trailing 252 days
-        elif name == BaselineName.ANCHOR:
+        elif name == ANCHOR:
             policy = make_baseline(name, spec=anchor)
         else:
             policy = make_baseline(name)

@@ -74,13 +74,12 @@ class ProcessExecutor(Executor[JobT, ResultT]):
         self,
         work: Callable[[JobT], ResultT],
         label: Callable[[JobT], str],
-        workers: int | None = None,
-        retries: int = 1,
+        settings: ExecutorSettings,
         retry_exceptions: bool = False,
     ) -> None:
         super().__init__(work, label)
-        self.capacity = max(1, workers or os.cpu_count() or 1)
-        self.retries = retries
+        self.capacity = max(1, settings.workers or os.cpu_count() or 1)
+        self.retries = settings.retries
         self.retry_exceptions = retry_exceptions
         self.pool: ProcessPoolExecutor | None = None
         self.pending: dict[Future[ResultT], tuple[JobT, int]] = {}  # -> (job, attempts)
@@ -151,31 +150,29 @@ class ProcessExecutor(Executor[JobT, ResultT]):
 
 
 class RayExecutor(Executor[JobT, ResultT]):
-    """Each job a Ray task (1 CPU) on the cluster at ``address``, an already initialized Ray, else
-    a local Ray started here (and shut down on ``close``)."""
+    """Each job a Ray task (1 CPU) on the cluster at ``ray_address``, an already initialized Ray,
+    else a local Ray started here (and shut down on ``close``)."""
 
     def __init__(
         self,
         work: Callable[[JobT], ResultT],
         label: Callable[[JobT], str],
-        address: str | None = None,
-        workers: int | None = None,
-        retries: int = 1,
+        settings: ExecutorSettings,
         retry_exceptions: bool = False,
     ) -> None:
         super().__init__(work, label)
         # heavy optional dependency (the `ray` extra), needed only by this executor
         self.ray = ray = require_extra("ray", "ray", "running jobs on Ray (executor: ray)")
-        self.retries = retries
+        self.retries = settings.retries
         self.started = False
         if not ray.is_initialized():
-            if address is None:
-                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+            if settings.ray_address is None:
+                ray.init(num_cpus=settings.workers, include_dashboard=False, log_to_driver=False)
             else:
-                ray.init(address=address, log_to_driver=False)
+                ray.init(address=settings.ray_address, log_to_driver=False)
             self.started = True
-        self.capacity = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        options = {"max_retries": retries, "retry_exceptions": retry_exceptions}
+        self.capacity = settings.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        options = {"max_retries": self.retries, "retry_exceptions": retry_exceptions}
         self.remote = ray.remote(num_cpus=1, **options)(work)
         self.pending: dict[Any, JobT] = {}  # Ray object ref -> the job it runs
 
@@ -233,12 +230,10 @@ def open_executor(
     retry_exceptions: bool = False,
 ) -> Executor[JobT, ResultT]:
     """The executor a job's config names (``executor: local | processes | ray``)."""
-    s = settings
-    if s.executor == "ray":
-        return RayExecutor(work, label, s.ray_address, s.workers, s.retries, retry_exceptions)
-    if s.executor == "processes":
-        return ProcessExecutor(work, label, s.workers, s.retries, retry_exceptions)
-    return Executor(work, label)
+    if settings.executor == "local":
+        return Executor(work, label)
+    kind = RayExecutor if settings.executor == "ray" else ProcessExecutor
+    return kind(work, label, settings, retry_exceptions)
 
 
 def fan_out(

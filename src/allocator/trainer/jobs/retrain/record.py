@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import time
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -19,30 +18,27 @@ from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError
 from allocator.trainer.jobs.retrain.decision import RetrainDecision
 
 
-def promotion_details(config: RetrainConfig, decision: RetrainDecision) -> dict[str, Any]:
-    """The row's ``details``: what the decision was made on beyond the two models' metrics."""
-    return json_safe(
-        {
-            "as_of": decision.spans.holdout_end,
-            "assets": decision.assets,
-            "cost_bps": decision.cost_bps,
-            "equal_weight_metrics": decision.equal_weight_metrics,
-            "gates": config.gates.model_dump(),
-            "run_dir": decision.run_dir,
-            "trainer": {
-                "name": config.trainer.name,
-                "algorithm": config.trainer.algorithm.name,
-                "seed": config.trainer.seed,
-                "total_timesteps": config.trainer.total_timesteps,
-            },
-            "notes": decision.notes,
-        }
-    )
-
-
-def promotion_row(decision: RetrainDecision, details: dict[str, Any]) -> Promotion:
-    """The ``promotions`` row of a decision."""
+def promotion_row(config: RetrainConfig, decision: RetrainDecision) -> Promotion:
+    """The ``promotions`` row of a decision; its ``details``: what the decision was made on
+    beyond the two models' metrics."""
     s = decision.spans
+    details = {
+        "as_of": s.holdout_end,
+        "assets": decision.assets,
+        "cost_bps": decision.cost_bps,
+        "equal_weight_metrics": decision.equal_weight_metrics,
+        "gates": config.gates.model_dump(),
+        "run_dir": decision.run_dir,
+        "trainer": {
+            "name": config.trainer.name,
+            "algorithm": config.trainer.algorithm.name,
+            "seed": config.trainer.seed,
+            "total_timesteps": config.trainer.total_timesteps,
+        },
+        "notes": decision.notes,
+        "seconds": round(decision.seconds, 2),
+        "candidate_dir": str(decision.candidate_dir),
+    }
     return Promotion(
         model_name=decision.model_name,
         candidate_version=decision.candidate_version,
@@ -56,24 +52,7 @@ def promotion_row(decision: RetrainDecision, details: dict[str, Any]) -> Promoti
         train_end=s.train_end,
         holdout_start=s.holdout_start,
         holdout_end=s.holdout_end,
-        details=details,
-    )
-
-
-def point_production(
-    promotion: PendingPromotion, decision: RetrainDecision, record_id: int
-) -> None:
-    """Move the production pointer to the candidate, naming the record that decided it."""
-    s = decision.spans
-    promotion.point(
-        decision.candidate_version,
-        previous=decision.production_version,
-        reasons=decision.reasons,
-        metrics=json_safe(
-            {"candidate": decision.candidate_metrics, "production": decision.production_metrics}
-        ),
-        holdout=[str(s.holdout_start), str(s.holdout_end)],
-        promotion_id=record_id,
+        details=json_safe(details),
     )
 
 
@@ -86,7 +65,6 @@ def record_and_promote(
     """Record the decision; on promotion also publish the version and move the pointer, all
     or nothing (module docstring)."""
     name = config.model_name
-    details = promotion_details(config, decision)
     promotion = PendingPromotion(Path(config.registry), name)
     try:
         if decision.promoted:
@@ -94,15 +72,25 @@ def record_and_promote(
                 decision.candidate_dir, decision.candidate_version
             )
         decision.seconds = time.perf_counter() - started
-        details["seconds"] = round(decision.seconds, 2)
-        details["candidate_dir"] = str(decision.candidate_dir)
         with Session(engine) as session, session.begin():
-            row = promotion_row(decision, details)
+            row = promotion_row(config, decision)
             session.add(row)
             session.flush()  # a refused row fails here, before the pointer moves
             decision.record_id = row.id
-            if decision.promoted:
-                point_production(promotion, decision, row.id)
+            if decision.promoted:  # the pointer names the record that decided it
+                promotion.point(
+                    decision.candidate_version,
+                    previous=decision.production_version,
+                    reasons=decision.reasons,
+                    metrics=json_safe(
+                        {
+                            "candidate": decision.candidate_metrics,
+                            "production": decision.production_metrics,
+                        }
+                    ),
+                    holdout=[str(decision.spans.holdout_start), str(decision.spans.holdout_end)],
+                    promotion_id=row.id,
+                )
     except BaseException as exc:
         promotion.undo()
         if decision.promoted and isinstance(exc, Exception):

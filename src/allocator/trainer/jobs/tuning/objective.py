@@ -5,19 +5,23 @@ No validation backtest runs, so no price after ``data.train_end`` can move a tri
 from __future__ import annotations
 
 import json
+import math
 import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import optuna
+from stable_baselines3.common.callbacks import BaseCallback
+
 from allocator.trainer.jobs.json_safe import finite
 from allocator.trainer.jobs.tuning.config import PrunerSettings
-from allocator.trainer.jobs.tuning.pruning import PruningCallback
 from allocator.trainer.jobs.tuning.study import attach_trial
 from allocator.trainer.training.config import TrainConfig
 from allocator.trainer.training.run import TrainingSession
 from allocator.trainer.training.run_dir import SELECTION_FILE
+from allocator.trainer.training.selection import SelectionCallback
 from allocator.trainer.training.tracking import ended_on_error, log_trial
 
 ERROR_FILE = "error.txt"
@@ -30,8 +34,7 @@ class TrialJob:
     """Everything a worker needs to train one trial (picklable, for Ray)."""
 
     number: int
-    params: dict[str, Any]  # the trainer values drawn for this trial, by dotted key
-    config: TrainConfig  # the base config with ``params`` set, selection on, tuner housekeeping
+    config: TrainConfig  # the base config with the trial's values, selection on, housekeeping
     run_dir: Path
     storage: str  # the study's journal file
     study_name: str
@@ -63,6 +66,38 @@ class TrialOutcome:
         """The figures stored with the trial in the study (Optuna user attributes)."""
         rest = {k: v for k, v in asdict(self).items() if k not in ("number", "state", "value")}
         return {"best_score": self.value, **rest}
+
+
+class PruningCallback(BaseCallback):
+    """Reports every inner evaluation to ``trial``; stops training once the pruner says so, by
+    ``_on_step`` returning False as SB3's stopping callbacks do, rather than raising through
+    ``learn``."""
+
+    def __init__(self, selection: SelectionCallback, trial: optuna.Trial) -> None:
+        super().__init__()
+        self.selection = selection
+        self.trial = trial
+        self.reported = 0
+        self.pruned_at: int | None = None
+
+    @property
+    def pruned(self) -> bool:
+        return self.pruned_at is not None
+
+    def _on_step(self) -> bool:
+        return not self.report()
+
+    def report(self) -> bool:
+        """Report the evaluations not reported yet; True when the trial is to be pruned."""
+        evaluations = self.selection.state.evaluations
+        new = evaluations[self.reported :]
+        self.reported = len(evaluations)
+        for evaluation in new:
+            if math.isfinite(evaluation["score"]):  # NaN (no trades, no variance) is no signal
+                self.trial.report(float(evaluation["score"]), int(evaluation["step"]))
+        if new and self.pruned_at is None and self.trial.should_prune():
+            self.pruned_at = int(new[-1]["step"])
+        return self.pruned
 
 
 def train_trial(job: TrialJob) -> tuple[int, bool]:

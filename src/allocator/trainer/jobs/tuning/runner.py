@@ -80,8 +80,7 @@ def trial_job(
     parent: TrackedRun | None = None,
 ) -> TrialJob:
     """Draw the trial's values and build its job (tracked under ``parent`` when given)."""
-    params = space.suggest(trial)
-    tuned = tuned_config(config.trainer, params)
+    tuned = tuned_config(config.trainer, space.suggest(trial))
     threads = config.torch_threads or (1 if config.executor == "ray" else tuned.torch_threads)
     tracking = parent.child_settings(tuned.tracking) if parent is not None else tuned.tracking
     run_config = tuned.model_copy(
@@ -98,7 +97,6 @@ def trial_job(
     )
     return TrialJob(
         number=trial.number,
-        params=params,
         config=run_config,
         run_dir=out / TRIALS_DIR / f"trial-{trial.number:04d}",
         storage=str(out / STORAGE_FILE),

@@ -119,6 +119,9 @@ def write_returns(frame: pd.DataFrame, out_dir: str | Path) -> Path:
 
 def read_returns(path: str | Path) -> pd.DataFrame:
     """A ``returns.csv``, checked for the columns the statistics need."""
+    if not Path(path).is_file():
+        where = Path(path).parent
+        raise WalkForwardError(f"{where} has no {RETURNS_FILE}: not a finished walk-forward run")
     frame = pd.read_csv(path, parse_dates=[DATE], dtype={WINDOW: str})
     missing = [c for c in (DATE, WINDOW, AGENT, EQUAL_WEIGHT) if c not in frame.columns]
     if missing:

@@ -28,7 +28,6 @@ from allocator.trainer.jobs.walk_forward.config import (
     WalkForwardError,
     config_differences,
 )
-from allocator.trainer.jobs.walk_forward.html_report import write_html_report
 from allocator.trainer.jobs.walk_forward.progress import (
     DONE,
     FAILED,
@@ -92,8 +91,7 @@ class WalkForwardSession:
     out: Path
     state: RunState
     jobs: list[WindowJob]
-    rows: WalkForwardStore | None  # the run's rows, when it records
-    url: str | None
+    rows: WalkForwardStore | None  # the run's rows (and their database), when it records
     kept: list[WindowResult] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
     tracked: TrackedRun | None = None  # the MLflow run the windows' runs nest under
@@ -196,7 +194,7 @@ def run_walk_forward(
             sessions=[{"started": utc_now(), "resumed": False}],
         )
         write_state(out, state)
-    session = WalkForwardSession(config, out, state, jobs, rows, url, tracked=tracked)
+    session = WalkForwardSession(config, out, state, jobs, rows, tracked=tracked)
     return complete(session, progress)
 
 
@@ -255,13 +253,10 @@ def complete(session: WalkForwardSession, progress: bool) -> WalkForwardResult:
         windows=results,
         summary=summary,
         run_id=rows.run_id if rows is not None else None,
-        database_url=session.url,
+        database_url=rows.url if rows is not None else None,
         seconds=seconds,
     )
     files = write_report(result, session.out)
-    html = write_html_report(result, files["report"].parent)
-    if html is not None:
-        files["html"] = html
     result.files = {k: str(v) for k, v in files.items()}
     if session.tracked is not None:
         log_job_finished(session.tracked, summary, list(files.values()))
@@ -371,5 +366,5 @@ def resume_walk_forward(
     }
     state.sessions.append(entry)
     write_state(out, state)
-    session = WalkForwardSession(config, out, state, jobs, rows, url, kept, tracked=tracked)
+    session = WalkForwardSession(config, out, state, jobs, rows, kept, tracked=tracked)
     return complete(session, progress)

@@ -65,12 +65,10 @@ def load_seed_runs(run_dirs: Sequence[str | Path]) -> list[SeedRun]:
         raise WalkForwardError("a seed study needs at least two runs of the same recipe")
     runs: list[SeedRun] = []
     for run_dir in run_dirs:
-        path = Path(run_dir) / RETURNS_FILE
-        if not path.is_file():
-            raise WalkForwardError(f"{run_dir} has no {RETURNS_FILE}: not a finished run")
+        returns = read_returns(Path(run_dir) / RETURNS_FILE)
         config = read_state(run_dir).config
         seed = config["trainer"]["seed"] if config.get("seed") is None else config["seed"]
-        runs.append(SeedRun(str(run_dir), int(seed), read_returns(path), recipe(config)))
+        runs.append(SeedRun(str(run_dir), int(seed), returns, recipe(config)))
     first = runs[0]
     for run in runs[1:]:
         diffs = config_differences(first.recipe, run.recipe, free=frozenset())
