@@ -111,11 +111,6 @@ class FeatureSpecInfo(StrictModel):
         """The flat training observation's layout, ``n_features`` values per slot."""
         return FeatureSpec(max_assets=self.max_assets, window=self.n_features, clip=self.clip)
 
-    @property
-    def prices_per_asset(self) -> int:
-        """Closes per asset the features need."""
-        return self.window + 1 if self.kind == "returns" else self.asset_spec().prices_per_asset
-
 
 class NormalizationInfo(StrictModel):
     """Statistics of daily log returns over the training period."""
@@ -385,5 +380,4 @@ def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
     data = manifest.model_dump(
         mode="json", exclude={"ensemble"} if manifest.ensemble is None else None
     )
-    text = json.dumps(data, indent=2) + "\n"
-    return atomic_write_text(Path(directory) / MANIFEST_FILE, text)
+    return atomic_write_text(Path(directory) / MANIFEST_FILE, json.dumps(data, indent=2) + "\n")
