@@ -138,8 +138,7 @@ def size_orders(
             buys.append(OrderIntent(asset, BUY, (goal - now) / prices[asset], prices[asset]))
     sells = [o for o in sells if o.quantity > 0 and o.value >= rules.min_order_value]
     proceeds = sum(o.value - trade_cost(rules.rate, o.value) for o in sells)
-    available = cash + proceeds - rules.cash_buffer * nav
-    return sells + fit_buys(buys, available, rules)
+    return sells + fit_buys(buys, cash + proceeds - rules.cash_buffer * nav, rules)
 
 
 def fit_buys(buys: list[OrderIntent], available: float, rules: SizingRules) -> list[OrderIntent]:

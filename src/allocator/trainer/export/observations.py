@@ -72,8 +72,7 @@ def random_live_masks(n: int, n_slots: int, rng: np.random.Generator) -> NDArray
 
 def random_weights(live: NDArray[np.bool_], rng: np.random.Generator) -> Float32Array:
     """Dirichlet weights of varying concentration over the live slots (some rows all cash)."""
-    n = len(live)
-    concentration = rng.choice([0.1, 1.0, 10.0], size=(n, 1))
+    concentration = rng.choice([0.1, 1.0, 10.0], size=(len(live), 1))
     g = rng.gamma(concentration, size=live.shape) * live
     g[::7, 1:] = 0.0
     g[:, 0] = np.where(g.sum(axis=1) > 0, g[:, 0], 1.0)

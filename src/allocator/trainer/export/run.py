@@ -160,8 +160,7 @@ def _export_info(
         info["source_run"] = str(first.run_dir.resolve())
         info["source_files"] = dict(first.manifest.files)
     else:
-        k = len(members)
-        info["ensemble"] = f"{COMBINE}: the mean of {k} members' deterministic actions"
+        info["ensemble"] = f"{COMBINE}: the mean of {len(members)} members' deterministic actions"
         info["curiosity"] = CURIOSITY_NOTE
         info["parity"]["reference"] = "torch mean of the members"
         info["source_runs"] = [str(m.run_dir.resolve()) for m in members]
