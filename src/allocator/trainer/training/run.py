@@ -340,14 +340,12 @@ class TrainingSession:
     def finish(self) -> TrainingRun:
         """Keep the model, then validate, audit, plot and describe it in run.json and manifest."""
         config, run_dir, data, model = self.config, self.run_dir, self.data, self.model
-        if (
-            self.selection is not None
-            and self.selection.state.last_eval_step != model.num_timesteps
-        ):
-            self.selection.evaluate()  # the last model gets its score too
-        self.watch.at_current_step()  # and its saturation, with or without selection
-        if self.selection is not None:  # a resumed run's file may list undone evaluations
+        if self.selection is not None:
+            if self.selection.state.last_eval_step != model.num_timesteps:
+                self.selection.evaluate()  # the last model gets its score too
+            # written again: a resumed run's file may list evaluations it undid
             write_json(run_dir / SELECTION_FILE, self.selection.to_dict())
+        self.watch.at_current_step()  # and its saturation, with or without selection
         chosen = self._keep_models()
         write_json(run_dir / NORMALIZATION_FILE, data.stats.to_dict())
         if data.feature_norm is not None:
