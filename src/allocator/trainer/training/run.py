@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, ConvertCallback
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.utils import LinearSchedule as SB3LinearSchedule
@@ -34,7 +34,7 @@ from allocator.trainer.sim.baselines import ANCHOR
 from allocator.trainer.sim.html_report import REPORT_FILE, write_backtest_report
 from allocator.trainer.sim.plots import plot_allocations, plot_performance, plot_training_curves
 from allocator.trainer.training.audit import write_audits
-from allocator.trainer.training.callbacks import StopWhen, TurnoverCallback
+from allocator.trainer.training.callbacks import TurnoverCallback
 from allocator.trainer.training.checkpointing import (
     CheckpointCallback,
     TrainingStoppedError,
@@ -282,11 +282,13 @@ class TrainingSession:
         model = self.model
         if self.finished:
             return
+        # A callback answering False ends ``learn`` after that step: between steps the model,
+        # buffer and schedules agree, so it can be checkpointed.
         callbacks = list(self.callbacks)
         if until is not None:  # schedules still span the full budget, as in an interruption
-            callbacks.append(StopWhen(lambda: model.num_timesteps >= until))
+            callbacks.append(ConvertCallback(lambda *_: model.num_timesteps < until))
         if stop is not None:
-            callbacks.append(StopWhen(stop.is_set))
+            callbacks.append(ConvertCallback(lambda *_: not stop.is_set()))
         first = model.num_timesteps
         self._learning_since = time.perf_counter()
         model.learn(
