@@ -120,7 +120,7 @@ def _policy(config: TrainConfig) -> tuple[Any, dict[str, Any]]:
     return cls, kwargs
 
 
-def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> BaseAlgorithm:
+def build_model(config: TrainConfig, env: Any) -> BaseAlgorithm:
     """The configured SB3 algorithm on ``env`` (CPU by default, CUDA when present)."""
     algo = config.algorithm
     policy, policy_kwargs = _policy(config)
@@ -133,7 +133,6 @@ def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> 
         "icm": config.icm,
         "seed": config.seed,
         "device": get_device(config.device),
-        "tensorboard_log": str(tensorboard_dir) if tensorboard_dir else None,
         "verbose": 0,
     }
     if isinstance(algo, TD3Settings):
@@ -229,7 +228,7 @@ class TrainingSession:
         run_dir = run_dir or fresh_path(Path(config.output_dir) / f"{config.name}-{stamp}")
         run_dir.mkdir(parents=True, exist_ok=not fresh)
         (run_dir / CONFIG_FILE).write_text(dump_config(config))
-        model = build_model(config, make_env(config, data), None)
+        model = build_model(config, make_env(config, data))
         assert isinstance(model, OffPolicyAlgorithm)
         return cls(config, run_dir, data, model, {})
 
