@@ -8,6 +8,7 @@ MLP, return window, affine mapping); version 1 (no manifest) must be migrated. T
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -331,10 +332,8 @@ def library_versions() -> dict[str, str]:
     out = {}
     names = "allocator numpy torch stable-baselines3 gymnasium onnx onnxruntime-gpu skfolio pandas"
     for pkg in names.split():
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            continue
     return out
 
 
