@@ -110,7 +110,8 @@ class SectorFilter(RegimeFilter):
             raise ValueError("the sector filter needs every asset of the market")
         prices = np.empty_like(ctx.prices)
         prices[:, columns] = ctx.prices
-        held = self.means[np.argmax(self.update(prices, ctx.step))] > 0
+        posterior = self.update(prices, ctx.step)  # folds in the closes not seen yet
+        held = self.means[np.argmax(posterior)] > 0
         return ctx.slot_weights(held[columns] / held.sum())
 
 
