@@ -93,7 +93,7 @@ def build_recipe(name: str, args: argparse.Namespace) -> BaseAlgorithm:
     if name == "recipe_unbounded":
         overrides += UNBOUNDED
     config = load_config(RECIPE, overrides)
-    return build_model(config, make_training_env(config, prepare_data(config)), None)
+    return build_model(config, make_training_env(config, prepare_data(config)))
 
 
 def make_env(data: MarketData, config: EnvConfig | None = None) -> Monitor:
@@ -157,7 +157,7 @@ def build_variant(name: str, env: Monitor, args: argparse.Namespace) -> BaseAlgo
         noise=NoiseSettings(sigma=NOISE_SIGMA),
         icm=ICMSettings(enabled=name == "adaptive_icm"),
     )
-    return build_model(config, env, None)
+    return build_model(config, env)
 
 
 def timed_learn(model: BaseAlgorithm, steps: int) -> float:

@@ -77,7 +77,6 @@ def test_a_shared_manifest_round_trips_with_its_representation(tmp_path):
     assert loaded.feature_spec.asset_spec() == SPEC
     assert loaded.feature_spec.features == list(SPEC.names)
     assert loaded.feature_spec.n_features == SPEC.n_features
-    assert loaded.feature_spec.prices_per_asset == SPEC.prices_per_asset
     assert loaded.feature_spec.layout == FeatureSpec(6, SPEC.n_features, SPEC.clip)
     assert loaded.feature_normalization is not None
     assert loaded.feature_normalization.normalization().n_features == SPEC.n_features

@@ -8,6 +8,7 @@ MLP, return window, affine mapping); version 1 (no manifest) must be migrated. T
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -110,11 +111,6 @@ class FeatureSpecInfo(StrictModel):
     def layout(self) -> FeatureSpec:
         """The flat training observation's layout, ``n_features`` values per slot."""
         return FeatureSpec(max_assets=self.max_assets, window=self.n_features, clip=self.clip)
-
-    @property
-    def prices_per_asset(self) -> int:
-        """Closes per asset the features need."""
-        return self.window + 1 if self.kind == "returns" else self.asset_spec().prices_per_asset
 
 
 class NormalizationInfo(StrictModel):
@@ -336,10 +332,8 @@ def library_versions() -> dict[str, str]:
     out = {}
     names = "allocator numpy torch stable-baselines3 gymnasium onnx onnxruntime-gpu skfolio pandas"
     for pkg in names.split():
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            continue
     return out
 
 
@@ -385,5 +379,4 @@ def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
     data = manifest.model_dump(
         mode="json", exclude={"ensemble"} if manifest.ensemble is None else None
     )
-    text = json.dumps(data, indent=2) + "\n"
-    return atomic_write_text(Path(directory) / MANIFEST_FILE, text)
+    return atomic_write_text(Path(directory) / MANIFEST_FILE, json.dumps(data, indent=2) + "\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 # The manifest's problems are refusal reasons too: re-exported, so every reason is named here.
 from allocator.artifacts.manifest import BAD_MANIFEST as BAD_MANIFEST
 from allocator.artifacts.manifest import CHECKSUM_MISMATCH as CHECKSUM_MISMATCH
+from allocator.artifacts.manifest import MANIFEST_PROBLEMS
 from allocator.artifacts.manifest import MISSING_FILE as MISSING_FILE
 from allocator.artifacts.manifest import UNSUPPORTED_FORMAT as UNSUPPORTED_FORMAT
 from allocator.typed_config import one_of
@@ -13,14 +14,7 @@ BAD_GRAPH = "bad_graph"
 """onnxruntime cannot load a graph, or its signature or a probe run does not match the manifest."""
 UNREADABLE = "unreadable"
 """A file could not be read (permissions, I/O error)."""
-REFUSAL_REASONS = (
-    MISSING_FILE,
-    CHECKSUM_MISMATCH,
-    BAD_MANIFEST,
-    UNSUPPORTED_FORMAT,
-    BAD_GRAPH,
-    UNREADABLE,
-)
+REFUSAL_REASONS = (*MANIFEST_PROBLEMS, BAD_GRAPH, UNREADABLE)
 """Why a version can be refused: a small fixed set, so a metric can be labelled by it."""
 
 

@@ -51,8 +51,6 @@ def create_account(session: Session, spec: AccountSpec, cash: float) -> Account:
     """Insert the account with ``cash`` recorded; refuses a name already taken."""
     if not (math.isfinite(cash) and cash > 0):
         raise ValueError(f"initial cash must be > 0, got {cash}")
-    if session.scalar(select(Account).where(Account.name == spec.name)) is not None:
-        raise TradingError(f"account {spec.name!r} already exists")
     account = Account(
         name=spec.name,
         broker=spec.broker,
@@ -63,7 +61,7 @@ def create_account(session: Session, spec: AccountSpec, cash: float) -> Account:
     )
     session.add(account)
     try:
-        session.flush()
+        session.flush()  # the name is unique: a taken one fails here
     except IntegrityError:
         raise TradingError(f"account {spec.name!r} already exists") from None
     opening = position(session, account.id, CASH_ID)

@@ -189,12 +189,11 @@ def compare_account(
         raise TradingError(
             f"model {name}/{version}, which answered the cycles, is not in the registry {registry}"
         )
-    day = np.array([d.isoformat() for d in dates], dtype="datetime64[D]")
     result = replay(
         model_dir,
         table,
         assets=assets,
-        dates=day,
+        dates=np.array([d.isoformat() for d in dates], dtype="datetime64[D]"),
         start=np.datetime64(first.isoformat(), "D"),
         end=np.datetime64(last.isoformat(), "D"),
         cost_bps=cost_bps,
@@ -209,7 +208,6 @@ def compare_account(
     ratio = live / backtest - 1.0
     decided = cycles[:-1]  # the last cycle's trades are not marked at any close of the span
     turnover, gap, weight_gap = execution_gaps(decided, navs, targets, result.outputs)
-    fees = sum(navs[c.bar_date].fees for c in decided)
     return Comparison(
         account=account_name,
         model=f"{name}/{version}",
@@ -220,7 +218,7 @@ def compare_account(
         backtest_nav=float(backtest[-1]),
         tracking_difference=float(ratio[-1]),
         max_abs_difference=float(np.max(np.abs(ratio))),
-        live_fees=float(fees),
+        live_fees=float(sum(navs[c.bar_date].fees for c in decided)),
         backtest_costs=float(result.costs.sum()),
         live_turnover=float(np.mean(turnover)),
         backtest_turnover=float(np.mean(result.turnover)),

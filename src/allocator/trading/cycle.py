@@ -263,8 +263,7 @@ def execute(engine: Engine, broker: Broker, cycle_id: int, metrics: TradingMetri
     """Send the cycle's unsent orders in sequence, record each answer, then finish the cycle."""
     with Session(engine) as session:
         cycle = session.get_one(TradeCycle, cycle_id)
-        account = session.get_one(Account, cycle.account_id)
-        name, bar_date = account.name, cycle.bar_date
+        name, bar_date = session.get_one(Account, cycle.account_id).name, cycle.bar_date
         pending = session.scalars(
             select(Order.id)
             .where(Order.cycle_id == cycle_id, Order.status == "new")
@@ -346,8 +345,7 @@ def reconcile(engine: Engine, broker: Broker, account_name: str, metrics: Tradin
         metrics.halted.labels(account_name).set(0)
         if not differences:
             return
-        reason = "reconciliation mismatch: " + "; ".join(differences)
-        book.set_halt(account, reason)
+        book.set_halt(account, "reconciliation mismatch: " + "; ".join(differences))
     metrics.mismatches.labels(account_name).inc()
     metrics.halted.labels(account_name).set(1)
     raise ReconciliationError(

@@ -54,8 +54,7 @@ class PaperBroker:
         """Deposit ``cash`` in the caller's transaction: a new account is funded as it is made."""
         if not cash > 0:
             raise ValueError(f"a deposit must be > 0, got {cash}")
-        holding = self._holding(session, account, CASH_ID)
-        holding.quantity += cash
+        self._holding(session, account, CASH_ID).quantity += cash
 
     def holdings(self, account: str) -> dict[str, float]:
         with Session(self.engine) as session:

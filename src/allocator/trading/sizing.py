@@ -138,8 +138,7 @@ def size_orders(
             buys.append(OrderIntent(asset, BUY, (goal - now) / prices[asset], prices[asset]))
     sells = [o for o in sells if o.quantity > 0 and o.value >= rules.min_order_value]
     proceeds = sum(o.value - trade_cost(rules.rate, o.value) for o in sells)
-    available = cash + proceeds - rules.cash_buffer * nav
-    return sells + fit_buys(buys, available, rules)
+    return sells + fit_buys(buys, cash + proceeds - rules.cash_buffer * nav, rules)
 
 
 def fit_buys(buys: list[OrderIntent], available: float, rules: SizingRules) -> list[OrderIntent]:
@@ -149,10 +148,8 @@ def fit_buys(buys: list[OrderIntent], available: float, rules: SizingRules) -> l
     factor = (
         1.0 if need <= max(available, 0.0) else max(available, 0.0) / need * (1 - LEVERAGE_GUARD)
     )
-    fitted = []
-    for order in buys:
-        quantity = round_lot(order.quantity * factor, rules.lot_size)
-        sized = OrderIntent(order.asset, BUY, quantity, order.price)
-        if quantity > 0 and sized.value >= rules.min_order_value:
-            fitted.append(sized)
-    return fitted
+    fitted = (
+        OrderIntent(o.asset, BUY, round_lot(o.quantity * factor, rules.lot_size), o.price)
+        for o in buys
+    )
+    return [o for o in fitted if o.quantity > 0 and o.value >= rules.min_order_value]

@@ -16,15 +16,13 @@ from allocator.artifacts.manifest import SCHEMA_VERSION, read_manifest, verify_c
 from allocator.portfolio import FeatureSpec, action_to_weights
 from allocator.trainer.agents.icm import IntrinsicCuriosity
 from allocator.trainer.checkpoints import widening
-from allocator.trainer.checkpoints.canonical import (
-    actor_layers,
-    canonical_forward,
-    canonical_linear,
-)
 from allocator.trainer.checkpoints.errors import CheckpointUpgradeError
 from allocator.trainer.checkpoints.probes import (
     FLOAT32_ATOL,
     ProbeParts,
+    actor_layers,
+    canonical_forward,
+    canonical_linear,
     load_model,
     probe_masks,
     probe_parts,

@@ -46,12 +46,13 @@ from allocator.serving import LoadedModel, load_model
 from allocator.trainer.agents.algorithms import zero_actions
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import LoadedRun, load_run
-from allocator.trainer.export.observations import (
+from allocator.trainer.export.parity import (
+    check_parity,
+    onnx_session,
     random_raw_observations,
     random_set_observations,
     real_set_observations,
 )
-from allocator.trainer.export.parity import check_parity, onnx_session
 from allocator.trainer.export.run import export_runs
 from allocator.trainer.training.config import load_config
 from allocator.trainer.training.run import train

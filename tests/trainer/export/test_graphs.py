@@ -23,8 +23,7 @@ from allocator.registry.layout import (
 )
 from allocator.trainer.export.graphs import ActionToWeights, ObservationNormalizer, export_graph
 from allocator.trainer.export.loaded_run import load_run
-from allocator.trainer.export.observations import random_raw_observations
-from allocator.trainer.export.parity import onnx_session
+from allocator.trainer.export.parity import onnx_session, random_raw_observations
 from tests.trainer.export import TOL
 
 

@@ -16,8 +16,7 @@ from allocator.portfolio import (
     normalize_observation,
 )
 from allocator.trainer.export.errors import ExportError
-from allocator.trainer.export.observations import random_raw_observations
-from allocator.trainer.export.parity import check_parity
+from allocator.trainer.export.parity import check_parity, random_raw_observations
 from allocator.trainer.export.run import export_run
 from tests.trainer.export import TOL
 

@@ -30,7 +30,7 @@ from allocator.registry.layout import (
 from allocator.serving import load_model
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.loaded_run import load_run
-from allocator.trainer.export.observations import rollout
+from allocator.trainer.export.parity import rollout
 from allocator.trainer.export.run import export_run
 from tests.trainer.export import MAX_ASSETS, TOL
 

@@ -39,15 +39,15 @@ from allocator.trainer.checkpoints.widening import widen
 from allocator.trainer.export.errors import ExportError
 from allocator.trainer.export.graphs import FeatureNormalizer
 from allocator.trainer.export.loaded_run import load_run
-from allocator.trainer.export.members import check_exportable
-from allocator.trainer.export.observations import (
+from allocator.trainer.export.parity import (
     SetObservations,
+    onnx_session,
     parity_sizes,
+    policy_parity,
     random_set_observations,
     real_set_observations,
 )
-from allocator.trainer.export.parity import onnx_session, policy_parity
-from allocator.trainer.export.run import export_run
+from allocator.trainer.export.run import check_exportable, export_run
 from allocator.trainer.training.config import load_config
 from tests.trainer.export import SHARED_MAX_ASSETS, TOL
 

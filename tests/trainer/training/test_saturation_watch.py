@@ -90,7 +90,7 @@ def test_the_shared_policy_centres_by_default_and_the_flag_reaches_the_model(
     assert config(market, *TINY_SHARED).shared.center_assets is True
     for center in (True, False):
         cfg = config(market, *TINY_SHARED, f"shared.center_assets={str(center).lower()}")
-        model = build_model(cfg, make_env(cfg, prepare_data(cfg)), None)
+        model = build_model(cfg, make_env(cfg, prepare_data(cfg)))
         assert model.actor.net.center_assets is center  # type: ignore[union-attr]
 
 
@@ -102,7 +102,7 @@ def test_a_model_saved_without_the_flag_loads_uncentred_and_the_manifest_says_so
     not the config, where a missing key means on."""
     cfg = config(market, *TINY_SHARED)
     data = prepare_data(cfg)
-    model = build_model(cfg, make_env(cfg, data), None)
+    model = build_model(cfg, make_env(cfg, data))
     model.save(tmp_path / "new.zip")
     assert saved_center_assets(tmp_path / "new.zip") is True
     run_dir = tmp_path / "old"

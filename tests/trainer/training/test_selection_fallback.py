@@ -52,7 +52,7 @@ def test_zero_actions_makes_the_deterministic_action_exactly_zero(
 ) -> None:
     cfg = config(market, f"algorithm.name={algorithm}", *(TINY_SHARED if shared else []))
     env = make_env(cfg, prepare_data(cfg))
-    model = build_model(cfg, env, None)
+    model = build_model(cfg, env)
     observations = np.stack([env.observation_space.sample() for _ in range(8)])
     observations[:, -(cfg.env.max_assets + 1) :] = 1.0  # every slot live
     before, _ = model.predict(observations, deterministic=True)

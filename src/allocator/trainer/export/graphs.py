@@ -172,8 +172,7 @@ def _quiet_exporter() -> Iterator[None]:
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):
             yield
     finally:
         logger.setLevel(level)

@@ -1,4 +1,5 @@
-"""Export finished runs to ONNX for serving: graphs written to a scratch directory, checked
+"""Export finished runs to ONNX for serving: one run, or a seed ensemble of runs that differ only
+in their seed and the statistics fitted from it; graphs written to a scratch directory, checked
 against torch, and only then published whole as ``registry/NAME/VERSION``."""
 
 from __future__ import annotations
@@ -8,11 +9,19 @@ import datetime as dt
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import torch
 
-from allocator.artifacts.manifest import SCHEMA_VERSION, Manifest, library_versions
+from allocator.artifacts.manifest import (
+    SCHEMA_VERSION,
+    TILT_MAPPING,
+    EnsembleInfo,
+    EnsembleMember,
+    Manifest,
+    library_versions,
+    sha256_file,
+)
 from allocator.registry.errors import PublishError
 from allocator.registry.layout import (
     ICM_FILE,
@@ -35,21 +44,115 @@ from allocator.trainer.export.graphs import (
     policy_axes,
 )
 from allocator.trainer.export.loaded_run import LoadedRun, load_run
-from allocator.trainer.export.members import (
-    COMBINE,
-    CURIOSITY_NOTE,
-    check_members,
-    ensemble_info,
-    model_sha256,
-)
 from allocator.trainer.export.parity import (
     PARITY_SAMPLES,
     PARITY_TOLERANCE,
     check_parity,
     measure_parity,
 )
+from allocator.trainer.training.run_dir import MODEL_FILE as RUN_MODEL_FILE
 from allocator.trainer.training.tracked_models import register_export
 from allocator.trainer.training.tracking import read_tracking, require_mlflow
+
+COMBINE: Final = "mean_action"
+MEMBER_FIELDS = (
+    "algorithm",
+    "hyperparameters",
+    "policy",
+    "feature_spec",
+    "action_mapping",
+    "tilt",
+    "max_served_assets",
+    "beta",
+    "cost_bps",
+    "reward",
+    "data",
+    "icm",
+    "widened_from",
+)
+"""Manifest fields every member of an ensemble must share."""
+
+CURIOSITY_NOTE = (
+    "none: an ensemble exports no icm.onnx; each member's curiosity module models its own "
+    "policy's transitions, not the averaged policy's"
+)
+
+
+def check_exportable(manifest: Manifest, run_dir: Path) -> None:
+    """Refuse a representation no graph kind serves."""
+    fs, kind = manifest.feature_spec, manifest.policy.kind
+    if kind == "mlp":
+        ok = fs.kind == "returns" and manifest.tilt is None
+        need = "return-window features and the affine mapping"
+    else:
+        ok = fs.kind == "asset_v1" and manifest.action_mapping == TILT_MAPPING
+        need = "the asset_v1 feature set and the tilt mapping"
+    if not ok:
+        raise ExportError(
+            f"{run_dir}: the {kind} policy with feature set {fs.kind} and mapping "
+            f"{manifest.action_mapping} cannot be exported; {kind} policies are served with {need}"
+        )
+
+
+def model_sha256(loaded: LoadedRun) -> str:
+    """sha256 of the run's ``model.zip`` (verified by ``load_run`` when the manifest lists it)."""
+    listed = loaded.manifest.files.get(RUN_MODEL_FILE)
+    return listed if listed is not None else sha256_file(loaded.run_dir / RUN_MODEL_FILE)
+
+
+def _describe(value: Any) -> str:
+    dumped = value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+    text = repr(dumped)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def check_members(members: Sequence[LoadedRun]) -> None:
+    """Refuse, naming the run and the field, a representation no graph serves, or members that
+    are not one config with k seeds."""
+    first = members[0]
+    check_exportable(first.manifest, first.run_dir)
+    seen_models = {model_sha256(first): first.run_dir}
+    seen_seeds = {first.manifest.seed: first.run_dir}
+    for other in members[1:]:
+        for key in MEMBER_FIELDS:
+            mine, theirs = getattr(first.manifest, key), getattr(other.manifest, key)
+            if mine != theirs:
+                raise ExportError(
+                    f"{other.run_dir}: {key} is {_describe(theirs)}, but {first.run_dir} has "
+                    f"{_describe(mine)}; an ensemble's members must differ only in their seed"
+                )
+        digest = model_sha256(other)
+        if digest in seen_models:
+            raise ExportError(
+                f"{other.run_dir}: the same model.zip as {seen_models[digest]} (sha256 "
+                f"{digest[:12]}...); an ensemble's members are distinct runs"
+            )
+        if other.manifest.seed in seen_seeds:
+            raise ExportError(
+                f"{other.run_dir}: seed {other.manifest.seed}, as {seen_seeds[other.manifest.seed]}"
+                "; an ensemble's members must differ in their seed"
+            )
+        seen_models[digest] = other.run_dir
+        seen_seeds[other.manifest.seed] = other.run_dir
+
+
+def ensemble_info(members: Sequence[LoadedRun]) -> EnsembleInfo:
+    """The manifest's ``ensemble`` field: each member's run, seed, model and statistics."""
+    members_info = [
+        EnsembleMember(
+            run_id=m.run_dir.resolve().name,
+            run_dir=str(m.run_dir.resolve()),
+            name=m.manifest.name,
+            seed=m.manifest.seed,
+            model_sha256=model_sha256(m),
+            normalization=m.manifest.normalization,
+            feature_normalization=m.manifest.feature_normalization,
+            icm=m.manifest.icm is not None,
+        )
+        for m in members
+    ]
+    return EnsembleInfo(combine=COMBINE, members=members_info)
+
 
 SHARED_POSTPROCESSING = (
     "not in the graph: weights = portfolio.tilt_weights(action, portfolio.anchor_weights("
@@ -160,8 +263,7 @@ def _export_info(
         info["source_run"] = str(first.run_dir.resolve())
         info["source_files"] = dict(first.manifest.files)
     else:
-        k = len(members)
-        info["ensemble"] = f"{COMBINE}: the mean of {k} members' deterministic actions"
+        info["ensemble"] = f"{COMBINE}: the mean of {len(members)} members' deterministic actions"
         info["curiosity"] = CURIOSITY_NOTE
         info["parity"]["reference"] = "torch mean of the members"
         info["source_runs"] = [str(m.run_dir.resolve()) for m in members]

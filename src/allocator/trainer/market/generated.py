@@ -149,8 +149,7 @@ def listing_market(
 ) -> pd.DataFrame:
     """Assets listing and delisting (NaN outside their span); ``listing_drifters`` drift up."""
     rng = _rng(seed, 3)
-    up = _listing_up(rng, n_up, listings)
-    mus = np.where(up, drift, 0.0)
+    mus = np.where(_listing_up(rng, n_up, listings), drift, 0.0)
     returns = rng.normal(mus, vol, size=(n_days, len(listings)))
     frame = _prices(returns, [f"L{i}" for i in range(len(listings))])
     for j, (first, last) in enumerate(listings):
@@ -175,8 +174,7 @@ def listing_drifters(
     n_up: int = 3, listings: tuple[tuple[int, int | None], ...] = LISTINGS, seed: int = 0
 ) -> list[str]:
     """The drifting assets of ``listing_market`` with the same arguments."""
-    up = _listing_up(_rng(seed, 3), n_up, listings)
-    return [f"L{j}" for j in np.flatnonzero(up)]
+    return [f"L{j}" for j in np.flatnonzero(_listing_up(_rng(seed, 3), n_up, listings))]
 
 
 def walk_market(

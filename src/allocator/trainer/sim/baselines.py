@@ -208,8 +208,7 @@ class Anchor:
 
     def __call__(self, ctx: DecisionContext) -> NDArray[np.float64]:
         window = ctx.prices[-self.spec.prices_per_asset :].T  # (assets, closes)
-        live = np.ones(len(ctx.assets) + 1, dtype=bool)
-        w = anchor_weights(window, live, self.spec)
+        w = anchor_weights(window, np.ones(len(ctx.assets) + 1, dtype=bool), self.spec)
         return ctx.slot_weights(w[1:], cash=float(w[0]))
 
 

@@ -42,8 +42,7 @@ class RegimeFilter:
         """The posterior after folding in the closes not seen yet (step 0 starts again)."""
         if step == 0 or len(prices) < self.seen:
             self.reset()
-        returns = np.diff(np.log(prices[self.seen - 1 :]), axis=0)
-        for r in returns:
+        for r in np.diff(np.log(prices[self.seen - 1 :]), axis=0):
             loglik = self.loglik(r)
             joint = (self.posterior @ self.transition) * np.exp(loglik - loglik.max())
             self.posterior = joint / joint.sum()
@@ -111,7 +110,7 @@ class SectorFilter(RegimeFilter):
             raise ValueError("the sector filter needs every asset of the market")
         prices = np.empty_like(ctx.prices)
         prices[:, columns] = ctx.prices
-        posterior = self.update(prices, ctx.step)
+        posterior = self.update(prices, ctx.step)  # folds in the closes not seen yet
         held = self.means[np.argmax(posterior)] > 0
         return ctx.slot_weights(held[columns] / held.sum())
 

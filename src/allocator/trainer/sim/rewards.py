@@ -219,8 +219,7 @@ class StructuredCreditReward(Reward[StructuredCreditSettings]):
         credit = float(np.sum(avg_alloc[assets] * soft_log(slot_ret[assets], self.s.soft_log_k)))
         market = float(slot_ret[assets].mean()) if assets.any() else 0.0
         cash = float(avg_alloc[0]) * max(-market, 0.0)
-        j0 = h.window_start(self.s.window)
-        sigma = downside_sigma(h.returns[j0 : h.steps])
+        sigma = downside_sigma(h.returns[h.window_start(self.s.window) : h.steps])
         return float(
             np.clip(credit + cash - self.s.downside_weight * sigma, -self.s.clip, self.s.clip)
         )
@@ -270,8 +269,7 @@ def jitter_penalty(h: EpisodeHistory, weight: float, deadband: float) -> float:
 
 def total_variation_penalty(h: EpisodeHistory, weight: float, window: int) -> float:
     """``weight * sum_{j in window} sum_i |s_j,i - s_{j-1},i|``: thrashing across steps."""
-    j0 = h.window_start(window)
-    w = h.weights[j0 : h.steps + 1]
+    w = h.weights[h.window_start(window) : h.steps + 1]
     return weight * float(np.abs(np.diff(w, axis=0)).sum())
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
@@ -28,15 +27,3 @@ class TurnoverCallback(BaseCallback):
         if self.turnover:
             self.logger.record("rollout/turnover", float(np.mean(self.turnover)))
             self.logger.record("rollout/cost", float(np.mean(self.costs)))
-
-
-class StopWhen(BaseCallback):
-    """Ends ``learn`` after the step at which ``done()`` holds (a step count reached, a SIGTERM):
-    between steps the model, buffer and schedules agree, so it can be checkpointed."""
-
-    def __init__(self, done: Callable[[], bool]) -> None:
-        super().__init__()
-        self.done = done
-
-    def _on_step(self) -> bool:
-        return not self.done()

@@ -143,8 +143,7 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
     """The checkpoint ``checkpoints/latest.json`` names, or a ``ConfigError`` saying why none."""
     root = Path(run_dir) / CHECKPOINTS_DIR
     try:
-        name = json.loads((root / LATEST_FILE).read_text())["dir"]
-        path = root / name
+        path = root / json.loads((root / LATEST_FILE).read_text())["dir"]
         state = json.loads((path / STATE_FILE).read_text())
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(

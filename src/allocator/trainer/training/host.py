@@ -3,6 +3,7 @@ set, so the same config and seed can end elsewhere on another CPU."""
 
 from __future__ import annotations
 
+import contextlib
 import platform
 from pathlib import Path
 
@@ -13,13 +14,11 @@ CPUINFO = Path("/proc/cpuinfo")
 
 def cpu_model(cpuinfo: Path = CPUINFO) -> str:
     """The CPU's model name (Linux's ``/proc/cpuinfo``), else what ``platform`` knows."""
-    try:
+    with contextlib.suppress(OSError):
         for line in cpuinfo.read_text().splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "model name" and value.strip():
                 return value.strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine() or "unknown"
 
 

@@ -123,8 +123,7 @@ def validate_policy(
         "beta": 0.0,
     }
     equal = run_backtest("equal-weight", window=config.env.window, **common)
-    hrp = run_backtest("hrp", **common)
-    out = {agent.name: agent, "equal-weight": equal, "hrp": hrp}
+    out = {agent.name: agent, "equal-weight": equal, "hrp": run_backtest("hrp", **common)}
     spec = config.env.action.tilt_anchor
     if spec is not None:
         out[ANCHOR] = run_backtest(Anchor(spec), window=config.env.window, **common)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, ConvertCallback
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.utils import LinearSchedule as SB3LinearSchedule
@@ -34,7 +34,7 @@ from allocator.trainer.sim.baselines import ANCHOR
 from allocator.trainer.sim.html_report import REPORT_FILE, write_backtest_report
 from allocator.trainer.sim.plots import plot_allocations, plot_performance, plot_training_curves
 from allocator.trainer.training.audit import write_audits
-from allocator.trainer.training.callbacks import StopWhen, TurnoverCallback
+from allocator.trainer.training.callbacks import TurnoverCallback
 from allocator.trainer.training.checkpointing import (
     CheckpointCallback,
     TrainingStoppedError,
@@ -120,7 +120,7 @@ def _policy(config: TrainConfig) -> tuple[Any, dict[str, Any]]:
     return cls, kwargs
 
 
-def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> BaseAlgorithm:
+def build_model(config: TrainConfig, env: Any) -> BaseAlgorithm:
     """The configured SB3 algorithm on ``env`` (CPU by default, CUDA when present)."""
     algo = config.algorithm
     policy, policy_kwargs = _policy(config)
@@ -133,7 +133,6 @@ def build_model(config: TrainConfig, env: Any, tensorboard_dir: Path | None) -> 
         "icm": config.icm,
         "seed": config.seed,
         "device": get_device(config.device),
-        "tensorboard_log": str(tensorboard_dir) if tensorboard_dir else None,
         "verbose": 0,
     }
     if isinstance(algo, TD3Settings):
@@ -229,7 +228,7 @@ class TrainingSession:
         run_dir = run_dir or fresh_path(Path(config.output_dir) / f"{config.name}-{stamp}")
         run_dir.mkdir(parents=True, exist_ok=not fresh)
         (run_dir / CONFIG_FILE).write_text(dump_config(config))
-        model = build_model(config, make_env(config, data), None)
+        model = build_model(config, make_env(config, data))
         assert isinstance(model, OffPolicyAlgorithm)
         return cls(config, run_dir, data, model, {})
 
@@ -282,11 +281,13 @@ class TrainingSession:
         model = self.model
         if self.finished:
             return
+        # A callback answering False ends ``learn`` after that step: between steps the model,
+        # buffer and schedules agree, so it can be checkpointed.
         callbacks = list(self.callbacks)
         if until is not None:  # schedules still span the full budget, as in an interruption
-            callbacks.append(StopWhen(lambda: model.num_timesteps >= until))
+            callbacks.append(ConvertCallback(lambda *_: model.num_timesteps < until))
         if stop is not None:
-            callbacks.append(StopWhen(stop.is_set))
+            callbacks.append(ConvertCallback(lambda *_: not stop.is_set()))
         first = model.num_timesteps
         self._learning_since = time.perf_counter()
         model.learn(
@@ -340,14 +341,12 @@ class TrainingSession:
     def finish(self) -> TrainingRun:
         """Keep the model, then validate, audit, plot and describe it in run.json and manifest."""
         config, run_dir, data, model = self.config, self.run_dir, self.data, self.model
-        if (
-            self.selection is not None
-            and self.selection.state.last_eval_step != model.num_timesteps
-        ):
-            self.selection.evaluate()  # the last model gets its score too
-        self.watch.at_current_step()  # and its saturation, with or without selection
-        if self.selection is not None:  # a resumed run's file may list undone evaluations
+        if self.selection is not None:
+            if self.selection.state.last_eval_step != model.num_timesteps:
+                self.selection.evaluate()  # the last model gets its score too
+            # written again: a resumed run's file may list evaluations it undid
             write_json(run_dir / SELECTION_FILE, self.selection.to_dict())
+        self.watch.at_current_step()  # and its saturation, with or without selection
         chosen = self._keep_models()
         write_json(run_dir / NORMALIZATION_FILE, data.stats.to_dict())
         if data.feature_norm is not None:
