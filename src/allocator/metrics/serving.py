@@ -4,6 +4,8 @@ the status code name), so one selector works across these and the standard ones 
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import math
 import os
 import threading
@@ -13,6 +15,7 @@ from enum import Enum
 from google.protobuf.descriptor import ServiceDescriptor
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import InfoMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from allocator.metrics.buckets import (
@@ -355,3 +358,33 @@ class ServingMetrics:
             for value in values:
                 if value is not None and math.isfinite(value):
                     histogram.observe(value)
+
+
+def worker_restarts_counter(registry: CollectorRegistry) -> Counter:
+    """The supervisor's count of restarted workers (a worker cannot count its own death)."""
+    return Counter(
+        "allocator_serving_worker_restarts_total",
+        "Worker processes of this server started again after they died unexpectedly.",
+        registry=registry,
+    )
+
+
+class WorkerFilesCollector(MultiProcessCollector):
+    """The supervisor's view of its workers' metric files, robust to a worker mid-start:
+    prometheus-client creates a value file and only then sizes it, and reading it at 0 bytes
+    fails the whole scrape, for good if the worker died then (prometheus/client_python#1199). An
+    empty file holds no value yet, so it is skipped."""
+
+    def collect(self) -> Iterable[Metric]:
+        files = sized_files(glob.glob(os.path.join(self._path, "*.db")))
+        return self.merge(files, accumulate=True)  # type: ignore[no-untyped-call]  # unannotated
+
+
+def sized_files(paths: Iterable[str]) -> list[str]:
+    """The files with a header to read; one gone since the glob is skipped too."""
+    out = []
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.getsize(path) > 0:
+                out.append(path)
+    return out

@@ -112,7 +112,7 @@ class Supervisor:
         from prometheus_client import CollectorRegistry
 
         # Only a supervisor reads the workers' files: imported with prometheus_client, here.
-        from allocator.metrics.multiprocess import WorkerFilesCollector, worker_restarts_counter
+        from allocator.metrics.serving import WorkerFilesCollector, worker_restarts_counter
 
         self.config = config
         self.port, self._reserved = reserve_port(config.host, config.port)
