@@ -196,8 +196,7 @@ def lay_out(
         kept.append(state)
         slot_assets.append(new)
         reqs.append(req)
-    n_requested = max(r.n_assets for r in requests)
-    rows = SlotBatch(slot_assets, model.prices_per_asset, n_requested)
+    rows = SlotBatch(slot_assets, model.prices_per_asset, max(r.n_assets for r in requests))
     for i, (request, state, req) in enumerate(zip(requests, kept, reqs, strict=True)):
         rows.place(i, request, req, implied=state is not None)
         if state is not None:
