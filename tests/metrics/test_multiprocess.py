@@ -19,7 +19,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from allocator.metrics.multiprocess import WorkerFilesCollector, sized_files
+from allocator.metrics.serving import WorkerFilesCollector, sized_files
 
 WORKER = """
 from prometheus_client import Counter

@@ -22,9 +22,8 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from allocator.metrics.jobs import JobMetrics
-from allocator.metrics.multiprocess import worker_restarts_counter
 from allocator.metrics.recorder import RecorderMetrics
-from allocator.metrics.serving import ServingMetrics
+from allocator.metrics.serving import ServingMetrics, worker_restarts_counter
 from allocator.metrics.trading import TradingMetrics
 from allocator.serving.server import SERVICE
 

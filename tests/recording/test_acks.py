@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from allocator.recording.migrations import upgrade
-from allocator.recording.recorder import Recorder, RecorderRefusedError
-from allocator.recording.tickets import NotDurableError
+from allocator.recording.recorder import NotDurableError, Recorder, RecorderRefusedError
 from tests.recording.decisions import MODEL, make_decision
 from tests.recording.gated_sink import GatedSink, rows
 

@@ -1,9 +1,11 @@
 """The allocation server's metrics: latency against its budget, outcomes, decisions, model; labels
 named as go-grpc-prometheus names them (``grpc_method``: the short method name, ``grpc_code``:
-the status code name), so one selector works across these and the standard ones."""
+the status code name), so one selector works across these and the standard ones (``grpc``)."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import math
 import os
 import threading
@@ -13,6 +15,7 @@ from enum import Enum
 from google.protobuf.descriptor import ServiceDescriptor
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import InfoMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from allocator.metrics.buckets import (
@@ -21,7 +24,6 @@ from allocator.metrics.buckets import (
     ICM_REWARD_BUCKETS,
     latency_buckets,
 )
-from allocator.metrics.grpc_server import GrpcServerMetrics, code_name
 from allocator.registry.errors import REFUSAL_REASONS
 from allocator.typed_config import one_of
 
@@ -76,6 +78,104 @@ class CurrentInfo(Collector):
         if value is not None:
             family.add_metric([], value)
         return [family]
+
+
+GRPC_TYPES = ("unary", "client_stream", "server_stream", "bidi_stream")
+"""``grpc_type`` by (client streaming, server streaming), as go-grpc-prometheus names them."""
+
+
+def code_name(code: str | Enum) -> str:
+    """``grpc.StatusCode.OK`` and ``"OK"`` both give ``"OK"`` (no grpc import needed here)."""
+    return code.name if isinstance(code, Enum) else str(code)
+
+
+class GrpcServerMetrics:
+    """What stock gRPC dashboards and alerts read, for one service: go-grpc-prometheus's names
+    and labels, plus ``model`` and ``version`` (empty when no model was reached, and on streams,
+    whose messages may address several) so a rollout compares version against version. A unary
+    call is started, received, sent and handled once; a streaming call is started and handled
+    once (the whole call's time), and each message is counted as received and, when answered,
+    as sent."""
+
+    def __init__(
+        self, registry: CollectorRegistry, service: ServiceDescriptor, buckets: Sequence[float]
+    ) -> None:
+        self.service = service.full_name
+        self.method_types = {  # each method's grpc_type, as the proto declares it
+            m.name: GRPC_TYPES[m.client_streaming + 2 * m.server_streaming] for m in service.methods
+        }
+        call = ["grpc_type", "grpc_service", "grpc_method"]
+        self.started = Counter(
+            "grpc_server_started_total", "RPCs started on the server.", call, registry=registry
+        )
+        self.handled = Counter(
+            "grpc_server_handled_total",
+            "RPCs completed on the server, regardless of success or failure, by the model "
+            "version that answered.",
+            [*call, "grpc_code", "model", "version"],
+            registry=registry,
+        )
+        self.handling_seconds = Histogram(
+            "grpc_server_handling_seconds",
+            "Response latency of RPCs handled by the server (the whole call), by the model "
+            "version that answered.",
+            [*call, "model", "version"],
+            buckets=buckets,
+            registry=registry,
+        )
+        self.msg_received = Counter(
+            "grpc_server_msg_received_total",
+            "Messages received from clients.",
+            call,
+            registry=registry,
+        )
+        self.msg_sent = Counter(
+            "grpc_server_msg_sent_total", "Messages sent to clients.", call, registry=registry
+        )
+        for method in self.method_types:  # every call series exists from the start for rate()
+            for counter in (self.started, self.msg_received, self.msg_sent):
+                counter.labels(*self._call(method))
+
+    def _call(self, method: str) -> tuple[str, str, str]:
+        kind = self.method_types.get(method)
+        if kind is None:
+            raise ValueError(
+                f"gRPC method {method!r} is not one of {', '.join(sorted(self.method_types))}"
+            )
+        return kind, self.service, method
+
+    def is_streaming(self, method: str) -> bool:
+        """Whether ``method``'s messages are counted one by one instead of with its call."""
+        return self._call(method)[0] != "unary"
+
+    def observe_started(self, method: str) -> None:
+        """A call of ``method`` arrived (``started - handled`` is the calls in flight)."""
+        self.started.labels(*self._call(method)).inc()
+
+    def observe_message(self, method: str) -> None:
+        """One message of a streaming call, received and answered (an error too)."""
+        call = self._call(method)
+        self.msg_received.labels(*call).inc()
+        self.msg_sent.labels(*call).inc()
+
+    def observe_handled(
+        self,
+        method: str,
+        code: str | Enum,
+        seconds: float,
+        *,
+        model: str = "",
+        version: str = "",
+    ) -> None:
+        """A finished call; a unary one also counts its request, and its response when OK."""
+        call = self._call(method)
+        name = code_name(code)
+        self.handled.labels(*call, name, model, version).inc()
+        self.handling_seconds.labels(*call, model, version).observe(seconds)
+        if call[0] == "unary":
+            self.msg_received.labels(*call).inc()
+            if name == "OK":
+                self.msg_sent.labels(*call).inc()
 
 
 class ServingMetrics:
@@ -258,3 +358,33 @@ class ServingMetrics:
             for value in values:
                 if value is not None and math.isfinite(value):
                     histogram.observe(value)
+
+
+def worker_restarts_counter(registry: CollectorRegistry) -> Counter:
+    """The supervisor's count of restarted workers (a worker cannot count its own death)."""
+    return Counter(
+        "allocator_serving_worker_restarts_total",
+        "Worker processes of this server started again after they died unexpectedly.",
+        registry=registry,
+    )
+
+
+class WorkerFilesCollector(MultiProcessCollector):
+    """The supervisor's view of its workers' metric files, robust to a worker mid-start:
+    prometheus-client creates a value file and only then sizes it, and reading it at 0 bytes
+    fails the whole scrape, for good if the worker died then (prometheus/client_python#1199). An
+    empty file holds no value yet, so it is skipped."""
+
+    def collect(self) -> Iterable[Metric]:
+        files = sized_files(glob.glob(os.path.join(self._path, "*.db")))
+        return self.merge(files, accumulate=True)  # type: ignore[no-untyped-call]  # unannotated
+
+
+def sized_files(paths: Iterable[str]) -> list[str]:
+    """The files with a header to read; one gone since the glob is skipped too."""
+    out = []
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.getsize(path) > 0:
+                out.append(path)
+    return out

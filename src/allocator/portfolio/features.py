@@ -271,7 +271,6 @@ def build_asset_observation(
             f"normalization has {norm.n_features} features, the spec {spec.n_features}"
         )
     live = live_mask(mask)
-    raw = asset_features(prices, live, spec)
-    feats = normalize_features(raw, norm, spec.clip, live)
+    feats = normalize_features(asset_features(prices, live, spec), norm, spec.clip, live)
     layout = FeatureSpec(max_assets=feats.shape[-2], window=spec.n_features, clip=spec.clip)
     return assemble_observation(feats, weights, live, layout)

@@ -65,10 +65,8 @@ class NormalizationStats:
 
 def log_returns(prices: ArrayLike, axis: int = -1) -> NDArray[np.float64]:
     """Daily log returns along ``axis``; one fewer entry than prices on that axis."""
-    p = np.asarray(prices, dtype=np.float64)
-    p = np.moveaxis(p, axis, -1)
-    r = np.log(p[..., 1:] / p[..., :-1])
-    return np.moveaxis(r, -1, axis)
+    p = np.moveaxis(np.asarray(prices, dtype=np.float64), axis, -1)
+    return np.moveaxis(np.log(p[..., 1:] / p[..., :-1]), -1, axis)
 
 
 def live_price_window(

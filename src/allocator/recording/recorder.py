@@ -3,7 +3,13 @@ writer thread writes batches to the database (``sinks``), or to the fsync'd ``Sp
 down, replayed later behind live batches (``backlog``; ``serving.restore`` orders rows by
 ``decided_at``, not arrival). Never a silent drop: a record is refused at the door
 (``RecorderRefusedError``) when the queue or the spool is full; an accepted one is kept in the
-database, the spool, or, when the database refuses it, the spool's quarantine file."""
+database, the spool, or, when the database refuses it, the spool's quarantine file.
+
+A ticket counts the decisions submitted so far; records become durable in queue order, so
+``wait_durable(ticket)`` waits until that many are committed or fsync'd (``ack="durable"``: an
+answer given after it survives a crash), or returns at once (``ack="queued"``: faster, but a crash
+loses the last ``flush_interval``). The writer waits ``commit_window`` after a first record, so
+concurrent ones commit together: durability costs a commit per group, not per call."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -28,24 +35,99 @@ from allocator.recording.sinks import (
     make_sink,
 )
 from allocator.recording.spool import Spool, SpoolError
-from allocator.recording.tickets import (
-    ACK_MODES,
-    AckFutures,
-    NotDurableError,
-    RecorderRefusedError,
-    RecorderStats,
-)
 
 __all__ = ["ACK_MODES", "NotDurableError", "Recorder", "RecorderRefusedError", "RecorderStats"]
 
 log = logging.getLogger(__name__)
 
+ACK_MODES = ("durable", "queued")
+
+
+class RecorderRefusedError(RuntimeError):
+    """The recorder did not accept a record (queue full, spool quota, closed); nothing of it
+    was kept, so the caller must not act as if it were recorded."""
+
+
+class NotDurableError(RecorderRefusedError):
+    """Accepted but not durable in time: the caller must not answer OK (a retry under the same
+    request id is safe); ``timed_out``: its deadline passed, rather than the writer being stuck."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+@dataclass(frozen=True)
+class RecorderStats:
+    """Counters since start, for logs and tests (the same figures as the metrics)."""
+
+    submitted: int
+    durable: int
+    written: int
+    spooled_records: int
+    spool_bytes: int
+    replayed: int
+    rejected: int
+    quarantined: int
+    queue_depth: int
+    database_up: bool
+
+
+class AckFutures:
+    """Event-loop waiters for tickets, completed from the writer thread (under the recorder's
+    lock) through their loop's ``call_soon_threadsafe``."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+
+    def future(self, ticket: int, state: NotDurableError | bool | None) -> asyncio.Future[None]:
+        """A future for ``ticket`` in ``state`` (False: acknowledged; None: waits; or the error)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if state is False:
+            future.set_result(None)
+        elif isinstance(state, NotDurableError):
+            future.set_exception(state)
+        else:
+            self._waiting.append((ticket, future))
+        return future
+
+    def settle(self, durable: int) -> None:
+        for ticket, future in self._waiting:
+            if ticket <= durable:
+                _post(future, None)
+        self._waiting = [(t, f) for t, f in self._waiting if t > durable]
+
+    def fail(self, error: NotDurableError) -> None:
+        for _, future in self._waiting:
+            _post(future, error)
+        self._waiting = []
+
+
+def _post(future: asyncio.Future[None], error: NotDurableError | None) -> None:
+    """Complete ``future`` on its loop; a loop already closed (its server stopped) has no
+    waiter left, and its refusal must not end the writer thread that settles the others."""
+    try:
+        future.get_loop().call_soon_threadsafe(_complete, future, error)
+    except RuntimeError:  # "Event loop is closed"
+        if not future.get_loop().is_closed():
+            raise
+
+
+def _complete(future: asyncio.Future[None], error: NotDurableError | None) -> None:
+    """On the future's loop: its outcome, unless its waiter gave up (cancelled) meanwhile."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
 
 class Recorder(BacklogReplay):
     """Record decisions into ``database_url`` through a spool in ``spool_dir``. ``flush_interval``:
     how long the writer fills a batch with ``ack="queued"`` (and how often an idle one looks at the
-    spool); ``ack``, ``commit_window``: see ``tickets``; ``retry_interval``: the first and longest
-    wait between reconnects."""
+    spool); ``ack``, ``commit_window``: see the module docstring; ``retry_interval``: the first
+    and longest wait between reconnects."""
 
     def __init__(
         self,
@@ -182,7 +264,7 @@ class Recorder(BacklogReplay):
 
     def durable_future(self, ticket: int) -> asyncio.Future[None]:
         """``wait_durable`` for an event loop: a future of the running loop that the writer
-        thread completes (``tickets.AckFutures``); the caller bounds the wait."""
+        thread completes (``AckFutures``); the caller bounds the wait."""
         with self._cond:
             return self._waiters.future(ticket, self._ack_error(ticket))
 

@@ -287,8 +287,7 @@ class StreamAnswer:
         if message.HasField("error"):
             code = _CODES.get(message.error.code, grpc.StatusCode.UNKNOWN)
             error = AllocatorError(code, message.error.message)
-        allocations = [Allocation.from_proto(r) for r in message.responses]
-        return cls(message.sequence, allocations, error)
+        return cls(message.sequence, [Allocation.from_proto(r) for r in message.responses], error)
 
 
 def health_status(outcome: health_pb2.HealthCheckResponse | AllocatorError) -> str:

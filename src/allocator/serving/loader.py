@@ -10,15 +10,24 @@ only; never torch, never unpickling (a training run's ``model.zip`` is refused u
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
+import sys
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+try:
+    import onnxruntime as ort
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "allocator.serving needs onnxruntime: install `allocator[serve]` (onnxruntime-gpu)"
+    ) from exc
 
 from allocator.artifacts.manifest import (
     MANIFEST_FILE,
@@ -46,7 +55,6 @@ from allocator.registry.layout import (
     SHARED_POLICY_OUTPUTS,
 )
 from allocator.serving.graphs import check_flat, check_shared, icm_signature, model_signature
-from allocator.serving.providers import CPU, CUDA, cuda_usable, ort
 
 logger = logging.getLogger("allocator.serving")
 
@@ -59,6 +67,10 @@ PICKLE_SUFFIXES = frozenset(
 )
 
 Float32Array = NDArray[np.float32]
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+CUDA_DRIVER = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
 
 
 @dataclass(frozen=True)
@@ -247,6 +259,48 @@ def _check_listing(directory: Path, manifest: Manifest) -> None:
         )
 
 
+# The onnxruntime-gpu wheel lists CUDA everywhere; where the CUDA libraries or a GPU are
+# missing, asking for it prints red errors and runs on the CPU anyway. Loading the provider's
+# library and asking the driver for a device answers quietly, once per process.
+def cuda_provider_library() -> Path:
+    name = (
+        "onnxruntime_providers_cuda.dll"
+        if sys.platform == "win32"
+        else "libonnxruntime_providers_cuda.so"
+    )
+    return Path(ort.__file__).parent / "capi" / name
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why onnxruntime's CUDA provider cannot run here, or ``None`` when it can."""
+    if CUDA not in ort.get_available_providers():
+        return "this onnxruntime build has no CUDA provider"
+    library = cuda_provider_library()
+    try:
+        ctypes.CDLL(str(library))  # what onnxruntime would do, minus the red error on failure
+    except OSError as exc:
+        return str(exc).replace(f"{library}: ", "")
+    try:
+        driver = ctypes.CDLL(CUDA_DRIVER)
+    except OSError:
+        return f"no NVIDIA driver ({CUDA_DRIVER} not found)"
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) or driver.cuDeviceGetCount(ctypes.byref(count)) or count.value < 1:
+        return "the CUDA driver sees no GPU"
+    return None
+
+
+@cache
+def cuda_usable() -> bool:
+    """Whether to ask onnxruntime for CUDA; when not, say why once."""
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        logger.info(
+            "onnxruntime's CUDA provider cannot run here (%s): models run on the CPU", reason
+        )
+    return reason is None
+
+
 def session_options() -> Any:
     """One intra-op thread, run on the caller's: a batch takes microseconds, and handing it to
     a pool thread costs a wake-up per call (about 0.4 ms) for no speed."""
@@ -260,7 +314,7 @@ def session_options() -> Any:
 
 def _make_session(path: Path, expected_sha256: str, prefer_cuda: bool) -> Any:
     """The file hashed again as read (the session gets exactly what was verified), on CUDA first
-    when wanted and usable (``serving.providers``), else or on failure on the CPU."""
+    when wanted and usable (``cuda_usable``), else or on failure on the CPU."""
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != expected_sha256:
         raise ModelLoadError(

@@ -86,8 +86,7 @@ def read_prices_csv(
 
 def synthetic_prices(n_assets: int, rows: int, seed: int) -> tuple[list[str], Float64Array]:
     """Geometric random walks from 100: for trying a server without market data."""
-    rng = np.random.default_rng(seed)
-    log_returns = rng.normal(0.0003, 0.015, size=(n_assets, rows - 1))
+    log_returns = np.random.default_rng(seed).normal(0.0003, 0.015, size=(n_assets, rows - 1))
     paths = 100.0 * np.exp(np.concatenate([np.zeros((n_assets, 1)), log_returns], axis=1).cumsum(1))
     return [f"SYN{i + 1}" for i in range(n_assets)], paths
 
@@ -188,8 +187,7 @@ def request_command(
     )
     try:
         with client:
-            info = pick_model(client.list_models(), model, model_version)
-            rows = info.window + 1
+            rows = pick_model(client.list_models(), model, model_version).window + 1
             if prices_csv is not None:
                 wanted = [a.strip() for a in assets.split(",")] if assets else None
                 asset_ids, prices = read_prices_csv(prices_csv, rows, wanted)

@@ -1,5 +1,5 @@
-"""The gRPC allocation server: one event loop per process (``grpc.aio`` on the thread of
-``serving.event_loop``) answers every call; the request path, step by step, is flow (a) of
+"""The gRPC allocation server: one event loop per process (``grpc.aio`` on an
+``EventLoopThread``) answers every call; the request path, step by step, is flow (a) of
 docs/architecture.md. Only a bug gives INTERNAL (``serving.status``).
 """
 
@@ -9,9 +9,10 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Coroutine
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -28,7 +29,6 @@ from allocator.serving.catalog import CatalogSnapshot, ModelCatalog
 from allocator.serving.client import MESSAGE_LIMITS
 from allocator.serving.config import ServerConfig
 from allocator.serving.decoding import DecodeGuardInterceptor
-from allocator.serving.event_loop import EventLoopThread
 from allocator.serving.loader import LoadedModel
 from allocator.serving.proto import SERVICE_NAME
 from allocator.serving.proto.v1 import allocator_pb2 as pb
@@ -55,6 +55,61 @@ def _model_record(model: LoadedModel) -> ModelRecord:
     return ModelRecord(
         model.name, model.version, model.manifest.algorithm, manifest, dict(model.manifest.files)
     )
+
+
+T = TypeVar("T")
+
+LoopKind = Literal["uvloop", "asyncio"]
+
+
+def new_event_loop(kind: LoopKind) -> asyncio.AbstractEventLoop:
+    """A new loop of ``kind``; uvloop missing (Windows has no wheels) is a clear error."""
+    if kind == "asyncio":
+        return asyncio.new_event_loop()
+    try:
+        import uvloop  # only when chosen: the asyncio loop needs nothing installed
+    except ImportError as exc:
+        raise RuntimeError(
+            "event_loop: uvloop is not installed (pip install uvloop, or set event_loop: asyncio)"
+        ) from exc
+    return uvloop.new_event_loop()
+
+
+class EventLoopThread:
+    """An event loop of ``kind`` running on a daemon thread until ``close``, so the main thread
+    stays free for signals and tests and demos can drive a server from synchronous code. uvloop
+    by default: grpc.aio hands every completion to the loop, and libuv's loop runs those
+    callbacks, futures and thread hand-offs for less Python than asyncio's."""
+
+    def __init__(self, kind: LoopKind = "uvloop") -> None:
+        self.loop = new_event_loop(kind)
+        self._thread = threading.Thread(target=self._serve, name="allocator-loop", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the loop from any other thread; its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        if self._thread.is_alive():
+            self.run(_cancel_others())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+        self.loop.close()
+
+
+async def _cancel_others() -> None:
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass(eq=False)

@@ -290,8 +290,7 @@ class RedisStateStore:
             delay = min(2 * delay, _BACKOFF_MAX)
 
     def _release(self, keys: list[str], token: str, ops: str, values: list[bytes]) -> None:
-        n = len(ops)
-        lost = self._release_script(keys=keys, args=[token, n, ops, *values])
+        lost = self._release_script(keys=keys, args=[token, len(ops), ops, *values])
         if lost:
             raise StateLockLostError(
                 f"{lost} portfolio lock(s) expired before the write (held longer than the "
@@ -336,8 +335,7 @@ class RedisStateStore:
             return None
 
     def reset(self, portfolio_id: str) -> bool:
-        ids = _unique_ids([portfolio_id])
-        keys, token, raw = self._acquire(ids)
+        keys, token, raw = self._acquire(_unique_ids([portfolio_id]))
         self._release(keys, token, "D", [b""])
         return raw[0] is not None
 

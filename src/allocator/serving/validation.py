@@ -262,8 +262,7 @@ def _distributions(block: Float64Array) -> bool:
     """Every row a distribution; bounds first, so huge weights fail without overflowing a sum."""
     if not (_min(block, None) >= 0.0 and _max(block, None) <= 1.0 + WEIGHT_SUM_TOLERANCE):
         return False
-    totals = _sum(block, axis=1)
-    return bool(_max(np.abs(totals - 1.0)) <= WEIGHT_SUM_TOLERANCE)
+    return bool(_max(np.abs(_sum(block, axis=1) - 1.0)) <= WEIGHT_SUM_TOLERANCE)
 
 
 def _rows(

@@ -112,7 +112,7 @@ class Supervisor:
         from prometheus_client import CollectorRegistry
 
         # Only a supervisor reads the workers' files: imported with prometheus_client, here.
-        from allocator.metrics.multiprocess import WorkerFilesCollector, worker_restarts_counter
+        from allocator.metrics.serving import WorkerFilesCollector, worker_restarts_counter
 
         self.config = config
         self.port, self._reserved = reserve_port(config.host, config.port)
@@ -282,8 +282,7 @@ class Supervisor:
 
 def _die_with_parent(parent: int) -> None:
     if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
 

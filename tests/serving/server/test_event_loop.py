@@ -11,10 +11,9 @@ import grpc
 import numpy as np
 import pytest
 
-from allocator.serving.event_loop import EventLoopThread
 from allocator.serving.proto.v1 import allocator_pb2 as pb
 from allocator.serving.proto.v1 import allocator_pb2_grpc as pb_grpc
-from allocator.serving.server import ServerConfig
+from allocator.serving.server import EventLoopThread, ServerConfig
 from tests.serving.server.helpers import batch_of, make_request, start_server
 
 
