@@ -18,16 +18,9 @@ from skfolio.seriation import HierarchicalSeriation
 from sklearn.covariance import ledoit_wolf as sklearn_ledoit_wolf
 
 from allocator.portfolio import AnchorKind, AnchorSpec, anchor_weights, log_returns
-from allocator.portfolio.tilt import (
-    VOL_FLOOR,
-    correlation_distance,
-    hrp_weights,
-    ledoit_wolf,
-    min_variance_weights,
-    nnls_normal,
-    risk_covariance,
-    single_linkage_order,
-)
+from allocator.portfolio.hrp import correlation_distance, hrp_weights, single_linkage_order
+from allocator.portfolio.min_variance import min_variance_weights, nnls_normal
+from allocator.portfolio.tilt import VOL_FLOOR, ledoit_wolf, risk_covariance
 from tests.portfolio.strategies import permutation, universe
 
 RISK_KINDS = [AnchorKind.MIN_VARIANCE, AnchorKind.HRP]

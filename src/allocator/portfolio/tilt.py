@@ -19,8 +19,10 @@ from enum import StrEnum
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
+from allocator.portfolio.hrp import hrp_weights
+from allocator.portfolio.min_variance import min_variance_weights
 from allocator.portfolio.observation import live_price_window, log_returns
 from allocator.portfolio.weights import CASH, BoolArray, FloatArray, live_mask
 
@@ -30,8 +32,6 @@ inverse-volatility score stays finite and a covariance stays invertible."""
 
 MAX_TILT_STRENGTH = 100.0
 """Largest ``k``: exp(2k) stays far from overflow, and beyond it the tilt is an argmax anyway."""
-_EPS = float(np.finfo(np.float64).eps)
-IntArray = NDArray[np.int64]
 _CANCELLATION_LIMIT = 0.5
 """Below this the ``1 + sum`` denominator has lost digits to cancellation (most anchor mass on
 strongly negative actions), and the max-shifted softmax form is used instead."""
@@ -107,142 +107,6 @@ def sorted_sum(x: FloatArray) -> FloatArray:
     ordered = np.array(x, dtype=np.float64)  # a copy, sorted in place (no wrapper overhead)
     ordered.sort(axis=-1)
     return np.add.reduce(ordered, axis=-1, keepdims=True)
-
-
-def nnls_normal(gram: ArrayLike, rhs: ArrayLike) -> FloatArray:
-    """Lawson-Hanson: ``argmin ||A v - b||`` over ``v >= 0`` from ``A' A`` (positive definite)
-    and ``A' b``; ties go to the lowest index."""
-    g = np.asarray(gram, dtype=np.float64)
-    c = np.asarray(rhs, dtype=np.float64)
-    n = c.shape[0]
-    if g.shape != (n, n):
-        raise ValueError(f"gram must be ({n}, {n}), got {g.shape}")
-    v = np.zeros(n)
-    passive = np.zeros(n, dtype=bool)
-    scale = float(np.abs(g).max(initial=0.0))
-    for _ in range(3 * n + 1):  # scipy's cap of 3n outer iterations (v stays feasible), plus one
-        gradient = c - g @ v
-        tol = 16.0 * n * _EPS * (float(np.abs(c).max()) + scale * float(np.abs(v).sum()))
-        entering = ~passive & (gradient > tol)
-        if not entering.any():
-            break
-        passive[int(np.argmax(np.where(entering, gradient, -np.inf)))] = True
-        v = _feasible_step(g, c, v, passive)
-    return v
-
-
-def _feasible_step(g: FloatArray, c: FloatArray, v: FloatArray, passive: BoolArray) -> FloatArray:
-    """Lawson-Hanson's inner loop; updates ``passive`` in place."""
-    while passive.any():
-        idx = np.flatnonzero(passive)
-        z = np.zeros_like(v)
-        z[idx] = np.linalg.solve(g[np.ix_(idx, idx)], c[idx])
-        if np.all(z[idx] > 0.0):
-            return z
-        blocked = idx[z[idx] <= 0.0]
-        gap = v[blocked] - z[blocked]  # >= 0: v >= 0 >= z on the blocked variables
-        ratios = np.divide(v[blocked], gap, out=np.zeros_like(gap), where=gap > 0.0)
-        first = int(blocked[np.argmin(ratios)])
-        v = v + ratios.min() * (z - v)
-        v[first] = 0.0
-        passive &= v > 0.0
-        v[~passive] = 0.0
-    return v
-
-
-def min_variance_weights(cov: ArrayLike) -> FloatArray:
-    """The long-only minimum-variance weights ``(N,)`` of a positive definite covariance:
-    ``min w' S w`` subject to ``sum w = 1``, ``w >= 0``, solved exactly. With ``S = L L'`` it is
-    the non-negative least squares ``min ||L' v - L^{-1} 1||`` over ``v >= 0``, and
-    ``w = v / sum v``; Lawson-Hanson solves that from ``A' A = S`` and ``A' b = 1`` alone, so no
-    Cholesky factor (which a barely positive definite estimate can fail) is taken."""
-    s = np.asarray(cov, dtype=np.float64)
-    n = s.shape[0]
-    v = nnls_normal(s, np.ones(n))
-    total = v.sum()
-    if not (np.isfinite(total) and total > 0.0):  # pragma: no cover - needs a non-PD input
-        return np.full(n, 1.0 / n)
-    return v / total
-
-
-def correlation_distance(cov: ArrayLike) -> FloatArray:
-    s = np.asarray(cov, dtype=np.float64)
-    sd = np.sqrt(np.diag(s))
-    rho = np.clip(s / np.outer(sd, sd), -1.0, 1.0)
-    np.fill_diagonal(rho, 1.0)
-    return np.sqrt(0.5 * (1.0 - rho))
-
-
-def single_linkage_order(distance: ArrayLike) -> IntArray:
-    """scipy's ``leaves_list(linkage(squareform(distance), "single"))`` when no distances tie:
-    the minimum spanning tree's edges merged by length, the lower id drawn on the left."""
-    d = np.asarray(distance, dtype=np.float64)
-    n = d.shape[0]
-    edges: list[tuple[float, int, int]] = []
-    in_tree = np.zeros(n, dtype=bool)
-    in_tree[0] = True
-    best, parent = d[0].copy(), np.zeros(n, dtype=np.int64)
-    for _ in range(n - 1):
-        j = int(np.argmin(np.where(in_tree, np.inf, best)))
-        edges.append((float(best[j]), int(parent[j]), j))
-        in_tree[j] = True
-        closer = ~in_tree & (d[j] < best)
-        best, parent = np.where(closer, d[j], best), np.where(closer, j, parent)
-    edges.sort(key=lambda e: e[0])  # stable, like scipy's mergesort of the tree's edges
-    cluster = np.arange(n)  # the cluster id each leaf is now in; merge k gets id n + k
-    children: dict[int, tuple[int, int]] = {}
-    for k, (_, a, b) in enumerate(edges):
-        ra, rb = sorted((int(cluster[a]), int(cluster[b])))
-        children[n + k] = (ra, rb)
-        cluster[(cluster == ra) | (cluster == rb)] = n + k
-    order: list[int] = []
-    stack = [2 * n - 2]
-    while stack:
-        node = stack.pop()
-        if node < n:
-            order.append(node)
-        else:
-            left, right = children[node]
-            stack += [right, left]
-    return np.asarray(order, dtype=np.int64)
-
-
-def hrp_weights(cov: ArrayLike) -> FloatArray:
-    """Hierarchical risk parity (Lopez de Prado, 2016) weights ``(N,)`` of a covariance with
-    positive variances, summing to 1: skfolio's ``HierarchicalRiskParity`` with variance risk,
-    single linkage and no optimal leaf reordering. The single-linkage dendrogram of the
-    correlation distances ``sqrt((1 - rho) / 2)`` orders the assets; recursive bisection of that
-    order gives each half of a list its parent's weight in inverse proportion to its variance (at
-    inverse-variance weights). The dendrogram depends on the rows' order: the anchors pass them
-    in a canonical one."""
-    s = np.asarray(cov, dtype=np.float64)
-    order = single_linkage_order(correlation_distance(s))
-    s = s[np.ix_(order, order)]  # in leaf order every cluster is a slice
-    inverse_variance = 1.0 / np.diag(s)
-    weights = np.ones(s.shape[0])
-    clusters = [(0, s.shape[0])]
-    while clusters:
-        halves = []
-        for start, stop in clusters:
-            if stop - start < 2:
-                continue
-            mid = (start + stop) // 2
-            left = _cluster_variance(s, inverse_variance, start, mid)
-            right = _cluster_variance(s, inverse_variance, mid, stop)
-            alpha = 1.0 - left / (left + right)
-            weights[start:mid] *= alpha
-            weights[mid:stop] *= 1.0 - alpha
-            halves += [(start, mid), (mid, stop)]
-        clusters = halves
-    out = np.empty_like(weights)
-    out[order] = weights
-    return out
-
-
-def _cluster_variance(s: FloatArray, inverse_variance: FloatArray, start: int, stop: int) -> float:
-    """Variance of the inverse-variance portfolio of the leaves ``start:stop``."""
-    w = inverse_variance[start:stop] / inverse_variance[start:stop].sum()
-    return float(w @ s[start:stop, start:stop] @ w)
 
 
 RISK_ALLOCATIONS: dict[AnchorKind, Callable[[FloatArray], FloatArray]] = {
