@@ -209,16 +209,13 @@ def _check_icm(
     before: Path, after: Path, obs: tuple[Obs, Obs], acts: tuple[Array, Array], n_act: int
 ) -> float:
     """Exact ICM encoder, inverse-model (old slots) and forward-model outputs, old vs widened."""
-    old, new = icm_net(before), icm_net(after)
-    phi_old = canonical_forward(old.encoder, obs[0])
-    phi_new = canonical_forward(new.encoder, obs[1])
-    pair_old = np.concatenate([phi_old, phi_old[::-1]], axis=1)
-    pair_new = np.concatenate([phi_new, phi_new[::-1]], axis=1)
-    inv_old = canonical_forward(old.inverse_model, pair_old)
-    inv_new = canonical_forward(new.inverse_model, pair_new)[:, :n_act]
-    fwd_old = canonical_forward(old.forward_model, np.concatenate([phi_old, acts[0]], axis=1))
-    fwd_new = canonical_forward(new.forward_model, np.concatenate([phi_new, acts[1]], axis=1))
-    return max(max_abs(phi_old, phi_new), max_abs(inv_old, inv_new), max_abs(fwd_old, fwd_new))
+    outputs = []
+    for net, x, act in zip((icm_net(before), icm_net(after)), obs, acts, strict=True):
+        phi = canonical_forward(net.encoder, x)
+        inverse = canonical_forward(net.inverse_model, np.concatenate([phi, phi[::-1]], axis=1))
+        forward = canonical_forward(net.forward_model, np.concatenate([phi, act], axis=1))
+        outputs.append((phi, inverse[:, :n_act], forward))  # the old slots' inverse outputs
+    return max(max_abs(a, b) for a, b in zip(*outputs, strict=True))
 
 
 def _widened_probes(spec: FeatureSpec, max_assets: int) -> tuple[Obs, Obs, int]:

@@ -92,10 +92,8 @@ class ObservationNormalizer(nn.Module):
     def forward(self, raw: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         m, f, slots = self.layout.max_assets, self.layout.window, self.layout.n_slots
         live = live_slots(mask)
-        block = raw[:, : m * f].reshape(-1, m, f)
-        z = self.normalizer(block, live[:, 1:]).reshape(-1, m * f)
-        weights = raw[:, m * f : m * f + slots]
-        return torch.cat([z, weights, live.to(torch.float32)], dim=-1)
+        z = self.normalizer(raw[:, : m * f].reshape(-1, m, f), live[:, 1:]).reshape(-1, m * f)
+        return torch.cat([z, raw[:, m * f : m * f + slots], live.to(torch.float32)], dim=-1)
 
 
 class Member(nn.Module):
@@ -117,9 +115,8 @@ class Member(nn.Module):
         if self.shared:
             features, weights, mask = inputs
             live = live_slots(mask)
-            live_assets, live_f = live[:, 1:], live.to(torch.float32)
-            z = self.normalizer(features, live_assets)
-            return self.actor.forward_sets(z, weights, live_f)  # type: ignore[operator]
+            z = self.normalizer(features, live[:, 1:])
+            return self.actor.forward_sets(z, weights, live.to(torch.float32))  # type: ignore[operator]
         obs = self.normalizer(*inputs)
         if self.squashed_gaussian:
             mean, _, _ = self.actor.get_action_dist_params(obs)  # type: ignore[operator]

@@ -75,8 +75,7 @@ class LoadedRun:
     ) -> Float32Array:
         """The torch reference of a shared actor on any number of assets (``forward_sets``)."""
         args = (torch.as_tensor(np.asarray(x, dtype=np.float32)) for x in (features, weights, mask))
-        sets = self.model.actor.forward_sets(*args)  # type: ignore[operator]
-        return sets.numpy().astype(np.float32)
+        return self.model.actor.forward_sets(*args).numpy().astype(np.float32)  # type: ignore[operator]
 
 
 def _check_saved(run_dir: Path, field: str, file: str, ours: Any) -> None:

@@ -213,8 +213,7 @@ def normalize_flat(loaded: LoadedRun, raw: Float32Array, masks: Float32Array) ->
     n_feat = layout.max_assets * layout.window
     block = raw[:, :n_feat].reshape(-1, layout.max_assets, layout.window)
     z = normalize_features(block, loaded.feature_norm, layout.clip, masks)
-    weights = raw[:, n_feat : n_feat + layout.n_slots]
-    return assemble_observation(z, weights, masks, layout)
+    return assemble_observation(z, raw[:, n_feat : n_feat + layout.n_slots], masks, layout)
 
 
 def _raw_observation(env: PortfolioEnv, loaded: LoadedRun) -> Float32Array:

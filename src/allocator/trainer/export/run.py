@@ -101,8 +101,7 @@ def model_sha256(loaded: LoadedRun) -> str:
 
 
 def _describe(value: Any) -> str:
-    dumped = value.model_dump(mode="json") if hasattr(value, "model_dump") else value
-    text = repr(dumped)
+    text = repr(value.model_dump(mode="json") if hasattr(value, "model_dump") else value)
     return text if len(text) <= 200 else text[:197] + "..."
 
 
