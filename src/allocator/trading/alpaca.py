@@ -115,10 +115,9 @@ class AlpacaBroker:
         """Send ``order`` unless Alpaca knows its client order id, then wait until it is final."""
         if self._order(order.client_order_id) is None:
             scale = 10**QTY_DECIMALS
-            quantity = int(order.quantity * scale) / scale
             request = self.sdk.market(
                 symbol=order.asset,
-                qty=quantity,
+                qty=int(order.quantity * scale) / scale,
                 side=self.sdk.side.BUY if order.side == BUY else self.sdk.side.SELL,
                 time_in_force=self.sdk.tif.DAY,
                 client_order_id=order.client_order_id,

@@ -110,8 +110,7 @@ def position(session: Session, account_id: int, asset: str) -> Position:
 
 def apply_fill(session: Session, order: Order, fill: BrokerFill, bar_date: dt.date) -> None:
     """Record ``fill`` of ``order`` and move the positions, unless it was recorded before."""
-    seen = session.scalar(select(Fill.id).where(Fill.broker_fill_id == fill.fill_id))
-    if seen is not None:
+    if session.scalar(select(Fill.id).where(Fill.broker_fill_id == fill.fill_id)) is not None:
         return
     held = position(session, order.account_id, order.asset)
     cash = position(session, order.account_id, CASH_ID)

@@ -144,12 +144,8 @@ def run_cycle(
                 session.commit()
                 metrics.cycles.labels(account_name, "already_done").inc()
                 return describe(session, done, "already done")
-            later = session.scalar(
-                select(TradeCycle.bar_date)
-                .where(TradeCycle.account_id == account.id, TradeCycle.bar_date > bar_date)
-                .limit(1)
-            )
-            if later is not None:
+            later = book.last_traded(session, account_name)
+            if later is not None and later > bar_date:
                 raise TradingError(
                     f"account {account_name!r} already traded {later.isoformat()}, after "
                     f"{bar_date.isoformat()}: cycles run forward in time"
