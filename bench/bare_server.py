@@ -9,15 +9,19 @@ to the graph's input width, one ``session.run``, the graph's weights (or its act
 response. No validation, no state, no recording, no
 metrics: a correct server cannot be faster than this on the same stack.
 
+``--aio`` serves the same handlers on ``grpc.aio`` and uvloop, answering on the event loop's
+thread as ``allocator serve`` does, so the pair says what the asyncio server costs by itself.
+
 Run: ``python bench/bare_server.py --model REGISTRY/NAME/VERSION/model.onnx --port 50051``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -102,13 +106,58 @@ class BareAllocator(pb_grpc.AllocatorServicer):
             )
 
 
+class AsyncBareAllocator(pb_grpc.AllocatorServicer):
+    """The same answers from coroutines on the event loop's thread (no handler threads)."""
+
+    def __init__(self, bare: BareAllocator) -> None:
+        self.bare = bare
+
+    async def Allocate(  # noqa: N802
+        self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AllocateResponse:
+        return self.bare._answer([request])[0]
+
+    async def AllocateBatch(  # noqa: N802
+        self, request: pb.AllocateBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AllocateBatchResponse:
+        return pb.AllocateBatchResponse(responses=self.bare._answer(list(request.requests)))
+
+    async def AllocateStream(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[pb.AllocateStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.AllocateStreamResponse]:
+        async for message in request_iterator:
+            responses = self.bare._answer(list(message.batch.requests))
+            yield pb.AllocateStreamResponse(sequence=message.sequence, responses=responses)
+
+
+OPTIONS = [
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", 64 << 20),
+]
+"""The same message limits as the load generator."""
+
+
+async def serve_aio(model: Path, port: int) -> None:
+    """Serve on ``grpc.aio`` until SIGTERM or SIGINT."""
+    server = grpc.aio.server(options=OPTIONS)
+    pb_grpc.add_AllocatorServicer_to_server(AsyncBareAllocator(BareAllocator(model)), server)
+    if server.add_insecure_port(f"127.0.0.1:{port}") == 0:
+        raise SystemExit(f"cannot bind 127.0.0.1:{port}")
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print("SERVING", flush=True)
+    await stop.wait()
+    await server.stop(grace=1)
+
+
 def serve(model: Path, port: int, threads: int = 16) -> None:
-    """Serve until SIGTERM or SIGINT, with the same message limits as the load generator."""
-    options = [
-        ("grpc.max_send_message_length", 64 << 20),
-        ("grpc.max_receive_message_length", 64 << 20),
-    ]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=options)
+    """Serve until SIGTERM or SIGINT on a pool of handler threads."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=OPTIONS)
     pb_grpc.add_AllocatorServicer_to_server(BareAllocator(model), server)
     if server.add_insecure_port(f"127.0.0.1:{port}") == 0:
         raise SystemExit(f"cannot bind 127.0.0.1:{port}")
@@ -126,8 +175,14 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True, help="a model.onnx")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--threads", type=int, default=16, help="handler threads")
+    parser.add_argument("--aio", action="store_true", help="grpc.aio on uvloop, no threads")
     args = parser.parse_args()
-    serve(args.model, args.port, args.threads)
+    if args.aio:
+        import uvloop  # the serve extra's event loop, as allocator serve runs it
+
+        uvloop.run(serve_aio(args.model, args.port))
+    else:
+        serve(args.model, args.port, args.threads)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ that the figures compare), beside the same bare server. ``--channels`` opens tha
 connections per load phase (calls spread over them): the kernel spreads a multi-process
 server's connections, not its calls, so one connection would reach one worker.
 
+``--bare-aio`` adds the same bare server on ``grpc.aio`` (``bare_server.py --aio``), compared
+with ``bare`` like a database: what the asyncio server costs before any of Allocator's work.
+
 ``comparison`` gives, per compared phase and database, the medians over rounds and their
 ratios to the bare server's (P50, P95, rate). Every call uses a new request id (a reused one
 would be answered from the portfolio's state). At the end every server is stopped with SIGTERM
@@ -129,6 +132,8 @@ def free_port() -> int:
 
 BARE = "bare"
 """The target name of ``bench/bare_server.py``; the others are named by their database."""
+BARE_AIO = "bare-aio"
+"""``--bare-aio``: the same bare server on ``grpc.aio``, compared with ``bare`` like a database."""
 
 
 def _wait_serving(target: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -308,6 +313,11 @@ def main() -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--channels", type=int, default=1, help="connections per load phase")
     parser.add_argument("--budget-ms", type=float, default=10.0)
+    parser.add_argument(
+        "--bare-aio",
+        action="store_true",
+        help="also run the bare server on grpc.aio (the asyncio server's own cost)",
+    )
     args = parser.parse_args()
     databases = [d for d in args.databases.split(",") if d]
     unknown = sorted(set(databases) - {"sqlite", "postgresql"})
@@ -385,6 +395,9 @@ def main() -> None:
                 str(args.threads),
             ],
         )
+        if args.bare_aio:
+            bare = [sys.executable, str(ROOT / "bench" / "bare_server.py")]
+            servers.start(BARE_AIO, [*bare, "--model", str(version_dir / MODEL_FILE), "--aio"])
         window = args.batch_window_ms
         for db, url in urls.items():
             servers.start(
@@ -479,7 +492,7 @@ def main() -> None:
             {
                 "benchmark": "serve_latency",
                 "model": model,
-                "comparison": _summary(results, list(urls)),
+                "comparison": _summary(results, [*urls, *([BARE_AIO] if args.bare_aio else [])]),
                 "clients": args.clients,
                 "recording": recording,
                 "phases": results,
