@@ -497,6 +497,7 @@ def main() -> None:
                 "recording": recording,
                 "phases": results,
                 "bare_server_exit_code": exit_codes.get(BARE),
+                **({"bare_aio_exit_code": exit_codes.get(BARE_AIO)} if args.bare_aio else {}),
                 "setup_seconds": round(setup, 1),
                 "machine": machine,
             },
