@@ -109,8 +109,7 @@ def validate_policy(
     feature_norm: FeatureNormalization | None = None,
 ) -> tuple[dict[str, BacktestResult], np.ndarray]:
     """The policy, equal weight, HRP (the strongest simple baseline) and a tilt's anchor."""
-    d = config.data
-    span = (d.validation_start, d.validation_end)
+    span = (config.data.validation_start, config.data.validation_end)
     agent, actions = backtest_model(model, config, data, span, stats, feature_norm)
     common = {
         "data": data,
