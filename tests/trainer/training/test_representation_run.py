@@ -16,9 +16,9 @@ from allocator.portfolio import FeatureNormalization, fit_feature_normalization
 from allocator.trainer.agents.shared_policies import SharedSACPolicy, SharedTD3Policy
 from allocator.trainer.market.data import load_dataset
 from allocator.trainer.training.config import load_config
+from allocator.trainer.training.inputs import split_training_span
 from allocator.trainer.training.run import TrainingRun, train
 from allocator.trainer.training.run_dir import FEATURE_NORMALIZATION_FILE
-from allocator.trainer.training.selection import split_training_span
 from allocator.typed_config import ConfigError
 from tests.trainer.tiny import TINY_TRAINING
 

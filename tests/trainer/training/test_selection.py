@@ -16,9 +16,9 @@ from allocator.trainer.agents.td3 import SmoothTD3
 from allocator.trainer.market.data import MarketData, load_dataset
 from allocator.trainer.sim.env import EnvConfig
 from allocator.trainer.training.config import SelectionSettings, TrainConfig, load_config
+from allocator.trainer.training.inputs import split_training_span
 from allocator.trainer.training.policy_eval import validate_policy
 from allocator.trainer.training.run import TrainingRun, TrainingSession, train
-from allocator.trainer.training.selection import split_training_span
 from allocator.typed_config import ConfigError
 from tests.markets import write_sp500_slice
 from tests.trainer.tiny import TINY_TRAINING

@@ -117,13 +117,11 @@ def _backtest_env(
     feature_norm: FeatureNormalization | None,
 ) -> PortfolioEnv:
     """The backtest's environment; statistics not given are fitted on the data before ``t0``."""
-    columns = [data.assets.index(a) for a in names]
+    seen = data.prices[: t0 + 1][:, [data.assets.index(a) for a in names]]
     if stats is None:
-        stats = fit_normalization(data.prices[: t0 + 1][:, columns])
+        stats = fit_normalization(seen)
     if feature_norm is None and base.features == "asset_v1":
-        feature_norm = fit_feature_normalization(
-            data.prices[: t0 + 1][:, columns], base.asset_feature_spec
-        )
+        feature_norm = fit_feature_normalization(seen, base.asset_feature_spec)
     config = EnvConfig(**base.model_dump() | settings)
     return PortfolioEnv(data, config, stats=stats, feature_norm=feature_norm)
 
@@ -151,7 +149,6 @@ def run_backtest(
         name = str(getattr(policy, "name", getattr(policy, "__name__", type(policy).__name__)))
         pol = policy
     base = env_config or EnvConfig(window=window)
-    window = base.window
     t0, t1, names = backtest_span(data, start, end, assets, base.history)
     m = max(len(names), max_assets or 0)
     settings = {
@@ -198,7 +195,7 @@ def run_backtest(
             "assets": names,
             "cost_bps": cost_bps,
             "beta": beta,
-            "window": window,
+            "window": base.window,
             "initial_value": initial_value,
             "dataset": data.source,
         },

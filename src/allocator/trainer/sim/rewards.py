@@ -246,8 +246,7 @@ class ShapleyReward(Reward[ShapleySettings]):
 
     def __call__(self, h: EpisodeHistory) -> float:
         avg_alloc, slot_ret, _ = window_credit_inputs(h, self.s.window)
-        total = float(shapley_values(avg_alloc, slot_ret).sum())
-        return float(np.clip(total, -self.s.clip, self.s.clip))
+        return float(np.clip(shapley_values(avg_alloc, slot_ret).sum(), -self.s.clip, self.s.clip))
 
 
 # --- penalties ---------------------------------------------------------------------------

@@ -11,9 +11,9 @@ from numpy.typing import ArrayLike
 
 from allocator.artifacts.files import write_json
 from allocator.portfolio import NormalizationStats, log_returns, normalize_returns
-from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import BacktestResult
 from allocator.trainer.training.config import TrainConfig
+from allocator.trainer.training.inputs import TrainingData
 
 SATURATION_FILE = "action_saturation.json"
 SCALE_FILE = "state_scale_summary.json"
@@ -116,14 +116,13 @@ def _mapping_summary(a: np.ndarray, live: np.ndarray, mapping: str, k: float) ->
 def write_audits(
     run_dir: Path,
     config: TrainConfig,
-    train_data: MarketData,
-    stats: NormalizationStats,
+    data: TrainingData,
     agent: BacktestResult,
     actions: np.ndarray,
 ) -> None:
     """The state-scale and action-saturation audits of the validation path."""
     scale = state_scale_summary(
-        train_data.prices, stats, config.env.obs_clip, agent.executed_weights.to_numpy()
+        data.fit.prices, data.stats, config.env.obs_clip, agent.executed_weights.to_numpy()
     )
     write_json(run_dir / SCALE_FILE, scale)
     write_json(run_dir / SATURATION_FILE, backtest_saturation(config, agent, actions))

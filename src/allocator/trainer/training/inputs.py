@@ -3,7 +3,9 @@ on (with selection, the inner span must be as unseen as the validation span)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import datetime as dt
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from stable_baselines3.common.monitor import Monitor
 
@@ -15,9 +17,8 @@ from allocator.portfolio import (
 )
 from allocator.trainer.market.data import MarketData, load_dataset
 from allocator.trainer.sim.backtest import backtest_span
-from allocator.trainer.sim.env import PortfolioEnv
-from allocator.trainer.training.config import TrainConfig
-from allocator.trainer.training.selection import InnerSplit, split_training_span
+from allocator.trainer.sim.env import EnvConfig, PortfolioEnv
+from allocator.trainer.training.config import SelectionSettings, TrainConfig
 from allocator.typed_config import ConfigError
 
 
@@ -31,6 +32,48 @@ def restrict_universe(config: TrainConfig, data: MarketData) -> MarketData:
             )
         return data.select(config.data.assets)
     return data
+
+
+@dataclass(frozen=True)
+class InnerSplit:
+    """Where the training span is cut: the model learns up to ``fit_end``, is judged after."""
+
+    fit_end: dt.date
+    inner_start: dt.date
+    inner_end: dt.date
+    purge_days: int
+    fit_days: int
+    inner_days: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, dt.date) else v for k, v in asdict(self).items()}
+
+
+def split_training_span(
+    train_data: MarketData, settings: SelectionSettings, env: EnvConfig
+) -> InnerSplit:
+    """Cut ``train_data``'s trading days into training part, purge gap and inner span; refused
+    when the training part could not hold one episode with its observation window."""
+    dates = train_data.dates
+    n = len(dates)
+    inner = settings.inner_days or round(settings.inner_fraction * n)  # inner_days >= 5 if set
+    fit_days = n - inner - settings.purge_days
+    need = env.history + env.episode_length + 1
+    if inner < 5 or fit_days < need:
+        raise ConfigError(
+            f"selection: the training span has {n} trading days; an inner span of {inner} "
+            f"(selection.inner_days/inner_fraction, at least 5) and a purge of "
+            f"{settings.purge_days} leave {fit_days} to train on, and the environment needs "
+            f"{need} (history {env.history} + env.episode_length {env.episode_length} + 1)"
+        )
+    return InnerSplit(
+        fit_end=dates[fit_days - 1].date(),
+        inner_start=dates[n - inner].date(),
+        inner_end=dates[-1].date(),
+        purge_days=settings.purge_days,
+        fit_days=fit_days,
+        inner_days=inner,
+    )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 
 from allocator.portfolio import FeatureNormalization, NormalizationStats
 from allocator.trainer.market.data import MarketData
-from allocator.trainer.sim.backtest import BacktestResult, default_assets, run_backtest
+from allocator.trainer.sim.backtest import BacktestResult, backtest_span, run_backtest
 from allocator.trainer.sim.baselines import ANCHOR, ActionPolicy, Anchor
 from allocator.trainer.statistics.sharpe import ExcessSharpe, excess_sharpe_interval
 from allocator.trainer.training.config import TrainConfig
@@ -76,9 +76,7 @@ def backtest_model(
     """The deterministic policy over ``span`` of ``data`` (only ``data`` is read), with the
     run's costs and smoothing: the backtest and the actions taken."""
     env_cfg = config.env
-    t0 = data.date_index(span[0], "left")
-    t1 = data.date_index(span[1], "right")
-    assets = default_assets(data, t0 - env_cfg.history, t1)[: env_cfg.max_assets]
+    assets = backtest_span(data, *span, None, env_cfg.history)[2][: env_cfg.max_assets]
     actions: list[np.ndarray] = []
 
     def actor(obs: np.ndarray) -> np.ndarray:
@@ -111,8 +109,7 @@ def validate_policy(
     feature_norm: FeatureNormalization | None = None,
 ) -> tuple[dict[str, BacktestResult], np.ndarray]:
     """The policy, equal weight, HRP (the strongest simple baseline) and a tilt's anchor."""
-    d = config.data
-    span = (d.validation_start, d.validation_end)
+    span = (config.data.validation_start, config.data.validation_end)
     agent, actions = backtest_model(model, config, data, span, stats, feature_norm)
     common = {
         "data": data,

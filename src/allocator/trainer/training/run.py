@@ -192,16 +192,15 @@ class TrainingSession:
         if isinstance(config.algorithm, TD3Settings):
             # The schedule's position is the model's own step count, so it survives a resume.
             self.callbacks.append(NoiseAnnealingCallback(config.noise, config.total_timesteps))
-        self.watch = make_watch(config, data.fit, data.stats, data.feature_norm, state)
+        self.watch = make_watch(config, data, state)
         self.watch.init_callback(model)  # ``finish`` checks the last model without ``learn``
         self.callbacks.append(self.watch)  # before selection, which reuses a check at its step
         self.selection: SelectionCallback | None = None
         if data.split is not None:
-            backtest = inner_backtest(config, data.train, data.split, data.stats, data.feature_norm)
             saved = state.get("selection")
             self.selection = SelectionCallback(
                 config.selection,
-                backtest,
+                inner_backtest(config, data, data.split),
                 run_dir,
                 data.split,
                 SelectionState.from_dict(saved) if saved else None,
@@ -410,7 +409,7 @@ def write_validation(
     """validation.json, its PNGs and report.html, the validation path's audits; returns metrics."""
     algorithm = config.algorithm.name
     agent = validation[algorithm]
-    write_audits(run_dir, config, data.fit, data.stats, agent, actions)
+    write_audits(run_dir, config, data, agent, actions)
     metrics = {name: res.metrics() for name, res in validation.items()}
     payload: dict[str, Any] = {
         "period": [config.data.validation_start, config.data.validation_end],

@@ -13,11 +13,10 @@ import numpy as np
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 
-from allocator.portfolio import FeatureNormalization, NormalizationStats
-from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.env import PortfolioEnv
 from allocator.trainer.training.audit import action_saturation
 from allocator.trainer.training.config import TrainConfig
+from allocator.trainer.training.inputs import TrainingData
 
 log = logging.getLogger("allocator.trainer")
 
@@ -184,15 +183,9 @@ class SaturationWatch(BaseCallback):
         return out
 
 
-def make_watch(
-    config: TrainConfig,
-    fit: MarketData,
-    stats: NormalizationStats,
-    feature_norm: FeatureNormalization | None,
-    saved: dict[str, Any],
-) -> SaturationWatch:
+def make_watch(config: TrainConfig, data: TrainingData, saved: dict[str, Any]) -> SaturationWatch:
     """The run's watch, probing the prices it trains on; a resumed run's record carries on."""
-    env = PortfolioEnv(fit, config.env, stats=stats, feature_norm=feature_norm)
+    env = PortfolioEnv(data.fit, config.env, stats=data.stats, feature_norm=data.feature_norm)
     probe = SaturationProbe.from_env(env, config.seed + PROBE_SEED_OFFSET)
     record = saved.get("saturation_watch")
     state = WatchState(**record) if record else None

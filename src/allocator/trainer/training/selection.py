@@ -7,7 +7,6 @@ beats it with an interval above 0: the best of a dozen evaluations of noise look
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -18,16 +17,13 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 
 from allocator.artifacts.files import atomic_write_with, write_json
-from allocator.portfolio import FeatureNormalization, NormalizationStats
-from allocator.trainer.market.data import MarketData
 from allocator.trainer.sim.backtest import BacktestResult
-from allocator.trainer.sim.env import EnvConfig
 from allocator.trainer.statistics.sharpe import excess_sharpe_interval
 from allocator.trainer.training.config import SelectionSettings, TrainConfig
+from allocator.trainer.training.inputs import InnerSplit, TrainingData
 from allocator.trainer.training.policy_eval import Actor, ZeroAction, backtest_model
 from allocator.trainer.training.run_dir import BEST_ICM_FILE, BEST_MODEL_FILE, SELECTION_FILE
 from allocator.trainer.training.saturation import SaturationWatch
-from allocator.typed_config import ConfigError
 
 InnerBacktest = Callable[[Actor], BacktestResult]
 """A policy -> its backtest on the inner span."""
@@ -36,60 +32,12 @@ LOGGED = ("sharpe", "total_return", "max_drawdown", "turnover")
 """Inner-backtest figures logged at every evaluation, besides the selection metric."""
 
 
-@dataclass(frozen=True)
-class InnerSplit:
-    """Where the training span is cut: the model learns up to ``fit_end``, is judged after."""
-
-    fit_end: dt.date
-    inner_start: dt.date
-    inner_end: dt.date
-    purge_days: int
-    fit_days: int
-    inner_days: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: str(v) if isinstance(v, dt.date) else v for k, v in asdict(self).items()}
-
-
-def split_training_span(
-    train_data: MarketData, settings: SelectionSettings, env: EnvConfig
-) -> InnerSplit:
-    """Cut ``train_data``'s trading days into training part, purge gap and inner span; refused
-    when the training part could not hold one episode with its observation window."""
-    dates = train_data.dates
-    n = len(dates)
-    inner = settings.inner_days or round(settings.inner_fraction * n)  # inner_days >= 5 if set
-    fit_days = n - inner - settings.purge_days
-    need = env.history + env.episode_length + 1
-    if inner < 5 or fit_days < need:
-        raise ConfigError(
-            f"selection: the training span has {n} trading days; an inner span of {inner} "
-            f"(selection.inner_days/inner_fraction, at least 5) and a purge of "
-            f"{settings.purge_days} leave {fit_days} to train on, and the environment needs "
-            f"{need} (history {env.history} + env.episode_length {env.episode_length} + 1)"
-        )
-    return InnerSplit(
-        fit_end=dates[fit_days - 1].date(),
-        inner_start=dates[n - inner].date(),
-        inner_end=dates[-1].date(),
-        purge_days=settings.purge_days,
-        fit_days=fit_days,
-        inner_days=inner,
-    )
-
-
-def inner_backtest(
-    config: TrainConfig,
-    train_data: MarketData,
-    split: InnerSplit,
-    stats: NormalizationStats,
-    feature_norm: FeatureNormalization | None,
-) -> InnerBacktest:
+def inner_backtest(config: TrainConfig, data: TrainingData, split: InnerSplit) -> InnerBacktest:
     """The inner backtest of a policy: on the training span's prices only."""
     span = (split.inner_start, split.inner_end)
 
     def backtest(model: Actor) -> BacktestResult:
-        return backtest_model(model, config, train_data, span, stats, feature_norm)[0]
+        return backtest_model(model, config, data.train, span, data.stats, data.feature_norm)[0]
 
     return backtest
 
