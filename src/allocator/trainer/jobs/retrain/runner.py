@@ -25,11 +25,14 @@ from allocator.trainer.jobs.evaluation import (
     evaluation_assets,
     replay_exported,
 )
-from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError
-from allocator.trainer.jobs.retrain.decision import RetrainDecision
+from allocator.trainer.jobs.retrain.config import (
+    RetrainConfig,
+    RetrainError,
+    RetrainSpans,
+    retrain_spans,
+)
 from allocator.trainer.jobs.retrain.gates import apply_gates
-from allocator.trainer.jobs.retrain.record import record_and_promote
-from allocator.trainer.jobs.retrain.spans import RetrainSpans, retrain_spans
+from allocator.trainer.jobs.retrain.record import RetrainDecision, record_and_promote
 from allocator.trainer.market.data import (
     DateLike,
     MarketData,
