@@ -68,8 +68,7 @@ def replay_exported(
             f"{len(names)} assets but model {loaded.name}/{loaded.version} has "
             f"{loaded.max_assets} slots; pass at most {loaded.max_assets}"
         )
-    frame = data.select(names).to_frame()
-    rep = replay(loaded, frame, start=t0, end=t1, cost_bps=cost_bps)
+    rep = replay(loaded, data.select(names).to_frame(), start=t0, end=t1, cost_bps=cost_bps)
     decision_dates = data.dates[t0:t1]
     columns = ["cash", *rep.assets]
     label = name or f"{loaded.name}/{loaded.version}"

@@ -108,8 +108,7 @@ def holdout_assets(
     manifests = [read_manifest(d) for d in model_dirs]
     window = max(m.feature_spec.window for m in manifests)
     slots = min(m.max_assets for m in manifests)
-    names = evaluation_assets(data, spans.holdout_start, spans.holdout_end, window, slots)
-    return names, window
+    return evaluation_assets(data, spans.holdout_start, spans.holdout_end, window, slots), window
 
 
 def judge(

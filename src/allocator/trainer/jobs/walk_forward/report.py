@@ -88,8 +88,7 @@ def plot_excess_sharpe(rows: list[dict[str, Any]], path: str | Path) -> Path:
     )
     excess = [r["excess_sharpe"] for r in rows]
     labels = [f"w{r['index']:02d}\n{str(r['test_start'])[:7]}" for r in rows]
-    colors = [REGIME_COLORS[r["regime"]] for r in rows]
-    ax_bar.bar(range(len(rows)), excess, color=colors)
+    ax_bar.bar(range(len(rows)), excess, color=[REGIME_COLORS[r["regime"]] for r in rows])
     ax_bar.set_xticks(range(len(rows)), labels, fontsize=7)
     ax_bar.axhline(0.0, color="black", lw=0.8)
     ax_bar.set(ylabel="Sharpe - equal weight's", title="Excess Sharpe per test window")
