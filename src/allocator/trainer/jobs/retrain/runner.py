@@ -135,10 +135,9 @@ def judge(
             ) from exc
         production_metrics = judged.result.metrics()
     ew = BaselineName.EQUAL_WEIGHT.value
-    baselines = evaluate_baselines(
+    equal_weight = evaluate_baselines(
         data, *span, cost_bps=cost, assets=assets, names=(ew,), window=window
-    )
-    equal_weight = baselines[ew].metrics()
+    )[ew].metrics()
     results = apply_gates(config.gates, candidate_metrics, production_metrics, equal_weight)
     return RetrainDecision(
         model_name=name,
