@@ -71,13 +71,12 @@ def backtest(
     with failing(DataError, ValueError):
         md = load_dataset(dataset)
         result = run_backtest(policy, md, start, end, assets=names, cost_bps=cost_bps, beta=beta)
-    metrics = result.metrics()
     if not as_json:
         click.echo(
             f"{result.name} on {md.source}, {result.nav.index[0].date()} .. "
             f"{result.nav.index[-1].date()}, {cost_bps:g} bps"
         )
-        click.echo(format_table({result.name: metrics}))
+        click.echo(format_table({result.name: result.metrics()}))
     emit_json(result.to_dict(), as_json, json_out)
     if plot_path:
         # heavy (matplotlib): imported only when a plot is asked for

@@ -12,8 +12,8 @@ import pytest
 
 from allocator.registry.naming import version_key
 from allocator.registry.versions import CANDIDATES_DIR, dated_version
+from allocator.trainer.jobs.retrain.config import retrain_spans
 from allocator.trainer.jobs.retrain.gates import GateSettings, apply_gates
-from allocator.trainer.jobs.retrain.spans import retrain_spans
 from allocator.trainer.market.data import DataError
 
 

@@ -45,7 +45,7 @@ class ExportedEvaluation:
 
 
 def replay_exported(
-    model_dir: str | Path | LoadedModel,
+    model: str | Path | LoadedModel,
     data: MarketData,
     start: DateLike,
     end: DateLike,
@@ -56,23 +56,21 @@ def replay_exported(
 ) -> ExportedEvaluation:
     """Replay an exported model (a version directory or a ``LoadedModel``) on the dates
     ``run_backtest`` decides on; ``assets`` default to those priced over the whole span."""
-    if not isinstance(model_dir, LoadedModel):
-        model_dir = load_model(model_dir, prefer_cuda=False)  # CPU: deterministic, like the tests
-    loaded = model_dir
-    window = loaded.manifest.feature_spec.window
+    if not isinstance(model, LoadedModel):
+        model = load_model(model, prefer_cuda=False)  # CPU: deterministic, like the tests
+    window = model.manifest.feature_spec.window
     t0, t1, names = backtest_span(data, start, end, assets, window)
     if assets is None:
-        names = names[: loaded.max_assets]
-    if len(names) > loaded.max_assets:
+        names = names[: model.max_assets]
+    if len(names) > model.max_assets:
         raise DataError(
-            f"{len(names)} assets but model {loaded.name}/{loaded.version} has "
-            f"{loaded.max_assets} slots; pass at most {loaded.max_assets}"
+            f"{len(names)} assets but model {model.name}/{model.version} has "
+            f"{model.max_assets} slots; pass at most {model.max_assets}"
         )
-    frame = data.select(names).to_frame()
-    rep = replay(loaded, frame, start=t0, end=t1, cost_bps=cost_bps)
+    rep = replay(model, data.select(names).to_frame(), start=t0, end=t1, cost_bps=cost_bps)
     decision_dates = data.dates[t0:t1]
     columns = ["cash", *rep.assets]
-    label = name or f"{loaded.name}/{loaded.version}"
+    label = name or f"{model.name}/{model.version}"
     result = BacktestResult(
         name=label,
         nav=pd.Series(rep.nav, index=data.dates[t0 : t1 + 1], name=label),
@@ -85,13 +83,13 @@ def replay_exported(
         settings={
             "assets": names,
             "cost_bps": float(cost_bps),
-            "beta": float(loaded.manifest.beta),
+            "beta": float(model.manifest.beta),
             "window": window,
             "initial_value": 1.0,
             "dataset": data.source,
-            "model": loaded.name,
-            "version": loaded.version,
-            "provider": loaded.provider,
+            "model": model.name,
+            "version": model.version,
+            "provider": model.provider,
             "path": "serving replay (onnxruntime)",
         },
     )

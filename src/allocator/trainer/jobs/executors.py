@@ -187,7 +187,7 @@ class RayExecutor(Executor[JobT, ResultT]):
         done, _ = self.ray.wait(list(self.pending), num_returns=1)
         job = self.pending.pop(done[0])
         try:
-            result: ResultT = self.ray.get(done[0])
+            return self.ray.get(done[0])
         except self.ray.exceptions.RayTaskError:
             raise  # the job's own exception (also an instance of its type)
         except self.ray.exceptions.RayError as exc:
@@ -196,7 +196,6 @@ class RayExecutor(Executor[JobT, ResultT]):
                 f"{self.label(job)}: its Ray worker failed {self.retries + 1} time(s) "
                 f"(config retries: {self.retries}): {exc}",
             ) from exc
-        return result
 
     def close(self) -> None:
         for ref in self.pending:

@@ -111,8 +111,7 @@ def apply_gates(
         ("max_drawdown", "max drawdown", g.max_drawdown, "the drawdown limit"),
     ):
         if limit is not None:
-            value = float(candidate[gate])
-            results.append(bounded(gate, what, value, limit, detail, floor=False))
+            results.append(bounded(gate, what, float(candidate[gate]), limit, detail, floor=False))
     if g.min_sharpe is not None:
         floor = "the absolute Sharpe floor"
         results.append(bounded("min_sharpe", "net Sharpe", sharpe, g.min_sharpe, floor))

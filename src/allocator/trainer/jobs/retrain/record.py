@@ -1,11 +1,13 @@
-"""Recording a retraining decision and promoting the candidate, all or nothing: the pointer moves
-inside the ``promotions`` row's transaction after the row is flushed, and is put back with the
-version directory if the commit fails, so a server never follows a pointer without a record."""
+"""What one retraining job decided, and recording it with the candidate's promotion, all or
+nothing: the pointer moves inside the ``promotions`` row's transaction after the row is flushed,
+and is put back with the version directory if the commit fails, so a server never follows a
+pointer without a record."""
 
 from __future__ import annotations
 
 import datetime as dt
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -14,8 +16,61 @@ from sqlalchemy.orm import Session
 from allocator.recording.schema import Promotion
 from allocator.registry.publish import PendingPromotion
 from allocator.trainer.jobs.json_safe import json_safe
-from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError
-from allocator.trainer.jobs.retrain.decision import RetrainDecision
+from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError, RetrainSpans
+from allocator.trainer.jobs.retrain.gates import GateResult
+from allocator.trainer.sim.performance import format_table
+
+
+@dataclass
+class RetrainDecision:
+    """What one retraining job decided, and everything it was decided on."""
+
+    model_name: str
+    candidate_version: str
+    production_version: str | None
+    promoted: bool
+    gates: list[GateResult]
+    spans: RetrainSpans
+    candidate_metrics: dict[str, float]
+    production_metrics: dict[str, float] | None
+    equal_weight_metrics: dict[str, float] | None
+    assets: list[str]
+    cost_bps: float
+    run_dir: Path
+    candidate_dir: Path
+    record_id: int | None = None
+    seconds: float = 0.0
+    push_error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reasons(self) -> list[str]:
+        """One line per gate, ``PASS``/``FAIL`` first."""
+        return [f"{'PASS' if g.passed else 'FAIL'} {g.gate}: {g.reason}" for g in self.gates]
+
+    def summary(self) -> str:
+        """What the CLI prints: the verdict, the reasons, the metrics side by side."""
+        verdict = "PROMOTED" if self.promoted else "REJECTED"
+        before = self.production_version or "none"
+        s = self.spans
+        lines = [
+            f"{verdict}: {self.model_name}/{self.candidate_version} (production before: {before})",
+            f"trained {s.train_start} .. {s.train_end}; held out {s.holdout_start} .. "
+            f"{s.holdout_end}; {self.cost_bps:g} bps; {len(self.assets)} assets",
+            *self.notes,
+            *self.reasons,
+            "",
+        ]
+        rows = {f"candidate {self.candidate_version}": self.candidate_metrics}
+        if self.production_metrics is not None:
+            rows[f"production {self.production_version}"] = self.production_metrics
+        if self.equal_weight_metrics is not None:
+            rows["equal-weight"] = self.equal_weight_metrics
+        lines.append(format_table(rows))
+        lines.append(f"candidate: {self.candidate_dir}")
+        if self.record_id is not None:
+            lines.append(f"recorded: promotions.id = {self.record_id}")
+        return "\n".join(lines)
 
 
 def promotion_row(config: RetrainConfig, decision: RetrainDecision) -> Promotion:

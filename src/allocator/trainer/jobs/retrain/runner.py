@@ -25,11 +25,14 @@ from allocator.trainer.jobs.evaluation import (
     evaluation_assets,
     replay_exported,
 )
-from allocator.trainer.jobs.retrain.config import RetrainConfig, RetrainError
-from allocator.trainer.jobs.retrain.decision import RetrainDecision
+from allocator.trainer.jobs.retrain.config import (
+    RetrainConfig,
+    RetrainError,
+    RetrainSpans,
+    retrain_spans,
+)
 from allocator.trainer.jobs.retrain.gates import apply_gates
-from allocator.trainer.jobs.retrain.record import record_and_promote
-from allocator.trainer.jobs.retrain.spans import RetrainSpans, retrain_spans
+from allocator.trainer.jobs.retrain.record import RetrainDecision, record_and_promote
 from allocator.trainer.market.data import (
     DateLike,
     MarketData,
@@ -105,8 +108,7 @@ def holdout_assets(
     manifests = [read_manifest(d) for d in model_dirs]
     window = max(m.feature_spec.window for m in manifests)
     slots = min(m.max_assets for m in manifests)
-    names = evaluation_assets(data, spans.holdout_start, spans.holdout_end, window, slots)
-    return names, window
+    return evaluation_assets(data, spans.holdout_start, spans.holdout_end, window, slots), window
 
 
 def judge(
@@ -133,10 +135,9 @@ def judge(
             ) from exc
         production_metrics = judged.result.metrics()
     ew = BaselineName.EQUAL_WEIGHT.value
-    baselines = evaluate_baselines(
+    equal_weight = evaluate_baselines(
         data, *span, cost_bps=cost, assets=assets, names=(ew,), window=window
-    )
-    equal_weight = baselines[ew].metrics()
+    )[ew].metrics()
     results = apply_gates(config.gates, candidate_metrics, production_metrics, equal_weight)
     return RetrainDecision(
         model_name=name,

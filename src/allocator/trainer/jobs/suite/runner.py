@@ -77,9 +77,8 @@ def run_suite(
     write_json(out / "suite_config.json", config.model_dump(mode="json"))
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    executor = open_executor(config, run_job, job_label)
     with (out / "rows.jsonl").open("w") as log:
-        for row in fan_out(executor, jobs):
+        for row in fan_out(open_executor(config, run_job, job_label), jobs):
             rows.append(row)
             log.write(json.dumps(json_safe(row)) + "\n")
             log.flush()

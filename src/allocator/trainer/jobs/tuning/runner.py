@@ -188,7 +188,7 @@ def run_tuning(
     if (out / STORAGE_FILE).exists():
         raise TuneError(f"{out} already holds a study ({STORAGE_FILE}); choose another folder")
     out.mkdir(parents=True, exist_ok=True)
-    study = create_study(out / STORAGE_FILE, config.name, config.sampler, config.pruner)
+    study = create_study(out / STORAGE_FILE, config)
     if config.enqueue_base:
         study.enqueue_trial(space.base_params)
     bar = tqdm(total=config.n_trials, desc="tune", unit="trial", disable=not progress)

@@ -18,7 +18,7 @@ from optuna.samplers import RandomSampler, TPESampler
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from allocator.trainer.jobs.tuning.config import PrunerSettings, SamplerSettings
+from allocator.trainer.jobs.tuning.config import PrunerSettings, TuneConfig
 
 STORAGE_FILE = "study.journal"
 
@@ -41,17 +41,15 @@ def make_pruner(settings: PrunerSettings) -> BasePruner:
     return PRUNERS[settings.kind](**settings.model_dump(exclude={"kind"}))
 
 
-def create_study(
-    path: Path, name: str, sampler: SamplerSettings, pruner: PrunerSettings
-) -> optuna.Study:
-    """A new study in the journal ``path``, maximizing the inner score."""
+def create_study(path: Path, config: TuneConfig) -> optuna.Study:
+    """``config``'s new study in the journal ``path``, maximizing the inner score."""
     return optuna.create_study(
         storage=journal(path),
-        study_name=name,
+        study_name=config.name,
         # constant liar: with trials in parallel, running ones count as bad, so two workers
         # are not handed the same promising values
-        sampler=TPESampler(**sampler.model_dump(), constant_liar=True),
-        pruner=make_pruner(pruner),
+        sampler=TPESampler(**config.sampler.model_dump(), constant_liar=True),
+        pruner=make_pruner(config.pruner),
         direction="maximize",
     )
 

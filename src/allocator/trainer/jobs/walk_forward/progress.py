@@ -214,8 +214,7 @@ def run_status(run_dir: str | Path) -> tuple[RunState, list[WindowStatus], bool]
     """The run's state, each window's status, and whether the run finished."""
     out = Path(run_dir)
     state = read_state(out)
-    labels = [f"w{int(w['index']):02d}" for w in state.plan["windows"]]
-    windows = [window_status(out, label) for label in labels]
+    windows = [window_status(out, f"w{int(w['index']):02d}") for w in state.plan["windows"]]
     finished = (out / SUMMARY_FILE).is_file() and all(w.state == "done" for w in windows)
     return state, windows, finished
 

@@ -88,8 +88,7 @@ def plot_excess_sharpe(rows: list[dict[str, Any]], path: str | Path) -> Path:
     )
     excess = [r["excess_sharpe"] for r in rows]
     labels = [f"w{r['index']:02d}\n{str(r['test_start'])[:7]}" for r in rows]
-    colors = [REGIME_COLORS[r["regime"]] for r in rows]
-    ax_bar.bar(range(len(rows)), excess, color=colors)
+    ax_bar.bar(range(len(rows)), excess, color=[REGIME_COLORS[r["regime"]] for r in rows])
     ax_bar.set_xticks(range(len(rows)), labels, fontsize=7)
     ax_bar.axhline(0.0, color="black", lw=0.8)
     ax_bar.set(ylabel="Sharpe - equal weight's", title="Excess Sharpe per test window")
@@ -107,11 +106,6 @@ def plot_excess_sharpe(rows: list[dict[str, Any]], path: str | Path) -> Path:
     for ax in (ax_bar, ax_hist):
         ax.grid(alpha=0.3)
     return save_figure(fig, path)
-
-
-def stitched_agent(windows: list[WindowResult]) -> BacktestResult:
-    """The model's test windows end to end (weights of assets absent from a window are 0)."""
-    return stitch([w.agent for w in windows], "agent (all test windows)")
 
 
 def stitch(parts: list[BacktestResult], name: str) -> BacktestResult:
@@ -361,7 +355,7 @@ def stitched_results(windows: list[WindowResult]) -> dict[str, BacktestResult]:
     """The model, then every baseline that ran on all windows, each over all test windows."""
     names = [n for n in windows[0].baselines if all(n in w.baselines for w in windows)]
     return {
-        AGENT: stitched_agent(windows),
+        AGENT: stitch([w.agent for w in windows], "agent (all test windows)"),
         **{n: stitch([w.baselines[n] for w in windows], n) for n in names},
     }
 
@@ -469,7 +463,7 @@ def write_report(result: WalkForwardResult, out_dir: str | Path) -> dict[str, Pa
             result.summary["per_window"], folder / "excess_sharpe.png"
         )
         figures["allocations, raw vs smoothed"] = plot_allocations(
-            stitched_agent(result.windows), folder / "allocations.png"
+            stitched_results(result.windows)[AGENT], folder / "allocations.png"
         )
     files["report"] = folder / "report.md"
     files["report"].write_text(render_markdown(result, figures))

@@ -252,8 +252,7 @@ def write_window_result(out_dir: str | Path, result: WindowResult) -> Path:
     """Keep a finished window in ``out_dir/windows/`` (atomic: whole or absent)."""
     path = window_file(out_dir, result.window.label)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(result_payload(result), default=str, allow_nan=True)
-    return atomic_write_text(path, text)
+    return atomic_write_text(path, json.dumps(result_payload(result), default=str, allow_nan=True))
 
 
 def read_window_result(path: str | Path) -> WindowResult:
@@ -289,10 +288,9 @@ def read_state(out_dir: str | Path) -> RunState:
             f"{out_dir} has no {STATE_FILE}: not a walk-forward run directory, or one made "
             "before runs could be resumed"
         )
-    names = [f.name for f in fields(RunState)]
     return read_format(
         path,
-        lambda raw: RunState(**{k: raw[k] for k in names if k in raw}),
+        lambda raw: RunState(**{f.name: raw[f.name] for f in fields(RunState) if f.name in raw}),
         ResumeError,
         "walk-forward state",
     )

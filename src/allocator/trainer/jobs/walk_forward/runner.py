@@ -194,8 +194,7 @@ def run_walk_forward(
             sessions=[{"started": utc_now(), "resumed": False}],
         )
         write_state(out, state)
-    session = WalkForwardSession(config, out, state, jobs, rows, tracked=tracked)
-    return complete(session, progress)
+    return complete(WalkForwardSession(config, out, state, jobs, rows, tracked=tracked), progress)
 
 
 def open_windows(jobs: Sequence[WindowJob]) -> list[tuple[WindowJob, dict[str, Any]]]:

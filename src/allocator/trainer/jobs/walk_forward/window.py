@@ -121,8 +121,7 @@ def window_trainer_config(config: WalkForwardConfig, window: Window, run_root: P
 def plan(config: WalkForwardConfig, out_dir: Path, label: str) -> list[WindowJob]:
     """The windows over the trainer's data and one job per window."""
     check_price_database(config.trainer.data.dataset, config.database_url)
-    data = universe(config.trainer)
-    windows = make_windows(data.dates, config.windows)
+    windows = make_windows(universe(config.trainer).dates, config.windows)
     registry = str(Path(config.registry).resolve())
     run_root = (out_dir / RUNS_DIR).resolve()
     return [
@@ -323,10 +322,9 @@ def rebuilt_job(
     """The ``WindowJob`` a window ran as, judging ``baselines``, from the run's files."""
     window = window_from(entry)
     run_dir = located(entry.get("run_dir", ""), run / RUNS_DIR / window.label)
-    trainer = load_config(run_dir / CONFIG_FILE)
     return WindowJob(
         window=window,
-        trainer=trainer,
+        trainer=load_config(run_dir / CONFIG_FILE),
         run_dir=str(run_dir),
         registry=summary["registry"],
         model_name=summary["model_name"],
