@@ -69,7 +69,7 @@ class BareAllocator(pb_grpc.AllocatorServicer):
             feeds[self.names[1]] = np.full((batch, slots), 1.0 / slots, np.float32)
         return feeds, slots
 
-    def _answer(self, requests: list[pb.AllocateRequest]) -> list[pb.AllocateResponse]:
+    def answer(self, requests: list[pb.AllocateRequest]) -> list[pb.AllocateResponse]:
         feeds, _ = self._feeds(requests)
         (out,) = self.session.run([self.output], feeds)
         responses = []
@@ -90,19 +90,19 @@ class BareAllocator(pb_grpc.AllocatorServicer):
     def Allocate(  # noqa: N802  (the generated servicer's name)
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
-        return self._answer([request])[0]
+        return self.answer([request])[0]
 
     def AllocateBatch(  # noqa: N802
         self, request: pb.AllocateBatchRequest, context: grpc.ServicerContext
     ) -> pb.AllocateBatchResponse:
-        return pb.AllocateBatchResponse(responses=self._answer(list(request.requests)))
+        return pb.AllocateBatchResponse(responses=self.answer(list(request.requests)))
 
     def AllocateStream(  # noqa: N802
         self, request_iterator: Iterator[pb.AllocateStreamRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.AllocateStreamResponse]:
         for message in request_iterator:
             yield pb.AllocateStreamResponse(
-                sequence=message.sequence, responses=self._answer(list(message.batch.requests))
+                sequence=message.sequence, responses=self.answer(list(message.batch.requests))
             )
 
 
@@ -115,12 +115,12 @@ class AsyncBareAllocator(pb_grpc.AllocatorServicer):
     async def Allocate(  # noqa: N802
         self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateResponse:
-        return self.bare._answer([request])[0]
+        return self.bare.answer([request])[0]
 
     async def AllocateBatch(  # noqa: N802
         self, request: pb.AllocateBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocateBatchResponse:
-        return pb.AllocateBatchResponse(responses=self.bare._answer(list(request.requests)))
+        return pb.AllocateBatchResponse(responses=self.bare.answer(list(request.requests)))
 
     async def AllocateStream(  # noqa: N802
         self,
@@ -128,7 +128,7 @@ class AsyncBareAllocator(pb_grpc.AllocatorServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.AllocateStreamResponse]:
         async for message in request_iterator:
-            responses = self.bare._answer(list(message.batch.requests))
+            responses = self.bare.answer(list(message.batch.requests))
             yield pb.AllocateStreamResponse(sequence=message.sequence, responses=responses)
 
 

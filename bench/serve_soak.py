@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import make_requests, percentiles
-from serve_latency import _wait_serving, build_registry, free_port
+from servers import build_registry, free_port, wait_serving
 
 
 def rss_bytes(pid: int) -> int:
@@ -162,7 +162,7 @@ def main() -> None:
         stderr=open(tmp / "server.log", "wb"),  # noqa: SIM115  (lives as long as the server)
     )
     try:
-        _wait_serving(target, server)
+        wait_serving(target, server)
         with AllocatorClient(target, timeout=10) as client:
             model = client.list_models()[0]
         result = soak(target, server.pid, args, model.window, model.max_assets)
