@@ -20,9 +20,7 @@ import argparse
 import json
 import os
 import platform
-import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import make_requests, percentiles
-from servers import build_registry, free_port, wait_serving
+from servers import Servers, build_registry, wait_serving
 
 
 def rss_bytes(pid: int) -> int:
@@ -150,25 +148,23 @@ def main() -> None:
     registry = args.registry or build_registry(tmp)
     url = args.database_url or f"sqlite:///{tmp / 'decisions.db'}"
     upgrade(url)
-    port = free_port()
-    target = f"127.0.0.1:{port}"
-    server = subprocess.Popen(
+    servers = Servers(tmp)
+    target = servers.start(
+        "server",
         [
             *(sys.executable, "-m", "allocator.cli", "serve", "--registry", str(registry)),
-            *("--port", str(port), "--metrics-port", "0", "--cpu"),
+            *("--metrics-port", "0", "--cpu"),
             *("--database-url", url, "--spool-dir", str(tmp / "spool")),
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp / "server.log", "wb"),  # noqa: SIM115  (lives as long as the server)
     )
+    server = servers.processes["server"]
     try:
         wait_serving(target, server)
         with AllocatorClient(target, timeout=10) as client:
             model = client.list_models()[0]
         result = soak(target, server.pid, args, model.window, model.max_assets)
     finally:
-        server.send_signal(signal.SIGTERM)
-        exit_code = server.wait(120)
+        exit_code = servers.stop()["server"]
     if url.startswith("sqlite"):
         with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
             rows = conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
